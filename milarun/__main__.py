@@ -1,0 +1,5 @@
+"""``python -m milarun`` runs the CLI (the launcher starts children this way)."""
+
+from .cli import main
+
+main()

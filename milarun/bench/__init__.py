@@ -1,0 +1,31 @@
+"""In-child instrumentation: the only package (with models/) that imports torch.
+
+Typical model::
+
+    from coleo import Option, default, tooled
+    from milarun.bench import dataloop, init_torch
+
+    def main(exp, argv):
+        exp.cli(train, argv)
+
+    @tooled
+    def train(exp):
+        # Batch size
+        batch_size: Option & int = default(64)
+        device = init_torch(exp)
+        ...
+        for step, (x, y) in dataloop(exp, loader):
+            ...
+            step.set_count(len(x))
+            step.log(loss=loss)   # a tensor is fine: read once per window
+"""
+
+from .experiment import Experiment
+from .loop import dataloop, iteration_wrapper, rate_logger
+from .rate import RateLogger
+from .setup import (dataloader_workers, grad_scaler, init_torch, peak_memory_mib,
+                    set_precision, synchronize)
+
+__all__ = ["Experiment", "dataloop", "iteration_wrapper", "rate_logger", "RateLogger",
+           "init_torch", "set_precision", "grad_scaler", "synchronize",
+           "peak_memory_mib", "dataloader_workers"]

@@ -1,0 +1,220 @@
+"""The experiment context a model runs in, inside the child process."""
+
+import datetime
+import json
+import os
+import platform
+import socket
+import sys
+import time
+import traceback
+
+from coleo import make_cli, tooled
+
+from .. import isolation
+from ..results.schema import new_result
+from ..results.store import write_result
+from .monitor import GPUMonitor
+from .options import common_options
+
+# Variables that change what a rerun does; everything else is left out of results.
+RERUN_ENV_PREFIXES = ("MILARUN_", "CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH_",
+                      "PYTORCH_", "MASTER_", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+                      "PYTHONHASHSEED")
+
+
+def rerun_environ(environ=None):
+    """The subset of ``environ`` (``os.environ`` by default) needed to rerun a test."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k.startswith(RERUN_ENV_PREFIXES)}
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def host_facts():
+    """Host and isolation facts as seen from inside this process.
+
+    Returns a dict: hostname, cpu_model, cpu_count (host cores), cpuset (list
+    of core ids this process may run on), memory_limit_mib (cgroup limit,
+    None when unlimited), cgroup (path), total_memory_mib, python, torch,
+    cuda, gpus [{index, name, driver, memory_total_mib}].
+    """
+    import psutil
+
+    facts = {
+        "hostname": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpuset": isolation.current_cpuset(),
+        "memory_limit_mib": isolation.current_memory_limit_mib(),
+        "cgroup": isolation.current_cgroup(),
+        "total_memory_mib": psutil.virtual_memory().total / 2**20,
+        "python": platform.python_version(),
+        "gpus": [],
+    }
+    try:
+        import torch
+        facts["torch"] = torch.__version__
+        facts["cuda"] = torch.version.cuda
+        facts["cuda_available"] = torch.cuda.is_available()
+    except ImportError:
+        pass
+    facts["gpus"] = _nvml_gpus()
+    return facts
+
+
+def _nvml_gpus():
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    out = []
+    driver = pynvml.nvmlSystemGetDriverVersion()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        if visible is not None and str(i) not in visible.split(","):
+            continue
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        name = pynvml.nvmlDeviceGetName(h)
+        out.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                    "driver": driver.decode() if isinstance(driver, bytes) else driver,
+                    "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**20})
+    return out
+
+
+@tooled
+def _entry(exp, fn):
+    exp.options = common_options()
+    return fn(exp)
+
+
+class Experiment:
+    """One training run and the result record it builds.
+
+    Args:
+        name: ``suite.job`` (e.g. ``"cpu.toy_reg"``).
+        job_id: ``"{run}.{device}"``.
+        dataroot: dataset root folder (str or None).
+        out: result directory, a ``*.json`` path, or None for stdout.
+        extra: fields merged into the result (run, device, devices,
+            partition, job), as passed by ``milarun jobs`` with ``--extra``.
+
+    Attributes:
+        options: the common options (see ``common_options``) once parsed.
+        device: ``torch.device`` once ``init_torch`` ran.
+        result: the record under construction.
+        rate: the ``RateLogger`` of the training loop, once created.
+        metrics: dict of final metrics (e.g. ``loss``) added to the result.
+    """
+
+    def __init__(self, name, job_id="0.0", dataroot=None, out=None, extra=None):
+        self.name = name
+        self.job_id = job_id
+        self.dataroot = dataroot
+        self.out = out
+        extra = dict(extra or {})
+        run = extra.get("run", int(job_id.split(".")[0]) if job_id.split(".")[0].isdigit() else 0)
+        device = extra.get("device", job_id.split(".", 1)[1] if "." in job_id else "0")
+        self.result = new_result(name, job_id, device=device,
+                                 devices=extra.get("devices", [0]), run=run,
+                                 partition=extra.get("partition", "normal"))
+        for key in ("job", "partition"):
+            if key in extra:
+                self.result[key] = extra[key]
+        self.result["dataroot"] = dataroot
+        self.options = None
+        self.device = None
+        self.rate = None
+        self.metrics = {}
+        self.origin = time.perf_counter()
+        self.arguments = {}
+        self._monitor_holder = []
+
+    def cli(self, fn, argv):
+        """Parse ``argv`` with coleo for the tooled ``fn`` (plus common
+        options) and call ``fn(self)``. Returns what ``fn`` returns.
+
+        ``--help`` prints the options and exits; bad options exit with 2.
+        """
+        opts, thunk = make_cli(_entry, argv=list(argv), extras=[common_options, fn])
+        self.arguments = {k: v for k, v in vars(opts).items() if not k.startswith("#")}
+        self.result["call"]["arguments"] = self.arguments
+        return thunk(opts=opts, args=(self, fn))
+
+    def execute(self, function, fn, argv):
+        """Run ``fn(self, argv)`` and write the result.
+
+        Args:
+            function: ``"module:function"`` recorded for reruns.
+            fn: the model's ``main(experiment, argv)``.
+            argv: list of test arguments.
+
+        Returns:
+            0 on success, 1 when the test raised (the result says why).
+        """
+        res = self.result
+        res["call"].update({"function": function, "argv": list(argv)})
+        res["environ"] = rerun_environ()
+        res["host"] = host_facts()
+        start = time.time()
+        res["timings"]["program"] = {"start": start}
+        res["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        try:
+            fn(self, list(argv))
+            res["success"] = True
+        except SystemExit as exc:
+            if exc.code in (0, None):
+                return 0  # --help: nothing to record
+            res["error"] = {"reason": "error", "type": "SystemExit",
+                            "message": f"bad test arguments (exit {exc.code})",
+                            "traceback": None}
+        except BaseException as exc:  # every failure is recorded, Ctrl-C included
+            res["error"] = {"reason": "error", "type": exc.__class__.__name__,
+                            "message": str(exc), "traceback": traceback.format_exc()}
+            if isinstance(exc, KeyboardInterrupt):
+                res["error"]["reason"] = "signal"
+        finally:
+            for monitor in self._monitor_holder:
+                monitor.stop()
+                res["gpu_monitor"] = monitor.record()
+        end = time.time()
+        res["timings"]["program"].update({"end": end, "duration": end - start})
+        res["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        if self.rate is not None:
+            res["timings"]["train"] = self.rate.summary()
+            res["metrics"].update(self.rate.metrics)
+        res["metrics"].update(self.metrics)
+        if self.device is not None:
+            from .setup import peak_memory_mib
+            res["peak_memory_mib"] = peak_memory_mib(self.device)
+        if res["error"] and res["error"].get("traceback"):
+            print(res["error"]["traceback"], file=sys.stderr)
+        self.write()
+        return 0 if res["success"] else 1
+
+    def start_monitor(self):
+        """Start the NVML monitor (called by the loops when training starts)."""
+        if self._monitor_holder or self.options["no_instrument"]:
+            return
+        mon = GPUMonitor(interval=self.options["monitor_interval"], origin=self.origin)
+        self._monitor_holder.append(mon.start())
+
+    def write(self):
+        """Write the result to ``out`` (directory or file) or print it to stdout."""
+        if self.out is None:
+            json.dump(self.result, sys.stdout, indent=1, default=str)
+            sys.stdout.write("\n")
+            return None
+        path = write_result(self.result, self.out)
+        print(f"milarun: result written to {path}", file=sys.stderr)
+        return path

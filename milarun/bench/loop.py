@@ -1,0 +1,72 @@
+"""Training-loop helpers that tie a model to the rate logger and monitor."""
+
+import time
+
+from .rate import CudaEventTimer, PerfCounterTimer, RateLogger, Step
+
+
+class _BareLogger(RateLogger):
+    """Counts items with no sample windows: used by ``--no-instrument`` to
+    measure the instrumentation's own cost. Records one sample for the run."""
+
+    def start(self):
+        self._t0 = time.perf_counter()
+
+    def end_step(self, step):
+        self.total += step.count
+        if step.values is not None:
+            self._last_values = step.values
+
+    def finish(self):
+        if self._sync is not None:
+            self._sync()
+        t1 = time.perf_counter()
+        if self.total:
+            self.samples.append({"start": self._t0 - self.origin, "end": t1 - self.origin,
+                                 "count": self.total, "rate": self.total / (t1 - self._t0),
+                                 "warmup": False})
+        if self._last_values:
+            self.metrics = {k: float(v) for k, v in self._last_values.items()}
+
+
+def rate_logger(exp):
+    """Create ``exp.rate`` from the common options and the experiment's device.
+
+    On CUDA the timer is ``CudaEventTimer`` (one sync per window), else
+    ``PerfCounterTimer``. Starts the GPU monitor.
+    """
+    opts = exp.options
+    device = exp.device
+    if opts["no_instrument"]:
+        logger = _BareLogger(max_count=opts["max_count"], warmup=0, origin=exp.origin)
+        logger._sync = None
+        if device is not None and device.type == "cuda":
+            import torch
+            logger._sync = lambda: torch.cuda.synchronize(device)
+    else:
+        if device is not None and device.type == "cuda":
+            import torch
+            timer = CudaEventTimer(torch, device)
+        else:
+            timer = PerfCounterTimer()
+        logger = RateLogger(sample_duration=opts["sample_duration"],
+                            max_count=opts["max_count"], warmup=opts["warmup"],
+                            timer=timer, origin=exp.origin)
+    exp.rate = logger
+    exp.start_monitor()
+    return logger
+
+
+def dataloop(exp, iterable):
+    """Yield ``(step, batch)`` over ``iterable`` (epoch after epoch) until
+    ``--max-count`` items. Call ``step.set_count(n)`` in the body.
+    """
+    return rate_logger(exp).loop(iterable)
+
+
+def iteration_wrapper(exp):
+    """Yield ``step`` objects until ``--max-count`` items, for synthetic data."""
+    return rate_logger(exp).steps()
+
+
+__all__ = ["dataloop", "iteration_wrapper", "rate_logger", "Step"]

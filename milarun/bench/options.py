@@ -1,0 +1,35 @@
+"""Options every experiment accepts (declared with coleo)."""
+
+from coleo import Option, default, tooled
+
+
+@tooled
+def common_options():
+    """Return the options shared by all models as a dict.
+
+    ``max_count`` (items), ``sample_duration`` (s), ``warmup`` (windows),
+    ``seed``, ``device`` (``auto``, ``cpu`` or ``cuda``), ``monitor_interval`` (s).
+    """
+    # Stop after this many items (examples) have been processed
+    max_count: Option & int = default(1000)
+    # Length of one sample window, in seconds
+    sample_duration: Option & float = default(0.5)
+    # Number of leading sample windows flagged as warm-up
+    warmup: Option & int = default(3)
+    # Random seed
+    seed: Option & int = default(1234)
+    # Device: auto (cuda when available), cpu or cuda
+    device: Option = default("auto")
+    # Seconds between two GPU telemetry readings
+    monitor_interval: Option & float = default(1.0)
+    # Disable the rate logger's windows and the GPU monitor (for overhead checks)
+    no_instrument: Option & bool = default(False)
+    return {
+        "max_count": max_count,
+        "sample_duration": sample_duration,
+        "warmup": warmup,
+        "seed": seed,
+        "device": device,
+        "monitor_interval": monitor_interval,
+        "no_instrument": no_instrument,
+    }

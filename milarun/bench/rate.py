@@ -1,0 +1,205 @@
+"""Throughput measurement over sample windows.
+
+A *step* processes ``count`` items (``it.set_count(batch_size)``). Steps are
+grouped into sample windows of about ``sample_duration`` seconds of host time.
+When a window closes, its elapsed time is read from the timer, which on CUDA
+means one event synchronize per window, never one per step. Each window
+becomes one sample ``{start, end, count, rate, warmup}``; the first ``warmup``
+samples are flagged, never dropped.
+"""
+
+import time
+
+# Metric values logged with it.log() may be device tensors; converting them
+# calls .item(), so it is done only at a window boundary, after the sync.
+
+
+class PerfCounterTimer:
+    """Host wall clock (``time.perf_counter``), for CPU runs and tests."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+
+    def mark(self):
+        """Record a point in time; returns an opaque token."""
+        return self.clock()
+
+    def elapsed(self, start, end):
+        """Seconds between two tokens (synchronizes if the timer needs to)."""
+        return end - start
+
+
+class CudaEventTimer:
+    """GPU time from CUDA events: one event per step, one sync per window.
+
+    ``elapsed`` synchronizes on the *end* event only, so the host waits once
+    for the device to reach the window's last step.
+    """
+
+    def __init__(self, torch, device=None):
+        self.torch = torch
+        self.device = device
+
+    def mark(self):
+        ev = self.torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def elapsed(self, start, end):
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
+
+
+class Step:
+    """Handle for one training step, yielded by the rate logger's loops.
+
+    Call ``set_count(n)`` with the number of items the step processed and,
+    optionally, ``log(loss=tensor_or_float)``.
+    """
+
+    __slots__ = ("count", "values")
+
+    def __init__(self):
+        self.count = 0
+        self.values = None
+
+    def set_count(self, n):
+        self.count = int(n)
+
+    def log(self, **values):
+        self.values = values
+
+
+class RateLogger:
+    """Counts items over sample windows and decides when training stops.
+
+    Args:
+        sample_duration: target window length in seconds (host time).
+        max_count: stop once this many items were processed (items).
+        warmup: number of leading samples flagged ``warmup: true``.
+        timer: ``PerfCounterTimer`` or ``CudaEventTimer``.
+        host_clock: clock that decides when a window closes (seconds).
+        origin: host-clock time that sample ``start``/``end`` are relative to.
+
+    Attributes:
+        samples: list of ``{"start", "end", "count", "rate", "warmup"}``
+            (seconds since ``origin``, items, items/s).
+        total: items counted so far.
+        metrics: last values given to ``Step.log``, as floats.
+    """
+
+    def __init__(self, sample_duration=0.5, max_count=1000, warmup=3,
+                 timer=None, host_clock=time.perf_counter, origin=None):
+        if sample_duration <= 0:
+            raise ValueError("sample_duration must be > 0 seconds")
+        self.sample_duration = sample_duration
+        self.max_count = max_count
+        self.warmup = warmup
+        self.timer = timer or PerfCounterTimer(host_clock)
+        self.host_clock = host_clock
+        self.origin = host_clock() if origin is None else origin
+        self.samples = []
+        self.total = 0
+        self.metrics = {}
+        self._window_mark = None
+        self._window_host = None
+        self._window_count = 0
+        self._last_mark = None
+        self._last_values = None
+
+    def done(self):
+        """True once ``max_count`` items were processed."""
+        return self.max_count is not None and self.total >= self.max_count
+
+    def start(self):
+        """Open the first window (called by the loops before the first step)."""
+        self._window_mark = self.timer.mark()
+        self._window_host = self.host_clock()
+
+    def end_step(self, step):
+        """Account for a finished step; close the window if it is long enough."""
+        self._window_count += step.count
+        self.total += step.count
+        self._last_mark = self.timer.mark()
+        if step.values is not None:
+            self._last_values = step.values
+        now = self.host_clock()
+        if now - self._window_host >= self.sample_duration or self.done():
+            self._close_window(now)
+
+    def _close_window(self, now):
+        if self._window_count == 0:
+            return
+        elapsed = self.timer.elapsed(self._window_mark, self._last_mark)
+        start = self._window_host - self.origin
+        end = start + elapsed
+        self.samples.append({
+            "start": start,
+            "end": end,
+            "count": self._window_count,
+            "rate": self._window_count / elapsed if elapsed > 0 else float("inf"),
+            "warmup": len(self.samples) < self.warmup,
+        })
+        if self._last_values:
+            self.metrics = {k: _to_float(v) for k, v in self._last_values.items()}
+        self._window_mark = self._last_mark
+        self._window_host = now
+        self._window_count = 0
+
+    def finish(self):
+        """Close a partial last window, if it holds items."""
+        if self._window_mark is not None and self._window_count:
+            self._close_window(self.host_clock())
+
+    def steps(self):
+        """Yield ``Step`` objects until ``max_count`` items were processed."""
+        self.start()
+        try:
+            while not self.done():
+                step = Step()
+                yield step
+                self.end_step(step)
+        finally:
+            self.finish()
+
+    def loop(self, iterable):
+        """Yield ``(step, batch)`` over ``iterable``, restarting it each epoch,
+        until ``max_count`` items were processed.
+
+        Raises:
+            RuntimeError: if ``iterable`` yields nothing.
+        """
+        self.start()
+        try:
+            while not self.done():
+                empty = True
+                for batch in iterable:
+                    empty = False
+                    step = Step()
+                    yield step, batch
+                    self.end_step(step)
+                    if self.done():
+                        break
+                if empty:
+                    raise RuntimeError("the data loader yielded no batch")
+        finally:
+            self.finish()
+
+    def summary(self):
+        """The ``timings.train`` record."""
+        return {
+            "sample_duration": self.sample_duration,
+            "warmup": min(self.warmup, len(self.samples)),
+            "count": self.total,
+            "max_count": self.max_count,
+            "samples": list(self.samples),
+        }
+
+
+def _to_float(v):
+    if hasattr(v, "item"):
+        v = v.detach().float().item() if hasattr(v, "detach") else v.item()
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return v

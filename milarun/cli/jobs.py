@@ -1,0 +1,7 @@
+"""placeholder"""
+from coleo import tooled
+
+@tooled
+def command(rest):
+    """(not yet built)"""
+    return 1

@@ -1,0 +1,69 @@
+"""``milarun run MODULE:FUNCTION [-o OUT] [-d DATAROOT] -- ARGS``."""
+
+import json
+import os
+
+from coleo import Option, default, tooled
+
+from ..errors import MilarunError
+
+
+def resolve_function(spec):
+    """Import ``"module:function"`` and return the function.
+
+    Raises:
+        MilarunError: malformed spec, module not importable, or no such function.
+    """
+    import importlib
+
+    if not isinstance(spec, str) or ":" not in spec:
+        raise MilarunError(f"experiment {spec!r} must look like 'module:function'")
+    mod_name, _, fn_name = spec.partition(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise MilarunError(f"cannot import module {mod_name!r} ({exc})")
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise MilarunError(f"module {mod_name!r} has no function {fn_name!r}")
+    return fn
+
+
+@tooled
+def command(rest):
+    """Run one experiment in this process and write its result."""
+    # The experiment to run, as module:function
+    # [positional]
+    function: Option
+    # Result directory, or a file ending in .json (default: print to stdout)
+    # [alias: -o]
+    out: Option = default(None)
+    # Dataset root (default: $MILARUN_DATAROOT)
+    # [alias: -d]
+    dataroot: Option = default(None)
+    # Name of the experiment, suite.job
+    experiment_name: Option = default(None)
+    # Job id, run.device
+    job_id: Option = default("0.0")
+    # JSON object of extra fields for the result
+    extra: Option = default(None)
+
+    return run_experiment(function, rest, out=out, dataroot=dataroot,
+                          name=experiment_name, job_id=job_id, extra=extra)
+
+
+def run_experiment(function, argv, out=None, dataroot=None, name=None,
+                   job_id="0.0", extra=None):
+    """Resolve ``function``, build an Experiment and run it; returns the exit code."""
+    from ..bench.experiment import Experiment
+
+    fn = resolve_function(function)
+    if extra is not None and not isinstance(extra, dict):
+        try:
+            extra = json.loads(extra)
+        except json.JSONDecodeError as exc:
+            raise MilarunError(f"--extra is not valid JSON ({exc.msg})")
+    dataroot = dataroot or os.environ.get("MILARUN_DATAROOT")
+    name = name or function.split(":")[0].rsplit(".", 1)[-1]
+    exp = Experiment(name, job_id=job_id, dataroot=dataroot, out=out, extra=extra)
+    return exp.execute(function, fn, argv)

@@ -1,0 +1,39 @@
+"""User-facing errors.
+
+Every bad input (profile, job name, dataroot, result file, weights, baseline)
+raises one of these. The CLI prints ``milarun: error: <message>`` and exits
+with ``exit_code``; the traceback is shown only with ``--verbose``.
+"""
+
+
+class MilarunError(Exception):
+    """A problem the user can fix. ``str(err)`` is the one line shown.
+
+    Attributes:
+        exit_code: process exit status the CLI uses (2 for bad input).
+    """
+
+    exit_code = 2
+
+    def __init__(self, message, *, path=None, key=None):
+        parts = []
+        if path is not None:
+            parts.append(str(path))
+        if key is not None:
+            parts.append(str(key))
+        prefix = ": ".join(parts)
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+        self.path = path
+        self.key = key
+
+
+class ProfileError(MilarunError):
+    """A job profile is malformed or names something unknown."""
+
+
+class ResultFormatError(MilarunError):
+    """A result, summary, baseline or weights file cannot be read."""
+
+
+class SetupError(MilarunError):
+    """The host is not ready: missing cgroups, dataroot, outdir or tools."""

@@ -1,0 +1,218 @@
+"""Student cgroups (v1 and v2) and CPU/NUMA placement. No torch here.
+
+Read side (used inside the child): ``current_cpuset``, ``current_cgroup``,
+``current_memory_limit_mib``.
+
+Parent side: ``cgroup_version``, ``split_students`` (the cpuset/memory plan
+that ``scripts/cgroup_setup.sh`` applies), ``missing_groups``,
+``oom_kill_count`` and ``wrap`` (the cgexec/numactl/exec-prefix argv).
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+CGROOT = Path(os.environ.get("MILARUN_CGROUP_ROOT", "/sys/fs/cgroup"))
+
+
+# ---------------------------------------------------------------- read side
+
+def current_cpuset():
+    """Sorted list of CPU ids this process may run on (its affinity)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def _proc_cgroups(pid="self"):
+    """Map controller → cgroup path from ``/proc/<pid>/cgroup``.
+
+    cgroup v2 appears under the key ``""``.
+    """
+    out = {}
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            for line in f:
+                _, ctrls, path = line.rstrip("\n").split(":", 2)
+                for c in ctrls.split(",") if ctrls else [""]:
+                    out[c] = path
+    except OSError:
+        pass
+    return out
+
+
+def current_cgroup(pid="self"):
+    """A readable summary of the cgroups of ``pid``: ``"cpuset:/student0,memory:/student0"``
+    on v1, the unified path on v2."""
+    groups = _proc_cgroups(pid)
+    parts = [f"{c}:{groups[c]}" for c in ("cpuset", "memory") if c in groups]
+    if parts:
+        return ",".join(parts)
+    return groups.get("", None)
+
+
+def _read(path):
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def current_memory_limit_mib(pid="self"):
+    """The memory limit of the cgroup ``pid`` runs in (MiB), None if unlimited or unknown."""
+    groups = _proc_cgroups(pid)
+    if "memory" in groups:
+        raw = _read(CGROOT / "memory" / groups["memory"].lstrip("/") / "memory.limit_in_bytes")
+    elif "" in groups:
+        raw = _read(CGROOT / groups[""].lstrip("/") / "memory.max")
+    else:
+        raw = None
+    if raw is None or raw == "max":
+        return None
+    value = int(raw)
+    if value >= 2**62:  # v1 reports "unlimited" as a huge page-rounded number
+        return None
+    return value / 2**20
+
+
+# -------------------------------------------------------------- parent side
+
+def cgroup_version():
+    """1 when a v1 cpuset hierarchy is mounted, 2 for a unified hierarchy with
+    controllers, None when neither is usable."""
+    if (CGROOT / "cpuset" / "cpuset.cpus").exists() or (CGROOT / "cpuset").is_dir():
+        return 1
+    if (CGROOT / "cgroup.controllers").exists():
+        return 2
+    return None
+
+
+def parse_template(template, device):
+    """Split ``"cpuset,memory:student{device}"`` into (controllers, group name)."""
+    text = template.format(device=device)
+    if ":" not in text:
+        raise ValueError(f"cgroup template {template!r} must look like 'controllers:group'")
+    ctrls, group = text.split(":", 1)
+    return [c for c in ctrls.split(",") if c], group
+
+
+def group_exists(controllers, group, version=None):
+    """Whether ``group`` exists under every controller (v1) or in the unified tree (v2)."""
+    version = version or cgroup_version()
+    if version == 1:
+        return all((CGROOT / c / group).is_dir() for c in controllers)
+    if version == 2:
+        return (CGROOT / group).is_dir()
+    return False
+
+
+def missing_groups(cgroups):
+    """Return the cgroup specs (``"ctrls:group"``) from ``cgroups`` that do not exist."""
+    version = cgroup_version()
+    missing = []
+    for spec in cgroups:
+        ctrls, group = spec.split(":", 1)
+        if not group_exists([c for c in ctrls.split(",") if c], group, version):
+            missing.append(spec)
+    return missing
+
+
+def oom_kill_count(spec):
+    """Number of OOM kills recorded for the memory cgroup of ``spec`` (``"ctrls:group"``).
+
+    Reads ``memory.oom_control`` (v1, ``oom_kill`` line) or ``memory.events``
+    (v2). Returns None when not readable.
+    """
+    if spec is None:
+        return None
+    _, group = spec.split(":", 1)
+    for path in (CGROOT / "memory" / group / "memory.oom_control",
+                 CGROOT / group / "memory.events"):
+        text = _read(path)
+        if text is None:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    return None
+
+
+def split_students(n, cpus, total_memory_bytes, gpu_cpus=None, numa_nodes=None):
+    """Plan ``n`` student slices: equal, mutually exclusive cpusets and equal memory.
+
+    Args:
+        n: number of students (one per GPU or CPU slot).
+        cpus: sorted list of usable CPU ids.
+        total_memory_bytes: RAM to share (bytes).
+        gpu_cpus: optional list, per student, of the CPU ids local to that
+            GPU (NVML's CPU affinity). Students then take cores from their own
+            NUMA node first.
+        numa_nodes: optional dict cpu id → NUMA node id.
+
+    Returns:
+        list of dicts ``{"student": i, "cpus": [...], "mems": [...], "memory_bytes": int}``.
+        Each student gets ``len(cpus) // n`` cores (at least 1).
+
+    Raises:
+        ValueError: fewer CPUs than students.
+    """
+    if n < 1:
+        raise ValueError("need at least one student")
+    if len(cpus) < n:
+        raise ValueError(f"{len(cpus)} CPUs cannot be split into {n} exclusive students")
+    per = len(cpus) // n
+    free = list(cpus)
+    plan = []
+    for i in range(n):
+        local = [c for c in (gpu_cpus[i] if gpu_cpus else []) if c in free]
+        chosen = (local + [c for c in free if c not in local])[:per]
+        for c in chosen:
+            free.remove(c)
+        chosen.sort()
+        mems = sorted({numa_nodes.get(c, 0) for c in chosen}) if numa_nodes else [0]
+        plan.append({"student": i, "cpus": chosen, "mems": mems,
+                     "memory_bytes": total_memory_bytes // n})
+    return plan
+
+
+def format_cpus(cpus):
+    """``[0, 1, 2, 5]`` → ``"0-2,5"`` (the kernel's cpuset list syntax)."""
+    out = []
+    cpus = sorted(cpus)
+    i = 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def numa_nodes_of_cpus():
+    """Map cpu id → NUMA node from ``/sys/devices/system/node``; ``{}`` when absent."""
+    out = {}
+    base = Path("/sys/devices/system/node")
+    for node in sorted(base.glob("node[0-9]*")):
+        text = _read(node / "cpulist")
+        if not text:
+            continue
+        nid = int(node.name[4:])
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            for c in range(int(lo), int(hi or lo) + 1):
+                out[c] = nid
+    return out
+
+
+def wrap(argv, cgroup=None, exec_prefix=(), use_cgexec=True):
+    """Return the full argv: ``[cgexec -g SPEC] [exec_prefix...] argv``.
+
+    ``cgexec`` puts the process (and its children) in the student cgroup
+    before exec, so the child's first instruction already runs confined.
+    """
+    out = []
+    if cgroup and use_cgexec:
+        out += [shutil.which("cgexec") or "cgexec", "-g", cgroup]
+    out += list(exec_prefix)
+    out += list(argv)
+    return out

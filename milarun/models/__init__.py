@@ -1,0 +1,1 @@
+"""Benchmark programs. Each module defines ``main(experiment, argv)``."""
