@@ -210,7 +210,12 @@ class Experiment:
         self._monitor_holder.append(mon.start())
 
     def write(self):
-        """Write the result to ``out`` (directory or file) or print it to stdout."""
+        """Write the result to ``out`` (directory or file) or print it to stdout.
+
+        Under torchrun only rank 0 writes: the other ranks return None.
+        """
+        if os.environ.get("RANK", "0") != "0":
+            return None
         if self.out is None:
             json.dump(self.result, sys.stdout, indent=1, default=str)
             sys.stdout.write("\n")

@@ -101,8 +101,9 @@ def migrate(record, path=None):
     """
     if not isinstance(record, dict):
         raise ResultFormatError("not a result record (expected a JSON object)", path=path)
-    rec = copy.deepcopy(record)
-    version = rec.get("version", 0)
+    version = record.get("version", 0)
+    # Current records are returned as they are; only old ones are copied and rewritten.
+    rec = record if version == FORMAT_VERSION else copy.deepcopy(record)
     if not isinstance(version, int):
         raise ResultFormatError(f"bad format version {version!r}", path=path, key="version")
     if version > FORMAT_VERSION:
