@@ -216,3 +216,52 @@ def wrap(argv, cgroup=None, exec_prefix=(), use_cgexec=True):
     out += list(exec_prefix)
     out += list(argv)
     return out
+
+
+def student_plan(n, memory_bytes=None):
+    """The split ``scripts/cgroup_setup.sh`` applies on this host, for ``n`` students.
+
+    Uses the CPUs in the root cpuset, the host RAM (or ``memory_bytes``),
+    NVML's per-GPU CPU affinity (students take cores local to their GPU's
+    NUMA node) and the NUMA layout from sysfs.
+    """
+    import psutil
+
+    from .devices import nvml_gpus
+
+    cpus = sorted(os.sched_getaffinity(0))
+    root_cpus = _read(CGROOT / "cpuset" / "cpuset.cpus") or _read(CGROOT / "cpuset.cpus.effective")
+    if root_cpus:
+        cpus = parse_cpus(root_cpus)
+    total = memory_bytes or psutil.virtual_memory().total
+    gpus = nvml_gpus()
+    affinity = gpus.affinity[:n] if gpus is not None and len(gpus) >= n else None
+    return split_students(n, cpus, total, gpu_cpus=affinity, numa_nodes=numa_nodes_of_cpus())
+
+
+def parse_cpus(text):
+    """``"0-2,5"`` → ``[0, 1, 2, 5]``."""
+    out = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+def _print_plan(argv=None):
+    """``python -m milarun.isolation N [MEMORY_BYTES]``: one line per student:
+    ``student<i> <cpus> <mems> <memory bytes>``."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    n = int(args[0])
+    mem = int(args[1]) if len(args) > 1 else None
+    for s in student_plan(n, mem):
+        print(f"student{s['student']} {format_cpus(s['cpus'])} "
+              f"{','.join(map(str, s['mems']))} {s['memory_bytes']}")
+
+
+if __name__ == "__main__":
+    _print_plan()

@@ -1,0 +1,76 @@
+"""Fault-injection experiments that check the launcher and the student cgroups.
+
+* ``memhog``: allocates and touches ``--mib`` MiB in 64 MiB chunks (items =
+  MiB); past the student's memory limit it is OOM-killed in its cgroup.
+* ``crash``: raises after ``--after`` seconds (the child writes its own FAIL).
+* ``hang``: sleeps ``--seconds`` (for timeouts).
+* ``die``: kills itself with ``--signal`` (no result is written).
+
+They import no torch, so they start fast.
+"""
+
+import os
+import signal
+import time
+
+from coleo import Option, default, tooled
+
+from ..bench.loop import rate_logger
+
+
+def memhog(exp, argv):
+    """Allocate memory step by step; see the module docstring."""
+    exp.cli(_memhog, argv)
+
+
+@tooled
+def _memhog(exp):
+    # MiB to allocate in all
+    mib: Option & int = default(256)
+    exp.options["max_count"] = mib
+    chunks = []
+    logger = rate_logger(exp)
+    for step in logger.steps():
+        block = bytearray(64 * 2**20)
+        block[::4096] = b"\1" * len(block[::4096])  # touch every page
+        chunks.append(block)
+        step.set_count(64)
+    exp.metrics["allocated_mib"] = 64 * len(chunks)
+
+
+def crash(exp, argv):
+    """Raise RuntimeError after ``--after`` seconds."""
+    exp.cli(_crash, argv)
+
+
+@tooled
+def _crash(exp):
+    # Seconds before the crash
+    after: Option & float = default(0.1)
+    time.sleep(after)
+    raise RuntimeError("deliberate crash (milarun.models.faults:crash)")
+
+
+def hang(exp, argv):
+    """Sleep ``--seconds`` seconds, then succeed."""
+    exp.cli(_hang, argv)
+
+
+@tooled
+def _hang(exp):
+    # Seconds to sleep
+    seconds: Option & float = default(3600.0)
+    print("hang: sleeping", flush=True)
+    time.sleep(seconds)
+
+
+def die(exp, argv):
+    """Kill this process with ``--signal`` (default SIGSEGV)."""
+    exp.cli(_die, argv)
+
+
+@tooled
+def _die(exp):
+    # Signal name to send to ourselves
+    signal_name: Option = default("SIGSEGV")
+    os.kill(os.getpid(), getattr(signal, signal_name))
