@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One command from a fresh clone: set up and run the test suite (CPU only).
+#
+#   bash scripts/test.sh [PYTEST ARGS]
+#
+# Cgroup tests need root; the browser test needs chromium (installed here
+# when root). Set MILARUN_REQUIRE_CGROUPS=1 / MILARUN_REQUIRE_BROWSER=1 to
+# turn their skips into failures (CI does).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if [ "$(id -u)" = 0 ] || sudo -n true 2>/dev/null; then
+  bash scripts/install-browser.sh
+fi
+set +e
+.venv/bin/python -m pytest -q -rs "$@" tests
+status=$?
+set -e
+if [ $status = 5 ]; then
+  echo "test.sh: pytest collected no tests (exit 5): the suite is missing" >&2
+  exit 1
+fi
+exit $status

@@ -1,0 +1,117 @@
+"""CLI: one clear line and a non-zero exit for bad input; run and rerun round trip."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from milarun.cli import main, split_argv
+
+PROFILE = {"t": {"experiment": "milarun.models.toy_reg:main",
+                 "partition_scheme": {"type": "per-gpu", "cgroup": "cpuset,memory:nosuch{device}"}}}
+
+
+def run_cli(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    return exc.value.code, capsys.readouterr()
+
+
+def test_split_argv():
+    assert split_argv(["jobs", "p", "--", "--x", "--", "y"]) == (["jobs", "p"], ["--x", "--", "y"])
+    assert split_argv(["jobs"]) == (["jobs"], [])
+
+
+@pytest.fixture
+def profile(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(PROFILE))
+    return path
+
+
+def test_missing_dataroot(profile, capsys, monkeypatch):
+    monkeypatch.delenv("MILARUN_DATAROOT", raising=False)
+    code, io = run_cli(["jobs", str(profile), "-o", "/tmp/x"], capsys)
+    assert code == 2
+    assert io.err == "milarun: error: no dataroot: pass -d DATAROOT or set $MILARUN_DATAROOT\n"
+
+
+def test_dataroot_that_does_not_exist(profile, capsys, tmp_path):
+    code, io = run_cli(["jobs", str(profile), "-d", str(tmp_path / "no"), "-o", "/tmp/x"], capsys)
+    assert code == 2
+    assert io.err.startswith(f"milarun: error: dataroot {tmp_path / 'no'} does not exist")
+
+
+def test_missing_outdir(profile, capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("MILARUN_OUTROOT", raising=False)
+    code, io = run_cli(["jobs", str(profile), "-d", str(tmp_path)], capsys)
+    assert code == 2
+    assert io.err == ("milarun: error: no results directory: pass -o OUTDIR or set "
+                      "$MILARUN_OUTROOT\n")
+
+
+def test_outroot_default_is_dated(monkeypatch, tmp_path):
+    from milarun.cli.jobs import default_outdir
+    monkeypatch.setenv("MILARUN_OUTROOT", str(tmp_path))
+    assert default_outdir().startswith(str(tmp_path / "results-20"))
+
+
+def test_missing_cgroups_launch_nothing(profile, capsys, tmp_path):
+    out = tmp_path / "out"
+    code, io = run_cli(["jobs", str(profile), "-d", str(tmp_path), "-o", str(out),
+                        "--cpu-slots", "2"], capsys)
+    assert code == 2
+    assert io.err.count("\n") == 1 and "nosuch0" in io.err and "--no-cgexec" in io.err
+    assert not out.exists()
+
+
+def test_corrupt_result_for_rerun(tmp_path, capsys):
+    bad = tmp_path / "r.json"
+    bad.write_text("{\"version\": 1,")
+    code, io = run_cli(["rerun", str(bad)], capsys)
+    assert code == 2
+    assert io.err.startswith(f"milarun: error: {bad}: corrupt JSON")
+    assert "Traceback" not in io.err
+
+
+def test_run_bad_function(capsys):
+    code, io = run_cli(["run", "milarun.models.toy_reg:nope"], capsys)
+    assert code == 2
+    assert io.err == "milarun: error: module 'milarun.models.toy_reg' has no function 'nope'\n"
+
+
+def test_dataset_unknown_name_and_size(tmp_path, capsys):
+    code, io = run_cli(["dataset", "imagenet22k", "-d", str(tmp_path)], capsys)
+    assert code == 2 and io.err.startswith("milarun: error: unknown dataset 'imagenet22k'")
+    code, io = run_cli(["dataset", "mnist", "-d", str(tmp_path), "--size", "huge"], capsys)
+    assert code == 2 and "unknown size 'huge'" in io.err
+
+
+def test_help_is_fast_and_does_not_import_torch():
+    code = ("import sys, time; t=time.perf_counter(); from milarun.cli import COMMANDS; "
+            "print('torch' in sys.modules, 'pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_run_then_rerun_with_extra_args(tmp_path):
+    first = tmp_path / "first.json"
+    subprocess.run([sys.executable, "-m", "milarun", "run", "milarun.models.toy_reg:main",
+                    "-o", str(first), "--experiment-name", "cli.toy", "--job-id", "4.1", "--",
+                    "--max-count", "5000", "--batch-size", "16"], check=True,
+                   capture_output=True)
+    rec = json.loads(first.read_text())
+    assert rec["success"] and rec["name"] == "cli.toy" and rec["job_id"] == "4.1"
+    second = tmp_path / "second.json"
+    proc = subprocess.run([sys.executable, "-m", "milarun", "rerun", str(first), "-o",
+                           str(second), "--", "--batch-size", "32"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "milarun: rerun:" in proc.stderr and "--batch-size 16 --batch-size 32" in proc.stderr
+    again = json.loads(second.read_text())
+    assert again["call"]["argv"] == ["--max-count", "5000", "--batch-size", "16",
+                                     "--batch-size", "32"]
+    assert again["call"]["arguments"]["batch_size"] == 32
+    assert (again["name"], again["job_id"], again["run"]) == ("cli.toy", "4.1", 4)

@@ -1,0 +1,59 @@
+"""Result records: round trip, atomic writes, naming, migration, corrupt files."""
+
+import json
+import re
+
+import pytest
+
+from milarun.errors import ResultFormatError
+from milarun.results.schema import FORMAT_VERSION, migrate, new_result
+from milarun.results.store import iter_results, load_result, result_filename, write_result
+
+
+def test_round_trip(tmp_path):
+    rec = new_result("cpu.vae", "2.1", device="1", devices=[1], run=2, partition="per-gpu")
+    rec["timings"]["train"]["samples"] = [{"start": 0, "end": 0.5, "count": 10, "rate": 20.0,
+                                            "warmup": True}]
+    rec["success"] = True
+    path = write_result(rec, tmp_path)
+    assert re.fullmatch(r"cpu\.vae\.J2\.1\.\d{8}-\d{6}-\d{6}\.json", path.name)
+    assert load_result(path) == rec
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_fail_name_and_explicit_file(tmp_path):
+    rec = new_result("s.t")
+    assert ".FAIL." in result_filename("s.t", 0, "0", False)
+    path = write_result(rec, tmp_path / "x.json")
+    assert path == tmp_path / "x.json"
+
+
+def test_migration_from_version_0():
+    old = {"name": "s.t", "job_id": "0.0", "call": {}, "success": True, "timings": {},
+           "train": {"samples": [{"rate": 1}]}}
+    rec = migrate(old)
+    assert rec["version"] == FORMAT_VERSION
+    assert rec["timings"]["train"]["samples"] == [{"rate": 1}]
+    assert "train" not in rec and "train" in old  # the input is not modified
+
+
+@pytest.mark.parametrize("data,key", [
+    ({"version": 99}, "version"),
+    ({"version": "1"}, "version"),
+    ({"version": 1, "name": "x"}, "job_id"),
+])
+def test_bad_records(data, key):
+    with pytest.raises(ResultFormatError) as exc:
+        migrate(data, path="f.json")
+    assert exc.value.key == key and str(exc.value).startswith("f.json: ")
+
+
+def test_iter_results_yields_errors_for_corrupt_files(tmp_path):
+    good = new_result("s.t")
+    write_result(good, tmp_path)
+    (tmp_path / "trunc.json").write_text('{"version": 1, "name": ')
+    (tmp_path / "notes.txt").write_text("hello")
+    found = dict(iter_results(tmp_path))
+    assert len(found) == 2
+    err = found[tmp_path / "trunc.json"]
+    assert isinstance(err, ResultFormatError) and "corrupt JSON" in str(err)
