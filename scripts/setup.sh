@@ -15,8 +15,10 @@ if [ ! -x .venv/bin/python ]; then
   $UV venv --quiet .venv
 fi
 echo "setup: syncing .venv with requirements.lock"
-$UV pip sync --quiet --python .venv/bin/python requirements.lock
-$UV pip install --quiet --python .venv/bin/python --no-deps -e .
+# Byte-compile at install time, so start-up does not depend on a writable cache
+# (or on PYTHONDONTWRITEBYTECODE being unset).
+$UV pip sync --quiet --compile-bytecode --python .venv/bin/python requirements.lock
+$UV pip install --quiet --compile-bytecode --python .venv/bin/python --no-deps -e .
 
 if [ "$(id -u)" = 0 ] || sudo -n true 2>/dev/null; then
   bash scripts/install-apt-packages.sh

@@ -49,6 +49,11 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("milarun: interrupted", file=sys.stderr)
         code = 130
+    except BrokenPipeError:
+        # the reader went away (milarun summary … | head): not an error of ours
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
     code = code or 0
     if __name__ != "__main__":
         sys.exit(code)

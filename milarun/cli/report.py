@@ -1,7 +1,61 @@
-"""placeholder"""
-from coleo import tooled
+"""``milarun report RESULTS_or_SUMMARY [options]``: table, score, optional HTML.
+
+Heavy modules (pandas, matplotlib, jinja2) are imported only when the
+command runs, so ``milarun --help`` stays fast.
+"""
+
+import sys
+
+from coleo import Option, default, tooled
+
 
 @tooled
 def command(rest):
-    """(not yet built)"""
-    return 1
+    """Print the report table and score of a results directory or summary file."""
+    # Results directory, or a summary JSON file
+    # [positional]
+    results: Option
+    # Weights file: {"suite.test": {"weight": w}} (default: every test weighs 1)
+    weights: Option = default(None)
+    # Baseline summary to compare with (ours or the 2020 flat format)
+    compare: Option = default(None)
+    # Price of the machine in dollars: adds RPP = price / score
+    price: Option & float = default(None)
+    # Add per-GPU comparison tables (rate / best GPU of the test)
+    compare_gpus: Option & bool = default(False)
+    # Leave the variance factor (1 - std/mean) out of perf_adj
+    # [negate]
+    penalize_variance: Option & bool = default(True)
+    # Title of the report
+    title: Option = default(None)
+    # Also write a self-contained HTML report to this file
+    html: Option = default(None)
+    # Exit with status 1 when a weighted test is missing or has perf_adj 0
+    strict: Option & bool = default(False)
+
+    return run_report(results, weights=weights, compare=compare, price=price,
+                      compare_gpus=compare_gpus, penalize_variance=penalize_variance,
+                      title=title, html=html, strict=strict)
+
+
+def run_report(results, strict=False, stdout=None, warn=None, **options):
+    """Build, print (and write as HTML) the report; returns the exit code.
+
+    Exit code 1 with ``strict`` when the score is incomplete (a weighted test
+    is missing or every run of one failed), else 0.
+    """
+    from ..report import make_report
+
+    stdout = stdout or sys.stdout
+    warn = warn or sys.stderr
+
+    report, text = make_report(results, warn=warn, **options)
+    stdout.write(text)
+    if strict and report.incomplete:
+        print("milarun: error: --strict: the score is incomplete ("
+              + "; ".join(filter(None, [
+                  report.missing and "missing: " + ", ".join(report.missing),
+                  report.zero and "every run failed: " + ", ".join(report.zero)]))
+              + ")", file=warn)
+        return 1
+    return 0

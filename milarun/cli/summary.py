@@ -1,7 +1,40 @@
-"""placeholder"""
-from coleo import tooled
+"""``milarun summary RESULTS [-o SUMMARY.json]``: group results by test, with statistics.
+
+Heavy modules (pandas, matplotlib, jinja2) are never imported here, so
+``milarun --help`` stays fast.
+"""
+
+import json
+import sys
+
+from coleo import Option, default, tooled
+
 
 @tooled
 def command(rest):
-    """(not yet built)"""
-    return 1
+    """Summarize a results directory (versioned JSON; also usable as a baseline)."""
+    # The results directory
+    # [positional]
+    results: Option
+    # Output file (default: print the JSON on stdout)
+    # [alias: -o]
+    out: Option = default(None)
+
+    return run_summary(results, out)
+
+
+def run_summary(results, out=None, warn=None):
+    """Summarize ``results`` into ``out`` (a path) or stdout; returns the exit code.
+
+    Skipped files are listed on ``warn`` (default: stderr).
+    """
+    warn = warn or sys.stderr
+    from ..summary import summarize_dir, write_summary
+
+    summary, _ = summarize_dir(results, warn=warn)
+    if out:
+        write_summary(summary, out)
+    else:
+        json.dump(summary, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,102 @@
+"""The report: summary + weights + optional baseline + price → table, score, text and HTML.
+
+* :mod:`.table` -- the score formula and the table (:func:`build_report`);
+* :mod:`.text` -- terminal output (:func:`render_text`);
+* :mod:`.html` and :mod:`.plots` -- the self-contained HTML page with SVG plots.
+
+:func:`make_report` is what ``milarun report`` calls.
+"""
+
+import sys
+from pathlib import Path
+
+from .table import Report, build_report, check_weights, load_weights, weight_for
+
+__all__ = ["Report", "build_report", "check_weights", "load_weights", "weight_for",
+           "load_source", "make_report", "render_text", "render_html"]
+
+
+def render_text(report):
+    """Plain-text report (see :func:`milarun.report.text.render_text`)."""
+    from .text import render_text as _render
+    return _render(report)
+
+
+def render_html(report, records=None, results_dir=None, generated=None):
+    """HTML report (see :func:`milarun.report.html.render_html`)."""
+    from .html import render_html as _render
+    return _render(report, records=records, results_dir=results_dir, generated=generated)
+
+
+def load_source(source, warn=None):
+    """Read a results directory or a summary JSON file.
+
+    Returns ``(summary, records, results_dir)``; ``records`` and
+    ``results_dir`` are ``None`` for a summary file. Skipped result files
+    are listed in one warning line on ``warn`` (default: stderr).
+
+    Raises:
+        ResultFormatError: missing path, or a file that is not a summary.
+    """
+    from ..errors import ResultFormatError
+    from ..summary import read_summary, summarize_dir
+
+    warn = warn or sys.stderr
+    path = Path(source)
+    if path.is_dir():
+        summary, records = summarize_dir(path, warn=warn)
+        return summary, records, path
+    if path.is_file():
+        return read_summary(path), None, None
+    raise ResultFormatError("no such results directory or summary file", path=path)
+
+
+def make_report(source, weights=None, compare=None, price=None, compare_gpus=False,
+                penalize_variance=True, title=None, html=None, warn=None):
+    """Build the report of ``source`` (results dir or summary file).
+
+    ``weights`` and ``compare`` are file paths (or ``None``); ``price`` is in
+    dollars; ``html`` is an output path. Returns ``(report, text)``.
+    """
+    import datetime
+
+    from ..summary import read_summary
+
+    weights_map = load_weights(weights) if weights else None
+    baseline = read_summary(compare) if compare else None
+    if price is not None and not price > 0:
+        from ..errors import MilarunError
+        raise MilarunError(f"--price must be a positive number of dollars, not {price!r}")
+    summary, records, results_dir = load_source(source, warn=warn)
+    report = build_report(summary, weights=weights_map, baseline=baseline, price=price,
+                          penalize_variance=penalize_variance, compare_gpus=compare_gpus,
+                          title=title)
+    text = render_text(report)
+    if html:
+        generated = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        page = render_html(report, records=records, results_dir=results_dir,
+                           generated=generated)
+        write_text(html, page)
+    return report, text
+
+
+def write_text(path, text):
+    """Write ``text`` to ``path`` atomically (temporary file in the same folder, rename)."""
+    import os
+    import tempfile
+
+    from ..errors import MilarunError
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=path.suffix, dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise MilarunError(f"cannot write ({exc.strerror})", path=path)
+    return path

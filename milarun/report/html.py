@@ -1,0 +1,131 @@
+"""Self-contained HTML rendering: jinja2 templates shipped in ``milarun/report/templates``.
+
+Autoescaping is on for every template, so each name and string from results is
+escaped; only the SVG produced by :mod:`milarun.report.plots` is inserted as
+markup.
+"""
+
+from collections import defaultdict
+from pathlib import Path
+
+from .text import cell, fmt_num, fmt_pct
+
+#: Lines of log shown per failure.
+LOG_TAIL_LINES = 40
+
+
+def ratio_band(value):
+    """CSS class of a ratio: ``bad`` < 0.9 ≤ ``near`` ≤ 1.1 < ``good``."""
+    if value is None:
+        return ""
+    if value < 0.9:
+        return "bad"
+    if value > 1.1:
+        return "good"
+    return "near"
+
+
+def gpu_band(value):
+    """CSS class of a per-GPU ratio to the best GPU (1.0 is the best)."""
+    if value is None:
+        return ""
+    if value < 0.9:
+        return "bad"
+    if value < 0.97:
+        return "near"
+    return "good"
+
+
+def _tail_lines(text, lines=LOG_TAIL_LINES):
+    if not text:
+        return None
+    return "\n".join(str(text).splitlines()[-lines:])
+
+
+def log_tail(results_dir, failure):
+    """Tail of a failure's log: ``RESULTS/logs/<suite>.<job>.J<run>.<device>.log`` if present,
+    otherwise the result's ``error.stderr_tail``. Returns ``(text, source)``."""
+    if results_dir is not None:
+        path = (Path(results_dir) / "logs"
+                / f"{failure['name']}.J{failure.get('run')}.{failure.get('device')}.log")
+        try:
+            with open(path, errors="replace") as f:
+                return _tail_lines(f.read()), f"logs/{path.name}"
+        except OSError:
+            pass
+    return _tail_lines(failure.get("stderr_tail")), "stderr"
+
+
+def _env():
+    import jinja2
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("milarun.report", "templates"),
+        autoescape=True, trim_blocks=True, lstrip_blocks=True)
+    env.filters["num"] = fmt_num
+    env.filters["pct"] = fmt_pct
+    return env
+
+
+def render_html(report, records=None, results_dir=None, generated=None):
+    """Return the report as one self-contained HTML page (str).
+
+    ``records`` are result records (for the throughput plots; without them
+    the page says plots need the results directory); ``results_dir`` is where
+    failure logs are looked up; ``generated`` is the creation time shown.
+    """
+    from markupsafe import Markup
+
+    from .plots import Plotter
+
+    plotter = None
+    by_group = defaultdict(list)
+    if records:
+        from ..summary import group_name
+        for item in records:
+            rec = item[1] if isinstance(item, tuple) else item
+            by_group[group_name(rec)].append(rec)
+    plots = []
+    for row in report.rows:
+        svg, legend = None, []
+        if by_group.get(row["test"]):
+            plotter = plotter or Plotter()
+            svg, legend = plotter.throughput(by_group[row["test"]])
+        plots.append({"test": row["test"], "svg": Markup(svg) if svg else None,
+                      "legend": legend})
+
+    gpu = []
+    if report.gpu_tables:
+        for stat, tab in report.gpu_tables.items():
+            svg = None
+            if stat == "mean":
+                plotter = plotter or Plotter()
+                svg = plotter.heatmap(tab)
+            gpu.append({"stat": stat, "devices": tab["devices"],
+                        "rows": [{"test": g,
+                                  "cells": [(fmt_num(v.get(d), ".3f"), gpu_band(v.get(d)))
+                                            for d in tab["devices"]]}
+                                 for g, v in tab["rows"]],
+                        "svg": Markup(svg) if svg else None})
+
+    table = []
+    for row in report.rows:
+        cells = []
+        for c in report.columns:
+            cls = ""
+            if c in ("perf_ratio", "perf_ratio_adj"):
+                cls = ratio_band(row.get(c))
+            elif c == "fail" and row["fail"]:
+                cls = "failcell"
+            cells.append((cell(row, c), cls))
+        table.append({"test": row["test"], "cells": cells, "failed": row["fail"] > 0,
+                      "counted": row["counted"]})
+
+    failures = []
+    for f in report.failures:
+        text, source = log_tail(results_dir, f)
+        failures.append({**f, "tail": text, "tail_source": source})
+
+    return _env().get_template("report.html.j2").render(
+        r=report, table=table, plots=plots, gpu=gpu, failures=failures,
+        has_records=bool(records), generated=generated,
+        ratio_class=ratio_band(report.score_ratio))

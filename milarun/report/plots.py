@@ -1,0 +1,125 @@
+"""Inline SVG plots made with matplotlib (Agg backend; no display needed).
+
+Only numbers and device labels reach matplotlib, never test names, and
+matplotlib XML-escapes any text it writes, so the SVG is safe to inline.
+"""
+
+import io
+import re
+
+from .. import stats
+
+_XML_HEAD = re.compile(r"^.*?(?=<svg)", re.S)
+
+
+class Plotter:
+    """Reuses one figure for every plot: building a figure costs more than drawing it."""
+
+    def __init__(self, size=(6.4, 2.6)):
+        import matplotlib
+        matplotlib.use("Agg", force=True)
+        from matplotlib.figure import Figure
+        self.rc = {"svg.fonttype": "none", "svg.hashsalt": "milarun",
+                   "font.size": 8}
+        self.matplotlib = matplotlib
+        self.colours = list(matplotlib.rcParams["axes.prop_cycle"].by_key()["color"])
+        self.fig = Figure(figsize=size)
+        # Fixed margins instead of tight_layout(), which costs a second draw per plot.
+        self.fig.subplots_adjust(left=0.09, right=0.99, bottom=0.17, top=0.97)
+        self.ax = self.fig.add_subplot(1, 1, 1)
+        # Labels and grid are set once; each plot only swaps the data artists.
+        # ax.clear() would rebuild every tick (most of the cost of a plot).
+        with matplotlib.rc_context(self.rc):
+            self.ax.set_xlabel("time since program start (s)")
+            self.ax.set_ylabel("throughput (items/s)")
+            self.ax.grid(True, linewidth=0.3)
+
+    def _svg(self):
+        buf = io.StringIO()
+        with self.matplotlib.rc_context(self.rc):
+            self.fig.savefig(buf, format="svg", metadata={"Date": None})
+        return _XML_HEAD.sub("", buf.getvalue(), count=1)
+
+    def throughput(self, records):
+        """Return ``(svg, legend)``: throughput over time for one test, one line per device.
+
+        ``records`` are the test's successful result records. For each device
+        the lowest-numbered run is drawn (sample midpoint in s since program
+        start vs. rate in items/s; warm-up samples dotted), and the samples
+        chosen by :func:`milarun.stats.steady_state` are shaded. ``legend`` is
+        ``[(device, run, css colour)]``; the page draws it in HTML, which is
+        much cheaper than a matplotlib legend. ``(None, [])`` when there is
+        nothing to draw.
+        """
+        chosen = {}
+        for rec in records:
+            samples = rec["timings"].get("train", {}).get("samples") or []
+            if not rec.get("success") or not samples:
+                continue
+            dev = str(rec.get("device", ""))
+            run = rec.get("run", 0)
+            if dev not in chosen or run < chosen[dev][0]:
+                chosen[dev] = (run, samples)
+        if not chosen:
+            return None, []
+        legend = []
+        with self.matplotlib.rc_context(self.rc):
+            ax = self.ax
+            for artist in list(ax.lines) + list(ax.patches):
+                artist.remove()
+            for i, dev in enumerate(sorted(chosen, key=_device_key)):
+                run, samples = chosen[dev]
+                colour = self.colours[i % len(self.colours)]
+                legend.append((dev, run, colour))
+                xs = [(s["start"] + s["end"]) / 2 for s in samples]
+                ys = [s["rate"] for s in samples]
+                ax.plot(xs, ys, color=colour, linewidth=1)
+                warm = [(x, y) for x, y, s in zip(xs, ys, samples) if s.get("warmup")]
+                if warm:
+                    ax.plot(*zip(*warm), "o", color=colour, markersize=2)
+                try:
+                    _, window, _ = stats.steady_state(samples)
+                except ValueError:
+                    window = []
+                if window:
+                    ax.axvspan(min(s["start"] for s in window), max(s["end"] for s in window),
+                               color=colour, alpha=0.08, linewidth=0)
+            ax.set_autoscale_on(True)
+            ax.relim()
+            ax.autoscale_view()
+            ax.set_ylim(bottom=0)
+        return self._svg(), legend
+
+    def heatmap(self, table):
+        """SVG heat-map of per-GPU ratios (``{"devices", "rows"}`` from ``gpu_tables``).
+
+        Rows are numbered (the HTML table next to it names them), so no test
+        name enters the SVG.
+        """
+        import numpy as np
+
+        devices, rows = table["devices"], table["rows"]
+        if not rows or not devices:
+            return None
+        data = np.array([[vals.get(d, np.nan) if vals.get(d) is not None else np.nan
+                          for d in devices] for _, vals in rows], dtype=float)
+        from matplotlib.figure import Figure
+        with self.matplotlib.rc_context(self.rc):
+            fig = Figure(figsize=(1.2 + 0.5 * len(devices), 0.8 + 0.25 * len(rows)))
+            ax = fig.add_subplot(1, 1, 1)
+            im = ax.imshow(data, cmap="RdYlGn", vmin=max(0.0, float(np.nanmin(data)) - 0.01)
+                           if np.isfinite(data).any() else 0, vmax=1.0, aspect="auto")
+            ax.set_xticks(range(len(devices)), [str(d) for d in devices])
+            ax.set_yticks(range(len(rows)), [str(i + 1) for i in range(len(rows))])
+            ax.set_xlabel("device")
+            ax.set_ylabel("test #")
+            fig.colorbar(im, ax=ax, fraction=0.05)
+            fig.tight_layout()
+            buf = io.StringIO()
+            fig.savefig(buf, format="svg", metadata={"Date": None})
+        return _XML_HEAD.sub("", buf.getvalue(), count=1)
+
+
+def _device_key(label):
+    head = str(label).split("-")[0]
+    return (0, int(head), str(label)) if head.isdigit() else (1, 0, str(label))

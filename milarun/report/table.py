@@ -1,0 +1,256 @@
+"""Summary + weights + baseline + price → the report table and the score.
+
+This is the only place the score formula is applied. Units: ``perf``,
+``perf_adj`` and the baseline columns are steady-state throughputs in items/s
+(the mean over a test's results of :func:`milarun.stats.steady_state`);
+``std`` is a fraction (std/mean); ``price`` is in dollars.
+
+Rules, in the order the report applies them:
+
+* ``perf`` = ``train.mean``; ``std%`` = ``train.std / train.mean``
+  (coefficient of variation of the per-result steady-state rates; 0 with one
+  result).
+* ``perf_adj = perf * (1 - std%) * (1 - fail/n)``, or ``perf * (1 - fail/n)``
+  with ``penalize_variance=False`` (:func:`milarun.stats.perf_adj`). The
+  baseline's adjusted perf uses the same rule.
+* Weights: a test's weight is ``weights[group]``; for a gpu-progression group
+  ``suite.job.<k>`` without its own entry, ``weights["suite.job"]`` applies
+  to each ``suite.job.<k>`` present. Without a weights file every test weighs
+  1. With one, tests it does not name weigh 0 (shown, not scored).
+* Score = weighted geometric mean of ``perf_adj`` over tests with weight > 0
+  and ``perf_adj`` > 0 (:func:`milarun.stats.weighted_geomean`). A weighted
+  test with no results is *missing*; a weighted test whose ``perf_adj`` is 0
+  (every run failed) is *zero*. Both are left out of the score, listed, and
+  the score is marked incomplete (never NaN, never ``-inf``).
+* Failure rate = ``sum(fail) / sum(n)`` over every test shown; PASS when at
+  most 1 %.
+* Baseline: ``score_base`` is the weighted geometric mean of
+  ``perf_base_adj`` over the scored tests the baseline also has (with
+  ``perf_base_adj`` > 0), and ``score_ratio`` = our score over the same tests
+  divided by ``score_base``, i.e. the weighted geometric mean of
+  ``perf_ratio_adj``. When the baseline lacks some scored tests the ratio is
+  marked partial.
+* RPP (price per performance) = ``price / score`` in dollars per score unit.
+"""
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+from .. import stats
+from ..errors import ResultFormatError
+
+#: Failure rate (fraction) at or under which the run passes.
+PASS_FAILURE_RATE = 0.01
+
+GPU_STATS = ("mean", "min", "max")
+
+_PROGRESSION = re.compile(r"^(.+)\.(\d+)$")
+
+
+def load_weights(path):
+    """Read a weights file: ``{"suite.test": {"weight": w}}`` with ``w >= 0``.
+
+    Returns ``{name: float}``.
+
+    Raises:
+        ResultFormatError: unreadable, not JSON, or a bad entry (naming the key).
+    """
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ResultFormatError(f"corrupt JSON ({exc.msg} at line {exc.lineno})", path=path)
+    except OSError as exc:
+        raise ResultFormatError(f"cannot read ({exc.strerror})", path=path)
+    return check_weights(data, path)
+
+
+def check_weights(data, path=None):
+    """Validate a weights mapping (see :func:`load_weights`) and return ``{name: float}``."""
+    if not isinstance(data, dict):
+        raise ResultFormatError('weights must be an object {"suite.test": {"weight": w}}',
+                                path=path)
+    out = {}
+    for name, entry in data.items():
+        if "." not in name:
+            raise ResultFormatError("test name must look like 'suite.test'", path=path, key=name)
+        if not isinstance(entry, dict) or "weight" not in entry:
+            raise ResultFormatError('must be an object {"weight": w}', path=path, key=name)
+        w = entry["weight"]
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) \
+                or w < 0:
+            raise ResultFormatError(f"weight must be a finite number >= 0, not {w!r}",
+                                    path=path, key=f"{name}.weight")
+        out[name] = float(w)
+    return out
+
+
+def weight_for(group, weights, partition=None):
+    """Return ``(weight, key)`` of summary group ``group`` or ``(None, None)``.
+
+    A gpu-progression group ``suite.job.<k>`` falls back to the ``suite.job``
+    entry (also when the partition is unknown, as in 2020 summaries).
+    """
+    if group in weights:
+        return weights[group], group
+    m = _PROGRESSION.match(group)
+    if m and m.group(1) in weights and partition in (None, "gpu-progression"):
+        return weights[m.group(1)], m.group(1)
+    return None, None
+
+
+@dataclass
+class Report:
+    """Everything the text and HTML renderers show. Rates in items/s."""
+
+    title: str
+    date: object
+    hosts: list
+    rows: list
+    columns: list
+    has_weights: bool
+    penalize_variance: bool
+    score: object = None
+    missing: list = field(default_factory=list)
+    zero: list = field(default_factory=list)
+    n_total: int = 0
+    fail_total: int = 0
+    failure_rate: float = 0.0
+    passed: bool = True
+    has_baseline: bool = False
+    score_base: object = None
+    score_ratio: object = None
+    ratio_partial: bool = False
+    price: object = None
+    rpp: object = None
+    gpu_tables: object = None
+    failures: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+    short: list = field(default_factory=list)
+
+    @property
+    def incomplete(self):
+        """True when a weighted test is missing or has perf_adj 0."""
+        return bool(self.missing or self.zero)
+
+    @property
+    def verdict(self):
+        return "PASS" if self.passed else "FAIL"
+
+
+def _ratio(a, b):
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
+
+
+def build_report(summary, weights=None, baseline=None, price=None, penalize_variance=True,
+                 compare_gpus=False, title=None):
+    """Build a :class:`Report` from a normalized summary (see :mod:`milarun.summary`).
+
+    ``weights`` is ``{name: w}`` (from :func:`load_weights`) or ``None``;
+    ``baseline`` a normalized summary or ``None``; ``price`` in dollars.
+    """
+    tests = summary["tests"]
+    base_tests = baseline["tests"] if baseline else {}
+    rows = []
+    used_keys = set()
+    for group, t in tests.items():
+        n, fail = t["n"], t["failures"]
+        perf = t["train"]["mean"]
+        std = stats.cv(perf, t["train"]["std"])
+        adj = stats.perf_adj(perf, std, fail, n, penalize_variance)
+        if weights is None:
+            weight = 1.0
+        else:
+            weight, key = weight_for(group, weights, t.get("partition"))
+            if key is not None:
+                used_keys.add(key)
+        row = {"test": group, "n": n, "fail": fail, "perf": perf, "std": std,
+               "perf_adj": adj, "weight": weight,
+               "counted": bool(weight) and adj > 0}
+        if baseline is not None:
+            b = base_tests.get(group)
+            if b is not None:
+                bperf = b["train"]["mean"]
+                bstd = stats.cv(bperf, b["train"]["std"])
+                badj = stats.perf_adj(bperf, bstd, b["failures"], b["n"], penalize_variance)
+            else:
+                bperf, badj = None, None
+            row.update(perf_base=bperf, perf_ratio=_ratio(perf, bperf),
+                       perf_base_adj=badj, perf_ratio_adj=_ratio(adj, badj))
+        rows.append(row)
+
+    columns = ["n", "fail", "perf", "std%", "perf_adj"]
+    if weights is not None:
+        columns.append("weight")
+    if baseline is not None:
+        columns += ["perf_base", "perf_ratio", "perf_base_adj", "perf_ratio_adj"]
+
+    report = Report(title=title or "milarun report", date=summary.get("date"),
+                    hosts=summary.get("hosts", []), rows=rows, columns=columns,
+                    has_weights=weights is not None, penalize_variance=penalize_variance,
+                    has_baseline=baseline is not None, price=price,
+                    skipped=list(summary.get("skipped", [])))
+
+    if weights is not None:
+        report.missing = sorted(k for k, w in weights.items() if w > 0 and k not in used_keys)
+    report.zero = [r["test"] for r in rows if r["weight"] and r["perf_adj"] <= 0]
+
+    counted = [r for r in rows if r["counted"]]
+    report.score = stats.weighted_geomean([r["perf_adj"] for r in counted],
+                                          [r["weight"] for r in counted])
+    report.n_total = sum(r["n"] for r in rows)
+    report.fail_total = sum(r["fail"] for r in rows)
+    report.failure_rate = report.fail_total / report.n_total if report.n_total else 0.0
+    report.passed = report.failure_rate <= PASS_FAILURE_RATE
+
+    if baseline is not None:
+        common = [r for r in counted if r["perf_base_adj"] and r["perf_base_adj"] > 0]
+        report.ratio_partial = len(common) != len(counted)
+        ws = [r["weight"] for r in common]
+        report.score_base = stats.weighted_geomean([r["perf_base_adj"] for r in common], ws)
+        ours = stats.weighted_geomean([r["perf_adj"] for r in common], ws)
+        report.score_ratio = _ratio(ours, report.score_base)
+
+    if price is not None and report.score:
+        report.rpp = price / report.score
+
+    if compare_gpus:
+        report.gpu_tables = gpu_tables(tests)
+
+    report.short = [g for g, t in tests.items() if (t.get("steady") or {}).get("short")]
+    for group, t in tests.items():
+        for f in t.get("failed", []):
+            report.failures.append({"test": group, "name": t.get("name", group), **f})
+    return report
+
+
+def _device_key(label):
+    head = str(label).split("-")[0]
+    return (0, int(head), str(label)) if head.isdigit() else (1, 0, str(label))
+
+
+def gpu_tables(tests):
+    """Per-GPU comparison: ``{stat: {"devices": [...], "rows": [(test, {dev: ratio})]}}``.
+
+    For each test and each of mean, min and max, every device's steady-state
+    rate statistic is divided by the best device's value for that test
+    (1.0 = the best GPU of the row). Tests with no per-GPU data are left out.
+    """
+    out = {}
+    devices = sorted({d for t in tests.values() for d in t.get("pergpu", {})}, key=_device_key)
+    for stat in GPU_STATS:
+        rows = []
+        for group, t in tests.items():
+            values = {d: s.get(stat) for d, s in t.get("pergpu", {}).items()
+                      if s.get(stat) is not None}
+            if not values:
+                continue
+            best = max(values.values())
+            rows.append((group, {d: (v / best if best > 0 else None)
+                                 for d, v in values.items()}))
+        out[stat] = {"devices": devices, "rows": rows}
+    return out

@@ -1,0 +1,110 @@
+"""Plain-text rendering of a :class:`~milarun.report.table.Report` (terminal output)."""
+
+
+def fmt_num(value, spec=".2f"):
+    """Format a number, or ``-`` for ``None``."""
+    if value is None:
+        return "-"
+    return format(value, spec)
+
+
+def fmt_pct(value):
+    """Format a fraction as a percentage with two decimals."""
+    return "-" if value is None else f"{value * 100:.2f}%"
+
+
+def cell(row, column):
+    """The text of one table cell (shared by the text and HTML renderers)."""
+    if column in ("n", "fail"):
+        return str(row[column])
+    if column == "std%":
+        return fmt_pct(row["std"])
+    if column == "weight":
+        return "-" if row["weight"] is None else f"{row['weight']:g}"
+    if column in ("perf_ratio", "perf_ratio_adj"):
+        return fmt_num(row.get(column), ".3f")
+    return fmt_num(row.get(column))
+
+
+def table_frame(report):
+    """The report table as a pandas DataFrame of formatted strings, indexed by test."""
+    import pandas as pd
+
+    data = {c: [cell(r, c) for r in report.rows] for c in report.columns}
+    return pd.DataFrame(data, index=pd.Index([r["test"] for r in report.rows], name="test"),
+                        columns=report.columns)
+
+
+def score_lines(report):
+    """The score block as a list of lines."""
+    lines = []
+    if report.score is None:
+        lines.append("score: n/a (no weighted test has results)")
+    else:
+        tag = " (incomplete)" if report.incomplete else ""
+        lines.append(f"score: {report.score:.2f}{tag}")
+    if report.missing:
+        lines.append(f"missing tests (weighted, no results): {', '.join(report.missing)}")
+    if report.zero:
+        lines.append("tests with perf_adj 0 (every run failed), left out of the score: "
+                     + ", ".join(report.zero))
+    lines.append(f"failure rate: {report.fail_total}/{report.n_total} = "
+                 f"{fmt_pct(report.failure_rate)} {report.verdict}")
+    if report.has_baseline:
+        part = " (partial: over the tests both have)" if report.ratio_partial else ""
+        lines.append(f"baseline score: {fmt_num(report.score_base)}")
+        lines.append(f"score / baseline: {fmt_num(report.score_ratio, '.3f')}{part}")
+    if report.price is not None:
+        lines.append(f"price: ${report.price:,.2f}")
+        lines.append(f"RPP (price / score): {fmt_num(report.rpp)}")
+    if report.short:
+        lines.append("less than 10 s of steady state (all non-warm-up samples used): "
+                     + ", ".join(report.short))
+    if not report.penalize_variance:
+        lines.append("variance not penalized (--no-penalize-variance)")
+    return lines
+
+
+def gpu_frames(report):
+    """``{stat: DataFrame}`` of per-GPU ratios (formatted), for ``--compare-gpus``."""
+    import pandas as pd
+
+    out = {}
+    for stat, tab in (report.gpu_tables or {}).items():
+        data = {d: [fmt_num(vals.get(d), ".3f") for _, vals in tab["rows"]]
+                for d in tab["devices"]}
+        out[stat] = pd.DataFrame(data, index=pd.Index([g for g, _ in tab["rows"]],
+                                                      name="test"),
+                                 columns=tab["devices"])
+    return out
+
+
+def render_text(report):
+    """Return the whole report as text (a str ending with a newline)."""
+    lines = [report.title]
+    if report.date:
+        lines.append(f"results date: {report.date}")
+    for h in report.hosts:
+        gpus = ", ".join(sorted(set(h.get("gpus") or []))) or "no GPU"
+        count = len(h.get("gpus") or [])
+        lines.append(f"host: {h.get('hostname')} | cpu: {h.get('cpu_model')} | "
+                     f"gpus: {count} x {gpus} | torch {h.get('torch')} | cuda {h.get('cuda')}")
+    lines.append("")
+    if report.rows:
+        lines.append(table_frame(report).to_string())
+    else:
+        lines.append("(no results)")
+    lines.append("")
+    lines.extend(score_lines(report))
+    for stat, frame in gpu_frames(report).items():
+        lines.append("")
+        lines.append(f"per-GPU {stat} steady-state rate / best GPU of the test")
+        lines.append(frame.to_string())
+    if report.failures:
+        lines.append("")
+        lines.append("failures:")
+        for f in report.failures:
+            msg = (f.get("message") or "").strip().splitlines()
+            lines.append(f"  {f['test']} run {f.get('run')} device {f.get('device')}: "
+                         f"{f.get('reason')}" + (f": {msg[-1]}" if msg else ""))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,185 @@
+"""Numbers only: the steady-state rule, descriptive statistics, perf_adj and the score.
+
+This module does no I/O and imports nothing heavy, so the summary and the
+report share exactly one definition of every formula:
+
+* :func:`steady_state` -- the steady-state throughput (items/s) of one result;
+* :func:`describe` -- ``{n, min, max, mean, std}`` of a list of numbers;
+* :func:`cv` -- the coefficient of variation (``std%`` of the report);
+* :func:`perf_adj` -- performance penalised for variance and failures;
+* :func:`weighted_geomean` -- the score.
+"""
+
+import math
+
+#: Length of the steady-state window, in seconds of training time.
+STEADY_WINDOW_S = 10.0
+#: Training time left out at the very end of a run, in seconds.
+STEADY_TAIL_S = 1.0
+
+#: ``note`` values returned by :func:`steady_state`.
+FULL = "full"          # a whole 10 s window was available
+SHORT = "short"        # less than 10 s of steady state: every non-warm-up sample used
+NONE = "none"          # no usable sample: no steady-state rate
+
+
+def _column(samples, key):
+    """The ``key`` field of every sample, checked to be numbers (one pass, no calls)."""
+    try:
+        values = [s[key] for s in samples]
+    except (KeyError, TypeError):
+        raise ValueError(f"a sample has no {key!r}")
+    if not all(type(v) is float or type(v) is int for v in values):
+        raise ValueError(f"a sample's {key!r} is not a number")
+    return values
+
+
+def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
+    """Return ``(rate, chosen, note)``: the steady-state throughput of one result.
+
+    ``samples`` are the result's ``timings.train.samples``: dicts with
+    ``start`` and ``end`` (s since program start), ``count`` (items),
+    ``rate`` (items/s) and ``warmup`` (bool).
+
+    The rule (from the 2020 milarun methodology: "the average performance over
+    the last 10 seconds of the run ... we also ignore the last second, because
+    we have observed some artifacts due to early stoppage"):
+
+    1. Samples flagged ``warmup`` are never used (data loading, cudnn
+       autotuning and compilation make them slow and unrepresentative).
+    2. Let ``T`` be the end of the last sample. The window is
+       ``[T - tail - window, T - tail]``, i.e. the 10 s of training before the
+       final 1 s. A sample is chosen when it lies entirely inside the window.
+    3. If the non-warm-up samples start after the window opens (the run had
+       less than ``window + tail`` seconds of steady training), every
+       non-warm-up sample that ends by ``T - tail`` is used instead, and
+       ``note`` is ``"short"``. If that leaves nothing (a very short run), all
+       non-warm-up samples are used, still ``"short"``.
+    4. No non-warm-up sample, or a zero total duration: ``rate`` is ``None``
+       and ``note`` is ``"none"``.
+
+    The mean rate is ``sum(count) / sum(end - start)`` over the chosen samples
+    (items/s): total items over total measured time. This is the time-weighted
+    mean of the per-sample rates, so a short sample (the window that closes
+    when training stops) counts for its duration only; a plain mean of the
+    ``rate`` fields would let such a sample weigh as much as a full one.
+
+    Returns:
+        ``(rate or None, chosen samples, note)`` with note ``"full"``,
+        ``"short"`` or ``"none"``.
+
+    Raises:
+        ValueError: a sample lacks ``start``/``end``/``count`` or has a
+            non-numeric one.
+    """
+    try:
+        steady = [s for s in samples if not s.get("warmup", False)]
+    except AttributeError:
+        raise ValueError("a sample is not an object")
+    if not steady:
+        return None, [], NONE
+    spans = list(zip(_column(steady, "start"), _column(steady, "end"),
+                     _column(steady, "count"), steady))
+    last_end = max(end for _, end, _, _ in spans)
+    hi = last_end - tail
+    lo = hi - window
+    first_start = min(start for start, _, _, _ in spans)
+    if first_start <= lo:
+        chosen = [sp for sp in spans if sp[0] >= lo and sp[1] <= hi]
+        note = FULL
+    else:
+        chosen = [sp for sp in spans if sp[1] <= hi]
+        note = SHORT
+        if not chosen:
+            chosen = spans
+    if not chosen:
+        # Full window but no sample inside it (samples longer than the window).
+        chosen = [sp for sp in spans if sp[1] <= hi] or spans
+        note = SHORT
+    duration = sum(end - start for start, end, _, _ in chosen)
+    if duration <= 0:
+        return None, [], NONE
+    items = sum(count for _, _, count, _ in chosen)
+    return items / duration, [sp[3] for sp in chosen], note
+
+
+def describe(values):
+    """Return ``{n, min, max, mean, std}`` of ``values`` (any unit; same unit out).
+
+    ``std`` is the sample standard deviation (divisor ``n - 1``): the runs are
+    a sample of what the machine does, and this is what pandas' ``std()``
+    gives. With ``n == 1`` it is 0. With ``n == 0`` every statistic is
+    ``None``.
+    """
+    values = [float(v) for v in values if v is not None]
+    n = len(values)
+    if n == 0:
+        return {"n": 0, "min": None, "max": None, "mean": None, "std": None}
+    mean = math.fsum(values) / n
+    if n > 1:
+        std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    else:
+        std = 0.0
+    return {"n": n, "min": min(values), "max": max(values), "mean": mean, "std": std}
+
+
+def cv(mean, std):
+    """Coefficient of variation ``std / mean`` as a fraction (``std%`` in the report).
+
+    ``None`` or zero mean, or ``None`` std (no data), gives 0.0; with one
+    result the std is 0, so std% is 0.
+    """
+    if not mean or std is None:
+        return 0.0
+    return float(std) / float(mean)
+
+
+def perf_adj(perf, std_frac, fail, n, penalize_variance=True):
+    """Adjusted performance (items/s), from the 2020 milarun report.
+
+    ``perf_adj = perf * (1 - std%) * (1 - fail / n)``; without variance
+    penalty ``perf * (1 - fail / n)``. ``perf`` is the mean steady-state rate
+    (items/s), ``std_frac`` the coefficient of variation (a fraction),
+    ``fail`` and ``n`` the failed and total result counts.
+
+    A test with no rate (``perf`` is ``None``: every run failed) has
+    ``perf_adj`` 0. The variance factor is clamped at 0, so a std% above 100 %
+    gives 0 rather than a negative number.
+    """
+    if perf is None or not n:
+        return 0.0
+    factor = 1.0 - fail / n
+    if penalize_variance:
+        factor *= max(0.0, 1.0 - (std_frac or 0.0))
+    return max(0.0, float(perf) * factor)
+
+
+def weighted_geomean(values, weights):
+    """Score: ``exp(sum(w_i * log(v_i)) / sum(w_i))``, the weighted geometric mean.
+
+    Pairs with weight 0 are ignored. Every value with a positive weight must
+    be positive and finite: the caller (the report) decides what to do with
+    missing tests and zero ``perf_adj`` before calling, so this never returns
+    NaN or 0 in silence.
+
+    Returns:
+        the score, or ``None`` when the total weight is 0.
+
+    Raises:
+        ValueError: a positively weighted value is not positive and finite,
+            or a weight is negative.
+    """
+    num = 0.0
+    den = 0.0
+    for v, w in zip(values, weights):
+        if w < 0:
+            raise ValueError(f"negative weight {w!r}")
+        if w == 0:
+            continue
+        if v is None or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"value {v!r} with weight {w!r} has no logarithm")
+        num += w * math.log(v)
+        den += w
+    if den == 0:
+        return None
+    return math.exp(num / den)

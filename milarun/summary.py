@@ -1,0 +1,365 @@
+"""Results → summary: results grouped by test, with steady-state statistics.
+
+Summary format (version 1), a JSON object::
+
+    {"format": "milarun-summary", "version": 1,
+     "date": ISO-8601 UTC end of the latest result (or null),
+     "steady_state": {"window_s": 10.0, "tail_s": 1.0},
+     "hosts": [{"hostname", "cpu_model", "gpus": [names], "driver", "torch", "cuda",
+                "cpu_count", "memory_limit_mib"}],
+     "skipped": [file names that could not be read],
+     "tests": {GROUP: {
+         "name": "suite.job", "group": GROUP, "partition": ..., "device_count": k,
+         "n": results, "failures": failed results,
+         "failure_reasons": {reason: count},
+         "failed": [{"device", "run", "reason", "message", "returncode", "stderr_tail", "file"}],
+         "train": {n, min, max, mean, std},   # steady-state rates, items/s
+         "total": {n, min, max, mean, std},   # program durations, s
+         "pergpu": {device: {n, min, max, mean, std}},  # steady-state rates, items/s
+         "peak_memory": MiB (max over results) or null,
+         "steady": {"full": k, "short": k, "none": k}}}}
+
+GROUP is ``suite.job`` for normal and per-gpu tests and
+``suite.job.<device_count>`` for gpu-progression tests. ``train`` and
+``pergpu`` use successful results that have a steady-state rate; ``total``
+uses successful results that recorded a program duration. ``steady`` counts
+results by the note of :func:`milarun.stats.steady_state` (``short``: fewer
+than 10 s of steady state, every non-warm-up sample was used).
+
+The same format is a **baseline** for ``milarun report --compare``.
+:func:`read_summary` also reads the flat 2020 milarun format
+``{"suite.test": {"n", "failures", "total", "train", "pergpu", "peak_memory"}}``.
+"""
+
+import datetime
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from . import stats
+from .errors import ResultFormatError
+
+SUMMARY_FORMAT = "milarun-summary"
+SUMMARY_VERSION = 1
+
+#: Characters of stderr tail kept per failure in a summary.
+TAIL_CHARS = 4000
+
+
+def group_name(record):
+    """Return the summary group of a result: ``suite.job`` or ``suite.job.<device_count>``."""
+    name = record["name"]
+    if record.get("partition") == "gpu-progression":
+        count = record.get("device_count")
+        if count is None:
+            count = len(record.get("devices") or [])
+        return f"{name}.{count}"
+    return name
+
+
+def load_results(directory, warn=None):
+    """Read every result under ``directory``.
+
+    Returns ``(records, skipped)``: records are ``(path, record)`` pairs;
+    ``skipped`` lists ``(path, error)`` for files that are corrupt, of another
+    format version or not results. When ``warn`` (a file such as
+    ``sys.stderr``) is given and files were skipped, one warning line listing
+    them is written to it.
+
+    Raises:
+        ResultFormatError: ``directory`` is not a directory.
+    """
+    from .results.store import iter_results
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ResultFormatError("not a results directory", path=directory)
+    records, skipped = [], []
+    for path, rec in iter_results(directory):
+        if isinstance(rec, Exception):
+            skipped.append((path, rec))
+        else:
+            records.append((path, rec))
+    if warn is not None and skipped:
+        warn_skipped(skipped, directory, warn)
+    return records, skipped
+
+
+def warn_skipped(skipped, directory, stream=None):
+    """Write the one warning line that lists skipped files."""
+    stream = stream or sys.stderr
+    names = []
+    for path, _ in skipped:
+        try:
+            names.append(str(Path(path).relative_to(directory)))
+        except ValueError:
+            names.append(str(path))
+    print(f"milarun: warning: skipped {len(names)} unreadable file(s): {', '.join(names)}",
+          file=stream)
+
+
+def _tail(text, limit=TAIL_CHARS):
+    if not text:
+        return None
+    text = str(text)
+    return text[-limit:]
+
+
+def _host_facts(host):
+    gpus = host.get("gpus") or []
+    return {
+        "hostname": host.get("hostname"),
+        "cpu_model": host.get("cpu_model"),
+        "cpu_count": host.get("cpu_count"),
+        "memory_limit_mib": host.get("memory_limit_mib"),
+        "gpus": [g.get("name") for g in gpus if isinstance(g, dict)],
+        "driver": next((g.get("driver") for g in gpus
+                        if isinstance(g, dict) and g.get("driver")), None),
+        "torch": host.get("torch"),
+        "cuda": host.get("cuda"),
+    }
+
+
+def _finite(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def summarize(records, skipped=()):
+    """Group result records by test and compute their statistics.
+
+    ``records`` are result dicts or ``(path, record)`` pairs (as from
+    :func:`load_results`). A record whose samples are malformed is moved to
+    ``skipped``. Returns the summary dict described in the module docstring.
+    """
+    groups = defaultdict(list)
+    hosts = {}
+    skipped_names = [Path(p).name for p, _ in skipped]
+    last_end = None
+    for item in records:
+        path, rec = item if isinstance(item, tuple) else (None, item)
+        try:
+            samples = rec["timings"].get("train", {}).get("samples", [])
+            rate, _, note = stats.steady_state(samples)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            skipped_names.append(Path(path).name if path else rec.get("name", "?"))
+            continue
+        groups[group_name(rec)].append((path, rec, rate, note))
+        host = rec.get("host") or {}
+        if isinstance(host, dict) and host:
+            facts = _host_facts(host)
+            hosts.setdefault(repr(sorted(facts.items())), facts)
+        end = (rec["timings"].get("program") or {}).get("end")
+        if _finite(end):
+            last_end = end if last_end is None else max(last_end, end)
+
+    tests = {}
+    for gname in sorted(groups):
+        tests[gname] = _summarize_group(gname, groups[gname])
+    date = None
+    if last_end is not None:
+        date = datetime.datetime.fromtimestamp(last_end, datetime.timezone.utc).isoformat(
+            timespec="seconds")
+    return {
+        "format": SUMMARY_FORMAT,
+        "version": SUMMARY_VERSION,
+        "date": date,
+        "steady_state": {"window_s": stats.STEADY_WINDOW_S, "tail_s": stats.STEADY_TAIL_S},
+        "hosts": list(hosts.values()),
+        "skipped": sorted(skipped_names),
+        "tests": tests,
+    }
+
+
+def _device_key(label):
+    label = str(label)
+    head = label.split("-")[0]
+    return (0, int(head), label) if head.isdigit() else (1, 0, label)
+
+
+def _summarize_group(gname, items):
+    first = items[0][1]
+    rates, durations, memory = [], [], []
+    pergpu = defaultdict(list)
+    reasons = defaultdict(int)
+    failed = []
+    steady = {stats.FULL: 0, stats.SHORT: 0, stats.NONE: 0}
+    for path, rec, rate, note in sorted(
+            items, key=lambda it: (_device_key(it[1].get("device", "")),
+                                   it[1].get("run", 0) if isinstance(it[1].get("run"), int)
+                                   else 0)):
+        mem = rec.get("peak_memory_mib")
+        if _finite(mem):
+            memory.append(float(mem))
+        if not rec["success"]:
+            err = rec.get("error") or {}
+            if not isinstance(err, dict):
+                err = {"message": str(err)}
+            reason = err.get("reason") or "error"
+            reasons[reason] += 1
+            failed.append({
+                "device": str(rec.get("device", "")),
+                "run": rec.get("run"),
+                "reason": reason,
+                "message": err.get("message"),
+                "returncode": err.get("returncode"),
+                "stderr_tail": _tail(err.get("stderr_tail")),
+                "file": Path(path).name if path else None,
+            })
+            continue
+        steady[note] += 1
+        duration = (rec["timings"].get("program") or {}).get("duration")
+        if _finite(duration):
+            durations.append(float(duration))
+        if rate is not None:
+            rates.append(rate)
+            pergpu[str(rec.get("device", ""))].append(rate)
+    return {
+        "name": first["name"],
+        "group": gname,
+        "partition": first.get("partition", "normal"),
+        "device_count": first.get("device_count"),
+        "n": len(items),
+        "failures": len(failed),
+        "failure_reasons": dict(sorted(reasons.items())),
+        "failed": failed,
+        "train": stats.describe(rates),
+        "total": stats.describe(durations),
+        "pergpu": {dev: stats.describe(pergpu[dev]) for dev in sorted(pergpu, key=_device_key)},
+        "peak_memory": max(memory) if memory else None,
+        "steady": steady,
+    }
+
+
+def summarize_dir(directory, warn=None):
+    """Load ``directory`` and summarize it. Returns ``(summary, records)``."""
+    records, skipped = load_results(directory, warn=warn)
+    return summarize(records, skipped), records
+
+
+# --- reading summaries (ours and the 2020 flat format) -------------------------------
+
+_STAT_KEYS = ("n", "min", "max", "mean", "std")
+
+
+def _check_stats(value, path, key, required=True):
+    if value is None and not required:
+        return stats.describe([])
+    if not isinstance(value, dict):
+        raise ResultFormatError("must be an object {n, min, max, mean, std}", path=path, key=key)
+    out = {}
+    for k in _STAT_KEYS:
+        v = value.get(k)
+        if v is not None and not _finite(v):
+            raise ResultFormatError("must be a finite number or null", path=path,
+                                    key=f"{key}.{k}")
+        out[k] = v
+    out["n"] = int(out["n"] or 0)
+    return out
+
+
+def _check_count(value, path, key):
+    if not _finite(value) or value < 0 or int(value) != value:
+        raise ResultFormatError("must be a non-negative integer", path=path, key=key)
+    return int(value)
+
+
+def _normalize_test(gname, entry, path, flat):
+    key = gname
+    if not isinstance(entry, dict):
+        raise ResultFormatError("must be an object", path=path, key=key)
+    for field in ("n", "train"):
+        if field not in entry:
+            raise ResultFormatError("missing field", path=path, key=f"{key}.{field}")
+    n = _check_count(entry["n"], path, f"{key}.n")
+    failures = _check_count(entry.get("failures", 0), path, f"{key}.failures")
+    if failures > n:
+        raise ResultFormatError("more failures than results", path=path, key=f"{key}.failures")
+    pergpu = entry.get("pergpu") or {}
+    if not isinstance(pergpu, dict):
+        raise ResultFormatError("must be an object", path=path, key=f"{key}.pergpu")
+    mem = entry.get("peak_memory")
+    if isinstance(mem, dict):   # some 2020 files kept one value per GPU
+        mem = max((v for v in mem.values() if _finite(v)), default=None)
+    elif mem is not None and not _finite(mem):
+        mem = None
+    out = {
+        "name": entry.get("name", gname),
+        "group": gname,
+        "partition": entry.get("partition"),
+        "device_count": entry.get("device_count"),
+        "n": n,
+        "failures": failures,
+        "failure_reasons": dict(entry.get("failure_reasons") or {}),
+        "failed": list(entry.get("failed") or []),
+        "train": _check_stats(entry["train"], path, f"{key}.train"),
+        "total": _check_stats(entry.get("total"), path, f"{key}.total", required=False),
+        "pergpu": {str(d): _check_stats(v, path, f"{key}.pergpu.{d}")
+                   for d, v in pergpu.items()},
+        "peak_memory": mem,
+        "steady": dict(entry.get("steady") or {}),
+    }
+    return out
+
+
+def normalize_summary(data, path=None):
+    """Validate a summary (ours or the 2020 flat format) and return it in our format.
+
+    Raises:
+        ResultFormatError: neither format, or a malformed entry (naming the key).
+    """
+    if isinstance(data, dict) and data.get("format") == SUMMARY_FORMAT:
+        version = data.get("version")
+        if version != SUMMARY_VERSION:
+            raise ResultFormatError(
+                f"summary format version {version!r} is not supported (expected "
+                f"{SUMMARY_VERSION})", path=path, key="version")
+        tests = data.get("tests")
+        if not isinstance(tests, dict):
+            raise ResultFormatError("must be an object", path=path, key="tests")
+        out = dict(data)
+        out["tests"] = {g: _normalize_test(g, e, path, flat=False) for g, e in tests.items()}
+        out.setdefault("hosts", [])
+        out.setdefault("skipped", [])
+        out.setdefault("date", None)
+        return out
+    if (isinstance(data, dict) and data
+            and all(isinstance(k, str) and "." in k for k in data)
+            and all(isinstance(v, dict) and "train" in v and "n" in v for v in data.values())):
+        return {
+            "format": SUMMARY_FORMAT,
+            "version": SUMMARY_VERSION,
+            "origin": "milarun-2020",
+            "date": None,
+            "hosts": [],
+            "skipped": [],
+            "tests": {g: _normalize_test(g, e, path, flat=True)
+                      for g, e in sorted(data.items())},
+        }
+    raise ResultFormatError(
+        "not a milarun summary: expected {\"format\": \"milarun-summary\", \"version\": 1, "
+        "\"tests\": {...}} or the 2020 flat format {\"suite.test\": {\"n\", \"failures\", "
+        "\"train\", ...}}", path=path)
+
+
+def read_summary(path):
+    """Read a summary or baseline JSON file (either format).
+
+    Raises:
+        ResultFormatError: unreadable, not JSON, or neither format.
+    """
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ResultFormatError(f"corrupt JSON ({exc.msg} at line {exc.lineno})", path=path)
+    except OSError as exc:
+        raise ResultFormatError(f"cannot read ({exc.strerror})", path=path)
+    return normalize_summary(data, path=path)
+
+
+def write_summary(summary, out):
+    """Write ``summary`` to ``out`` atomically (a ``.json`` path)."""
+    from .results.store import write_json_atomic
+    return write_json_atomic(out, summary)

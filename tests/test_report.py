@@ -1,0 +1,208 @@
+"""Report: golden text, formulas by hand, weights, baselines, missing tests, CLI errors."""
+
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from milarun.cli import main
+from milarun.cli.report import run_report
+from milarun.errors import ResultFormatError
+from milarun.report import build_report, check_weights, load_weights, render_text
+from milarun.summary import normalize_summary, read_summary, summarize_dir
+
+FIX = Path(__file__).parent / "fixtures"
+RESULTS = FIX / "results"
+WEIGHTS = FIX / "weights.json"
+BASE2020 = FIX / "baseline2020.json"
+NUM = re.compile(r"-?\d[\d,]*\.\d+")
+
+
+def cli(args):
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    return exc.value.code
+
+
+def assert_text_close(actual, expected):
+    """Same text, numbers with decimals compared with a tolerance of one last digit."""
+    a_lines, e_lines = actual.splitlines(), expected.splitlines()
+    assert len(a_lines) == len(e_lines)
+    for a, e in zip(a_lines, e_lines):
+        assert NUM.sub("#", a) == NUM.sub("#", e), (a, e)
+        for x, y in zip(NUM.findall(a), NUM.findall(e)):
+            digits = len(y.split(".")[1])
+            assert float(x.replace(",", "")) == pytest.approx(
+                float(y.replace(",", "")), abs=1.01 * 10 ** -digits), (a, e)
+
+
+def summary():
+    return summarize_dir(RESULTS)[0]
+
+
+def full_report_text():
+    out, err = io.StringIO(), io.StringIO()
+    code = run_report(str(RESULTS), stdout=out, warn=err, weights=str(WEIGHTS),
+                      compare=str(BASE2020), price=30000.0, compare_gpus=True,
+                      title="fixture report")
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_golden_full_report():
+    code, text, err = full_report_text()
+    assert code == 0
+    assert err.count("\n") == 1 and "skipped 3" in err
+    assert_text_close(text, (FIX / "expected" / "report.txt").read_text())
+
+
+def test_golden_plain_report():
+    out = io.StringIO()
+    assert run_report(str(RESULTS), stdout=out, warn=io.StringIO()) == 0
+    assert_text_close(out.getvalue(), (FIX / "expected" / "report-plain.txt").read_text())
+
+
+def test_formulas_by_hand():
+    w = load_weights(WEIGHTS)
+    rep = build_report(summary(), weights=w, baseline=read_summary(BASE2020), price=30000)
+    rows = {r["test"]: r for r in rep.rows}
+    cv = math.sqrt(32 / 3) / 100
+    conv = rows["standard.convnet"]
+    assert conv["std"] == pytest.approx(cv)
+    assert conv["perf_adj"] == pytest.approx(100 * (1 - cv))
+    # baseline 2020: mean 80, std 4 -> 80 * 0.95 = 76
+    assert conv["perf_base_adj"] == pytest.approx(76)
+    assert conv["perf_ratio"] == pytest.approx(100 / 80)
+    assert conv["perf_ratio_adj"] == pytest.approx(100 * (1 - cv) / 76)
+    vae = rows["standard.vae"]
+    assert vae["perf_adj"] == pytest.approx(200 * (1 - 1 / 2))
+    assert vae["perf_ratio_adj"] == pytest.approx(100 / 250)
+    # gpu-progression groups take the weight of "standard.scaling"
+    assert rows["standard.scaling.1"]["weight"] == rows["standard.scaling.2"]["weight"] == 1
+    adj = {"c": 100 * (1 - cv), "v": 100, "s1": 300, "s2": 560, "sh": 40}
+    ws = {"c": 1, "v": 1, "s1": 1, "s2": 1, "sh": 0.5}
+    score = math.exp(sum(ws[k] * math.log(adj[k]) for k in adj) / sum(ws.values()))
+    assert rep.score == pytest.approx(score)
+    base = {"c": 76, "v": 250, "s1": 300, "s2": 500, "sh": 40}
+    score_base = math.exp(sum(ws[k] * math.log(base[k]) for k in base) / sum(ws.values()))
+    assert rep.score_base == pytest.approx(score_base)
+    assert rep.score_ratio == pytest.approx(score / score_base)
+    assert not rep.ratio_partial
+    assert rep.rpp == pytest.approx(30000 / score)
+    assert rep.failure_rate == pytest.approx(2 / 11) and rep.verdict == "FAIL"
+    assert rep.missing == ["standard.ssd"] and rep.zero == ["standard.wlm"]
+    assert rep.incomplete
+
+
+def test_no_penalize_variance():
+    rep = build_report(summary(), penalize_variance=False)
+    rows = {r["test"]: r for r in rep.rows}
+    assert rows["standard.convnet"]["perf_adj"] == pytest.approx(100)
+    assert rows["standard.vae"]["perf_adj"] == pytest.approx(100)
+    assert "variance not penalized" in render_text(rep)
+
+
+def test_without_weights_every_test_weighs_one():
+    rep = build_report(summary())
+    adj = [100 * (1 - math.sqrt(32 / 3) / 100), 100, 300, 560, 40, 50]
+    assert rep.score == pytest.approx(math.exp(sum(map(math.log, adj)) / len(adj)))
+    assert rep.zero == ["standard.wlm"] and rep.missing == []
+
+
+def test_pass_at_one_percent():
+    s = normalize_summary({"a.x": {"n": 100, "failures": 1, "train": {
+        "n": 99, "min": 10, "max": 10, "mean": 10.0, "std": 0.0}}})
+    rep = build_report(s)
+    assert rep.failure_rate == pytest.approx(0.01) and rep.verdict == "PASS"
+    assert rep.score == pytest.approx(10 * 0.99)
+    s["tests"]["a.x"]["failures"] = 2
+    assert build_report(s).verdict == "FAIL"
+
+
+def test_all_missing_gives_no_score_not_nan():
+    rep = build_report(summary(), weights={"other.test": 1.0})
+    assert rep.score is None and rep.missing == ["other.test"]
+    text = render_text(rep)
+    assert "score: n/a" in text and "nan" not in text.lower()
+
+
+def test_strict_exit_code_for_missing_tests(capsys):
+    assert cli(["report", RESULTS, "--weights", WEIGHTS, "--strict"]) == 1
+    captured = capsys.readouterr()
+    assert "standard.ssd" in captured.err and "score:" in captured.out
+    assert cli(["report", RESULTS, "--weights", WEIGHTS]) == 0
+
+
+def test_strict_passes_when_complete(tmp_path, capsys):
+    w = tmp_path / "w.json"
+    w.write_text(json.dumps({"standard.convnet": {"weight": 2}, "standard.wlm": {"weight": 0}}))
+    assert cli(["report", RESULTS, "--weights", w, "--strict"]) == 0
+    assert "(incomplete)" not in capsys.readouterr().out
+
+
+def test_report_from_summary_equals_report_from_dir(tmp_path):
+    out = tmp_path / "s.json"
+    assert cli(["summary", RESULTS, "-o", out]) == 0
+    a = build_report(read_summary(out), weights=load_weights(WEIGHTS))
+    b = build_report(summary(), weights=load_weights(WEIGHTS))
+    assert render_text(a) == render_text(b)
+
+
+def test_compare_with_our_summary_is_ratio_one(tmp_path):
+    out = tmp_path / "s.json"
+    assert cli(["summary", RESULTS, "-o", out]) == 0
+    rep = build_report(summary(), baseline=read_summary(out))
+    assert rep.score_ratio == pytest.approx(1.0)
+    assert all(r["perf_ratio_adj"] == pytest.approx(1.0) for r in rep.rows if r["counted"])
+
+
+@pytest.mark.parametrize("content,key", [
+    ('{"standard.vae": {"weight": "heavy"}}', "standard.vae.weight"),
+    ('{"standard.vae": {"weight": -1}}', "standard.vae.weight"),
+    ('{"standard.vae": 3}', "standard.vae"),
+    ('{"vae": {"weight": 1}}', "vae"),
+    ('[1, 2]', None),
+    ('{"standard.vae": {"wei', None),
+])
+def test_bad_weights_file_is_one_clear_error(tmp_path, capsys, content, key):
+    w = tmp_path / "w.json"
+    w.write_text(content)
+    assert cli(["report", RESULTS, "--weights", w]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"milarun: error: {w}")
+    assert "Traceback" not in "\n".join(err)
+    if key:
+        assert f": {key}:" in err[-1]
+
+
+def test_bad_baseline_is_one_clear_error(tmp_path, capsys):
+    b = tmp_path / "b.json"
+    b.write_text('{"something": "else"}')
+    assert cli(["report", RESULTS, "--compare", b]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"milarun: error: {b}: not a milarun summary: expected {{\"format\": "
+                   f"\"milarun-summary\", \"version\": 1, \"tests\": {{...}}}} or the 2020 "
+                   f"flat format {{\"suite.test\": {{\"n\", \"failures\", \"train\", ...}}}}"]
+
+
+def test_report_of_a_non_summary_file(tmp_path, capsys):
+    assert cli(["report", RESULTS / "config.json"]) == 2
+    assert "not a milarun summary" in capsys.readouterr().err
+
+
+def test_check_weights_keeps_floats():
+    assert check_weights({"a.b": {"weight": 2}}) == {"a.b": 2.0}
+    with pytest.raises(ResultFormatError):
+        check_weights({"a.b": {"weight": float("inf")}})
+
+
+@pytest.mark.parametrize("name", ["standard", "lite", "5gb", "10gb"])
+def test_shipped_weights_are_valid(name):
+    path = Path(__file__).parent.parent / "weights" / f"{name}.json"
+    w = load_weights(path)
+    tests = {k.split(".", 1)[1] for k in w}
+    assert {k.split(".", 1)[0] for k in w} == {name}
+    assert {"toy_reg", "toy_lstm", "convnet", "scaling", "matmul"} <= tests
+    assert w[f"{name}.toy_reg"] == 0 and sum(w.values()) > 0

@@ -1,0 +1,130 @@
+"""Summary: golden output, grouping, steady-state notes, unreadable files, formats."""
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from milarun.cli import main
+from milarun.errors import ResultFormatError
+from milarun.summary import normalize_summary, read_summary, summarize, summarize_dir
+
+FIX = Path(__file__).parent / "fixtures"
+RESULTS = FIX / "results"
+
+
+def cli(args):
+    """Run ``milarun ARGS``; returns the exit code (main() calls sys.exit)."""
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    return exc.value.code
+
+
+def assert_close(actual, expected, path="$"):
+    """Deep comparison with a relative tolerance on floats."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), path
+        assert sorted(actual) == sorted(expected), path
+        for k in expected:
+            assert_close(actual[k], expected[k], f"{path}.{k}")
+    elif isinstance(expected, list):
+        assert isinstance(actual, list) and len(actual) == len(expected), path
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_close(a, e, f"{path}[{i}]")
+    elif isinstance(expected, float):
+        assert actual == pytest.approx(expected, rel=1e-9, abs=1e-12), path
+    else:
+        assert actual == expected, path
+
+
+def test_summary_matches_golden(capsys):
+    summary, records = summarize_dir(RESULTS)
+    expected = json.loads((FIX / "expected" / "summary.json").read_text())
+    assert len(records) == 11
+    assert_close(json.loads(json.dumps(summary)), expected)
+
+
+def test_summary_values_by_hand():
+    summary, _ = summarize_dir(RESULTS)
+    t = summary["tests"]
+    assert sorted(t) == ["standard.<script>alert(1)</script>", "standard.convnet",
+                         "standard.scaling.1", "standard.scaling.2", "standard.short",
+                         "standard.vae", "standard.wlm"]
+    conv = t["standard.convnet"]
+    assert conv["n"] == 4 and conv["failures"] == 0
+    assert conv["train"]["mean"] == pytest.approx(100.0)
+    assert conv["train"]["std"] == pytest.approx(math.sqrt(32 / 3))
+    assert conv["pergpu"]["0"]["mean"] == pytest.approx(102.0)
+    assert conv["pergpu"]["1"]["mean"] == pytest.approx(98.0)
+    assert conv["peak_memory"] == 5100.0
+    vae = t["standard.vae"]
+    assert (vae["n"], vae["failures"]) == (2, 1)
+    assert vae["failure_reasons"] == {"oom-killed": 1}
+    assert "Killed" in vae["failed"][0]["stderr_tail"]
+    assert vae["train"]["n"] == 1 and vae["train"]["mean"] == pytest.approx(200.0)
+    assert t["standard.scaling.2"]["pergpu"] == {
+        "0-1": {"n": 1, "min": 560.0, "max": 560.0, "mean": 560.0, "std": 0.0}}
+    assert t["standard.short"]["steady"] == {"full": 0, "short": 1, "none": 0}
+    assert t["standard.wlm"]["train"]["mean"] is None
+    assert t["standard.wlm"]["failure_reasons"] == {"timeout": 1}
+
+
+def test_unreadable_files_skipped_with_one_warning(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert cli(["summary", str(RESULTS), "-o", str(out)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("milarun: warning: skipped 3")
+    for name in ("config.json", "standard.broken.J0.0", "standard.future.J0.0"):
+        assert name in err[0]
+    data = json.loads(out.read_text())
+    assert data["format"] == "milarun-summary" and data["version"] == 1
+    assert len(data["skipped"]) == 3
+    assert read_summary(out)["tests"]["standard.vae"]["n"] == 2
+
+
+def test_malformed_samples_are_skipped(tmp_path):
+    src = next(RESULTS.glob("standard.short.*.json"))
+    rec = json.loads(src.read_text())
+    rec["timings"]["train"]["samples"][5]["count"] = "lots"
+    summary = summarize([(tmp_path / "bad.json", rec)])
+    assert summary["tests"] == {} and summary["skipped"] == ["bad.json"]
+
+
+def test_old_version_migrates(tmp_path):
+    rec = json.loads(next(RESULTS.glob("standard.short.*.json")).read_text())
+    old = {k: v for k, v in rec.items() if k != "version"}
+    old["train"] = old["timings"].pop("train")
+    shutil.copytree(RESULTS, tmp_path / "r", ignore=shutil.ignore_patterns("standard.short.*"))
+    (tmp_path / "r" / "standard.short.J0.0.old.json").write_text(json.dumps(old))
+    summary, _ = summarize_dir(tmp_path / "r")
+    assert summary["tests"]["standard.short"]["train"]["mean"] == pytest.approx(40.0)
+
+
+def test_reads_2020_flat_format():
+    base = read_summary(FIX / "baseline2020.json")
+    assert base["origin"] == "milarun-2020"
+    assert base["tests"]["standard.convnet"]["train"]["mean"] == 80.0
+    assert base["tests"]["standard.convnet"]["pergpu"]["1"]["n"] == 2
+
+
+@pytest.mark.parametrize("data,key", [
+    ({"hello": "world"}, None),
+    ([], None),
+    ({"format": "milarun-summary", "version": 7, "tests": {}}, "version"),
+    ({"format": "milarun-summary", "version": 1, "tests": {"a.b": {"n": 1}}}, "a.b.train"),
+    ({"a.b": {"n": -1, "train": {}}}, "a.b.n"),
+    ({"a.b": {"n": 1, "failures": 0, "train": {"mean": "fast"}}}, "a.b.train.mean"),
+])
+def test_neither_format_is_one_clear_error(data, key):
+    with pytest.raises(ResultFormatError) as exc:
+        normalize_summary(data, path="x.json")
+    assert str(exc.value).startswith("x.json")
+    if key:
+        assert key in str(exc.value)
+
+
+def test_missing_dir_is_cli_error(tmp_path, capsys):
+    assert cli(["summary", str(tmp_path / "nope")]) == 2
+    assert "milarun: error:" in capsys.readouterr().err
