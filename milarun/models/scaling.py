@@ -1,0 +1,167 @@
+"""scaling: data-parallel training (DDP) across 1..N devices (a gpu-progression).
+
+A ResNet-style convolutional network (``--width``, ``--blocks`` per stage,
+four stages; ``--width 64 --blocks 2`` is ResNet-18's shape, 11.7M
+parameters) trains on random images and labels generated on each device,
+wrapped in ``DistributedDataParallel``: every step all-reduces the gradients
+across ranks, so the throughput as the device count grows measures the
+interconnect and the collective library as much as the devices.
+
+Launched by ``milarun jobs`` through ``python -m torch.distributed.run
+--standalone --nproc-per-node K -m milarun run milarun.models.scaling:main``:
+each rank is one ``milarun run`` process with ``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` from torchrun. Backend
+``nccl`` on CUDA (device ``cuda:LOCAL_RANK``) and ``gloo`` on the CPU, unless
+``--backend`` says otherwise. Without torchrun it runs as a world of one
+(a local process group on a free port), so the code path is the same.
+
+Only rank 0 writes the result (``Experiment.write`` skips other ranks).
+``world_size``, ``backend`` and ``global_batch`` are recorded in the
+result's ``metrics``.
+
+Stresses: compute (convolutions), gradient all-reduce bandwidth and latency
+between devices. An **item is one example of the global batch**: each step
+counts ``batch_size × world_size``, so rank 0's throughput is the whole job's.
+"""
+
+import os
+import socket
+
+from coleo import Option, default, tooled
+
+from ..bench import grad_scaler, init_torch, iteration_wrapper, set_precision
+
+
+def main(exp, argv):
+    """Entry point: under torchrun, ``... -m milarun run milarun.models.scaling:main -- ARGS``;
+    alone, ``milarun run milarun.models.scaling:main -- ARGS``.
+
+    Items are examples of the global batch (``batch_size × world_size`` per step).
+    """
+    exp.cli(train, argv)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _model(torch, width, blocks, classes):
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.b1 = nn.BatchNorm2d(cout)
+            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.b2 = nn.BatchNorm2d(cout)
+            self.skip = None
+            if stride != 1 or cin != cout:
+                self.skip = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = torch.relu(self.b1(self.c1(x)))
+            y = self.b2(self.c2(y))
+            return torch.relu(y + (x if self.skip is None else self.skip(x)))
+
+    layers = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+    cin = width
+    for stage in range(4):
+        cout = width * 2 ** stage
+        for b in range(blocks):
+            layers.append(Block(cin, cout, 2 if (b == 0 and stage > 0) else 1))
+            cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
+    return nn.Sequential(*layers)
+
+
+@tooled
+def train(exp):
+    import torch
+    import torch.distributed as dist
+
+    # Examples per batch on each rank
+    batch_size: Option & int = default(128)
+    # Channels of the first stage (doubled at each of the four stages)
+    width: Option & int = default(64)
+    # Residual blocks per stage
+    blocks: Option & int = default(2)
+    # Side of the square random images
+    image_size: Option & int = default(64)
+    # Number of classes
+    classes: Option & int = default(1000)
+    # Learning rate (SGD with momentum)
+    lr: Option & float = default(0.05)
+    # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
+    backend: Option = default("auto")
+    # Numeric precision: fp32, tf32, fp16 or bf16 (autocast)
+    precision: Option = default("fp32")
+
+    device = init_torch(exp)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        exp.device = device
+    else:
+        # ranks on one CPU host share its cores
+        threads = max(1, torch.get_num_threads() // max(1, local_world))
+        torch.set_num_threads(threads)
+        exp.result["host"]["threads"] = threads
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend, rank=rank, world_size=world)
+    else:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+                                rank=0, world_size=1)
+    try:
+        exp.metrics.update({"world_size": world, "backend": backend, "rank": rank,
+                            "global_batch": batch_size * world})
+        _train(exp, torch, device, batch_size, width, blocks, image_size, classes, lr,
+               precision, world, rank)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(exp, torch, device, batch_size, width, blocks, image_size, classes, lr,
+           precision, world, rank):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    autocast = set_precision(device, precision)
+    net = _model(torch, width, blocks, classes).to(device)
+    if device.type == "cuda":
+        net = net.to(memory_format=torch.channels_last)
+        ddp = DDP(net, device_ids=[device.index])
+    else:
+        ddp = DDP(net)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
+    scaler = grad_scaler(device, precision)
+    criterion = torch.nn.CrossEntropyLoss()
+    # A pool of random batches made on the device, different on each rank.
+    gen = torch.Generator(device=device)
+    gen.manual_seed(exp.options["seed"] * 1000 + rank)
+    pool = 4
+    fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+    images = [torch.randn((batch_size, 3, image_size, image_size), device=device,
+                          generator=gen).contiguous(memory_format=fmt) for _ in range(pool)]
+    labels = torch.randint(0, classes, (pool, batch_size), device=device, generator=gen)
+    ddp.train()
+    k = 0
+    for step in iteration_wrapper(exp):
+        x, y = images[k % pool], labels[k % pool]
+        k += 1
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            loss = criterion(ddp(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        step.set_count(batch_size * world)
+        step.log(loss=loss.detach())

@@ -1,0 +1,153 @@
+"""wlm: word-level language model on WikiText-2 (tests ``wlm`` and ``wlmfp16``).
+
+An embedding, a recurrent network (``--model LSTM``, ``GRU``, ``RNN_TANH``
+or ``RNN_RELU``) and a linear decoder over the vocabulary, trained with
+truncated back-propagation through time (``--bptt`` steps, hidden state
+carried over and detached between batches) and gradient clipping, as in
+PyTorch's classic ``word_language_model`` example.
+
+Data: ``<dataroot>/wikitext2/wiki.train.tokens``, read and tokenised at
+start-up by ``milarun.datasets.wikitext2.Corpus`` (whitespace split plus
+``<eos>`` per line), then laid out as ``--batch-size`` columns on the device.
+
+Stresses: small sequential recurrent kernels (latency bound at small sizes),
+the vocabulary-wide softmax (memory bandwidth), and start-up tokenisation on
+the CPU. An **item is one token** (``batch_size × seq_len`` per step).
+"""
+
+from coleo import Option, default, tooled
+
+from ..bench import dataloop, grad_scaler, init_torch, set_precision
+from ..datasets import require
+from ..datasets.wikitext2 import Corpus
+
+
+def main(exp, argv):
+    """Entry point: ``milarun run milarun.models.wlm:main -d DATAROOT -- ARGS``.
+
+    Needs dataset ``wikitext2``. Items are tokens.
+    """
+    exp.cli(train, argv)
+
+
+def _model_class(torch):
+    nn = torch.nn
+
+    class RNNModel(nn.Module):
+        """Encoder embedding → recurrent stack → decoder (optionally tied)."""
+
+        def __init__(self, kind, ntoken, ninp, nhid, nlayers, dropout, tied):
+            super().__init__()
+            self.kind = kind
+            self.drop = nn.Dropout(dropout)
+            self.encoder = nn.Embedding(ntoken, ninp)
+            if kind in ("LSTM", "GRU"):
+                self.rnn = getattr(nn, kind)(ninp, nhid, nlayers, dropout=dropout)
+            elif kind in ("RNN_TANH", "RNN_RELU"):
+                self.rnn = nn.RNN(ninp, nhid, nlayers, nonlinearity=kind[4:].lower(),
+                                  dropout=dropout)
+            else:
+                raise ValueError(f"--model must be LSTM, GRU, RNN_TANH or RNN_RELU, not {kind!r}")
+            self.decoder = nn.Linear(nhid, ntoken)
+            if tied:
+                if nhid != ninp:
+                    raise ValueError("--tied needs --nhid equal to --emsize")
+                self.decoder.weight = self.encoder.weight
+            self.nhid, self.nlayers = nhid, nlayers
+            nn.init.uniform_(self.encoder.weight, -0.1, 0.1)
+            nn.init.zeros_(self.decoder.bias)
+            nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
+
+        def forward(self, x, hidden):
+            emb = self.drop(self.encoder(x))
+            out, hidden = self.rnn(emb, hidden)
+            return self.decoder(self.drop(out)), hidden
+
+        def init_hidden(self, bsz, device):
+            shape = (self.nlayers, bsz, self.nhid)
+            if self.kind == "LSTM":
+                return (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+            return torch.zeros(shape, device=device)
+
+    return RNNModel
+
+
+class BPTTBatches:
+    """One epoch of ``(input, target)`` windows of ``bptt`` time steps over
+    ``data`` (shape ``[steps, batch]``); the last window may be shorter."""
+
+    def __init__(self, data, bptt):
+        self.data = data
+        self.bptt = bptt
+
+    def __iter__(self):
+        data, bptt = self.data, self.bptt
+        for i in range(0, data.size(0) - 1, bptt):
+            n = min(bptt, data.size(0) - 1 - i)
+            yield data[i:i + n], data[i + 1:i + 1 + n]
+
+
+def _detach(h):
+    if isinstance(h, tuple):
+        return tuple(x.detach() for x in h)
+    return h.detach()
+
+
+@tooled
+def train(exp):
+    import torch
+
+    # Recurrent cell: LSTM, GRU, RNN_TANH or RNN_RELU
+    model: Option = default("LSTM")
+    # Size of the word embeddings
+    emsize: Option & int = default(200)
+    # Hidden units per layer
+    nhid: Option & int = default(200)
+    # Number of recurrent layers
+    nlayers: Option & int = default(2)
+    # Initial learning rate (plain SGD, as in the example)
+    lr: Option & float = default(20.0)
+    # Gradient clipping norm
+    clip: Option & float = default(0.25)
+    # Sequence length of truncated back-propagation through time
+    bptt: Option & int = default(35)
+    # Number of parallel token streams (batch columns)
+    batch_size: Option & int = default(20)
+    # Dropout applied to embeddings and RNN outputs
+    dropout: Option & float = default(0.2)
+    # Tie the decoder weights to the embedding (needs nhid == emsize)
+    tied: Option & bool = default(False)
+    # Numeric precision: fp32, tf32, fp16 or bf16 (autocast)
+    precision: Option = default("fp32")
+
+    device = init_torch(exp)
+    autocast = set_precision(device, precision)
+    corpus = Corpus(require(exp.dataroot, "wikitext2"), splits=("train",))
+    ntokens = len(corpus.dictionary)
+    ids = torch.from_numpy(corpus.train)
+    nbatch = ids.size(0) // batch_size
+    if nbatch < 2:
+        raise ValueError("the training split is too small for --batch-size")
+    data = ids[:nbatch * batch_size].view(batch_size, -1).t().contiguous().to(device)
+
+    net = _model_class(torch)(model, ntokens, emsize, nhid, nlayers, dropout, tied).to(device)
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+    scaler = grad_scaler(device, precision)
+    criterion = torch.nn.CrossEntropyLoss()
+    net.train()
+    hidden = net.init_hidden(batch_size, device)
+    exp.metrics.update({"vocab": ntokens, "train_tokens": int(ids.numel())})
+
+    for step, (x, y) in dataloop(exp, BPTTBatches(data, bptt)):
+        hidden = _detach(hidden)
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            out, hidden = net(x, hidden)
+            loss = criterion(out.view(-1, ntokens).float(), y.reshape(-1))
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+        scaler.step(optimizer)
+        scaler.update()
+        step.set_count(y.numel())
+        step.log(loss=loss.detach())

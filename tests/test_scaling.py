@@ -1,0 +1,31 @@
+"""scaling under torchrun: two CPU ranks (gloo), one result from rank 0."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT, SMOKE_ARGS, steady_samples
+
+
+def test_scaling_two_ranks_with_torchrun(tmp_path):
+    out = tmp_path / "r.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env.pop("MASTER_ADDR", None)
+    env.pop("MASTER_PORT", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "2", "-m", "milarun", "run", "milarun.models.scaling:main",
+           "-o", str(out), "--experiment-name", "t.scaling", "--job-id", "0.0-1", "--",
+           *SMOKE_ARGS, "--batch-size", "4", "--width", "4", "--blocks", "1",
+           "--image-size", "8", "--classes", "10", "--device", "cpu", "--max-count", "240"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [p for p in tmp_path.iterdir() if p.suffix == ".json"]
+    assert results == [out]  # only rank 0 wrote
+    res = json.loads(out.read_text())
+    assert res["success"] is True, res["error"]
+    assert len(steady_samples(res)) >= 2
+    assert res["metrics"]["world_size"] == 2
+    assert res["metrics"]["backend"] == "gloo"
+    assert res["metrics"]["global_batch"] == 8
+    assert res["timings"]["train"]["count"] >= 240
