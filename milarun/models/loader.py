@@ -1,0 +1,80 @@
+"""loader: the ImageNet-style input pipeline alone, with no model.
+
+Reads the ``fake_imagenet`` JPEG tree through ``torchvision.datasets.ImageFolder``
+(PIL decode), applies ``RandomResizedCrop``, a horizontal flip, ``ToTensor``
+and ``Normalize`` in ``DataLoader`` worker processes, collates batches (pinned
+memory on CUDA) and copies each batch to the device (non-blocking). Stresses
+the CPU cores of the student (JPEG decoding, resizing), the page cache / disk
+and host-to-device transfers: it tells whether a server's CPUs can feed its
+GPUs. Items are images.
+
+Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
+"""
+
+from coleo import Option, default, tooled
+
+from ..bench import dataloader_workers, dataloop, init_torch
+from ..datasets import require
+
+
+def main(exp, argv):
+    """Entry point: ``milarun run milarun.models.loader:main -- ARGS``."""
+    exp.cli(train, argv)
+
+
+def imagenet_transform(image_size):
+    """The usual ImageNet training transform, cropping to ``image_size`` pixels."""
+    from torchvision import transforms
+
+    return transforms.Compose([
+        transforms.RandomResizedCrop(image_size),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+    ])
+
+
+def image_loader(folder, split, image_size, batch_size, workers, device):
+    """A shuffling ``DataLoader`` over ``folder/split`` (ImageFolder).
+
+    ``workers`` < 0 means the student's cpuset size minus one. Workers are
+    persistent, so restarting an epoch does not fork them again.
+
+    Returns:
+        ``(loader, dataset)``.
+
+    Raises:
+        FileNotFoundError: no ``split`` folder in ``folder``.
+    """
+    import torch
+    from torchvision import datasets
+
+    root = folder / split
+    if not root.is_dir():
+        raise FileNotFoundError(f"no {split}/ folder in {folder}; rebuild the dataset")
+    dataset = datasets.ImageFolder(str(root), transform=imagenet_transform(image_size))
+    nworkers = dataloader_workers(workers)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=True, drop_last=True,
+        num_workers=nworkers, persistent_workers=nworkers > 0,
+        pin_memory=device.type == "cuda")
+    return loader, dataset
+
+
+@tooled
+def train(exp):
+    # Images per batch
+    batch_size: Option & int = default(256)
+    # Side of the random crops, in pixels
+    image_size: Option & int = default(224)
+    # DataLoader worker processes (-1: the student's cpuset size minus one)
+    workers: Option & int = default(-1)
+
+    device = init_torch(exp)
+    folder = require(exp.dataroot, "fake_imagenet")
+    loader, _ = image_loader(folder, "train", image_size, batch_size, workers, device)
+
+    for step, (x, y) in dataloop(exp, loader):
+        x = x.to(device, non_blocking=True)
+        y = y.to(device, non_blocking=True)
+        step.set_count(len(x))
