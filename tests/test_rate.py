@@ -53,7 +53,7 @@ def test_windows_rates_and_warmup_flags():
     assert logger.summary()["warmup"] == 2
 
 
-def test_one_sync_per_window_not_per_step():
+def test_one_sync_and_one_mark_per_window_not_per_step():
     clock = FakeClock()
     timer = CountingTimer(clock)
     logger = RateLogger(sample_duration=1.0, max_count=600, warmup=0, host_clock=clock,
@@ -61,7 +61,8 @@ def test_one_sync_per_window_not_per_step():
     for step in logger.steps():
         clock.t += 0.01
         step.set_count(1)
-    assert timer.marks == 601          # one event per step (plus the start)
+    # one mark per window boundary (plus the start), one sync per window
+    assert timer.marks == len(logger.samples) + 1 == 7
     assert timer.syncs == len(logger.samples) == 6
 
 

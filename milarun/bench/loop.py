@@ -2,7 +2,7 @@
 
 import time
 
-from .rate import CudaEventTimer, PerfCounterTimer, RateLogger, Step
+from .rate import CudaEventTimer, PerfCounterTimer, RateLogger, Step, _to_float
 
 
 class _BareLogger(RateLogger):
@@ -26,7 +26,7 @@ class _BareLogger(RateLogger):
                                  "count": self.total, "rate": self.total / (t1 - self._t0),
                                  "warmup": False})
         if self._last_values:
-            self.metrics = {k: float(v) for k, v in self._last_values.items()}
+            self.metrics = {k: _to_float(v) for k, v in self._last_values.items()}
 
 
 def rate_logger(exp):

@@ -2,10 +2,16 @@
 
 A *step* processes ``count`` items (``it.set_count(batch_size)``). Steps are
 grouped into sample windows of about ``sample_duration`` seconds of host time.
-When a window closes, its elapsed time is read from the timer, which on CUDA
-means one event synchronize per window, never one per step. Each window
-becomes one sample ``{start, end, count, rate, warmup}``; the first ``warmup``
-samples are flagged, never dropped.
+Each window becomes one sample ``{start, end, count, rate, warmup}``; the
+first ``warmup`` samples are flagged, never dropped.
+
+GPU timing: a timer mark (a CUDA event) is recorded when a window closes,
+right after its last step was queued, and the same mark opens the next
+window. Because CUDA events complete in stream order, the interval between
+two marks is the device time of exactly the steps in between, so the
+window's duration comes from the GPU without a host sync on every step; the
+only sync is on the closing event, once per window. Recording an event on
+every step would measure the same interval at a few µs of host time per step.
 """
 
 import time
@@ -30,10 +36,10 @@ class PerfCounterTimer:
 
 
 class CudaEventTimer:
-    """GPU time from CUDA events: one event per step, one sync per window.
+    """GPU time from CUDA events: one event per window boundary, one sync per window.
 
     ``elapsed`` synchronizes on the *end* event only, so the host waits once
-    for the device to reach the window's last step.
+    per window for the device to reach that window's last step.
     """
 
     def __init__(self, torch, device=None):
@@ -104,7 +110,6 @@ class RateLogger:
         self._window_mark = None
         self._window_host = None
         self._window_count = 0
-        self._last_mark = None
         self._last_values = None
 
     def done(self):
@@ -120,7 +125,6 @@ class RateLogger:
         """Account for a finished step; close the window if it is long enough."""
         self._window_count += step.count
         self.total += step.count
-        self._last_mark = self.timer.mark()
         if step.values is not None:
             self._last_values = step.values
         now = self.host_clock()
@@ -130,7 +134,8 @@ class RateLogger:
     def _close_window(self, now):
         if self._window_count == 0:
             return
-        elapsed = self.timer.elapsed(self._window_mark, self._last_mark)
+        mark = self.timer.mark()
+        elapsed = self.timer.elapsed(self._window_mark, mark)
         start = self._window_host - self.origin
         end = start + elapsed
         self.samples.append({
@@ -142,7 +147,7 @@ class RateLogger:
         })
         if self._last_values:
             self.metrics = {k: _to_float(v) for k, v in self._last_values.items()}
-        self._window_mark = self._last_mark
+        self._window_mark = mark
         self._window_host = now
         self._window_count = 0
 
