@@ -108,18 +108,24 @@ def _tail(text, limit=TAIL_CHARS):
 
 
 def _host_facts(host):
-    gpus = host.get("gpus") or []
+    """Machine-level facts of one result; per-student facts (cpuset, memory
+    limit, the GPUs visible to that child) are left out so that every result
+    of one machine maps to the same host."""
+    gpus = [g for g in host.get("gpus") or [] if isinstance(g, dict)]
     return {
         "hostname": host.get("hostname"),
         "cpu_model": host.get("cpu_model"),
         "cpu_count": host.get("cpu_count"),
-        "memory_limit_mib": host.get("memory_limit_mib"),
-        "gpus": [g.get("name") for g in gpus if isinstance(g, dict)],
-        "driver": next((g.get("driver") for g in gpus
-                        if isinstance(g, dict) and g.get("driver")), None),
+        "driver": next((g.get("driver") for g in gpus if g.get("driver")), None),
         "torch": host.get("torch"),
         "cuda": host.get("cuda"),
     }
+
+
+def _host_gpus(host):
+    """``{global GPU index: name}`` of the GPUs one result saw."""
+    return {g.get("index", i): g.get("name")
+            for i, g in enumerate(host.get("gpus") or []) if isinstance(g, dict)}
 
 
 def _finite(x):
@@ -147,9 +153,10 @@ def summarize(records, skipped=()):
             continue
         groups[group_name(rec)].append((path, rec, rate, note))
         host = rec.get("host") or {}
-        if isinstance(host, dict) and host:
+        if isinstance(host, dict) and host.get("cpu_model"):
             facts = _host_facts(host)
-            hosts.setdefault(repr(sorted(facts.items())), facts)
+            entry = hosts.setdefault(repr(sorted(facts.items())), {**facts, "_gpus": {}})
+            entry["_gpus"].update(_host_gpus(host))
         end = (rec["timings"].get("program") or {}).get("end")
         if _finite(end):
             last_end = end if last_end is None else max(last_end, end)
@@ -166,7 +173,9 @@ def summarize(records, skipped=()):
         "version": SUMMARY_VERSION,
         "date": date,
         "steady_state": {"window_s": stats.STEADY_WINDOW_S, "tail_s": stats.STEADY_TAIL_S},
-        "hosts": list(hosts.values()),
+        "hosts": [{**{k: v for k, v in h.items() if k != "_gpus"},
+                   "gpus": [h["_gpus"][i] for i in sorted(h["_gpus"])]}
+                  for h in hosts.values()],
         "skipped": sorted(skipped_names),
         "tests": tests,
     }

@@ -85,10 +85,10 @@ def render_text(report):
     if report.date:
         lines.append(f"results date: {report.date}")
     for h in report.hosts:
-        gpus = ", ".join(sorted(set(h.get("gpus") or []))) or "no GPU"
-        count = len(h.get("gpus") or [])
+        names = h.get("gpus") or []
+        gpus = ", ".join(f"{names.count(n)} x {n}" for n in sorted(set(names))) or "none"
         lines.append(f"host: {h.get('hostname')} | cpu: {h.get('cpu_model')} | "
-                     f"gpus: {count} x {gpus} | torch {h.get('torch')} | cuda {h.get('cuda')}")
+                     f"gpus: {gpus} | torch {h.get('torch')} | cuda {h.get('cuda')}")
     lines.append("")
     if report.rows:
         lines.append(table_frame(report).to_string())
