@@ -1,0 +1,43 @@
+"""The shipped profiles and weights are valid and consistent."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from milarun.profile import load_profile
+
+STANDARD_TESTS = ["toy_reg", "toy_lstm", "vae", "loader", "convnet", "convnet_fp16", "reso",
+                  "fast_style", "dcgan", "wlm", "wlmfp16", "translator", "ssd", "recom", "cart",
+                  "ppo", "scaling", "matmul"]
+PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.json"))
+
+
+def test_standard_dry_run_lists_every_test():
+    out = subprocess.run([sys.executable, "-m", "milarun", "jobs", "profiles/standard.json",
+                          "--dry-run", "-d", "/data", "-o", "/out"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    listed = {line.split()[1].split(".")[1] for line in out.splitlines()
+              if line.startswith("# standard.")}
+    assert listed == set(STANDARD_TESTS)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_profile_validates_and_weights_match(name):
+    jobs = load_profile(ROOT / "profiles" / f"{name}.json")
+    weights = json.loads((ROOT / "weights" / f"{name}.json").read_text())
+    weighted = {k for k in weights if not k.startswith("_")}
+    assert weighted == {j.full_name for j in jobs}
+    if name != "cpu":
+        assert sorted(j.name for j in jobs) == sorted(STANDARD_TESTS)
+
+
+def test_cpu_profile_prepares_its_own_data():
+    jobs = load_profile(ROOT / "profiles" / "cpu.json")
+    for job in jobs:
+        if any(word in job.experiment for word in ("vae", "loader", "convnet", "reso", "dcgan",
+                                                     "wlm", "translator", "recom")):
+            assert job.prepare and "dataset" in job.prepare[0], job.name
