@@ -32,7 +32,6 @@ The same format is a **baseline** for ``milarun report --compare``.
 """
 
 import datetime
-import json
 import math
 import sys
 from collections import defaultdict
@@ -40,6 +39,7 @@ from pathlib import Path
 
 from . import stats
 from .errors import ResultFormatError
+from .results.store import iter_results, read_json, write_json_atomic
 
 SUMMARY_FORMAT = "milarun-summary"
 SUMMARY_VERSION = 1
@@ -71,7 +71,6 @@ def load_results(directory, warn=None):
     Raises:
         ResultFormatError: ``directory`` is not a directory.
     """
-    from .results.store import iter_results
 
     directory = Path(directory)
     if not directory.is_dir():
@@ -181,7 +180,9 @@ def summarize(records, skipped=()):
     }
 
 
-def _device_key(label):
+def device_key(label):
+    """Sort key for device labels: ``"2"`` before ``"10"``, ``"0-3"`` by its first
+    device, non-numeric labels (``"all"``) last."""
     label = str(label)
     head = label.split("-")[0]
     return (0, int(head), label) if head.isdigit() else (1, 0, label)
@@ -195,7 +196,7 @@ def _summarize_group(gname, items):
     failed = []
     steady = {stats.FULL: 0, stats.SHORT: 0, stats.NONE: 0}
     for path, rec, rate, note in sorted(
-            items, key=lambda it: (_device_key(it[1].get("device", "")),
+            items, key=lambda it: (device_key(it[1].get("device", "")),
                                    it[1].get("run", 0) if isinstance(it[1].get("run"), int)
                                    else 0)):
         mem = rec.get("peak_memory_mib")
@@ -235,7 +236,7 @@ def _summarize_group(gname, items):
         "failed": failed,
         "train": stats.describe(rates),
         "total": stats.describe(durations),
-        "pergpu": {dev: stats.describe(pergpu[dev]) for dev in sorted(pergpu, key=_device_key)},
+        "pergpu": {dev: stats.describe(pergpu[dev]) for dev in sorted(pergpu, key=device_key)},
         "peak_memory": max(memory) if memory else None,
         "steady": steady,
     }
@@ -358,17 +359,10 @@ def read_summary(path):
     Raises:
         ResultFormatError: unreadable, not JSON, or neither format.
     """
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise ResultFormatError(f"corrupt JSON ({exc.msg} at line {exc.lineno})", path=path)
-    except OSError as exc:
-        raise ResultFormatError(f"cannot read ({exc.strerror})", path=path)
+    data = read_json(path)
     return normalize_summary(data, path=path)
 
 
 def write_summary(summary, out):
     """Write ``summary`` to ``out`` atomically (a ``.json`` path)."""
-    from .results.store import write_json_atomic
     return write_json_atomic(out, summary)

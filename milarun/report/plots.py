@@ -8,6 +8,7 @@ import io
 import re
 
 from .. import stats
+from ..summary import device_key
 
 _XML_HEAD = re.compile(r"^.*?(?=<svg)", re.S)
 
@@ -67,7 +68,7 @@ class Plotter:
             ax = self.ax
             for artist in list(ax.lines) + list(ax.patches):
                 artist.remove()
-            for i, dev in enumerate(sorted(chosen, key=_device_key)):
+            for i, dev in enumerate(sorted(chosen, key=device_key)):
                 run, samples = chosen[dev]
                 colour = self.colours[i % len(self.colours)]
                 legend.append((dev, run, colour))
@@ -120,6 +121,3 @@ class Plotter:
         return _XML_HEAD.sub("", buf.getvalue(), count=1)
 
 
-def _device_key(label):
-    head = str(label).split("-")[0]
-    return (0, int(head), str(label)) if head.isdigit() else (1, 0, str(label))

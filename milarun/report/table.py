@@ -33,13 +33,14 @@ Rules, in the order the report applies them:
 * RPP (price per performance) = ``price / score`` in dollars per score unit.
 """
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 
 from .. import stats
+from ..summary import device_key
 from ..errors import ResultFormatError
+from ..results.store import read_json
 
 #: Failure rate (fraction) at or under which the run passes.
 PASS_FAILURE_RATE = 0.01
@@ -57,13 +58,7 @@ def load_weights(path):
     Raises:
         ResultFormatError: unreadable, not JSON, or a bad entry (naming the key).
     """
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise ResultFormatError(f"corrupt JSON ({exc.msg} at line {exc.lineno})", path=path)
-    except OSError as exc:
-        raise ResultFormatError(f"cannot read ({exc.strerror})", path=path)
+    data = read_json(path)
     return check_weights(data, path)
 
 
@@ -228,10 +223,6 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
     return report
 
 
-def _device_key(label):
-    head = str(label).split("-")[0]
-    return (0, int(head), str(label)) if head.isdigit() else (1, 0, str(label))
-
 
 def gpu_tables(tests):
     """Per-GPU comparison: ``{stat: {"devices": [...], "rows": [(test, {dev: ratio})]}}``.
@@ -241,7 +232,7 @@ def gpu_tables(tests):
     (1.0 = the best GPU of the row). Tests with no per-GPU data are left out.
     """
     out = {}
-    devices = sorted({d for t in tests.values() for d in t.get("pergpu", {})}, key=_device_key)
+    devices = sorted({d for t in tests.values() for d in t.get("pergpu", {})}, key=device_key)
     for stat in GPU_STATS:
         rows = []
         for group, t in tests.items():

@@ -59,11 +59,11 @@ def write_result(record, out):
     return write_json_atomic(path, record)
 
 
-def load_result(path):
-    """Read and migrate one result file.
+def read_json(path):
+    """Parse one JSON file (result, summary, baseline or weights).
 
     Raises:
-        ResultFormatError: unreadable, truncated or not JSON, or not a result.
+        ResultFormatError: unreadable, truncated or not JSON, naming the file.
     """
     try:
         with open(path) as f:
@@ -72,7 +72,16 @@ def load_result(path):
         raise ResultFormatError(f"corrupt JSON ({exc.msg} at line {exc.lineno})", path=path)
     except OSError as exc:
         raise ResultFormatError(f"cannot read ({exc.strerror})", path=path)
-    return migrate(data, path=path)
+    return data
+
+
+def load_result(path):
+    """Read and migrate one result file.
+
+    Raises:
+        ResultFormatError: unreadable, truncated or not JSON, or not a result.
+    """
+    return migrate(read_json(path), path=path)
 
 
 def iter_results(directory):
