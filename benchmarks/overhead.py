@@ -35,12 +35,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 WORKLOADS = {
-    # name: (function, argv); max-count sized for 2-4 s of training on one CPU core
+    # name: (function, argv); max-count sized for about 5 s of training on 2 idle cores
     "toy_reg": ("milarun.models.toy_reg:main",
-                ["--batch-size", "64", "--max-count", "1000000"]),
+                ["--batch-size", "64", "--max-count", "3500000"]),
     "convnet": ("milarun.models.convnet:main",
                 ["--arch", "resnet18", "--batch-size", "16", "--image-size", "32",
-                 "--workers", "0", "--max-count", "160"]),
+                 "--workers", "0", "--max-count", "1600"]),
 }
 
 
