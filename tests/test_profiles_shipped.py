@@ -31,8 +31,7 @@ def test_profile_validates_and_weights_match(name):
     weights = json.loads((ROOT / "weights" / f"{name}.json").read_text())
     weighted = {k for k in weights if not k.startswith("_")}
     assert weighted == {j.full_name for j in jobs}
-    if name != "cpu":
-        assert sorted(j.name for j in jobs) == sorted(STANDARD_TESTS)
+    assert sorted(j.name for j in jobs) == sorted(STANDARD_TESTS)
 
 
 def test_cpu_profile_prepares_its_own_data():
