@@ -101,5 +101,24 @@ def dataloader_workers(requested):
     return max(0, len(current_cpuset()) - 1)
 
 
+def data_loader(dataset, batch_size, workers, device, **kwargs):
+    """A ``torch.utils.data.DataLoader`` with the settings every test shares.
+
+    Shuffled batches of ``batch_size`` items, the last partial batch dropped
+    (so every step counts the same number of items), ``workers`` worker
+    processes (negative: the student's cpuset size minus one) kept alive across
+    epochs, and pinned host memory on CUDA for non-blocking copies. With a
+    ``batch_sampler`` in ``kwargs``, the sampler decides the batches instead.
+    """
+    import torch
+
+    nworkers = dataloader_workers(workers)
+    if "batch_sampler" not in kwargs:
+        kwargs = {"batch_size": batch_size, "shuffle": True, "drop_last": True, **kwargs}
+    return torch.utils.data.DataLoader(
+        dataset, num_workers=nworkers, persistent_workers=nworkers > 0,
+        pin_memory=device.type == "cuda", **kwargs)
+
+
 __all__ = ["init_torch", "set_precision", "grad_scaler", "synchronize",
-           "peak_memory_mib", "dataloader_workers", "PRECISIONS"]
+           "peak_memory_mib", "dataloader_workers", "data_loader", "PRECISIONS"]

@@ -18,7 +18,7 @@ Data: ``<dataroot>/fake_imagenet/train/<class>/*.jpg``
 
 from coleo import Option, default, tooled
 
-from ..bench import (dataloader_workers, dataloop, grad_scaler, init_torch,
+from ..bench import (data_loader, dataloop, grad_scaler, init_torch,
                      set_precision)
 
 IMAGE_SIZE = 64
@@ -114,11 +114,7 @@ def train(exp):
         T.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     ])
     dataset = ImageFolder(str(root), transform=transform)
-    nworkers = dataloader_workers(workers)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-        num_workers=nworkers, persistent_workers=nworkers > 0,
-        pin_memory=device.type == "cuda")
+    loader = data_loader(dataset, batch_size, workers, device)
 
     net_g = generator(nz, ngf).to(device)
     net_d = discriminator(ndf).to(device)

@@ -25,7 +25,7 @@ Data: ``<dataroot>/fake_imagenet/train/<class>/*.jpg``
 
 from coleo import Option, default, tooled
 
-from ..bench import (dataloader_workers, dataloop, grad_scaler, init_torch,
+from ..bench import (data_loader, dataloop, grad_scaler, init_torch,
                      set_precision)
 
 # Indices in torchvision's vgg16().features after which relu1_2, relu2_2,
@@ -172,11 +172,7 @@ def train(exp):
         T.Resize(image_size), T.CenterCrop(image_size), T.PILToTensor(),
     ])
     dataset = ImageFolder(str(root), transform=transform)
-    nworkers = dataloader_workers(workers)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-        num_workers=nworkers, persistent_workers=nworkers > 0,
-        pin_memory=device.type == "cuda")
+    loader = data_loader(dataset, batch_size, workers, device)
 
     TransformerNet, VGGFeatures = _modules()
     model = TransformerNet(width, res_blocks).to(device)

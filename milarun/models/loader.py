@@ -13,7 +13,7 @@ Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 
 from coleo import Option, default, tooled
 
-from ..bench import dataloader_workers, dataloop, init_torch
+from ..bench import data_loader, dataloop, init_torch
 from ..datasets import require
 
 
@@ -53,11 +53,7 @@ def image_loader(folder, split, image_size, batch_size, workers, device):
     if not root.is_dir():
         raise FileNotFoundError(f"no {split}/ folder in {folder}; rebuild the dataset")
     dataset = datasets.ImageFolder(str(root), transform=imagenet_transform(image_size))
-    nworkers = dataloader_workers(workers)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-        num_workers=nworkers, persistent_workers=nworkers > 0,
-        pin_memory=device.type == "cuda")
+    loader = data_loader(dataset, batch_size, workers, device)
     return loader, dataset
 
 

@@ -17,7 +17,7 @@ Data: ``<dataroot>/bsds500/BSR/BSDS500/data/images/train/*.jpg``
 
 from coleo import Option, default, tooled
 
-from ..bench import (dataloader_workers, dataloop, grad_scaler, init_torch,
+from ..bench import (data_loader, dataloop, grad_scaler, init_torch,
                      set_precision)
 
 
@@ -110,11 +110,7 @@ def train(exp):
     if not files:
         raise FileNotFoundError(f"no JPEG image in {folder}")
     dataset = PatchDataset(files, crop, upscale, repeat=patches_per_image)
-    nworkers = dataloader_workers(workers)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-        num_workers=nworkers, persistent_workers=nworkers > 0,
-        pin_memory=device.type == "cuda")
+    loader = data_loader(dataset, batch_size, workers, device)
 
     model = espcn(upscale, features).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)

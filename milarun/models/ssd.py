@@ -20,7 +20,7 @@ Data: ``<dataroot>/coco/train2017/*.jpg`` and
 
 from coleo import Option, default, tooled
 
-from ..bench import (dataloader_workers, dataloop, grad_scaler, init_torch,
+from ..bench import (data_loader, dataloop, grad_scaler, init_torch,
                      set_precision)
 
 SIZE = 300
@@ -117,11 +117,7 @@ def train(exp):
                          f"{len(cat_ids)} categories + background")
     dataset.transforms = CocoToSSD({cid: i + 1 for i, cid in enumerate(cat_ids)})
 
-    nworkers = dataloader_workers(workers)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-        num_workers=nworkers, persistent_workers=nworkers > 0,
-        collate_fn=collate_lists, pin_memory=device.type == "cuda")
+    loader = data_loader(dataset, batch_size, workers, device, collate_fn=collate_lists)
 
     model = ssd300_vgg16(weights=None, weights_backbone=None,
                          num_classes=num_classes).to(device)

@@ -22,7 +22,7 @@ import math
 
 from coleo import Option, default, tooled
 
-from ..bench import dataloader_workers, dataloop, grad_scaler, init_torch, set_precision
+from ..bench import data_loader, dataloop, grad_scaler, init_torch, set_precision
 from ..datasets import require
 from ..datasets.wmt16 import ParallelCorpus
 
@@ -170,11 +170,9 @@ def train(exp):
     if len(corpus) == 0:
         raise ValueError("no training pair is shorter than --max-len")
     vocab = corpus.vocab
-    nworkers = dataloader_workers(workers)
-    loader = torch.utils.data.DataLoader(
-        PairDataset(corpus), batch_sampler=EpochBatches(corpus, batch_size, exp.options["seed"]),
-        collate_fn=Collate(vocab.pad, vocab.bos, vocab.eos), num_workers=nworkers,
-        pin_memory=device.type == "cuda", persistent_workers=nworkers > 0)
+    loader = data_loader(PairDataset(corpus), batch_size, workers, device,
+                         batch_sampler=EpochBatches(corpus, batch_size, exp.options["seed"]),
+                         collate_fn=Collate(vocab.pad, vocab.bos, vocab.eos))
 
     net = _model_class(torch)(len(vocab), d_model, nhead, layers, ff, dropout, vocab.pad,
                               max_len=max_len + 2).to(device)
@@ -184,7 +182,7 @@ def train(exp):
     scaler = grad_scaler(device, precision)
     criterion = torch.nn.CrossEntropyLoss(ignore_index=vocab.pad, label_smoothing=label_smoothing)
     net.train()
-    exp.metrics.update({"vocab": len(vocab), "train_pairs": len(corpus), "workers": nworkers})
+    exp.metrics.update({"vocab": len(vocab), "train_pairs": len(corpus), "workers": loader.num_workers})
 
     nb = device.type == "cuda"
     for step, (src, tin, tout, ntok) in dataloop(exp, loader):

@@ -12,7 +12,7 @@ Needs the ``mnist`` dataset (``milarun dataset mnist``).
 
 from coleo import Option, default, tooled
 
-from ..bench import dataloader_workers, dataloop, init_torch
+from ..bench import data_loader, dataloop, init_torch
 from ..datasets import require
 
 
@@ -70,11 +70,7 @@ def train(exp):
     folder = require(exp.dataroot, "mnist")
     dataset = datasets.MNIST(root=str(folder), train=True, download=False,
                              transform=transforms.ToTensor())
-    nworkers = dataloader_workers(workers)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-        num_workers=nworkers, persistent_workers=nworkers > 0,
-        pin_memory=device.type == "cuda")
+    loader = data_loader(dataset, batch_size, workers, device)
     model = build_model(latent).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
 
