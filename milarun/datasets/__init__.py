@@ -38,11 +38,6 @@ BUILDERS = {
 STAMP = ".complete"
 
 
-def register(name, module):
-    """Add a builder (used by workloads that ship their own dataset module)."""
-    BUILDERS[name] = module
-
-
 def dataset_dir(dataroot, name):
     """Folder that holds dataset ``name`` under ``dataroot``."""
     return Path(dataroot) / name
