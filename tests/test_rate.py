@@ -2,7 +2,7 @@
 
 import pytest
 
-from milarun.bench.rate import RateLogger
+from milarun.bench.rate import RateLogger, Step
 
 
 class FakeClock:
@@ -98,3 +98,104 @@ def test_loop_restarts_epochs_and_rejects_empty_loader():
 def test_bad_sample_duration():
     with pytest.raises(ValueError):
         RateLogger(sample_duration=0)
+
+
+def test_min_steady_extends_past_max_count():
+    # 100 items/s; max_count 50 would stop after 0.5 s, inside warm-up
+    clock = FakeClock()
+    logger = RateLogger(sample_duration=0.5, max_count=50, warmup=2, host_clock=clock,
+                        timer=CountingTimer(clock), min_steady=3.0)
+    for step in logger.steps():
+        clock.t += 0.125
+        step.set_count(12)      # 96 items/s
+    steady = [s for s in logger.samples if not s["warmup"]]
+    steady_s = sum(s["end"] - s["start"] for s in steady)
+    assert steady_s >= 3.0
+    # no more than one extra window past the floor (2% margin, one step of slack)
+    assert steady_s < 3.0 + 0.5 + 0.125
+    assert logger.total > 50
+    summary = logger.summary()
+    assert summary["max_count"] == 50 and summary["min_steady"] == 3.0
+    assert summary["count"] == logger.total
+
+
+def test_min_steady_is_a_floor_not_a_cap():
+    clock = FakeClock()
+    logger = RateLogger(sample_duration=0.5, max_count=1000, warmup=1, host_clock=clock,
+                        timer=CountingTimer(clock), min_steady=1.0)
+    for step in logger.steps():
+        clock.t += 0.125
+        step.set_count(10)
+    # 1000 items at 80 items/s = 12.5 s, far past the 1 s floor: max_count decides
+    assert logger.total == 1000
+
+
+def test_min_steady_extends_again_when_the_rate_drops():
+    clock = FakeClock()
+    logger = RateLogger(sample_duration=0.5, max_count=10, warmup=0, host_clock=clock,
+                        timer=CountingTimer(clock), min_steady=4.0)
+    n = 0
+    for step in logger.steps():
+        n += 1
+        clock.t += 0.1 if n <= 10 else 0.4   # the rate falls 4x after 10 steps
+        step.set_count(1)
+    steady_s = sum(s["end"] - s["start"] for s in logger.samples)
+    assert steady_s >= 4.0
+
+
+def test_agree_sets_the_same_target_on_every_rank():
+    # Two ranks step in lockstep (same items per step) but their host clocks
+    # differ, so each proposes a different extension; agree() plays the
+    # all_reduce(MAX) and both must stop on the same step.
+    clocks = [FakeClock(), FakeClock()]
+    proposals = [[], []]
+
+    def make_agree(rank):
+        def agree(extra):
+            proposals[rank].append(extra)
+            return extra
+        return agree
+
+    loggers = [RateLogger(sample_duration=0.5, max_count=20, warmup=1, host_clock=c,
+                          timer=CountingTimer(c), min_steady=2.0, agree=make_agree(r))
+               for r, c in enumerate(clocks)]
+    # First pass without coordination: the two proposals differ.
+    for lg in loggers:
+        lg.start()
+    for _ in range(10):
+        for r, lg in enumerate(loggers):
+            clocks[r].t += 0.05 * (r + 1)
+            st = Step()
+            st.set_count(2)
+            lg.end_step(st)
+    assert proposals[0][0] != proposals[1][0]
+    assert loggers[0].max_count - 20 == proposals[0][0]
+
+    # Second pass with MAX agreement: the same target on both ranks.
+    clocks = [FakeClock(), FakeClock()]
+    target = max(proposals[0][0], proposals[1][0])
+    loggers = [RateLogger(sample_duration=0.5, max_count=20, warmup=1, host_clock=c,
+                          timer=CountingTimer(c), min_steady=2.0,
+                          agree=lambda extra: max(extra, target))
+               for c in clocks]
+    steps = [0, 0]
+    gens = [lg.steps() for lg in loggers]
+    for _ in range(10_000):
+        alive = False
+        for r, g in enumerate(gens):
+            st = next(g, None)
+            if st is None:
+                continue
+            alive = True
+            clocks[r].t += 0.05 * (r + 1)
+            st.set_count(2)
+            steps[r] += 1
+        if not alive:
+            break
+    assert steps[0] == steps[1]
+    assert loggers[0].total == loggers[1].total > 20
+
+
+def test_bad_min_steady():
+    with pytest.raises(ValueError):
+        RateLogger(min_steady=-1)

@@ -51,7 +51,8 @@ def rate_logger(exp):
             timer = PerfCounterTimer()
         logger = RateLogger(sample_duration=opts["sample_duration"],
                             max_count=opts["max_count"], warmup=opts["warmup"],
-                            timer=timer, origin=exp.origin)
+                            timer=timer, origin=exp.origin,
+                            min_steady=opts["min_steady"])
     exp.rate = logger
     exp.start_monitor()
     return logger

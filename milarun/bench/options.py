@@ -7,11 +7,13 @@ from coleo import Option, default, tooled
 def common_options():
     """Return the options shared by all models as a dict.
 
-    ``max_count`` (items), ``sample_duration`` (s), ``warmup`` (windows),
+    ``max_count`` (items), ``min_steady`` (s), ``sample_duration`` (s), ``warmup`` (windows),
     ``seed``, ``device`` (``auto``, ``cpu`` or ``cuda``), ``monitor_interval`` (s).
     """
     # Stop after this many items (examples) have been processed
     max_count: Option & int = default(1000)
+    # Keep training past max-count until the steady state lasts this many seconds (0: off)
+    min_steady: Option & float = default(0.0)
     # Length of one sample window, in seconds
     sample_duration: Option & float = default(0.5)
     # Number of leading sample windows flagged as warm-up
@@ -26,6 +28,7 @@ def common_options():
     no_instrument: Option & bool = default(False)
     return {
         "max_count": max_count,
+        "min_steady": min_steady,
         "sample_duration": sample_duration,
         "warmup": warmup,
         "seed": seed,

@@ -5,6 +5,13 @@ grouped into sample windows of about ``sample_duration`` seconds of host time.
 Each window becomes one sample ``{start, end, count, rate, warmup}``; the
 first ``warmup`` samples are flagged, never dropped.
 
+Stopping: training stops once ``max_count`` items were processed. With
+``min_steady`` > 0 it goes on past that count until the steady state (the
+windows after warm-up) covers at least ``min_steady`` seconds, so a fast
+machine still gives a long enough steady state. The decision is taken only
+when the count target is reached, which is the same step on every rank of a
+data-parallel run, so ranks can agree on the new target (``agree``).
+
 GPU timing: a timer mark (a CUDA event) is recorded when a window closes,
 right after its last step was queued, and the same mark opens the next
 window. Because CUDA events complete in stream order, the interval between
@@ -14,6 +21,7 @@ only sync is on the closing event, once per window. Recording an event on
 every step would measure the same interval at a few µs of host time per step.
 """
 
+import math
 import time
 
 # Metric values logged with it.log() may be device tensors; converting them
@@ -86,6 +94,11 @@ class RateLogger:
         timer: ``PerfCounterTimer`` or ``CudaEventTimer``.
         host_clock: clock that decides when a window closes (seconds).
         origin: host-clock time that sample ``start``/``end`` are relative to.
+        min_steady: seconds of steady state to reach before stopping, even
+            past ``max_count`` (0: stop at ``max_count``).
+        agree: optional ``f(extra_items) -> extra_items`` called when the
+            count target is raised; data-parallel runs reduce it with MAX so
+            that every rank stops on the same step.
 
     Attributes:
         samples: list of ``{"start", "end", "count", "rate", "warmup"}``
@@ -95,11 +108,17 @@ class RateLogger:
     """
 
     def __init__(self, sample_duration=0.5, max_count=1000, warmup=3,
-                 timer=None, host_clock=time.perf_counter, origin=None):
+                 timer=None, host_clock=time.perf_counter, origin=None,
+                 min_steady=0.0, agree=None):
         if sample_duration <= 0:
             raise ValueError("sample_duration must be > 0 seconds")
+        if min_steady < 0:
+            raise ValueError("min_steady must be >= 0 seconds")
         self.sample_duration = sample_duration
         self.max_count = max_count
+        self.requested_count = max_count
+        self.min_steady = min_steady
+        self.agree = agree
         self.warmup = warmup
         self.timer = timer or PerfCounterTimer(host_clock)
         self.host_clock = host_clock
@@ -113,7 +132,8 @@ class RateLogger:
         self._last_values = None
 
     def done(self):
-        """True once ``max_count`` items were processed."""
+        """True once ``max_count`` items were processed (``max_count`` may
+        have been raised by ``min_steady``)."""
         return self.max_count is not None and self.total >= self.max_count
 
     def start(self):
@@ -128,8 +148,41 @@ class RateLogger:
         if step.values is not None:
             self._last_values = step.values
         now = self.host_clock()
-        if now - self._window_host >= self.sample_duration or self.done():
+        finished = self.done() and not self._extend(now)
+        if finished or now - self._window_host >= self.sample_duration:
             self._close_window(now)
+
+    def _extend(self, now):
+        """Raise ``max_count`` if the steady state is shorter than ``min_steady``.
+
+        The missing seconds (plus any warm-up windows still to come) are turned
+        into items at the latest measured rate, with a 2% margin; this runs
+        again whenever the new target is reached, so a slower rate later only
+        means another extension. Returns True if the target was raised.
+        """
+        if not self.min_steady or self.max_count is None:
+            return False
+        open_s = now - self._window_host
+        steady_s = sum(s["end"] - s["start"] for s in self.samples if not s["warmup"])
+        if len(self.samples) >= self.warmup:
+            steady_s += open_s  # the open window is a steady one
+        if steady_s >= self.min_steady:
+            return False
+        if self.samples:
+            rate = self.samples[-1]["rate"]
+        else:
+            rate = self._window_count / open_s if open_s > 0 else 0.0
+        missing = max(0, self.warmup - len(self.samples)) * self.sample_duration
+        seconds = self.min_steady - steady_s + missing
+        if math.isfinite(rate) and rate > 0:
+            extra = math.ceil(rate * seconds * 1.02)
+        else:
+            extra = self.total  # no usable rate yet: double the count
+        extra = max(1, extra)
+        if self.agree is not None:
+            extra = int(self.agree(extra))
+        self.max_count = self.total + extra
+        return True
 
     def _close_window(self, now):
         if self._window_count == 0:
@@ -196,7 +249,8 @@ class RateLogger:
             "sample_duration": self.sample_duration,
             "warmup": min(self.warmup, len(self.samples)),
             "count": self.total,
-            "max_count": self.max_count,
+            "max_count": self.requested_count,
+            "min_steady": self.min_steady,
             "samples": list(self.samples),
         }
 

@@ -130,6 +130,15 @@ def train(exp):
         dist.destroy_process_group()
 
 
+def _max_over_ranks(torch, n, device):
+    """The largest ``n`` over all ranks (an all-reduce with MAX)."""
+    import torch.distributed as dist
+
+    t = torch.tensor([int(n)], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def _train(exp, torch, device, batch_size, width, blocks, image_size, classes, lr,
            precision, world, rank):
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -154,7 +163,12 @@ def _train(exp, torch, device, batch_size, width, blocks, image_size, classes, l
     labels = torch.randint(0, classes, (pool, batch_size), device=device, generator=gen)
     ddp.train()
     k = 0
-    for step in iteration_wrapper(exp):
+    steps = iteration_wrapper(exp)
+    if world > 1:
+        # --min-steady may raise the count target; every rank must take the
+        # same one or a rank would wait forever in the gradient all-reduce.
+        exp.rate.agree = lambda extra: _max_over_ranks(torch, extra, device)
+    for step in steps:
         x, y = images[k % pool], labels[k % pool]
         k += 1
         optimizer.zero_grad(set_to_none=True)
