@@ -40,3 +40,13 @@ def test_cpu_profile_prepares_its_own_data():
         if any(word in job.experiment for word in ("vae", "loader", "convnet", "reso", "dcgan",
                                                      "wlm", "translator", "recom")):
             assert job.prepare and "dataset" in job.prepare[0], job.name
+
+
+@pytest.mark.parametrize("name,floor", [("standard", 30), ("5gb", 30), ("10gb", 30),
+                                        ("lite", 12)])
+def test_gpu_profiles_guarantee_their_steady_state(name, floor):
+    # --min-steady makes the steady-state length hold on any GPU, whatever
+    # the --max-count estimates are worth there.
+    for job in load_profile(ROOT / "profiles" / f"{name}.json"):
+        assert job.arguments.get("--min-steady", 0) >= floor, job.name
+        assert job.timeout >= 10 * floor, job.name

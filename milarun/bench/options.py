@@ -12,7 +12,7 @@ def common_options():
     """
     # Stop after this many items (examples) have been processed
     max_count: Option & int = default(1000)
-    # Keep training past max-count until the steady state lasts this many seconds (0: off)
+    # Keep training past max-count until the steady state lasts this many seconds (0: off; not with --no-instrument)
     min_steady: Option & float = default(0.0)
     # Length of one sample window, in seconds
     sample_duration: Option & float = default(0.5)
