@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from milarun.bench.setup import PRECISIONS
 from milarun.profile import load_profile
 
 STANDARD_TESTS = ["toy_reg", "toy_lstm", "vae", "loader", "convnet", "convnet_fp16", "reso",
@@ -50,3 +51,38 @@ def test_gpu_profiles_guarantee_their_steady_state(name, floor):
     for job in load_profile(ROOT / "profiles" / f"{name}.json"):
         assert job.arguments.get("--min-steady", 0) >= floor, job.name
         assert job.timeout >= 10 * floor, job.name
+
+
+class _ParseOnly:
+    """Stands in for an Experiment: parses the test's options, trains nothing."""
+
+    def cli(self, fn, argv):
+        from coleo import make_cli
+
+        from milarun.bench.experiment import _entry
+        from milarun.bench.options import common_options
+        self.opts, _ = make_cli(_entry, argv=list(argv), extras=[common_options, fn])
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_shipped_argument_is_an_option_of_its_test(name, capsys):
+    # The GPU profiles never run here; a misspelt option would only show on
+    # the first GPU run, as a FAIL for every device.
+    import importlib
+
+    for job in load_profile(ROOT / "profiles" / f"{name}.json"):
+        module, fn = job.experiment.split(":")
+        main = getattr(importlib.import_module(module), fn)
+        exp = _ParseOnly()
+        try:
+            main(exp, job.argv())
+        except SystemExit as exc:
+            pytest.fail(f"{name}.{job.name}: {job.argv()} rejected: "
+                        f"{capsys.readouterr().err.strip()} (exit {exc.code})")
+        parsed = vars(exp.opts)
+        for flag, value in job.arguments.items():
+            key = flag.lstrip("-").replace("-", "_")
+            if value is not False and value is not True:
+                assert str(parsed[key]) == str(value) or parsed[key] == value, (job.name, flag)
+        if "--precision" in job.arguments:
+            assert job.arguments["--precision"] in PRECISIONS, job.name
