@@ -31,6 +31,7 @@ def students():
         cgroup_skip("no cgroup v1 cpuset or v2 hierarchy under /sys/fs/cgroup")
     if len(os.sched_getaffinity(0)) < 2:
         cgroup_skip("needs at least 2 CPUs for 2 exclusive students")
+    existed = not isolation.missing_groups(["cpuset,memory:student0", "cpuset,memory:student1"])
     setup = subprocess.run(["bash", "scripts/cgroup_setup.sh", "--students", "2",
                             "--memory", MEMORY], cwd=ROOT, capture_output=True, text=True)
     if setup.returncode != 0:
@@ -41,8 +42,10 @@ def students():
         cpus = rest.split()[0].split("=")[1]
         plan[group] = isolation.parse_cpus(cpus)
     yield plan
-    # leave the host with the default split (RAM/N)
-    subprocess.run(["bash", "scripts/cgroup_setup.sh", "--students", "2"], cwd=ROOT,
+    # Leave the host as found: remove the students we created, or give
+    # existing ones back the default split (RAM/N) instead of our 2 GiB.
+    undo = ["--remove"] if not existed else []
+    subprocess.run(["bash", "scripts/cgroup_setup.sh", "--students", "2", *undo], cwd=ROOT,
                    capture_output=True)
 
 
