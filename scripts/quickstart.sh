@@ -27,7 +27,9 @@ fi
 
 status=0
 .venv/bin/milarun jobs profiles/cpu.json --cpu-slots 2 -d "$dataroot" -o "$outdir" "${cg[@]}" || status=$?
-.venv/bin/milarun report "$outdir" --weights weights/cpu.json --html "$outdir/report.html" || true
+# The reference: the same profile on the 2-core development VM.
+.venv/bin/milarun report "$outdir" --weights weights/cpu.json \
+    --compare baselines/cpu/epyc-2core-vm.json --html "$outdir/report.html" || true
 echo
 echo "quickstart: results in $outdir"
 echo "quickstart: HTML report in $outdir/report.html"

@@ -86,3 +86,26 @@ def test_every_shipped_argument_is_an_option_of_its_test(name, capsys):
                 assert str(parsed[key]) == str(value) or parsed[key] == value, (job.name, flag)
         if "--precision" in job.arguments:
             assert job.arguments["--precision"] in PRECISIONS, job.name
+
+
+BASELINES = sorted((ROOT / "baselines").glob("*/*.json"))
+
+
+@pytest.mark.parametrize("path", BASELINES, ids=[p.stem for p in BASELINES])
+def test_committed_baselines_read_and_match_their_profile(path):
+    # baselines/<profile>/<machine>.json: a summary of that profile, with its HTML report
+    from milarun.summary import read_summary
+
+    summary = read_summary(path)
+    profile = path.parent.name
+    jobs = load_profile(ROOT / "profiles" / f"{profile}.json")
+    names = {j.full_name for j in jobs}
+    groups = set(summary["tests"])
+    # a gpu-progression test has one group per device count: suite.job.<k>
+    assert {g if g in names else g.rsplit(".", 1)[0] for g in groups} == names
+    assert all(t["n"] > 0 for t in summary["tests"].values())
+    assert path.with_suffix(".html").is_file()
+
+
+def test_there_is_a_baseline_for_the_embedded_default():
+    assert any(p.parent.name == "cpu" for p in BASELINES)
