@@ -21,6 +21,17 @@ def test_round_trip(tmp_path):
     assert not list(tmp_path.glob(".tmp-*"))
 
 
+def test_results_get_the_mode_of_a_new_file(tmp_path):
+    # a temporary file is 0600; results on a shared disk must stay readable
+    import os
+    old = os.umask(0o027)
+    try:
+        path = write_result(new_result("s.t"), tmp_path)
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o640
+
+
 def test_fail_name_and_explicit_file(tmp_path):
     rec = new_result("s.t")
     assert ".FAIL." in result_filename("s.t", 0, "0", False)

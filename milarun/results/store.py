@@ -24,12 +24,28 @@ def result_filename(name, run, device, success, when=None):
     return f"{name}.J{run}.{device}{fail}.{stamp}.json"
 
 
+def _umask():
+    """The process umask, read without changing it (Linux ``/proc``; else 022)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
 def write_json_atomic(path, data):
-    """Write ``data`` as JSON to ``path``: temporary file in the same folder, then rename."""
+    """Write ``data`` as JSON to ``path``: temporary file in the same folder, then rename.
+
+    The file gets the usual mode of a new file (0666 less the umask), not the
+    0600 of a temporary file, so results on a shared disk stay readable.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, default=str)
             f.flush()
