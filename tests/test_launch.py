@@ -110,6 +110,12 @@ def test_fail_reason_classification():
     assert fail_reason(1, False, None, None) == "error"
 
 
+def _default_sigint():
+    # A shell's background job (nohup … &) ignores SIGINT, Python then keeps
+    # it ignored, and "Ctrl-C" would never reach milarun.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_every_child_and_leaves_no_orphan(tmp_path):
     marker = uuid.uuid4().hex
     profile = tmp_path / "hang.json"
@@ -120,7 +126,8 @@ def test_ctrl_c_stops_every_child_and_leaves_no_orphan(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "milarun", "jobs", str(profile),
                              "--cpu-slots", "2", "--no-cgexec", "-d", str(tmp_path / "data"),
                              "-o", str(tmp_path / "out")], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=_default_sigint)
 
     def marked():
         found = []
