@@ -143,6 +143,34 @@ def test_min_steady_extends_again_when_the_rate_drops():
     assert steady_s >= 4.0
 
 
+def test_first_extension_uses_a_measured_rate_not_the_launch_rate():
+    # Like a GPU: the host only queues steps (0.01 s each) while the device
+    # takes ten times longer; the timer reports device time.
+    class DeviceTimer(CountingTimer):
+        def elapsed(self, start, end):
+            self.syncs += 1
+            return 10 * (end - start)
+
+    clock = FakeClock()
+    proposals = []
+
+    def agree(extra):
+        proposals.append(extra)
+        return extra
+
+    logger = RateLogger(sample_duration=0.5, max_count=5, warmup=0, host_clock=clock,
+                        timer=DeviceTimer(clock), min_steady=2.0, agree=agree)
+    gen = logger.steps()
+    for _ in range(5):
+        step = next(gen)
+        clock.t += 0.01
+        step.set_count(1)
+    next(gen)  # the 5th step reached max_count: the first extension was decided
+    # device rate 10 items/s -> about 20 items for 2 s; the host rate would give 200
+    assert proposals and proposals[0] <= 25
+    assert logger.samples[0]["rate"] == pytest.approx(10.0)
+
+
 def test_agree_sets_the_same_target_on_every_rank():
     # Two ranks step in lockstep (same items per step) but their host clocks
     # differ, so each proposes a different extension; agree() plays the

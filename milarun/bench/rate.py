@@ -162,16 +162,17 @@ class RateLogger:
         """
         if not self.min_steady or self.max_count is None:
             return False
+        if not self.samples:
+            # No window measured yet; on a GPU the host clock has only seen
+            # the launches, so close one (one sync) to get a real rate.
+            self._close_window(now)
         open_s = now - self._window_host
         steady_s = sum(s["end"] - s["start"] for s in self.samples if not s["warmup"])
         if len(self.samples) >= self.warmup:
             steady_s += open_s  # the open window is a steady one
         if steady_s >= self.min_steady:
             return False
-        if self.samples:
-            rate = self.samples[-1]["rate"]
-        else:
-            rate = self._window_count / open_s if open_s > 0 else 0.0
+        rate = self.samples[-1]["rate"] if self.samples else 0.0
         missing = max(0, self.warmup - len(self.samples)) * self.sample_duration
         seconds = self.min_steady - steady_s + missing
         if math.isfinite(rate) and rate > 0:
