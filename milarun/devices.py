@@ -1,5 +1,12 @@
-"""Device discovery for the launcher: GPUs from NVML, else CPU slots. No torch."""
+"""Device discovery for the launcher: GPUs from NVML, else CPU slots. No torch.
 
+GPU indices are NVML's, which follow the PCI bus order. CUDA numbers GPUs
+fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so the plan sets that
+in every child: ``CUDA_VISIBLE_DEVICES=i`` then names the GPU that NVML, the
+monitor and the student cgroup's CPU affinity call ``i``.
+"""
+
+import os
 from dataclasses import dataclass, field
 
 
@@ -38,29 +45,75 @@ def _nvml_cpus(pynvml, handle, ncpus):
     return cpus
 
 
-def nvml_gpus():
-    """List the GPUs NVML sees as ``Devices(kind="gpu")``, or None without NVML/GPUs."""
-    import os
+def visible_indices(count, spec=None, uuid_of=None):
+    """The GPU indices (PCI bus order) that ``CUDA_VISIBLE_DEVICES`` leaves visible.
 
+    Args:
+        count: number of GPUs on the host.
+        spec: the variable's value; by default ``os.environ``'s. Unset: all.
+        uuid_of: ``f(index) -> "GPU-…"`` to resolve UUID entries; without it
+            a UUID entry counts as invalid.
+
+    Returns:
+        list of indices in the order given. As CUDA does, an entry that is
+        not a valid index or a unique UUID prefix hides itself and every
+        entry after it (MIG instances are not supported as devices).
+    """
+    if spec is None:
+        spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return list(range(count))
+    uuids = None
+    out = []
+    for tok in (t.strip() for t in spec.split(",")):
+        index = None
+        if tok.isdigit() and int(tok) < count:
+            index = int(tok)
+        elif tok.startswith("GPU-") and uuid_of is not None:
+            if uuids is None:
+                uuids = [uuid_of(i) for i in range(count)]
+            found = [i for i, u in enumerate(uuids) if u.startswith(tok)]
+            index = found[0] if len(found) == 1 else None
+        if index is None or index in out:
+            break
+        out.append(index)
+    return out
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def nvml_visible(pynvml):
+    """``(indices, handles)``: the visible GPUs' indices (``visible_indices``)
+    and NVML handles of every GPU, by index. ``pynvml`` must be initialised."""
+    count = pynvml.nvmlDeviceGetCount()
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    indices = visible_indices(count,
+                              uuid_of=lambda i: _text(pynvml.nvmlDeviceGetUUID(handles[i])))
+    return indices, handles
+
+
+def nvml_gpus():
+    """The GPUs NVML sees and ``CUDA_VISIBLE_DEVICES`` allows, as
+    ``Devices(kind="gpu")``; None without NVML or without a visible GPU."""
     try:
         import pynvml
         pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
+        indices, handles = nvml_visible(pynvml)
     except Exception:
         return None
-    if count == 0:
+    if not indices:
         return None
     names, affinity = [], []
-    for i in range(count):
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        name = pynvml.nvmlDeviceGetName(h)
-        names.append(name.decode() if isinstance(name, bytes) else name)
-        affinity.append(_nvml_cpus(pynvml, h, os.cpu_count() or 1))
-    return Devices("gpu", list(range(count)), names, affinity)
+    for i in indices:
+        names.append(_text(pynvml.nvmlDeviceGetName(handles[i])))
+        affinity.append(_nvml_cpus(pynvml, handles[i], os.cpu_count() or 1))
+    return Devices("gpu", indices, names, affinity)
 
 
 def discover(cpu_slots=None):
-    """GPUs when NVML finds any; otherwise ``cpu_slots`` CPU slots (1 by default).
+    """GPUs when NVML finds visible ones; otherwise ``cpu_slots`` CPU slots (1 by default).
 
     Raises:
         ValueError: ``cpu_slots`` < 1.

@@ -109,6 +109,8 @@ def plan_job(job, devices, run, outdir, dataroot=None, extra_args=(), use_cgexec
         visible = ",".join(str(d) for d in devs) if gpu else ""
         env = {"CUDA_VISIBLE_DEVICES": visible, "MILARUN_DEVICE": label,
                "MILARUN_RUN": str(run)}
+        if gpu:
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices = NVML's (devices.py)
         cg = cgroup if use_cgexec else None
         argv = child_argv(job, run, label, list(devs), outdir, dataroot, test_argv,
                           python=python, nproc=nproc)

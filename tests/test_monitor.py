@@ -38,9 +38,14 @@ def fake_pynvml(count=2, energy=True, fail_init=False):
     nv.nvmlDeviceGetHandleByIndex = lambda i: handles[i]
     nv.nvmlDeviceGetTotalEnergyConsumption = total_energy
     nv.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=90 + h.index)
-    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=512 * 2**20)
+    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=512 * 2**20,
+                                                                 total=80 * 2**30)
     nv.nvmlDeviceGetTemperature = lambda h, kind: 60
     nv.nvmlDeviceGetPowerUsage = lambda h: 300_500   # mW
+    nv.nvmlDeviceGetUUID = lambda h: f"GPU-{h.index}aaa-{h.index}"
+    nv.nvmlDeviceGetName = lambda h: f"Fake GPU {h.index}".encode()
+    nv.nvmlDeviceGetCpuAffinity = lambda h, words: [0b11 << (2 * h.index)]
+    nv.nvmlSystemGetDriverVersion = lambda: "999.1"
     return nv
 
 
@@ -122,3 +127,61 @@ def test_cuda_event_timer_measures_device_time_with_one_sync_per_window():
     assert all(s["rate"] == pytest.approx(8.0) for s in logger.samples)
     assert all(s["end"] - s["start"] == pytest.approx(1.0) for s in logger.samples)
     assert _FakeEvent.syncs == len(logger.samples)
+
+
+@pytest.mark.parametrize("spec,expect", [
+    ("2,0", [2, 0]),
+    ("", []),
+    ("1,7,0", [1]),          # like CUDA: an invalid entry hides the rest
+    ("GPU-3", [3]),          # unique UUID prefix
+    ("GPU-", []),            # ambiguous prefix
+    ("0,0", [0]),
+])
+def test_visible_indices_follow_cuda_rules(spec, expect):
+    from milarun.devices import visible_indices
+
+    assert visible_indices(4, spec=spec, uuid_of=lambda i: f"GPU-{i}aaa-{i}") == expect
+
+
+def test_every_gpu_is_visible_when_the_variable_is_unset(monkeypatch):
+    from milarun.devices import visible_indices
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_indices(3) == [0, 1, 2]
+
+
+def test_discovery_honours_cuda_visible_devices(monkeypatch):
+    from milarun import devices
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=4))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-2aaa,1")
+    found = devices.discover()
+    assert found.kind == "gpu" and found.indices == [2, 1]
+    assert found.names == ["Fake GPU 2", "Fake GPU 1"]
+    assert found.affinity == [[4, 5], [2, 3]]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert devices.discover(cpu_slots=2).kind == "cpu"
+
+
+def test_children_use_the_pci_bus_order_of_nvml(monkeypatch):
+    from milarun import devices
+    from milarun.plan import plan_job
+    from milarun.profile import Job
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=2))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    job = Job(name="t", suite="s", experiment="milarun.models.toy_reg:main",
+              partition="per-gpu")
+    (wave,) = plan_job(job, devices.discover(), 0, "/out")
+    assert [(lch.env["CUDA_VISIBLE_DEVICES"], lch.env["CUDA_DEVICE_ORDER"]) for lch in wave] \
+        == [("0", "PCI_BUS_ID"), ("1", "PCI_BUS_ID")]
+
+
+def test_host_facts_list_only_the_visible_gpus(monkeypatch):
+    from milarun.bench.experiment import host_facts
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=3))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    gpus = host_facts()["gpus"]
+    assert gpus == [{"index": 2, "name": "Fake GPU 2", "driver": "999.1",
+                     "memory_total_mib": 80 * 1024}]

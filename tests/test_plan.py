@@ -30,7 +30,8 @@ def test_per_gpu_one_concurrent_launch_per_device(monkeypatch):
                       "-d", "/data", "--experiment-name", "std.vae", "--job-id", "3.0",
                       "--extra", extra(3, "0", [0], "per-gpu"), "--",
                       "--batch-size", "32", "--max-count", "10"]
-    assert a.env == {"CUDA_VISIBLE_DEVICES": "0", "MILARUN_DEVICE": "0", "MILARUN_RUN": "3"}
+    assert a.env == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                     "MILARUN_DEVICE": "0", "MILARUN_RUN": "3"}
     assert b.env["CUDA_VISIBLE_DEVICES"] == "1" and b.cgroup == "cpuset,memory:student1"
     assert a.concurrent and b.concurrent
     assert (a.job_id, b.job_id) == ("3.0", "3.1")
@@ -45,7 +46,7 @@ def test_per_gpu_without_cgexec_and_with_exec_prefix():
     assert a.argv[:5] == ["nocache", PY, "-m", "milarun", "run"]
     assert "-d" not in a.argv
     # CPU slots see no GPU
-    assert a.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert a.env["CUDA_VISIBLE_DEVICES"] == "" and "CUDA_DEVICE_ORDER" not in a.env
 
 
 def test_gpu_progression_sequential_1_to_n():

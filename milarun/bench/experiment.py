@@ -12,6 +12,7 @@ import traceback
 from coleo import make_cli, tooled
 
 from .. import isolation
+from ..devices import nvml_visible
 from ..results.schema import new_result
 from ..results.store import write_result
 from .monitor import GPUMonitor
@@ -80,15 +81,12 @@ def _nvml_gpus():
         return []
     out = []
     driver = pynvml.nvmlSystemGetDriverVersion()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        if visible is not None and str(i) not in visible.split(","):
-            continue
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        name = pynvml.nvmlDeviceGetName(h)
+    indices, handles = nvml_visible(pynvml)
+    for i in indices:
+        name = pynvml.nvmlDeviceGetName(handles[i])
         out.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
                     "driver": driver.decode() if isinstance(driver, bytes) else driver,
-                    "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**20})
+                    "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(handles[i]).total / 2**20})
     return out
 
 

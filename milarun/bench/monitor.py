@@ -6,21 +6,10 @@ from the NVML total-energy counter where the GPU has one). Without NVML or
 without GPUs it records ``available: false`` with the reason and does nothing.
 """
 
-import os
 import threading
 import time
 
-
-def _visible_indices(count):
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if vis is None:
-        return list(range(count))
-    out = []
-    for tok in vis.split(","):
-        tok = tok.strip()
-        if tok.isdigit() and int(tok) < count:
-            out.append(int(tok))
-    return out
+from ..devices import nvml_visible
 
 
 class GPUMonitor:
@@ -49,11 +38,11 @@ class GPUMonitor:
             self.reason = f"NVML unavailable: {exc.__class__.__name__}: {exc}"
             return False
         self._nvml = pynvml
-        indices = _visible_indices(pynvml.nvmlDeviceGetCount())
+        indices, handles = nvml_visible(pynvml)
         if not indices:
             self.reason = "no visible GPU"
             return False
-        self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in indices]
+        self._handles = [(i, handles[i]) for i in indices]
         for i, h in self._handles:
             try:
                 self._energy0[i] = pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
