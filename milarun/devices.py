@@ -80,7 +80,8 @@ def visible_indices(count, spec=None, uuid_of=None):
     return out
 
 
-def _text(value):
+def nvml_str(value):
+    """An NVML string as ``str`` (older pynvml releases return ``bytes``)."""
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -90,7 +91,7 @@ def nvml_visible(pynvml):
     count = pynvml.nvmlDeviceGetCount()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     indices = visible_indices(count,
-                              uuid_of=lambda i: _text(pynvml.nvmlDeviceGetUUID(handles[i])))
+                              uuid_of=lambda i: nvml_str(pynvml.nvmlDeviceGetUUID(handles[i])))
     return indices, handles
 
 
@@ -107,7 +108,7 @@ def nvml_gpus():
         return None
     names, affinity = [], []
     for i in indices:
-        names.append(_text(pynvml.nvmlDeviceGetName(handles[i])))
+        names.append(nvml_str(pynvml.nvmlDeviceGetName(handles[i])))
         affinity.append(_nvml_cpus(pynvml, handles[i], os.cpu_count() or 1))
     return Devices("gpu", indices, names, affinity)
 

@@ -1,4 +1,6 @@
-"""The NVML monitor and the CUDA-event timer, against fakes (no GPU on the test machines)."""
+"""NVML paths against a fake pynvml, and the CUDA-event timer against fake events (no GPU
+on the test machines): the monitor, GPU discovery and visibility, children's environment,
+host facts."""
 
 import sys
 import time

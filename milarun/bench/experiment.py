@@ -12,7 +12,7 @@ import traceback
 from coleo import make_cli, tooled
 
 from .. import isolation
-from ..devices import nvml_visible
+from ..devices import nvml_str, nvml_visible
 from ..results.schema import new_result
 from ..results.store import write_result
 from .monitor import GPUMonitor
@@ -80,12 +80,11 @@ def _nvml_gpus():
     except Exception:
         return []
     out = []
-    driver = pynvml.nvmlSystemGetDriverVersion()
+    driver = nvml_str(pynvml.nvmlSystemGetDriverVersion())
     indices, handles = nvml_visible(pynvml)
     for i in indices:
-        name = pynvml.nvmlDeviceGetName(handles[i])
-        out.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
-                    "driver": driver.decode() if isinstance(driver, bytes) else driver,
+        out.append({"index": i, "name": nvml_str(pynvml.nvmlDeviceGetName(handles[i])),
+                    "driver": driver,
                     "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(handles[i]).total / 2**20})
     return out
 
