@@ -11,14 +11,23 @@ Schemes:
 
 A plan is a list of *waves*: launches in a wave run concurrently, waves run
 in sequence.
+
+The plan owns every path: each launch gets its result path (and the FAIL
+path the launcher uses if the run fails), its journal path and its log path
+before anything starts, all stamped with the session id (the UTC start time
+of ``milarun jobs``), so two sessions never name the same file and nothing
+is found by globbing.
 """
 
+import datetime
 import json
 import shlex
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .isolation import wrap
+from .results.store import journal_path, result_filename
 
 
 @dataclass
@@ -39,6 +48,8 @@ class Launch:
         log: log file name relative to ``OUTDIR/logs``.
         test_argv: the test's own arguments (recorded for reruns).
         timeout: seconds.
+        result_path: where the child writes its record (``Path``).
+        fail_path: where a failed run's record goes (``FAIL`` in the name).
     """
 
     name: str
@@ -54,10 +65,22 @@ class Launch:
     log: str = ""
     test_argv: list = field(default_factory=list)
     timeout: float = 1800.0
+    result_path: Path = None
+    fail_path: Path = None
 
     @property
     def job_id(self):
         return f"{self.run}.{self.device}"
+
+    @property
+    def journal_path(self):
+        """The child's sample journal (JSON Lines) next to ``result_path``."""
+        return journal_path(self.result_path)
+
+    @property
+    def key(self):
+        """``(name, run, device)``: what identifies a launch across sessions (``--resume``)."""
+        return (self.name, self.run, self.device)
 
     def describe(self):
         """Lines for ``--dry-run``: the command, its env and its cgroup."""
@@ -71,7 +94,7 @@ def _label(devices):
     return str(devices[0]) if len(devices) == 1 else f"{devices[0]}-{devices[-1]}"
 
 
-def child_argv(job, run, label, devices, outdir, dataroot, test_argv, python=None,
+def child_argv(job, run, label, devices, out, dataroot, test_argv, python=None,
                nproc=1):
     """The ``milarun run`` command for one launch (before cgexec/exec prefix)."""
     python = python or sys.executable
@@ -82,7 +105,7 @@ def child_argv(job, run, label, devices, outdir, dataroot, test_argv, python=Non
                 "--nproc-per-node", str(nproc), "-m", "milarun", "run"]
     else:
         head = [python, "-m", "milarun", "run"]
-    argv = head + [job.experiment, "-o", str(outdir)]
+    argv = head + [job.experiment, "-o", str(out)]
     if dataroot is not None:
         argv += ["-d", str(dataroot)]
     argv += ["--experiment-name", job.full_name, "--job-id", f"{run}.{label}",
@@ -91,17 +114,20 @@ def child_argv(job, run, label, devices, outdir, dataroot, test_argv, python=Non
 
 
 def plan_job(job, devices, run, outdir, dataroot=None, extra_args=(), use_cgexec=True,
-             timeout=None, python=None):
+             timeout=None, python=None, session=None):
     """Return the waves (list of lists of ``Launch``) for one run of ``job``.
 
     Args:
         devices: a ``devices.Devices``.
+        session: UTC ``datetime`` stamped into every file name (default: the
+            Unix epoch, for tests that only look at command lines).
         extra_args: arguments appended to every test (after ``--``).
         use_cgexec: False for ``--no-cgexec`` (no cgroup wrapping).
         timeout: overrides the job's timeout (seconds) when given.
     """
     test_argv = job.argv() + list(extra_args)
     timeout = float(timeout or job.timeout)
+    when = session or datetime.datetime.fromtimestamp(0, datetime.timezone.utc)
     gpu = devices.kind == "gpu"
 
     def make(devs, concurrent, group, cgroup, nproc=1):
@@ -112,13 +138,16 @@ def plan_job(job, devices, run, outdir, dataroot=None, extra_args=(), use_cgexec
         if gpu:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices = NVML's (devices.py)
         cg = cgroup if use_cgexec else None
-        argv = child_argv(job, run, label, list(devs), outdir, dataroot, test_argv,
+        result = Path(outdir) / result_filename(job.full_name, run, label, True, when)
+        fail = Path(outdir) / result_filename(job.full_name, run, label, False, when)
+        argv = child_argv(job, run, label, list(devs), result, dataroot, test_argv,
                           python=python, nproc=nproc)
         return Launch(name=job.full_name, job=job, run=run, device=label, devices=list(devs),
                       argv=wrap(argv, cg, job.exec_prefix, use_cgexec), env=env, cgroup=cg,
                       concurrent=concurrent, group=group,
                       log=f"{job.full_name}.J{run}.{label}.log",
-                      test_argv=test_argv, timeout=timeout)
+                      test_argv=test_argv, timeout=timeout, result_path=result,
+                      fail_path=fail)
 
     idx = list(devices.indices)
     if job.partition == "per-gpu":

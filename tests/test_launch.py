@@ -1,84 +1,182 @@
-"""The launcher: exit codes, timeouts, signals, Ctrl-C cleanup, FAIL results."""
+"""The launcher: parent-owned paths, outcomes that agree with records, timeouts,
+signals, journals, full disks. Children here are small ``python -c`` programs
+or the torch-free fault experiments."""
 
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
-import uuid
 
-import psutil
 import pytest
 
-from milarun.launch import fail_reason, run_suite, run_wave, tally
+from milarun import launch as launch_mod
+from milarun.launch import (Interrupted, StopRequest, SuiteAborted, fail_reason, run_suite,
+                            run_wave, tally)
 from milarun.plan import Launch
 from milarun.profile import Job
+from milarun.results.journal import Journal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STAMP = "20261122-000000-000000"
 
 
-def launch(code, name="t.job", device="0", timeout=30.0, prepare=()):
+def launch(tmp_path, code=None, name="t.job", device="0", timeout=30.0, prepare=(),
+           argv=None):
     job = Job("t", name.split(".")[1], "m:f", partition="per-gpu", prepare=list(prepare),
               definition={"experiment": "m:f"})
-    return Launch(name=name, job=job, run=0, device=device, devices=[0],
-                  argv=[sys.executable, "-c", code], env={"MILARUN_X": "1"},
-                  group=name, log=f"{name}.J0.{device}.log", test_argv=["--a", "1"],
-                  timeout=timeout)
+    result = tmp_path / f"{name}.J0.{device}.{STAMP}.json"
+    lch = Launch(name=name, job=job, run=0, device=device, devices=[0],
+                 argv=argv or [sys.executable, "-c", code], env={"MILARUN_X": "1"},
+                 group=name, log=f"{name}.J0.{device}.log", test_argv=["--a", "1"],
+                 timeout=timeout, result_path=result,
+                 fail_path=tmp_path / f"{name}.J0.{device}.FAIL.{STAMP}.json")
+    return lch
 
 
-def result_of(outcome):
+def fault(tmp_path, fn, *args, **kw):
+    """A launch of ``milarun run milarun.models.faults:<fn>`` writing at its planned path."""
+    lch = launch(tmp_path, argv=["x"], **kw)
+    lch.argv = [sys.executable, "-m", "milarun", "run", f"milarun.models.faults:{fn}",
+                "-o", str(lch.result_path), "--experiment-name", lch.name, "--job-id",
+                lch.job_id, "--", *args]
+    return lch
+
+
+def record(outcome):
     return json.loads(outcome.result_path.read_text())
 
 
-def test_child_writing_its_result_passes(tmp_path):
-    code = ("import json,sys; from milarun.results import new_result, write_result; "
-            "r=new_result('t.job','0.0'); r['success']=True; write_result(r, sys.argv[1])")
-    lch = launch(code)
-    lch.argv.append(str(tmp_path))
-    (out,) = run_wave([lch], tmp_path, echo=False)
+WRITE_OK = ("import sys; from milarun.results import new_result, write_result; "
+            "r=new_result('t.job','0.0'); r['success']={ok}; "
+            "r['timings']['train']['samples']=[{{'start':0.0,'end':1.0,'count':5,'rate':5.0,"
+            "'warmup':False}}]; write_result(r, sys.argv[1]); sys.exit({rc})")
+
+
+def writer(tmp_path, ok=True, rc=0, **kw):
+    lch = launch(tmp_path, WRITE_OK.format(ok=ok, rc=rc), **kw)
+    lch.argv.append(str(lch.result_path))
+    return lch
+
+
+def test_child_writes_exactly_at_its_planned_path(tmp_path):
+    lch = writer(tmp_path)
+    (out,) = run_wave([lch], tmp_path)
     assert out.success and out.returncode == 0 and out.reason is None
-    assert ".FAIL." not in out.result_path.name
+    assert out.result_path == lch.result_path
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [lch.result_path.name]
 
 
-def test_nonzero_exit_without_result_becomes_fail_result(tmp_path):
-    (out,) = run_wave([launch("import sys; print('boom', file=sys.stderr); sys.exit(3)")],
-                      tmp_path, echo=False)
+def test_a_file_written_elsewhere_is_never_taken_for_the_result(tmp_path):
+    # Another session's record with the same name/run/device (the old glob matched it).
+    other = tmp_path / f"t.job.J0.0.20991231-000000-000000.json"
+    lch = writer(tmp_path)
+    lch.argv[-1] = str(other)
+    (out,) = run_wave([lch], tmp_path)
+    assert not out.success and out.reason == "error"
+    assert "without writing a result" in record(out)["error"]["message"]
+    assert other.exists() and json.loads(other.read_text())["success"] is True
+
+
+def test_nonzero_exit_without_result_becomes_fail_record(tmp_path):
+    (out,) = run_wave([launch(tmp_path, "import sys; print('boom', file=sys.stderr); "
+                                        "sys.exit(3)")], tmp_path)
     assert not out.success and out.returncode == 3 and out.reason == "error"
-    rec = result_of(out)
-    assert ".FAIL." in out.result_path.name
+    rec = record(out)
+    assert out.result_path.name == f"t.job.J0.0.FAIL.{STAMP}.json"
     assert rec["success"] is False and rec["error"]["reason"] == "error"
     assert rec["error"]["returncode"] == 3 and "boom" in rec["error"]["stderr_tail"]
     assert rec["call"] == {"function": "m:f", "argv": ["--a", "1"], "arguments": {}}
+    assert rec["written_by"] == "launcher"
     assert (tmp_path / "logs" / "t.job.J0.0.log").read_text() == "boom\n"
 
 
 def test_exit_zero_without_result_is_a_failure(tmp_path):
-    (out,) = run_wave([launch("pass")], tmp_path, echo=False)
+    (out,) = run_wave([launch(tmp_path, "pass")], tmp_path)
     assert not out.success
-    assert "without writing a result" in result_of(out)["error"]["message"]
+    assert "exited with status 0 without writing a result" in record(out)["error"]["message"]
 
 
-def test_timeout_sigterm_then_fail_result(tmp_path):
-    t0 = time.time()
-    (out,) = run_wave([launch("import time; time.sleep(60)", timeout=0.5)], tmp_path,
-                      echo=False, grace=1.0)
-    assert time.time() - t0 < 10
+@pytest.mark.parametrize("rc", [3, -9])
+def test_success_record_then_bad_exit_is_a_failure_in_tally_and_record(tmp_path, rc):
+    code = WRITE_OK.format(ok=True, rc=0).replace(
+        "sys.exit(0)", "import os,signal; os.kill(os.getpid(), 9)" if rc < 0 else f"sys.exit({rc})")
+    lch = launch(tmp_path, code)
+    lch.argv.append(str(lch.result_path))
+    (out,) = run_wave([lch], tmp_path)
+    assert not out.success and out.reason == "exit-after-result"
+    assert tally([out]) == "0 passed, 1 failed"
+    rec = record(out)
+    assert rec["success"] is False and rec["error"]["reason"] == "exit-after-result"
+    assert rec["error"]["returncode"] == rc
+    assert rec["timings"]["train"]["samples"][0]["count"] == 5  # samples kept
+    assert not lch.result_path.exists()  # no success-named file left to contradict it
+    words = "was killed by signal SIGKILL" if rc < 0 else "exited with status 3"
+    assert rec["error"]["message"] == f"wrote a successful result, then {words}"
+
+
+def test_success_record_then_hang_is_exit_after_result(tmp_path):
+    code = WRITE_OK.format(ok=True, rc=0).replace("sys.exit(0)", "import time; time.sleep(60)")
+    lch = launch(tmp_path, code, timeout=2.0)
+    lch.argv.append(str(lch.result_path))
+    (out,) = run_wave([lch], tmp_path, grace=0.5)
+    assert out.reason == "exit-after-result"
+    assert "did not exit within the 2 s timeout" in record(out)["error"]["message"]
+
+
+def test_child_recorded_failure_moves_to_the_fail_path(tmp_path):
+    lch = writer(tmp_path, ok=False, rc=1)
+    (out,) = run_wave([lch], tmp_path)
+    assert out.result_path == lch.fail_path and not lch.result_path.exists()
+    assert record(out)["error"]["returncode"] == 1
+
+
+def test_corrupt_child_record_is_reported_not_trusted(tmp_path):
+    lch = launch(tmp_path, "import sys; open(sys.argv[1], 'w').write('{\"success\": tr')")
+    lch.argv.append(str(lch.result_path))
+    (out,) = run_wave([lch], tmp_path)
+    assert not out.success
+    assert "is unreadable" in record(out)["error"]["message"]
+
+
+def test_timeout_keeps_the_samples_measured_so_far(tmp_path):
+    lch = fault(tmp_path, "crawl", "--max-count", "100000", "--sample-duration", "0.1",
+                "--step-seconds", "0.01", timeout=12.0)  # start-up imports torch: seconds
+    (out,) = run_wave([lch], tmp_path, grace=1.0)
     assert out.reason == "timeout" and out.returncode == -signal.SIGTERM
-    assert result_of(out)["error"]["reason"] == "timeout"
+    rec = record(out)
+    samples = rec["timings"]["train"]["samples"]
+    assert len(samples) >= 3 and all(s["rate"] > 0 for s in samples)
+    assert rec["timings"]["train"]["count"] == sum(s["count"] for s in samples)
+    assert rec["timings"]["train"]["sample_duration"] == 0.1
+    assert not lch.journal_path.exists()  # folded into the record
+
+
+def test_clean_run_removes_its_journal(tmp_path):
+    lch = fault(tmp_path, "crawl", "--max-count", "20", "--sample-duration", "0.05")
+    (out,) = run_wave([lch], tmp_path)
+    assert out.success, record(out)
+    assert len(record(out)["timings"]["train"]["samples"]) >= 2
+    assert not lch.journal_path.exists()
+
+
+def test_exit_after_result_from_a_real_experiment(tmp_path):
+    lch = fault(tmp_path, "crawl", "--max-count", "10", "--exit-code", "7")
+    (out,) = run_wave([lch], tmp_path)
+    assert out.reason == "exit-after-result" and out.returncode == 7
+    assert record(out)["timings"]["train"]["count"] == 10
 
 
 def test_timeout_escalates_to_sigkill(tmp_path):
     code = ("import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
             "time.sleep(60)")
-    (out,) = run_wave([launch(code, timeout=0.5)], tmp_path, echo=False, grace=0.5)
+    (out,) = run_wave([launch(tmp_path, code, timeout=0.5)], tmp_path, grace=0.5)
     assert out.reason == "timeout" and out.returncode == -signal.SIGKILL
 
 
 def test_killed_by_signal(tmp_path):
-    (out,) = run_wave([launch("import os,signal; os.kill(os.getpid(), signal.SIGKILL)")],
-                      tmp_path, echo=False)
-    rec = result_of(out)
+    (out,) = run_wave([launch(tmp_path, "import os,signal; os.kill(os.getpid(), 9)")], tmp_path)
+    rec = record(out)
     assert out.reason == "signal"
     assert rec["error"]["signal"] == 9 and "SIGKILL" in rec["error"]["message"]
 
@@ -86,20 +184,118 @@ def test_killed_by_signal(tmp_path):
 def test_concurrent_launches_are_awaited_together(tmp_path):
     code = "import time; time.sleep(1)"
     t0 = time.time()
-    outs = run_wave([launch(code, device="0"), launch(code, device="1")], tmp_path, echo=False)
+    outs = run_wave([launch(tmp_path, code, device="0"), launch(tmp_path, code, device="1")],
+                    tmp_path)
     assert time.time() - t0 < 1.9  # not 2 s: they ran at once
     assert [o.launch.device for o in outs] == ["0", "1"]
     assert tally(outs) == "0 passed, 2 failed"
 
 
+def test_stop_request_interrupts_and_keeps_the_samples(tmp_path):
+    a = fault(tmp_path, "crawl", "--max-count", "100000", "--sample-duration", "0.1",
+              device="0")
+    b = fault(tmp_path, "crawl", "--max-count", "100000", "--sample-duration", "0.1",
+              device="1")
+    stop = StopRequest()
+    deadline = time.time() + 60
+
+    def later(launch_, line):
+        if "crawl: started" in line:
+            later.started.add(launch_.device)
+
+    later.started = set()
+    import threading
+
+    def fire():
+        while time.time() < deadline and (len(later.started) < 2 or
+                                          not a.journal_path.exists()):
+            time.sleep(0.1)
+        time.sleep(1.0)  # a few windows
+        stop(signal.SIGTERM)
+
+    threading.Thread(target=fire, daemon=True).start()
+    outs = run_wave([a, b], tmp_path, stop=stop, on_line=later, grace=2.0)
+    assert [o.reason for o in outs] == ["interrupted", "interrupted"]
+    assert tally(outs) == "0 passed, 0 failed, 2 interrupted"
+    for o in outs:
+        rec = record(o)
+        assert rec["error"]["reason"] == "interrupted"
+        assert len(rec["timings"]["train"]["samples"]) >= 2
+
+
 def test_failed_prepare_fails_the_test_and_the_suite_goes_on(tmp_path):
-    bad = launch("pass", name="t.bad", prepare=["exit 4"])
-    ok = launch("pass", name="t.next")
-    outs = run_suite([[bad], [ok]], tmp_path, None, echo=False)
+    bad = launch(tmp_path, "pass", name="t.bad", prepare=["exit 4"])
+    ok = writer(tmp_path, name="t.next")
+    outs = run_suite([[bad], [ok]], tmp_path, None, on_outcome=lambda o: None)
     assert len(outs) == 2
     assert outs[0].reason == "error"
-    assert "prepare command failed with status 4" in result_of(outs[0])["error"]["message"]
-    assert outs[1].returncode == 0  # the next test still ran
+    assert "prepare command failed with status 4" in record(outs[0])["error"]["message"]
+    assert outs[1].success  # the next test still ran
+
+
+def test_stop_during_prepare_kills_it_and_raises(tmp_path):
+    marker = tmp_path / "prepare-finished"
+    lch = launch(tmp_path, "pass", prepare=[f"sleep 30 && touch {marker}"])
+    stop = StopRequest()
+    import threading
+    threading.Timer(1.0, stop, args=(signal.SIGINT,)).start()
+    t0 = time.time()
+    with pytest.raises(Interrupted) as exc:
+        run_suite([[lch]], tmp_path, None, stop=stop, on_outcome=lambda o: None, grace=1.0)
+    assert time.time() - t0 < 10 and exc.value.signum == signal.SIGINT
+    assert exc.value.outcomes == []  # nothing had started: no record
+    assert not marker.exists()
+
+
+def test_a_dying_log_never_kills_the_copy(tmp_path):
+    # 4 MB of output through a log that fails: the pipe must still be drained.
+    lch = launch(tmp_path, "import sys; [print('x' * 1000) for _ in range(4000)]; sys.exit(2)")
+    child = launch_mod._Child(lch, tmp_path)
+
+    class Full:
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+        def close(self):
+            pass
+
+    child.log = Full()
+    child.start()
+    t0 = time.time()
+    while child.poll() is None and time.time() - t0 < 30:
+        time.sleep(0.05)
+    child.finish()
+    out = launch_mod.conclude(child)
+    assert out.returncode == 2
+    assert "log writes stopped: No space left on device" in record(out)["error"]["message"]
+
+
+def test_a_record_that_cannot_be_written_stops_the_suite(tmp_path, monkeypatch):
+    def enospc(rec, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(launch_mod, "write_result", enospc)
+    first = launch(tmp_path, "import sys; sys.exit(1)", name="t.one")
+    never = launch(tmp_path, "open('ran', 'w')", name="t.two")
+    with pytest.raises(SuiteAborted) as exc:
+        run_suite([[first], [never]], tmp_path, None, on_outcome=lambda o: None)
+    assert "No space left on device" in str(exc.value)
+    assert len(exc.value.outcomes) == 1 and exc.value.outcomes[0].result_path is None
+    assert not (tmp_path / "ran").exists()
+
+
+def test_journal_survives_a_truncated_line(tmp_path):
+    from milarun.results.journal import read_journal
+    j = Journal(tmp_path / "j.jsonl")
+    j.write("start", pid=1, start=10.0)
+    j.write("sample", start=0.0, end=1.0, count=3, rate=3.0, warmup=True)
+    j.write("sample", start=1.0, end=2.0, count=3, rate=float("nan"), warmup=False)
+    j.close()
+    with open(tmp_path / "j.jsonl", "a") as f:
+        f.write('{"kind": "sample", "start": 2.0, "en')
+    got = read_journal(tmp_path / "j.jsonl")
+    assert got["start"] == 10.0 and len(got["samples"]) == 1  # NaN rate and cut line dropped
+    assert got["bad_lines"] == 2
 
 
 def test_fail_reason_classification():
@@ -108,53 +304,3 @@ def test_fail_reason_classification():
     assert fail_reason(-9, False, 0, 0) == "signal"
     assert fail_reason(-11, False, None, None) == "signal"
     assert fail_reason(1, False, None, None) == "error"
-
-
-def _default_sigint():
-    # A shell's background job (nohup … &) ignores SIGINT, Python then keeps
-    # it ignored, and "Ctrl-C" would never reach milarun.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def test_ctrl_c_stops_every_child_and_leaves_no_orphan(tmp_path):
-    marker = uuid.uuid4().hex
-    profile = tmp_path / "hang.json"
-    profile.write_text(json.dumps({"hang": {"experiment": "milarun.models.faults:hang",
-                                            "partition_scheme": {"type": "per-gpu"}}}))
-    (tmp_path / "data").mkdir()
-    env = dict(os.environ, MILARUN_TEST_MARKER=marker)
-    proc = subprocess.Popen([sys.executable, "-m", "milarun", "jobs", str(profile),
-                             "--cpu-slots", "2", "--no-cgexec", "-d", str(tmp_path / "data"),
-                             "-o", str(tmp_path / "out")], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            preexec_fn=_default_sigint)
-
-    def marked():
-        found = []
-        for p in psutil.process_iter(["pid"]):
-            try:
-                if p.pid != proc.pid and p.environ().get("MILARUN_TEST_MARKER") == marker:
-                    found.append(p)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
-        return found
-
-    deadline = time.time() + 60
-    logs = tmp_path / "out" / "logs"
-    while time.time() < deadline:
-        if all((logs / f"hang.hang.J0.{i}.log").exists() and
-               "sleeping" in (logs / f"hang.hang.J0.{i}.log").read_text() for i in (0, 1)):
-            break
-        time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.fail("children did not start")
-    assert len(marked()) >= 2
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 130, output
-    assert b"interrupted" in output
-    time.sleep(0.5)
-    assert marked() == []
-    # an interruption is not the machine's failure: no FAIL result for it
-    assert list((tmp_path / "out").glob("*.json")) == []

@@ -26,8 +26,8 @@ def test_per_gpu_one_concurrent_launch_per_device(monkeypatch):
     assert len(waves) == 1 and len(waves[0]) == 2
     a, b = waves[0]
     assert a.argv == ["/usr/bin/cgexec", "-g", "cpuset,memory:student0",
-                      PY, "-m", "milarun", "run", "milarun.models.vae:main", "-o", "/out",
-                      "-d", "/data", "--experiment-name", "std.vae", "--job-id", "3.0",
+                      PY, "-m", "milarun", "run", "milarun.models.vae:main",
+                      "-o", "/out/std.vae.J3.0.19700101-000000-000000.json", "-d", "/data", "--experiment-name", "std.vae", "--job-id", "3.0",
                       "--extra", extra(3, "0", [0], "per-gpu"), "--",
                       "--batch-size", "32", "--max-count", "10"]
     assert a.env == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -36,6 +36,28 @@ def test_per_gpu_one_concurrent_launch_per_device(monkeypatch):
     assert a.concurrent and b.concurrent
     assert (a.job_id, b.job_id) == ("3.0", "3.1")
     assert a.log == "std.vae.J3.0.log" and a.group == "std.vae"
+
+
+def test_the_plan_names_every_path_with_the_session_stamp():
+    import datetime
+    from pathlib import Path
+
+    when = datetime.datetime(2026, 11, 22, 1, 2, 3, 456789, tzinfo=datetime.timezone.utc)
+    prog = Job("std", "ddp", "milarun.models.vae:main", partition="gpu-progression")
+    waves = plan_suite([job("per-gpu"), prog], Devices("gpu", [0, 1]), 1,
+                       "/out", python=PY, session=when)
+    launches = [lch for w in waves for lch in w]
+    stamp = "20261122-010203-456789"
+    assert [lch.result_path for lch in launches] == [
+        Path(f"/out/std.{n}.J0.{d}.{stamp}.json")
+        for n, d in (("vae", "0"), ("vae", "1"), ("ddp", "0"), ("ddp", "0-1"))]
+    assert launches[3].fail_path == Path(f"/out/std.ddp.J0.0-1.FAIL.{stamp}.json")
+    assert launches[0].journal_path == Path(f"/out/std.vae.J0.0.{stamp}.journal.jsonl")
+    # the child is told exactly where to write
+    for lch in launches:
+        assert lch.argv[lch.argv.index("-o") + 1] == str(lch.result_path)
+    # no two launches share a path
+    assert len({lch.result_path for lch in launches}) == len(launches)
 
 
 def test_per_gpu_without_cgexec_and_with_exec_prefix():

@@ -13,8 +13,9 @@ from coleo import make_cli, tooled
 
 from .. import isolation
 from ..devices import nvml_str, nvml_visible
+from ..results.journal import Journal
 from ..results.schema import new_result
-from ..results.store import write_result
+from ..results.store import journal_path, result_filename, write_result
 from .monitor import GPUMonitor
 from .options import common_options
 
@@ -136,6 +137,35 @@ class Experiment:
         self.origin = time.perf_counter()
         self.arguments = {}
         self._monitor_holder = []
+        self.journal = None
+
+    def _open_journal(self, start):
+        """Stream samples to ``<result stem>.journal.jsonl`` (only the process
+        that writes the record, and only when writing to a file)."""
+        if self.out is None or os.environ.get("RANK", "0") != "0":
+            return
+        out = str(self.out)
+        if out.endswith(".json"):
+            path = journal_path(out)
+        else:
+            res = self.result
+            path = journal_path(os.path.join(out, result_filename(
+                self.name, res["run"], res["device"], True)))
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        except OSError:
+            pass
+        self.journal = Journal(path)
+        self.journal.write("start", pid=os.getpid(), start=start)
+
+    def attach_rate(self, logger):
+        """Make ``logger`` the run's rate logger and stream its samples to the journal."""
+        self.rate = logger
+        if self.journal is not None:
+            self.journal.write("train", sample_duration=logger.sample_duration,
+                               warmup=logger.warmup, max_count=logger.max_count,
+                               min_steady=logger.min_steady)
+            logger.on_sample = lambda sample: self.journal.write("sample", **sample)
 
     def cli(self, fn, argv):
         """Parse ``argv`` with coleo for the tooled ``fn`` (plus common
@@ -166,11 +196,14 @@ class Experiment:
         start = time.time()
         res["timings"]["program"] = {"start": start}
         res["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        self._open_journal(start)
         try:
             fn(self, list(argv))
             res["success"] = True
         except SystemExit as exc:
             if exc.code in (0, None):
+                if self.journal is not None:
+                    self.journal.close(remove=True)
                 return 0  # --help: nothing to record
             res["error"] = {"reason": "error", "type": "SystemExit",
                             "message": f"bad test arguments (exit {exc.code})",
@@ -179,7 +212,7 @@ class Experiment:
             res["error"] = {"reason": "error", "type": exc.__class__.__name__,
                             "message": str(exc), "traceback": traceback.format_exc()}
             if isinstance(exc, KeyboardInterrupt):
-                res["error"]["reason"] = "signal"
+                res["error"]["reason"] = "interrupted"
         finally:
             for monitor in self._monitor_holder:
                 monitor.stop()
@@ -203,13 +236,18 @@ class Experiment:
         """Start the NVML monitor (called by the loops when training starts)."""
         if self._monitor_holder or self.options["no_instrument"]:
             return
-        mon = GPUMonitor(interval=self.options["monitor_interval"], origin=self.origin)
+        on_reading = None
+        if self.journal is not None:
+            on_reading = lambda row: self.journal.write("monitor", **row)  # noqa: E731
+        mon = GPUMonitor(interval=self.options["monitor_interval"], origin=self.origin,
+                         on_reading=on_reading)
         self._monitor_holder.append(mon.start())
 
     def write(self):
         """Write the result to ``out`` (directory or file) or print it to stdout.
 
-        Under torchrun only rank 0 writes: the other ranks return None.
+        Under torchrun only rank 0 writes: the other ranks return None. Once
+        the record is written, the journal is removed (its samples are in it).
         """
         if os.environ.get("RANK", "0") != "0":
             return None
@@ -218,5 +256,7 @@ class Experiment:
             sys.stdout.write("\n")
             return None
         path = write_result(self.result, self.out)
+        if self.journal is not None:
+            self.journal.close(remove=True)
         print(f"milarun: result written to {path}", file=sys.stderr)
         return path

@@ -53,7 +53,7 @@ def rate_logger(exp):
                             max_count=opts["max_count"], warmup=opts["warmup"],
                             timer=timer, origin=exp.origin,
                             min_steady=opts["min_steady"])
-    exp.rate = logger
+    exp.attach_rate(logger)
     exp.start_monitor()
     return logger
 

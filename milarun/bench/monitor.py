@@ -18,8 +18,10 @@ class GPUMonitor:
     Use as a context manager. ``record()`` returns the ``gpu_monitor`` field.
     """
 
-    def __init__(self, interval=1.0, origin=None):
+    def __init__(self, interval=1.0, origin=None, on_reading=None):
         self.interval = interval
+        # called with each reading (the experiment streams them to its journal)
+        self.on_reading = on_reading
         self.origin = time.perf_counter() if origin is None else origin
         self.samples = []
         self.available = False
@@ -66,6 +68,8 @@ class GPUMonitor:
             except Exception as exc:
                 row["error"] = str(exc)
             self.samples.append(row)
+            if self.on_reading is not None:
+                self.on_reading(row)
 
     def _run(self):
         while not self._stop.is_set():

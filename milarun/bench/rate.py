@@ -99,6 +99,8 @@ class RateLogger:
         agree: optional ``f(extra_items) -> extra_items`` called when the
             count target is raised; data-parallel runs reduce it with MAX so
             that every rank stops on the same step.
+        on_sample: optional ``f(sample)`` called with each closed sample
+            (the experiment streams it to the launch's journal).
 
     Attributes:
         samples: list of ``{"start", "end", "count", "rate", "warmup"}``
@@ -109,7 +111,7 @@ class RateLogger:
 
     def __init__(self, sample_duration=0.5, max_count=1000, warmup=3,
                  timer=None, host_clock=time.perf_counter, origin=None,
-                 min_steady=0.0, agree=None):
+                 min_steady=0.0, agree=None, on_sample=None):
         if sample_duration <= 0:
             raise ValueError("sample_duration must be > 0 seconds")
         if min_steady < 0:
@@ -119,6 +121,7 @@ class RateLogger:
         self.requested_count = max_count
         self.min_steady = min_steady
         self.agree = agree
+        self.on_sample = on_sample
         self.warmup = warmup
         self.timer = timer or PerfCounterTimer(host_clock)
         self.host_clock = host_clock
@@ -190,15 +193,20 @@ class RateLogger:
             return
         mark = self.timer.mark()
         elapsed = self.timer.elapsed(self._window_mark, mark)
+        if not elapsed > 0:
+            return  # a clock that did not move: the window goes on (no infinite rate)
         start = self._window_host - self.origin
         end = start + elapsed
-        self.samples.append({
+        sample = {
             "start": start,
             "end": end,
             "count": self._window_count,
-            "rate": self._window_count / elapsed if elapsed > 0 else float("inf"),
+            "rate": self._window_count / elapsed,
             "warmup": len(self.samples) < self.warmup,
-        })
+        }
+        self.samples.append(sample)
+        if self.on_sample is not None:
+            self.on_sample(sample)
         if self._last_values:
             self.metrics = {k: _to_float(v) for k, v in self._last_values.items()}
         self._window_mark = mark

@@ -12,6 +12,9 @@ from coleo import make_cli
 from ..errors import MilarunError
 from . import dataset, jobs, report, rerun, run, summary
 
+#: True when ``--verbose`` was given (commands read it when they run).
+VERBOSE = False
+
 COMMANDS = {
     "__doc__": "milarun: deep-learning server benchmark",
     "run": run.command,
@@ -35,7 +38,8 @@ def main(argv=None):
     """Console-script entry point; returns (and exits with) the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     own, rest = split_argv(argv)
-    verbose = "--verbose" in own or "-v" in own
+    global VERBOSE
+    verbose = VERBOSE = "--verbose" in own or "-v" in own
     own = [a for a in own if a not in ("--verbose", "-v")]
     try:
         opts, thunk = make_cli(COMMANDS, argv=own)

@@ -1,7 +1,9 @@
-"""``milarun jobs PROFILE [-d DATAROOT] [-o OUTDIR] [--name N ...] ... -- ARGS``."""
+"""``milarun jobs PROFILE [-d DATAROOT] [-o OUTDIR | --resume OUTDIR] [--name N ...] ... -- ARGS``."""
 
 import datetime
+import math
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -9,13 +11,17 @@ from coleo import Option, default, tooled
 
 from ..errors import SetupError
 
+#: Bounds of the numeric options (a typo must not mean a week-long or endless run).
+MAX_REPEAT = 1000
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
 
 def default_outdir():
-    """``$MILARUN_OUTROOT/results-YYYY-mm-dd.HH:MM:SS``, or None when unset."""
+    """``$MILARUN_OUTROOT/results-YYYY-mm-dd_HH-MM-SS``, or None when unset."""
     root = os.environ.get("MILARUN_OUTROOT")
     if not root:
         return None
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d.%H:%M:%S")
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     return str(Path(root) / f"results-{stamp}")
 
 
@@ -30,65 +36,97 @@ def resolve_dataroot(dataroot):
     return str(Path(dataroot).resolve())
 
 
+def check_bounds(repeat, cpu_slots, timeout):
+    """Reject out-of-range ``--repeat``, ``--cpu-slots`` and ``--timeout`` with one line.
+
+    Raises:
+        SetupError: repeat not in 1..MAX_REPEAT; cpu_slots not in 1..cores;
+            timeout not finite or not in (0, MAX_TIMEOUT_S].
+    """
+    if not 1 <= repeat <= MAX_REPEAT:
+        raise SetupError(f"--repeat must be between 1 and {MAX_REPEAT}, not {repeat}")
+    cores = os.cpu_count() or 1
+    if cpu_slots is not None and not 1 <= cpu_slots <= cores:
+        raise SetupError(f"--cpu-slots must be between 1 and the {cores} core(s) of this host, "
+                         f"not {cpu_slots}")
+    if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
+        raise SetupError(f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], "
+                         f"not {timeout}")
+
+
 @tooled
 def command(rest):
-    """Run every test of a job profile: one process per device, each in its student cgroup."""
+    """Run every test of a job profile: one process per device, each in its student cgroup.
+
+    Arguments after ``--`` are appended to every test's own arguments (for
+    example ``-- --max-count 100``). ``--verbose`` shows tracebacks and every
+    line the tests print.
+    """
     # The job profile (JSON)
     # [positional]
     profile: Option
     # Dataset root (default: $MILARUN_DATAROOT)
     # [alias: -d]
     dataroot: Option = default(None)
-    # Results directory (default: $MILARUN_OUTROOT/results-<date>)
+    # Results directory (default: $MILARUN_OUTROOT/results-<date>); must not hold an earlier session
     # [alias: -o]
     out: Option = default(None)
+    # Resume the session in this results directory: run only the launches with no successful record
+    resume: Option = default(None)
     # Run only these tests
     # [nargs: +]
     name: Option = default(None)
-    # Number of times to run the suite
+    # Number of times to run the suite (1 to 1000)
     repeat: Option & int = default(1)
     # Do not wrap tests in their student cgroups
     no_cgexec: Option & bool = default(False)
     # On a host without GPUs: number of CPU slots (students) to split the host into
     cpu_slots: Option & int = default(None)
-    # Timeout of each test in seconds (overrides the profile)
+    # Timeout of each test in seconds (overrides the profile; at most 7 days)
     timeout: Option & float = default(None)
     # Print every command that would run, with its env and cgroup, and run nothing
     dry_run: Option & bool = default(False)
 
-    return jobs(profile, rest, dataroot=dataroot, out=out, names=name, repeat=repeat,
-                no_cgexec=no_cgexec, cpu_slots=cpu_slots, timeout=timeout, dry_run=dry_run)
+    return jobs(profile, rest, dataroot=dataroot, out=out, resume=resume, names=name,
+                repeat=repeat, no_cgexec=no_cgexec, cpu_slots=cpu_slots, timeout=timeout,
+                dry_run=dry_run, verbose=_verbose())
 
 
-def jobs(profile, extra_args, dataroot=None, out=None, names=None, repeat=1,
-         no_cgexec=False, cpu_slots=None, timeout=None, dry_run=False):
-    """Validate everything, then plan and run the suite; returns the exit code."""
+def _verbose():
+    from .. import cli  # set by cli.main from --verbose
+    return cli.VERBOSE
+
+
+def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, repeat=1,
+         no_cgexec=False, cpu_slots=None, timeout=None, dry_run=False, verbose=False):
+    """Validate everything, then plan and run the suite; returns the exit code.
+
+    0: every launch passed; 1: some failed, or the suite stopped on a full
+    disk; 128 + N: stopped by signal N (SIGINT, SIGTERM, SIGHUP).
+
+    Raises:
+        MilarunError: bad profile, options, dataroot or results folder
+            (nothing is launched).
+    """
     from .. import devices as devices_mod
-    from ..launch import check_ready, run_suite, tally
+    from ..launch import check_ready
     from ..plan import plan_suite
     from ..profile import load_profile
 
     jobs_ = load_profile(profile, names)
-    if repeat < 1:
-        raise SetupError("--repeat must be at least 1")
-    if timeout is not None and timeout <= 0:
-        raise SetupError("--timeout must be a positive number of seconds")
+    check_bounds(repeat, cpu_slots, timeout)
+    if resume is not None and out is not None and Path(out).resolve() != Path(resume).resolve():
+        raise SetupError(f"-o {out} and --resume {resume} name two folders; give only --resume")
     try:
         devs = devices_mod.discover(cpu_slots)
     except ValueError as exc:
         raise SetupError(str(exc))
-    outdir = out or default_outdir()
+    outdir = resume or out or default_outdir()
     if dry_run:
         dataroot = dataroot or os.environ.get("MILARUN_DATAROOT") or "$MILARUN_DATAROOT"
         outdir = outdir or "$MILARUN_OUTROOT/results-<date>"
-    else:
-        dataroot = resolve_dataroot(dataroot)
-        if outdir is None:
-            raise SetupError("no results directory: pass -o OUTDIR or set $MILARUN_OUTROOT")
-        outdir = str(Path(outdir).resolve())
-    waves = plan_suite(jobs_, devs, repeat, outdir, dataroot=dataroot,
-                       extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout)
-    if dry_run:
+        waves = plan_suite(jobs_, devs, repeat, outdir, dataroot=dataroot,
+                           extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout)
         print(f"# {len(jobs_)} tests × {repeat} run(s) on {len(devs)} {devs.kind} device(s)")
         for wave in waves:
             for lch in wave:
@@ -96,16 +134,59 @@ def jobs(profile, extra_args, dataroot=None, out=None, names=None, repeat=1,
                     print(f"# prepare: {' && '.join(lch.job.prepare)}")
                 print(lch.describe())
         return 0
-    check_ready(waves, use_cgexec=not no_cgexec)
-    Path(outdir).mkdir(parents=True, exist_ok=True)
-    print(f"milarun: {len(jobs_)} tests on {len(devs)} {devs.kind} device(s); "
-          f"results in {outdir}", file=sys.stderr)
+    dataroot = resolve_dataroot(dataroot)
+    if outdir is None:
+        raise SetupError("no results directory: pass -o OUTDIR or set $MILARUN_OUTROOT")
+    outdir = str(Path(outdir).resolve())
+    if resume is not None and not Path(outdir).is_dir():
+        raise SetupError("--resume: no such results directory", path=outdir)
+    # Plan once to check cgroups and programs before touching the folder.
+    check_ready(plan_suite(jobs_, devs, repeat, outdir, dataroot=dataroot,
+                           extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout),
+                use_cgexec=not no_cgexec)
+    from .. import session
+
+    session.check_outdir(outdir)
+    current = session.invocation(profile, jobs_[0].suite, names, repeat, cpu_slots, no_cgexec,
+                                 timeout, extra_args, dataroot, devs)
+    with session.OutdirLock(outdir):
+        sid, when, done, removed = session.open_session(outdir, current, resume is not None)
+        waves = plan_suite(jobs_, devs, repeat, outdir, dataroot=dataroot,
+                           extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout,
+                           session=when)
+        waves = [w for w in ([lch for lch in wave if lch.key not in done] for wave in waves) if w]
+        return _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose)
+
+
+def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose):
+    from ..launch import (Interrupted, StopRequest, SuiteAborted, run_suite, say,
+                          stop_on_signals, tally)
+    from ..progress import SuiteProgress
+
+    launches = [lch for wave in waves for lch in wave]
+    say(f"milarun: {len(jobs_)} tests on {len(devs)} {devs.kind} device(s); session {sid}; "
+        f"results in {outdir}")
+    if removed:
+        say(f"milarun: removed {len(removed)} stale temporary file(s) of an interrupted write")
+    if done:
+        say(f"milarun: --resume: {len(done)} launch(es) already passed; {len(launches)} to run")
+    stop = StopRequest()
+    with stop_on_signals(stop), SuiteProgress(launches, verbose=verbose) as progress:
+        try:
+            outcomes = run_suite(waves, outdir, dataroot, stop=stop, on_line=progress.child_output,
+                                 on_outcome=progress.finished, on_wave=progress.started)
+        except Interrupted as exc:
+            name = signal.Signals(exc.signum).name
+            progress.message(f"milarun: stopped by {name}; {tally(exc.outcomes)}; "
+                             f"results in {outdir}; continue with --resume {outdir}")
+            return 128 + exc.signum
+        except SuiteAborted as exc:
+            progress.message(f"milarun: error: {exc}; {tally(exc.outcomes)}; "
+                             f"results in {outdir}")
+            return 1
     try:
-        outcomes = run_suite(waves, outdir, dataroot)
-    except KeyboardInterrupt as exc:
-        done = getattr(exc, "outcomes", [])
-        print(f"milarun: interrupted; {tally(done)}; results in {outdir}", file=sys.stderr)
-        return 130
-    print(tally(outcomes))
-    print(f"milarun: results in {outdir}", file=sys.stderr)
+        print(tally(outcomes), flush=True)
+    except (OSError, ValueError):
+        pass
+    say(f"milarun: results in {outdir}")
     return 0 if all(o.success for o in outcomes) else 1

@@ -56,7 +56,9 @@ def run_experiment(function, argv, out=None, dataroot=None, name=None,
                    job_id="0.0", extra=None):
     """Resolve ``function``, build an Experiment and run it; returns the exit code."""
     from ..bench.experiment import Experiment
+    from ..supervise import from_environment
 
+    from_environment()  # die with the launcher, even as a torchrun rank
     fn = resolve_function(function)
     if extra is not None and not isinstance(extra, dict):
         try:

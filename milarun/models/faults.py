@@ -5,10 +5,15 @@
 * ``crash``: raises after ``--after`` seconds (the child writes its own FAIL).
 * ``hang``: sleeps ``--seconds`` (for timeouts).
 * ``die``: kills itself with ``--signal`` (no result is written).
+* ``crawl``: counts ``--per-step`` items every ``--step-seconds`` through the
+  rate logger (samples reach the journal), for ``--max-count`` items; with
+  ``--exit-code N`` it exits with N *after* its record was written.
+* ``flaky``: fails unless the file ``--pass-if`` exists (for ``--resume``).
 
 They import no torch, so they start fast.
 """
 
+import atexit
 import os
 import signal
 import time
@@ -74,3 +79,39 @@ def _die(exp):
     # Signal name to send to ourselves
     signal_name: Option = default("SIGSEGV")
     os.kill(os.getpid(), getattr(signal, signal_name))
+
+
+def crawl(exp, argv):
+    """Count items slowly through the rate logger; see the module docstring."""
+    exp.cli(_crawl, argv)
+
+
+@tooled
+def _crawl(exp):
+    # Seconds each step sleeps
+    step_seconds: Option & float = default(0.02)
+    # Items counted per step
+    per_step: Option & int = default(1)
+    # Exit status after the record was written (0: a normal exit)
+    exit_code: Option & int = default(0)
+    if exit_code:
+        atexit.register(os._exit, exit_code)  # runs after the record is written
+    print("crawl: started", flush=True)
+    for step in rate_logger(exp).steps():
+        time.sleep(step_seconds)
+        step.set_count(per_step)
+
+
+def flaky(exp, argv):
+    """Fail unless ``--pass-if`` names an existing file."""
+    exp.cli(_flaky, argv)
+
+
+@tooled
+def _flaky(exp):
+    # The test passes only when this file exists
+    pass_if: Option = default("")
+    if not (pass_if and os.path.exists(pass_if)):
+        raise RuntimeError(f"deliberate failure: {pass_if!r} does not exist")
+    for step in rate_logger(exp).steps():
+        step.set_count(1)

@@ -45,7 +45,8 @@ from ..errors import ResultFormatError
 
 FORMAT_VERSION = 1
 
-FAIL_REASONS = ("error", "oom-killed", "timeout", "signal")
+FAIL_REASONS = ("error", "oom-killed", "timeout", "signal", "interrupted",
+                "exit-after-result")
 
 _REQUIRED = ("version", "name", "job_id", "call", "timings", "success")
 

@@ -1,16 +1,28 @@
 """Result files on disk: naming, atomic writes, iteration.
 
 File name: ``{suite}.{job}.J{run}.{device}[.FAIL].{UTC %Y%m%d-%H%M%S-%f}.json``.
+Under ``milarun jobs`` the time is the session's start (the plan names every
+path before anything runs); the journal of a launch is
+``{same stem}.journal.jsonl`` beside it.
+
+Writes are atomic and durable: a temporary ``.tmp-*`` file in the same
+folder, fsynced, renamed over the target, then the folder is fsynced. JSON is
+written without NaN or Infinity (non-finite numbers become ``null``).
 """
 
 import datetime
 import json
+import math
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from ..errors import ResultFormatError
-from .schema import migrate
+from .schema import migrate, validate
+
+#: Prefix of the temporary files of atomic writes.
+TMP_PREFIX = ".tmp-"
 
 
 def result_filename(name, run, device, success, when=None):
@@ -24,6 +36,13 @@ def result_filename(name, run, device, success, when=None):
     return f"{name}.J{run}.{device}{fail}.{stamp}.json"
 
 
+def journal_path(result_path):
+    """The journal (JSON Lines) beside a result path: ``x.json`` → ``x.journal.jsonl``."""
+    path = Path(result_path)
+    stem = path.name[:-5] if path.name.endswith(".json") else path.name
+    return path.with_name(stem + ".journal.jsonl")
+
+
 def _umask():
     """The process umask, read without changing it (Linux ``/proc``; else 022)."""
     try:
@@ -35,19 +54,51 @@ def _umask():
     return 0o022
 
 
+def finite_json(data):
+    """A copy of ``data`` (dicts, lists, scalars) with NaN and ±Infinity replaced by None."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite_json(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [finite_json(v) for v in data]
+    return data
+
+
+def fsync_dir(path):
+    """fsync a folder, so a rename in it survives a crash (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def write_json_atomic(path, data):
-    """Write ``data`` as JSON to ``path``: temporary file in the same folder, then rename.
+    """Write ``data`` as JSON to ``path``: temporary file in the same folder, fsync,
+    rename, fsync of the folder.
 
     The file gets the usual mode of a new file (0666 less the umask), not the
     0600 of a temporary file, so results on a shared disk stay readable.
+    Non-finite numbers are written as ``null``.
+
+    Raises:
+        OSError: the folder cannot be written (full disk, read-only); no
+            temporary file is left behind and an existing ``path`` is intact.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+    text = json.dumps(finite_json(data), indent=1, default=str, allow_nan=False)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".json", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=str)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -57,15 +108,37 @@ def write_json_atomic(path, data):
         except FileNotFoundError:
             pass
         raise
+    fsync_dir(path.parent)
     return path
 
 
-def write_result(record, out):
-    """Write ``record`` to ``out`` and return the path written.
+def remove_stale_tmp(directory, older_than=60.0):
+    """Delete ``.tmp-*`` files of interrupted writes in ``directory`` (not recursive)
+    that are older than ``older_than`` seconds; returns the names removed."""
+    removed = []
+    now = time.time()
+    for path in Path(directory).glob(TMP_PREFIX + "*"):
+        try:
+            if now - path.stat().st_mtime > older_than:
+                path.unlink()
+                removed.append(path.name)
+        except OSError:
+            pass
+    return removed
 
-    ``out`` is a directory (the standard file name is used) or a path ending
-    in ``.json``.
+
+def write_result(record, out):
+    """Validate ``record`` and write it to ``out``; return the path written.
+
+    The one writer of result records, for the child and for the launcher's
+    FAIL path. ``out`` is a directory (the standard file name is used) or
+    a path ending in ``.json`` (written exactly there).
+
+    Raises:
+        ResultFormatError: the record does not follow the schema.
+        OSError: the file cannot be written (see :func:`write_json_atomic`).
     """
+    validate(finite_json(record))
     out = Path(out)
     if out.suffix == ".json":
         path = out

@@ -1,0 +1,224 @@
+"""The results folder of a ``milarun jobs`` session: checks, lock, session file, resume.
+
+``OUTDIR/.milarun/`` holds:
+
+* ``lock``: held with ``flock`` for the whole session, so two ``milarun jobs``
+  never write into one folder at once (the second stops with one clear line
+  naming the first one's PID). The kernel drops the lock when its holder
+  dies, so a killed session leaves no stale lock.
+* ``session.json``: what the folder was started with (profile digest,
+  options, devices) and the id of every session that wrote into it.
+  ``--resume OUTDIR`` checks that the new invocation matches it key by key.
+
+Session ids are the UTC start time ``%Y%m%d-%H%M%S-%f``, which is also the
+time stamp in every file name the session's plan gives out.
+"""
+
+import datetime
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from .errors import SetupError
+from .results.store import iter_results, remove_stale_tmp, write_json_atomic
+
+SESSION_FORMAT = "milarun-session"
+SESSION_VERSION = 1
+#: Free space (MiB) a results folder needs before anything is launched.
+MIN_FREE_MIB = 32
+#: The invocation keys ``--resume`` compares with the session file.
+RESUME_KEYS = ("profile_sha256", "suite", "names", "repeat", "cpu_slots", "no_cgexec",
+               "timeout", "extra_args", "dataroot", "devices")
+
+
+def meta_dir(outdir):
+    """``OUTDIR/.milarun``."""
+    return Path(outdir) / ".milarun"
+
+
+def check_outdir(outdir, min_free_mib=MIN_FREE_MIB):
+    """Create ``outdir`` if needed and prove it is writable with room to spare.
+
+    Writes and removes a probe file under ``.milarun/``.
+
+    Raises:
+        SetupError: not a folder, cannot be created or written (read-only,
+            permissions, full), or less than ``min_free_mib`` MiB free.
+    """
+    path = Path(outdir)
+    if path.exists() and not path.is_dir():
+        raise SetupError("results directory is a file, not a folder", path=path)
+    probe = meta_dir(path) / f"probe-{os.getpid()}"
+    try:
+        meta_dir(path).mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 65536)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise SetupError(f"results directory is not writable ({exc.strerror})", path=path)
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+    free = shutil.disk_usage(path).free / 2**20
+    if free < min_free_mib:
+        raise SetupError(f"results directory has {free:.1f} MiB free; milarun needs at least "
+                         f"{min_free_mib} MiB for records and logs", path=path)
+
+
+class OutdirLock:
+    """Exclusive ``flock`` on ``OUTDIR/.milarun/lock`` (a context manager).
+
+    Raises:
+        SetupError: on enter, when another process holds it (naming its PID).
+    """
+
+    def __init__(self, outdir):
+        self.path = meta_dir(outdir) / "lock"
+        self.fd = None
+
+    def __enter__(self):
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise SetupError(f"cannot create the lock ({exc.strerror})", path=self.path)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(self.fd, 200, 0).decode(errors="replace").strip() or "?"
+            os.close(self.fd)
+            self.fd = None
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise SetupError(f"in use by another 'milarun jobs' ({holder}); wait for it "
+                                 "or choose another -o", path=self.path.parent.parent)
+            raise SetupError(f"cannot lock ({exc.strerror})", path=self.path)
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"pid {os.getpid()}\n".encode(), 0)
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+
+def new_session_id(now=None):
+    """``(id, datetime)``: the UTC start time as ``%Y%m%d-%H%M%S-%f`` and as a datetime."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    return now.strftime("%Y%m%d-%H%M%S-%f"), now
+
+
+def profile_digest(path):
+    """SHA-256 (hex) of the profile file's bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def invocation(profile, suite, names, repeat, cpu_slots, no_cgexec, timeout, extra_args,
+               dataroot, devices):
+    """The dict of :data:`RESUME_KEYS` describing one ``milarun jobs`` call."""
+    return {
+        "profile": str(Path(profile).resolve()),
+        "profile_sha256": profile_digest(profile),
+        "suite": suite,
+        "names": sorted(names) if names else None,
+        "repeat": repeat,
+        "cpu_slots": cpu_slots,
+        "no_cgexec": bool(no_cgexec),
+        "timeout": timeout,
+        "extra_args": list(extra_args),
+        "dataroot": dataroot,
+        "devices": {"kind": devices.kind, "indices": list(devices.indices)},
+    }
+
+
+def session_path(outdir):
+    return meta_dir(outdir) / "session.json"
+
+
+def read_session(outdir):
+    """The session file of ``outdir``, or None when there is none.
+
+    Raises:
+        SetupError: it exists but cannot be read or is not a session file.
+    """
+    path = session_path(outdir)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SetupError(f"unreadable session file ({exc})", path=path)
+    if not isinstance(data, dict) or data.get("format") != SESSION_FORMAT:
+        raise SetupError("not a milarun session file", path=path)
+    if data.get("version") != SESSION_VERSION:
+        raise SetupError(f"session format version {data.get('version')!r} is not supported",
+                         path=path, key="version")
+    if not isinstance(data.get("invocation"), dict) or not isinstance(data.get("sessions"), list):
+        raise SetupError("missing 'invocation' or 'sessions'", path=path)
+    return data
+
+
+def check_resume(saved, current, outdir):
+    """Raise ``SetupError`` naming the first key where ``current`` differs from ``saved``."""
+    for key in RESUME_KEYS:
+        if saved["invocation"].get(key) != current.get(key):
+            what = "the profile's content" if key == "profile_sha256" else key
+            raise SetupError(
+                f"--resume: {what} differs from the run that started this folder "
+                f"(was {json.dumps(saved['invocation'].get(key))}, now "
+                f"{json.dumps(current.get(key))}); resume with the same profile and options "
+                "or use a new -o", path=session_path(outdir), key=f"invocation.{key}")
+
+
+def record_session(outdir, current, session_id, resume, saved=None):
+    """Write the session file with this session appended (atomic)."""
+    data = saved or {"format": SESSION_FORMAT, "version": SESSION_VERSION,
+                     "invocation": current, "sessions": []}
+    data["sessions"].append({"id": session_id, "pid": os.getpid(), "resume": bool(resume),
+                             "started": datetime.datetime.now(datetime.timezone.utc)
+                             .isoformat(timespec="seconds")})
+    write_json_atomic(session_path(outdir), data)
+
+
+def successful_keys(outdir):
+    """``{(name, run, device)}`` of the successful records in ``outdir`` (read from the
+    records' contents, never from file names)."""
+    done = set()
+    for _, rec in iter_results(outdir):
+        if isinstance(rec, dict) and rec.get("success") is True:
+            done.add((rec.get("name"), rec.get("run"), str(rec.get("device"))))
+    return done
+
+
+def open_session(outdir, current, resume):
+    """Check and claim ``outdir`` for a session; call inside :class:`OutdirLock`.
+
+    Returns:
+        ``(session_id, session_datetime, done_keys, removed)``; ``done_keys``
+        is the set of launch keys to skip (empty unless ``resume``),
+        ``removed`` the stale temporary files deleted.
+
+    Raises:
+        SetupError: resuming a folder without a session file or with other
+            options; or starting afresh in a folder that already has one.
+    """
+    saved = read_session(outdir)
+    if resume and saved is None:
+        raise SetupError("--resume: no milarun session here (no .milarun/session.json)",
+                         path=outdir)
+    if not resume and saved is not None:
+        raise SetupError("holds the results of an earlier session: resume it with "
+                         "--resume, or choose another -o", path=outdir)
+    if resume:
+        check_resume(saved, current, outdir)
+    removed = remove_stale_tmp(outdir)
+    sid, when = new_session_id()
+    record_session(outdir, current, sid, resume, saved)
+    done = successful_keys(outdir) if resume else set()
+    return sid, when, done, removed
