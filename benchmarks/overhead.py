@@ -12,6 +12,10 @@ window; ``--no-instrument`` runs (``_BareLogger``) have one sample covering
 the whole loop; both spans run from the loop's first step to its last.
 Overhead = 1 − median(instrumented) / median(bare); the target is ≤ 1 %.
 
+The instrumented runs write their journal (``-o`` is a ``.json`` path), one
+JSON line flushed per closed window. Its cost per window is also timed alone
+(``journal_cost``) and divided by the window length.
+
 On a shared or small machine the run-to-run noise (often ±10 %) is far
 larger than 1 %, so the script also times the loggers alone: an empty
 training loop of ``--logger-steps`` steps with ``RateLogger`` (host timer)
@@ -88,6 +92,24 @@ def logger_cost(steps, repeats=5):
     return best[True], best[False]
 
 
+def journal_cost(workdir, lines=20000):
+    """Seconds to append and flush one sample line to a journal (best of 5)."""
+    import time
+
+    from milarun.results.journal import Journal
+
+    sample = {"start": 1.25, "end": 1.75, "count": 4096, "rate": 8192.0, "warmup": False}
+    best = float("inf")
+    for i in range(5):
+        journal = Journal(Path(workdir) / f"cost-{i}.jsonl")
+        t0 = time.perf_counter()
+        for _ in range(lines):
+            journal.write("sample", **sample)
+        best = min(best, (time.perf_counter() - t0) / lines)
+        journal.close(remove=True)
+    return best
+
+
 def measure(name, dataroot, workdir, pairs, device, extra):
     function, argv = WORKLOADS[name]
     argv = argv + extra
@@ -134,6 +156,7 @@ def main(argv=None):
         for name in args.workloads.split(","):
             extra = ["--sample-duration", args.sample_duration, "--warmup", "1"]
             report.append(measure(name, dataroot, tmp, args.pairs, args.device, extra))
+        per_line = journal_cost(tmp)
 
     inst_step, bare_step = logger_cost(args.logger_steps)
     extra = inst_step - bare_step
@@ -145,8 +168,12 @@ def main(argv=None):
         r["overhead_from_logger_cost"] = extra / r["step_time_s"]
         print(f"  {r['workload']}: step {r['step_time_s'] * 1e6:.0f} us -> estimated overhead "
               f"{100 * r['overhead_from_logger_cost']:.3f}%")
+    window = float(args.sample_duration)
+    print(f"journal: {per_line * 1e6:.1f} us per window line, {100 * per_line / window:.4f}% "
+          f"of a {window:g} s window")
     report.append({"logger_cost_ns_per_step": {"instrumented": inst_step * 1e9,
-                                               "bare": bare_step * 1e9}})
+                                               "bare": bare_step * 1e9},
+                   "journal_us_per_window": per_line * 1e6})
     print(f"{'workload':10} {'instrumented':>14} {'bare':>14} {'overhead':>9} "
           f"{'pairwise':>9} {'windows':>8}")
     for r in report[:-1]:

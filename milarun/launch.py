@@ -233,6 +233,14 @@ class _Child:
         return -255 if self.proc is None else self.proc.poll()
 
     def finish(self):
+        if self.proc is not None:
+            # Whatever the child left in its group (loader workers, ranks) goes with
+            # it; they would also hold its pipes open. The group's ID cannot have been
+            # reused while any member is alive, so this reaches only our processes.
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         for t in self.threads:
             t.join(timeout=5)
         with self.lock:

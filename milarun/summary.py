@@ -11,6 +11,7 @@ Summary format (version 1), a JSON object::
      "tests": {GROUP: {
          "name": "suite.job", "group": GROUP, "partition": ..., "device_count": k,
          "n": results, "failures": failed results,
+         "interrupted": records of launches the operator stopped (not in n),
          "failure_reasons": {reason: count},
          "failed": [{"device", "run", "reason", "message", "returncode", "stderr_tail", "file"}],
          "train": {n, min, max, mean, std},   # steady-state rates, items/s
@@ -194,6 +195,7 @@ def _summarize_group(gname, items):
     pergpu = defaultdict(list)
     reasons = defaultdict(int)
     failed = []
+    interrupted = 0
     steady = {stats.FULL: 0, stats.SHORT: 0, stats.NONE: 0}
     for path, rec, rate, note in sorted(
             items, key=lambda it: (device_key(it[1].get("device", "")),
@@ -207,6 +209,10 @@ def _summarize_group(gname, items):
             if not isinstance(err, dict):
                 err = {"message": str(err)}
             reason = err.get("reason") or "error"
+            if reason == "interrupted":
+                # the operator stopped it: not the machine's failure, not a result
+                interrupted += 1
+                continue
             reasons[reason] += 1
             failed.append({
                 "device": str(rec.get("device", "")),
@@ -230,8 +236,9 @@ def _summarize_group(gname, items):
         "group": gname,
         "partition": first.get("partition", "normal"),
         "device_count": first.get("device_count"),
-        "n": len(items),
+        "n": len(items) - interrupted,
         "failures": len(failed),
+        "interrupted": interrupted,
         "failure_reasons": dict(sorted(reasons.items())),
         "failed": failed,
         "train": stats.describe(rates),

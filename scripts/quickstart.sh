@@ -12,7 +12,7 @@ bash scripts/setup.sh
 
 dataroot=${MILARUN_DATAROOT:-$PWD/data}
 outroot=${MILARUN_OUTROOT:-$PWD/results}
-outdir="$outroot/cpu-$(date '+%Y-%m-%d.%H:%M:%S')"
+outdir="$outroot/cpu-$(date '+%Y-%m-%d_%H-%M-%S')"
 mkdir -p "$dataroot" "$outroot"
 
 # Student cgroups when this host lets us create them, else run without.

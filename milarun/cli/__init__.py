@@ -59,6 +59,12 @@ def main(argv=None):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 0
     code = code or 0
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        # the terminal went away (closed SSH session): the exit status still counts
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if __name__ != "__main__":
         sys.exit(code)
     return code
