@@ -203,9 +203,14 @@ def validator(ref):
     """A validator for ``ref``: ``"result"`` (a whole schema) or
     ``"summary#/$defs/flat2020"`` (a part of one)."""
     from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
 
+    # "$schema" is dropped: jsonschema would pick its stock validator class for
+    # a schema that names its dialect, and lose milarun's finite "number".
     registry = Registry().with_resources(
-        (_BASE + f"{n}.schema.json", Resource.from_contents(s)) for n, s in _schemas().items())
+        (_BASE + f"{n}.schema.json",
+         Resource({k: v for k, v in s.items() if k != "$schema"}, specification=DRAFT202012))
+        for n, s in _schemas().items())
     name, _, fragment = ref.partition("#")
     uri = _BASE + f"{name}.schema.json" + (f"#{fragment}" if fragment else "")
     return _validator_class()({"$ref": uri}, registry=registry)
@@ -230,7 +235,17 @@ def first_error(data, ref):
         pool.append(err)
         if len(pool) >= _MAX_ERRORS:
             break
-    return describe(best_match(pool))
+    return describe(best_match([min(pool, key=_depth_of_key)]))
+
+
+def _depth_of_key(error):
+    """Depth of the key an error names: a missing, unknown or badly named key is
+    one level below the object that holds it. The shallowest error is reported
+    (the first one, in schema order, among equals), since a deep error is often
+    a consequence of a shallow one."""
+    named_key = (error.validator in ("required", "additionalProperties")
+                 or "propertyNames" in error.absolute_schema_path)
+    return len(error.absolute_path) + named_key
 
 
 def check(data, ref, path=None, error_cls=ResultFormatError, key_prefix=None):
