@@ -33,9 +33,6 @@ _MAX_ERRORS = 100
 #: Longest rendering of a value inside a message (characters).
 _VALUE_CHARS = 60
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-_NOT_BRACKET = re.compile(r"[^\[\]{}]")
-_EMPTY_PAIR = re.compile(r"\[\]|\{\}")
 
 
 class _Reject(ValueError):
@@ -64,15 +61,39 @@ def _pairs(pairs):
     return out
 
 
-def _depth(text):
-    """Nesting depth of valid JSON ``text``: strings dropped, then innermost
-    ``[]``/``{}`` pairs peeled one level per pass (C-speed regex passes)."""
-    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+# Bytes of valid JSON that matter for nesting, and for number overflow.
+_ESCAPE = re.compile(rb"\\.", re.S)
+_NOT_BRACKET_OR_QUOTE = bytes(c for c in range(256) if c not in b'[]{}"')
+_STRING = re.compile(rb'"[^"]*"')
+# digits and signs -> "0", exponent marks -> "e", anything else -> " "
+_NUMBER_SHAPE = bytes(48 if c in b"0123456789+-" else (101 if c in b"eE" else 32)
+                      for c in range(256))
+
+
+def _depth(raw):
+    """Nesting depth of valid JSON ``raw`` (bytes), up to ``MAX_DEPTH + 1``.
+
+    Everything is C-speed: escapes dropped, then all but brackets and quotes,
+    then strings (``""`` pairs first: removing one either drops an empty string
+    or joins two strings across a gap without brackets), then innermost
+    ``[]``/``{}`` pairs are peeled one level per pass.
+    """
+    if b"\\" in raw:
+        raw = _ESCAPE.sub(b"", raw)
+    rest = _STRING.sub(b"", raw.translate(None, _NOT_BRACKET_OR_QUOTE).replace(b'""', b""))
     depth = 0
-    while brackets and depth <= MAX_DEPTH:
-        brackets = _EMPTY_PAIR.sub("", brackets)
+    while rest and depth <= MAX_DEPTH:
+        rest = rest.replace(b"[]", b"x").replace(b"{}", b"x").replace(b"x", b"")
         depth += 1
     return depth
+
+
+def _may_overflow(raw):
+    """True when ``raw`` may hold a number beyond a float's range: an exponent of
+    three digits or more, or 300 digits in a row (a cheap, conservative test, so
+    the slower checking float parser runs only then)."""
+    shape = raw.translate(_NUMBER_SHAPE)
+    return b"0e000" in shape or b"0" * 300 in shape
 
 
 def read_json(path, error_cls=ResultFormatError, max_bytes=None, what="file"):
@@ -107,19 +128,23 @@ def read_json(path, error_cls=ResultFormatError, max_bytes=None, what="file"):
         raise error_cls(f"cannot read {what} ({exc.strerror})", path=path)
     if len(raw) > limit:
         raise error_cls(f"file too large (more than {_size(limit)})", path=path)
+    return parse_json(raw, path=path, error_cls=error_cls)
+
+
+def parse_json(raw, path=None, error_cls=ResultFormatError):
+    """Parse JSON ``raw`` (bytes or str) with the rules of :func:`read_json`, without
+    its size limit."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", errors="surrogatepass")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error_cls(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
                         path=path)
-    return parse_json(text, path=path, error_cls=error_cls)
-
-
-def parse_json(text, path=None, error_cls=ResultFormatError):
-    """Parse JSON ``text`` with the rules of :func:`read_json` (no size limit)."""
     too_deep = f"nested deeper than {MAX_DEPTH} levels"
     try:
-        data = json.loads(text, parse_constant=_constant, parse_float=_float,
+        data = json.loads(text, parse_constant=_constant,
+                          parse_float=_float if _may_overflow(raw) else float,
                           object_pairs_hook=_pairs)
     except json.JSONDecodeError as exc:
         raise error_cls(f"invalid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
@@ -130,7 +155,7 @@ def parse_json(text, path=None, error_cls=ResultFormatError):
         raise error_cls(too_deep, path=path)
     except ValueError as exc:   # e.g. an integer of more than 4300 digits
         raise error_cls(f"invalid JSON: {_one_line(str(exc))}", path=path)
-    if isinstance(data, (dict, list)) and _depth(text) > MAX_DEPTH:
+    if isinstance(data, (dict, list)) and _depth(raw) > MAX_DEPTH:
         raise error_cls(too_deep, path=path)
     return data
 
@@ -177,7 +202,7 @@ def _finite_integer(checker, instance):
 
 
 def load_schema(name):
-    """The parsed schema ``milarun/schemas/<name>.schema.json`` (a dict)."""
+    """The parsed schema ``milarun/schemas/<name>.schema.json`` (a dict, as in the file)."""
     return _schemas()[name]
 
 
@@ -188,6 +213,29 @@ def _schemas():
             for name in SCHEMAS}
 
 
+def _inline(node, base):
+    """``node`` with every ``$ref`` replaced by its (inlined) target. Our schemas
+    are not recursive; inlined, they need no registry and validate faster."""
+    if isinstance(node, list):
+        return [_inline(v, base) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        ref = node["$ref"]
+        name, _, fragment = ref.partition("#")
+        if name.startswith(_BASE):
+            name = name[len(_BASE):]
+        target_base = name.removesuffix(".schema.json") if name else base
+        target = _schemas()[target_base]
+        for part in filter(None, fragment.split("/")):
+            target = target[part]
+        out = _inline(target, target_base)
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        return {"allOf": [out, _inline(rest, base)]} if rest else out
+    return {k: (v if k in ("enum", "const") else _inline(v, base))
+            for k, v in node.items() if k not in ("$defs", "$schema", "$id")}
+
+
 @functools.lru_cache(maxsize=None)
 def _validator_class():
     import jsonschema
@@ -195,25 +243,154 @@ def _validator_class():
     base = jsonschema.Draft202012Validator
     types = base.TYPE_CHECKER.redefine_many({"number": _finite_number,
                                              "integer": _finite_integer})
-    return jsonschema.validators.extend(base, type_checker=types)
+    items = base.VALIDATORS["items"]
+
+    def fast_items(validator, subschema, instance, schema):
+        # Long arrays of flat records (rate samples, GPU readings) are checked by a
+        # predicate compiled from the same subschema; only failing items go through
+        # jsonschema, which then words the error.
+        check = _compiled(subschema)
+        if check is None or "prefixItems" in schema or not isinstance(instance, list):
+            yield from items(validator, subschema, instance, schema)
+            return
+        for index, item in enumerate(instance):
+            if not check(item):
+                yield from validator.descend(item, subschema, path=index)
+
+    return jsonschema.validators.extend(base, validators={"items": fast_items},
+                                        type_checker=types)
 
 
 @functools.lru_cache(maxsize=None)
 def validator(ref):
     """A validator for ``ref``: ``"result"`` (a whole schema) or
     ``"summary#/$defs/flat2020"`` (a part of one)."""
-    from referencing import Registry, Resource
-    from referencing.jsonschema import DRAFT202012
-
-    # "$schema" is dropped: jsonschema would pick its stock validator class for
-    # a schema that names its dialect, and lose milarun's finite "number".
-    registry = Registry().with_resources(
-        (_BASE + f"{n}.schema.json",
-         Resource({k: v for k, v in s.items() if k != "$schema"}, specification=DRAFT202012))
-        for n, s in _schemas().items())
     name, _, fragment = ref.partition("#")
-    uri = _BASE + f"{name}.schema.json" + (f"#{fragment}" if fragment else "")
-    return _validator_class()({"$ref": uri}, registry=registry)
+    schema = _inline({"$ref": f"{name}.schema.json" + (f"#{fragment}" if fragment else "")},
+                     name)
+    return _validator_class()(schema)
+
+
+# --- a fast predicate for simple subschemas -------------------------------------------
+
+_SIMPLE = {"type", "required", "properties", "additionalProperties", "patternProperties",
+           "propertyNames", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+           "maxLength", "minLength", "pattern", "enum", "const", "items", "maxItems",
+           "minItems", "maxProperties", "minProperties", "$comment", "title", "x-message",
+           "x-missing"}
+_TYPES = {"number", "integer", "string", "boolean", "null", "object", "array"}
+_MAX_FLOAT = 1.7976931348623157e308
+_compiled_cache = {}
+
+
+def _compiled(schema):
+    """A predicate ``value -> bool`` that is True only for values ``schema`` accepts
+    (False may be a valid value of an unusual Python type: jsonschema then
+    decides), or None when the schema uses keywords beyond the subset above."""
+    key = id(schema)
+    if key not in _compiled_cache:
+        _compiled_cache[key] = (schema, _compile(schema))
+    return _compiled_cache[key][1]
+
+
+def _same(x, y):
+    """JSON equality as jsonschema's enum/const see it: true is not 1."""
+    if isinstance(x, bool) or isinstance(y, bool):
+        return isinstance(x, bool) and isinstance(y, bool) and x == y
+    return type(x) in (int, float, str, type(None)) and x == y
+
+
+def _compile(schema):
+    if schema is True:
+        return lambda x: True
+    if schema is False:
+        return lambda x: False
+    if not isinstance(schema, dict) or set(schema) - _SIMPLE:
+        return None
+    names = schema.get("type", sorted(_TYPES))
+    names = {names} if isinstance(names, str) else set(names)
+    if names - _TYPES:
+        return None
+    num, integer = "number" in names, "integer" in names
+    string, boolean, null = "string" in names, "boolean" in names, "null" in names
+    array, obj = "array" in names, "object" in names
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    xlo, xhi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    maxlen, minlen = schema.get("maxLength"), schema.get("minLength", 0)
+    pattern = re.compile(schema["pattern"]) if "pattern" in schema else None
+    choices = schema["enum"] if "enum" in schema else None
+    if "const" in schema:
+        choices = [schema["const"]] if choices is None else [
+            c for c in choices if _same(c, schema["const"])]
+    if choices is not None and any(type(c) not in (int, float, str, bool, type(None))
+                                   for c in choices):
+        return None
+    required = tuple(schema.get("required", ()))
+    props = {k: _compile(s) for k, s in schema.get("properties", {}).items()}
+    patterns = [(re.compile(p), _compile(s))
+                for p, s in schema.get("patternProperties", {}).items()]
+    extra = _compile(schema.get("additionalProperties", True))
+    key_check = _compile(schema.get("propertyNames", True))
+    item = _compile(schema.get("items", True))
+    if None in (extra, key_check, item) or None in props.values() \
+            or any(c is None for _, c in patterns):
+        return None
+    max_items, min_items = schema.get("maxItems"), schema.get("minItems", 0)
+    max_keys, min_keys = schema.get("maxProperties"), schema.get("minProperties", 0)
+
+    def scalar(x):
+        t = type(x)
+        if t is float or t is int:
+            if t is float:
+                if not (-_MAX_FLOAT <= x <= _MAX_FLOAT):     # NaN and ±inf
+                    return False
+                if not num and not (integer and x.is_integer()):
+                    return False
+            elif not (num or integer) or not (-_MAX_FLOAT <= x <= _MAX_FLOAT):
+                return False
+            return ((lo is None or x >= lo) and (hi is None or x <= hi)
+                    and (xlo is None or x > xlo) and (xhi is None or x < xhi))
+        if t is str:
+            return (string and (maxlen is None or len(x) <= maxlen) and len(x) >= minlen
+                    and (pattern is None or pattern.search(x) is not None))
+        if t is bool:
+            return boolean
+        return x is None and null
+
+    def check(x):
+        if choices is not None and not any(_same(x, c) for c in choices):
+            return False
+        t = type(x)
+        if t is list:
+            return (array and len(x) >= min_items
+                    and (max_items is None or len(x) <= max_items)
+                    and all(item(v) for v in x))
+        if t is dict:
+            if not obj or len(x) < min_keys or (max_keys is not None and len(x) > max_keys):
+                return False
+            for k in required:
+                if k not in x:
+                    return False
+            for k, v in x.items():
+                if not key_check(k):
+                    return False
+                sub = props.get(k)
+                if sub is not None:
+                    if not sub(v):
+                        return False
+                    continue
+                matched = False
+                for regex, sub in patterns:
+                    if regex.search(k):
+                        matched = True
+                        if not sub(v):
+                            return False
+                if not matched and not extra(v):
+                    return False
+            return True
+        return scalar(x)
+
+    return check
 
 
 def first_error(data, ref):
@@ -226,6 +403,9 @@ def first_error(data, ref):
     """
     from jsonschema.exceptions import best_match
 
+    fast = _compiled(validator(ref).schema)
+    if fast is not None and fast(data):
+        return None
     errors = validator(ref).iter_errors(data)
     first = next(errors, None)
     if first is None:

@@ -434,3 +434,66 @@ def test_schemas_ship_inside_the_package():
     folder = resources.files("milarun") / "schemas"
     assert sorted(p.name for p in folder.iterdir() if p.name.endswith(".json")) == sorted(
         f"{n}.schema.json" for n in jsonfile.SCHEMAS)
+
+
+def _mutants(doc, rng, count):
+    """``count`` copies of ``doc``, each with a few random values replaced, keys
+    deleted or keys added (values drawn from a pool of edge cases)."""
+    import copy
+    pool = [0, 1, -1, 0.5, -0.5, 1e308, 2**1100, 3.0, float("nan"), float("inf"), True, False,
+            None, "x", "", "a.b", "../x", "a\n", "error", "per-gpu", [], {}, [1], {"a": 1},
+            [{"start": 0, "end": 1, "count": 1, "rate": -1, "warmup": False}]]
+
+    def nodes(x, path=()):
+        yield path, x
+        items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) \
+            else ()
+        for k, v in items:
+            yield from nodes(v, path + (k,))
+
+    for _ in range(count):
+        out = copy.deepcopy(doc)
+        for _ in range(rng.randint(1, 3)):
+            found = list(nodes(out))
+            path, _ = rng.choice(found[1:])
+            parent = out
+            for k in path[:-1]:
+                parent = parent[k]
+            action = rng.random()
+            if action < 0.7:
+                parent[path[-1]] = copy.deepcopy(rng.choice(pool))
+            elif action < 0.85 and isinstance(parent, dict):
+                del parent[path[-1]]
+            elif isinstance(parent, dict):
+                parent[rng.choice(["extra", "a.b", "name", "0"])] = copy.deepcopy(rng.choice(pool))
+        yield out
+
+
+@pytest.mark.parametrize("ref,doc", [
+    ("result", GOOD_RESULT),
+    ("result", RESULTS / "standard.vae.J0.1.FAIL.20261121-120005-000000.json"),
+    ("summary", FIX / "expected" / "summary.json"),
+    ("summary#/$defs/flat2020", FIX / "baseline2020.json"),
+    ("weights", FIX / "weights.json"),
+], ids=["result", "fail-result", "summary", "flat2020", "weights"])
+def test_fast_check_agrees_with_jsonschema(ref, doc):
+    # Valid documents skip jsonschema through a predicate compiled from the same
+    # schema (and long arrays are checked item by item with it); it must accept
+    # exactly what jsonschema itself accepts.
+    import random
+
+    import jsonschema
+    schema = jsonfile.validator(ref).schema
+    fast = jsonfile._compiled(schema)
+    assert fast is not None
+    stock = jsonschema.validators.extend(jsonschema.Draft202012Validator,
+                                         type_checker=jsonfile._validator_class().TYPE_CHECKER)
+    slow = stock(schema)
+    data = json.loads(doc.read_text())
+    assert fast(data) and slow.is_valid(data)
+    valid = 0
+    for mutant in _mutants(data, random.Random(ref), 300):
+        verdict = slow.is_valid(mutant)
+        assert fast(mutant) == verdict, mutant
+        valid += verdict
+    assert 0 < valid < 300
