@@ -5,6 +5,9 @@ deep-merged into every job (a job that changes ``partition_scheme.type``
 keeps the ``cgroup`` template). Entries whose name starts with ``_`` are
 ignored (reserved for extensions). Everything is checked before anything
 runs; each problem is one ``ProfileError`` naming the file, the job and the key.
+The file is read strictly (:func:`milarun.jsonfile.read_json`) and checked
+against ``milarun/schemas/profile.schema.json``; job names and the file's stem
+(the suite) use letters, digits, ``_`` and ``-`` only.
 
 Job keys:
 
@@ -15,7 +18,7 @@ Job keys:
 ``prepare``           shell commands run once before the test; placeholders
                       ``{dataroot}``, ``{outdir}``, ``{python}``, ``{milarun}``.
 ``exec_prefix``       argv put in front of the test command, e.g. ``["nocache"]``.
-``timeout``           seconds (default 1800).
+``timeout``           seconds, > 0 and at most 7 days (default 1800).
 ``launcher``          ``"python"`` (default) or ``"torchrun"`` (one process per device).
 ``description``       free text.
 """
@@ -23,25 +26,15 @@ Job keys:
 import ast
 import copy
 import importlib.util
-import json
-import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ProfileError
+from .jsonfile import first_error, key_path, read_json
 
 DEFAULT_TIMEOUT = 1800.0
-PARTITION_TYPES = ("normal", "per-gpu", "gpu-progression")
-LAUNCHERS = ("python", "torchrun")
 PREPARE_FIELDS = {"dataroot", "outdir", "python", "milarun"}
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
-
-_JOB_KEYS = {
-    "experiment", "arguments", "partition_scheme", "prepare", "exec_prefix",
-    "timeout", "launcher", "description",
-}
-_PARTITION_KEYS = {"type", "cgroup"}
 
 
 @dataclass
@@ -109,11 +102,6 @@ def _err(path, job, key, message):
     return ProfileError(f"{where}: {message}", path=path)
 
 
-def _check_strings(path, job, key, value):
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _err(path, job, key, "must be a list of strings")
-
-
 def check_experiment(spec):
     """Check that ``"module:function"`` exists *without importing the module*.
 
@@ -149,68 +137,66 @@ def check_experiment(spec):
     return None
 
 
-def _template_fields(text):
-    return {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
+def check_template(text, fields):
+    """Check a ``str.format`` template against the placeholders it may use.
+
+    The template is parsed and filled once with dummy values, so a template
+    that passes never fails when the launcher fills it (``student{`` or
+    ``{device!x}`` are caught here). Returns None when fine, else a message.
+    """
+    try:
+        used = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
+    except ValueError as exc:
+        return f"bad template {text!r} ({exc})"
+    unknown = used - set(fields)
+    if unknown:
+        return f"unknown placeholder {{{sorted(unknown)[0]}}}"
+    try:
+        text.format(**fields)
+    except (ValueError, KeyError, IndexError, AttributeError, TypeError) as exc:
+        return f"bad template {text!r} ({exc})"
+    return None
+
+
+def _schema_error(path, data, ref, job=None):
+    """Raise the profile schema's first error for ``data`` as a ``ProfileError``."""
+    found = first_error(data, ref)
+    if found is None:
+        return
+    keys, message = found
+    if job is None:
+        if not keys:
+            raise ProfileError(message, path=path)
+        job, keys = keys[0], keys[1:]
+    raise _err(path, job, key_path(keys), message)
 
 
 def validate_job(path, name, d):
-    """Check one merged job definition; raise ``ProfileError`` on the first problem."""
-    if not isinstance(d, dict):
-        raise _err(path, name, None, "definition must be a JSON object")
-    for key in d:
-        if key not in _JOB_KEYS:
-            raise _err(path, name, key, f"unknown key (known: {', '.join(sorted(_JOB_KEYS))})")
-    if "experiment" not in d:
-        raise _err(path, name, "experiment", "missing; give 'module:function'")
+    """Check one merged job definition; raise ``ProfileError`` on the first problem.
+
+    The schema (``milarun/schemas/profile.schema.json#/$defs/job``) checks
+    keys, types and ranges; this adds what a schema cannot: the experiment's
+    module and function exist, and the cgroup and prepare templates fill.
+    """
+    _schema_error(path, d, "profile#/$defs/job", job=name)
     problem = check_experiment(d["experiment"])
     if problem:
         raise _err(path, name, "experiment", problem)
-    args = d.get("arguments", {})
-    if not isinstance(args, dict):
-        raise _err(path, name, "arguments", "must be an object of flag → value")
-    for flag, value in args.items():
-        if not isinstance(value, (str, int, float, bool)):
-            raise _err(path, name, f"arguments.{flag}",
-                       f"must be a string, number or boolean, not {type(value).__name__}")
-    part = d.get("partition_scheme", {})
-    if not isinstance(part, dict):
-        raise _err(path, name, "partition_scheme", "must be an object with 'type' and 'cgroup'")
-    for key in part:
-        if key not in _PARTITION_KEYS:
-            raise _err(path, name, f"partition_scheme.{key}", "unknown key (known: cgroup, type)")
-    ptype = part.get("type", "per-gpu")
-    if ptype not in PARTITION_TYPES:
-        raise _err(path, name, "partition_scheme.type",
-                   f"{ptype!r} is not one of {', '.join(PARTITION_TYPES)}")
-    cg = part.get("cgroup")
+    cg = d.get("partition_scheme", {}).get("cgroup")
     if cg is not None:
-        if not isinstance(cg, str) or ":" not in cg or cg.startswith(":") or cg.endswith(":"):
-            raise _err(path, name, "partition_scheme.cgroup",
-                       "must look like 'controllers:group', e.g. 'cpuset,memory:student{device}'")
-        bad = _template_fields(cg) - {"device"}
-        if bad:
-            raise _err(path, name, "partition_scheme.cgroup",
-                       f"unknown placeholder {{{sorted(bad)[0]}}} (only {{device}})")
-    prepare = d.get("prepare", [])
-    _check_strings(path, name, "prepare", prepare)
-    for cmd in prepare:
-        try:
-            bad = _template_fields(cmd) - PREPARE_FIELDS
-        except ValueError as exc:
-            raise _err(path, name, "prepare", f"bad template {cmd!r} ({exc})")
-        if bad:
-            raise _err(path, name, "prepare",
-                       f"unknown placeholder {{{sorted(bad)[0]}}} "
-                       f"(known: {', '.join(sorted(PREPARE_FIELDS))})")
-    _check_strings(path, name, "exec_prefix", d.get("exec_prefix", []))
-    timeout = d.get("timeout", DEFAULT_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise _err(path, name, "timeout", "must be a positive number of seconds")
-    launcher = d.get("launcher", "python")
-    if launcher not in LAUNCHERS:
-        raise _err(path, name, "launcher", f"{launcher!r} is not one of {', '.join(LAUNCHERS)}")
-    if "description" in d and not isinstance(d["description"], str):
-        raise _err(path, name, "description", "must be a string")
+        # the plan fills it with an int device index
+        problem = check_template(cg, {"device": 0})
+        if problem:
+            if problem.startswith("unknown placeholder"):
+                problem += " (only {device})"
+            raise _err(path, name, "partition_scheme.cgroup", problem)
+    for cmd in d.get("prepare", []):
+        # the launcher fills it with shell-quoted strings
+        problem = check_template(cmd, {f: "x" for f in PREPARE_FIELDS})
+        if problem:
+            if problem.startswith("unknown placeholder"):
+                problem += f" (known: {', '.join(sorted(PREPARE_FIELDS))})"
+            raise _err(path, name, "prepare", problem)
 
 
 def load_profile(path, names=None):
@@ -227,32 +213,18 @@ def load_profile(path, names=None):
         ProfileError: unreadable file, bad JSON, bad definitions, unknown name.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ProfileError("profile not found", path=path)
-    except OSError as exc:
-        raise ProfileError(f"cannot read profile ({exc.strerror})", path=path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"invalid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
-                           path=path)
-    if not isinstance(data, dict):
-        raise ProfileError("a profile must be a JSON object of job name → definition", path=path)
+    data = read_json(path, error_cls=ProfileError, what="profile")
+    _schema_error(path, data, "profile")
     defaults = data.get("*", {})
-    if not isinstance(defaults, dict):
-        raise _err(path, "*", None, "defaults must be a JSON object")
     suite = path.stem
+    found = first_error(suite, "common#/$defs/job_name")
+    if found:
+        raise ProfileError(f"the file name {suite!r} is not a valid suite name: it becomes the "
+                           "suite of every result (letters, digits, '_' and '-')", path=path)
     jobs = []
     for name, definition in data.items():
         if name == "*" or name.startswith("_"):
             continue
-        if not NAME_RE.match(name):
-            raise _err(path, name, None,
-                       "job names may hold only letters, digits, '_' and '-'")
-        if not isinstance(definition, dict):
-            raise _err(path, name, None, "definition must be a JSON object")
         merged = deep_merge(defaults, definition)
         validate_job(path, name, merged)
         part = merged.get("partition_scheme", {})

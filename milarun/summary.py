@@ -27,9 +27,12 @@ uses successful results that recorded a program duration. ``steady`` counts
 results by the note of :func:`milarun.stats.steady_state` (``short``: fewer
 than 10 s of steady state, every non-warm-up sample was used).
 
-The same format is a **baseline** for ``milarun report --compare``.
-:func:`read_summary` also reads the flat 2020 milarun format
-``{"suite.test": {"n", "failures", "total", "train", "pergpu", "peak_memory"}}``.
+The same format is a **baseline** for ``milarun report --compare``. Its
+declared schema is ``milarun/schemas/summary.schema.json`` (finite,
+non-negative statistics; safe group and device names); it is checked when a
+summary is written and when one is read. :func:`read_summary` also reads the
+flat 2020 milarun format ``{"suite.test": {"n", "failures", "total", "train",
+"pergpu", "peak_memory"}}`` as version 0, migrated on read (``_MIGRATIONS``).
 """
 
 import datetime
@@ -40,7 +43,8 @@ from pathlib import Path
 
 from . import stats
 from .errors import ResultFormatError
-from .results.store import iter_results, read_json, write_json_atomic
+from .jsonfile import check, key_path, read_json
+from .results.store import iter_results, write_json_atomic
 
 SUMMARY_FORMAT = "milarun-summary"
 SUMMARY_VERSION = 1
@@ -61,16 +65,17 @@ def group_name(record):
 
 
 def load_results(directory, warn=None):
-    """Read every result under ``directory``.
+    """Read every result under ``directory`` (see :func:`milarun.results.store.iter_results`).
 
     Returns ``(records, skipped)``: records are ``(path, record)`` pairs;
     ``skipped`` lists ``(path, error)`` for files that are corrupt, of another
-    format version or not results. When ``warn`` (a file such as
-    ``sys.stderr``) is given and files were skipped, one warning line listing
-    them is written to it.
+    format version, invalid or not results. When ``warn`` (a file such as
+    ``sys.stderr``) is given, each skipped file gets one warning line on it,
+    naming the file and the key.
 
     Raises:
-        ResultFormatError: ``directory`` is not a directory.
+        ResultFormatError: ``directory`` is not a directory, or holds no
+            usable result.
     """
 
     directory = Path(directory)
@@ -83,21 +88,19 @@ def load_results(directory, warn=None):
         else:
             records.append((path, rec))
     if warn is not None and skipped:
-        warn_skipped(skipped, directory, warn)
+        warn_skipped(skipped, warn)
+    if not records:
+        raise ResultFormatError(f"no usable result in {directory}"
+                                + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))
     return records, skipped
 
 
-def warn_skipped(skipped, directory, stream=None):
-    """Write the one warning line that lists skipped files."""
+def warn_skipped(skipped, stream=None):
+    """Write one warning line per skipped file: ``milarun: warning: skipped <file>: <key>:
+    <message>``."""
     stream = stream or sys.stderr
-    names = []
-    for path, _ in skipped:
-        try:
-            names.append(str(Path(path).relative_to(directory)))
-        except ValueError:
-            names.append(str(path))
-    print(f"milarun: warning: skipped {len(names)} unreadable file(s): {', '.join(names)}",
-          file=stream)
+    for path, exc in skipped:
+        print(f"milarun: warning: skipped {exc if str(exc) else path}", file=stream)
 
 
 def _tail(text, limit=TAIL_CHARS):
@@ -260,116 +263,142 @@ def summarize_dir(directory, warn=None):
 _STAT_KEYS = ("n", "min", "max", "mean", "std")
 
 
-def _check_stats(value, path, key, required=True):
-    if value is None and not required:
-        return stats.describe([])
-    if not isinstance(value, dict):
-        raise ResultFormatError("must be an object {n, min, max, mean, std}", path=path, key=key)
-    out = {}
-    for k in _STAT_KEYS:
-        v = value.get(k)
-        if v is not None and not _finite(v):
-            raise ResultFormatError("must be a finite number or null", path=path,
-                                    key=f"{key}.{k}")
-        out[k] = v
+def _from_2020(data):
+    """Version 0 (the flat 2020 format, already checked) → version 1."""
+    tests = {}
+    for gname, entry in sorted(data.items()):
+        mem = entry.get("peak_memory")
+        if isinstance(mem, dict):   # some 2020 files kept one value per GPU
+            mem = max((v for v in mem.values() if v is not None), default=None)
+        tests[gname] = {"name": gname, "group": gname, "partition": None,
+                        "device_count": None,
+                        **{k: entry[k] for k in ("n", "failures", "train", "total", "pergpu")
+                           if k in entry},
+                        "peak_memory": mem}
+    return {"format": SUMMARY_FORMAT, "version": 1, "origin": "milarun-2020",
+            "date": None, "hosts": [], "skipped": [], "tests": tests}
+
+
+#: Summary migrations: ``{version: (schema of that version, step to version + 1)}``.
+#: Version 0 is the flat 2020 milarun format, which has no version field.
+_MIGRATIONS = {
+    0: ("summary#/$defs/flat2020", _from_2020),
+}
+
+_NOT_A_SUMMARY = (
+    "not a milarun summary: expected {\"format\": \"milarun-summary\", \"version\": 1, "
+    "\"tests\": {...}} or the 2020 flat format {\"suite.test\": {\"n\", \"failures\", "
+    "\"train\", ...}}")
+
+
+def summary_version(data, path=None):
+    """The format version of summary ``data``: its ``version``, or 0 for the flat
+    2020 format (an object of ``{"suite.test": {"n", "train", ...}}``).
+
+    Raises:
+        ResultFormatError: neither format.
+    """
+    if isinstance(data, dict) and "format" in data:
+        if data["format"] != SUMMARY_FORMAT:
+            raise ResultFormatError(_NOT_A_SUMMARY, path=path)
+        version = data.get("version")
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ResultFormatError(f"bad summary format version {version!r}"[:80],
+                                    path=path, key="version")
+        return version
+    if (isinstance(data, dict) and data
+            and all(isinstance(v, dict) and "train" in v and "n" in v for v in data.values())):
+        return 0
+    raise ResultFormatError(_NOT_A_SUMMARY, path=path)
+
+
+def _stats(value):
+    out = {k: (value or {}).get(k) for k in _STAT_KEYS}
     out["n"] = int(out["n"] or 0)
     return out
 
 
-def _check_count(value, path, key):
-    if not _finite(value) or value < 0 or int(value) != value:
-        raise ResultFormatError("must be a non-negative integer", path=path, key=key)
-    return int(value)
-
-
-def _normalize_test(gname, entry, path, flat):
-    key = gname
-    if not isinstance(entry, dict):
-        raise ResultFormatError("must be an object", path=path, key=key)
-    for field in ("n", "train"):
-        if field not in entry:
-            raise ResultFormatError("missing field", path=path, key=f"{key}.{field}")
-    n = _check_count(entry["n"], path, f"{key}.n")
-    failures = _check_count(entry.get("failures", 0), path, f"{key}.failures")
-    if failures > n:
-        raise ResultFormatError("more failures than results", path=path, key=f"{key}.failures")
-    pergpu = entry.get("pergpu") or {}
-    if not isinstance(pergpu, dict):
-        raise ResultFormatError("must be an object", path=path, key=f"{key}.pergpu")
-    mem = entry.get("peak_memory")
-    if isinstance(mem, dict):   # some 2020 files kept one value per GPU
-        mem = max((v for v in mem.values() if _finite(v)), default=None)
-    elif mem is not None and not _finite(mem):
-        mem = None
-    out = {
-        "name": entry.get("name", gname),
-        "group": gname,
-        "partition": entry.get("partition"),
-        "device_count": entry.get("device_count"),
-        "n": n,
-        "failures": failures,
-        "failure_reasons": dict(entry.get("failure_reasons") or {}),
-        "failed": list(entry.get("failed") or []),
-        "train": _check_stats(entry["train"], path, f"{key}.train"),
-        "total": _check_stats(entry.get("total"), path, f"{key}.total", required=False),
-        "pergpu": {str(d): _check_stats(v, path, f"{key}.pergpu.{d}")
-                   for d, v in pergpu.items()},
-        "peak_memory": mem,
-        "steady": dict(entry.get("steady") or {}),
-    }
+def _complete(data, path):
+    """Fill the optional fields of a checked version-1 summary with their defaults
+    and check what the schema cannot (failures <= n)."""
+    out = dict(data)
+    out.setdefault("hosts", [])
+    out.setdefault("skipped", [])
+    out.setdefault("date", None)
+    tests = {}
+    for gname, entry in data["tests"].items():
+        n, failures = int(entry["n"]), int(entry.get("failures", 0))
+        if failures > n:
+            raise ResultFormatError(f"more failures ({failures}) than results ({n})",
+                                    path=path, key=key_path(["tests", gname, "failures"]))
+        tests[gname] = {
+            "name": entry.get("name", gname),
+            "group": gname,
+            "partition": entry.get("partition"),
+            "device_count": entry.get("device_count"),
+            "n": n,
+            "failures": failures,
+            "failure_reasons": dict(entry.get("failure_reasons") or {}),
+            "failed": list(entry.get("failed") or []),
+            "train": _stats(entry["train"]),
+            "total": _stats(entry.get("total")),
+            "pergpu": {d: _stats(v) for d, v in (entry.get("pergpu") or {}).items()},
+            "peak_memory": entry.get("peak_memory"),
+            "steady": dict(entry.get("steady") or {}),
+        }
+    out["tests"] = tests
     return out
 
 
 def normalize_summary(data, path=None):
-    """Validate a summary (ours or the 2020 flat format) and return it in our format.
+    """Check a summary (ours, any version, or the 2020 flat format), migrate it to
+    the current version and return it with every optional field filled.
+
+    Each version is checked against its schema (``milarun/schemas/summary.schema.json``
+    and its ``$defs/flat2020``) before its migration step runs.
 
     Raises:
-        ResultFormatError: neither format, or a malformed entry (naming the key).
+        ResultFormatError: neither format, an unsupported version, or a
+            malformed entry (one line naming the key).
     """
-    if isinstance(data, dict) and data.get("format") == SUMMARY_FORMAT:
-        version = data.get("version")
-        if version != SUMMARY_VERSION:
-            raise ResultFormatError(
-                f"summary format version {version!r} is not supported (expected "
-                f"{SUMMARY_VERSION})", path=path, key="version")
-        tests = data.get("tests")
-        if not isinstance(tests, dict):
-            raise ResultFormatError("must be an object", path=path, key="tests")
-        out = dict(data)
-        out["tests"] = {g: _normalize_test(g, e, path, flat=False) for g, e in tests.items()}
-        out.setdefault("hosts", [])
-        out.setdefault("skipped", [])
-        out.setdefault("date", None)
-        return out
-    if (isinstance(data, dict) and data
-            and all(isinstance(k, str) and "." in k for k in data)
-            and all(isinstance(v, dict) and "train" in v and "n" in v for v in data.values())):
-        return {
-            "format": SUMMARY_FORMAT,
-            "version": SUMMARY_VERSION,
-            "origin": "milarun-2020",
-            "date": None,
-            "hosts": [],
-            "skipped": [],
-            "tests": {g: _normalize_test(g, e, path, flat=True)
-                      for g, e in sorted(data.items())},
-        }
-    raise ResultFormatError(
-        "not a milarun summary: expected {\"format\": \"milarun-summary\", \"version\": 1, "
-        "\"tests\": {...}} or the 2020 flat format {\"suite.test\": {\"n\", \"failures\", "
-        "\"train\", ...}}", path=path)
+    version = summary_version(data, path)
+    if version > SUMMARY_VERSION or (version < SUMMARY_VERSION and version not in _MIGRATIONS):
+        raise ResultFormatError(f"summary format version {version} is not supported (expected "
+                                f"{SUMMARY_VERSION})", path=path, key="version")
+    while version < SUMMARY_VERSION:
+        ref, step = _MIGRATIONS[version]
+        check(data, ref, path=path)
+        data = step(data)
+        version = data["version"]
+    check_summary(data, path=path)
+    return _complete(data, path)
 
 
 def read_summary(path):
-    """Read a summary or baseline JSON file (either format).
+    """Read a summary or baseline JSON file (either format, strictly).
 
     Raises:
-        ResultFormatError: unreadable, not JSON, or neither format.
+        ResultFormatError: unreadable, not UTF-8, not JSON, neither format, or
+            a malformed entry.
     """
-    data = read_json(path)
-    return normalize_summary(data, path=path)
+    return normalize_summary(read_json(path), path=path)
+
+
+def check_summary(summary, path=None):
+    """Check a current-version summary against ``summary.schema.json``; return it.
+
+    Raises:
+        ResultFormatError: one line naming the key.
+    """
+    return check(summary, "summary", path=path)
 
 
 def write_summary(summary, out):
-    """Write ``summary`` to ``out`` atomically (a ``.json`` path)."""
+    """Check ``summary`` (:func:`check_summary`) and write it to ``out`` atomically
+    (a ``.json`` path).
+
+    Raises:
+        ResultFormatError: the summary breaks its own schema (a bug).
+    """
+    check_summary(summary, path=out)
     return write_json_atomic(out, summary)

@@ -72,7 +72,7 @@ def test_corrupt_result_for_rerun(tmp_path, capsys):
     bad.write_text("{\"version\": 1,")
     code, io = run_cli(["rerun", str(bad)], capsys)
     assert code == 2
-    assert io.err.startswith(f"milarun: error: {bad}: corrupt JSON")
+    assert io.err.startswith(f"milarun: error: {bad}: invalid JSON")
     assert "Traceback" not in io.err
 
 

@@ -40,18 +40,22 @@ def test_fail_name_and_explicit_file(tmp_path):
 
 
 def test_migration_from_version_0():
-    old = {"name": "s.t", "job_id": "0.0", "call": {}, "success": True, "timings": {},
-           "train": {"samples": [{"rate": 1}]}}
+    sample = {"start": 0.0, "end": 1.0, "count": 1, "rate": 1.0, "warmup": False}
+    old = {k: v for k, v in new_result("s.t").items() if k != "version"}
+    old["timings"] = {"program": {}}
+    old["train"] = {"samples": [sample]}
     rec = migrate(old)
     assert rec["version"] == FORMAT_VERSION
-    assert rec["timings"]["train"]["samples"] == [{"rate": 1}]
+    assert rec["timings"]["train"]["samples"] == [sample]
     assert "train" not in rec and "train" in old  # the input is not modified
 
 
 @pytest.mark.parametrize("data,key", [
     ({"version": 99}, "version"),
     ({"version": "1"}, "version"),
-    ({"version": 1, "name": "x"}, "job_id"),
+    ({"version": 1, "name": "x"}, "suite"),       # the first missing required field
+    ({**new_result("s.t"), "name": "x"}, "name"),  # not 'suite.test'
+    ({**new_result("s.t"), "run": -1}, "run"),
 ])
 def test_bad_records(data, key):
     with pytest.raises(ResultFormatError) as exc:
@@ -67,4 +71,4 @@ def test_iter_results_yields_errors_for_corrupt_files(tmp_path):
     found = dict(iter_results(tmp_path))
     assert len(found) == 2
     err = found[tmp_path / "trunc.json"]
-    assert isinstance(err, ResultFormatError) and "corrupt JSON" in str(err)
+    assert isinstance(err, ResultFormatError) and "invalid JSON" in str(err)

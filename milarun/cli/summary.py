@@ -29,12 +29,13 @@ def run_summary(results, out=None, warn=None):
     Skipped files are listed on ``warn`` (default: stderr).
     """
     warn = warn or sys.stderr
-    from ..summary import summarize_dir, write_summary
+    from ..summary import check_summary, summarize_dir, write_summary
 
     summary, _ = summarize_dir(results, warn=warn)
     if out:
         write_summary(summary, out)
     else:
-        json.dump(summary, sys.stdout, indent=1)
+        check_summary(summary)
+        json.dump(summary, sys.stdout, indent=1, allow_nan=False)
         sys.stdout.write("\n")
     return 0

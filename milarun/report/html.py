@@ -12,6 +12,8 @@ from .text import cell, fmt_num, fmt_pct
 
 #: Lines of log shown per failure.
 LOG_TAIL_LINES = 40
+#: Bytes read from the end of a log to find them.
+LOG_TAIL_BYTES = 256 * 1024
 
 
 def ratio_band(value):
@@ -42,17 +44,33 @@ def _tail_lines(text, lines=LOG_TAIL_LINES):
     return "\n".join(str(text).splitlines()[-lines:])
 
 
+def inside(root, path):
+    """``path`` resolved (symlinks followed) if it lies inside folder ``root``
+    (resolved too), else None: nothing outside the results folder is read."""
+    try:
+        root = Path(root).resolve(strict=True)
+        path = Path(path).resolve(strict=True)
+    except (OSError, RuntimeError):   # missing, or a symlink loop
+        return None
+    return path if path.is_relative_to(root) and path.is_file() else None
+
+
 def log_tail(results_dir, failure):
-    """Tail of a failure's log: ``RESULTS/logs/<suite>.<job>.J<run>.<device>.log`` if present,
-    otherwise the result's ``error.stderr_tail``. Returns ``(text, source)``."""
+    """Tail of a failure's log: ``RESULTS/logs/<suite>.<job>.J<run>.<device>.log`` if present
+    and inside ``results_dir`` (symlinks resolved), otherwise the result's
+    ``error.stderr_tail``. Returns ``(text, source)``."""
     if results_dir is not None:
-        path = (Path(results_dir) / "logs"
-                / f"{failure['name']}.J{failure.get('run')}.{failure.get('device')}.log")
-        try:
-            with open(path, errors="replace") as f:
-                return _tail_lines(f.read()), f"logs/{path.name}"
-        except OSError:
-            pass
+        name = f"{failure['name']}.J{failure.get('run')}.{failure.get('device')}.log"
+        path = inside(results_dir, Path(results_dir) / "logs" / name)
+        if path is not None:
+            try:
+                with open(path, "rb") as f:
+                    # only the end is shown: a log of gigabytes is not read whole
+                    f.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
+                    text = f.read(LOG_TAIL_BYTES).decode("utf-8", errors="replace")
+                return _tail_lines(text), f"logs/{name}"
+            except OSError:
+                pass
     return _tail_lines(failure.get("stderr_tail")), "stderr"
 
 

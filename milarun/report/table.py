@@ -33,14 +33,12 @@ Rules, in the order the report applies them:
 * RPP (price per performance) = ``price / score`` in dollars per score unit.
 """
 
-import math
 import re
 from dataclasses import dataclass, field
 
 from .. import stats
 from ..summary import device_key
-from ..errors import ResultFormatError
-from ..results.store import read_json
+from ..jsonfile import check, read_json
 
 #: Failure rate (fraction) at or under which the run passes.
 PASS_FAILURE_RATE = 0.01
@@ -51,35 +49,26 @@ _PROGRESSION = re.compile(r"^(.+)\.(\d+)$")
 
 
 def load_weights(path):
-    """Read a weights file: ``{"suite.test": {"weight": w}}`` with ``w >= 0``.
+    """Read a weights file (strictly): ``{"suite.test": {"weight": w}}`` with ``w >= 0``.
 
     Returns ``{name: float}``.
 
     Raises:
-        ResultFormatError: unreadable, not JSON, or a bad entry (naming the key).
+        ResultFormatError: unreadable, not UTF-8, not JSON, or a bad entry
+            (naming the key).
     """
-    data = read_json(path)
-    return check_weights(data, path)
+    return check_weights(read_json(path), path)
 
 
 def check_weights(data, path=None):
-    """Validate a weights mapping (see :func:`load_weights`) and return ``{name: float}``."""
-    if not isinstance(data, dict):
-        raise ResultFormatError('weights must be an object {"suite.test": {"weight": w}}',
-                                path=path)
-    out = {}
-    for name, entry in data.items():
-        if "." not in name:
-            raise ResultFormatError("test name must look like 'suite.test'", path=path, key=name)
-        if not isinstance(entry, dict) or "weight" not in entry:
-            raise ResultFormatError('must be an object {"weight": w}', path=path, key=name)
-        w = entry["weight"]
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) \
-                or w < 0:
-            raise ResultFormatError(f"weight must be a finite number >= 0, not {w!r}",
-                                    path=path, key=f"{name}.weight")
-        out[name] = float(w)
-    return out
+    """Check a weights mapping against ``milarun/schemas/weights.schema.json``
+    (names like ``suite.test``, finite weights >= 0) and return ``{name: float}``.
+
+    Raises:
+        ResultFormatError: one line naming the key.
+    """
+    check(data, "weights", path=path)
+    return {name: float(entry["weight"]) for name, entry in data.items()}
 
 
 def weight_for(group, weights, partition=None):

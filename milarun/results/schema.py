@@ -4,7 +4,15 @@ Format history (append a line and a migration step for every change):
 
 * version 1 (2026-11): first format.
 
-Fields of a version-1 record (all times in seconds; rates in items/s):
+The declared schema is ``milarun/schemas/result.schema.json``: every record
+read or written is checked against it (:func:`validate`). Numbers are finite;
+rates, counts, durations and sample times non-negative; names (``name``,
+``suite``, ``job_name``, ``job_id``, ``device``) use letters, digits, ``_``,
+``-`` and ``.`` between them (no path separator, no newline); strings and lists
+are bounded (at most 1,000,000 samples). Unknown top-level fields are errors.
+
+Fields of a version-1 record (all times in seconds; rates in items/s;
+tests/test_bad_inputs.py checks that this list and the schema agree):
 
 ``version``        int, FORMAT_VERSION.
 ``name``           ``"suite.job"``, e.g. ``"cpu.toy_reg"``.
@@ -34,21 +42,26 @@ Fields of a version-1 record (all times in seconds; rates in items/s):
                    temperature in °C, power in W, energy in J since start).
 ``peak_memory_mib`` peak accelerator memory (MiB) or peak RSS on CPU.
 ``success``        bool.
-``error``          ``None`` or ``{"reason": "error"|"oom-killed"|"timeout"|"signal",
-                   "type", "message", "traceback", "returncode", "signal",
-                   "stderr_tail"}``.
+``error``          ``None`` or ``{"reason": one of FAIL_REASONS, "type", "message",
+                   "traceback", "returncode", "signal", "stderr_tail"}``.
+``started``, ``finished``  optional ISO-8601 UTC times the child started and ended.
+``written_by``     optional: ``"launcher"`` for a FAIL record written by the parent
+                   (or ``"child"``).
 """
 
 import copy
 
 from ..errors import ResultFormatError
+from ..jsonfile import check
 
 FORMAT_VERSION = 1
 
+#: Values of ``error.reason``: the test raised (``error``), the kernel OOM
+#: killer, the launcher's timeout, a signal, an interrupted suite, a
+#: successful record followed by a non-zero exit or a hang. The schema's enum
+#: must agree (tested).
 FAIL_REASONS = ("error", "oom-killed", "timeout", "signal", "interrupted",
                 "exit-after-result")
-
-_REQUIRED = ("version", "name", "job_id", "call", "timings", "success")
 
 
 def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
@@ -94,45 +107,49 @@ _MIGRATIONS = {
 
 
 def migrate(record, path=None):
-    """Bring ``record`` up to FORMAT_VERSION through the migration chain.
+    """Bring ``record`` up to FORMAT_VERSION through the migration chain, then validate it.
+
+    The input is never modified: an old record is copied before its steps run.
 
     Raises:
-        ResultFormatError: not a dict, version newer than ours or unknown,
-            or a required field missing after migration.
+        ResultFormatError: not a record, a version newer than ours or unknown,
+            or (after migration) anything :func:`validate` rejects.
     """
-    if not isinstance(record, dict):
-        raise ResultFormatError("not a result record (expected a JSON object)", path=path)
+    if not isinstance(record, dict) or not ("version" in record or "name" in record):
+        raise ResultFormatError("not a result record (no 'version' or 'name' key)", path=path)
     version = record.get("version", 0)
-    # Current records are returned as they are; only old ones are copied and rewritten.
-    rec = record if version == FORMAT_VERSION else copy.deepcopy(record)
-    if not isinstance(version, int):
-        raise ResultFormatError(f"bad format version {version!r}", path=path, key="version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ResultFormatError(f"bad format version {version!r}"[:80], path=path,
+                                key="version")
     if version > FORMAT_VERSION:
         raise ResultFormatError(
             f"format version {version} is newer than this milarun ({FORMAT_VERSION})",
             path=path, key="version")
+    # Current records are returned as they are; only old ones are copied and rewritten.
+    rec = record if version == FORMAT_VERSION else copy.deepcopy(record)
     while version < FORMAT_VERSION:
         step = _MIGRATIONS.get(version)
         if step is None:
             raise ResultFormatError(f"unknown format version {version}", path=path, key="version")
-        rec = step(rec)
+        try:
+            rec = step(rec)
+        except (TypeError, AttributeError, KeyError, ValueError) as exc:
+            # old files are not validated before their steps run
+            raise ResultFormatError(f"cannot migrate from format version {version} "
+                                    f"({exc.__class__.__name__}: {exc})"[:200], path=path)
         version = rec["version"]
-    validate(rec, path)
-    return rec
+    return validate(rec, path)
 
 
 def validate(record, path=None):
-    """Check that a current-version record has its required fields.
+    """Check a current-version record against ``result.schema.json``; return it.
+
+    The writer calls this before writing, so a record that would not read
+    back is never written.
 
     Raises:
-        ResultFormatError: naming the first missing or mistyped key.
+        ResultFormatError: one line ``<path>: <key.path>: <message>`` for the
+            most relevant problem (e.g. ``timings.train.samples.3.rate: must be
+            >= 0, not -5``).
     """
-    for key in _REQUIRED:
-        if key not in record:
-            raise ResultFormatError("missing field", path=path, key=key)
-    samples = record["timings"].get("train", {}).get("samples")
-    if not isinstance(samples, list):
-        raise ResultFormatError("must be a list", path=path, key="timings.train.samples")
-    if not isinstance(record["success"], bool):
-        raise ResultFormatError("must be true or false", path=path, key="success")
-    return record
+    return check(record, "result", path=path, error_cls=ResultFormatError)

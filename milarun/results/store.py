@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ..errors import ResultFormatError
+from ..jsonfile import read_json
 from .schema import migrate, validate
 
 #: Prefix of the temporary files of atomic writes.
@@ -148,39 +149,38 @@ def write_result(record, out):
     return write_json_atomic(path, record)
 
 
-def read_json(path):
-    """Parse one JSON file (result, summary, baseline or weights).
-
-    Raises:
-        ResultFormatError: unreadable, truncated or not JSON, naming the file.
-    """
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise ResultFormatError(f"corrupt JSON ({exc.msg} at line {exc.lineno})", path=path)
-    except OSError as exc:
-        raise ResultFormatError(f"cannot read ({exc.strerror})", path=path)
-    return data
-
-
 def load_result(path):
-    """Read and migrate one result file.
+    """Read (strictly, see :func:`milarun.jsonfile.read_json`), migrate and validate one
+    result file; return the record.
 
     Raises:
-        ResultFormatError: unreadable, truncated or not JSON, or not a result.
+        ResultFormatError: unreadable, not UTF-8, not JSON, too large or too
+            deep, or not a valid result record; the message names the file and
+            the key.
     """
-    return migrate(read_json(path), path=path)
+    return migrate(read_json(path, error_cls=ResultFormatError), path=path)
 
 
 def iter_results(directory):
-    """Yield ``(path, record_or_error)`` for every ``*.json`` file under ``directory``.
+    """Yield ``(path, record_or_error)`` for every result file under ``directory``.
 
-    Unreadable files yield their ``ResultFormatError`` instead of a record, so
-    callers can skip them and list them in one warning.
+    Files are ``*.json`` under ``directory`` and its sub-folders, sorted by
+    path; hidden folders (``.name``) and hidden files are not looked at, nor
+    are ``*.jsonl`` journals. A file that cannot be read as a result yields its
+    ``ResultFormatError`` instead of a record, so callers can skip it with a
+    warning; a stale temporary file (``.tmp-*``, left by a writer that died)
+    yields a "stale temporary file" error.
     """
-    for path in sorted(Path(directory).rglob("*.json")):
+    directory = Path(directory)
+    for path in sorted(directory.rglob("*.json*")):
+        parts = path.relative_to(directory).parts
+        if any(p.startswith(".") for p in parts[:-1]) or not path.is_file():
+            continue
         if path.name.startswith(".tmp-"):
+            yield path, ResultFormatError("stale temporary file (a writer died before its "
+                                          "rename); not a result", path=path)
+            continue
+        if path.name.startswith(".") or path.suffix != ".json":
             continue
         try:
             yield path, load_result(path)

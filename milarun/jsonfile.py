@@ -1,0 +1,531 @@
+"""Strict JSON reading and schema checks for every file milarun reads.
+
+Profiles, result records, summaries/baselines and weights all go through
+:func:`read_json` (bounded size, strict UTF-8, finite numbers, bounded nesting,
+no duplicate keys) and :func:`check` (the file type's JSON Schema in
+``milarun/schemas/``). Every problem is one ``MilarunError`` line naming the
+file and the key path, e.g. ``r.json: timings.train.samples.3.rate: must be
+>= 0, not -5``.
+
+In milarun's schemas ``"type": "number"`` means a *finite* number (the
+validator's type checker rejects NaN and ±Infinity, which the writer could
+otherwise hand it), and ``x-message`` is a milarun annotation: the message
+shown when that subschema fails (a string, or ``{keyword: message}``;
+``{value}`` is the offending value and ``{type}`` its Python type name).
+``x-missing`` on a property schema is the message when that property is
+missing.
+"""
+
+import functools
+import json
+import math
+import re
+from importlib import resources
+
+from .errors import ResultFormatError
+
+#: Largest file read (bytes): 64 MiB.
+MAX_BYTES = 64 * 2**20
+#: Deepest nesting of arrays and objects accepted.
+MAX_DEPTH = 64
+#: How many schema errors are considered when choosing the one reported.
+_MAX_ERRORS = 100
+#: Longest rendering of a value inside a message (characters).
+_VALUE_CHARS = 60
+
+
+
+class _Reject(ValueError):
+    """A value JSON allows but milarun does not (NaN, overflow, duplicate key)."""
+
+
+def _constant(name):
+    raise _Reject(f"{name} is not allowed (numbers must be finite)")
+
+
+def _float(text):
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Reject(f"number {text[:_VALUE_CHARS]} is out of range")
+    return value
+
+
+def _pairs(pairs):
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Reject(f"duplicate key {_show(key)}")
+            seen.add(key)
+    return out
+
+
+# Bytes of valid JSON that matter for nesting, and for number overflow.
+_ESCAPE = re.compile(rb"\\.", re.S)
+_NOT_BRACKET_OR_QUOTE = bytes(c for c in range(256) if c not in b'[]{}"')
+_STRING = re.compile(rb'"[^"]*"')
+# digits and signs -> "0", exponent marks -> "e", anything else -> " "
+_NUMBER_SHAPE = bytes(48 if c in b"0123456789+-" else (101 if c in b"eE" else 32)
+                      for c in range(256))
+
+
+def _depth(raw):
+    """Nesting depth of valid JSON ``raw`` (bytes), up to ``MAX_DEPTH + 1``.
+
+    Everything is C-speed: escapes dropped, then all but brackets and quotes,
+    then strings (``""`` pairs first: removing one either drops an empty string
+    or joins two strings across a gap without brackets), then innermost
+    ``[]``/``{}`` pairs are peeled one level per pass.
+    """
+    if b"\\" in raw:
+        raw = _ESCAPE.sub(b"", raw)
+    rest = _STRING.sub(b"", raw.translate(None, _NOT_BRACKET_OR_QUOTE).replace(b'""', b""))
+    depth = 0
+    while rest and depth <= MAX_DEPTH:
+        rest = rest.replace(b"[]", b"x").replace(b"{}", b"x").replace(b"x", b"")
+        depth += 1
+    return depth
+
+
+def _may_overflow(raw):
+    """True when ``raw`` may hold a number beyond a float's range: an exponent of
+    three digits or more, or 300 digits in a row (a cheap, conservative test, so
+    the slower checking float parser runs only then)."""
+    shape = raw.translate(_NUMBER_SHAPE)
+    return b"0e000" in shape or b"0" * 300 in shape
+
+
+def read_json(path, error_cls=ResultFormatError, max_bytes=None, what="file"):
+    """Read one JSON file strictly.
+
+    Args:
+        path: the file.
+        error_cls: the ``MilarunError`` subclass raised (``ProfileError`` for
+            profiles, ``ResultFormatError`` for the others).
+        max_bytes: size limit in bytes (default :data:`MAX_BYTES`, 64 MiB).
+        what: the word used in "<what> not found" (e.g. ``"profile"``).
+
+    Returns:
+        the parsed value (dict, list, str, int, float, bool or None).
+
+    Raises:
+        error_cls: missing or unreadable file, larger than ``max_bytes``, not
+            UTF-8, not JSON, NaN/Infinity or an out-of-range number, a
+            duplicate key, or nesting deeper than :data:`MAX_DEPTH`; the
+            message names the file.
+    """
+    limit = MAX_BYTES if max_bytes is None else max_bytes
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except FileNotFoundError:
+        raise error_cls(f"{what} not found", path=path)
+    except IsADirectoryError:
+        raise error_cls(f"is a directory, not a {what}" if what != "file"
+                        else "is a directory", path=path)
+    except OSError as exc:
+        raise error_cls(f"cannot read {what} ({exc.strerror})", path=path)
+    if len(raw) > limit:
+        raise error_cls(f"file too large (more than {_size(limit)})", path=path)
+    return parse_json(raw, path=path, error_cls=error_cls)
+
+
+def parse_json(raw, path=None, error_cls=ResultFormatError):
+    """Parse JSON ``raw`` (bytes or str) with the rules of :func:`read_json`, without
+    its size limit."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", errors="surrogatepass")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error_cls(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+                        path=path)
+    too_deep = f"nested deeper than {MAX_DEPTH} levels"
+    try:
+        data = json.loads(text, parse_constant=_constant,
+                          parse_float=_float if _may_overflow(raw) else float,
+                          object_pairs_hook=_pairs)
+    except json.JSONDecodeError as exc:
+        raise error_cls(f"invalid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
+                        path=path)
+    except _Reject as exc:
+        raise error_cls(f"invalid JSON: {exc}", path=path)
+    except RecursionError:
+        raise error_cls(too_deep, path=path)
+    except ValueError as exc:   # e.g. an integer of more than 4300 digits
+        raise error_cls(f"invalid JSON: {_one_line(str(exc))}", path=path)
+    if isinstance(data, (dict, list)) and _depth(raw) > MAX_DEPTH:
+        raise error_cls(too_deep, path=path)
+    return data
+
+
+def _size(n):
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n} bytes"
+
+
+def _one_line(text, limit=200):
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _show(value):
+    """A short one-line rendering of a value for messages."""
+    if isinstance(value, str):
+        text = repr(value)
+    elif isinstance(value, (dict, list)):
+        text = "an object" if isinstance(value, dict) else "a list"
+        return text
+    else:
+        text = json.dumps(value) if value is not None and not isinstance(value, float) \
+            else ("null" if value is None else repr(value))
+    return text if len(text) <= _VALUE_CHARS else text[:_VALUE_CHARS] + "…"
+
+
+# --- schemas -------------------------------------------------------------------------
+
+_BASE = "https://milarun.invalid/schemas/"
+SCHEMAS = ("common", "profile", "result", "summary", "weights")
+
+
+def _finite_number(checker, instance):
+    if isinstance(instance, bool):
+        return False
+    if isinstance(instance, int):
+        return -1.7976931348623157e308 <= instance <= 1.7976931348623157e308
+    return isinstance(instance, float) and math.isfinite(instance)
+
+
+def _finite_integer(checker, instance):
+    return _finite_number(checker, instance) and (
+        isinstance(instance, int) or instance.is_integer())
+
+
+def load_schema(name):
+    """The parsed schema ``milarun/schemas/<name>.schema.json`` (a dict, as in the file)."""
+    return _schemas()[name]
+
+
+@functools.lru_cache(maxsize=None)
+def _schemas():
+    folder = resources.files("milarun") / "schemas"
+    return {name: json.loads((folder / f"{name}.schema.json").read_text(encoding="utf-8"))
+            for name in SCHEMAS}
+
+
+def _inline(node, base):
+    """``node`` with every ``$ref`` replaced by its (inlined) target. Our schemas
+    are not recursive; inlined, they need no registry and validate faster."""
+    if isinstance(node, list):
+        return [_inline(v, base) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        ref = node["$ref"]
+        name, _, fragment = ref.partition("#")
+        if name.startswith(_BASE):
+            name = name[len(_BASE):]
+        target_base = name.removesuffix(".schema.json") if name else base
+        target = _schemas()[target_base]
+        for part in filter(None, fragment.split("/")):
+            target = target[part]
+        out = _inline(target, target_base)
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        return {"allOf": [out, _inline(rest, base)]} if rest else out
+    return {k: (v if k in ("enum", "const") else _inline(v, base))
+            for k, v in node.items() if k not in ("$defs", "$schema", "$id")}
+
+
+@functools.lru_cache(maxsize=None)
+def _validator_class():
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    types = base.TYPE_CHECKER.redefine_many({"number": _finite_number,
+                                             "integer": _finite_integer})
+    items = base.VALIDATORS["items"]
+
+    def fast_items(validator, subschema, instance, schema):
+        # Long arrays of flat records (rate samples, GPU readings) are checked by a
+        # predicate compiled from the same subschema; only failing items go through
+        # jsonschema, which then words the error.
+        check = _compiled(subschema)
+        if check is None or "prefixItems" in schema or not isinstance(instance, list):
+            yield from items(validator, subschema, instance, schema)
+            return
+        for index, item in enumerate(instance):
+            if not check(item):
+                yield from validator.descend(item, subschema, path=index)
+
+    return jsonschema.validators.extend(base, validators={"items": fast_items},
+                                        type_checker=types)
+
+
+@functools.lru_cache(maxsize=None)
+def validator(ref):
+    """A validator for ``ref``: ``"result"`` (a whole schema) or
+    ``"summary#/$defs/flat2020"`` (a part of one)."""
+    name, _, fragment = ref.partition("#")
+    schema = _inline({"$ref": f"{name}.schema.json" + (f"#{fragment}" if fragment else "")},
+                     name)
+    return _validator_class()(schema)
+
+
+# --- a fast predicate for simple subschemas -------------------------------------------
+
+_SIMPLE = {"type", "required", "properties", "additionalProperties", "patternProperties",
+           "propertyNames", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+           "maxLength", "minLength", "pattern", "enum", "const", "items", "maxItems",
+           "minItems", "maxProperties", "minProperties", "$comment", "title", "x-message",
+           "x-missing"}
+_TYPES = {"number", "integer", "string", "boolean", "null", "object", "array"}
+_MAX_FLOAT = 1.7976931348623157e308
+_compiled_cache = {}
+
+
+def _compiled(schema):
+    """A predicate ``value -> bool`` that is True only for values ``schema`` accepts
+    (False may be a valid value of an unusual Python type: jsonschema then
+    decides), or None when the schema uses keywords beyond the subset above."""
+    key = id(schema)
+    if key not in _compiled_cache:
+        _compiled_cache[key] = (schema, _compile(schema))
+    return _compiled_cache[key][1]
+
+
+def _same(x, y):
+    """JSON equality as jsonschema's enum/const see it: true is not 1."""
+    if isinstance(x, bool) or isinstance(y, bool):
+        return isinstance(x, bool) and isinstance(y, bool) and x == y
+    return type(x) in (int, float, str, type(None)) and x == y
+
+
+def _compile(schema):
+    if schema is True:
+        return lambda x: True
+    if schema is False:
+        return lambda x: False
+    if not isinstance(schema, dict) or set(schema) - _SIMPLE:
+        return None
+    names = schema.get("type", sorted(_TYPES))
+    names = {names} if isinstance(names, str) else set(names)
+    if names - _TYPES:
+        return None
+    num, integer = "number" in names, "integer" in names
+    string, boolean, null = "string" in names, "boolean" in names, "null" in names
+    array, obj = "array" in names, "object" in names
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    xlo, xhi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    maxlen, minlen = schema.get("maxLength"), schema.get("minLength", 0)
+    pattern = re.compile(schema["pattern"]) if "pattern" in schema else None
+    choices = schema["enum"] if "enum" in schema else None
+    if "const" in schema:
+        choices = [schema["const"]] if choices is None else [
+            c for c in choices if _same(c, schema["const"])]
+    if choices is not None and any(type(c) not in (int, float, str, bool, type(None))
+                                   for c in choices):
+        return None
+    required = tuple(schema.get("required", ()))
+    props = {k: _compile(s) for k, s in schema.get("properties", {}).items()}
+    patterns = [(re.compile(p), _compile(s))
+                for p, s in schema.get("patternProperties", {}).items()]
+    extra = _compile(schema.get("additionalProperties", True))
+    key_check = _compile(schema.get("propertyNames", True))
+    item = _compile(schema.get("items", True))
+    if None in (extra, key_check, item) or None in props.values() \
+            or any(c is None for _, c in patterns):
+        return None
+    max_items, min_items = schema.get("maxItems"), schema.get("minItems", 0)
+    max_keys, min_keys = schema.get("maxProperties"), schema.get("minProperties", 0)
+
+    def scalar(x):
+        t = type(x)
+        if t is float or t is int:
+            if t is float:
+                if not (-_MAX_FLOAT <= x <= _MAX_FLOAT):     # NaN and ±inf
+                    return False
+                if not num and not (integer and x.is_integer()):
+                    return False
+            elif not (num or integer) or not (-_MAX_FLOAT <= x <= _MAX_FLOAT):
+                return False
+            return ((lo is None or x >= lo) and (hi is None or x <= hi)
+                    and (xlo is None or x > xlo) and (xhi is None or x < xhi))
+        if t is str:
+            return (string and (maxlen is None or len(x) <= maxlen) and len(x) >= minlen
+                    and (pattern is None or pattern.search(x) is not None))
+        if t is bool:
+            return boolean
+        return x is None and null
+
+    def check(x):
+        if choices is not None and not any(_same(x, c) for c in choices):
+            return False
+        t = type(x)
+        if t is list:
+            return (array and len(x) >= min_items
+                    and (max_items is None or len(x) <= max_items)
+                    and all(item(v) for v in x))
+        if t is dict:
+            if not obj or len(x) < min_keys or (max_keys is not None and len(x) > max_keys):
+                return False
+            for k in required:
+                if k not in x:
+                    return False
+            for k, v in x.items():
+                if not key_check(k):
+                    return False
+                sub = props.get(k)
+                if sub is not None:
+                    if not sub(v):
+                        return False
+                    continue
+                matched = False
+                for regex, sub in patterns:
+                    if regex.search(k):
+                        matched = True
+                        if not sub(v):
+                            return False
+                if not matched and not extra(v):
+                    return False
+            return True
+        return scalar(x)
+
+    return check
+
+
+def first_error(data, ref):
+    """Check ``data`` against schema ``ref`` (see :func:`validator`).
+
+    Returns:
+        None when valid, else ``(key_path, message)``: ``key_path`` is the list
+        of keys and indices to the offending value (a missing or unknown key
+        included) and ``message`` one human line.
+    """
+    from jsonschema.exceptions import best_match
+
+    fast = _compiled(validator(ref).schema)
+    if fast is not None and fast(data):
+        return None
+    errors = validator(ref).iter_errors(data)
+    first = next(errors, None)
+    if first is None:
+        return None
+    pool = [first]
+    for err in errors:
+        pool.append(err)
+        if len(pool) >= _MAX_ERRORS:
+            break
+    return describe(best_match([min(pool, key=_depth_of_key)]))
+
+
+def _depth_of_key(error):
+    """Depth of the key an error names: a missing, unknown or badly named key is
+    one level below the object that holds it. The shallowest error is reported
+    (the first one, in schema order, among equals), since a deep error is often
+    a consequence of a shallow one."""
+    named_key = (error.validator in ("required", "additionalProperties")
+                 or "propertyNames" in error.absolute_schema_path)
+    return len(error.absolute_path) + named_key
+
+
+def check(data, ref, path=None, error_cls=ResultFormatError, key_prefix=None):
+    """Validate ``data`` against schema ``ref``; return ``data`` when valid.
+
+    Raises:
+        error_cls: one line ``<path>: <key.path>: <message>`` for the most
+            relevant error (``key_prefix``, e.g. a group name, is put in
+            front of the key path).
+    """
+    found = first_error(data, ref)
+    if found is None:
+        return data
+    keys, message = found
+    if key_prefix is not None:
+        keys = [key_prefix, *keys]
+    raise error_cls(message, path=path, key=key_path(keys) or None)
+
+
+def key_path(keys):
+    """``["tests", "a.b", "n"]`` → ``"tests.a.b.n"`` (odd keys shown quoted)."""
+    return ".".join(str(k) if isinstance(k, int) or re.fullmatch(r"[\w.@+-]{1,80}", k)
+                    else _show(k) for k in keys)
+
+
+_TYPE_WORDS = {"string": "a string", "number": "a finite number", "integer": "an integer",
+               "boolean": "true or false", "object": "an object", "array": "a list",
+               "null": "null"}
+
+
+def _json_type(value):
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            return repr(value)
+        return "number"
+    return {str: "string", list: "list", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _expected(types):
+    words = [_TYPE_WORDS.get(t, t) for t in ([types] if isinstance(types, str) else types)]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def describe(error):
+    """``(key_path, message)`` of one ``jsonschema`` error, in milarun's words."""
+    keys = list(error.absolute_path)
+    kw, value, instance = error.validator, error.validator_value, error.instance
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    if "propertyNames" in error.absolute_schema_path:
+        # the offending thing is a key: name it in the path, not as a value
+        keys.append(instance)
+    if kw == "required":
+        missing = next((k for k in value if k not in instance), value[0])
+        keys.append(missing)
+        prop = schema.get("properties", {}).get(missing, {})
+        return keys, prop.get("x-missing", "missing") if isinstance(prop, dict) else "missing"
+    if kw in ("additionalProperties", "unevaluatedProperties"):
+        known = sorted(schema.get("properties", {}))
+        extra = sorted(k for k in instance if k not in known
+                       and not any(re.search(p, k) for p in schema.get("patternProperties", {})))
+        if extra and value is False:
+            keys.append(extra[0])
+            return keys, f"unknown key (known: {', '.join(known)})"
+    custom = schema.get("x-message")
+    if isinstance(custom, dict):
+        custom = custom.get(kw)
+    if custom:
+        return keys, (custom.replace("{value}", _show(instance))
+                      .replace("{type}", type(instance).__name__))
+    shown = _show(instance)
+    if kw == "type":
+        message = f"must be {_expected(value)}, not {_json_type(instance)}"
+    elif kw == "enum":
+        message = f"{shown} is not one of {', '.join(str(v) for v in value)}"
+    elif kw == "const":
+        message = f"must be {_show(value)}, not {shown}"
+    elif kw == "minimum":
+        message = f"must be >= {value:g}, not {shown}"
+    elif kw == "exclusiveMinimum":
+        message = f"must be > {value:g}, not {shown}"
+    elif kw == "maximum":
+        message = f"must be <= {value:g}, not {shown}"
+    elif kw == "exclusiveMaximum":
+        message = f"must be < {value:g}, not {shown}"
+    elif kw == "maxLength":
+        message = f"longer than {value} characters"
+    elif kw == "minLength":
+        message = "must not be empty" if value == 1 else f"shorter than {value} characters"
+    elif kw == "maxItems":
+        message = f"more than {value} items"
+    elif kw == "minItems":
+        message = "must not be empty" if value == 1 else f"fewer than {value} items"
+    elif kw == "maxProperties":
+        message = f"more than {value} keys"
+    elif kw == "pattern":
+        message = f"{shown} does not match {value}"
+    else:
+        message = _one_line(error.message)
+    return keys, message
