@@ -134,3 +134,25 @@ def test_neither_format_is_one_clear_error(data, key):
 def test_missing_dir_is_cli_error(tmp_path, capsys):
     assert cli(["summary", str(tmp_path / "nope")]) == 2
     assert "milarun: error:" in capsys.readouterr().err
+
+
+def test_interrupted_records_are_counted_apart_from_failures(tmp_path):
+    # An interrupted launch is the operator's doing: it is listed, not a failure,
+    # and left out of n (so of the failure rate); its samples do not score.
+    for name in ("standard.convnet.J0.0.20261121-120000-000000.json",
+                 "standard.convnet.J0.1.20261121-120001-000000.json"):
+        shutil.copy(RESULTS / name, tmp_path / name)
+    cut = json.loads((RESULTS / "standard.convnet.J1.0.20261121-120002-000000.json").read_text())
+    cut["success"] = False
+    cut["error"] = {"reason": "interrupted", "message": "stopped by the launcher"}
+    (tmp_path / "standard.convnet.J1.0.FAIL.20261121-120002-000000.json").write_text(
+        json.dumps(cut))
+    # what a session keeps beside its records is not read as results
+    (tmp_path / ".milarun").mkdir()
+    (tmp_path / ".milarun" / "session.json").write_text("{}")
+    (tmp_path / "standard.convnet.J1.1.20261121-120003-000000.journal.jsonl").write_text("{")
+    summary, records = summarize_dir(tmp_path)
+    conv = summary["tests"]["standard.convnet"]
+    assert len(records) == 3 and summary["skipped"] == []
+    assert (conv["n"], conv["failures"], conv["interrupted"]) == (2, 0, 1)
+    assert conv["failed"] == [] and conv["train"]["n"] == 2
