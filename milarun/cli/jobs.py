@@ -125,8 +125,12 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     if dry_run:
         dataroot = dataroot or os.environ.get("MILARUN_DATAROOT") or "$MILARUN_DATAROOT"
         outdir = outdir or "$MILARUN_OUTROOT/results-<date>"
+        from ..session import new_session_id
+        sid, when = new_session_id()
         waves = plan_suite(jobs_, devs, repeat, outdir, dataroot=dataroot,
-                           extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout)
+                           extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout,
+                           session=when)
+        print(f"# session {sid}: the stamp a real run would put in every file name")
         print(f"# {len(jobs_)} tests × {repeat} run(s) on {len(devs)} {devs.kind} device(s)")
         for wave in waves:
             for lch in wave:
