@@ -5,7 +5,8 @@ Profiles, result records, summaries/baselines and weights all go through
 no duplicate keys) and :func:`check` (the file type's JSON Schema in
 ``milarun/schemas/``). Every problem is one ``MilarunError`` line naming the
 file and the key path, e.g. ``r.json: timings.train.samples.3.rate: must be
->= 0, not -5``.
+>= 0, not -5``. fastjsonschema says whether a document is valid; only for an
+invalid one does jsonschema say why.
 
 In milarun's schemas ``"type": "number"`` means a *finite* number (the
 validator's type checker rejects NaN and ±Infinity, which the writer could
@@ -20,6 +21,7 @@ import functools
 import json
 import math
 import re
+import sys
 from importlib import resources
 
 from .errors import ResultFormatError
@@ -188,11 +190,15 @@ _BASE = "https://milarun.invalid/schemas/"
 SCHEMAS = ("common", "profile", "result", "summary", "weights")
 
 
+#: Largest float; a bigger int is not a finite "number".
+_MAX_FLOAT = sys.float_info.max
+
+
 def _finite_number(checker, instance):
     if isinstance(instance, bool):
         return False
     if isinstance(instance, int):
-        return -1.7976931348623157e308 <= instance <= 1.7976931348623157e308
+        return -_MAX_FLOAT <= instance <= _MAX_FLOAT
     return isinstance(instance, float) and math.isfinite(instance)
 
 
@@ -246,15 +252,15 @@ def _validator_class():
     items = base.VALIDATORS["items"]
 
     def fast_items(validator, subschema, instance, schema):
-        # Long arrays of flat records (rate samples, GPU readings) are checked by a
-        # predicate compiled from the same subschema; only failing items go through
+        # In an invalid document, long arrays (rate samples, GPU readings) are
+        # checked item by item with fastjsonschema; only failing items go through
         # jsonschema, which then words the error.
-        check = _compiled(subschema)
-        if check is None or "prefixItems" in schema or not isinstance(instance, list):
+        if "prefixItems" in schema or not isinstance(instance, list):
             yield from items(validator, subschema, instance, schema)
             return
+        accepts = _accepts(subschema)
         for index, item in enumerate(instance):
-            if not check(item):
+            if not accepts(item):
                 yield from validator.descend(item, subschema, path=index)
 
     return jsonschema.validators.extend(base, validators={"items": fast_items},
@@ -262,135 +268,89 @@ def _validator_class():
 
 
 @functools.lru_cache(maxsize=None)
+def _inlined(ref):
+    name, _, fragment = ref.partition("#")
+    return _inline({"$ref": f"{name}.schema.json" + (f"#{fragment}" if fragment else "")},
+                   name)
+
+
+@functools.lru_cache(maxsize=None)
 def validator(ref):
     """A validator for ``ref``: ``"result"`` (a whole schema) or
     ``"summary#/$defs/flat2020"`` (a part of one)."""
-    name, _, fragment = ref.partition("#")
-    schema = _inline({"$ref": f"{name}.schema.json" + (f"#{fragment}" if fragment else "")},
-                     name)
-    return _validator_class()(schema)
+    return _validator_class()(_inlined(ref))
 
 
-# --- a fast predicate for simple subschemas -------------------------------------------
+# --- whether: fastjsonschema ------------------------------------------------------------
 
-_SIMPLE = {"type", "required", "properties", "additionalProperties", "patternProperties",
-           "propertyNames", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-           "maxLength", "minLength", "pattern", "enum", "const", "items", "maxItems",
-           "minItems", "maxProperties", "minProperties", "$comment", "title", "x-message",
-           "x-missing"}
-_TYPES = {"number", "integer", "string", "boolean", "null", "object", "array"}
-_MAX_FLOAT = 1.7976931348623157e308
-_compiled_cache = {}
+# Keywords holding one schema, a list of schemas, or a map of names to schemas.
+_ONE = ("items", "additionalProperties", "propertyNames", "not", "if", "then", "else")
+_LIST = ("allOf", "anyOf", "oneOf")
+_MAP = ("properties", "patternProperties")
+_fast_cache = {}
 
 
-def _compiled(schema):
-    """A predicate ``value -> bool`` that is True only for values ``schema`` accepts
-    (False may be a valid value of an unusual Python type: jsonschema then
-    decides), or None when the schema uses keywords beyond the subset above."""
-    key = id(schema)
-    if key not in _compiled_cache:
-        _compiled_cache[key] = (schema, _compile(schema))
-    return _compiled_cache[key][1]
+def _fast_schema(node):
+    """``node`` (inlined) as fastjsonschema gets it: every "number" and "integer"
+    also bounded by ±max float (fastjsonschema's numbers include ±Infinity and
+    ints beyond a float), and ``const`` as a one-value ``enum`` (fastjsonschema
+    2.22 cannot compile ``const`` with ``detailed_exceptions=False``)."""
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    out.update({k: _fast_schema(node[k]) for k in _ONE if k in node})
+    out.update({k: [_fast_schema(s) for s in node[k]] for k in _LIST if k in node})
+    out.update({k: {n: _fast_schema(s) for n, s in node[k].items()}
+                for k in _MAP if k in node})
+    types = node.get("type", ())
+    if {"number", "integer"} & set([types] if isinstance(types, str) else types):
+        out.setdefault("minimum", -_MAX_FLOAT)
+        out.setdefault("maximum", _MAX_FLOAT)
+    if "const" in out:
+        out["allOf"] = [*out.get("allOf", ()), {"enum": [out.pop("const")]}]
+    return out
 
 
-def _same(x, y):
-    """JSON equality as jsonschema's enum/const see it: true is not 1."""
-    if isinstance(x, bool) or isinstance(y, bool):
-        return isinstance(x, bool) and isinstance(y, bool) and x == y
-    return type(x) in (int, float, str, type(None)) and x == y
+def _has_nan(value):
+    t = type(value)
+    if t is float:
+        return value != value
+    if t is dict:
+        return any(map(_has_nan, value.values()))
+    if t is list:
+        return any(map(_has_nan, value))
+    return False
 
 
-def _compile(schema):
-    if schema is True:
-        return lambda x: True
-    if schema is False:
-        return lambda x: False
-    if not isinstance(schema, dict) or set(schema) - _SIMPLE:
-        return None
-    names = schema.get("type", sorted(_TYPES))
-    names = {names} if isinstance(names, str) else set(names)
-    if names - _TYPES:
-        return None
-    num, integer = "number" in names, "integer" in names
-    string, boolean, null = "string" in names, "boolean" in names, "null" in names
-    array, obj = "array" in names, "object" in names
-    lo, hi = schema.get("minimum"), schema.get("maximum")
-    xlo, xhi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
-    maxlen, minlen = schema.get("maxLength"), schema.get("minLength", 0)
-    pattern = re.compile(schema["pattern"]) if "pattern" in schema else None
-    choices = schema["enum"] if "enum" in schema else None
-    if "const" in schema:
-        choices = [schema["const"]] if choices is None else [
-            c for c in choices if _same(c, schema["const"])]
-    if choices is not None and any(type(c) not in (int, float, str, bool, type(None))
-                                   for c in choices):
-        return None
-    required = tuple(schema.get("required", ()))
-    props = {k: _compile(s) for k, s in schema.get("properties", {}).items()}
-    patterns = [(re.compile(p), _compile(s))
-                for p, s in schema.get("patternProperties", {}).items()]
-    extra = _compile(schema.get("additionalProperties", True))
-    key_check = _compile(schema.get("propertyNames", True))
-    item = _compile(schema.get("items", True))
-    if None in (extra, key_check, item) or None in props.values() \
-            or any(c is None for _, c in patterns):
-        return None
-    max_items, min_items = schema.get("maxItems"), schema.get("minItems", 0)
-    max_keys, min_keys = schema.get("maxProperties"), schema.get("minProperties", 0)
+def _accepts(schema):
+    """The predicate ``value -> bool`` "``schema`` (inlined) accepts ``value``",
+    compiled by fastjsonschema once per schema object."""
+    entry = _fast_cache.get(id(schema))
+    if entry is None:
+        import fastjsonschema
 
-    def scalar(x):
-        t = type(x)
-        if t is float or t is int:
-            if t is float:
-                if not (-_MAX_FLOAT <= x <= _MAX_FLOAT):     # NaN and ±inf
-                    return False
-                if not num and not (integer and x.is_integer()):
-                    return False
-            elif not (num or integer) or not (-_MAX_FLOAT <= x <= _MAX_FLOAT):
+        # Our Draft 2020-12 schemas use only keywords with the same meaning in
+        # draft 7 (fastjsonschema's default); inlined, they hold no $ref.
+        validate = fastjsonschema.compile(_fast_schema(schema), use_default=False,
+                                          detailed_exceptions=False)
+
+        def accepts(value):
+            try:
+                validate(value)
+            except fastjsonschema.JsonSchemaValueException:
                 return False
-            return ((lo is None or x >= lo) and (hi is None or x <= hi)
-                    and (xlo is None or x > xlo) and (xhi is None or x < xhi))
-        if t is str:
-            return (string and (maxlen is None or len(x) <= maxlen) and len(x) >= minlen
-                    and (pattern is None or pattern.search(x) is not None))
-        if t is bool:
-            return boolean
-        return x is None and null
+            except TypeError:       # e.g. a non-str key of an in-memory dict
+                pass
+            else:
+                if not _has_nan(value):
+                    return True
+            # NaN passes every bound. Files cannot hold one (parse_json), but
+            # in-memory documents can (write_summary checks before finite_json):
+            # jsonschema's type checker then decides.
+            return _validator_class()(schema).is_valid(value)
 
-    def check(x):
-        if choices is not None and not any(_same(x, c) for c in choices):
-            return False
-        t = type(x)
-        if t is list:
-            return (array and len(x) >= min_items
-                    and (max_items is None or len(x) <= max_items)
-                    and all(item(v) for v in x))
-        if t is dict:
-            if not obj or len(x) < min_keys or (max_keys is not None and len(x) > max_keys):
-                return False
-            for k in required:
-                if k not in x:
-                    return False
-            for k, v in x.items():
-                if not key_check(k):
-                    return False
-                sub = props.get(k)
-                if sub is not None:
-                    if not sub(v):
-                        return False
-                    continue
-                matched = False
-                for regex, sub in patterns:
-                    if regex.search(k):
-                        matched = True
-                        if not sub(v):
-                            return False
-                if not matched and not extra(v):
-                    return False
-            return True
-        return scalar(x)
-
-    return check
+        entry = _fast_cache[id(schema)] = (schema, accepts)
+    return entry[1]
 
 
 def first_error(data, ref):
@@ -401,11 +361,10 @@ def first_error(data, ref):
         of keys and indices to the offending value (a missing or unknown key
         included) and ``message`` one human line.
     """
+    if _accepts(_inlined(ref))(data):
+        return None     # valid: jsonschema is not even imported
     from jsonschema.exceptions import best_match
 
-    fast = _compiled(validator(ref).schema)
-    if fast is not None and fast(data):
-        return None
     errors = validator(ref).iter_errors(data)
     first = next(errors, None)
     if first is None:
