@@ -184,17 +184,15 @@ def test_resume_runs_only_what_did_not_pass(tmp_path):
     before = {name: (first.out / name).stat().st_mtime_ns for name in first.records()}
     flag.write_text("")
     # other options: one clear error naming the key
-    wrong = subprocess.run([sys.executable, "-m", "milarun", "jobs", str(profile), "--no-cgexec",
-                            "-d", str(tmp_path / "data"), "--resume", str(first.out),
-                            "--cpu-slots", "1"], cwd=ROOT, capture_output=True, text=True)
+    wrong = run_jobs(tmp_path / "data", "--resume", str(first.out), "--cpu-slots", "1",
+                     profile=profile)
     assert wrong.returncode == 2
     assert wrong.stderr.strip() == (
         f"milarun: error: {first.out}/.milarun/session.json: invocation.cpu_slots: --resume: "
         "cpu_slots differs from the run that started this folder (was 2, now 1); resume with "
         "the same profile and options or use a new -o")
-    again = subprocess.run([sys.executable, "-m", "milarun", "jobs", str(profile), "--no-cgexec",
-                            "-d", str(tmp_path / "data"), "--resume", str(first.out),
-                            "--cpu-slots", "2"], cwd=ROOT, capture_output=True, text=True)
+    again = run_jobs(tmp_path / "data", "--resume", str(first.out), "--cpu-slots", "2",
+                     profile=profile)
     assert again.returncode == 0, again.stderr
     assert "2 launch(es) already passed; 2 to run" in again.stderr
     assert again.stdout.strip() == "2 passed, 0 failed"
@@ -206,6 +204,13 @@ def test_resume_runs_only_what_did_not_pass(tmp_path):
     assert passed == [("p.flaky", "0"), ("p.flaky", "1"), ("p.ok", "0"), ("p.ok", "1")]
     session = json.loads((first.out / ".milarun" / "session.json").read_text())
     assert [s["resume"] for s in session["sessions"]] == [False, True]
+
+
+def run_jobs(tmp_path, *args, profile=None):
+    """``milarun jobs`` on ``profile`` (a crawl test by default), to completion."""
+    profile = profile or write_profile(tmp_path, {"crawl": CRAWL})
+    return subprocess.run([sys.executable, "-m", "milarun", "jobs", str(profile), "--no-cgexec",
+                           "-d", str(tmp_path), *args], cwd=ROOT, capture_output=True, text=True)
 
 
 def _mount_tmpfs(path, options):
@@ -230,10 +235,7 @@ def test_read_only_results_folder_is_one_clear_error(tmp_path, mounts):
     ro = tmp_path / "ro"
     _mount_tmpfs(ro, "ro,size=1m")
     mounts.append(ro)
-    profile = write_profile(tmp_path, {"crawl": CRAWL})
-    proc = subprocess.run([sys.executable, "-m", "milarun", "jobs", str(profile), "--no-cgexec",
-                           "-d", str(tmp_path), "-o", str(ro / "out")], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = run_jobs(tmp_path, "-o", str(ro / "out"))
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"milarun: error: {ro}/out: results directory is not "
                                    "writable (Read-only file system)")
@@ -243,10 +245,7 @@ def test_a_nearly_full_disk_is_refused_before_launching(tmp_path, mounts):
     small = tmp_path / "small"
     _mount_tmpfs(small, "size=4m")
     mounts.append(small)
-    profile = write_profile(tmp_path, {"crawl": CRAWL})
-    proc = subprocess.run([sys.executable, "-m", "milarun", "jobs", str(profile), "--no-cgexec",
-                           "-d", str(tmp_path), "-o", str(small / "out")], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = run_jobs(tmp_path, "-o", str(small / "out"))
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith(f"milarun: error: {small}/out: results directory has ")
     assert proc.stderr.strip().endswith("MiB free; milarun needs at least 32 MiB for records "
