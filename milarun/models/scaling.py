@@ -116,6 +116,14 @@ def train(exp):
         exp.result["host"]["threads"] = threads
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
+    # DDP's first construction imports torch.distributed.nn.functional, whose
+    # functions take ``group=group.WORLD`` as a default argument. Imported
+    # after init_process_group, those defaults keep the default group alive:
+    # destroy_process_group() cannot free it, and its threads and sockets are
+    # torn down in the interpreter's own shutdown instead, when the peers may
+    # be gone (a rank aborted there with "terminate called without an active
+    # exception"). Imported now, the defaults are None.
+    import torch.distributed.nn  # noqa: F401
     if "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend, rank=rank, world_size=world)
     else:
@@ -126,6 +134,9 @@ def train(exp):
                             "global_batch": batch_size * world})
         _train(exp, torch, device, batch_size, width, blocks, image_size, classes, lr,
                precision, world, rank)
+        # No rank closes its connections while another still has work in flight.
+        # (Only on success: after a failure the other ranks may never get here.)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
