@@ -46,10 +46,18 @@ from pathlib import Path
 from . import isolation, supervise
 from .results.journal import read_journal
 from .results.schema import new_result
+from .errors import ResultFormatError
 from .results.store import load_result, write_result
 
 STDERR_TAIL_LINES = 40
+#: Longest line read from a child at once, and kept of a tail line (bytes, characters).
+LINE_BYTES = 65536
+TAIL_LINE_CHARS = 4096
+#: Longest ``error.message`` a FAIL record gets (characters).
+MESSAGE_CHARS = 65536
 POLL_S = 0.05
+#: Seconds after SIGKILL before a child that will not die is given up on.
+ABANDON_S = 60.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -106,6 +114,8 @@ def stop_on_signals(stop):
     """
     old = {}
     for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            continue  # e.g. SIGHUP under nohup: the operator asked to survive it
         try:
             old[sig] = signal.signal(sig, stop)
         except (ValueError, OSError):  # not the main thread
@@ -158,6 +168,7 @@ class _Child:
         self.timed_out = False
         self.stopped = False  # cut short by a stop request
         self.killed_at = None
+        self.abandoned = False  # still there after SIGKILL and a long wait
         self.proc = None
         self.start_error = None
         self.log_error = None
@@ -177,13 +188,15 @@ class _Child:
         env.update(self.launch.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env[supervise.ENV] = str(os.getpid())
-        self.t0 = time.time()
+        self.t0 = time.time()  # for the record
+        self.m0 = time.monotonic()  # for the watchdog: immune to clock steps
         try:
             self.proc = subprocess.Popen(supervise.supervised_argv(self.launch.argv), env=env,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
-        except OSError as exc:
-            self.start_error = f"cannot start {self.launch.argv[0]!r}: {exc.strerror}"
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in an argument
+            why = exc.strerror if isinstance(exc, OSError) else exc
+            self.start_error = f"cannot start {self.launch.argv[0]!r}: {why}"
             self.tail.append(self.start_error)
             return
         for pipe, keep in ((self.proc.stdout, False), (self.proc.stderr, True)):
@@ -194,7 +207,7 @@ class _Child:
     def _pump(self, pipe, keep):
         # Must never die: a dead pump would leave the child blocked on a full pipe.
         try:
-            for line in iter(pipe.readline, b""):
+            for line in iter(lambda: pipe.readline(LINE_BYTES), b""):
                 with self.lock:
                     if self.log is not None:
                         try:
@@ -205,7 +218,7 @@ class _Child:
                             self._close_log()
                 text = line.decode(errors="replace").rstrip("\n")
                 if keep:
-                    self.tail.append(text)
+                    self.tail.append(text[-TAIL_LINE_CHARS:])
                 if self.on_line is not None:
                     try:
                         self.on_line(self.launch, text)
@@ -222,7 +235,7 @@ class _Child:
         self.log = None
 
     def signal_group(self, sig):
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None or self.poll() is not None:
             return
         try:
             os.killpg(self.proc.pid, sig)
@@ -230,17 +243,29 @@ class _Child:
             pass
 
     def poll(self):
-        return -255 if self.proc is None else self.proc.poll()
-
-    def finish(self):
-        if self.proc is not None:
-            # Whatever the child left in its group (loader workers, ranks) goes with
-            # it; they would also hold its pipes open. The group's ID cannot have been
-            # reused while any member is alive, so this reaches only our processes.
+        """The exit status once the child ended (and its group was swept), else None."""
+        if self.proc is None:
+            return -255
+        if self.proc.returncode is None:
+            try:
+                # WNOWAIT: the leader stays a zombie, so its PID (the group's ID)
+                # cannot be reused while we sweep the group.
+                ended = os.waitid(os.P_PID, self.proc.pid,
+                                  os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                ended = True
+            if ended is None:
+                return None
+            # Whatever the child left in its group (loader workers) goes with it;
+            # it would also hold the pipes open. (torchrun's ranks have sessions of
+            # their own: they die with their agent, by their parent-death signal.)
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        return self.proc.poll()
+
+    def finish(self):
         for t in self.threads:
             t.join(timeout=5)
         with self.lock:
@@ -297,8 +322,9 @@ def fail_record(launch, own, reason, message, returncode, stderr_tail, start, en
     journal = read_journal(launch.journal_path)
     if own is None:
         rec = base_record(launch)
-        rec["timings"]["program"] = {"start": journal["start"] or start, "end": end,
-                                     "duration": end - (journal["start"] or start)}
+        first = journal["start"] or start
+        rec["timings"]["program"] = {"start": first, "end": max(end, first),
+                                     "duration": max(0.0, end - first)}
         train = rec["timings"]["train"]
         train.update({k: v for k, v in journal["train"].items()
                       if k in ("sample_duration", "warmup", "max_count", "min_steady")})
@@ -328,10 +354,15 @@ def conclude(child, now=None):
     rc = child.poll() if child.proc is not None else None
     own, problem = _read_own_record(launch.result_path)
     ok = own is not None and own.get("success") is True
-    if ok and rc == 0 and not child.stopped:
+    if ok and rc == 0 and not child.timed_out:
+        # (a child stopped while finishing its teardown still measured everything)
         _remove(launch.journal_path)
         return Outcome(launch, rc, True, Path(launch.result_path), None, end - child.t0)
-    if child.stopped:
+    if child.abandoned:
+        reason = "timeout"
+        message = ("did not end after SIGKILL (stuck in the kernel, e.g. in a driver call); "
+                   "abandoned")
+    elif child.stopped:
         reason, message = "interrupted", "stopped by the launcher: the suite was interrupted"
     elif ok:
         reason = "exit-after-result"
@@ -345,6 +376,8 @@ def conclude(child, now=None):
     elif own is not None:
         err = own.get("error") if isinstance(own.get("error"), dict) else {}
         reason = err.get("reason") or "error"
+        if reason == "interrupted":
+            reason = "signal"  # the child saw an interrupt the launcher did not send
         message = err.get("message") or f"the test failed and {_exit_words(rc)}"
     elif child.start_error:
         reason, message = "error", child.start_error
@@ -358,16 +391,36 @@ def conclude(child, now=None):
     for note in (problem, child.log_error):
         if note:
             message += f"; {note}"
-    rec = fail_record(launch, own, reason, message, rc, list(child.tail), child.t0, end)
     outcome = Outcome(launch, rc, False, None, reason, end - child.t0)
-    try:
-        outcome.result_path = write_result(rec, launch.fail_path)
-    except OSError as exc:
-        outcome.write_error = f"cannot write {launch.fail_path}: {exc.strerror}"
+    if not write_fail(outcome, own, message, list(child.tail), child.t0, end):
         return outcome
     _remove(launch.result_path)
     _remove(launch.journal_path)
     return outcome
+
+
+def write_fail(outcome, own, message, tail, start, end):
+    """Write the FAIL record of ``outcome``; on failure set ``outcome.write_error``.
+
+    A record that the schema refuses (say, a child's own record with bad
+    values) is replaced by a bare one from the journal, never lost. Returns True
+    when written.
+    """
+    launch = outcome.launch
+    message = message[:MESSAGE_CHARS]
+    rc = outcome.returncode
+    for base in (own, None):
+        try:
+            rec = fail_record(launch, base, outcome.reason, message, rc, tail, start, end)
+            outcome.result_path = write_result(rec, launch.fail_path)
+            return True
+        except OSError as exc:
+            outcome.write_error = f"cannot write {launch.fail_path}: {exc.strerror}"
+            return False
+        except (ResultFormatError, ValueError, TypeError) as exc:
+            message = f"{message}; the child's record was unusable ({exc})"[:MESSAGE_CHARS]
+            outcome.write_error = f"cannot write {launch.fail_path}: {exc}"
+    return False
 
 
 def _remove(path):
@@ -394,7 +447,7 @@ def run_wave(launches, outdir, stop=None, on_line=None, grace=5.0):
     for child in children:
         child.start()
     while True:
-        pending = [c for c in children if c.poll() is None]
+        pending = [c for c in children if not c.abandoned and c.poll() is None]
         if not pending:
             break
         if stop.signum is not None:
@@ -402,14 +455,16 @@ def run_wave(launches, outdir, stop=None, on_line=None, grace=5.0):
                 c.stopped = True
             stop_all(pending, grace, stop)
             break
-        now = time.time()
+        now = time.monotonic()
         for c in pending:
-            if not c.timed_out and now - c.t0 > c.launch.timeout:
+            if not c.timed_out and now - c.m0 > c.launch.timeout:
                 c.timed_out = True
                 c.killed_at = now
                 c.signal_group(signal.SIGTERM)
             elif c.timed_out and now - c.killed_at > grace:
                 c.signal_group(signal.SIGKILL)
+                if now - c.killed_at > ABANDON_S + grace:
+                    c.abandoned = True
         time.sleep(POLL_S)
     outcomes = []
     for c in children:
@@ -424,22 +479,19 @@ def stop_all(children, grace=5.0, stop=None):
     for c in children:
         c.signal_group(signal.SIGTERM)
     first = stop.count if stop is not None else 0
-    deadline = time.time() + grace
-    while time.time() < deadline and any(c.poll() is None for c in children):
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(c.poll() is None for c in children):
         if stop is not None and stop.count > first:
             break
         time.sleep(POLL_S)
+    deadline = time.monotonic() + ABANDON_S
     for c in children:
-        if c.proc is None:
-            continue
-        try:  # the whole group: grandchildren (torchrun ranks, loaders) too
-            os.killpg(c.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            c.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
+        c.signal_group(signal.SIGKILL)  # the group: loader workers too
+        while c.proc is not None and c.poll() is None:
+            if time.monotonic() > deadline:
+                c.abandoned = True
+                break
+            time.sleep(POLL_S)
 
 
 def prepare_fields(dataroot, outdir):
@@ -450,12 +502,12 @@ def prepare_fields(dataroot, outdir):
     return fields
 
 
-def run_prepare(commands, fields, log_path, stop=None, echo=True, grace=5.0):
+def run_prepare(commands, fields, log_path, stop=None, echo=True, grace=5.0, timeout=None):
     """Run a test's prepare commands with ``sh -c``; returns (ok, message).
 
     ``fields`` come from :func:`prepare_fields`. Output goes to ``log_path``.
-    A stop request kills the command's process group and raises
-    :class:`Interrupted`.
+    Each command gets ``timeout`` seconds (the test's own timeout). A stop
+    request kills the command's process group and raises :class:`Interrupted`.
     """
     stop = stop or StopRequest()
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -463,25 +515,31 @@ def run_prepare(commands, fields, log_path, stop=None, echo=True, grace=5.0):
         for template in commands:
             try:
                 cmd = template.format(**fields)
-            except (KeyError, IndexError, ValueError) as exc:
+            except (KeyError, IndexError, ValueError, OverflowError, MemoryError) as exc:
                 return False, f"bad prepare command {template!r} ({exc})"
             if echo:
                 say(f"milarun: prepare: {cmd}")
-            proc = subprocess.Popen(supervise.supervised_argv(["sh", "-c", cmd]), stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            env = dict(os.environ, **{supervise.ENV: str(os.getpid())})
+            try:
+                proc = subprocess.Popen(supervise.supervised_argv(["sh", "-c", cmd]), stdout=log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, env=env)
+            except (OSError, ValueError) as exc:  # ValueError: a NUL byte
+                return False, f"cannot run prepare command {cmd!r}: {exc}"
+            t0 = time.monotonic()
             while proc.poll() is None:
-                if stop.signum is not None:
+                late = timeout is not None and time.monotonic() - t0 > timeout
+                if stop.signum is not None or late:
                     for sig in (signal.SIGTERM, signal.SIGKILL):
                         try:
-                            os.killpg(proc.pid, sig)
-                        except ProcessLookupError:
+                            os.killpg(proc.pid, sig)  # the group, even once sh is gone
+                        except (ProcessLookupError, PermissionError):
                             pass
-                        try:
-                            proc.wait(timeout=grace)
-                            break
-                        except subprocess.TimeoutExpired:
-                            pass
+                        if sig == signal.SIGTERM:
+                            time.sleep(min(grace, 1.0))
+                    proc.wait()
+                    if late and stop.signum is None:
+                        return False, f"prepare command timed out after {timeout:g} s: {cmd}"
                     raise Interrupted(stop.signum)
                 time.sleep(POLL_S)
             if proc.returncode != 0:
@@ -544,11 +602,15 @@ def run_suite(waves, outdir, dataroot, stop=None, on_line=None, on_outcome=None,
     logdir = Path(outdir) / "logs"
     fields = prepare_fields(dataroot, outdir)
 
-    def record(outcome):
-        outcomes.append(outcome)
-        on_outcome(outcome)
-        if outcome.write_error:
-            raise SuiteAborted(f"{outcome.write_error}; the suite stops here", outcomes)
+    def record(wave_outcomes):
+        # every outcome of the wave is counted before the suite may stop, so the
+        # tally matches the records already written
+        for outcome in wave_outcomes:
+            outcomes.append(outcome)
+            on_outcome(outcome)
+        for outcome in wave_outcomes:
+            if outcome.write_error:
+                raise SuiteAborted(f"{outcome.write_error}; the suite stops here", outcomes)
 
     try:
         for wave in waves:
@@ -562,7 +624,8 @@ def run_suite(waves, outdir, dataroot, stop=None, on_line=None, on_outcome=None,
                     try:
                         prepared[key] = run_prepare(
                             first.job.prepare, fields,
-                            logdir / f"{first.name}.J{first.run}.prepare.log", stop, echo, grace)
+                            logdir / f"{first.name}.J{first.run}.prepare.log", stop, echo, grace,
+                            timeout=first.timeout)
                     except OSError as exc:
                         prepared[key] = (False, f"cannot run prepare commands: {exc.strerror}")
             ok, message = prepared[key]
@@ -570,17 +633,12 @@ def run_suite(waves, outdir, dataroot, stop=None, on_line=None, on_outcome=None,
                 on_wave(wave)
             if not ok:
                 now = time.time()
-                for lch in wave:
-                    rec = fail_record(lch, None, "error", message, None, [message], now, now)
-                    outcome = Outcome(lch, None, False, None, "error", 0.0)
-                    try:
-                        outcome.result_path = write_result(rec, lch.fail_path)
-                    except OSError as exc:
-                        outcome.write_error = f"cannot write {lch.fail_path}: {exc.strerror}"
-                    record(outcome)
+                failed = [Outcome(lch, None, False, None, "error", 0.0) for lch in wave]
+                for outcome in failed:
+                    write_fail(outcome, None, message, [message], now, now)
+                record(failed)
                 continue
-            for outcome in run_wave(wave, outdir, stop=stop, on_line=on_line, grace=grace):
-                record(outcome)
+            record(run_wave(wave, outdir, stop=stop, on_line=on_line, grace=grace))
             if stop.signum is not None:
                 raise Interrupted(stop.signum)
     except Interrupted as exc:

@@ -13,10 +13,11 @@ A plan is a list of *waves*: launches in a wave run concurrently, waves run
 in sequence.
 
 The plan owns every path: each launch gets its result path (and the FAIL
-path the launcher uses if the run fails), its journal path and its log path
-before anything starts, all stamped with the session id (the UTC start time
-of ``milarun jobs``), so two sessions never name the same file and nothing
-is found by globbing.
+path the launcher uses if the run fails) and its journal path before
+anything starts, all stamped with the session id (the UTC start time of
+``milarun jobs``), so two sessions never name the same record and nothing
+is found by globbing. Its log, ``logs/<suite>.<job>.J<run>.<device>.log``,
+is not stamped: a resumed session appends to it.
 """
 
 import datetime

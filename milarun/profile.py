@@ -145,9 +145,14 @@ def check_template(text, fields):
     ``{device!x}`` are caught here). Returns None when fine, else a message.
     """
     try:
-        used = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
+        parsed = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(text)
+                  if f is not None]
     except ValueError as exc:
         return f"bad template {text!r} ({exc})"
+    for f, spec, conv in parsed:
+        if spec or conv:  # '{outdir:>99999999999}' would fill memory when used
+            return f"placeholder {{{f}}} takes no format spec or conversion"
+    used = {f for f, _, _ in parsed}
     unknown = used - set(fields)
     if unknown:
         return f"unknown placeholder {{{sorted(unknown)[0]}}}"

@@ -308,17 +308,25 @@ class SuiteProgress:
         """One line of a child's stdout/stderr (thread-safe). Verbose: printed with the prefix
         ``[group Jrun.device] ``; live: kept as the launch's last line under the bar; plain:
         dropped (it is in the launch's log file)."""
+        if not (self.verbose or self.live):
+            return  # plain: the line is in the log; never wait on the display lock
         text = clean_line(line)
         label = f"{launch.group} J{launch.job_id}"
+        if not self.verbose:
+            # Kept without the lock: a pump thread must never wait on a terminal that
+            # blocks (Ctrl-S, a sleeping SSH client) or the child stalls on its pipe.
+            if text.strip():
+                try:
+                    self._tails[_key(launch)] = (label, text)
+                    self._tail_view = tuple(self._tails.values())[-TAIL_LINES:]
+                except RuntimeError:  # resized by another thread: the next line redraws
+                    pass
+            return
         with self._lock:
-            if self.verbose:
-                if self.live:
-                    self._print(f"[{label}] {text}")
-                else:
-                    self._plain(f"[{label}] {text}", prefix="")
-            elif self.live and text.strip():
-                self._tails[_key(launch)] = (label, text)
-                self._tail_view = tuple(self._tails.values())[-TAIL_LINES:]
+            if self.live:
+                self._print(f"[{label}] {text}")
+            else:
+                self._plain(f"[{label}] {text}", prefix="")
 
     def message(self, text):
         """A line of the launcher's own, printed above the bar (or as a plain line)."""

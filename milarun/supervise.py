@@ -7,18 +7,36 @@ grandchildren (the ranks a torchrun agent forks), so ``milarun run`` also asks
 for one itself when the launcher set ``MILARUN_PDEATHSIG`` (to its own PID).
 """
 
+import functools
 import os
 import shutil
 import signal
+import subprocess
 
 #: Environment variable the launcher sets for its children.
 ENV = "MILARUN_PDEATHSIG"
 _PR_SET_PDEATHSIG = 1
 
 
-def supervised_argv(argv):
-    """``argv`` behind ``setpriv --pdeathsig KILL --`` where setpriv exists, else ``argv``."""
+@functools.lru_cache(maxsize=1)
+def _setpriv():
+    """The path of a ``setpriv`` that knows ``--pdeathsig`` (util-linux >= 2.33), or None."""
     setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return None
+    try:
+        ok = subprocess.run([setpriv, "--pdeathsig", "KILL", "--", "true"], timeout=10,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return setpriv if ok else None
+
+
+def supervised_argv(argv):
+    """``argv`` behind ``setpriv --pdeathsig KILL --`` where a setpriv that supports it
+    exists, else ``argv`` (``milarun run`` still sets its own parent-death signal)."""
+    setpriv = _setpriv()
     if setpriv is None:
         return list(argv)
     return [setpriv, "--pdeathsig", "KILL", "--"] + list(argv)

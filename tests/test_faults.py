@@ -320,3 +320,24 @@ def test_resume_of_a_folder_without_session(tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"milarun: error: {tmp_path}/plain: --resume: no milarun session here "
         "(no .milarun/session.json)\n")
+
+
+def test_sighup_is_ignored_under_nohup(tmp_path):
+    job = {**CRAWL, "arguments": {**CRAWL["arguments"], "max-count": 150}}
+    profile = write_profile(tmp_path, {"crawl": job})
+    (tmp_path / "data").mkdir()
+
+    def nohup():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = subprocess.Popen([sys.executable, "-m", "milarun", "jobs", str(profile), "--no-cgexec",
+                             "-d", str(tmp_path / "data"), "-o", str(tmp_path / "out")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=nohup)
+    deadline = time.time() + 60
+    while not list((tmp_path / "out").glob("*.journal.jsonl")) and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGHUP)
+    output = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 0, output
+    assert "1 passed, 0 failed" in output

@@ -235,7 +235,7 @@ def test_failed_prepare_fails_the_test_and_the_suite_goes_on(tmp_path):
 
 def test_stop_during_prepare_kills_it_and_raises(tmp_path):
     marker = tmp_path / "prepare-finished"
-    lch = launch(tmp_path, "pass", prepare=[f"sleep 30 && touch {marker}"])
+    lch = launch(tmp_path, "pass", prepare=[f"sleep 31.7 && touch {marker}"])
     stop = StopRequest()
     import threading
     threading.Timer(1.0, stop, args=(signal.SIGINT,)).start()
@@ -244,7 +244,10 @@ def test_stop_during_prepare_kills_it_and_raises(tmp_path):
         run_suite([[lch]], tmp_path, None, stop=stop, on_outcome=lambda o: None, grace=1.0)
     assert time.time() - t0 < 10 and exc.value.signum == signal.SIGINT
     assert exc.value.outcomes == []  # nothing had started: no record
-    assert not marker.exists()
+    import psutil
+    survivors = [p for p in psutil.process_iter(["cmdline"])
+                 if "31.7" in " ".join(p.info["cmdline"] or [])]
+    assert survivors == [] and not marker.exists()
 
 
 def test_a_dying_log_never_kills_the_copy(tmp_path):
@@ -304,3 +307,44 @@ def test_fail_reason_classification():
     assert fail_reason(-9, False, 0, 0) == "signal"
     assert fail_reason(-11, False, None, None) == "signal"
     assert fail_reason(1, False, None, None) == "error"
+
+
+def test_a_write_failure_mid_wave_still_counts_the_whole_wave(tmp_path, monkeypatch):
+    real = launch_mod.write_result
+
+    def full_for_one(rec, path):
+        if ".J0.1." in str(path):
+            raise OSError(28, "No space left on device")
+        return real(rec, path)
+
+    monkeypatch.setattr(launch_mod, "write_result", full_for_one)
+    wave = [writer(tmp_path, device="0"), launch(tmp_path, "import sys; sys.exit(1)", device="1"),
+            writer(tmp_path, device="2")]
+    with pytest.raises(SuiteAborted) as exc:
+        run_suite([wave], tmp_path, None, on_outcome=lambda o: None)
+    assert [o.success for o in exc.value.outcomes] == [True, False, True]
+    assert tally(exc.value.outcomes) == "2 passed, 1 failed"
+
+
+def test_a_huge_stderr_line_still_gives_a_fail_record(tmp_path):
+    # a progress bar redrawn with '\r' and no newline: one multi-megabyte line
+    code = "import sys; sys.stderr.write('\\r' + 'x' * 3_000_000); sys.exit(1)"
+    (out,) = run_wave([launch(tmp_path, code)], tmp_path)
+    rec = record(out)
+    assert out.reason == "error" and len(rec["error"]["stderr_tail"]) < 200_000
+
+
+def test_a_nul_byte_in_an_argument_fails_that_launch_only(tmp_path):
+    bad = launch(tmp_path, argv=[sys.executable, "-c", "pass\0"], name="t.bad")
+    good = writer(tmp_path, name="t.good")
+    outs = run_suite([[bad], [good]], tmp_path, None, on_outcome=lambda o: None)
+    assert [o.success for o in outs] == [False, True]
+    assert "cannot start" in record(outs[0])["error"]["message"]
+
+
+def test_a_hung_prepare_times_out(tmp_path):
+    lch = launch(tmp_path, "pass", prepare=["sleep 30"], timeout=1.0)
+    t0 = time.time()
+    (out,) = run_suite([[lch]], tmp_path, None, on_outcome=lambda o: None, grace=0.5)
+    assert time.time() - t0 < 10
+    assert "prepare command timed out after 1 s: sleep 30" in record(out)["error"]["message"]

@@ -69,7 +69,10 @@ class GPUMonitor:
                 row["error"] = str(exc)
             self.samples.append(row)
             if self.on_reading is not None:
-                self.on_reading(row)
+                try:
+                    self.on_reading(row)
+                except Exception:  # the journal is best-effort; telemetry goes on
+                    pass
 
     def _run(self):
         while not self._stop.is_set():

@@ -52,10 +52,11 @@ class Journal:
         """Append one event ``{"kind": kind, **fields}``; non-finite numbers become null."""
         if self._file is None:
             return
-        line = json.dumps({"kind": kind, **{k: _finite_or_none(v) for k, v in fields.items()}},
-                          allow_nan=False, default=str)
         with self._lock:
             try:
+                line = json.dumps({"kind": kind,
+                                   **{k: _finite_or_none(v) for k, v in fields.items()}},
+                                  allow_nan=False, default=str)
                 self._file.write(line + "\n")
                 self._file.flush()
             except (OSError, ValueError) as exc:
@@ -126,8 +127,8 @@ def read_journal(path):
 
 def _valid_sample(s):
     try:
-        return (all(math.isfinite(float(s[k])) and float(s[k]) >= 0
+        return (all(type(s[k]) in (int, float) and math.isfinite(s[k]) and s[k] >= 0
                     for k in ("start", "end", "count", "rate"))
                 and isinstance(s.get("warmup"), bool))
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError):
         return False
