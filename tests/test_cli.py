@@ -115,3 +115,21 @@ def test_run_then_rerun_with_extra_args(tmp_path):
                                      "--batch-size", "32"]
     assert again["call"]["arguments"]["batch_size"] == 32
     assert (again["name"], again["job_id"], again["run"]) == ("cli.toy", "4.1", 4)
+
+
+def test_run_names_a_record_outside_a_profile_run_dot_module(tmp_path):
+    from milarun.cli.run import run_experiment
+    out = tmp_path / "r.json"
+    assert run_experiment("milarun.models.faults:crawl", ["--max-count", "2"], out=str(out)) == 0
+    assert json.loads(out.read_text())["name"] == "run.faults"
+
+
+def test_run_refuses_a_bad_experiment_name_before_training(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "milarun.models.faults:crawl", "--experiment-name", "../x",
+              "-o", str(tmp_path / "r.json"), "--", "--max-count", "2"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (
+        "milarun: error: --experiment-name/--job-id/--extra: name: '../x' is not a valid test "
+        "name (like 'suite.test': letters, digits, '_', '-', and '.' between them)\n")
+    assert not (tmp_path / "r.json").exists()

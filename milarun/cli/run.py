@@ -41,7 +41,7 @@ def command(rest):
     # Dataset root (default: $MILARUN_DATAROOT)
     # [alias: -d]
     dataroot: Option = default(None)
-    # Name of the experiment, suite.job
+    # Name of the experiment, suite.job (default: run.<module>)
     experiment_name: Option = default(None)
     # Job id, run.device
     job_id: Option = default("0.0")
@@ -56,6 +56,8 @@ def run_experiment(function, argv, out=None, dataroot=None, name=None,
                    job_id="0.0", extra=None):
     """Resolve ``function``, build an Experiment and run it; returns the exit code."""
     from ..bench.experiment import Experiment
+    from ..errors import ResultFormatError
+    from ..results.schema import validate
     from ..supervise import from_environment
 
     from_environment()  # die with the launcher, even as a torchrun rank
@@ -66,6 +68,11 @@ def run_experiment(function, argv, out=None, dataroot=None, name=None,
         except json.JSONDecodeError as exc:
             raise MilarunError(f"--extra is not valid JSON ({exc.msg})")
     dataroot = dataroot or os.environ.get("MILARUN_DATAROOT")
-    name = name or function.split(":")[0].rsplit(".", 1)[-1]
+    # A record's name is suite.test: a run outside a profile is in the suite "run".
+    name = name or "run." + function.split(":")[0].rsplit(".", 1)[-1]
     exp = Experiment(name, job_id=job_id, dataroot=dataroot, out=out, extra=extra)
+    try:
+        validate(exp.result)  # a bad --experiment-name or --job-id fails now, not after training
+    except ResultFormatError as exc:
+        raise MilarunError(f"--experiment-name/--job-id/--extra: {exc}")
     return exp.execute(function, fn, argv)
