@@ -392,10 +392,21 @@ def conclude(child, now=None):
         if note:
             message += f"; {note}"
     outcome = Outcome(launch, rc, False, None, reason, end - child.t0)
+    # The child's record leaves its success name before the FAIL one exists: a
+    # launcher killed in between leaves no record (``--resume`` reruns it), never
+    # a PASS and a FAIL for one launch. Hidden files are not read as results.
+    hidden = Path(launch.result_path).with_name(f".{Path(launch.result_path).name}.superseded")
+    try:
+        os.replace(launch.result_path, hidden)
+    except OSError:
+        hidden = None
     if not write_fail(outcome, own, message, list(child.tail), child.t0, end):
+        if hidden is not None:  # kept, but not under a name that would contradict the tally
+            outcome.write_error += f"; the child's own record is kept as {hidden.name}"
         return outcome
-    _remove(launch.result_path)
-    _remove(launch.journal_path)
+    for path in (hidden, launch.journal_path):
+        if path is not None:
+            _remove(path)
     return outcome
 
 

@@ -348,3 +348,20 @@ def test_a_hung_prepare_times_out(tmp_path):
     (out,) = run_suite([[lch]], tmp_path, None, on_outcome=lambda o: None, grace=0.5)
     assert time.time() - t0 < 10
     assert "prepare command timed out after 1 s: sleep 30" in record(out)["error"]["message"]
+
+
+def test_no_moment_with_both_a_pass_and_a_fail_record(tmp_path, monkeypatch):
+    # When the FAIL record is written, the child's success record already left its name.
+    seen = []
+    real = launch_mod.write_result
+
+    def spy(rec, path):
+        seen.append(sorted(p.name for p in tmp_path.glob("*.json")))
+        return real(rec, path)
+
+    monkeypatch.setattr(launch_mod, "write_result", spy)
+    lch = writer(tmp_path, rc=3)
+    (out,) = run_wave([lch], tmp_path)
+    assert out.reason == "exit-after-result"
+    assert seen == [[]]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [lch.fail_path.name]
