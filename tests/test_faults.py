@@ -224,27 +224,30 @@ def _mount_tmpfs(path, options):
 
 
 @pytest.fixture
-def mounts():
+def tmpfs():
+    """``tmpfs(path, options)`` mounts a tmpfs there; every mount is undone afterwards."""
     made = []
-    yield made
+
+    def mount(path, options):
+        _mount_tmpfs(path, options)
+        made.append(path)
+        return path
+
+    yield mount
     for path in made:
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
-def test_read_only_results_folder_is_one_clear_error(tmp_path, mounts):
-    ro = tmp_path / "ro"
-    _mount_tmpfs(ro, "ro,size=1m")
-    mounts.append(ro)
+def test_read_only_results_folder_is_one_clear_error(tmp_path, tmpfs):
+    ro = tmpfs(tmp_path / "ro", "ro,size=1m")
     proc = run_jobs(tmp_path, "-o", str(ro / "out"))
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"milarun: error: {ro}/out: results directory is not "
                                    "writable (Read-only file system)")
 
 
-def test_a_nearly_full_disk_is_refused_before_launching(tmp_path, mounts):
-    small = tmp_path / "small"
-    _mount_tmpfs(small, "size=4m")
-    mounts.append(small)
+def test_a_nearly_full_disk_is_refused_before_launching(tmp_path, tmpfs):
+    small = tmpfs(tmp_path / "small", "size=4m")
     proc = run_jobs(tmp_path, "-o", str(small / "out"))
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith(f"milarun: error: {small}/out: results directory has ")
@@ -252,10 +255,8 @@ def test_a_nearly_full_disk_is_refused_before_launching(tmp_path, mounts):
                                         "and logs")
 
 
-def test_disk_full_mid_suite_stops_cleanly_and_keeps_what_was_written(tmp_path, mounts):
-    disk = tmp_path / "disk"
-    _mount_tmpfs(disk, "size=40m")
-    mounts.append(disk)
+def test_disk_full_mid_suite_stops_cleanly_and_keeps_what_was_written(tmp_path, tmpfs):
+    disk = tmpfs(tmp_path / "disk", "size=40m")
     spam = ("import sys; [print('x' * 4096) for _ in range(20000)]")  # ~80 MB of log
     profile = write_profile(tmp_path, {
         "first": {**CRAWL, "arguments": {"max-count": 3}},
