@@ -187,7 +187,7 @@ def _show(value):
 # --- schemas -------------------------------------------------------------------------
 
 _BASE = "https://milarun.invalid/schemas/"
-SCHEMAS = ("common", "profile", "result", "summary", "weights")
+SCHEMAS = ("common", "profile", "result", "summary", "weights", "system")
 
 
 #: Largest float; a bigger int is not a finite "number".

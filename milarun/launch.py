@@ -288,6 +288,34 @@ def fail_reason(returncode, timed_out, oom_before, oom_after):
     return "error"
 
 
+#: torchrun's words for a rendezvous that did not complete, and for a failed worker.
+_RDZV_FAILED = ("RendezvousTimeoutError", "RendezvousClosedError",
+                "RendezvousConnectionError", "Timed out waiting for rendezvous")
+_RANK_FAILED = ("ChildFailedError", "Root Cause (first observed failure)")
+
+
+def distributed_reason(launch, returncode, tail):
+    """``node-lost``, ``rendezvous-timeout`` or ``rank-failed`` for a distributed
+    launch that left no record, or None when its output says none of these.
+
+    ``node-lost`` comes from the cluster's transport (ssh's status 255, srun's
+    node-failure messages); the other two from torchrun's messages in ``tail``.
+    """
+    cluster = getattr(launch, "cluster", None)
+    if cluster is not None:
+        lost = cluster.failure_reason(returncode, tail)
+        if lost:
+            return lost
+    if getattr(launch, "launcher", "python") == "python":
+        return None
+    text = "\n".join(tail)
+    if any(word in text for word in _RDZV_FAILED):
+        return "rendezvous-timeout"
+    if any(word in text for word in _RANK_FAILED):
+        return "rank-failed"
+    return None
+
+
 def _exit_words(returncode):
     if returncode is not None and returncode < 0:
         return f"was killed by signal {signal.Signals(-returncode).name}"
@@ -377,7 +405,8 @@ def conclude(child, now=None):
         err = own.get("error") if isinstance(own.get("error"), dict) else {}
         reason = err.get("reason") or "error"
         if reason == "interrupted":
-            reason = "signal"  # the child saw an interrupt the launcher did not send
+            # the child saw an interrupt the launcher did not send (a peer's, a node's)
+            reason = distributed_reason(launch, rc, list(child.tail)) or "signal"
         message = err.get("message") or f"the test failed and {_exit_words(rc)}"
     elif child.start_error:
         reason, message = "error", child.start_error
@@ -388,6 +417,9 @@ def conclude(child, now=None):
             message = f"killed by the OOM killer in cgroup {launch.cgroup}"
         else:
             message = f"{_exit_words(rc)} without writing a result"
+            reason = distributed_reason(launch, rc, list(child.tail)) or reason
+            if reason in ("node-lost", "rendezvous-timeout", "rank-failed"):
+                message = f"{reason}: {message} (see the output's last lines)"
     for note in (problem, child.log_error):
         if note:
             message += f"; {note}"

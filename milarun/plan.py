@@ -1,13 +1,10 @@
 """Job × devices × run → launches. Pure: nothing is started here.
 
-Schemes:
-
-* ``per-gpu``: one launch per device, all concurrent, each with
-  ``CUDA_VISIBLE_DEVICES=i`` (empty on CPU slots), job id ``{run}.{i}`` and
-  the student cgroup from the template.
-* ``gpu-progression``: launches on devices ``0..k-1`` for k = 1..N, one after
-  the other; grouped as ``name.k``. They use the whole machine (no cgroup).
-* ``normal``: one launch on every device (label ``all``), no cgroup.
+Plan types (``per-gpu``, ``gpu-progression``, ``normal``, ``njobs``,
+``multi-node``, ``node-progression``) live in :mod:`milarun.plantypes`: each
+expands a job into waves of slots over a :class:`milarun.nodes.Cluster`; this
+module turns slots into launches (paths, command line, environment) and the
+cluster wraps each command for the nodes it runs on (``srun``, ``ssh``).
 
 A plan is a list of *waves*: launches in a wave run concurrently, waves run
 in sequence.
@@ -28,7 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .isolation import wrap
+from .nodes import Cluster, local_cluster
+from .plantypes import JOIN_TIMEOUT_S
 from .results.store import journal_path, result_filename
+
+#: TCP port of the c10d rendezvous on the main node (torchrun's usual one).
+RDZV_PORT = 29400
 
 
 @dataclass
@@ -51,6 +53,9 @@ class Launch:
         timeout: seconds.
         result_path: where the child writes its record (``Path``).
         fail_path: where a failed run's record goes (``FAIL`` in the name).
+        nodes: names of the nodes the launch runs on.
+        cluster: the ``nodes.Cluster`` it runs on (how its failures read).
+        launcher: ``"python"``, ``"torchrun"`` or ``"rendezvous"`` (see ``plantypes.Slot``).
     """
 
     name: str
@@ -68,6 +73,9 @@ class Launch:
     timeout: float = 1800.0
     result_path: Path = None
     fail_path: Path = None
+    nodes: list = field(default_factory=list)
+    cluster: object = None
+    launcher: str = "python"
 
     @property
     def job_id(self):
@@ -91,80 +99,103 @@ class Launch:
                 f"timeout: {self.timeout:g} s)\n{env} {shlex.join(self.argv)}")
 
 
-def _label(devices):
-    return str(devices[0]) if len(devices) == 1 else f"{devices[0]}-{devices[-1]}"
-
-
 def child_argv(job, run, label, devices, out, dataroot, test_argv, python=None,
-               nproc=1):
-    """The ``milarun run`` command for one launch (before cgexec/exec prefix)."""
+               nproc=1, launcher="python", extra=None, rendezvous=None):
+    """The ``milarun run`` command for one launch (before cgexec/exec prefix).
+
+    Args:
+        launcher: ``"python"``; ``"torchrun"`` (``--standalone``, ``nproc``
+            processes); ``"rendezvous"`` (torchrun agent of a multi-node job:
+            ``rendezvous`` holds ``nnodes``, ``endpoint`` ``host:port`` and ``id``).
+        extra: more fields for the record (``--extra``), e.g. the nodes.
+    """
     python = python or sys.executable
-    extra = {"run": run, "device": label, "devices": devices,
-             "partition": job.partition, "job": job.definition}
-    if job.launcher == "torchrun":
+    fields = {"run": run, "device": label, "devices": devices,
+              "partition": job.partition, "job": job.definition}
+    fields.update(extra or {})
+    if launcher == "torchrun":
         head = [python, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(nproc), "-m", "milarun", "run"]
+    elif launcher == "rendezvous":
+        head = [python, "-m", "torch.distributed.run", "--nnodes", str(rendezvous["nnodes"]),
+                "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", rendezvous["endpoint"], "--rdzv-id", rendezvous["id"],
+                "--rdzv-conf", f"join_timeout={JOIN_TIMEOUT_S}", "--max-restarts", "0",
+                "-m", "milarun", "run"]
     else:
         head = [python, "-m", "milarun", "run"]
     argv = head + [job.experiment, "-o", str(out)]
     if dataroot is not None:
         argv += ["-d", str(dataroot)]
     argv += ["--experiment-name", job.full_name, "--job-id", f"{run}.{label}",
-             "--extra", json.dumps(extra, sort_keys=True), "--"]
+             "--extra", json.dumps(fields, sort_keys=True), "--"]
     return argv + list(test_argv)
 
 
-def plan_job(job, devices, run, outdir, dataroot=None, extra_args=(), use_cgexec=True,
-             timeout=None, python=None, session=None):
+def as_cluster(where):
+    """A ``nodes.Cluster`` from a Cluster, or from ``devices.Devices`` (this host alone)."""
+    return where if isinstance(where, Cluster) else local_cluster(where)
+
+
+def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=True,
+             timeout=None, python=None, session=None, rdzv_port=RDZV_PORT):
     """Return the waves (list of lists of ``Launch``) for one run of ``job``.
 
     Args:
-        devices: a ``devices.Devices``.
+        where: a ``nodes.Cluster``, or a ``devices.Devices`` for this host alone.
         session: UTC ``datetime`` stamped into every file name (default: the
             Unix epoch, for tests that only look at command lines).
         extra_args: arguments appended to every test (after ``--``).
         use_cgexec: False for ``--no-cgexec`` (no cgroup wrapping).
         timeout: overrides the job's timeout (seconds) when given.
+        rdzv_port: TCP port of the c10d rendezvous on the main node.
     """
+    cluster = as_cluster(where)
     test_argv = job.argv() + list(extra_args)
     timeout = float(timeout or job.timeout)
     when = session or datetime.datetime.fromtimestamp(0, datetime.timezone.utc)
-    gpu = devices.kind == "gpu"
+    gpu = cluster.devices.kind == "gpu"
 
-    def make(devs, concurrent, group, cgroup, nproc=1):
-        label = _label(devs) if job.partition != "normal" else "all"
+    def make(slot):
+        label = slot.label
+        devs = list(slot.devices)
         visible = ",".join(str(d) for d in devs) if gpu else ""
         env = {"CUDA_VISIBLE_DEVICES": visible, "MILARUN_DEVICE": label,
                "MILARUN_RUN": str(run)}
         if gpu:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices = NVML's (devices.py)
-        cg = cgroup if use_cgexec else None
+        cg = slot.cgroup if use_cgexec else None
         result = Path(outdir) / result_filename(job.full_name, run, label, True, when)
         fail = Path(outdir) / result_filename(job.full_name, run, label, False, when)
-        argv = child_argv(job, run, label, list(devs), result, dataroot, test_argv,
-                          python=python, nproc=nproc)
-        return Launch(name=job.full_name, job=job, run=run, device=label, devices=list(devs),
-                      argv=wrap(argv, cg, job.exec_prefix, use_cgexec), env=env, cgroup=cg,
-                      concurrent=concurrent, group=group,
-                      log=f"{job.full_name}.J{run}.{label}.log",
+        extra = {}
+        if cluster.kind != "local":  # one host: its records name it in host.hostname
+            extra = {"node": slot.nodes[0], "nodes": list(slot.nodes),
+                     "node_count": len(slot.nodes), "gpus_per_node": len(devs)}
+        rendezvous = None
+        if slot.launcher == "rendezvous":
+            rendezvous = {"nnodes": len(slot.nodes), "backend": "c10d",
+                          "endpoint": f"{cluster.main.address or cluster.main.name}:{rdzv_port}",
+                          "id": f"{job.full_name}.J{run}.{label}.{when:%Y%m%d-%H%M%S}"}
+            extra["rendezvous"] = {k: rendezvous[k] for k in ("backend", "endpoint", "id")}
+        argv = child_argv(job, run, label, devs, result, dataroot, test_argv, python=python,
+                          nproc=slot.nproc, launcher=slot.launcher, extra=extra,
+                          rendezvous=rendezvous)
+        argv = wrap(argv, cg, job.exec_prefix, use_cgexec)
+        argv, env = cluster.on_nodes(argv, env, list(slot.nodes), tag=f"{job.full_name}.{label}")
+        return Launch(name=job.full_name, job=job, run=run, device=label, devices=devs,
+                      argv=argv, env=env, cgroup=cg, concurrent=slot.concurrent,
+                      group=slot.group, log=f"{job.full_name}.J{run}.{label}.log",
                       test_argv=test_argv, timeout=timeout, result_path=result,
-                      fail_path=fail)
+                      fail_path=fail, nodes=list(slot.nodes), cluster=cluster,
+                      launcher=slot.launcher)
 
-    idx = list(devices.indices)
-    if job.partition == "per-gpu":
-        return [[make([i], True, job.full_name,
-                      job.cgroup.format(device=i) if job.cgroup else None)
-                 for i in idx]]
-    if job.partition == "gpu-progression":
-        return [[make(idx[:k], False, f"{job.full_name}.{k}", None, nproc=k)]
-                for k in range(1, len(idx) + 1)]
-    return [[make(idx, False, job.full_name, None, nproc=len(idx))]]
+    return [[make(slot) for slot in wave] for wave in job.plan_type.expand(job, cluster)]
 
 
-def plan_suite(jobs, devices, repeat, outdir, **kwargs):
+def plan_suite(jobs, where, repeat, outdir, **kwargs):
     """Waves for every run and job: run 0 of every job, then run 1, and so on."""
     waves = []
     for run in range(repeat):
         for job in jobs:
-            waves += plan_job(job, devices, run, outdir, **kwargs)
+            waves += plan_job(job, where, run, outdir, **kwargs)
     return waves

@@ -13,8 +13,11 @@ Job keys:
 
 ``experiment``        ``"module:function"`` (required).
 ``arguments``         ``{flag: value}``; ``true`` is a bare flag, ``false`` omits it.
-``partition_scheme``  ``{"type": "normal"|"per-gpu"|"gpu-progression",
-                      "cgroup": "cpuset,memory:student{device}" or null}``.
+``partition_scheme``  ``{"type": a plan type of milarun.plantypes.TYPES
+                      ("per-gpu", "gpu-progression", "normal", "njobs",
+                      "multi-node", "node-progression"),
+                      "cgroup": "cpuset,memory:student{device}" or null (per-gpu),
+                      "nodes": [n, ...], "gpus_per_node": [g, ...] (node-progression)}``.
 ``prepare``           shell commands run once before the test; placeholders
                       ``{dataroot}``, ``{outdir}``, ``{python}``, ``{milarun}``.
 ``exec_prefix``       argv put in front of the test command, e.g. ``["nocache"]``.
@@ -30,6 +33,7 @@ import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import plantypes
 from .errors import ProfileError
 from .jsonfile import first_error, key_path, read_json
 
@@ -46,7 +50,7 @@ class Job:
         name: job name, e.g. ``"vae"``.
         experiment: ``"module:function"``.
         arguments: ``{flag: value}`` as written in the profile.
-        partition: ``"normal"``, ``"per-gpu"`` or ``"gpu-progression"``.
+        partition: the plan type's name (see :mod:`milarun.plantypes`).
         cgroup: cgroup template with ``{device}``, or None.
         prepare: shell commands (templates) run before the test.
         exec_prefix: argv prefix.
@@ -66,6 +70,11 @@ class Job:
     timeout: float = DEFAULT_TIMEOUT
     launcher: str = "python"
     definition: dict = field(default_factory=dict)
+
+    @property
+    def plan_type(self):
+        """The :class:`milarun.plantypes.PlanType` of ``partition``."""
+        return plantypes.plan_type(self.partition)
 
     @property
     def full_name(self):
@@ -187,7 +196,12 @@ def validate_job(path, name, d):
     problem = check_experiment(d["experiment"])
     if problem:
         raise _err(path, name, "experiment", problem)
-    cg = d.get("partition_scheme", {}).get("cgroup")
+    scheme = d.get("partition_scheme", {})
+    launcher = d.get("launcher", "python")
+    problem = plantypes.plan_type(scheme.get("type", "per-gpu")).check(scheme, launcher)
+    if problem:
+        raise _err(path, name, f"partition_scheme.{problem[0]}", problem[1])
+    cg = scheme.get("cgroup")
     if cg is not None:
         # the plan fills it with an int device index
         problem = check_template(cg, {"device": 0})

@@ -32,7 +32,7 @@ SESSION_VERSION = 1
 MIN_FREE_MIB = 32
 #: The invocation keys ``--resume`` compares with the session file.
 RESUME_KEYS = ("profile_sha256", "suite", "names", "repeat", "cpu_slots", "no_cgexec",
-               "timeout", "extra_args", "dataroot", "devices")
+               "timeout", "extra_args", "dataroot", "devices", "nodes")
 
 
 def meta_dir(outdir):
@@ -120,7 +120,7 @@ def profile_digest(path):
 
 
 def invocation(profile, suite, names, repeat, cpu_slots, no_cgexec, timeout, extra_args,
-               dataroot, devices):
+               dataroot, devices, nodes=None):
     """The dict of :data:`RESUME_KEYS` describing one ``milarun jobs`` call."""
     return {
         "profile": str(Path(profile).resolve()),
@@ -134,6 +134,8 @@ def invocation(profile, suite, names, repeat, cpu_slots, no_cgexec, timeout, ext
         "extra_args": list(extra_args),
         "dataroot": dataroot,
         "devices": {"kind": devices.kind, "indices": list(devices.indices)},
+        # node names when several nodes run the suite (None: this host alone)
+        "nodes": list(nodes) if nodes else None,
     }
 
 

@@ -41,7 +41,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from . import stats
+from . import plantypes, stats
 from .errors import ResultFormatError
 from .jsonfile import check, key_path, read_json
 from .results.store import iter_results, write_json_atomic
@@ -54,14 +54,9 @@ TAIL_CHARS = 4000
 
 
 def group_name(record):
-    """Return the summary group of a result: ``suite.job`` or ``suite.job.<device_count>``."""
-    name = record["name"]
-    if record.get("partition") == "gpu-progression":
-        count = record.get("device_count")
-        if count is None:
-            count = len(record.get("devices") or [])
-        return f"{name}.{count}"
-    return name
+    """Return the summary group of a result (the plan type's rule, :mod:`milarun.plantypes`):
+    ``suite.job``, ``suite.job.<device_count>`` or ``suite.job.<nodes>x<gpus>``."""
+    return plantypes.group_name(record)
 
 
 def load_results(directory, warn=None):

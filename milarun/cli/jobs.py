@@ -86,10 +86,17 @@ def command(rest):
     timeout: Option & float = default(None)
     # Print every command that would run, with its env and cgroup, and run nothing
     dry_run: Option & bool = default(False)
+    # System file (JSON) of the nodes to run on over ssh (see README, "Several nodes")
+    system: Option = default(None)
+    # Inside a Slurm allocation, run on this host only instead of on every node
+    single_node: Option & bool = default(False)
+    # TCP port of the c10d rendezvous on the main node (multi-node tests)
+    rdzv_port: Option & int = default(None)
 
     return jobs(profile, rest, dataroot=dataroot, out=out, resume=resume, names=name,
                 repeat=repeat, no_cgexec=no_cgexec, cpu_slots=cpu_slots, timeout=timeout,
-                dry_run=dry_run, verbose=_verbose())
+                dry_run=dry_run, verbose=_verbose(), system=system, single_node=single_node,
+                rdzv_port=rdzv_port)
 
 
 def _verbose():
@@ -98,7 +105,8 @@ def _verbose():
 
 
 def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, repeat=1,
-         no_cgexec=False, cpu_slots=None, timeout=None, dry_run=False, verbose=False):
+         no_cgexec=False, cpu_slots=None, timeout=None, dry_run=False, verbose=False,
+         system=None, single_node=False, rdzv_port=None, environ=None):
     """Validate everything, then plan and run the suite; returns the exit code.
 
     0: every launch passed; 1: some failed, or the suite stopped on a full
@@ -109,8 +117,9 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
             (nothing is launched).
     """
     from .. import devices as devices_mod
+    from .. import nodes as nodes_mod
     from ..launch import check_ready
-    from ..plan import plan_suite
+    from ..plan import RDZV_PORT, plan_suite
     from ..profile import load_profile
 
     jobs_ = load_profile(profile, names)
@@ -121,17 +130,23 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
         devs = devices_mod.discover(cpu_slots)
     except ValueError as exc:
         raise SetupError(str(exc))
+    cluster = nodes_mod.discover(devs, system=system, single_node=single_node, environ=environ)
+    if rdzv_port is not None and not 1 <= rdzv_port <= 65535:
+        raise SetupError(f"--rdzv-port must be a port number from 1 to 65535, not {rdzv_port}")
+    plan_opts = dict(extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout,
+                     rdzv_port=rdzv_port or RDZV_PORT)
     outdir = resume or out or default_outdir()
     if dry_run:
         dataroot = dataroot or os.environ.get("MILARUN_DATAROOT") or "$MILARUN_DATAROOT"
         outdir = outdir or "$MILARUN_OUTROOT/results-<date>"
         from ..session import new_session_id
         sid, when = new_session_id()
-        waves = plan_suite(jobs_, devs, repeat, outdir, dataroot=dataroot,
-                           extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout,
-                           session=when)
+        waves = plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, session=when,
+                           **plan_opts)
         print(f"# session {sid}: the stamp a real run would put in every file name")
-        print(f"# {len(jobs_)} tests × {repeat} run(s) on {len(devs)} {devs.kind} device(s)")
+        print(f"# {len(jobs_)} tests × {repeat} run(s) on {len(devs)} {devs.kind} device(s)"
+              + (f" × {len(cluster.nodes)} nodes ({cluster.kind}: "
+                 f"{', '.join(n.name for n in cluster.nodes)})" if cluster.multi else ""))
         for wave in waves:
             for lch in wave:
                 if lch.job.prepare and lch is wave[0]:
@@ -145,31 +160,33 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     if resume is not None and not Path(outdir).is_dir():
         raise SetupError("--resume: no such results directory", path=outdir)
     # Plan once to check cgroups and programs before touching the folder.
-    check_ready(plan_suite(jobs_, devs, repeat, outdir, dataroot=dataroot,
-                           extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout),
+    check_ready(plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, **plan_opts),
                 use_cgexec=not no_cgexec)
     from .. import session
 
     session.check_outdir(outdir)
+    nodes_mod.check_shared_outdir(cluster, outdir)
     current = session.invocation(profile, jobs_[0].suite, names, repeat, cpu_slots, no_cgexec,
-                                 timeout, extra_args, dataroot, devs)
+                                 timeout, extra_args, dataroot, devs,
+                                 nodes=[n.name for n in cluster.nodes] if cluster.multi else None)
     with session.OutdirLock(outdir):
         sid, when, done, removed = session.open_session(outdir, current, resume is not None)
-        waves = plan_suite(jobs_, devs, repeat, outdir, dataroot=dataroot,
-                           extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout,
-                           session=when)
+        waves = plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, session=when,
+                           **plan_opts)
         waves = [w for w in ([lch for lch in wave if lch.key not in done] for wave in waves) if w]
-        return _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose)
+        return _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, cluster)
 
 
-def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose):
+def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, cluster=None):
     from ..launch import (Interrupted, StopRequest, SuiteAborted, run_suite, say,
                           stop_on_signals, tally)
     from ..progress import SuiteProgress
 
     launches = [lch for wave in waves for lch in wave]
-    say(f"milarun: {len(jobs_)} tests on {len(devs)} {devs.kind} device(s); session {sid}; "
-        f"results in {outdir}")
+    where = (f" × {len(cluster.nodes)} nodes ({', '.join(n.name for n in cluster.nodes)}, "
+             f"{cluster.kind})" if cluster is not None and cluster.multi else "")
+    say(f"milarun: {len(jobs_)} tests on {len(devs)} {devs.kind} device(s){where}; "
+        f"session {sid}; results in {outdir}")
     if removed:
         say(f"milarun: removed {len(removed)} stale temporary file(s) of an interrupted write")
     if done:

@@ -14,8 +14,9 @@ Rules, in the order the report applies them:
   with ``penalize_variance=False`` (:func:`milarun.stats.perf_adj`). The
   baseline's adjusted perf uses the same rule.
 * Weights: a test's weight is ``weights[group]``; for a gpu-progression group
-  ``suite.job.<k>`` without its own entry, ``weights["suite.job"]`` applies
-  to each ``suite.job.<k>`` present. Without a weights file every test weighs
+  ``suite.job.<k>`` (or node-progression group ``suite.job.<n>x<g>``) without
+  its own entry, ``weights["suite.job"]`` applies to each one present
+  (the plan type's rule, :mod:`milarun.plantypes`). Without a weights file every test weighs
   1. With one, tests it does not name weigh 0 (shown, not scored).
 * Score = weighted geometric mean of ``perf_adj`` over tests with weight > 0
   and ``perf_adj`` > 0 (:func:`milarun.stats.weighted_geomean`). A weighted
@@ -33,10 +34,9 @@ Rules, in the order the report applies them:
 * RPP (price per performance) = ``price / score`` in dollars per score unit.
 """
 
-import re
 from dataclasses import dataclass, field
 
-from .. import stats
+from .. import plantypes, stats
 from ..summary import device_key
 from ..jsonfile import check, read_json
 
@@ -45,7 +45,6 @@ PASS_FAILURE_RATE = 0.01
 
 GPU_STATS = ("mean", "min", "max")
 
-_PROGRESSION = re.compile(r"^(.+)\.(\d+)$")
 
 
 def load_weights(path):
@@ -74,15 +73,12 @@ def check_weights(data, path=None):
 def weight_for(group, weights, partition=None):
     """Return ``(weight, key)`` of summary group ``group`` or ``(None, None)``.
 
-    A gpu-progression group ``suite.job.<k>`` falls back to the ``suite.job``
-    entry (also when the partition is unknown, as in 2020 summaries).
+    The group's plan type decides (:func:`milarun.plantypes.weight_for`): a
+    gpu-progression group ``suite.job.<k>`` or a node-progression group
+    ``suite.job.<n>x<g>`` falls back to the ``suite.job`` entry (every rule is
+    tried when the partition is unknown, as in 2020 summaries).
     """
-    if group in weights:
-        return weights[group], group
-    m = _PROGRESSION.match(group)
-    if m and m.group(1) in weights and partition in (None, "gpu-progression"):
-        return weights[m.group(1)], m.group(1)
-    return None, None
+    return plantypes.weight_for(group, weights, partition)
 
 
 @dataclass

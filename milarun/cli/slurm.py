@@ -1,0 +1,160 @@
+"""``milarun slurm PROFILE [--nodes K] [--gpus-per-node G] [--partition P] [--time T] [--account A] [--dry-run] -- ARGS``."""
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from coleo import Option, default, tooled
+
+from ..errors import SetupError
+
+#: What ``--time``, ``--partition`` and ``--account`` may hold (Slurm's own forms).
+_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+def sbatch_script(profile, dataroot, outdir, nodes=1, gpus_per_node=None, partition=None,
+                  time=None, account=None, jobs_args=(), extra_args=(), python=None):
+    """The sbatch script that runs ``milarun jobs`` on ``nodes`` nodes (a str).
+
+    The batch step runs the launcher on the first node of the allocation;
+    ``milarun jobs`` sees ``$SLURM_JOB_ID`` and starts every test with
+    ``srun`` on the allocation's nodes. ``exec`` makes ``milarun jobs`` the
+    step's process, so ``scancel`` (SIGTERM) reaches it and it records the
+    running tests as ``interrupted``. Slurm's own log goes to
+    ``OUTDIR/logs/slurm-<job id>.out``.
+    """
+    python = python or sys.executable
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name=milarun-{Path(profile).stem}",
+             f"#SBATCH --nodes={nodes}",
+             "#SBATCH --ntasks-per-node=1",
+             "#SBATCH --exclusive",
+             f"#SBATCH --output={outdir}/logs/slurm-%j.out"]
+    for flag, value in (("--gpus-per-node", gpus_per_node), ("--partition", partition),
+                        ("--time", time), ("--account", account)):
+        if value is not None:
+            lines.append(f"#SBATCH {flag}={value}")
+    argv = [python, "-m", "milarun", "jobs", str(Path(profile).resolve()), "-d", str(dataroot),
+            "-o", str(outdir)] + list(jobs_args)
+    if extra_args:
+        argv += ["--"] + list(extra_args)
+    lines += ["set -u", f"exec {shlex.join(argv)}", ""]
+    return "\n".join(lines)
+
+
+def check_options(nodes, gpus_per_node, partition, time, account):
+    """Reject bad ``milarun slurm`` options with one line (SetupError)."""
+    if not 1 <= nodes <= 4096:
+        raise SetupError(f"--nodes must be between 1 and 4096, not {nodes}")
+    if gpus_per_node is not None and not 1 <= gpus_per_node <= 1024:
+        raise SetupError(f"--gpus-per-node must be between 1 and 1024, not {gpus_per_node}")
+    if time is not None and not _TIME.match(time):
+        raise SetupError(f"--time {time!r} is not a Slurm time (minutes, MM:SS, HH:MM:SS or "
+                         "D-HH:MM:SS)")
+    for flag, value in (("--partition", partition), ("--account", account)):
+        if value is not None and not _SLURM_NAME.match(value):
+            raise SetupError(f"{flag} {value!r} is not a Slurm name (letters, digits, "
+                             "'_', '.', '-')")
+
+
+@tooled
+def command(rest):
+    """Write an sbatch script that runs ``milarun jobs PROFILE`` on Slurm nodes, and submit it.
+
+    Inside the allocation every test starts with ``srun`` on the allocation's
+    nodes: per-GPU tests on every GPU of every node, multi-node tests across
+    them. Arguments after ``--`` are appended to every test's own arguments.
+    Prints the Slurm job id and the results folder.
+    """
+    # The job profile (JSON)
+    # [positional]
+    profile: Option
+    # Dataset root on a filesystem every node sees (default: $MILARUN_DATAROOT)
+    # [alias: -d]
+    dataroot: Option = default(None)
+    # Results directory on a filesystem every node sees (default: $MILARUN_OUTROOT/results-<date>)
+    # [alias: -o]
+    out: Option = default(None)
+    # Number of nodes to allocate (1 to 4096)
+    nodes: Option & int = default(1)
+    # GPUs to allocate on each node (sbatch --gpus-per-node)
+    gpus_per_node: Option & int = default(None)
+    # Slurm partition
+    partition: Option = default(None)
+    # Time limit (Slurm format, e.g. 2:00:00)
+    time: Option = default(None)
+    # Slurm account
+    account: Option = default(None)
+    # On CPU nodes: CPU slots (students) per node (passed to milarun jobs)
+    cpu_slots: Option & int = default(None)
+    # Run only these tests (passed to milarun jobs)
+    # [nargs: +]
+    name: Option = default(None)
+    # Print the sbatch script and submit nothing
+    dry_run: Option & bool = default(False)
+
+    return slurm(profile, rest, dataroot=dataroot, out=out, nodes=nodes,
+                 gpus_per_node=gpus_per_node, partition=partition, time=time, account=account,
+                 cpu_slots=cpu_slots, names=name, dry_run=dry_run)
+
+
+def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=None,
+          partition=None, time=None, account=None, cpu_slots=None, names=None, dry_run=False,
+          sbatch="sbatch"):
+    """Validate, write the script into the results folder and submit it; returns 0.
+
+    Raises:
+        MilarunError: bad profile or options, no dataroot, sbatch missing or refusing.
+    """
+    from ..profile import load_profile
+    from .jobs import default_outdir, resolve_dataroot
+
+    load_profile(profile, names)
+    check_options(nodes, gpus_per_node, partition, time, account)
+    jobs_args = []
+    if cpu_slots is not None:
+        if cpu_slots < 1:
+            raise SetupError(f"--cpu-slots must be at least 1, not {cpu_slots}")
+        jobs_args += ["--cpu-slots", str(cpu_slots)]
+    if names:
+        jobs_args += ["--name"] + list(names)
+    outdir = out or default_outdir()
+    if dry_run:
+        dataroot = dataroot or "$MILARUN_DATAROOT"
+        outdir = outdir or "$MILARUN_OUTROOT/results-<date>"
+        print(sbatch_script(profile, dataroot, outdir, nodes, gpus_per_node, partition, time,
+                            account, jobs_args, extra_args), end="")
+        return 0
+    dataroot = resolve_dataroot(dataroot)
+    if outdir is None:
+        raise SetupError("no results directory: pass -o OUTDIR or set $MILARUN_OUTROOT")
+    outdir = Path(outdir).resolve()
+    if (outdir / ".milarun" / "session.json").exists():
+        raise SetupError("holds an earlier session: choose a new -o (or run "
+                         "'milarun jobs --resume' inside an allocation)", path=outdir)
+    script = sbatch_script(profile, dataroot, outdir, nodes, gpus_per_node, partition, time,
+                           account, jobs_args, extra_args)
+    try:
+        (outdir / "logs").mkdir(parents=True, exist_ok=True)
+        path = outdir / "milarun.sbatch"
+        path.write_text(script)
+    except OSError as exc:
+        raise SetupError(f"cannot write the sbatch script: {exc.strerror}", path=outdir)
+    try:
+        done = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True,
+                              timeout=120, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SetupError("sbatch is not installed: run milarun slurm on a Slurm login node, "
+                         "or use --dry-run to see the script")
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SetupError(f"sbatch failed: {exc}")
+    if done.returncode != 0:
+        detail = (done.stderr.strip().splitlines() or [f"status {done.returncode}"])[-1]
+        raise SetupError(f"sbatch refused the job: {detail}", path=path)
+    job_id = done.stdout.strip().split(";")[0]
+    print(f"milarun: submitted Slurm job {job_id} ({nodes} node(s)); results in {outdir}")
+    print(f"milarun: follow it with: tail -f {outdir}/logs/slurm-{job_id}.out")
+    return 0

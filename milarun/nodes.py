@@ -1,0 +1,317 @@
+"""Where launches run: this host, the nodes of a Slurm allocation, or a system file's nodes.
+
+A :class:`Cluster` is a list of :class:`Node` (the first, or the one marked
+``main``, is the main node: it hosts the rendezvous) plus the devices of
+each node (nodes are assumed alike: the plan gives every node the devices
+discovered on this one, or Slurm's GPUs per node). It also knows how to run
+an argv on some of its nodes:
+
+* ``local``: the argv as it is (one node, this host).
+* ``slurm``: ``srun --nodes=K --ntasks=K --ntasks-per-node=1 --nodelist=…
+  --overlap --kill-on-bad-exit=1 …``: one Slurm job step per launch, so Slurm
+  places, signals and accounts for it (``--overlap``: steps share the
+  allocation's CPUs; milarun's student cgroups split them).
+* ``ssh``: OpenSSH's ``ssh -o BatchMode=yes …`` per node (never a password
+  prompt); several nodes go through :mod:`milarun.fanout`, which ends every
+  agent when one fails, as ``srun --kill-on-bad-exit`` does.
+
+Environment variables reach the remote side as ``env K=V`` in front of the
+command (ssh passes none, and Slurm would overwrite ``CUDA_VISIBLE_DEVICES``
+with its own). Remote nodes must have milarun installed at the same path and
+see the results folder (checked by :func:`probe_argv` before anything runs).
+
+No torch here.
+"""
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from .errors import SetupError
+from .jsonfile import first_error, key_path, read_json
+
+#: Exit status of ``ssh`` when the connection failed or dropped.
+SSH_LOST = 255
+
+#: ssh options: no prompt ever; a dead peer is noticed within about 30 s.
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15",
+               "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3")
+
+# Patterns of srun's messages when a node of the step is lost.
+_SLURM_LOST = re.compile(r"Node failure|node .* not responding|launch failed on node|"
+                         r"Unable to create step|NODE_FAIL", re.IGNORECASE)
+
+
+@dataclass
+class Node:
+    """One host of a cluster.
+
+    Attributes:
+        name: the node's name in file names and reports (Slurm's node name,
+            or the system file's ``name``).
+        address: host name or IP address other nodes reach it at (the
+            rendezvous endpoint when it is the main node).
+        user, port, key: ssh login, port and identity file (system file only).
+        main: True for the node that hosts the rendezvous.
+    """
+
+    name: str
+    address: str = None
+    user: str = None
+    port: int = None
+    key: str = None
+    main: bool = False
+
+
+@dataclass
+class Cluster:
+    """Nodes, their devices, and how to run a command on them.
+
+    Attributes:
+        kind: ``"local"``, ``"slurm"`` or ``"ssh"``.
+        nodes: list of :class:`Node`; the main node first.
+        devices: a :class:`milarun.devices.Devices`, the devices of each node.
+        job_id: the Slurm job id (``slurm`` only).
+        source: what the nodes came from, for messages (a path, ``$SLURM_JOB_NODELIST``).
+    """
+
+    kind: str
+    nodes: list
+    devices: object
+    job_id: str = None
+    source: str = None
+    python: str = field(default_factory=lambda: sys.executable)
+
+    @property
+    def main(self):
+        """The main node (rendezvous host)."""
+        return self.nodes[0]
+
+    @property
+    def multi(self):
+        """True when there is more than one node (result names then carry the node)."""
+        return len(self.nodes) > 1
+
+    def node(self, name):
+        """The node called ``name``; KeyError when there is none."""
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def on_nodes(self, argv, env, names, tag=""):
+        """``(argv, env)`` that run ``argv`` with ``env`` once on each node of ``names``.
+
+        ``env`` stays the local process's environment for ``local``; for
+        ``slurm`` and ``ssh`` it moves into the command line (``env K=V``).
+        ``tag`` names the Slurm step (``--job-name``).
+        """
+        if self.kind == "local":
+            return list(argv), dict(env)
+        inner = (["env"] + [f"{k}={v}" for k, v in sorted(env.items())] if env else []) + list(argv)
+        if self.kind == "slurm":
+            k = len(names)
+            head = ["srun", f"--nodes={k}", f"--ntasks={k}", "--ntasks-per-node=1",
+                    f"--nodelist={','.join(names)}", "--overlap", "--kill-on-bad-exit=1",
+                    "--cpu-bind=none", "--export=ALL"]
+            if tag:
+                head.append(f"--job-name={tag}")
+            return head + inner, {}
+        agents = [ssh_argv(self.node(n), inner) for n in names]
+        if len(agents) == 1:
+            return agents[0], {}
+        return [self.python, "-m", "milarun.fanout", json.dumps(agents)], {}
+
+    def failure_reason(self, returncode, tail):
+        """``node-lost`` when the transport says a node went away, else None.
+
+        ``tail`` is the last lines of the launch's output (list of str).
+        """
+        text = "\n".join(tail or [])
+        if self.kind == "ssh" and returncode == SSH_LOST:
+            return "node-lost"
+        if self.kind == "ssh" and "milarun.fanout: node-lost" in text:
+            return "node-lost"
+        if self.kind == "slurm" and _SLURM_LOST.search(text):
+            return "node-lost"
+        return None
+
+
+def ssh_argv(node, argv):
+    """The ``ssh`` command that runs ``argv`` on ``node`` (a :class:`Node`).
+
+    The remote command sits behind ``setpriv --pdeathsig KILL`` where the
+    remote host has one, so it dies with its ssh session when the connection
+    drops (sshd sends no signal to a session without a terminal).
+    """
+    head = ["ssh"] + list(SSH_OPTIONS)
+    if node.port:
+        head += ["-p", str(node.port)]
+    if node.key:
+        head += ["-i", str(node.key), "-o", "IdentitiesOnly=yes"]
+    if node.user:
+        head += ["-l", node.user]
+    remote = shlex.join(argv)
+    guarded = ("if setpriv --pdeathsig KILL -- true 2>/dev/null; then exec setpriv "
+               f"--pdeathsig KILL -- {remote}; else exec {remote}; fi")
+    return head + [node.address or node.name, "--", guarded]
+
+
+def local_cluster(devices, name=None):
+    """One node, this host (named after its host name)."""
+    return Cluster("local", [Node(name or socket.gethostname(), "127.0.0.1", main=True)], devices)
+
+
+def _run(argv, env=None):
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SetupError(f"cannot run {argv[0]}: {exc}")
+    if out.returncode != 0:
+        raise SetupError(f"{shlex.join(argv)} failed: {out.stderr.strip() or out.returncode}")
+    return out.stdout
+
+
+def slurm_cluster(devices, environ=None, run=_run):
+    """The nodes of the Slurm allocation this process runs in.
+
+    Node names come from ``scontrol show hostnames $SLURM_JOB_NODELIST``, their
+    addresses from ``scontrol show node`` (``NodeAddr``). GPUs per node:
+    ``SLURM_GPUS_ON_NODE`` when set; otherwise ``devices`` (this node's).
+
+    Raises:
+        SetupError: not inside an allocation, or scontrol fails.
+    """
+    environ = os.environ if environ is None else environ
+    job = environ.get("SLURM_JOB_ID")
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not job or not nodelist:
+        raise SetupError("not inside a Slurm allocation ($SLURM_JOB_ID and "
+                         "$SLURM_JOB_NODELIST are unset)")
+    names = run(["scontrol", "show", "hostnames", nodelist]).split()
+    if not names:
+        raise SetupError(f"$SLURM_JOB_NODELIST {nodelist!r} names no node")
+    addresses = {}
+    for line in run(["scontrol", "show", "node", ",".join(names), "--oneliner"]).splitlines():
+        m = re.search(r"NodeName=(\S+).*?NodeAddr=(\S+)", line)
+        if m:
+            addresses[m.group(1)] = m.group(2)
+    nodes = [Node(n, addresses.get(n, n), main=(i == 0)) for i, n in enumerate(names)]
+    gpus = environ.get("SLURM_GPUS_ON_NODE", "")
+    if gpus.isdigit() and devices.kind == "gpu" and int(gpus) < len(devices):
+        devices = type(devices)("gpu", devices.indices[:int(gpus)],
+                                devices.names[:int(gpus)], devices.affinity[:int(gpus)])
+    return Cluster("slurm", nodes, devices, job_id=job, source="$SLURM_JOB_NODELIST")
+
+
+def load_system(path, devices):
+    """Read a system file (``--system``) into an ``ssh`` :class:`Cluster`.
+
+    The file (``milarun/schemas/system.schema.json``)::
+
+        {"nodes": [{"name": "n1", "address": "10.0.0.1", "user": "bench",
+                    "main": true, "port": 22, "key": "~/.ssh/id_ed25519"}, ...]}
+
+    Exactly one node may be ``main`` (default: the first). Names must be unique.
+
+    Raises:
+        SetupError: unreadable file, bad JSON, or a bad key (one line naming it).
+    """
+    data = read_json(path, error_cls=SetupError, what="system file")
+    found = first_error(data, "system")
+    if found:
+        keys, message = found
+        where = key_path(keys)
+        raise SetupError(f"{where}: {message}" if where else message, path=path)
+    nodes = []
+    for i, entry in enumerate(data["nodes"]):
+        key = entry.get("key")
+        nodes.append(Node(entry["name"], entry["address"], entry.get("user"), entry.get("port"),
+                          os.path.expanduser(key) if key else None, bool(entry.get("main"))))
+    names = [n.name for n in nodes]
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            raise SetupError(f"nodes[{i}].name: {n!r} is given twice", path=path)
+    mains = [i for i, n in enumerate(nodes) if n.main]
+    if len(mains) > 1:
+        raise SetupError(f"nodes[{mains[1]}].main: only one node can be the main node",
+                         path=path)
+    first = mains[0] if mains else 0
+    nodes.insert(0, nodes.pop(first))
+    nodes[0].main = True
+    return Cluster("ssh", nodes, devices, source=str(path))
+
+
+def discover(devices, system=None, single_node=False, environ=None):
+    """The cluster ``milarun jobs`` runs on: the ``--system`` file's nodes; else, inside
+    a Slurm allocation of several nodes (and without ``single_node``), its nodes;
+    else this host alone.
+
+    Raises:
+        SetupError: a bad system file, or ``scontrol`` failing inside an allocation.
+    """
+    environ = os.environ if environ is None else environ
+    if system is not None:
+        if single_node:
+            raise SetupError("--system and --single-node contradict each other; give one")
+        return load_system(system, devices)
+    if environ.get("SLURM_JOB_ID") and not single_node:
+        return slurm_cluster(devices, environ)
+    return local_cluster(devices)
+
+
+def probe_argv(cluster, name, path):
+    """``(argv, env)`` that write ``path`` (a probe file) on node ``name``."""
+    return cluster.on_nodes(["sh", "-c", 'echo "$1" > "$2"', "probe", name, str(path)], {},
+                            [name], tag="milarun-probe")
+
+
+def check_shared_outdir(cluster, outdir, timeout=60.0):
+    """Check that every node sees ``outdir``: each writes a probe file, this host reads it back.
+
+    Raises:
+        SetupError: a node could not be reached or its probe did not appear here.
+    """
+    if not cluster.multi and cluster.kind == "local":
+        return
+    import secrets
+    from pathlib import Path
+
+    probes = Path(outdir) / ".milarun" / f"probe-{secrets.token_hex(4)}"
+    probes.mkdir(parents=True, exist_ok=True)
+    try:
+        for node in cluster.nodes:
+            path = probes / node.name
+            argv, env = probe_argv(cluster, node.name, path)
+            try:
+                out = subprocess.run(argv, env={**os.environ, **env}, capture_output=True,
+                                     text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                raise SetupError(f"node {node.name}: no answer within {timeout:g} s "
+                                 f"({cluster.kind})")
+            except OSError as exc:
+                raise SetupError(f"cannot run {argv[0]}: {exc.strerror}")
+            if out.returncode != 0:
+                detail = (out.stderr.strip().splitlines() or [f"status {out.returncode}"])[-1]
+                raise SetupError(f"node {node.name}: cannot write to the results folder "
+                                 f"{outdir}: {detail}")
+            try:
+                seen = path.read_text().strip()
+            except OSError:
+                seen = None
+            if seen != node.name:
+                raise SetupError(f"node {node.name} wrote its probe but this host does not see "
+                                 f"it: the results folder {outdir} must be on a filesystem "
+                                 "every node shares")
+    finally:
+        for p in probes.glob("*"):
+            p.unlink(missing_ok=True)
+        try:
+            probes.rmdir()
+        except OSError:
+            pass

@@ -1,0 +1,238 @@
+"""Plan types: how a job's ``partition_scheme.type`` becomes launches. One registry.
+
+Each plan type owns everything about itself: the ``partition_scheme`` keys it
+takes and their checks (:meth:`PlanType.check`), its expansion into waves of
+:class:`Slot` over a cluster's nodes and devices (:meth:`PlanType.expand`),
+its children's launcher (python, ``torchrun --standalone``, or torchrun with a
+c10d rendezvous across nodes), its summary group names (:meth:`PlanType.group`)
+and the weight its groups take (:meth:`PlanType.weight_key`). The profile,
+the plan, the summary and the report ask :data:`TYPES`; adding a plan type is
+one class here plus its tests (and its name in ``profile.schema.json``'s
+enum, which a test keeps equal to :data:`TYPES`).
+
+``per-gpu``          one launch per device of every node, all at once, each in its
+                     student cgroup; group ``suite.job``.
+``gpu-progression``  devices ``0..k-1`` of the main node for k = 1..N, one after
+                     the other, no cgroup; group ``suite.job.<k>``.
+``normal``           one launch over every device of the main node; group ``suite.job``.
+``njobs``            one ``torchrun --standalone`` per node over all its devices, every
+                     node at once; group ``suite.job``.
+``multi-node``       one torchrun agent per node (``--nnodes K``), joined by a c10d
+                     rendezvous on the main node; rank 0 writes the one record.
+``node-progression`` the multi-node test on n = 1..K nodes × g GPUs per node
+                     (``partition_scheme.nodes`` and ``gpus_per_node`` lists), one
+                     after the other; group ``suite.job.<n>x<g>``.
+
+No torch here.
+"""
+
+import re
+from dataclasses import dataclass
+
+#: ``torchrun --rdzv-conf join_timeout``: seconds a node waits for the others
+#: to join before the job fails with ``rendezvous-timeout``.
+JOIN_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One launch before paths and command lines: where it runs and how it is grouped.
+
+    Attributes:
+        nodes: node names (tuple of str); one unless the launch spans nodes.
+        devices: device indices on each node (tuple of int).
+        label: device label in file names and job ids (``"0"``, ``"0-3"``, ``"all"``,
+            ``"node1.0"``, ``"2x4"``).
+        group: summary group.
+        concurrent: True when started alongside the rest of its wave.
+        cgroup: student cgroup (``"controllers:group"``) or None.
+        launcher: ``"python"``, ``"torchrun"`` (``--standalone``, one node) or
+            ``"rendezvous"`` (torchrun agents on every node of ``nodes``).
+    """
+
+    nodes: tuple
+    devices: tuple
+    label: str
+    group: str
+    concurrent: bool
+    cgroup: str = None
+    launcher: str = "python"
+
+    @property
+    def nproc(self):
+        """Processes per node (torchrun's ``--nproc-per-node``)."""
+        return len(self.devices)
+
+
+def _range_label(devices):
+    return str(devices[0]) if len(devices) == 1 else f"{devices[0]}-{devices[-1]}"
+
+
+def _on(cluster, node, label):
+    """A label that carries the node when the cluster has several."""
+    return f"{node}.{label}" if cluster.multi else label
+
+
+class PlanType:
+    """The protocol of a plan type (see the module doc). Subclasses set ``name``."""
+
+    name = ""
+    #: ``partition_scheme`` keys this type takes besides ``type`` (the schema types them).
+    keys = ()
+    #: True when its launches span nodes through a rendezvous (torchrun across nodes).
+    distributed = False
+
+    def check(self, scheme, launcher):
+        """Problems of a job's ``partition_scheme`` for this type: ``(key, message)`` or None."""
+        for key in scheme:
+            # "cgroup" comes with the "*" defaults into every job; only per-gpu uses it
+            if key not in ("type", "cgroup") and key not in self.keys:
+                known = ", ".join(("type",) + tuple(self.keys))
+                return key, f"not used by plan type {self.name!r} (its keys: {known})"
+        return None
+
+    def expand(self, job, cluster):
+        """Waves (list of lists) of :class:`Slot` for one run of ``job`` on ``cluster``."""
+        raise NotImplementedError
+
+    def group(self, record):
+        """The summary group of a result record."""
+        return record["name"]
+
+    def weight_key(self, group, weights):
+        """The key of ``weights`` that applies to ``group``, or None."""
+        return group if group in weights else None
+
+
+class PerGPU(PlanType):
+    name = "per-gpu"
+    keys = ("cgroup",)
+
+    def expand(self, job, cluster):
+        idx = list(cluster.devices.indices)
+        launcher = "torchrun" if job.launcher == "torchrun" else "python"
+        return [[Slot((node.name,), (i,), _on(cluster, node.name, str(i)), job.full_name,
+                      True, job.cgroup.format(device=i) if job.cgroup else None, launcher)
+                 for node in cluster.nodes for i in idx]]
+
+
+class GPUProgression(PlanType):
+    name = "gpu-progression"
+    _GROUP = re.compile(r"^(.+)\.(\d+)$")
+
+    def expand(self, job, cluster):
+        idx = list(cluster.devices.indices)
+        main = cluster.main.name
+        launcher = "torchrun" if job.launcher == "torchrun" else "python"
+        return [[Slot((main,), tuple(idx[:k]), _on(cluster, main, _range_label(idx[:k])),
+                      f"{job.full_name}.{k}", False, None, launcher)]
+                for k in range(1, len(idx) + 1)]
+
+    def group(self, record):
+        count = record.get("device_count")
+        if count is None:
+            count = len(record.get("devices") or [])
+        return f"{record['name']}.{count}"
+
+    def weight_key(self, group, weights):
+        if group in weights:
+            return group
+        m = self._GROUP.match(group)
+        return m.group(1) if m and m.group(1) in weights else None
+
+
+class Normal(PlanType):
+    name = "normal"
+
+    def expand(self, job, cluster):
+        idx = tuple(cluster.devices.indices)
+        main = cluster.main.name
+        launcher = "torchrun" if job.launcher == "torchrun" else "python"
+        return [[Slot((main,), idx, _on(cluster, main, "all"), job.full_name, False, None,
+                      launcher)]]
+
+
+class NJobs(PlanType):
+    name = "njobs"
+
+    def expand(self, job, cluster):
+        idx = tuple(cluster.devices.indices)
+        return [[Slot((node.name,), idx, _on(cluster, node.name, "all"), job.full_name,
+                      True, None, "torchrun")
+                 for node in cluster.nodes]]
+
+
+class MultiNode(PlanType):
+    name = "multi-node"
+    distributed = True
+
+    def expand(self, job, cluster):
+        idx = tuple(cluster.devices.indices)
+        nodes = tuple(n.name for n in cluster.nodes)
+        return [[Slot(nodes, idx, f"{len(nodes)}x{len(idx)}", job.full_name, False, None,
+                      "rendezvous")]]
+
+
+class NodeProgression(PlanType):
+    name = "node-progression"
+    keys = ("nodes", "gpus_per_node")
+    distributed = True
+    _GROUP = re.compile(r"^(.+)\.(\d+)x(\d+)$")
+
+    def expand(self, job, cluster):
+        scheme = job.definition.get("partition_scheme", {})
+        idx = list(cluster.devices.indices)
+        names = [n.name for n in cluster.nodes]
+        counts = scheme.get("nodes") or list(range(1, len(names) + 1))
+        gpus = scheme.get("gpus_per_node") or list(range(1, len(idx) + 1))
+        waves = []
+        for n in sorted(set(counts)):
+            for g in sorted(set(gpus)):
+                if n > len(names) or g > len(idx):
+                    continue  # more than this cluster has: not part of this study
+                waves.append([Slot(tuple(names[:n]), tuple(idx[:g]), f"{n}x{g}",
+                                   f"{job.full_name}.{n}x{g}", False, None, "rendezvous")])
+        return waves
+
+    def group(self, record):
+        n = record.get("node_count") or len(record.get("nodes") or []) or 1
+        g = record.get("gpus_per_node") or record.get("device_count") or 1
+        return f"{record['name']}.{n}x{g}"
+
+    def weight_key(self, group, weights):
+        if group in weights:
+            return group
+        m = self._GROUP.match(group)
+        return m.group(1) if m and m.group(1) in weights else None
+
+
+#: name → plan type, in the order the docs list them.
+TYPES = {t.name: t for t in (PerGPU(), GPUProgression(), Normal(), NJobs(), MultiNode(),
+                             NodeProgression())}
+
+
+def plan_type(name):
+    """The plan type called ``name``; KeyError for an unknown one."""
+    return TYPES[name]
+
+
+def group_name(record):
+    """The summary group of a result record (``suite.job`` when its partition is unknown)."""
+    kind = TYPES.get(record.get("partition"))
+    return kind.group(record) if kind else record["name"]
+
+
+def weight_for(group, weights, partition=None):
+    """``(weight, key)`` of summary group ``group``, or ``(None, None)``.
+
+    ``partition`` None (a 2020 summary does not say) tries every type's rule.
+    """
+    if partition is None:
+        kinds = list(TYPES.values())
+    else:
+        kinds = [TYPES.get(partition, TYPES["per-gpu"])]
+    for kind in kinds:
+        key = kind.weight_key(group, weights)
+        if key is not None:
+            return weights[key], key
+    return None, None
