@@ -236,10 +236,10 @@ def load_system(path, devices):
     names = [n.name for n in nodes]
     for i, n in enumerate(names):
         if n in names[:i]:
-            raise SetupError(f"nodes[{i}].name: {n!r} is given twice", path=path)
+            raise SetupError(f"nodes.{i}.name: {n!r} is given twice", path=path)
     mains = [i for i, n in enumerate(nodes) if n.main]
     if len(mains) > 1:
-        raise SetupError(f"nodes[{mains[1]}].main: only one node can be the main node",
+        raise SetupError(f"nodes.{mains[1]}.main: only one node can be the main node",
                          path=path)
     first = mains[0] if mains else 0
     nodes.insert(0, nodes.pop(first))
