@@ -58,6 +58,9 @@ MESSAGE_CHARS = 65536
 POLL_S = 0.05
 #: Seconds after SIGKILL before a child that will not die is given up on.
 ABANDON_S = 60.0
+#: Children that ended at most this many seconds before a stop signal count as
+#: stopped by it (a signal sent to the whole job, as by scancel, may reach them first).
+STOP_WINDOW_S = 2.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -98,10 +101,12 @@ class StopRequest:
     def __init__(self):
         self.signum = None
         self.count = 0
+        self.at = None  # time.monotonic() of the first stop signal
 
     def __call__(self, signum, frame=None):
         if self.signum is None:
             self.signum = signum
+            self.at = time.monotonic()
         self.count += 1
 
 
@@ -169,6 +174,7 @@ class _Child:
         self.stopped = False  # cut short by a stop request
         self.killed_at = None
         self.abandoned = False  # still there after SIGKILL and a long wait
+        self.ended_at = None  # time.monotonic() when first seen ended
         self.proc = None
         self.start_error = None
         self.log_error = None
@@ -491,6 +497,10 @@ def run_wave(launches, outdir, stop=None, on_line=None, grace=5.0):
         child.start()
     while True:
         pending = [c for c in children if not c.abandoned and c.poll() is None]
+        now = time.monotonic()
+        for c in children:
+            if c not in pending and c.ended_at is None:
+                c.ended_at = now
         if not pending:
             break
         if stop.signum is not None:
@@ -509,6 +519,13 @@ def run_wave(launches, outdir, stop=None, on_line=None, grace=5.0):
                 if now - c.killed_at > ABANDON_S + grace:
                     c.abandoned = True
         time.sleep(POLL_S)
+    if stop.signum is not None:
+        # A stop that reached the whole process tree at once (Slurm's scancel
+        # signals every step as well as milarun) may end children before this
+        # loop sees the request: those ended by the same stop.
+        for c in children:
+            if c.ended_at is not None and c.ended_at >= stop.at - STOP_WINDOW_S:
+                c.stopped = True
     outcomes = []
     for c in children:
         c.finish()
