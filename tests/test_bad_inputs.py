@@ -252,6 +252,17 @@ BAD_RESULTS = [
     (_record(success=KeyError), "success: missing"),
     (_record(success="yes"), "success: must be true or false, not string"),
     (_record(run=-1), "run: must be >= 0, not -1"),
+    (_record(node="../node1"), f"node: '../node1' is not a valid name ({NAME_RULE})"),
+    (_record(nodes=["node1", "a/b"]), f"nodes.1: 'a/b' is not a valid name ({NAME_RULE})"),
+    (_record(node_count=0), "node_count: must be >= 1, not 0"),
+    (_record(gpus_per_node=0), "gpus_per_node: must be >= 1, not 0"),
+    (_record(distributed={"backend": "gloo"}), "distributed.world_size: missing"),
+    (_record(distributed={"world_size": 2, "backend": "gloo",
+                          "hosts": [{"cpuset": [-1]}]}),
+     "distributed.hosts.0.cpuset.0: must be >= 0, not -1"),
+    (_record(distributed={"world_size": 2, "backend": "gloo",
+                          "rendezvous": {"backend": "c10d", "port": 1}}),
+     "distributed.rendezvous.port: unknown key (known: backend, endpoint, id)"),
     (_record(devices=["0"]), "devices.0: must be an integer, not string"),
     (_record(peak_memory_mib=-1.0), "peak_memory_mib: must be >= 0, not -1.0"),
     (_record(metrics={"loss": [1, 2]}),
@@ -262,8 +273,9 @@ BAD_RESULTS = [
     (_record(version="1"), "version: bad format version '1'"),
     (_record(version=99), "version: format version 99 is newer than this milarun (1)"),
     (_record(colour="red"), "colour: unknown key (known: call, dataroot, device, device_count, "
-                            "devices, environ, error, finished, gpu_monitor, host, job, job_id, "
-                            "job_name, metrics, name, partition, peak_memory_mib, run, started, "
+                            "devices, distributed, environ, error, finished, gpu_monitor, "
+                            "gpus_per_node, host, job, job_id, job_name, metrics, name, node, "
+                            "node_count, nodes, partition, peak_memory_mib, run, started, "
                             "success, suite, timings, version, written_by)"),
     ([1, 2], "not a result record (no 'version' or 'name' key)"),
     ('{"version": 1, "name": "s.t", "version": 1}', "invalid JSON: duplicate key 'version'"),

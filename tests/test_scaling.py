@@ -13,8 +13,8 @@ from conftest import ROOT, SMOKE_ARGS, steady_samples
 def _torchrun(tmp_path, *args):
     out = tmp_path / "r.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    env.pop("MASTER_ADDR", None)
-    env.pop("MASTER_PORT", None)
+    for key in ("MASTER_ADDR", "MASTER_PORT", "SLURMD_NODENAME"):
+        env.pop(key, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", "2", "-m", "milarun", "run", "milarun.models.scaling:main",
            "-o", str(out), "--experiment-name", "t.scaling", "--job-id", "0.0-1", "--",
@@ -37,6 +37,12 @@ def test_scaling_two_ranks_with_torchrun(tmp_path):
     assert res["metrics"]["backend"] == "gloo"
     assert res["metrics"]["global_batch"] == 8
     assert res["timings"]["train"]["count"] >= 240
+    # rank 0 recorded the job: one node (this host) of two ranks, torchrun's c10d rendezvous
+    dist = res["distributed"]
+    assert dist["world_size"] == 2 and dist["backend"] == "gloo"
+    assert len(dist["hosts"]) == 1 and dist["hosts"][0]["hostname"] == res["host"]["hostname"]
+    assert dist["node_names"] == [res["host"]["hostname"]]
+    assert dist["rendezvous"]["backend"] == "c10d" and dist["rendezvous"]["id"]
 
 
 def test_min_steady_extension_is_agreed_between_ranks(tmp_path):

@@ -13,6 +13,8 @@ from coleo import make_cli, tooled
 
 from .. import isolation
 from ..devices import nvml_str, nvml_visible
+from ..errors import MilarunError, ResultFormatError
+from ..jsonfile import check
 from ..results.journal import Journal
 from ..results.schema import new_result
 from ..results.store import journal_path, result_filename, write_result
@@ -90,6 +92,26 @@ def _nvml_gpus():
     return out
 
 
+def _node_name(given):
+    """This node's name: Slurm's (srun sets it per node), else the launcher's, else the hostname."""
+    return os.environ.get("SLURMD_NODENAME") or given or socket.gethostname()
+
+
+def _torchrun_rendezvous(environ):
+    """The rendezvous as torchrun's worker environment tells it.
+
+    torchrun passes the run id (``none`` for a static rendezvous, which is
+    the master address itself) but not a c10d endpoint.
+    """
+    run_id = environ.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        return {"backend": "c10d", "endpoint": None, "id": run_id}
+    endpoint = None
+    if environ.get("MASTER_ADDR"):
+        endpoint = f"{environ['MASTER_ADDR']}:{environ.get('MASTER_PORT', '')}"
+    return {"backend": "static", "endpoint": endpoint, "id": None}
+
+
 @tooled
 def _entry(exp, fn):
     exp.options = common_options()
@@ -104,8 +126,15 @@ class Experiment:
         job_id: ``"{run}.{device}"``.
         dataroot: dataset root folder (str or None).
         out: result directory, a ``*.json`` path, or None for stdout.
-        extra: fields merged into the result (run, device, devices,
-            partition, job), as passed by ``milarun jobs`` with ``--extra``.
+        extra: what the launcher tells the child, as passed by ``milarun
+            jobs`` with ``--extra``: run, device, devices, partition, job,
+            node, nodes, node_count, gpus_per_node go into the result (only
+            those given); rendezvous (``{"backend", "endpoint", "id"}``) goes
+            into ``distributed`` (see :meth:`gather_hosts`).
+
+    Raises:
+        MilarunError: ``extra["rendezvous"]`` is malformed. (A bad value of
+            another key is caught when the record is validated.)
 
     Attributes:
         options: the common options (see ``common_options``) once parsed.
@@ -125,10 +154,18 @@ class Experiment:
         device = extra.get("device", job_id.split(".", 1)[1] if "." in job_id else "0")
         self.result = new_result(name, job_id, device=device,
                                  devices=extra.get("devices", [0]), run=run,
-                                 partition=extra.get("partition", "normal"))
-        for key in ("job", "partition"):
+                                 partition=extra.get("partition", "normal"),
+                                 node=extra.get("node"), nodes=extra.get("nodes"),
+                                 gpus_per_node=extra.get("gpus_per_node"))
+        for key in ("job", "partition", "node_count"):
             if key in extra:
                 self.result[key] = extra[key]
+        self.rendezvous = extra.get("rendezvous")
+        if self.rendezvous is not None:
+            try:
+                check(self.rendezvous, "result#/$defs/rendezvous", key_prefix="rendezvous")
+            except ResultFormatError as exc:
+                raise MilarunError(f"--extra: {exc}") from None
         self.result["dataroot"] = dataroot
         self.options = None
         self.device = None
@@ -157,6 +194,59 @@ class Experiment:
             pass
         self.journal = Journal(path)
         self.journal.write("start", pid=os.getpid(), start=start)
+
+    def gather_hosts(self):
+        """Record the torchrun job this process belongs to: a collective.
+
+        Every rank must call it, once, after ``init_process_group`` (on CUDA,
+        after ``torch.cuda.set_device``: NCCL gathers through the current
+        device); :func:`milarun.bench.distributed.process_group` does. Each
+        node's ``LOCAL_RANK`` 0 contributes its node name (``$SLURMD_NODENAME``
+        under srun, else ``extra["node"]``, else the hostname) and its ``host``
+        facts, gathered with ``all_gather_object``. Rank 0 stores them in the
+        result as ``distributed``::
+
+            {"world_size": ranks, "backend": "gloo"|"nccl"|...,
+             "rendezvous": {"backend": "c10d"|"static", "endpoint": "host:port"|None,
+                            "id": str|None},
+             "master": "MASTER_ADDR:MASTER_PORT",
+             "node_names": [...], "hosts": [host facts, ...]}   # in node-rank order
+
+        The rendezvous is ``extra["rendezvous"]`` when the launcher gave it,
+        else what torchrun's environment tells (``TORCHELASTIC_RUN_ID``: a run
+        id other than ``none`` means c10d; a static rendezvous's endpoint is
+        the master's address). It is also written to the journal, so a FAIL
+        record of a job that dies later still says where it ran.
+
+        Returns:
+            the ``distributed`` dict (on every rank), or None outside torchrun
+            (no ``WORLD_SIZE`` in the environment) or without a process group,
+            where nothing is gathered.
+        """
+        if "WORLD_SIZE" not in os.environ:
+            return None
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        mine = None
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            mine = {"node": _node_name(self.result.get("node")),
+                    "host": dict(self.result.get("host") or {})}
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        nodes = [entry for entry in gathered if entry is not None]
+        info = {"world_size": dist.get_world_size(), "backend": str(dist.get_backend()),
+                "rendezvous": self.rendezvous or _torchrun_rendezvous(os.environ)}
+        if os.environ.get("MASTER_ADDR"):
+            info["master"] = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '')}"
+        info["node_names"] = [entry["node"] for entry in nodes]
+        info["hosts"] = [entry["host"] for entry in nodes]
+        if dist.get_rank() == 0:
+            self.result["distributed"] = info
+            if self.journal is not None:
+                self.journal.write("distributed", **info)
+        return info
 
     def attach_rate(self, logger):
         """Make ``logger`` the run's rate logger and stream its samples to the journal."""

@@ -34,11 +34,17 @@ def imagenet_transform(image_size):
     ])
 
 
-def image_loader(folder, split, image_size, batch_size, workers, device):
+def image_loader(folder, split, image_size, batch_size, workers, device, shard=None,
+                 seed=0):
     """A shuffling ``DataLoader`` over ``folder/split`` (ImageFolder).
 
     ``workers`` < 0 means the student's cpuset size minus one. Workers are
     persistent, so restarting an epoch does not fork them again.
+
+    With ``shard=(rank, world_size)``, a ``DistributedSampler`` (shuffled
+    with ``seed``) gives this rank its share of the images: every rank gets
+    the same number of batches per epoch, so data-parallel ranks step
+    together. Call ``loader.sampler.set_epoch(e)`` before each epoch.
 
     Returns:
         ``(loader, dataset)``.
@@ -46,14 +52,21 @@ def image_loader(folder, split, image_size, batch_size, workers, device):
     Raises:
         FileNotFoundError: no ``split`` folder in ``folder``.
     """
-    import torch
     from torchvision import datasets
 
     root = folder / split
     if not root.is_dir():
         raise FileNotFoundError(f"no {split}/ folder in {folder}; rebuild the dataset")
     dataset = datasets.ImageFolder(str(root), transform=imagenet_transform(image_size))
-    loader = data_loader(dataset, batch_size, workers, device)
+    kwargs = {}
+    if shard is not None:
+        from torch.utils.data.distributed import DistributedSampler
+
+        rank, world_size = shard
+        kwargs = {"sampler": DistributedSampler(dataset, num_replicas=world_size, rank=rank,
+                                                shuffle=True, seed=seed),
+                  "shuffle": False}
+    loader = data_loader(dataset, batch_size, workers, device, **kwargs)
     return loader, dataset
 
 

@@ -17,19 +17,18 @@ each rank is one ``milarun run`` process with ``RANK``, ``LOCAL_RANK``,
 
 Only rank 0 writes the result (``Experiment.write`` skips other ranks).
 ``world_size``, ``backend`` and ``global_batch`` are recorded in the
-result's ``metrics``.
+result's ``metrics``; under torchrun, ``distributed`` holds the world, the
+rendezvous and every node's host facts (see ``milarun.bench.distributed``).
 
 Stresses: compute (convolutions), gradient all-reduce bandwidth and latency
 between devices. An **item is one example of the global batch**: each step
 counts ``batch_size × world_size``, so rank 0's throughput is the whole job's.
 """
 
-import os
-import socket
-
 from coleo import Option, default, tooled
 
 from ..bench import grad_scaler, init_torch, iteration_wrapper, set_precision
+from ..bench.distributed import agree_on_counts, process_group
 
 
 def main(exp, argv):
@@ -39,12 +38,6 @@ def main(exp, argv):
     Items are examples of the global batch (``batch_size × world_size`` per step).
     """
     exp.cli(train, argv)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model(torch, width, blocks, classes):
@@ -81,7 +74,6 @@ def _model(torch, width, blocks, classes):
 @tooled
 def train(exp):
     import torch
-    import torch.distributed as dist
 
     # Examples per batch on each rank
     batch_size: Option & int = default(128)
@@ -101,59 +93,17 @@ def train(exp):
     precision: Option = default("fp32")
 
     device = init_torch(exp)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    if device.type == "cuda":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        exp.device = device
-    else:
-        # ranks on one CPU host share its cores
-        threads = max(1, torch.get_num_threads() // max(1, local_world))
-        torch.set_num_threads(threads)
-        exp.result["host"]["threads"] = threads
-    if backend == "auto":
-        backend = "nccl" if device.type == "cuda" else "gloo"
-    # DDP's first construction imports torch.distributed.nn.functional, whose
-    # functions take ``group=group.WORLD`` as a default argument. Imported
-    # after init_process_group, those defaults keep the default group alive:
-    # destroy_process_group() cannot free it, and its threads and sockets are
-    # torn down in the interpreter's own shutdown instead, when the peers may
-    # be gone (a rank aborted there with "terminate called without an active
-    # exception"). Imported now, the defaults are None.
-    import torch.distributed.nn  # noqa: F401
-    if "MASTER_ADDR" in os.environ:
-        dist.init_process_group(backend, rank=rank, world_size=world)
-    else:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
-                                rank=0, world_size=1)
-    try:
-        exp.metrics.update({"world_size": world, "backend": backend, "rank": rank,
-                            "global_batch": batch_size * world})
-        _train(exp, torch, device, batch_size, width, blocks, image_size, classes, lr,
-               precision, world, rank)
-        # No rank closes its connections while another still has work in flight.
-        # (Only on success: after a failure the other ranks may never get here.)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    with process_group(exp, device, backend) as world:
+        exp.metrics["global_batch"] = batch_size * world.size
+        _train(exp, torch, world, batch_size, width, blocks, image_size, classes, lr,
+               precision)
 
 
-def _max_over_ranks(torch, n, device):
-    """The largest ``n`` over all ranks (an all-reduce with MAX)."""
-    import torch.distributed as dist
-
-    t = torch.tensor([int(n)], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
-
-
-def _train(exp, torch, device, batch_size, width, blocks, image_size, classes, lr,
-           precision, world, rank):
+def _train(exp, torch, world, batch_size, width, blocks, image_size, classes, lr,
+           precision):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    device = world.device
     autocast = set_precision(device, precision)
     net = _model(torch, width, blocks, classes).to(device)
     if device.type == "cuda":
@@ -166,7 +116,7 @@ def _train(exp, torch, device, batch_size, width, blocks, image_size, classes, l
     criterion = torch.nn.CrossEntropyLoss()
     # A pool of random batches made on the device, different on each rank.
     gen = torch.Generator(device=device)
-    gen.manual_seed(exp.options["seed"] * 1000 + rank)
+    gen.manual_seed(exp.options["seed"] * 1000 + world.rank)
     pool = 4
     fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
     images = [torch.randn((batch_size, 3, image_size, image_size), device=device,
@@ -175,10 +125,7 @@ def _train(exp, torch, device, batch_size, width, blocks, image_size, classes, l
     ddp.train()
     k = 0
     steps = iteration_wrapper(exp)
-    if world > 1:
-        # --min-steady may raise the count target; every rank must take the
-        # same one or a rank would wait forever in the gradient all-reduce.
-        exp.rate.agree = lambda extra: _max_over_ranks(torch, extra, device)
+    agree_on_counts(exp, world)
     for step in steps:
         x, y = images[k % pool], labels[k % pool]
         k += 1
@@ -188,5 +135,5 @@ def _train(exp, torch, device, batch_size, width, blocks, image_size, classes, l
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
-        step.set_count(batch_size * world)
+        step.set_count(batch_size * world.size)
         step.log(loss=loss.detach())

@@ -13,6 +13,8 @@ Lines (``kind`` first; times as in the result record)::
                       "min_steady": s}
     {"kind": "sample", "start": s, "end": s, "count": items, "rate": items/s, "warmup": bool}
     {"kind": "monitor", "t": s, "device": int, ...}   (one GPU telemetry reading)
+    {"kind": "distributed", "world_size": int, "backend": str, ...}
+                      (rank 0 of a torchrun job: the record's ``distributed``)
 
 The journal is best-effort: a write that fails (full disk) turns it off and
 never stops the measurement; the child's own record is the one that counts.
@@ -93,12 +95,13 @@ def read_journal(path):
 
     Returns:
         ``{"start": Unix time or None, "train": {...} or {}, "samples": [...],
-        "monitor": [...], "lines": n, "bad_lines": n}``; an absent or
+        "monitor": [...], "distributed": {...} or None, "lines": n,
+        "bad_lines": n}``; an absent or
         unreadable journal gives the empty result. A truncated last line (the
         child was killed mid-write) and malformed lines are counted, not raised.
     """
-    out = {"start": None, "train": {}, "samples": [], "monitor": [], "lines": 0,
-           "bad_lines": 0}
+    out = {"start": None, "train": {}, "samples": [], "monitor": [], "distributed": None,
+           "lines": 0, "bad_lines": 0}
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_JOURNAL_BYTES)
@@ -120,6 +123,8 @@ def read_journal(path):
             out["train"] = event
         elif kind == "start" and isinstance(event.get("start"), (int, float)):
             out["start"] = event["start"]
+        elif kind == "distributed" and isinstance(event.get("world_size"), int):
+            out["distributed"] = event  # checked with the record it goes into
         else:
             out["bad_lines"] += 1
     return out

@@ -3,6 +3,12 @@
 Format history (append a line and a migration step for every change):
 
 * version 1 (2026-11): first format.
+* version 1, extended (issue 9, multi-node): optional ``node``, ``nodes``,
+  ``node_count``, ``gpus_per_node`` and ``distributed``; ``partition`` may
+  also be ``njobs``, ``multi-node`` or ``node-progression``; ``error.reason``
+  may also be ``rendezvous-timeout``, ``rank-failed`` or ``node-lost``. The
+  version stays 1: every new field is optional, so older version-1 records
+  still validate and need no migration (older readers reject the new values).
 
 The declared schema is ``milarun/schemas/result.schema.json``: every record
 read or written is checked against it (:func:`validate`). Numbers are finite;
@@ -22,7 +28,12 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
 ``device``         device label used in the file name: ``"0"``, ``"0-3"`` or ``"all"``.
 ``devices``        list of device indices the process was given (ints).
 ``device_count``   ``len(devices)`` (gpu-progression groups by it).
-``partition``      ``"normal"``, ``"per-gpu"`` or ``"gpu-progression"``.
+``partition``      the plan type: ``"normal"``, ``"per-gpu"``, ``"gpu-progression"``,
+                   ``"njobs"``, ``"multi-node"`` or ``"node-progression"``.
+``node``           optional: the node (host) name the launch ran on, a safe name.
+``nodes``          optional: the node names the launch spanned (``[node]`` on one node).
+``node_count``     optional: ``len(nodes)``, >= 1.
+``gpus_per_node``  optional: devices per node the launch used, >= 1.
 ``call``           ``{"function": "mod:fn", "argv": [...], "arguments": {opt: value}}``.
 ``job``            the resolved job definition from the profile (or ``{}``).
 ``dataroot``       dataset root the child used.
@@ -47,6 +58,13 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
 ``started``, ``finished``  optional ISO-8601 UTC times the child started and ended.
 ``written_by``     optional: ``"launcher"`` for a FAIL record written by the parent
                    (or ``"child"``).
+``distributed``    optional, written by rank 0 of a torchrun job:
+                   ``{"world_size": ranks, "backend": "nccl"|"gloo"|...,
+                   "rendezvous": {"backend": "c10d"|"static", "endpoint":
+                   "host:port"|None, "id": str|None}, "master": "addr:port",
+                   "node_names": [one per node], "hosts": [one ``host`` dict per
+                   node]}`` (nodes in node-rank order; ``world_size`` and
+                   ``backend`` required).
 """
 
 import copy
@@ -58,17 +76,23 @@ FORMAT_VERSION = 1
 
 #: Values of ``error.reason``: the test raised (``error``), the kernel OOM
 #: killer, the launcher's timeout, a signal, an interrupted suite, a
-#: successful record followed by a non-zero exit or a hang. The schema's enum
-#: must agree (tested).
+#: successful record followed by a non-zero exit or a hang; for distributed
+#: launches, a node that did not join the rendezvous in time, a rank that died,
+#: a node whose connection (ssh, srun step) dropped. The schema's enum must
+#: agree (tested).
 FAIL_REASONS = ("error", "oom-killed", "timeout", "signal", "interrupted",
-                "exit-after-result")
+                "exit-after-result", "rendezvous-timeout", "rank-failed", "node-lost")
 
 
 def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
-               partition="normal"):
-    """Return an empty version-1 record for experiment ``name`` (``suite.job``)."""
+               partition="normal", node=None, nodes=None, gpus_per_node=None):
+    """Return an empty version-1 record for experiment ``name`` (``suite.job``).
+
+    ``node``, ``nodes`` (``node_count`` is their number) and ``gpus_per_node``
+    are set only when given (not None).
+    """
     suite, _, job_name = name.partition(".")
-    return {
+    rec = {
         "version": FORMAT_VERSION,
         "name": name,
         "suite": suite,
@@ -94,6 +118,16 @@ def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
         "success": False,
         "error": None,
     }
+    if node is not None:
+        rec["node"] = node
+    if isinstance(nodes, (list, tuple)):
+        rec["nodes"] = list(nodes)
+        rec["node_count"] = len(rec["nodes"])
+    elif nodes is not None:
+        rec["nodes"] = nodes  # not a list: validation says so
+    if gpus_per_node is not None:
+        rec["gpus_per_node"] = gpus_per_node
+    return rec
 
 
 # Each step takes a record of version v and returns one of version v + 1.

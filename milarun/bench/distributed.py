@@ -1,0 +1,143 @@
+"""Data-parallel set-up inside the child: torchrun's ranks, the process group, agreement.
+
+A DDP model does::
+
+    device = init_torch(exp)
+    with process_group(exp, device) as world:
+        ...build the model on world.device, wrap it in DDP...
+        steps = iteration_wrapper(exp)      # or dataloop(exp, loader)
+        agree_on_counts(exp, world)
+        for step in steps:
+            ...
+            step.set_count(batch_size * world.size)   # rank 0 counts the global batch
+
+Under torchrun (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/
+``MASTER_PORT`` in the environment) the group joins the job's other ranks;
+without torchrun it is a world of one on a free local port, so the code path
+is the same. Only rank 0 writes the result (``Experiment.write``).
+"""
+
+import contextlib
+import os
+import socket
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class World:
+    """This rank's place in the job.
+
+    Attributes:
+        size: ranks in the job (``WORLD_SIZE``).
+        rank: this rank (``RANK``).
+        local_rank: rank on this node (``LOCAL_RANK``).
+        local_size: ranks on this node (``LOCAL_WORLD_SIZE``).
+        backend: process-group backend (``"nccl"``, ``"gloo"``, ...).
+        device: this rank's ``torch.device`` (``cuda:LOCAL_RANK`` on CUDA).
+    """
+
+    size: int
+    rank: int
+    local_rank: int
+    local_size: int
+    backend: str
+    device: object
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env_int(name, default):
+    return int(os.environ.get(name, str(default)))
+
+
+@contextlib.contextmanager
+def process_group(exp, device, backend="auto"):
+    """Join the job's process group for the ``with`` body, then leave it cleanly.
+
+    On CUDA, the rank's device becomes ``cuda:LOCAL_RANK`` (also
+    ``exp.device``); on the CPU, the ranks of a node share its threads
+    (``torch.get_num_threads() // LOCAL_WORLD_SIZE`` each, recorded as
+    ``host.threads``). Once the group exists, :meth:`Experiment.gather_hosts`
+    records the job (every rank calls it here, as a collective must be), and
+    ``world_size``, ``backend`` and ``rank`` go to the result's metrics.
+
+    On leaving without an error, every rank meets at a barrier (so no rank
+    closes its connections while another still has work in flight), then the
+    group is destroyed; after an error it is destroyed at once, as the other
+    ranks may never reach a barrier.
+
+    Args:
+        exp: the ``Experiment``.
+        device: the ``torch.device`` from ``init_torch``.
+        backend: ``"auto"`` (``nccl`` on CUDA, ``gloo`` on the CPU) or a
+            ``torch.distributed`` backend name.
+
+    Yields:
+        :class:`World`.
+    """
+    import torch
+    import torch.distributed as dist
+
+    size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_size = _env_int("LOCAL_WORLD_SIZE", size)
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        exp.device = device
+    else:
+        threads = max(1, torch.get_num_threads() // max(1, local_size))
+        torch.set_num_threads(threads)
+        exp.result["host"]["threads"] = threads
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    # DDP's first construction imports torch.distributed.nn.functional, whose
+    # functions take ``group=group.WORLD`` as a default argument. Imported
+    # after init_process_group, those defaults keep the default group alive:
+    # destroy_process_group() cannot free it, and its threads and sockets are
+    # torn down in the interpreter's own shutdown instead, when the peers may
+    # be gone (a rank aborted there with "terminate called without an active
+    # exception"). Imported now, the defaults are None.
+    import torch.distributed.nn  # noqa: F401
+    if "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend, rank=rank, world_size=size)
+    else:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+                                rank=0, world_size=1)
+    try:
+        exp.gather_hosts()
+        exp.metrics.update({"world_size": size, "backend": backend, "rank": rank})
+        yield World(size, rank, local_rank, local_size, backend, device)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def max_over_ranks(n, device):
+    """The largest int ``n`` over all ranks (an all-reduce with MAX on ``device``)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([int(n)], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def agree_on_counts(exp, world):
+    """Make the ranks agree on every raise of the count target (``--min-steady``).
+
+    The rate logger (``exp.rate``, created by ``dataloop``/``iteration_wrapper``)
+    may raise its count target from the rate this rank measured; every rank
+    must take the same target or one would wait forever in the gradient
+    all-reduce, so the raise is reduced with MAX. A no-op in a world of one.
+    """
+    if world.size > 1:
+        exp.rate.agree = lambda extra: max_over_ranks(extra, world.device)
+
+
+__all__ = ["World", "process_group", "max_over_ranks", "agree_on_counts"]

@@ -1,0 +1,122 @@
+"""ddp_convnet: a torchvision ResNet trained data-parallel (DDP) over a whole node, or several.
+
+The ``njobs`` plan type starts one torchrun per node over all of that node's
+devices (CPU slots on a CPU host, with gloo); ``multi-node`` and
+``node-progression`` start one per node of a rendezvous. Each rank reads its
+share of the ``fake_imagenet`` JPEG tree (``ImageFolder`` +
+``RandomResizedCrop``/flip/normalize in ``DataLoader`` workers, a
+``DistributedSampler`` reshuffled every epoch), trains the network
+(``--arch``, ``resnet50`` by default, random weights) with SGD + momentum
+and cross-entropy at ``--precision`` fp32, tf32, fp16 or bf16, and
+all-reduces the gradients every step (``DistributedDataParallel``: nccl on
+CUDA, gloo on the CPU). Without torchrun it runs as a world of one.
+
+Stresses: GPU compute (convolutions), the gradient all-reduce over NVLink /
+PCIe inside a node and over the network between nodes, and the CPU's JPEG
+decoding for every device at once. An **item is one image of the global
+batch**: each step counts ``batch_size × world_size``, so rank 0's
+throughput (the only record, written by rank 0) is the whole job's, in
+images/s. ``world_size``, ``backend`` and ``global_batch`` are recorded in
+``metrics``; ``distributed`` holds the world, the rendezvous and every
+node's host facts.
+
+Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
+"""
+
+from coleo import Option, default, tooled
+
+from ..bench import dataloop, grad_scaler, init_torch, set_precision
+from ..bench.distributed import agree_on_counts, process_group
+from ..datasets import require
+from ..isolation import current_cpuset
+from .convnet import build_model
+from .loader import image_loader
+
+
+def main(exp, argv):
+    """Entry point: under torchrun, ``... -m milarun run milarun.models.ddp_convnet:main
+    -- ARGS``; alone, ``milarun run milarun.models.ddp_convnet:main -- ARGS``.
+
+    Items are images of the global batch (``batch_size × world_size`` per step).
+    """
+    exp.cli(train, argv)
+
+
+class _Epochs:
+    """The loader as an iterable whose every pass is a new shuffle of each rank's share."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.epoch = 0
+
+    def __iter__(self):
+        self.loader.sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        return iter(self.loader)
+
+
+@tooled
+def train(exp):
+    # torchvision model name (resnet50, resnet18, resnet152, ...)
+    arch: Option = default("resnet50")
+    # Images per batch on each rank
+    batch_size: Option & int = default(128)
+    # Side of the random crops fed to the network, in pixels
+    image_size: Option & int = default(224)
+    # Arithmetic: fp32, tf32, fp16 (autocast + grad scaler) or bf16 (autocast)
+    precision: Option = default("fp32")
+    # Learning rate (SGD with momentum 0.9)
+    lr: Option & float = default(0.1)
+    # Use the channels-last memory format for the model and the batches
+    channels_last: Option & bool = default(False)
+    # DataLoader workers per rank (-1: the rank's share of the cpuset, minus one)
+    workers: Option & int = default(-1)
+    # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
+    backend: Option = default("auto")
+
+    device = init_torch(exp)
+    folder = require(exp.dataroot, "fake_imagenet")
+    with process_group(exp, device, backend) as world:
+        exp.metrics["global_batch"] = batch_size * world.size
+        # The node's ranks share its cores: one share each, one core of it for the rank.
+        share = max(0, len(current_cpuset()) // world.local_size - 1)
+        _train(exp, world, folder, arch, batch_size, image_size, precision, lr,
+               channels_last, share if workers < 0 else workers)
+
+
+def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, channels_last,
+           workers):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    device = world.device
+    autocast = set_precision(device, precision)
+    scaler = grad_scaler(device, precision)
+    loader, dataset = image_loader(folder, "train", image_size, batch_size, workers, device,
+                                   shard=(world.rank, world.size), seed=exp.options["seed"])
+    if len(loader) == 0:
+        raise ValueError(f"{len(dataset)} images give no batch of {batch_size} per rank "
+                         f"over {world.size} ranks; lower --batch-size or use a larger "
+                         f"fake_imagenet")
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    model = build_model(arch, len(dataset.classes)).to(device, memory_format=memory_format)
+    ddp = DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
+    ddp.train()
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+    criterion = torch.nn.CrossEntropyLoss()
+
+    # Every rank has the same number of batches per epoch (DistributedSampler
+    # pads, drop_last drops the same tail), so all ranks stop on the same step.
+    steps = dataloop(exp, _Epochs(loader))
+    agree_on_counts(exp, world)
+    for step, (x, y) in steps:
+        x = x.to(device, non_blocking=True, memory_format=memory_format)
+        y = y.to(device, non_blocking=True)
+        with autocast:
+            loss = criterion(ddp(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        step.set_count(len(x) * world.size)
+        step.log(loss=loss.detach())
