@@ -340,8 +340,15 @@ def _read_own_record(path):
 
 def base_record(launch):
     """A new record for ``launch`` holding what the launcher knows (no samples)."""
+    where = {}
+    cluster = getattr(launch, "cluster", None)
+    if cluster is not None and cluster.kind != "local" and launch.nodes:
+        # as the plan told the child (plan.plan_job): the summary groups by these
+        where = {"node": launch.nodes[0], "nodes": list(launch.nodes),
+                 "gpus_per_node": len(launch.devices)}
     rec = new_result(launch.name, launch.job_id, device=launch.device,
-                     devices=launch.devices, run=launch.run, partition=launch.job.partition)
+                     devices=launch.devices, run=launch.run, partition=launch.job.partition,
+                     **where)
     rec["job"] = launch.job.definition
     rec["call"] = {"function": launch.job.experiment, "argv": list(launch.test_argv),
                    "arguments": {}}
@@ -368,6 +375,8 @@ def fail_record(launch, own, reason, message, returncode, stderr_tail, start, en
         if journal["monitor"]:
             rec["gpu_monitor"] = {"available": True, "reason": None, "interval": None,
                                   "samples": journal["monitor"]}
+        if journal.get("distributed"):
+            rec["distributed"] = journal["distributed"]  # the nodes and hosts it had gathered
     else:
         rec = own
     previous = rec.get("error") if isinstance(rec.get("error"), dict) else {}

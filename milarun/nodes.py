@@ -122,7 +122,8 @@ class Cluster:
             if tag:
                 head.append(f"--job-name={tag}")
             return head + inner, {}
-        agents = [ssh_argv(self.node(n), inner) for n in names]
+        # each agent learns which node it is (its record's per-node facts name it)
+        agents = [ssh_argv(self.node(n), ["env", f"MILARUN_NODE={n}"] + inner) for n in names]
         if len(agents) == 1:
             return agents[0], {}
         return [self.python, "-m", "milarun.fanout", json.dumps(agents)], {}

@@ -13,8 +13,10 @@ from milarun.profile import load_profile
 
 STANDARD_TESTS = ["toy_reg", "toy_lstm", "vae", "loader", "convnet", "convnet_fp16", "reso",
                   "fast_style", "dcgan", "wlm", "wlmfp16", "translator", "ssd", "recom", "cart",
-                  "ppo", "scaling", "matmul"]
+                  "ppo", "ddp_convnet", "scaling", "matmul"]
 PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.json"))
+#: The cluster profiles hold only what several nodes add (one test per plan type across nodes).
+CLUSTER_PROFILES = ["cluster", "cluster-cpu"]
 
 
 def test_standard_dry_run_lists_every_test():
@@ -32,7 +34,11 @@ def test_profile_validates_and_weights_match(name):
     weights = json.loads((ROOT / "weights" / f"{name}.json").read_text())
     weighted = {k for k in weights if not k.startswith("_")}
     assert weighted == {j.full_name for j in jobs}
-    assert sorted(j.name for j in jobs) == sorted(STANDARD_TESTS)
+    if name in CLUSTER_PROFILES:
+        kinds = {j.partition for j in jobs}
+        assert {"per-gpu", "njobs", "multi-node", "node-progression"} <= kinds
+    else:
+        assert sorted(j.name for j in jobs) == sorted(STANDARD_TESTS)
 
 
 def test_cpu_profile_prepares_its_own_data():
@@ -44,7 +50,7 @@ def test_cpu_profile_prepares_its_own_data():
 
 
 @pytest.mark.parametrize("name,floor", [("standard", 30), ("5gb", 30), ("10gb", 30),
-                                        ("lite", 12)])
+                                        ("lite", 12), ("cluster", 30)])
 def test_gpu_profiles_guarantee_their_steady_state(name, floor):
     # --min-steady makes the steady-state length hold on any GPU, whatever
     # the --max-count estimates are worth there.

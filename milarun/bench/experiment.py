@@ -93,8 +93,10 @@ def _nvml_gpus():
 
 
 def _node_name(given):
-    """This node's name: Slurm's (srun sets it per node), else the launcher's, else the hostname."""
-    return os.environ.get("SLURMD_NODENAME") or given or socket.gethostname()
+    """This node's name: Slurm's (srun sets it per node), else the one the launcher gave
+    this node's agent (``$MILARUN_NODE``, over ssh), else ``given``, else the hostname."""
+    return (os.environ.get("SLURMD_NODENAME") or os.environ.get("MILARUN_NODE") or given
+            or socket.gethostname())
 
 
 def _torchrun_rendezvous(environ):
@@ -202,7 +204,7 @@ class Experiment:
         after ``torch.cuda.set_device``: NCCL gathers through the current
         device); :func:`milarun.bench.distributed.process_group` does. Each
         node's ``LOCAL_RANK`` 0 contributes its node name (``$SLURMD_NODENAME``
-        under srun, else ``extra["node"]``, else the hostname) and its ``host``
+        under srun, ``$MILARUN_NODE`` over ssh, else ``extra["node"]``, else the hostname) and its ``host``
         facts, gathered with ``all_gather_object``. Rank 0 stores them in the
         result as ``distributed``::
 
