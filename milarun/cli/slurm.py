@@ -93,17 +93,19 @@ def command(rest):
     # Run only these tests (passed to milarun jobs)
     # [nargs: +]
     name: Option = default(None)
+    # Do not wrap tests in their student cgroups (passed to milarun jobs)
+    no_cgexec: Option & bool = default(False)
     # Print the sbatch script and submit nothing
     dry_run: Option & bool = default(False)
 
     return slurm(profile, rest, dataroot=dataroot, out=out, nodes=nodes,
                  gpus_per_node=gpus_per_node, partition=partition, time=time, account=account,
-                 cpu_slots=cpu_slots, names=name, dry_run=dry_run)
+                 cpu_slots=cpu_slots, names=name, no_cgexec=no_cgexec, dry_run=dry_run)
 
 
 def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=None,
-          partition=None, time=None, account=None, cpu_slots=None, names=None, dry_run=False,
-          sbatch="sbatch"):
+          partition=None, time=None, account=None, cpu_slots=None, names=None, no_cgexec=False,
+          dry_run=False, sbatch="sbatch"):
     """Validate, write the script into the results folder and submit it; returns 0.
 
     Raises:
@@ -121,6 +123,8 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
         jobs_args += ["--cpu-slots", str(cpu_slots)]
     if names:
         jobs_args += ["--name"] + list(names)
+    if no_cgexec:
+        jobs_args.append("--no-cgexec")
     outdir = out or default_outdir()
     if dry_run:
         dataroot = dataroot or "$MILARUN_DATAROOT"
