@@ -4,8 +4,10 @@
 #   bash scripts/test.sh [PYTEST ARGS]
 #
 # Cgroup tests need root; the browser test needs chromium (installed here
-# when root). Set MILARUN_REQUIRE_CGROUPS=1 / MILARUN_REQUIRE_BROWSER=1 to
-# turn their skips into failures (CI does).
+# when root); the cluster tests need scripts/slurm-local.sh and
+# scripts/sshd-local.sh started (.ci/run starts them). Set
+# MILARUN_REQUIRE_CGROUPS=1 / MILARUN_REQUIRE_BROWSER=1 / MILARUN_REQUIRE_CLUSTER=1
+# to turn their skips into failures (CI does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -1,7 +1,16 @@
-"""Shared fixtures. Tests run on CPU; cgroup tests need root (CI runs as root)."""
+"""Shared fixtures. Tests run on CPU; cgroup tests need root (CI runs as root).
+
+The cluster fixtures (``slurm_cluster``, ``ssh_nodes``) use the local test cluster of
+scripts/slurm-local.sh and scripts/sshd-local.sh, which .ci/run starts and stops.
+"""
 
 import json
 import os
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -49,3 +58,134 @@ def steady_samples(result):
 # A window shorter than any step makes every step its own sample, so "at least 2
 # steady samples" means "at least 3 steps" whatever the machine's speed.
 SMOKE_ARGS = ["--sample-duration", "0.001", "--warmup", "1"]
+
+
+# --- The local test cluster (scripts/slurm-local.sh, scripts/sshd-local.sh) ---
+
+def venv_python():
+    """The python of the repository being tested (``<repo>/.venv/bin/python``), else this one.
+
+    An absolute path, so that a command started over ssh or srun finds torch.
+    """
+    py = ROOT / ".venv" / "bin" / "python"
+    return str(py) if py.exists() else sys.executable
+
+
+def cluster_skip(reason):
+    """Skip a test that needs the local cluster, or fail it when $MILARUN_REQUIRE_CLUSTER=1 (set by .ci/run)."""
+    if os.environ.get("MILARUN_REQUIRE_CLUSTER") == "1":
+        pytest.fail(f"cluster test cannot run but MILARUN_REQUIRE_CLUSTER=1: {reason}")
+    pytest.skip(reason)
+
+
+def read_env_file(path):
+    """The ``export NAME=VALUE`` lines of a state folder's ``env`` file, as a dict (shell quoting undone)."""
+    values = {}
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("export ") and "=" in line:
+            name, _, value = line[len("export "):].partition("=")
+            values[name] = " ".join(shlex.split(value))
+    return values
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """The running two-node cluster of scripts/slurm-local.sh.
+
+    ``env`` is this process's environment with ``SLURM_CONF`` pointing at the cluster and no
+    other ``SLURM_*`` variable (so an enclosing allocation cannot leak in): pass it to
+    srun/sbatch/scancel/scontrol. ``nodes`` are the Slurm node names, ``partition`` the default one.
+    """
+    state: Path
+    conf: Path
+    env: dict
+    nodes: tuple = ("node1", "node2")
+    partition: str = "debug"
+
+
+@dataclass(frozen=True)
+class SshNodes:
+    """The sshd of scripts/sshd-local.sh: two node names (``nodes``) that are both this host.
+
+    ``port``: int; ``key``: the client private key; ``known_hosts``: holds the host key under both
+    names; ``config``: an ssh client config (``ssh -F config NODE CMD``) with all of these set.
+    """
+    state: Path
+    port: int
+    user: str
+    key: Path
+    known_hosts: Path
+    config: Path
+    nodes: tuple
+
+    def ssh_argv(self, node, command):
+        """The OpenSSH argv that runs the shell string ``command`` on ``node`` with no prompt."""
+        return ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "IdentitiesOnly=yes",
+                "-i", str(self.key), "-p", str(self.port), f"{self.user}@{node}", command]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The local two-node Slurm cluster (``SlurmCluster``); skips, or fails under
+    $MILARUN_REQUIRE_CLUSTER=1, when it is not up. Its state folder is $MILARUN_SLURM_STATE,
+    else /tmp/milarun-slurm (the default of scripts/slurm-local.sh)."""
+    state = Path(os.environ.get("MILARUN_SLURM_STATE") or "/tmp/milarun-slurm")
+    hint = "start it with: sudo scripts/slurm-local.sh start"
+    for tool in ("srun", "sbatch", "scancel", "scontrol", "sinfo"):
+        if shutil.which(tool) is None:
+            cluster_skip(f"{tool} not installed (scripts/install-cluster-packages.sh)")
+    if not (state / "env").is_file():
+        cluster_skip(f"no local Slurm cluster ({state}/env missing); {hint}")
+    conf = Path(read_env_file(state / "env")["SLURM_CONF"])
+    # A stale state folder: sinfo would retry a dead controller for ~10 s, so check its pid first.
+    pid_file = state / "run" / "slurmctld.pid"
+    try:
+        comm = Path(f"/proc/{int(pid_file.read_text())}/comm").read_text().strip()
+    except (OSError, ValueError):
+        comm = None
+    if comm != "slurmctld":
+        cluster_skip(f"local Slurm cluster not running (no live slurmctld in {pid_file}); {hint}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["SLURM_CONF"] = str(conf)
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True,
+                             text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        cluster_skip(f"sinfo did not answer in 20 s (SLURM_CONF={conf}); {hint}")
+    states = dict(line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
+    cluster = SlurmCluster(state=state, conf=conf, env=env)
+    # alloc/mix: in service, only busy with another test's job.
+    down = [n for n in cluster.nodes if states.get(n) not in ("idle", "alloc", "mix", "comp")]
+    if out.returncode != 0 or down:
+        cluster_skip(f"local Slurm cluster not up (SLURM_CONF={conf}): sinfo exit {out.returncode}, "
+                     f"node states {states}, {out.stderr.strip()[-200:]}; {hint}")
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def ssh_nodes():
+    """The local sshd (``SshNodes``); skips, or fails under $MILARUN_REQUIRE_CLUSTER=1, when ssh
+    in BatchMode to either node name does not work. Its state folder is $MILARUN_SSH_STATE, else
+    /tmp/milarun-sshd (the default of scripts/sshd-local.sh)."""
+    state = Path(os.environ.get("MILARUN_SSH_STATE") or "/tmp/milarun-sshd")
+    hint = "start it with: sudo scripts/sshd-local.sh start"
+    if shutil.which("ssh") is None:
+        cluster_skip("ssh not installed (scripts/install-cluster-packages.sh)")
+    if not (state / "env").is_file():
+        cluster_skip(f"no local sshd ({state}/env missing); {hint}")
+    values = read_env_file(state / "env")
+    nodes = SshNodes(state=state, port=int(values["MILARUN_SSH_PORT"]),
+                     user=values["MILARUN_SSH_USER"], key=Path(values["MILARUN_SSH_KEY"]),
+                     known_hosts=Path(values["MILARUN_SSH_KNOWN_HOSTS"]),
+                     config=Path(values["MILARUN_SSH_CONFIG"]),
+                     nodes=tuple(values["MILARUN_SSH_NODES"].split()))
+    for node in nodes.nodes:
+        try:
+            out = subprocess.run(nodes.ssh_argv(node, "true"), capture_output=True, text=True,
+                                 timeout=20, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            cluster_skip(f"ssh to {node}:{nodes.port} did not answer in 20 s; {hint}")
+        if out.returncode != 0:
+            cluster_skip(f"ssh to {node}:{nodes.port} fails ({out.stderr.strip()[-200:]}); {hint}")
+    return nodes
