@@ -262,9 +262,10 @@ BAD_RESULTS = [
     (_record(version="1"), "version: bad format version '1'"),
     (_record(version=99), "version: format version 99 is newer than this milarun (1)"),
     (_record(colour="red"), "colour: unknown key (known: call, dataroot, device, device_count, "
-                            "devices, environ, error, finished, gpu_monitor, host, job, job_id, "
-                            "job_name, metrics, name, partition, peak_memory_mib, run, started, "
-                            "success, suite, timings, version, written_by)"),
+                            "devices, environ, error, finished, gpu_monitor, gpus_per_node, "
+                            "host, job, job_id, job_name, metrics, name, node, node_count, "
+                            "nodes, partition, peak_memory_mib, run, started, success, suite, "
+                            "timings, version, written_by)"),
     ([1, 2], "not a result record (no 'version' or 'name' key)"),
     ('{"version": 1, "name": "s.t", "version": 1}', "invalid JSON: duplicate key 'version'"),
     ('{"version": 1, "metrics": {"x": ' + deep(10000) + "}}", TOO_DEEP),

@@ -22,7 +22,13 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
 ``device``         device label used in the file name: ``"0"``, ``"0-3"`` or ``"all"``.
 ``devices``        list of device indices the process was given (ints).
 ``device_count``   ``len(devices)`` (gpu-progression groups by it).
-``partition``      ``"normal"``, ``"per-gpu"`` or ``"gpu-progression"``.
+``partition``      ``"normal"``, ``"per-gpu"``, ``"gpu-progression"``, ``"njobs"``,
+                   ``"multi-node"`` or ``"node-progression"``.
+``node``           optional: the node a per-device launch ran on (absent on one host,
+                   where ``host.hostname`` names it).
+``nodes``          optional: names of the nodes the launch spanned.
+``node_count``     optional: ``len(nodes)`` (int >= 1).
+``gpus_per_node``  optional: devices per node the launch used (int >= 1).
 ``call``           ``{"function": "mod:fn", "argv": [...], "arguments": {opt: value}}``.
 ``job``            the resolved job definition from the profile (or ``{}``).
 ``dataroot``       dataset root the child used.
