@@ -17,15 +17,32 @@ Summary format (version 1), a JSON object::
          "train": {n, min, max, mean, std},   # steady-state rates, items/s
          "total": {n, min, max, mean, std},   # program durations, s
          "pergpu": {device: {n, min, max, mean, std}},  # steady-state rates, items/s
+         "pernode": {node: {n, min, max, mean, std}},   # steady-state rates, items/s
+         "node_count": n, "gpus_per_node": g,  # node-progression groups only
          "peak_memory": MiB (max over results) or null,
          "steady": {"full": k, "short": k, "none": k}}}}
 
-GROUP is ``suite.job`` for normal and per-gpu tests and
-``suite.job.<device_count>`` for gpu-progression tests. ``train`` and
-``pergpu`` use successful results that have a steady-state rate; ``total``
-uses successful results that recorded a program duration. ``steady`` counts
-results by the note of :func:`milarun.stats.steady_state` (``short``: fewer
-than 10 s of steady state, every non-warm-up sample was used).
+GROUP comes from the result's plan type (:func:`milarun.plantypes.group_name`):
+``suite.job`` for normal, per-gpu, njobs and multi-node tests,
+``suite.job.<device_count>`` for gpu-progression tests and
+``suite.job.<n>x<g>`` (n nodes × g GPUs per node) for node-progression tests.
+``train``, ``pergpu`` and ``pernode`` use successful results that have a
+steady-state rate; ``total`` uses successful results that recorded a program
+duration. ``steady`` counts results by the note of
+:func:`milarun.stats.steady_state` (``short``: fewer than 10 s of steady
+state, every non-warm-up sample was used).
+
+``pernode`` keys a result by the node it ran on: its ``node`` field, else its
+``host.hostname`` (a single-host run). A result that spanned several nodes
+(``nodes`` lists more than one) measured the whole job, not one node, so it is
+left out of ``pernode``; so is one whose node name is not a safe name. It is
+what ``milarun report --compare-nodes`` compares. ``node_count`` and
+``gpus_per_node`` (the n and g of the group name) are present in
+node-progression groups only.
+
+``pernode``, ``node_count`` and ``gpus_per_node`` were added without changing
+the version: they are optional, a summary without them is still version 1 and
+reads as before (``pernode`` is then empty).
 
 The same format is a **baseline** for ``milarun report --compare``. Its
 declared schema is ``milarun/schemas/summary.schema.json`` (finite,
@@ -37,13 +54,14 @@ flat 2020 milarun format ``{"suite.test": {"n", "failures", "total", "train",
 
 import datetime
 import math
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 from . import plantypes, stats
 from .errors import ResultFormatError
-from .jsonfile import check, key_path, read_json
+from .jsonfile import check, first_error, key_path, read_json
 from .results.store import iter_results, write_json_atomic
 
 SUMMARY_FORMAT = "milarun-summary"
@@ -187,10 +205,40 @@ def device_key(label):
     return (0, int(head), label) if head.isdigit() else (1, 0, label)
 
 
+def node_key(name):
+    """Sort key for node names: ``node2`` before ``node10``."""
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name)]
+
+
+def node_of(record):
+    """The node a result ran on: its ``node``, else ``host.hostname``; None when it
+    spanned several nodes (its rate is the whole job's) or the name is not a safe
+    name (``common.schema.json#/$defs/name``)."""
+    nodes = record.get("nodes")
+    if isinstance(nodes, list) and len(nodes) > 1:
+        return None
+    node = record.get("node")
+    if node is None:
+        host = record.get("host")
+        node = host.get("hostname") if isinstance(host, dict) else None
+    if not isinstance(node, str) or first_error(node, "common#/$defs/name") is not None:
+        return None
+    return node
+
+
+def _progression_shape(gname, name, partition):
+    """``(n, g)`` of a node-progression group ``name.<n>x<g>``, else None."""
+    if partition != "node-progression" or not gname.startswith(name + "."):
+        return None
+    n, x, g = gname[len(name) + 1:].partition("x")
+    return (int(n), int(g)) if x and n.isdigit() and g.isdigit() else None
+
+
 def _summarize_group(gname, items):
     first = items[0][1]
     rates, durations, memory = [], [], []
     pergpu = defaultdict(list)
+    pernode = defaultdict(list)
     reasons = defaultdict(int)
     failed = []
     interrupted = 0
@@ -229,11 +277,17 @@ def _summarize_group(gname, items):
         if rate is not None:
             rates.append(rate)
             pergpu[str(rec.get("device", ""))].append(rate)
+            node = node_of(rec)
+            if node is not None:
+                pernode[node].append(rate)
+    partition = first.get("partition", "normal")
+    shape = _progression_shape(gname, first["name"], partition)
     return {
         "name": first["name"],
         "group": gname,
-        "partition": first.get("partition", "normal"),
+        "partition": partition,
         "device_count": first.get("device_count"),
+        **({"node_count": shape[0], "gpus_per_node": shape[1]} if shape else {}),
         "n": len(items) - interrupted,
         "failures": len(failed),
         "interrupted": interrupted,
@@ -242,6 +296,7 @@ def _summarize_group(gname, items):
         "train": stats.describe(rates),
         "total": stats.describe(durations),
         "pergpu": {dev: stats.describe(pergpu[dev]) for dev in sorted(pergpu, key=device_key)},
+        "pernode": {node: stats.describe(pernode[node]) for node in sorted(pernode, key=node_key)},
         "peak_memory": max(memory) if memory else None,
         "steady": steady,
     }
@@ -338,6 +393,9 @@ def _complete(data, path):
             "train": _stats(entry["train"]),
             "total": _stats(entry.get("total")),
             "pergpu": {d: _stats(v) for d, v in (entry.get("pergpu") or {}).items()},
+            "pernode": {d: _stats(v) for d, v in (entry.get("pernode") or {}).items()},
+            "node_count": entry.get("node_count"),
+            "gpus_per_node": entry.get("gpus_per_node"),
             "peak_memory": entry.get("peak_memory"),
             "steady": dict(entry.get("steady") or {}),
         }

@@ -23,6 +23,12 @@ def command(rest):
     price: Option & float = default(None)
     # Add per-GPU comparison tables (rate / best GPU of the test)
     compare_gpus: Option & bool = default(False)
+    # Compare each node's throughput with the cluster median of each test
+    # and flag the slow nodes
+    compare_nodes: Option & bool = default(False)
+    # Percentage below the cluster median that makes a node SLOW, 0 to 100
+    # (default 5; implies --compare-nodes)
+    node_threshold: Option & float = default(None)
     # Leave the variance factor (1 - std/mean) out of perf_adj
     # [negate]
     penalize_variance: Option & bool = default(True)
@@ -35,7 +41,8 @@ def command(rest):
 
     return run_report(results, weights=weights, compare=compare, price=price,
                       compare_gpus=compare_gpus, penalize_variance=penalize_variance,
-                      title=title, html=html, strict=strict)
+                      title=title, html=html, strict=strict, compare_nodes=compare_nodes,
+                      node_threshold=node_threshold)
 
 
 def run_report(results, strict=False, stdout=None, warn=None, **options):

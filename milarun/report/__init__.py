@@ -52,15 +52,30 @@ def load_source(source, warn=None):
 
 
 def make_report(source, weights=None, compare=None, price=None, compare_gpus=False,
-                penalize_variance=True, title=None, html=None, warn=None):
+                penalize_variance=True, title=None, html=None, warn=None,
+                compare_nodes=False, node_threshold=None):
     """Build the report of ``source`` (results dir or summary file).
 
     ``weights`` and ``compare`` are file paths (or ``None``); ``price`` is in
-    dollars; ``html`` is an output path. Returns ``(report, text)``.
+    dollars; ``html`` is an output path; ``compare_nodes`` adds the node
+    comparison, with ``node_threshold`` percent (default
+    :data:`~milarun.report.table.NODE_THRESHOLD_PCT`; giving one implies
+    ``compare_nodes``). Returns ``(report, text)``.
+
+    Raises:
+        MilarunError: a bad file, ``price`` <= 0, or ``node_threshold`` outside
+            0..100 (checked before anything is read).
     """
     import datetime
 
     from ..summary import read_summary
+    from .table import NODE_THRESHOLD_PCT, check_node_threshold
+
+    if node_threshold is not None:
+        node_threshold = check_node_threshold(node_threshold)
+        compare_nodes = True
+    else:
+        node_threshold = NODE_THRESHOLD_PCT
 
     weights_map = load_weights(weights) if weights else None
     baseline = read_summary(compare) if compare else None
@@ -70,7 +85,8 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     summary, records, results_dir = load_source(source, warn=warn)
     report = build_report(summary, weights=weights_map, baseline=baseline, price=price,
                           penalize_variance=penalize_variance, compare_gpus=compare_gpus,
-                          title=title)
+                          title=title, compare_nodes=compare_nodes,
+                          node_threshold=node_threshold)
     text = render_text(report)
     if html:
         generated = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -8,7 +8,8 @@ markup.
 from collections import defaultdict
 from pathlib import Path
 
-from .text import cell, fmt_num, fmt_pct
+from .text import (cell, fmt_num, fmt_pct, node_verdict, nothing_to_compare, scaling_cell,
+                   scaling_note)
 
 #: Lines of log shown per failure.
 LOG_TAIL_LINES = 40
@@ -138,12 +139,37 @@ def render_html(report, records=None, results_dir=None, generated=None):
         table.append({"test": row["test"], "cells": cells, "failed": row["fail"] > 0,
                       "counted": row["counted"]})
 
+    nodes = None
+    if report.node_compare is not None:
+        cmp = report.node_compare
+        nodes = {"threshold": cmp["threshold"],
+                 "empty": nothing_to_compare(cmp) if not cmp["tests"] else None,
+                 "verdict": node_verdict(cmp) if cmp["tests"] else None,
+                 "has_slow": bool(cmp["slow"]),
+                 "rows": [{"test": t["test"], "node": row["node"], "n": row["n"],
+                           "mean": fmt_num(row["mean"]), "median": fmt_num(t["median"]),
+                           "ratio": fmt_num(row["ratio"], ".3f"), "slow": row["slow"],
+                           "first": i == 0, "span": len(t["nodes"])}
+                          for t in cmp["tests"] for i, row in enumerate(t["nodes"])]}
+
+    scaling = []
+    for tab in report.scaling:
+        plotter = plotter or Plotter()
+        svg = plotter.scaling(tab)
+        scaling.append({"test": tab["test"], "gpus": tab["gpus"], "note": scaling_note(tab),
+                        "rows": [{"nodes": n,
+                                  "cells": [scaling_cell(tab["cells"].get((n, g)))
+                                            for g in tab["gpus"]]}
+                                 for n in tab["nodes"]],
+                        "svg": Markup(svg) if svg else None})
+
     failures = []
     for f in report.failures:
         text, source = log_tail(results_dir, f)
         failures.append({**f, "tail": text, "tail_source": source})
 
     return _env().get_template("report.html.j2").render(
-        r=report, table=table, plots=plots, gpu=gpu, failures=failures,
+        r=report, table=table, plots=plots, gpu=gpu, failures=failures, nodes=nodes,
+        scaling=scaling,
         has_records=bool(records), generated=generated,
         ratio_class=ratio_band(report.score_ratio))

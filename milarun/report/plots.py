@@ -133,4 +133,44 @@ class Plotter:
             fig.savefig(buf, format="svg", metadata={"Date": None})
         return _XML_HEAD.sub("", buf.getvalue(), count=1)
 
+    def scaling(self, table):
+        """SVG plot of a node-progression test (one entry of
+        :func:`milarun.report.table.scaling_tables`): mean throughput (items/s)
+        vs total GPUs ``n × g``, one line per g (GPUs per node) over the node
+        counts n, and the ideal linear line ``n × g × T(1, 1)`` when there is a
+        1x1 baseline. Labels hold only numbers. None when nothing has a rate.
+        """
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+        lines = []
+        for g in table["gpus"]:
+            points = [(n * g, table["cells"][(n, g)]["throughput"]) for n in table["nodes"]
+                      if table["cells"].get((n, g))
+                      and table["cells"][(n, g)]["throughput"] is not None]
+            if points:
+                lines.append((g, points))
+        if not lines:
+            return None
+        with self.matplotlib.rc_context(self.rc):
+            fig = Figure(figsize=(5.0, 3.0))
+            ax = fig.add_subplot(1, 1, 1)
+            for i, (g, points) in enumerate(lines):
+                ax.plot(*zip(*points), "o-", color=self.colours[i % len(self.colours)],
+                        linewidth=1, markersize=3, label=f"{g} GPU/node")
+            if table["base"] is not None:
+                top = max(n * g for n in table["nodes"] for g in table["gpus"])
+                ax.plot([0, top], [0, top * table["base"]], "--", color="#888", linewidth=1,
+                        label="ideal: n × g × 1x1")
+            ax.set_xlabel("total GPUs (nodes × GPUs per node)")
+            ax.set_ylabel("throughput (items/s)")
+            ax.yaxis.set_major_formatter(FuncFormatter(_short_number))
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlim(left=0)
+            ax.set_ylim(bottom=0)
+            ax.grid(True, linewidth=0.3)
+            ax.legend(loc="upper left", fontsize=7)
+            fig.tight_layout()
+            buf = io.StringIO()
+            fig.savefig(buf, format="svg", metadata={"Date": None})
+        return _XML_HEAD.sub("", buf.getvalue(), count=1)

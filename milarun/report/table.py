@@ -32,18 +32,42 @@ Rules, in the order the report applies them:
   ``perf_ratio_adj``. When the baseline lacks some scored tests the ratio is
   marked partial.
 * RPP (price per performance) = ``price / score`` in dollars per score unit.
+
+Two tables stand beside the score (they do not change it):
+
+* Node comparison (``--compare-nodes``, :func:`node_comparison`): for each
+  test whose results come from two nodes or more (the summary's ``pernode``),
+  each node's mean steady-state throughput divided by the median of those
+  node means (the cluster median of the test). A node whose ratio is below
+  ``1 - threshold/100`` (default threshold 5 %) is SLOW.
+* Scaling efficiency (:func:`scaling_tables`), for node-progression groups
+  ``suite.job.<n>x<g>``: ``efficiency(n, g) = T(n, g) / (n * g * T(1, 1))``
+  where ``T`` is a group's mean steady-state throughput (items/s; the whole
+  job's rate for a multi-node record) and ``T(1, 1)``, the 1-node × 1-GPU
+  group's mean, is the per-GPU baseline: 1.0 is perfect linear scaling over
+  the ``n × g`` GPUs. This is the node × GPU study of torch_io_benchmark's
+  multi-node DDP experiments (2 and 4 nodes × 2, 4 and 8 GPUs per node,
+  throughput compared with the single-GPU run). Without a 1x1 result (or
+  when every 1x1 run failed) there is no baseline and no efficiency is shown.
 """
+
+import math
+import statistics
 
 from dataclasses import dataclass, field
 
 from .. import plantypes, stats
-from ..summary import device_key
+from ..errors import MilarunError
+from ..summary import device_key, node_key
 from ..jsonfile import check, read_json
 
 #: Failure rate (fraction) at or under which the run passes.
 PASS_FAILURE_RATE = 0.01
 
 GPU_STATS = ("mean", "min", "max")
+
+#: Percentage below the cluster median at which ``--compare-nodes`` calls a node SLOW.
+NODE_THRESHOLD_PCT = 5.0
 
 
 
@@ -106,6 +130,8 @@ class Report:
     price: object = None
     rpp: object = None
     gpu_tables: object = None
+    node_compare: object = None
+    scaling: list = field(default_factory=list)
     failures: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
     short: list = field(default_factory=list)
@@ -127,12 +153,22 @@ def _ratio(a, b):
 
 
 def build_report(summary, weights=None, baseline=None, price=None, penalize_variance=True,
-                 compare_gpus=False, title=None):
+                 compare_gpus=False, title=None, compare_nodes=False,
+                 node_threshold=NODE_THRESHOLD_PCT):
     """Build a :class:`Report` from a normalized summary (see :mod:`milarun.summary`).
 
     ``weights`` is ``{name: w}`` (from :func:`load_weights`) or ``None``;
-    ``baseline`` a normalized summary or ``None``; ``price`` in dollars.
+    ``baseline`` a normalized summary or ``None``; ``price`` in dollars;
+    ``compare_nodes`` adds :func:`node_comparison` with ``node_threshold``
+    (a percentage, 0 to 100). The scaling tables of node-progression groups
+    (:func:`scaling_tables`) are always built.
+
+    Raises:
+        MilarunError: ``node_threshold`` is not a percentage
+            (:func:`check_node_threshold`).
     """
+    if compare_nodes:
+        node_threshold = check_node_threshold(node_threshold)
     tests = summary["tests"]
     base_tests = baseline["tests"] if baseline else {}
     rows = []
@@ -200,6 +236,9 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
 
     if compare_gpus:
         report.gpu_tables = gpu_tables(tests)
+    if compare_nodes:
+        report.node_compare = node_comparison(tests, node_threshold)
+    report.scaling = scaling_tables(tests)
 
     report.short = [g for g, t in tests.items() if (t.get("steady") or {}).get("short")]
     for group, t in tests.items():
@@ -229,4 +268,85 @@ def gpu_tables(tests):
             rows.append((group, {d: (v / best if best > 0 else None)
                                  for d, v in values.items()}))
         out[stat] = {"devices": devices, "rows": rows}
+    return out
+
+
+def check_node_threshold(value):
+    """Return ``value`` (``--node-threshold``, a percentage) as a float.
+
+    Raises:
+        MilarunError: not a finite number from 0 to 100.
+    """
+    try:
+        pct = float(value)
+    except (TypeError, ValueError):
+        pct = math.nan
+    if isinstance(value, bool) or not 0 <= pct <= 100:   # NaN fails both
+        raise MilarunError("--node-threshold must be a percentage from 0 to 100, "
+                           f"not {value!r}"[:120])
+    return pct
+
+
+def node_comparison(tests, threshold=NODE_THRESHOLD_PCT):
+    """Each node's throughput against the cluster median, per test.
+
+    ``tests`` is a normalized summary's ``tests``; ``threshold`` a percentage.
+    For each test whose ``pernode`` has a mean rate for two nodes or more:
+    ``median`` = the median of the node means (items/s), and for each node
+    ``ratio`` = node mean / median, ``slow`` = ``ratio < 1 - threshold/100``.
+
+    Returns ``{"threshold": pct, "nodes": [every node name seen],
+    "tests": [{"test", "median", "nodes": [{"node", "n", "mean", "ratio",
+    "slow"}]}], "slow": {node: [(test, ratio)]}}``; ``tests`` is empty when no
+    test has results from two nodes.
+    """
+    seen, rows = set(), []
+    slow = {}
+    for group, t in tests.items():
+        means = {node: st for node, st in (t.get("pernode") or {}).items()
+                 if st.get("mean") is not None}
+        seen.update(t.get("pernode") or {})
+        if len(means) < 2:
+            continue
+        median = statistics.median(st["mean"] for st in means.values())
+        nodes = []
+        for node in sorted(means, key=node_key):
+            ratio = means[node]["mean"] / median if median > 0 else None
+            is_slow = ratio is not None and ratio < 1 - threshold / 100
+            if is_slow:
+                slow.setdefault(node, []).append((group, ratio))
+            nodes.append({"node": node, "n": means[node]["n"], "mean": means[node]["mean"],
+                          "ratio": ratio, "slow": is_slow})
+        rows.append({"test": group, "median": median, "nodes": nodes})
+    return {"threshold": threshold, "nodes": sorted(seen, key=node_key), "tests": rows,
+            "slow": {node: slow[node] for node in sorted(slow, key=node_key)}}
+
+
+def scaling_tables(tests):
+    """Scaling efficiency of node-progression tests (formula in the module doc).
+
+    ``tests`` is a normalized summary's ``tests``; groups with ``node_count``
+    and ``gpus_per_node`` take part. Returns one entry per test (``suite.job``),
+    sorted: ``{"test", "nodes": [n, ...], "gpus": [g, ...], "base": T(1, 1)
+    in items/s or None, "cells": {(n, g): {"throughput": items/s or None,
+    "efficiency": fraction or None, "group"}}}``.
+    """
+    by_test = {}
+    for group, t in tests.items():
+        n, g = t.get("node_count"), t.get("gpus_per_node")
+        if t.get("partition") != "node-progression" or not n or not g:
+            continue
+        by_test.setdefault(t.get("name", group), {})[(n, g)] = (group, t["train"]["mean"])
+    out = []
+    for name in sorted(by_test):
+        cells = by_test[name]
+        base = cells.get((1, 1), (None, None))[1]
+        if base is not None and base <= 0:
+            base = None
+        table = {}
+        for (n, g), (group, rate) in cells.items():
+            eff = rate / (n * g * base) if rate is not None and base else None
+            table[(n, g)] = {"throughput": rate, "efficiency": eff, "group": group}
+        out.append({"test": name, "nodes": sorted({n for n, _ in cells}),
+                    "gpus": sorted({g for _, g in cells}), "base": base, "cells": table})
     return out

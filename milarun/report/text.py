@@ -79,6 +79,79 @@ def gpu_frames(report):
     return out
 
 
+def node_lines(cmp):
+    """The node comparison (:func:`milarun.report.table.node_comparison`) as lines:
+    a title, one table (test, node: n, mean, median, ratio, SLOW flag) and the
+    verdict; or the one line saying there is nothing to compare."""
+    import pandas as pd
+
+    if not cmp["tests"]:
+        return [nothing_to_compare(cmp)]
+    index, data = [], {"n": [], "mean": [], "median": [], "ratio": [], "flag": []}
+    for t in cmp["tests"]:
+        for row in t["nodes"]:
+            index.append((t["test"], row["node"]))
+            data["n"].append(str(row["n"]))
+            data["mean"].append(fmt_num(row["mean"]))
+            data["median"].append(fmt_num(t["median"]))
+            data["ratio"].append(fmt_num(row["ratio"], ".3f"))
+            data["flag"].append("SLOW" if row["slow"] else "")
+    frame = pd.DataFrame(data, index=pd.MultiIndex.from_tuples(index, names=["test", "node"]))
+    return [f"node comparison: mean steady-state throughput (items/s) of each node / the "
+            f"cluster median of the test (SLOW: more than {cmp['threshold']:g}% below)",
+            frame.to_string(), node_verdict(cmp)]
+
+
+def nothing_to_compare(cmp):
+    """The line shown when no test has results from two nodes or more."""
+    seen = ", ".join(cmp["nodes"]) or "none"
+    return ("node comparison: nothing to compare: no test has results from 2 or more "
+            f"nodes (nodes seen: {seen})")
+
+
+def node_verdict(cmp):
+    """One line naming the slow nodes (or saying there is none)."""
+    if not cmp["slow"]:
+        return (f"verdict: no slow node (none more than {cmp['threshold']:g}% below the "
+                "cluster median)")
+    parts = [f"{node} ({', '.join(f'{test} {ratio:.3f}' for test, ratio in tests)})"
+             for node, tests in cmp["slow"].items()]
+    return (f"verdict: slow nodes (more than {cmp['threshold']:g}% below the cluster "
+            f"median): {'; '.join(parts)}")
+
+
+def scaling_cell(cell):
+    """``"throughput (efficiency %)"``, the throughput alone without a baseline, or ``-``."""
+    if cell is None or cell["throughput"] is None:
+        return "-"
+    text = fmt_num(cell["throughput"])
+    if cell["efficiency"] is not None:
+        text += f" ({cell['efficiency'] * 100:.1f}%)"
+    return text
+
+
+def scaling_note(table):
+    """The line under a scaling table: the formula, or why there is no efficiency."""
+    if table["base"] is None:
+        return (f"no 1x1 result for {table['test']}: there is no per-GPU baseline, so no "
+                "efficiency is shown")
+    return (f"efficiency = throughput / (nodes x GPUs per node x {fmt_num(table['base'])} "
+            "items/s, the 1x1 throughput)")
+
+
+def scaling_lines(table):
+    """One node-progression test's scaling table (:func:`milarun.report.table.scaling_tables`):
+    rows n nodes, columns g GPUs per node, cells ``throughput (efficiency %)``."""
+    import pandas as pd
+
+    data = {f"{g} GPU/node": [scaling_cell(table["cells"].get((n, g))) for n in table["nodes"]]
+            for g in table["gpus"]}
+    frame = pd.DataFrame(data, index=pd.Index([f"{n} node(s)" for n in table["nodes"]],
+                                              name="nodes"))
+    return [f"scaling of {table['test']}: mean steady-state throughput in items/s "
+            "(scaling efficiency)", frame.to_string(), scaling_note(table)]
+
+
 def render_text(report):
     """Return the whole report as text (a str ending with a newline)."""
     lines = [report.title]
@@ -100,6 +173,12 @@ def render_text(report):
         lines.append("")
         lines.append(f"per-GPU {stat} steady-state rate / best GPU of the test")
         lines.append(frame.to_string())
+    if report.node_compare is not None:
+        lines.append("")
+        lines.extend(node_lines(report.node_compare))
+    for table in report.scaling:
+        lines.append("")
+        lines.extend(scaling_lines(table))
     if report.failures:
         lines.append("")
         lines.append("failures:")
