@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .errors import SetupError
 from .jsonfile import first_error, key_path, read_json
@@ -58,6 +59,7 @@ class Node:
             rendezvous endpoint when it is the main node).
         user, port, key: ssh login, port and identity file (system file only).
         main: True for the node that hosts the rendezvous.
+        config: an ssh client configuration file (``ssh -F``; system file only).
     """
 
     name: str
@@ -66,6 +68,7 @@ class Node:
     port: int = None
     key: str = None
     main: bool = False
+    config: str = None
 
 
 @dataclass
@@ -113,7 +116,9 @@ class Cluster:
         """
         if self.kind == "local":
             return list(argv), dict(env)
-        inner = (["env"] + [f"{k}={v}" for k, v in sorted(env.items())] if env else []) + list(argv)
+        # remote ranks die with their torchrun agent (see milarun.supervise)
+        env = dict(env, MILARUN_PDEATHSIG="1")
+        inner = ["env"] + [f"{k}={v}" for k, v in sorted(env.items())] + list(argv)
         if self.kind == "slurm":
             k = len(names)
             head = ["srun", f"--nodes={k}", f"--ntasks={k}", "--ntasks-per-node=1",
@@ -150,7 +155,10 @@ def ssh_argv(node, argv):
     remote host has one, so it dies with its ssh session when the connection
     drops (sshd sends no signal to a session without a terminal).
     """
-    head = ["ssh"] + list(SSH_OPTIONS)
+    head = ["ssh"]
+    if node.config:
+        head += ["-F", str(node.config)]
+    head += list(SSH_OPTIONS)
     if node.port:
         head += ["-p", str(node.port)]
     if node.key:
@@ -215,7 +223,8 @@ def load_system(path, devices):
 
     The file (``milarun/schemas/system.schema.json``)::
 
-        {"nodes": [{"name": "n1", "address": "10.0.0.1", "user": "bench",
+        {"ssh_config": "optional ssh -F file",
+         "nodes": [{"name": "n1", "address": "10.0.0.1", "user": "bench",
                     "main": true, "port": 22, "key": "~/.ssh/id_ed25519"}, ...]}
 
     Exactly one node may be ``main`` (default: the first). Names must be unique.
@@ -230,10 +239,13 @@ def load_system(path, devices):
         where = key_path(keys)
         raise SetupError(f"{where}: {message}" if where else message, path=path)
     nodes = []
+    config = data.get("ssh_config")
+    config = str(Path(path).parent / os.path.expanduser(config)) if config else None
     for i, entry in enumerate(data["nodes"]):
         key = entry.get("key")
         nodes.append(Node(entry["name"], entry["address"], entry.get("user"), entry.get("port"),
-                          os.path.expanduser(key) if key else None, bool(entry.get("main"))))
+                          os.path.expanduser(key) if key else None, bool(entry.get("main")),
+                          config))
     names = [n.name for n in nodes]
     for i, n in enumerate(names):
         if n in names[:i]:

@@ -63,10 +63,10 @@ def test_per_gpu_on_two_slurm_nodes_is_one_srun_step_per_device(monkeypatch):
                            "--nodelist=node2", "--overlap", "--kill-on-bad-exit=1",
                            "--cpu-bind=none", "--export=ALL", "--job-name=std.ddp.node2.0"]
     # the environment travels in the command: Slurm would overwrite CUDA_VISIBLE_DEVICES
-    assert a.argv[10:15] == ["env", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=0",
-                             "MILARUN_DEVICE=node2.0", "MILARUN_RUN=0"]
+    assert a.argv[10:16] == ["env", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=0",
+                             "MILARUN_DEVICE=node2.0", "MILARUN_PDEATHSIG=1", "MILARUN_RUN=0"]
     assert a.env == {}
-    assert a.argv[15:18] == ["/usr/bin/cgexec", "-g", "cpuset,memory:student0"]
+    assert a.argv[16:19] == ["/usr/bin/cgexec", "-g", "cpuset,memory:student0"]
     assert a.result_path.name == "std.ddp.J0.node2.0.19700101-000000-000000.json"
     assert a.group == "std.ddp"
     assert extra_of(a.argv)["node"] == "node2"
@@ -148,7 +148,7 @@ def test_ssh_cluster_runs_each_node_through_batchmode_ssh_and_fans_out():
     assert "torch.distributed.run --nnodes 2" in remote
     assert "--rdzv-endpoint host1:29400" in remote
     # the variables travel in the remote command: ssh passes none
-    assert "env CUDA_VISIBLE_DEVICES= MILARUN_DEVICE=2x1" in remote
+    assert "env MILARUN_NODE=n1 env CUDA_VISIBLE_DEVICES= MILARUN_DEVICE=2x1" in remote
 
 
 def test_ssh_per_gpu_launch_is_one_ssh_command():

@@ -1,0 +1,216 @@
+"""Several nodes for real: `milarun slurm` on the local two-node Slurm cluster, scancel, and
+the system-file path over a local sshd (scripts/slurm-local.sh, scripts/sshd-local.sh).
+
+CI starts both daemons; elsewhere these skip with the reason, unless
+$MILARUN_REQUIRE_CLUSTER=1 turns the skip into a failure. Tests run with --no-cgexec: the two
+"nodes" are one host, whose student cgroups the cgroup tests cover.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, venv_python
+
+pytestmark = pytest.mark.cluster
+
+#: Shorter runs than the profile's: enough windows for a steady state, seconds each.
+SHORT = ["--max-count", "2500", "--sample-duration", "0.2", "--warmup", "2"]
+
+
+def records(outdir):
+    out = {}
+    for path in Path(outdir).glob("*.json"):
+        rec = json.loads(path.read_text())
+        out[path.name] = rec
+    return out
+
+
+def wait_job(cluster, job, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job], env=cluster.env,
+                             capture_output=True, text=True, timeout=30)
+        m = re.search(r"JobState=(\S+)", out.stdout)
+        if m and m.group(1) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            return m.group(1)
+        time.sleep(1)
+    raise AssertionError(f"Slurm job {job} still running after {timeout} s")
+
+
+def submit(cluster, outdir, dataroot, names, extra=()):
+    argv = [venv_python(), "-m", "milarun", "slurm", "profiles/cluster-cpu.json", "--nodes", "2",
+            "--cpu-slots", "1", "--no-cgexec", "-d", str(dataroot), "-o", str(outdir),
+            "--name", *names, "--", *extra]
+    done = subprocess.run(argv, cwd=ROOT, env=cluster.env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    m = re.search(r"submitted Slurm job (\d+) \(2 node\(s\)\); results in (\S+)", done.stdout)
+    assert m and m.group(2) == str(outdir), done.stdout
+    return m.group(1)
+
+
+def leftover(outdir):
+    """Processes on this host (both nodes) that still run a test of ``outdir``."""
+    out = subprocess.run(["pgrep", "-af", str(outdir)], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+def test_milarun_slurm_runs_every_plan_type_across_two_nodes(slurm_cluster, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    out = tmp_path / "results"
+    job = submit(slurm_cluster, out, data, ["toy_reg", "ddp", "scaling"], SHORT)
+    state = wait_job(slurm_cluster, job, 600)
+    log = (out / "logs" / f"slurm-{job}.out").read_text()
+    assert state == "COMPLETED", log
+    assert "× 2 nodes (node1, node2, slurm)" in log
+    recs = records(out)
+    assert not [n for n in recs if "FAIL" in n], log
+    # per-gpu: one record per node, named after it
+    per_gpu = {r["node"]: r for r in recs.values() if r["name"] == "cluster-cpu.toy_reg"}
+    assert sorted(per_gpu) == ["node1", "node2"]
+    assert all(f"J0.{r['node']}.0." in n for n, r in recs.items()
+               if r["name"] == "cluster-cpu.toy_reg")
+    # multi-node: one record, world size 2, both node names, the rendezvous
+    (ddp,) = [r for r in recs.values() if r["name"] == "cluster-cpu.ddp"]
+    assert ddp["distributed"]["world_size"] == 2
+    assert sorted(ddp["distributed"]["node_names"]) == ["node1", "node2"]
+    assert len(ddp["distributed"]["hosts"]) == 2
+    assert ddp["nodes"] == ["node1", "node2"]
+    assert ddp["distributed"]["rendezvous"]["backend"] == "c10d"
+    # node-progression: 1x1, 1x2, 2x1, 2x2, grouped by shape
+    from milarun.summary import summarize_dir
+    summary = summarize_dir(out)
+    groups = sorted(g for g in summary["tests"] if g.startswith("cluster-cpu.scaling."))
+    assert groups == ["cluster-cpu.scaling.1x1", "cluster-cpu.scaling.1x2",
+                      "cluster-cpu.scaling.2x1", "cluster-cpu.scaling.2x2"]
+    assert all(summary["tests"][g]["train"]["mean"] > 0 for g in groups)
+    report = subprocess.run([venv_python(), "-m", "milarun", "report", str(out),
+                             "--compare-nodes"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert "scaling of cluster-cpu.scaling" in report.stdout
+    assert "node comparison" in report.stdout
+    assert leftover(out) == []
+
+
+def test_scancel_leaves_interrupted_records_and_no_process(slurm_cluster, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    out = tmp_path / "results"
+    job = submit(slurm_cluster, out, data, ["toy_reg"],
+                 ["--max-count", "1000000000", "--sample-duration", "0.2"])
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(out.glob("*.journal.jsonl"))) < 2:
+        time.sleep(0.5)
+    assert len(list(out.glob("*.journal.jsonl"))) == 2, "the tests never started"
+    time.sleep(2)  # a few sample windows
+    subprocess.run(["scancel", job], env=slurm_cluster.env, check=True, timeout=30)
+    wait_job(slurm_cluster, job, 120)
+    deadline = time.time() + 30
+    while time.time() < deadline and leftover(out):
+        time.sleep(0.5)
+    assert leftover(out) == []
+    recs = records(out)
+    log = (out / "logs" / f"slurm-{job}.out").read_text()
+    assert sorted(r["node"] for r in recs.values()) == ["node1", "node2"], log
+    for name, rec in recs.items():
+        assert "FAIL" in name and rec["error"]["reason"] == "interrupted", (name, rec["error"])
+        assert rec["timings"]["train"]["samples"], "the samples measured were lost"
+
+
+def system_file(tmp_path, ssh_nodes, names=("a", "b"), ports=None):
+    nodes = []
+    for i, (name, address) in enumerate(zip(names, ssh_nodes.nodes)):
+        nodes.append({"name": name, "address": address, "user": ssh_nodes.user,
+                      "port": (ports or {}).get(name, ssh_nodes.port), "key": str(ssh_nodes.key)})
+    path = tmp_path / "system.json"
+    path.write_text(json.dumps({"ssh_config": str(ssh_nodes.config), "nodes": nodes}))
+    return path
+
+
+def jobs_over_ssh(system, tmp_path, names, extra=SHORT):
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    out = tmp_path / "results"
+    argv = [venv_python(), "-m", "milarun", "jobs", "profiles/cluster-cpu.json", "--system",
+            str(system), "--cpu-slots", "1", "--no-cgexec", "-d", str(data), "-o", str(out),
+            "--name", *names, "--", *extra]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return done, out
+
+
+def test_system_file_runs_per_gpu_and_multi_node_over_ssh(ssh_nodes, tmp_path):
+    system = system_file(tmp_path, ssh_nodes)
+    done, out = jobs_over_ssh(system, tmp_path, ["toy_reg", "ddp"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed, 0 failed" in done.stdout
+    recs = records(out)
+    assert sorted(r["node"] for r in recs.values() if r["name"] == "cluster-cpu.toy_reg") == \
+        ["a", "b"]
+    (ddp,) = [r for r in recs.values() if r["name"] == "cluster-cpu.ddp"]
+    assert ddp["distributed"]["world_size"] == 2
+    assert sorted(ddp["distributed"]["node_names"]) == ["a", "b"]
+    assert ddp["distributed"]["rendezvous"]["endpoint"].startswith(ssh_nodes.nodes[0] + ":")
+    assert leftover(out) == []
+
+
+def test_an_unreachable_node_stops_before_anything_runs(ssh_nodes, tmp_path):
+    system = system_file(tmp_path, ssh_nodes, ports={"b": 1})
+    done, out = jobs_over_ssh(system, tmp_path, ["toy_reg"])
+    assert done.returncode == 2
+    assert done.stderr.startswith("milarun: error: node b: cannot write to the results folder")
+    assert done.stderr.count("\n") == 1
+    assert not list(out.glob("*.json"))
+
+
+def test_a_node_lost_mid_run_is_a_fail_record_and_leaves_no_process(ssh_nodes, tmp_path):
+    # The agent on node b is killed from the outside (its sshd session ends, as when a node
+    # dies); node a's agent is then ended by the fan-out and the record says node-lost.
+    system = system_file(tmp_path, ssh_nodes)
+    data = tmp_path / "data"
+    data.mkdir()
+    out = tmp_path / "results"
+    argv = [venv_python(), "-m", "milarun", "jobs", "profiles/cluster-cpu.json", "--system",
+            str(system), "--cpu-slots", "1", "--no-cgexec", "-d", str(data), "-o", str(out),
+            "--name", "ddp", "--", "--max-count", "100000000", "--sample-duration", "0.2"]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        # wait for the multi-node agents of ddp
+        deadline = time.time() + 180
+        victims = []
+        while time.time() < deadline and not victims:
+            ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+            victims = [int(line.split()[0]) for line in ps.splitlines()
+                       if "sshd: " in line and "notty" in line]
+            if not any("torch.distributed.run" in line and str(out) in line
+                       for line in ps.splitlines()):
+                victims = []
+            time.sleep(0.5)
+        assert victims, "the multi-node agents never started"
+        time.sleep(3)
+        # every sshd session of the test user ends: each node "dies"
+        for pid in victims:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        text, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, text
+    recs = records(out)
+    (ddp,) = [(n, r) for n, r in recs.items() if r["name"] == "cluster-cpu.ddp"]
+    assert "FAIL" in ddp[0] and ddp[1]["error"]["reason"] == "node-lost", ddp[1]["error"]
+    time.sleep(2)
+    assert leftover(out) == []
