@@ -106,7 +106,8 @@ def child_argv(job, run, label, devices, out, dataroot, test_argv, python=None,
     Args:
         launcher: ``"python"``; ``"torchrun"`` (``--standalone``, ``nproc``
             processes); ``"rendezvous"`` (torchrun agent of a multi-node job:
-            ``rendezvous`` holds ``nnodes``, ``endpoint`` ``host:port`` and ``id``).
+            ``rendezvous`` holds ``nnodes``, ``endpoint`` ``host:port``, ``id`` and
+            ``join_timeout`` in s).
         extra: more fields for the record (``--extra``), e.g. the nodes.
     """
     python = python or sys.executable
@@ -120,7 +121,8 @@ def child_argv(job, run, label, devices, out, dataroot, test_argv, python=None,
         head = [python, "-m", "torch.distributed.run", "--nnodes", str(rendezvous["nnodes"]),
                 "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", rendezvous["endpoint"], "--rdzv-id", rendezvous["id"],
-                "--rdzv-conf", f"join_timeout={JOIN_TIMEOUT_S}", "--max-restarts", "0",
+                "--rdzv-conf", f"join_timeout={rendezvous['join_timeout']:g}",
+                "--max-restarts", "0",
                 "-m", "milarun", "run"]
     else:
         head = [python, "-m", "milarun", "run"]
@@ -138,7 +140,8 @@ def as_cluster(where):
 
 
 def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=True,
-             timeout=None, python=None, session=None, rdzv_port=RDZV_PORT):
+             timeout=None, python=None, session=None, rdzv_port=RDZV_PORT,
+             join_timeout=JOIN_TIMEOUT_S):
     """Return the waves (list of lists of ``Launch``) for one run of ``job``.
 
     Args:
@@ -149,6 +152,8 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
         use_cgexec: False for ``--no-cgexec`` (no cgroup wrapping).
         timeout: overrides the job's timeout (seconds) when given.
         rdzv_port: TCP port of the c10d rendezvous on the main node.
+        join_timeout: seconds every node has to join the rendezvous (then the
+            launch fails with ``rendezvous-timeout``).
     """
     cluster = as_cluster(where)
     test_argv = job.argv() + list(extra_args)
@@ -174,6 +179,7 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
         rendezvous = None
         if slot.launcher == "rendezvous":
             rendezvous = {"nnodes": len(slot.nodes), "backend": "c10d",
+                          "join_timeout": float(join_timeout),
                           "endpoint": f"{cluster.main.address or cluster.main.name}:{rdzv_port}",
                           "id": f"{job.full_name}.J{run}.{label}.{when:%Y%m%d-%H%M%S}"}
             extra["rendezvous"] = {k: rendezvous[k] for k in ("backend", "endpoint", "id")}

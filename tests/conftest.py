@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from milarun import isolation
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -189,3 +191,38 @@ def ssh_nodes():
         if out.returncode != 0:
             cluster_skip(f"ssh to {node}:{nodes.port} fails ({out.stderr.strip()[-200:]}); {hint}")
     return nodes
+
+
+MEMORY = "2G"  # per student: small enough for a quick OOM, big enough for the cpu profile
+
+
+@pytest.fixture(scope="module")
+def students():
+    """Student cgroups student0 and student1 (2 GiB each), created for the module and
+    removed after it (or given back their default split when they existed before).
+    Yields ``{group: [cpu ids]}``; skips (fails under $MILARUN_REQUIRE_CGROUPS=1) without root,
+    cgexec or cgroups."""
+    if os.geteuid() != 0:
+        cgroup_skip("needs root to create cgroups")
+    if shutil.which("cgexec") is None:
+        cgroup_skip("cgexec not installed (scripts/install-apt-packages.sh)")
+    if isolation.cgroup_version() is None:
+        cgroup_skip("no cgroup v1 cpuset or v2 hierarchy under /sys/fs/cgroup")
+    if len(os.sched_getaffinity(0)) < 2:
+        cgroup_skip("needs at least 2 CPUs for 2 exclusive students")
+    existed = not isolation.missing_groups(["cpuset,memory:student0", "cpuset,memory:student1"])
+    setup = subprocess.run(["bash", "scripts/cgroup_setup.sh", "--students", "2",
+                            "--memory", MEMORY], cwd=ROOT, capture_output=True, text=True)
+    if setup.returncode != 0:
+        cgroup_skip(f"cgroup_setup.sh failed: {setup.stderr.strip()}")
+    plan = {}
+    for line in setup.stdout.splitlines():
+        group, rest = line.split(":", 1)
+        cpus = rest.split()[0].split("=")[1]
+        plan[group] = isolation.parse_cpus(cpus)
+    yield plan
+    # Leave the host as found: remove the students we created, or give
+    # existing ones back the default split (RAM/N) instead of our 2 GiB.
+    undo = ["--remove"] if not existed else []
+    subprocess.run(["bash", "scripts/cgroup_setup.sh", "--students", "2", *undo], cwd=ROOT,
+                   capture_output=True)

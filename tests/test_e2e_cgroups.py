@@ -13,41 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, cgroup_skip
+from conftest import MEMORY, ROOT, cgroup_skip  # noqa: F401 (students: conftest)
 from milarun import isolation
 
 pytestmark = [pytest.mark.cgroup]
-
-MEMORY = "2G"  # per student: small enough for a quick OOM, big enough for the cpu profile
-
-
-@pytest.fixture(scope="module")
-def students():
-    if os.geteuid() != 0:
-        cgroup_skip("needs root to create cgroups")
-    if shutil.which("cgexec") is None:
-        cgroup_skip("cgexec not installed (scripts/install-apt-packages.sh)")
-    if isolation.cgroup_version() is None:
-        cgroup_skip("no cgroup v1 cpuset or v2 hierarchy under /sys/fs/cgroup")
-    if len(os.sched_getaffinity(0)) < 2:
-        cgroup_skip("needs at least 2 CPUs for 2 exclusive students")
-    existed = not isolation.missing_groups(["cpuset,memory:student0", "cpuset,memory:student1"])
-    setup = subprocess.run(["bash", "scripts/cgroup_setup.sh", "--students", "2",
-                            "--memory", MEMORY], cwd=ROOT, capture_output=True, text=True)
-    if setup.returncode != 0:
-        cgroup_skip(f"cgroup_setup.sh failed: {setup.stderr.strip()}")
-    plan = {}
-    for line in setup.stdout.splitlines():
-        group, rest = line.split(":", 1)
-        cpus = rest.split()[0].split("=")[1]
-        plan[group] = isolation.parse_cpus(cpus)
-    yield plan
-    # Leave the host as found: remove the students we created, or give
-    # existing ones back the default split (RAM/N) instead of our 2 GiB.
-    undo = ["--remove"] if not existed else []
-    subprocess.run(["bash", "scripts/cgroup_setup.sh", "--students", "2", *undo], cwd=ROOT,
-                   capture_output=True)
-
 
 def milarun(*args):
     return subprocess.run([sys.executable, "-m", "milarun", *args], cwd=ROOT,

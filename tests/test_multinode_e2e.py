@@ -2,8 +2,8 @@
 the system-file path over a local sshd (scripts/slurm-local.sh, scripts/sshd-local.sh).
 
 CI starts both daemons; elsewhere these skip with the reason, unless
-$MILARUN_REQUIRE_CLUSTER=1 turns the skip into a failure. Tests run with --no-cgexec: the two
-"nodes" are one host, whose student cgroups the cgroup tests cover.
+$MILARUN_REQUIRE_CLUSTER=1 turns the skip into a failure. The first test runs its per-GPU
+children in student cgroups (root); the others use --no-cgexec (the two "nodes" are one host).
 """
 
 import json
@@ -44,10 +44,10 @@ def wait_job(cluster, job, timeout):
     raise AssertionError(f"Slurm job {job} still running after {timeout} s")
 
 
-def submit(cluster, outdir, dataroot, names, extra=(), slots=1):
+def submit(cluster, outdir, dataroot, names, extra=(), slots=1, cgroups=False):
     argv = [venv_python(), "-m", "milarun", "slurm", "profiles/cluster-cpu.json", "--nodes", "2",
-            "--cpu-slots", str(slots), "--no-cgexec", "-d", str(dataroot), "-o", str(outdir),
-            "--name", *names, "--", *extra]
+            "--cpu-slots", str(slots), "-d", str(dataroot), "-o", str(outdir),
+            "--name", *names] + ([] if cgroups else ["--no-cgexec"]) + ["--", *extra]
     done = subprocess.run(argv, cwd=ROOT, env=cluster.env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
@@ -62,11 +62,12 @@ def leftover(outdir):
     return [line for line in out.stdout.splitlines() if "pgrep" not in line]
 
 
-def test_milarun_slurm_runs_every_plan_type_across_two_nodes(slurm_cluster, tmp_path):
+def test_milarun_slurm_runs_every_plan_type_across_two_nodes(slurm_cluster, students, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     out = tmp_path / "results"
-    job = submit(slurm_cluster, out, data, ["toy_reg", "ddp", "scaling"], SHORT, slots=2)
+    job = submit(slurm_cluster, out, data, ["toy_reg", "ddp", "scaling"], SHORT, slots=2,
+                 cgroups=True)
     state = wait_job(slurm_cluster, job, 600)
     log = (out / "logs" / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", log
@@ -79,6 +80,9 @@ def test_milarun_slurm_runs_every_plan_type_across_two_nodes(slurm_cluster, tmp_
     assert per_gpu == [("node1", "node1.0"), ("node1", "node1.1"), ("node2", "node2.0"),
                        ("node2", "node2.1")]
     assert all(f"J0.{r['device']}." in n for n, r in recs.items()
+               if r["name"] == "cluster-cpu.toy_reg")
+    # ... each in the student cgroup of its slot, on its node
+    assert all(r["host"]["cgroup"].endswith(f"student{r['device'][-1]}") for r in recs.values()
                if r["name"] == "cluster-cpu.toy_reg")
     # multi-node: one record, 2 nodes x 2 slots, both node names, the rendezvous
     (ddp,) = [r for r in recs.values() if r["name"] == "cluster-cpu.ddp"]

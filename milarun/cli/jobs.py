@@ -92,11 +92,13 @@ def command(rest):
     single_node: Option & bool = default(False)
     # TCP port of the c10d rendezvous on the main node (multi-node tests)
     rdzv_port: Option & int = default(None)
+    # Seconds every node has to join a multi-node test's rendezvous (default 120)
+    join_timeout: Option & float = default(None)
 
     return jobs(profile, rest, dataroot=dataroot, out=out, resume=resume, names=name,
                 repeat=repeat, no_cgexec=no_cgexec, cpu_slots=cpu_slots, timeout=timeout,
                 dry_run=dry_run, verbose=_verbose(), system=system, single_node=single_node,
-                rdzv_port=rdzv_port)
+                rdzv_port=rdzv_port, join_timeout=join_timeout)
 
 
 def _verbose():
@@ -106,7 +108,7 @@ def _verbose():
 
 def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, repeat=1,
          no_cgexec=False, cpu_slots=None, timeout=None, dry_run=False, verbose=False,
-         system=None, single_node=False, rdzv_port=None, environ=None):
+         system=None, single_node=False, rdzv_port=None, join_timeout=None, environ=None):
     """Validate everything, then plan and run the suite; returns the exit code.
 
     0: every launch passed; 1: some failed, or the suite stopped on a full
@@ -120,6 +122,7 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     from .. import nodes as nodes_mod
     from ..launch import check_ready
     from ..plan import RDZV_PORT, plan_suite
+    from ..plantypes import JOIN_TIMEOUT_S
     from ..profile import load_profile
 
     jobs_ = load_profile(profile, names)
@@ -133,8 +136,13 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     cluster = nodes_mod.discover(devs, system=system, single_node=single_node, environ=environ)
     if rdzv_port is not None and not 1 <= rdzv_port <= 65535:
         raise SetupError(f"--rdzv-port must be a port number from 1 to 65535, not {rdzv_port}")
+    if join_timeout is not None and not (math.isfinite(join_timeout)
+                                         and 0 < join_timeout <= MAX_TIMEOUT_S):
+        raise SetupError(f"--join-timeout must be a number of seconds in (0, "
+                         f"{MAX_TIMEOUT_S:g}], not {join_timeout}")
     plan_opts = dict(extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout,
-                     rdzv_port=rdzv_port or RDZV_PORT)
+                     rdzv_port=rdzv_port or RDZV_PORT,
+                     join_timeout=join_timeout or JOIN_TIMEOUT_S)
     outdir = resume or out or default_outdir()
     if dry_run:
         dataroot = dataroot or os.environ.get("MILARUN_DATAROOT") or "$MILARUN_DATAROOT"

@@ -4,7 +4,9 @@
   MiB); past the student's memory limit it is OOM-killed in its cgroup.
 * ``crash``: raises after ``--after`` seconds (the child writes its own FAIL).
 * ``hang``: sleeps ``--seconds`` (for timeouts).
-* ``die``: kills itself with ``--signal`` (no result is written).
+* ``die``: kills itself with ``--signal`` (no result is written); with
+  ``--rank R`` only the torchrun rank R does, and the others count slowly
+  until they are stopped (a rank that dies under a distributed job).
 * ``crawl``: counts ``--per-step`` items every ``--step-seconds`` through the
   rate logger (samples reach the journal), for ``--max-count`` items; with
   ``--exit-code N`` it exits with N *after* its record was written.
@@ -78,6 +80,14 @@ def die(exp, argv):
 def _die(exp):
     # Signal name to send to ourselves
     signal_name: Option = default("SIGSEGV")
+    # Only this torchrun rank dies (-1: every process)
+    rank: Option & int = default(-1)
+    if rank >= 0 and int(os.environ.get("RANK", "0")) != rank:
+        for step in rate_logger(exp).steps():
+            time.sleep(0.05)
+            step.set_count(1)
+        return
+    time.sleep(1.0 if rank >= 0 else 0.0)  # let the others start counting
     os.kill(os.getpid(), getattr(signal, signal_name))
 
 

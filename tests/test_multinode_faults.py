@@ -1,0 +1,50 @@
+"""Distributed faults on one host, through the real launcher and torchrun: a rank that dies and
+a node that never joins the rendezvous each end as a FAIL record with their reason."""
+
+import json
+import socket
+
+from milarun import nodes
+from milarun.devices import Devices
+from milarun.launch import run_wave
+from milarun.plan import plan_job
+from milarun.profile import Job
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fault_job(partition, function, arguments):
+    return Job("faults", function, f"milarun.models.faults:{function}", arguments=arguments,
+               partition=partition, launcher="torchrun", timeout=120,
+               definition={"partition_scheme": {"type": partition}})
+
+
+def test_a_rank_that_dies_fails_the_whole_node_job_as_rank_failed(tmp_path):
+    job = fault_job("njobs", "die", {"--rank": 1, "--signal-name": "SIGKILL",
+                                     "--sample-duration": 0.1, "--warmup": 0})
+    (wave,) = plan_job(job, Devices("cpu", [0, 1]), 0, tmp_path, tmp_path)
+    (outcome,) = run_wave(wave, tmp_path)
+    assert not outcome.success and outcome.reason == "rank-failed"
+    (path,) = tmp_path.glob("*.FAIL.*.json")
+    rec = json.loads(path.read_text())
+    assert rec["error"]["reason"] == "rank-failed"
+    # rank 0 had counted before it was stopped: its samples are kept
+    assert rec["timings"]["train"]["samples"]
+
+
+def test_a_node_that_never_joins_is_a_rendezvous_timeout(tmp_path):
+    # A two-node plan whose second agent is never started: the first waits for it in vain.
+    two = nodes.Cluster("local", [nodes.Node("a", "127.0.0.1", main=True),
+                                  nodes.Node("b", "127.0.0.1")], Devices("cpu", [0]))
+    job = fault_job("multi-node", "crawl", {"--max-count": 1000})
+    (wave,) = plan_job(job, two, 0, tmp_path, tmp_path, rdzv_port=free_port(), join_timeout=3)
+    (lch,) = wave
+    assert "--nnodes" in lch.argv and "join_timeout=3" in lch.argv
+    (outcome,) = run_wave(wave, tmp_path)
+    assert outcome.reason == "rendezvous-timeout", list(tmp_path.glob("logs/*"))[0].read_text()
+    (path,) = tmp_path.glob("*.FAIL.*.json")
+    assert json.loads(path.read_text())["error"]["reason"] == "rendezvous-timeout"
