@@ -352,7 +352,8 @@ def base_record(launch):
     rec["job"] = launch.job.definition
     rec["call"] = {"function": launch.job.experiment, "argv": list(launch.test_argv),
                    "arguments": {}}
-    rec["environ"] = dict(launch.env)
+    test_env = getattr(launch, "test_env", None)
+    rec["environ"] = dict(launch.env if test_env is None else test_env)
     rec["host"] = {"hostname": socket.gethostname(), "cgroup": launch.cgroup}
     return rec
 

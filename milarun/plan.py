@@ -56,6 +56,8 @@ class Launch:
         nodes: names of the nodes the launch runs on.
         cluster: the ``nodes.Cluster`` it runs on (how its failures read).
         launcher: ``"python"``, ``"torchrun"`` or ``"rendezvous"`` (see ``plantypes.Slot``).
+        test_env: the variables the test itself gets (``env`` before a remote
+            launch moved them into its command line); recorded in FAIL records.
     """
 
     name: str
@@ -76,6 +78,7 @@ class Launch:
     nodes: list = field(default_factory=list)
     cluster: object = None
     launcher: str = "python"
+    test_env: dict = None
 
     @property
     def job_id(self):
@@ -187,13 +190,14 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
                           nproc=slot.nproc, launcher=slot.launcher, extra=extra,
                           rendezvous=rendezvous)
         argv = wrap(argv, cg, job.exec_prefix, use_cgexec)
+        test_env = dict(env)
         argv, env = cluster.on_nodes(argv, env, list(slot.nodes), tag=f"{job.full_name}.{label}")
         return Launch(name=job.full_name, job=job, run=run, device=label, devices=devs,
                       argv=argv, env=env, cgroup=cg, concurrent=slot.concurrent,
                       group=slot.group, log=f"{job.full_name}.J{run}.{label}.log",
                       test_argv=test_argv, timeout=timeout, result_path=result,
                       fail_path=fail, nodes=list(slot.nodes), cluster=cluster,
-                      launcher=slot.launcher)
+                      launcher=slot.launcher, test_env=test_env)
 
     return [[make(slot) for slot in wave] for wave in job.plan_type.expand(job, cluster)]
 
