@@ -300,12 +300,14 @@ _RDZV_FAILED = ("RendezvousTimeoutError", "RendezvousClosedError",
 _RANK_FAILED = ("ChildFailedError", "Root Cause (first observed failure)")
 
 
-def distributed_reason(launch, returncode, tail):
-    """``node-lost``, ``rendezvous-timeout`` or ``rank-failed`` for a distributed
-    launch that left no record, or None when its output says none of these.
+def distributed_reason(launch, returncode, tail, rendezvous_done=False):
+    """``node-lost``, ``rendezvous-timeout`` or ``rank-failed`` for a failed launch of
+    several processes or nodes, or None when its output says none of these.
 
     ``node-lost`` comes from the cluster's transport (ssh's status 255, srun's
     node-failure messages); the other two from torchrun's messages in ``tail``.
+    ``rendezvous_done``: the job got past its rendezvous (rank 0 journaled the
+    gathered nodes), so a rendezvous error is a lost peer, not a node that never joined.
     """
     cluster = getattr(launch, "cluster", None)
     if cluster is not None:
@@ -315,11 +317,17 @@ def distributed_reason(launch, returncode, tail):
     if getattr(launch, "launcher", "python") == "python":
         return None
     text = "\n".join(tail)
-    if any(word in text for word in _RDZV_FAILED):
+    if not rendezvous_done and any(word in text for word in _RDZV_FAILED):
         return "rendezvous-timeout"
-    if any(word in text for word in _RANK_FAILED):
+    if any(word in text for word in _RANK_FAILED + _RDZV_FAILED):
         return "rank-failed"
     return None
+
+
+def _spans_processes(launch):
+    """True for a launch of several ranks or nodes (one failing rank fails them all)."""
+    return (getattr(launch, "launcher", "python") != "python"
+            and (len(getattr(launch, "devices", [])) > 1 or len(getattr(launch, "nodes", [])) > 1))
 
 
 def _exit_words(returncode):
@@ -344,8 +352,9 @@ def base_record(launch):
     cluster = getattr(launch, "cluster", None)
     if cluster is not None and cluster.kind != "local" and launch.nodes:
         # as the plan told the child (plan.plan_job): the summary groups by these
-        where = {"node": launch.nodes[0], "nodes": list(launch.nodes),
-                 "gpus_per_node": len(launch.devices)}
+        where = {"nodes": list(launch.nodes), "gpus_per_node": len(launch.devices)}
+        if len(launch.nodes) == 1:
+            where["node"] = launch.nodes[0]
     rec = new_result(launch.name, launch.job_id, device=launch.device,
                      devices=launch.devices, run=launch.run, partition=launch.job.partition,
                      **where)
@@ -420,9 +429,13 @@ def conclude(child, now=None):
     elif own is not None:
         err = own.get("error") if isinstance(own.get("error"), dict) else {}
         reason = err.get("reason") or "error"
+        done = bool(own.get("distributed"))
         if reason == "interrupted":
             # the child saw an interrupt the launcher did not send (a peer's, a node's)
-            reason = distributed_reason(launch, rc, list(child.tail)) or "signal"
+            reason = distributed_reason(launch, rc, list(child.tail), done) or "signal"
+        elif reason == "error" and _spans_processes(launch):
+            # rank 0 saw its peer vanish ("Connection closed by peer"): say which fault it was
+            reason = distributed_reason(launch, rc, list(child.tail), done) or reason
         message = err.get("message") or f"the test failed and {_exit_words(rc)}"
     elif child.start_error:
         reason, message = "error", child.start_error
@@ -433,7 +446,8 @@ def conclude(child, now=None):
             message = f"killed by the OOM killer in cgroup {launch.cgroup}"
         else:
             message = f"{_exit_words(rc)} without writing a result"
-            reason = distributed_reason(launch, rc, list(child.tail)) or reason
+            done = bool(read_journal(launch.journal_path).get("distributed"))
+            reason = distributed_reason(launch, rc, list(child.tail), done) or reason
             if reason in ("node-lost", "rendezvous-timeout", "rank-failed"):
                 message = f"{reason}: {message} (see the output's last lines)"
     for note in (problem, child.log_error):

@@ -30,6 +30,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,8 +45,8 @@ SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15",
                "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3")
 
 # Patterns of srun's messages when a node of the step is lost.
-_SLURM_LOST = re.compile(r"Node failure|node .* not responding|launch failed on node|"
-                         r"Unable to create step|NODE_FAIL", re.IGNORECASE)
+_SLURM_LOST = re.compile(r"Node failure|node .* not responding|launch failed on node|NODE_FAIL",
+                         re.IGNORECASE)
 
 
 @dataclass
@@ -160,7 +161,7 @@ def ssh_argv(node, argv):
         head += ["-F", str(node.config)]
     head += list(SSH_OPTIONS)
     if node.port:
-        head += ["-p", str(node.port)]
+        head += ["-p", str(int(node.port))]
     if node.key:
         head += ["-i", str(node.key), "-o", "IdentitiesOnly=yes"]
     if node.user:
@@ -168,7 +169,8 @@ def ssh_argv(node, argv):
     remote = shlex.join(argv)
     guarded = ("if setpriv --pdeathsig KILL -- true 2>/dev/null; then exec setpriv "
                f"--pdeathsig KILL -- {remote}; else exec {remote}; fi")
-    return head + [node.address or node.name, "--", guarded]
+    # "--" before the destination: an address can never be read as an option
+    return head + ["--", node.address or node.name, guarded]
 
 
 def local_cluster(devices, name=None):
@@ -227,7 +229,9 @@ def load_system(path, devices):
          "nodes": [{"name": "n1", "address": "10.0.0.1", "user": "bench",
                     "main": true, "port": 22, "key": "~/.ssh/id_ed25519"}, ...]}
 
-    Exactly one node may be ``main`` (default: the first). Names must be unique.
+    At most one node may be ``main`` (default: the first); its ``address`` is the
+    rendezvous endpoint, so the other nodes must reach it there. Names must be
+    unique. Relative ``key`` and ``ssh_config`` paths are relative to the file.
 
     Raises:
         SetupError: unreadable file, bad JSON, or a bad key (one line naming it).
@@ -239,13 +243,17 @@ def load_system(path, devices):
         where = key_path(keys)
         raise SetupError(f"{where}: {message}" if where else message, path=path)
     nodes = []
-    config = data.get("ssh_config")
-    config = str(Path(path).parent / os.path.expanduser(config)) if config else None
+    here = Path(path).resolve().parent  # relative paths are the file's, not the shell's
+
+    def beside(value):
+        return str(here / os.path.expanduser(value)) if value else None
+
+    config = beside(data.get("ssh_config"))
     for i, entry in enumerate(data["nodes"]):
-        key = entry.get("key")
-        nodes.append(Node(entry["name"], entry["address"], entry.get("user"), entry.get("port"),
-                          os.path.expanduser(key) if key else None, bool(entry.get("main")),
-                          config))
+        port = entry.get("port")
+        nodes.append(Node(entry["name"], entry["address"], entry.get("user"),
+                          int(port) if port is not None else None, beside(entry.get("key")),
+                          bool(entry.get("main")), config))
     names = [n.name for n in nodes]
     for i, n in enumerate(names):
         if n in names[:i]:
@@ -260,10 +268,21 @@ def load_system(path, devices):
     return Cluster("ssh", nodes, devices, source=str(path))
 
 
+def free_port(default=29400):
+    """A TCP port free on this host now (for the rendezvous when this host is the
+    main node, as in a Slurm batch step), or ``default`` when none can be had."""
+    try:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+    except OSError:
+        return default
+
+
 def discover(devices, system=None, single_node=False, environ=None):
     """The cluster ``milarun jobs`` runs on: the ``--system`` file's nodes; else, inside
-    a Slurm allocation of several nodes (and without ``single_node``), its nodes;
-    else this host alone.
+    a Slurm allocation (``$SLURM_JOB_ID`` set, one node or more; not with
+    ``single_node``), its nodes, every launch a job step; else this host alone.
 
     Raises:
         SetupError: a bad system file, or ``scontrol`` failing inside an allocation.
@@ -298,23 +317,33 @@ def check_shared_outdir(cluster, outdir, timeout=60.0):
     probes = Path(outdir) / ".milarun" / f"probe-{secrets.token_hex(4)}"
     probes.mkdir(parents=True, exist_ok=True)
     try:
-        for node in cluster.nodes:
-            path = probes / node.name
-            argv, env = probe_argv(cluster, node.name, path)
+        running = []
+        for node in cluster.nodes:  # every node at once: one timeout in all, not one per node
+            argv, env = probe_argv(cluster, node.name, probes / node.name)
             try:
-                out = subprocess.run(argv, env={**os.environ, **env}, capture_output=True,
-                                     text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-            except subprocess.TimeoutExpired:
-                raise SetupError(f"node {node.name}: no answer within {timeout:g} s "
-                                 f"({cluster.kind})")
+                running.append((node, subprocess.Popen(
+                    argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
             except OSError as exc:
                 raise SetupError(f"cannot run {argv[0]}: {exc.strerror}")
-            if out.returncode != 0:
-                detail = (out.stderr.strip().splitlines() or [f"status {out.returncode}"])[-1]
+        deadline = time.monotonic() + timeout
+        for node, proc in running:
+            try:
+                _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for _, other in running:
+                    other.kill()
+                raise SetupError(f"node {node.name}: no answer within {timeout:g} s "
+                                 f"({cluster.kind})")
+            if proc.returncode != 0:
+                for _, other in running:
+                    other.kill()
+                detail = (err.strip().splitlines() or [f"status {proc.returncode}"])[-1]
                 raise SetupError(f"node {node.name}: cannot write to the results folder "
                                  f"{outdir}: {detail}")
+        for node, _ in running:
             try:
-                seen = path.read_text().strip()
+                seen = (probes / node.name).read_text().strip()
             except OSError:
                 seen = None
             if seen != node.name:

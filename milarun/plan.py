@@ -19,6 +19,7 @@ is not stamped: a resumed session appends to it.
 
 import datetime
 import json
+import math
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -124,7 +125,8 @@ def child_argv(job, run, label, devices, out, dataroot, test_argv, python=None,
         head = [python, "-m", "torch.distributed.run", "--nnodes", str(rendezvous["nnodes"]),
                 "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", rendezvous["endpoint"], "--rdzv-id", rendezvous["id"],
-                "--rdzv-conf", f"join_timeout={rendezvous['join_timeout']:g}",
+                # torchrun reads join_timeout as an integer: round up, never to 0
+                "--rdzv-conf", f"join_timeout={max(1, math.ceil(rendezvous['join_timeout']))}",
                 "--max-restarts", "0",
                 "-m", "milarun", "run"]
     else:
@@ -177,8 +179,10 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
         fail = Path(outdir) / result_filename(job.full_name, run, label, False, when)
         extra = {}
         if cluster.kind != "local":  # one host: its records name it in host.hostname
-            extra = {"node": slot.nodes[0], "nodes": list(slot.nodes),
-                     "node_count": len(slot.nodes), "gpus_per_node": len(devs)}
+            extra = {"nodes": list(slot.nodes), "node_count": len(slot.nodes),
+                     "gpus_per_node": len(devs)}
+            if len(slot.nodes) == 1:  # a record over several nodes has them in ``nodes``
+                extra["node"] = slot.nodes[0]
         rendezvous = None
         if slot.launcher == "rendezvous":
             rendezvous = {"nnodes": len(slot.nodes), "backend": "c10d",

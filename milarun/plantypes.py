@@ -95,6 +95,14 @@ class PlanType:
         """Waves (list of lists) of :class:`Slot` for one run of ``job`` on ``cluster``."""
         raise NotImplementedError
 
+    def notes(self, job, cluster):
+        """Lines to tell the operator before anything runs (what the plan leaves out).
+
+        Raises:
+            SetupError: nothing of the job fits ``cluster``.
+        """
+        return []
+
     def group(self, record):
         """The summary group of a result record."""
         return record["name"]
@@ -179,20 +187,36 @@ class NodeProgression(PlanType):
     distributed = True
     _GROUP = re.compile(r"^(.+)\.(\d+)x(\d+)$")
 
-    def expand(self, job, cluster):
+    def shapes(self, job, cluster):
+        """``(kept, skipped)``: lists of (nodes, devices per node) of the study; the
+        skipped ones ask for more nodes or devices than ``cluster`` has."""
         scheme = job.definition.get("partition_scheme", {})
+        k, g_max = len(cluster.nodes), len(cluster.devices.indices)
+        counts = sorted(set(scheme.get("nodes") or range(1, k + 1)))
+        gpus = sorted(set(scheme.get("gpus_per_node") or range(1, g_max + 1)))
+        every = [(n, g) for n in counts for g in gpus]
+        kept = [(n, g) for n, g in every if n <= k and g <= g_max]
+        return kept, [s for s in every if s not in kept]
+
+    def notes(self, job, cluster):
+        kept, skipped = self.shapes(job, cluster)
+        have = f"{len(cluster.nodes)} node(s) × {len(cluster.devices.indices)} device(s)"
+        if not kept:
+            from .errors import SetupError
+            raise SetupError(f"{job.full_name}: no step of its node-progression fits this "
+                             f"cluster ({have}); partition_scheme asks for "
+                             f"{', '.join(f'{n}x{g}' for n, g in skipped)}")
+        if skipped:
+            return [f"node-progression steps {', '.join(f'{n}x{g}' for n, g in skipped)} "
+                    f"left out: more than this cluster's {have}"]
+        return []
+
+    def expand(self, job, cluster):
         idx = list(cluster.devices.indices)
         names = [n.name for n in cluster.nodes]
-        counts = scheme.get("nodes") or list(range(1, len(names) + 1))
-        gpus = scheme.get("gpus_per_node") or list(range(1, len(idx) + 1))
-        waves = []
-        for n in sorted(set(counts)):
-            for g in sorted(set(gpus)):
-                if n > len(names) or g > len(idx):
-                    continue  # more than this cluster has: not part of this study
-                waves.append([Slot(tuple(names[:n]), tuple(idx[:g]), f"{n}x{g}",
-                                   f"{job.full_name}.{n}x{g}", False, None, "rendezvous")])
-        return waves
+        kept, _ = self.shapes(job, cluster)
+        return [[Slot(tuple(names[:n]), tuple(idx[:g]), f"{n}x{g}", f"{job.full_name}.{n}x{g}",
+                      False, None, "rendezvous")] for n, g in kept]
 
     def group(self, record):
         n = record.get("node_count") or len(record.get("nodes") or []) or 1

@@ -48,3 +48,58 @@ def test_a_node_that_never_joins_is_a_rendezvous_timeout(tmp_path):
     assert outcome.reason == "rendezvous-timeout", list(tmp_path.glob("logs/*"))[0].read_text()
     (path,) = tmp_path.glob("*.FAIL.*.json")
     assert json.loads(path.read_text())["error"]["reason"] == "rendezvous-timeout"
+
+
+def _rank_pids(marker, rank):
+    """PIDs of the processes whose command line holds ``marker`` and whose RANK is ``rank``."""
+    import os
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in cmd and b"milarun" in cmd and f"RANK={rank}".encode() in env:
+            pids.append(int(entry))
+    return pids
+
+
+def test_a_rank_killed_mid_ddp_is_rank_failed_even_when_rank_0_writes_its_error(tmp_path):
+    # Real DDP (scaling): rank 0 sees its peer vanish in an all-reduce and writes its own
+    # record with its error; the launch is still a failed rank, not a test bug.
+    import os
+    import signal
+    import threading
+    import time
+
+    job = Job("faults", "ddp", "milarun.models.scaling:main",
+              arguments={"--width": 8, "--blocks": 1, "--image-size": 16, "--batch-size": 8,
+                         "--max-count": 100000000, "--sample-duration": 0.2, "--warmup": 0},
+              partition="njobs", launcher="torchrun", timeout=120,
+              definition={"partition_scheme": {"type": "njobs"}})
+    (wave,) = plan_job(job, Devices("cpu", [0, 1]), 0, tmp_path, tmp_path)
+    outcomes = []
+    runner = threading.Thread(target=lambda: outcomes.extend(run_wave(wave, tmp_path)))
+    runner.start()
+    journal = wave[0].journal_path
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        if journal.exists() and journal.read_text().count('"sample"') >= 3:
+            break
+        time.sleep(0.2)
+    victims = _rank_pids(str(tmp_path), 1)
+    assert victims, "rank 1 never started"
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    runner.join(timeout=150)
+    (outcome,) = outcomes
+    assert outcome.reason == "rank-failed"
+    (path,) = tmp_path.glob("*.FAIL.*.json")
+    rec = json.loads(path.read_text())
+    assert rec["error"]["reason"] == "rank-failed"
+    assert rec["timings"]["train"]["samples"]

@@ -141,8 +141,8 @@ def test_ssh_cluster_runs_each_node_through_batchmode_ssh_and_fans_out():
     assert first[:first.index("host1")] == [
         "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=10",
         "-o", "ServerAliveCountMax=3", "-p", "2222", "-i", "/k", "-o", "IdentitiesOnly=yes",
-        "-l", "bench"]
-    assert agents[1][agents[1].index("--") - 1] == "host2"
+        "-l", "bench", "--"]
+    assert agents[1][agents[1].index("--") + 1] == "host2"
     remote = first[-1]
     assert "--pdeathsig KILL" in remote
     assert "torch.distributed.run --nnodes 2" in remote
@@ -154,7 +154,7 @@ def test_ssh_cluster_runs_each_node_through_batchmode_ssh_and_fans_out():
 def test_ssh_per_gpu_launch_is_one_ssh_command():
     (wave,) = plan_job(job("per-gpu", cgroup=None), ssh(), 0, "/o", "/d", python=PY)
     assert [lch.argv[0] for lch in wave] == ["ssh", "ssh"]
-    assert wave[1].argv[wave[1].argv.index("--") - 1] == "host2"
+    assert wave[1].argv[wave[1].argv.index("--") + 1] == "host2"
 
 
 def test_gpu_progression_and_normal_stay_on_the_main_node():
@@ -375,3 +375,82 @@ def test_slurm_without_sbatch_says_so_and_keeps_the_script(tmp_path):
         slurm_cli.slurm("profiles/cpu.json", [], dataroot=str(data), out=str(tmp_path / "r"),
                         sbatch="/nonexistent/sbatch")
     assert (tmp_path / "r" / "milarun.sbatch").read_text().startswith("#!/bin/bash")
+
+
+def test_join_timeout_reaches_torchrun_as_a_whole_number_of_seconds():
+    (wave,) = plan_job(job("multi-node"), slurm(), 0, "/o", "/d", python=PY, join_timeout=2.5)
+    assert "join_timeout=3" in wave[0].argv
+
+
+def test_a_record_over_several_nodes_names_them_all_but_no_single_node():
+    (wave,) = plan_job(job("multi-node"), slurm(), 0, "/o", "/d", python=PY)
+    extra = extra_of(wave[0].argv)
+    assert "node" not in extra and extra["nodes"] == ["node1", "node2"]
+
+
+def test_node_progression_says_which_steps_it_leaves_out_and_refuses_when_none_fits():
+    kind = plantypes.TYPES["node-progression"]
+    j = job("node-progression", scheme={"nodes": [1, 2, 4], "gpus_per_node": [2]})
+    (note,) = kind.notes(j, slurm(devices=(0, 1)))
+    assert note.startswith("node-progression steps 4x2 left out")
+    j = job("node-progression", scheme={"nodes": [4], "gpus_per_node": [8]})
+    with pytest.raises(SetupError, match="no step of its node-progression fits"):
+        kind.notes(j, slurm(devices=(0, 1)))
+
+
+def test_system_file_port_and_address_never_become_ssh_options(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"nodes": [{"name": "a", "address": "h", "port": 2222.0}]}))
+    c = nodes.load_system(path, Devices("cpu", [0]))
+    argv = nodes.ssh_argv(c.nodes[0], ["true"])
+    assert argv[argv.index("-p") + 1] == "2222"
+    assert argv[-3:-1] == ["--", "h"]
+    path.write_text(json.dumps({"nodes": [{"name": "a", "address": "-Jevil"}]}))
+    with pytest.raises(SetupError, match="nodes.0.address: must be a host name"):
+        nodes.load_system(path, Devices("cpu", [0]))
+
+
+def test_system_file_paths_are_relative_to_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"ssh_config": "cfg", "nodes": [
+        {"name": "a", "address": "h", "key": "keys/id"}]}))
+    monkeypatch.chdir("/")
+    node = nodes.load_system(path, Devices("cpu", [0])).nodes[0]
+    assert node.key == str(tmp_path / "keys" / "id") and node.config == str(tmp_path / "cfg")
+
+
+@pytest.mark.parametrize("own_reason,tail,done,reason", [
+    # rank 0 wrote "error" (its peer vanished) while torchrun reports the failed rank
+    ("error", ["RuntimeError: Connection closed by peer", "ChildFailedError"], True,
+     "rank-failed"),
+    # past the rendezvous, a lost store is a lost peer, not a node that never joined
+    ("interrupted", ["RendezvousConnectionError"], True, "rank-failed"),
+    ("interrupted", ["RendezvousTimeoutError"], False, "rendezvous-timeout"),
+    ("error", ["ValueError: bad"], False, "error"),
+])
+def test_a_rank_0_record_of_a_failed_distributed_job_gets_the_job_reason(
+        tmp_path, own_reason, tail, done, reason):
+    from milarun.launch import conclude
+    from milarun.results.schema import new_result
+    from milarun.results.store import write_result
+
+    (wave,) = plan_job(job("multi-node"), slurm(), 0, tmp_path, "/d", python=PY)
+    lch = wave[0]
+    rec = new_result(lch.name, lch.job_id, device=lch.device, devices=lch.devices,
+                     partition="multi-node")
+    rec["error"] = {"reason": own_reason, "type": "RuntimeError", "message": "m"}
+    if done:
+        rec["distributed"] = {"world_size": 4, "backend": "gloo"}
+    write_result(rec, lch.result_path)
+
+    class Child:
+        launch, proc, timed_out, stopped, abandoned = lch, None, False, False, False
+        t0, start_error, log_error, oom_before = 0.0, None, None, None
+
+        def poll(self):
+            return 1
+
+    child = Child()
+    child.tail = list(tail)
+    outcome = conclude(child)
+    assert outcome.reason == reason

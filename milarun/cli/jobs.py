@@ -90,7 +90,7 @@ def command(rest):
     system: Option = default(None)
     # Inside a Slurm allocation, run on this host only instead of on every node
     single_node: Option & bool = default(False)
-    # TCP port of the c10d rendezvous on the main node (multi-node tests)
+    # TCP port of the c10d rendezvous on the main node (multi-node tests; default: a free one)
     rdzv_port: Option & int = default(None)
     # Seconds every node has to join a multi-node test's rendezvous (default 120)
     join_timeout: Option & float = default(None)
@@ -120,7 +120,7 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     """
     from .. import devices as devices_mod
     from .. import nodes as nodes_mod
-    from ..launch import check_ready
+    from ..launch import check_ready, say
     from ..plan import RDZV_PORT, plan_suite
     from ..plantypes import JOIN_TIMEOUT_S
     from ..profile import load_profile
@@ -140,9 +140,14 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
                                          and 0 < join_timeout <= MAX_TIMEOUT_S):
         raise SetupError(f"--join-timeout must be a number of seconds in (0, "
                          f"{MAX_TIMEOUT_S:g}], not {join_timeout}")
+    if rdzv_port is None:
+        # A port of its own: two sessions on one main node never share a rendezvous store.
+        rdzv_port = nodes_mod.free_port(default=RDZV_PORT)
     plan_opts = dict(extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout,
-                     rdzv_port=rdzv_port or RDZV_PORT,
-                     join_timeout=join_timeout or JOIN_TIMEOUT_S)
+                     rdzv_port=rdzv_port, join_timeout=join_timeout or JOIN_TIMEOUT_S)
+    for job in jobs_:
+        for note in job.plan_type.notes(job, cluster):
+            say(f"milarun: {job.full_name}: {note}")
     outdir = resume or out or default_outdir()
     if dry_run:
         dataroot = dataroot or os.environ.get("MILARUN_DATAROOT") or "$MILARUN_DATAROOT"

@@ -1,5 +1,6 @@
 """``milarun slurm PROFILE [--nodes K] [--gpus-per-node G] [--partition P] [--time T] [--account A] [--dry-run] -- ARGS``."""
 
+import math
 import re
 import shlex
 import subprocess
@@ -13,6 +14,23 @@ from ..errors import SetupError
 #: What ``--time``, ``--partition`` and ``--account`` may hold (Slurm's own forms).
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+#: Characters an sbatch directive cannot carry unquoted (and ``%``, which Slurm expands).
+_UNSAFE_IN_DIRECTIVE = re.compile(r"[\s%\"'\\]")
+
+
+def check_paths(profile, outdir):
+    """Reject a results folder or profile name that an ``#SBATCH`` line would break.
+
+    Raises:
+        SetupError: one line naming the path.
+    """
+    for what, value in (("the results folder", str(outdir)),
+                        ("the profile's name", Path(profile).stem)):
+        if _UNSAFE_IN_DIRECTIVE.search(value):
+            raise SetupError(f"{what} {value!r} holds a space, quote, backslash or '%', which "
+                             "an #SBATCH line cannot carry (Slurm expands '%'): choose another")
 
 
 def sbatch_script(profile, dataroot, outdir, nodes=1, gpus_per_node=None, partition=None,
@@ -95,28 +113,44 @@ def command(rest):
     name: Option = default(None)
     # Do not wrap tests in their student cgroups (passed to milarun jobs)
     no_cgexec: Option & bool = default(False)
+    # Number of times to run the suite (passed to milarun jobs)
+    repeat: Option & int = default(None)
+    # Timeout of each test in seconds (passed to milarun jobs)
+    timeout: Option & float = default(None)
+    # Seconds every node has to join a multi-node rendezvous (passed to milarun jobs)
+    join_timeout: Option & float = default(None)
     # Print the sbatch script and submit nothing
     dry_run: Option & bool = default(False)
 
     return slurm(profile, rest, dataroot=dataroot, out=out, nodes=nodes,
                  gpus_per_node=gpus_per_node, partition=partition, time=time, account=account,
-                 cpu_slots=cpu_slots, names=name, no_cgexec=no_cgexec, dry_run=dry_run)
+                 cpu_slots=cpu_slots, names=name, no_cgexec=no_cgexec, repeat=repeat,
+                 timeout=timeout, join_timeout=join_timeout, dry_run=dry_run)
 
 
 def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=None,
           partition=None, time=None, account=None, cpu_slots=None, names=None, no_cgexec=False,
-          dry_run=False, sbatch="sbatch"):
+          repeat=None, timeout=None, join_timeout=None, dry_run=False, sbatch="sbatch"):
     """Validate, write the script into the results folder and submit it; returns 0.
 
     Raises:
         MilarunError: bad profile or options, no dataroot, sbatch missing or refusing.
     """
     from ..profile import load_profile
-    from .jobs import default_outdir, resolve_dataroot
+    from .jobs import MAX_TIMEOUT_S, check_bounds, default_outdir, resolve_dataroot
 
     load_profile(profile, names)
     check_options(nodes, gpus_per_node, partition, time, account)
+    check_bounds(1 if repeat is None else repeat, None, timeout)
+    if join_timeout is not None and not (math.isfinite(join_timeout)
+                                         and 0 < join_timeout <= MAX_TIMEOUT_S):
+        raise SetupError(f"--join-timeout must be a number of seconds in (0, "
+                         f"{MAX_TIMEOUT_S:g}], not {join_timeout}")
     jobs_args = []
+    for flag, value in (("--repeat", repeat), ("--timeout", timeout),
+                        ("--join-timeout", join_timeout)):
+        if value is not None:
+            jobs_args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     if cpu_slots is not None:
         if cpu_slots < 1:
             raise SetupError(f"--cpu-slots must be at least 1, not {cpu_slots}")
@@ -126,6 +160,9 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
     if no_cgexec:
         jobs_args.append("--no-cgexec")
     outdir = out or default_outdir()
+    if outdir is not None:
+        outdir = Path(outdir).resolve()
+        check_paths(profile, outdir)
     if dry_run:
         dataroot = dataroot or "$MILARUN_DATAROOT"
         outdir = outdir or "$MILARUN_OUTROOT/results-<date>"
@@ -135,7 +172,6 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
     dataroot = resolve_dataroot(dataroot)
     if outdir is None:
         raise SetupError("no results directory: pass -o OUTDIR or set $MILARUN_OUTROOT")
-    outdir = Path(outdir).resolve()
     if (outdir / ".milarun" / "session.json").exists():
         raise SetupError("holds an earlier session: choose a new -o (or run "
                          "'milarun jobs --resume' inside an allocation)", path=outdir)
