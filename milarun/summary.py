@@ -13,11 +13,13 @@ Summary format (version 1), a JSON object::
          "n": results, "failures": failed results,
          "interrupted": records of launches the operator stopped (not in n),
          "failure_reasons": {reason: count},
-         "failed": [{"device", "run", "reason", "message", "returncode", "stderr_tail", "file"}],
+         "failed": [{"device", "node", "run", "reason", "message", "returncode",
+                     "stderr_tail", "file"}],
          "train": {n, min, max, mean, std},   # steady-state rates, items/s
          "total": {n, min, max, mean, std},   # program durations, s
          "pergpu": {device: {n, min, max, mean, std}},  # steady-state rates, items/s
          "pernode": {node: {n, min, max, mean, std}},   # steady-state rates, items/s
+         "pernode_failures": {node: failed results},    # nodes with a failure only
          "node_count": n, "gpus_per_node": g,  # node-progression groups only
          "peak_memory": MiB (max over results) or null,
          "steady": {"full": k, "short": k, "none": k}}}}
@@ -32,17 +34,22 @@ duration. ``steady`` counts results by the note of
 :func:`milarun.stats.steady_state` (``short``: fewer than 10 s of steady
 state, every non-warm-up sample was used).
 
-``pernode`` keys a result by the node it ran on: its ``node`` field, else its
-``host.hostname`` (a single-host run). A result that spanned several nodes
-(``nodes`` lists more than one) measured the whole job, not one node, so it is
-left out of ``pernode``; so is one whose node name is not a safe name. It is
-what ``milarun report --compare-nodes`` compares. ``node_count`` and
-``gpus_per_node`` (the n and g of the group name) are present in
-node-progression groups only.
+``pernode`` keys a result by the node it ran on (:func:`node_of`): its
+``node`` field, else its ``host.hostname`` (a single-host run). A result that
+spanned several nodes (``nodes`` lists more than one) measured the whole job,
+not one node, so it is left out of ``pernode``; so is one whose node name is
+not a safe name. Failed results are keyed by the same rule: each ``failed``
+entry has its ``node`` (null when the rule gives none) and
+``pernode_failures`` counts them per node (interrupted launches are not
+failures). A node whose every run failed is thus in ``pernode_failures`` and
+not in ``pernode``. Both are what ``milarun report --compare-nodes``
+compares. ``node_count`` and ``gpus_per_node`` (the n and g of the group
+name) are present in node-progression groups only.
 
-``pernode``, ``node_count`` and ``gpus_per_node`` were added without changing
-the version: they are optional, a summary without them is still version 1 and
-reads as before (``pernode`` is then empty).
+``pernode``, ``pernode_failures``, ``failed[].node``, ``node_count`` and
+``gpus_per_node`` were added without changing the version: they are optional,
+a summary without them is still version 1 and reads as before (``pernode`` and
+``pernode_failures`` are then empty, ``failed[].node`` is null).
 
 The same format is a **baseline** for ``milarun report --compare``. Its
 declared schema is ``milarun/schemas/summary.schema.json`` (finite,
@@ -239,6 +246,7 @@ def _summarize_group(gname, items):
     rates, durations, memory = [], [], []
     pergpu = defaultdict(list)
     pernode = defaultdict(list)
+    pernode_failures = defaultdict(int)
     reasons = defaultdict(int)
     failed = []
     interrupted = 0
@@ -260,8 +268,12 @@ def _summarize_group(gname, items):
                 interrupted += 1
                 continue
             reasons[reason] += 1
+            node = node_of(rec)
+            if node is not None:
+                pernode_failures[node] += 1
             failed.append({
                 "device": str(rec.get("device", "")),
+                "node": node,
                 "run": rec.get("run"),
                 "reason": reason,
                 "message": err.get("message"),
@@ -297,6 +309,8 @@ def _summarize_group(gname, items):
         "total": stats.describe(durations),
         "pergpu": {dev: stats.describe(pergpu[dev]) for dev in sorted(pergpu, key=device_key)},
         "pernode": {node: stats.describe(pernode[node]) for node in sorted(pernode, key=node_key)},
+        "pernode_failures": {node: pernode_failures[node]
+                             for node in sorted(pernode_failures, key=node_key)},
         "peak_memory": max(memory) if memory else None,
         "steady": steady,
     }
@@ -370,7 +384,7 @@ def _stats(value):
 
 def _complete(data, path):
     """Fill the optional fields of a checked version-1 summary with their defaults
-    and check what the schema cannot (failures <= n)."""
+    and check what the schema cannot (failures <= n, per-node failures <= failures)."""
     out = dict(data)
     out.setdefault("hosts", [])
     out.setdefault("skipped", [])
@@ -381,6 +395,11 @@ def _complete(data, path):
         if failures > n:
             raise ResultFormatError(f"more failures ({failures}) than results ({n})",
                                     path=path, key=key_path(["tests", gname, "failures"]))
+        pernode_failures = {d: int(c) for d, c in (entry.get("pernode_failures") or {}).items()}
+        if sum(pernode_failures.values()) > failures:
+            raise ResultFormatError(
+                f"more failures per node ({sum(pernode_failures.values())}) than failures "
+                f"({failures})", path=path, key=key_path(["tests", gname, "pernode_failures"]))
         tests[gname] = {
             "name": entry.get("name", gname),
             "group": gname,
@@ -389,11 +408,12 @@ def _complete(data, path):
             "n": n,
             "failures": failures,
             "failure_reasons": dict(entry.get("failure_reasons") or {}),
-            "failed": list(entry.get("failed") or []),
+            "failed": [{"node": None, **f} for f in entry.get("failed") or []],
             "train": _stats(entry["train"]),
             "total": _stats(entry.get("total")),
             "pergpu": {d: _stats(v) for d, v in (entry.get("pergpu") or {}).items()},
             "pernode": {d: _stats(v) for d, v in (entry.get("pernode") or {}).items()},
+            "pernode_failures": pernode_failures,
             "node_count": entry.get("node_count"),
             "gpus_per_node": entry.get("gpus_per_node"),
             "peak_memory": entry.get("peak_memory"),

@@ -133,9 +133,13 @@ def test_summary_with_nodes_round_trips(cluster, tmp_path, capsys):
 def test_old_summary_without_nodes_still_reads():
     old = json.loads((FIX / "expected" / "summary.json").read_text())
     for t in old["tests"].values():
-        del t["pernode"]
+        del t["pernode"], t["pernode_failures"]
+        for f in t["failed"]:
+            del f["node"]
     s = normalize_summary(old)
-    assert all(t["pernode"] == {} and t["node_count"] is None for t in s["tests"].values())
+    assert all(t["pernode"] == {} and t["pernode_failures"] == {} and t["node_count"] is None
+               for t in s["tests"].values())
+    assert s["tests"]["standard.vae"]["failed"][0]["node"] is None
     rep = build_report(s, compare_nodes=True)
     assert rep.node_compare["tests"] == [] and rep.scaling == []
 
@@ -149,12 +153,17 @@ def test_compare_nodes_flags_a_node_10_percent_below_not_2(cluster):
     by_test = {t["test"]: t for t in cmp["tests"]}
     assert sorted(by_test) == ["c.conv", "c.mm"]     # node-progression: one node per group
     conv = {row["node"]: row for row in by_test["c.conv"]["nodes"]}
-    assert by_test["c.conv"]["median"] == pytest.approx(100.0)
+    # each node against the median of the OTHER nodes' means
+    assert conv["node3"]["ref"] == pytest.approx(100.0)
     assert conv["node3"]["ratio"] == pytest.approx(0.9) and conv["node3"]["slow"]
+    assert conv["node1"]["ref"] == pytest.approx(95.0)          # median(100, 90)
+    assert conv["node1"]["ratio"] == pytest.approx(100 / 95)
     assert not conv["node1"]["slow"] and not conv["node2"]["slow"]
     mm = {row["node"]: row for row in by_test["c.mm"]["nodes"]}
     assert mm["node3"]["ratio"] == pytest.approx(0.98) and not mm["node3"]["slow"]
     assert cmp["slow"] == {"node3": [("c.conv", pytest.approx(0.9))]}
+    assert cmp["failed"] == {}
+    assert all(row["fail"] == 0 and not row["failed"] for t in cmp["tests"] for row in t["nodes"])
 
 
 def test_compare_nodes_text(cluster, capsys):
@@ -162,21 +171,123 @@ def test_compare_nodes_text(cluster, capsys):
     assert (code, err) == (0, "")
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("node comparison:"))
-    assert "more than 5% below" in lines[start]
+    assert lines[start] == (
+        "node comparison: mean steady-state throughput (items/s) of each node / ref = median "
+        "of the OTHER nodes' means (2 nodes: the peer's mean); SLOW: more than 5% below ref; "
+        "FAILED: failures, no successful result")
     table = lines[start + 1:start + 9]     # header, index names, 6 rows
-    assert table[0].split() == ["n", "mean", "median", "ratio", "flag"]
+    assert table[0].split() == ["n", "fail", "mean", "ref", "ratio", "flag"]
     assert table[1].split() == ["test", "node"]
-    assert table[2].split() == ["c.conv", "node1", "2", "100.00", "100.00", "1.000"]
-    assert table[4].split() == ["node3", "2", "90.00", "100.00", "0.900", "SLOW"]
-    assert table[7].split() == ["node3", "2", "49.00", "50.00", "0.980"]
-    assert lines[start + 9] == ("verdict: slow nodes (more than 5% below the cluster median): "
-                                "node3 (c.conv 0.900)")
+    assert table[2].split() == ["c.conv", "node1", "2", "0", "100.00", "95.00", "1.053"]
+    assert table[4].split() == ["node3", "2", "0", "90.00", "100.00", "0.900", "SLOW"]
+    assert table[7].split() == ["node3", "2", "0", "49.00", "50.00", "0.980"]
+    assert lines[start + 9] == ("verdict: slow nodes (more than 5% below the median of the other "
+                                "nodes): node3 (c.conv 0.900)")
+    assert not lines[start + 10].startswith("verdict")
+
+
+def failed(rec, reason="error"):
+    """``rec`` turned into a FAIL record (its samples kept, as the launcher keeps them)."""
+    rec["success"] = False
+    rec["error"] = {"reason": reason, "message": "boom"}
+    return rec
+
+
+def test_summary_keys_failures_by_node():
+    recs = [per_gpu("s.t", "node1", 0, 100.0), failed(per_gpu("s.t", "node1", 1, 100.0))]
+    recs += [failed(per_gpu("s.t", "node2", i, 100.0, run=r)) for i in (0, 1) for r in (0, 1)]
+    recs.append(failed(per_gpu("s.t", "node3", 0, 100.0), reason="interrupted"))
+    # a record spanning nodes measured the job: it is no node's failure
+    recs.append(failed(record("s.t", 1.0, device="2x1", nodes=["node1", "node2"], node="node1")))
+    t = summarize(recs)["tests"]["s.t"]
+    assert (t["n"], t["failures"], t["interrupted"]) == (7, 6, 1)
+    assert list(t["pernode"]) == ["node1"]             # node2: every run failed
+    assert t["pernode_failures"] == {"node1": 1, "node2": 4}
+    nodes = sorted((f["device"], f["node"]) for f in t["failed"])
+    assert nodes == [("2x1", None), ("node1.1", "node1"), ("node2.0", "node2"),
+                     ("node2.0", "node2"), ("node2.1", "node2"), ("node2.1", "node2")]
+
+
+def broken_cluster(tmp_path):
+    """The cluster plus node4, whose every c.conv run failed, and one failed c.mm run
+    on node2 (beside its successful ones)."""
+    out = tmp_path / "broken"
+    out.mkdir()
+    recs = cluster_records()
+    recs += [failed(per_gpu("c.conv", "node4", i, 100.0), reason="oom-killed") for i in (0, 1)]
+    recs.append(failed(per_gpu("c.mm", "node2", 0, 50.0, run=1)))
+    for rec in recs:
+        write_result(rec, out)
+    return out
+
+
+def test_a_node_whose_runs_all_failed_is_flagged_failed(tmp_path):
+    summary = summarize_dir(broken_cluster(tmp_path))[0]
+    assert "node4" not in summary["tests"]["c.conv"]["pernode"]
+    assert summary["tests"]["c.conv"]["pernode_failures"] == {"node4": 2}
+    cmp = build_report(summary, compare_nodes=True).node_compare
+    by_test = {t["test"]: {row["node"]: row for row in t["nodes"]} for t in cmp["tests"]}
+    node4 = by_test["c.conv"]["node4"]
+    assert (node4["n"], node4["fail"], node4["mean"], node4["ratio"]) == (0, 2, None, None)
+    assert node4["failed"] and not node4["slow"]
+    assert node4["ref"] == pytest.approx(100.0)      # median(100, 100, 90)
+    # a node without a mean is left out of the others' reference
+    assert by_test["c.conv"]["node1"]["ref"] == pytest.approx(95.0)
+    assert by_test["c.conv"]["node3"]["slow"]
+    # a failure beside successful runs is counted, not FAILED
+    node2 = by_test["c.mm"]["node2"]
+    assert (node2["n"], node2["fail"], node2["failed"]) == (2, 1, False)
+    assert cmp["failed"] == {"node4": [("c.conv", 2)]}
+    assert cmp["slow"] == {"node3": [("c.conv", pytest.approx(0.9))]}
+    assert cmp["nodes"] == ["node1", "node2", "node3", "node4"]
+
+
+def test_failed_node_in_text(tmp_path, capsys):
+    code, out, err = cli(["report", broken_cluster(tmp_path), "--compare-nodes"], capsys)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("node comparison:"))
+    rows = [line.split() for line in lines[start + 3:start + 10]]
+    assert rows[3] == ["node4", "0", "2", "-", "100.00", "-", "FAILED"]
+    assert rows[5] == ["node2", "2", "1", "50.00", "49.50", "1.010"]
+    assert lines[start + 10:start + 12] == [
+        "verdict: slow nodes (more than 5% below the median of the other nodes): "
+        "node3 (c.conv 0.900)",
+        "verdict: failed nodes (failures, no successful result): node4 (c.conv: 2 failed)"]
+
+
+def test_two_nodes_one_all_failed_is_compared():
+    # before pernode_failures this test had one node in pernode: nothing to compare
+    recs = [per_gpu("s.t", "node1", 0, 100.0), failed(per_gpu("s.t", "node2", 0, 100.0))]
+    cmp = build_report(summarize(recs), compare_nodes=True).node_compare
+    (t,) = cmp["tests"]
+    node1, node2 = t["nodes"]
+    assert (node1["node"], node1["ref"], node1["ratio"], node1["slow"]) == ("node1", None,
+                                                                           None, False)
+    assert (node2["node"], node2["ref"], node2["failed"]) == ("node2", 100.0, True)
+    assert cmp["failed"] == {"node2": [("s.t", 1)]} and cmp["slow"] == {}
+
+
+def test_two_nodes_each_is_compared_with_its_peer():
+    recs = [per_gpu("s.t", "node1", 0, 100.0), per_gpu("s.t", "node2", 0, 91.0)]
+    cmp = build_report(summarize(recs), compare_nodes=True).node_compare
+    node1, node2 = cmp["tests"][0]["nodes"]
+    # against the median of both (95.5) node2 would be 0.953: not flagged at 5%
+    assert 91.0 / ((100.0 + 91.0) / 2) > 0.95
+    assert node2["ref"] == 100.0 and node2["ratio"] == pytest.approx(0.91) and node2["slow"]
+    assert node1["ref"] == 91.0 and node1["ratio"] == pytest.approx(100 / 91)
+    assert not node1["slow"]
+    assert cmp["slow"] == {"node2": [("s.t", pytest.approx(0.91))]}
+    # 4% below the peer is within the default 5%
+    recs = [per_gpu("s.t", "node1", 0, 100.0), per_gpu("s.t", "node2", 0, 96.0)]
+    assert build_report(summarize(recs), compare_nodes=True).node_compare["slow"] == {}
 
 
 @pytest.mark.parametrize("threshold,slow,verdict", [
-    ("1", {"node3": ["c.conv", "c.mm"]}, "verdict: slow nodes (more than 1% below the cluster "
-                                         "median): node3 (c.conv 0.900, c.mm 0.980)"),
-    ("15", {}, "verdict: no slow node (none more than 15% below the cluster median)"),
+    ("1", {"node3": ["c.conv", "c.mm"]}, "verdict: slow nodes (more than 1% below the median of "
+                                         "the other nodes): node3 (c.conv 0.900, c.mm 0.980)"),
+    ("15", {}, "verdict: no slow node (none more than 15% below the median of the other "
+               "nodes), no failed node"),
     ("10", {}, None),          # exactly 10% below is not more than 10% below
 ])
 def test_node_threshold_option(cluster, capsys, threshold, slow, verdict):
@@ -188,7 +299,7 @@ def test_node_threshold_option(cluster, capsys, threshold, slow, verdict):
     assert {n: [t for t, _ in v] for n, v in rep.node_compare["slow"].items()} == slow
     if verdict:
         assert verdict in out.splitlines()
-    flagged = [line.split()[-6] for line in out.splitlines() if line.endswith(" SLOW")]
+    flagged = [line.split()[-7] for line in out.splitlines() if line.endswith(" SLOW")]
     assert flagged == ["node3"] * sum(map(len, slow.values()))
 
 
@@ -331,6 +442,19 @@ def test_html_has_the_node_and_scaling_sections(cluster, tmp_path, capsys):
     assert "<svg" in plot and "1 GPU/node" in plot and "2 GPU/node" in plot
     assert "ideal: n × g × 1x1" in plot
     assert "<script" not in text
+
+
+def test_html_shows_failed_nodes(tmp_path, capsys):
+    page = tmp_path / "r.html"
+    args = ["report", broken_cluster(tmp_path), "--compare-nodes", "--html", page]
+    assert cli(args, capsys)[0] == 0
+    scan = Ids()
+    scan.feed(page.read_text())
+    cells = scan.ids["node-compare"].split()
+    assert cells.count("FAILED") == 1 and cells.count("SLOW") == 1
+    assert "node4 (c.conv: 2 failed)" in scan.ids["node-verdict"]
+    assert "node3 (c.conv 0.900)" in scan.ids["node-verdict"]
+    assert "median of the OTHER nodes' means" in scan.ids["nodes-header"]
 
 
 def test_html_nothing_to_compare(tmp_path, capsys):

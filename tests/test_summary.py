@@ -156,3 +156,36 @@ def test_interrupted_records_are_counted_apart_from_failures(tmp_path):
     assert len(records) == 3 and summary["skipped"] == []
     assert (conv["n"], conv["failures"], conv["interrupted"]) == (2, 0, 1)
     assert conv["failed"] == [] and conv["train"]["n"] == 2
+
+
+def _with_failures(**entry):
+    """A one-test summary with 4 results, 2 of them failed, and ``entry`` on top."""
+    test = {"n": 4, "failures": 2, "train": {"n": 2, "min": 1.0, "max": 1.0, "mean": 1.0,
+                                             "std": 0.0}, **entry}
+    return {"format": "milarun-summary", "version": 1, "tests": {"s.t": test}}
+
+
+@pytest.mark.parametrize("entry,message", [
+    ({"pernode_failures": {"node1": 2, "node2": 1}},
+     "x.json: tests.s.t.pernode_failures: more failures per node (3) than failures (2)"),
+    ({"pernode_failures": {"node1": 0}},
+     "x.json: tests.s.t.pernode_failures.node1: must be >= 1, not 0"),
+    ({"pernode_failures": {"../n": 1}}, "x.json: tests.s.t.pernode_failures.'../n': '../n' "
+                                        "is not a valid name"),
+    ({"failed": [{"device": "0", "node": "a/b"}]},
+     "x.json: tests.s.t.failed.0.node: 'a/b' is not a valid name"),
+])
+def test_bad_per_node_failures_are_one_line(entry, message):
+    with pytest.raises(ResultFormatError) as exc:
+        normalize_summary(_with_failures(**entry), path="x.json")
+    assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
+
+
+def test_per_node_failures_round_trip(tmp_path):
+    good = _with_failures(pernode_failures={"node1": 2},
+                          failed=[{"device": "0", "node": "node1"}, {"device": "1", "node": None},
+                                  {"device": "2"}])
+    s = normalize_summary(good)
+    t = s["tests"]["s.t"]
+    assert t["pernode_failures"] == {"node1": 2}
+    assert [f["node"] for f in t["failed"]] == ["node1", None, None]

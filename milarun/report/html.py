@@ -8,8 +8,8 @@ markup.
 from collections import defaultdict
 from pathlib import Path
 
-from .text import (cell, fmt_num, fmt_pct, node_verdict, nothing_to_compare, scaling_cell,
-                   scaling_note)
+from .text import (cell, fmt_num, fmt_pct, node_flag, node_header, node_verdict,
+                   nothing_to_compare, scaling_cell, scaling_note)
 
 #: Lines of log shown per failure.
 LOG_TAIL_LINES = 40
@@ -144,12 +144,13 @@ def render_html(report, records=None, results_dir=None, generated=None):
         cmp = report.node_compare
         nodes = {"threshold": cmp["threshold"],
                  "empty": nothing_to_compare(cmp) if not cmp["tests"] else None,
-                 "verdict": node_verdict(cmp) if cmp["tests"] else None,
-                 "has_slow": bool(cmp["slow"]),
+                 "header": node_header(cmp),
+                 "verdict": node_verdict(cmp) if cmp["tests"] else [],
+                 "has_slow": bool(cmp["slow"]), "has_failed": bool(cmp["failed"]),
                  "rows": [{"test": t["test"], "node": row["node"], "n": row["n"],
-                           "mean": fmt_num(row["mean"]), "median": fmt_num(t["median"]),
-                           "ratio": fmt_num(row["ratio"], ".3f"), "slow": row["slow"],
-                           "first": i == 0, "span": len(t["nodes"])}
+                           "fail": row["fail"], "mean": fmt_num(row["mean"]),
+                           "ref": fmt_num(row["ref"]), "ratio": fmt_num(row["ratio"], ".3f"),
+                           "flag": node_flag(row), "first": i == 0, "span": len(t["nodes"])}
                           for t in cmp["tests"] for i, row in enumerate(t["nodes"])]}
 
     scaling = []

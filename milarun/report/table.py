@@ -36,10 +36,12 @@ Rules, in the order the report applies them:
 Two tables stand beside the score (they do not change it):
 
 * Node comparison (``--compare-nodes``, :func:`node_comparison`): for each
-  test whose results come from two nodes or more (the summary's ``pernode``),
-  each node's mean steady-state throughput divided by the median of those
-  node means (the cluster median of the test). A node whose ratio is below
-  ``1 - threshold/100`` (default threshold 5 %) is SLOW.
+  test whose results (successful or failed: the summary's ``pernode`` and
+  ``pernode_failures``) come from two nodes or more, each node's mean
+  steady-state throughput divided by the median of the OTHER nodes' means
+  (leave-one-out; with two nodes, the peer's mean). A node whose ratio is
+  below ``1 - threshold/100`` (default threshold 5 %) is SLOW; a node with
+  failures and no steady-state rate is FAILED.
 * Scaling efficiency (:func:`scaling_tables`), for node-progression groups
   ``suite.job.<n>x<g>``: ``efficiency(n, g) = T(n, g) / (n * g * T(1, 1))``
   where ``T`` is a group's mean steady-state throughput (items/s; the whole
@@ -66,7 +68,8 @@ PASS_FAILURE_RATE = 0.01
 
 GPU_STATS = ("mean", "min", "max")
 
-#: Percentage below the cluster median at which ``--compare-nodes`` calls a node SLOW.
+#: Percentage below the median of the other nodes at which ``--compare-nodes`` calls a
+#: node SLOW.
 NODE_THRESHOLD_PCT = 5.0
 
 
@@ -288,38 +291,65 @@ def check_node_threshold(value):
 
 
 def node_comparison(tests, threshold=NODE_THRESHOLD_PCT):
-    """Each node's throughput against the cluster median, per test.
+    """Each node's throughput against the median of the other nodes, per test.
 
     ``tests`` is a normalized summary's ``tests``; ``threshold`` a percentage.
-    For each test whose ``pernode`` has a mean rate for two nodes or more:
-    ``median`` = the median of the node means (items/s), and for each node
-    ``ratio`` = node mean / median, ``slow`` = ``ratio < 1 - threshold/100``.
+    A test takes part when two nodes or more have results in it, successful
+    (``pernode``) or failed (``pernode_failures``). For each such node:
+
+    * ``mean``: its mean steady-state rate (items/s), None without one;
+    * ``ref``: the median of the means of the OTHER nodes of the test
+      (items/s), None when no other node has one;
+    * ``ratio`` = ``mean / ref`` and ``slow`` = ``ratio < 1 - threshold/100``;
+    * ``fail``: its failed results; ``failed``: it has failures and no mean
+      (no successful result with a steady-state rate: in practice every run
+      of the test on it failed), so it cannot be slow but is broken. It
+      stays out of the other nodes' ``ref``.
+
+    Why leave-one-out: against the median of all node means, the node under
+    test pulls its own reference towards itself. With two nodes that median
+    is their average, so a node 9 % below its peer has ratio 0.953 and passes
+    a 5 % threshold; against the peer's mean it is 0.91 and is flagged. With
+    three nodes or more the median of the others is still robust to one
+    outlier and close to the cluster median, and a slow node never lowers its
+    own bar.
 
     Returns ``{"threshold": pct, "nodes": [every node name seen],
-    "tests": [{"test", "median", "nodes": [{"node", "n", "mean", "ratio",
-    "slow"}]}], "slow": {node: [(test, ratio)]}}``; ``tests`` is empty when no
-    test has results from two nodes.
+    "tests": [{"test", "nodes": [{"node", "n", "fail", "mean", "ref",
+    "ratio", "slow", "failed"}]}], "slow": {node: [(test, ratio)]},
+    "failed": {node: [(test, failures)]}}``; ``tests`` is empty when no test
+    has results from two nodes.
     """
     seen, rows = set(), []
-    slow = {}
+    slow, failed = {}, {}
     for group, t in tests.items():
-        means = {node: st for node, st in (t.get("pernode") or {}).items()
+        means = {node: st["mean"] for node, st in (t.get("pernode") or {}).items()
                  if st.get("mean") is not None}
-        seen.update(t.get("pernode") or {})
-        if len(means) < 2:
+        fails = {node: c for node, c in (t.get("pernode_failures") or {}).items() if c}
+        seen.update(t.get("pernode") or {}, fails)
+        present = set(means) | set(fails)
+        if len(present) < 2:
             continue
-        median = statistics.median(st["mean"] for st in means.values())
         nodes = []
-        for node in sorted(means, key=node_key):
-            ratio = means[node]["mean"] / median if median > 0 else None
+        for node in sorted(present, key=node_key):
+            others = [m for other, m in means.items() if other != node]
+            ref = statistics.median(others) if others else None
+            mean = means.get(node)
+            ratio = mean / ref if mean is not None and ref else None
             is_slow = ratio is not None and ratio < 1 - threshold / 100
+            is_failed = mean is None
             if is_slow:
                 slow.setdefault(node, []).append((group, ratio))
-            nodes.append({"node": node, "n": means[node]["n"], "mean": means[node]["mean"],
-                          "ratio": ratio, "slow": is_slow})
-        rows.append({"test": group, "median": median, "nodes": nodes})
+            if is_failed:
+                failed.setdefault(node, []).append((group, fails[node]))
+            st = (t.get("pernode") or {}).get(node) or {}
+            nodes.append({"node": node, "n": st.get("n", 0), "fail": fails.get(node, 0),
+                          "mean": mean, "ref": ref, "ratio": ratio, "slow": is_slow,
+                          "failed": is_failed})
+        rows.append({"test": group, "nodes": nodes})
     return {"threshold": threshold, "nodes": sorted(seen, key=node_key), "tests": rows,
-            "slow": {node: slow[node] for node in sorted(slow, key=node_key)}}
+            "slow": {node: slow[node] for node in sorted(slow, key=node_key)},
+            "failed": {node: failed[node] for node in sorted(failed, key=node_key)}}
 
 
 def scaling_tables(tests):

@@ -79,27 +79,39 @@ def gpu_frames(report):
     return out
 
 
+def node_header(cmp):
+    """The line that says how nodes are compared (shared by the text and HTML renderers)."""
+    return ("node comparison: mean steady-state throughput (items/s) of each node / ref = "
+            "median of the OTHER nodes' means (2 nodes: the peer's mean); SLOW: more than "
+            f"{cmp['threshold']:g}% below ref; FAILED: failures, no successful result")
+
+
+def node_flag(row):
+    """``FAILED``, ``SLOW`` or an empty string for one row of the node comparison."""
+    return "FAILED" if row["failed"] else "SLOW" if row["slow"] else ""
+
+
 def node_lines(cmp):
     """The node comparison (:func:`milarun.report.table.node_comparison`) as lines:
-    a title, one table (test, node: n, mean, median, ratio, SLOW flag) and the
-    verdict; or the one line saying there is nothing to compare."""
+    the header, one table (test, node: n, fail, mean, ref, ratio, SLOW or FAILED flag)
+    and the verdict lines; or the one line saying there is nothing to compare."""
     import pandas as pd
 
     if not cmp["tests"]:
         return [nothing_to_compare(cmp)]
-    index, data = [], {"n": [], "mean": [], "median": [], "ratio": [], "flag": []}
+    index = []
+    data = {"n": [], "fail": [], "mean": [], "ref": [], "ratio": [], "flag": []}
     for t in cmp["tests"]:
         for row in t["nodes"]:
             index.append((t["test"], row["node"]))
             data["n"].append(str(row["n"]))
+            data["fail"].append(str(row["fail"]))
             data["mean"].append(fmt_num(row["mean"]))
-            data["median"].append(fmt_num(t["median"]))
+            data["ref"].append(fmt_num(row["ref"]))
             data["ratio"].append(fmt_num(row["ratio"], ".3f"))
-            data["flag"].append("SLOW" if row["slow"] else "")
+            data["flag"].append(node_flag(row))
     frame = pd.DataFrame(data, index=pd.MultiIndex.from_tuples(index, names=["test", "node"]))
-    return [f"node comparison: mean steady-state throughput (items/s) of each node / the "
-            f"cluster median of the test (SLOW: more than {cmp['threshold']:g}% below)",
-            frame.to_string(), node_verdict(cmp)]
+    return [node_header(cmp), frame.to_string(), *node_verdict(cmp)]
 
 
 def nothing_to_compare(cmp):
@@ -110,14 +122,24 @@ def nothing_to_compare(cmp):
 
 
 def node_verdict(cmp):
-    """One line naming the slow nodes (or saying there is none)."""
-    if not cmp["slow"]:
-        return (f"verdict: no slow node (none more than {cmp['threshold']:g}% below the "
-                "cluster median)")
-    parts = [f"{node} ({', '.join(f'{test} {ratio:.3f}' for test, ratio in tests)})"
-             for node, tests in cmp["slow"].items()]
-    return (f"verdict: slow nodes (more than {cmp['threshold']:g}% below the cluster "
-            f"median): {'; '.join(parts)}")
+    """The verdict as lines: the slow nodes, then the failed nodes (each category
+    only when it has a node), or one line saying there is neither."""
+    pct = f"{cmp['threshold']:g}%"
+    if not cmp["slow"] and not cmp["failed"]:
+        return [f"verdict: no slow node (none more than {pct} below the median of the other "
+                "nodes), no failed node"]
+    lines = []
+    if cmp["slow"]:
+        parts = [f"{node} ({', '.join(f'{test} {ratio:.3f}' for test, ratio in tests)})"
+                 for node, tests in cmp["slow"].items()]
+        lines.append(f"verdict: slow nodes (more than {pct} below the median of the other "
+                     f"nodes): {'; '.join(parts)}")
+    if cmp["failed"]:
+        parts = [f"{node} ({', '.join(f'{test}: {k} failed' for test, k in tests)})"
+                 for node, tests in cmp["failed"].items()]
+        lines.append("verdict: failed nodes (failures, no successful result): "
+                     + "; ".join(parts))
+    return lines
 
 
 def scaling_cell(cell):
