@@ -23,10 +23,10 @@ def command(rest):
     price: Option & float = default(None)
     # Add per-GPU comparison tables (rate / best GPU of the test)
     compare_gpus: Option & bool = default(False)
-    # Compare each node's throughput with the cluster median of each test
-    # and flag the slow nodes
+    # Compare each node's throughput with the median of the other nodes, per test,
+    # and flag the slow and the failed nodes
     compare_nodes: Option & bool = default(False)
-    # Percentage below the cluster median that makes a node SLOW, 0 to 100
+    # Percentage below the other nodes' median that makes a node SLOW, 0 to 100
     # (default 5; implies --compare-nodes)
     node_threshold: Option & float = default(None)
     # Leave the variance factor (1 - std/mean) out of perf_adj
