@@ -42,14 +42,14 @@ def supervised_argv(argv):
     return [setpriv, "--pdeathsig", "KILL", "--"] + list(argv)
 
 
-def set_parent_death_signal(sig=signal.SIGKILL, launcher_pid=None):
+def set_parent_death_signal(sig=signal.SIGKILL, launcher_pid=None, parent_at_start=None):
     """Ask the kernel to send ``sig`` to this process when its parent dies.
 
     Returns:
         True when set; False where the call is unavailable (not Linux). If
-        the parent already died before the call (re-parented to PID 1 while
-        the launcher was not PID 1 itself), the process exits at once with
-        status 1.
+        the parent already died before the call (the parent is no longer
+        ``parent_at_start``, or is PID 1 while the launcher was not PID 1
+        itself), the process exits at once with status 1.
     """
     try:
         import ctypes
@@ -58,13 +58,18 @@ def set_parent_death_signal(sig=signal.SIGKILL, launcher_pid=None):
             return False
     except (OSError, AttributeError):
         return False
-    if os.getppid() == 1 and launcher_pid != 1:
+    parent = os.getppid()
+    if parent_at_start is not None and parent != parent_at_start:
+        os._exit(1)  # the parent died while we started (re-parented to a subreaper)
+    if parent == 1 and launcher_pid != 1:
         os._exit(1)  # orphaned before we could ask: nobody supervises us
     return True
 
 
 def from_environment():
     """Call :func:`set_parent_death_signal` when the launcher asked for it."""
+    from . import PARENT_AT_START
+
     value = os.environ.get(ENV, "")
     if value.isdigit():
-        set_parent_death_signal(launcher_pid=int(value))
+        set_parent_death_signal(launcher_pid=int(value), parent_at_start=PARENT_AT_START)

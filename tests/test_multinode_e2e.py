@@ -113,11 +113,15 @@ def test_scancel_leaves_interrupted_records_and_no_process(slurm_cluster, tmp_pa
     out = tmp_path / "results"
     job = submit(slurm_cluster, out, data, ["toy_reg"],
                  ["--max-count", "1000000000", "--sample-duration", "0.2"])
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list(out.glob("*.journal.jsonl"))) < 2:
+    # wait until both tests have closed sample windows (start-up is slow under load)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        journals = list(out.glob("*.journal.jsonl"))
+        if len(journals) == 2 and all(j.read_text().count('"sample"') >= 2 for j in journals):
+            break
         time.sleep(0.5)
-    assert len(list(out.glob("*.journal.jsonl"))) == 2, "the tests never started"
-    time.sleep(2)  # a few sample windows
+    else:
+        raise AssertionError("the tests never measured a sample window")
     subprocess.run(["scancel", job], env=slurm_cluster.env, check=True, timeout=30)
     wait_job(slurm_cluster, job, 120)
     deadline = time.time() + 30

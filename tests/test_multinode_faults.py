@@ -103,3 +103,20 @@ def test_a_rank_killed_mid_ddp_is_rank_failed_even_when_rank_0_writes_its_error(
     rec = json.loads(path.read_text())
     assert rec["error"]["reason"] == "rank-failed"
     assert rec["timings"]["train"]["samples"]
+
+
+def test_a_process_whose_parent_died_while_it_started_exits_at_once():
+    # A torchrun rank whose agent died before it asked for a parent-death signal would be
+    # an orphan that nobody supervises: it notices its parent changed and leaves.
+    import subprocess
+    import sys
+    code = ("from milarun import supervise; "
+            "supervise.set_parent_death_signal(launcher_pid=1, parent_at_start=-5); "
+            "print('still here')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1 and "still here" not in done.stdout
+    code = code.replace("parent_at_start=-5", "parent_at_start=__import__('os').getppid()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and "still here" in done.stdout
