@@ -124,7 +124,20 @@ class PerGPU(PlanType):
                  for node in cluster.nodes for i in idx]]
 
 
-class GPUProgression(PlanType):
+class _Steps(PlanType):
+    """A study of several steps, each its own group ``suite.job.<step>``; a weight for
+    ``suite.job`` applies to each step (``_GROUP`` matches the step's group)."""
+
+    _GROUP = None
+
+    def weight_key(self, group, weights):
+        if group in weights:
+            return group
+        m = self._GROUP.match(group)
+        return m.group(1) if m and m.group(1) in weights else None
+
+
+class GPUProgression(_Steps):
     name = "gpu-progression"
     _GROUP = re.compile(r"^(.+)\.(\d+)$")
 
@@ -141,12 +154,6 @@ class GPUProgression(PlanType):
         if count is None:
             count = len(record.get("devices") or [])
         return f"{record['name']}.{count}"
-
-    def weight_key(self, group, weights):
-        if group in weights:
-            return group
-        m = self._GROUP.match(group)
-        return m.group(1) if m and m.group(1) in weights else None
 
 
 class Normal(PlanType):
@@ -181,7 +188,7 @@ class MultiNode(PlanType):
                       "rendezvous")]]
 
 
-class NodeProgression(PlanType):
+class NodeProgression(_Steps):
     name = "node-progression"
     keys = ("nodes", "gpus_per_node")
     distributed = True
@@ -218,16 +225,15 @@ class NodeProgression(PlanType):
         return [[Slot(tuple(names[:n]), tuple(idx[:g]), f"{n}x{g}", f"{job.full_name}.{n}x{g}",
                       False, None, "rendezvous")] for n, g in kept]
 
-    def group(self, record):
+    def shape(self, record):
+        """``(nodes, devices per node)`` of a result record (1 node without node fields)."""
         n = record.get("node_count") or len(record.get("nodes") or []) or 1
         g = record.get("gpus_per_node") or record.get("device_count") or 1
-        return f"{record['name']}.{n}x{g}"
+        return n, g
 
-    def weight_key(self, group, weights):
-        if group in weights:
-            return group
-        m = self._GROUP.match(group)
-        return m.group(1) if m and m.group(1) in weights else None
+    def group(self, record):
+        n, g = self.shape(record)
+        return f"{record['name']}.{n}x{g}"
 
 
 #: name → plan type, in the order the docs list them.

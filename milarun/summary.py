@@ -233,14 +233,6 @@ def node_of(record):
     return node
 
 
-def _progression_shape(gname, name, partition):
-    """``(n, g)`` of a node-progression group ``name.<n>x<g>``, else None."""
-    if partition != "node-progression" or not gname.startswith(name + "."):
-        return None
-    n, x, g = gname[len(name) + 1:].partition("x")
-    return (int(n), int(g)) if x and n.isdigit() and g.isdigit() else None
-
-
 def _summarize_group(gname, items):
     first = items[0][1]
     rates, durations, memory = [], [], []
@@ -293,7 +285,9 @@ def _summarize_group(gname, items):
             if node is not None:
                 pernode[node].append(rate)
     partition = first.get("partition", "normal")
-    shape = _progression_shape(gname, first["name"], partition)
+    # the group holds one shape of the study: its records all say it
+    shape = (plantypes.TYPES["node-progression"].shape(first)
+             if partition == "node-progression" else None)
     return {
         "name": first["name"],
         "group": gname,
