@@ -454,3 +454,14 @@ def test_a_rank_0_record_of_a_failed_distributed_job_gets_the_job_reason(
     child.tail = list(tail)
     outcome = conclude(child)
     assert outcome.reason == reason
+
+
+@pytest.mark.parametrize("command", ["jobs", "slurm"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e9"])
+def test_join_timeout_out_of_range_is_one_line_for_jobs_and_slurm(capsys, command, value):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "profiles/cpu.json", "--dry-run", "--join-timeout", value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("milarun: error: --join-timeout must be a number of seconds in (0, ")
+    assert err.count("\n") == 1

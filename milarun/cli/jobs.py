@@ -36,12 +36,13 @@ def resolve_dataroot(dataroot):
     return str(Path(dataroot).resolve())
 
 
-def check_bounds(repeat, cpu_slots, timeout):
-    """Reject out-of-range ``--repeat``, ``--cpu-slots`` and ``--timeout`` with one line.
+def check_bounds(repeat, cpu_slots, timeout, join_timeout=None):
+    """Reject out-of-range ``--repeat``, ``--cpu-slots``, ``--timeout`` and
+    ``--join-timeout`` with one line.
 
     Raises:
         SetupError: repeat not in 1..MAX_REPEAT; cpu_slots not in 1..cores;
-            timeout not finite or not in (0, MAX_TIMEOUT_S].
+            timeout or join_timeout not finite or not in (0, MAX_TIMEOUT_S].
     """
     if not 1 <= repeat <= MAX_REPEAT:
         raise SetupError(f"--repeat must be between 1 and {MAX_REPEAT}, not {repeat}")
@@ -49,9 +50,10 @@ def check_bounds(repeat, cpu_slots, timeout):
     if cpu_slots is not None and not 1 <= cpu_slots <= cores:
         raise SetupError(f"--cpu-slots must be between 1 and the {cores} core(s) of this host, "
                          f"not {cpu_slots}")
-    if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
-        raise SetupError(f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], "
-                         f"not {timeout}")
+    for flag, value in (("--timeout", timeout), ("--join-timeout", join_timeout)):
+        if value is not None and not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+            raise SetupError(f"{flag} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], "
+                             f"not {value}")
 
 
 @tooled
@@ -126,7 +128,7 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     from ..profile import load_profile
 
     jobs_ = load_profile(profile, names)
-    check_bounds(repeat, cpu_slots, timeout)
+    check_bounds(repeat, cpu_slots, timeout, join_timeout)
     if resume is not None and out is not None and Path(out).resolve() != Path(resume).resolve():
         raise SetupError(f"-o {out} and --resume {resume} name two folders; give only --resume")
     try:
@@ -136,10 +138,6 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     cluster = nodes_mod.discover(devs, system=system, single_node=single_node, environ=environ)
     if rdzv_port is not None and not 1 <= rdzv_port <= 65535:
         raise SetupError(f"--rdzv-port must be a port number from 1 to 65535, not {rdzv_port}")
-    if join_timeout is not None and not (math.isfinite(join_timeout)
-                                         and 0 < join_timeout <= MAX_TIMEOUT_S):
-        raise SetupError(f"--join-timeout must be a number of seconds in (0, "
-                         f"{MAX_TIMEOUT_S:g}], not {join_timeout}")
     if rdzv_port is None:
         # A port of its own: two sessions on one main node never share a rendezvous store.
         rdzv_port = nodes_mod.free_port(default=RDZV_PORT)

@@ -1,6 +1,5 @@
 """``milarun slurm PROFILE [--nodes K] [--gpus-per-node G] [--partition P] [--time T] [--account A] [--dry-run] -- ARGS``."""
 
-import math
 import re
 import shlex
 import subprocess
@@ -137,15 +136,11 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
         MilarunError: bad profile or options, no dataroot, sbatch missing or refusing.
     """
     from ..profile import load_profile
-    from .jobs import MAX_TIMEOUT_S, check_bounds, default_outdir, resolve_dataroot
+    from .jobs import check_bounds, default_outdir, resolve_dataroot
 
     load_profile(profile, names)
     check_options(nodes, gpus_per_node, partition, time, account)
-    check_bounds(1 if repeat is None else repeat, None, timeout)
-    if join_timeout is not None and not (math.isfinite(join_timeout)
-                                         and 0 < join_timeout <= MAX_TIMEOUT_S):
-        raise SetupError(f"--join-timeout must be a number of seconds in (0, "
-                         f"{MAX_TIMEOUT_S:g}], not {join_timeout}")
+    check_bounds(1 if repeat is None else repeat, None, timeout, join_timeout)
     jobs_args = []
     for flag, value in (("--repeat", repeat), ("--timeout", timeout),
                         ("--join-timeout", join_timeout)):
