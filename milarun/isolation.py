@@ -5,7 +5,8 @@ Read side (used inside the child): ``current_cpuset``, ``current_cgroup``,
 
 Parent side: ``cgroup_version``, ``split_students`` (the cpuset/memory plan
 that ``scripts/cgroup_setup.sh`` applies), ``missing_groups``,
-``oom_kill_count`` and ``wrap`` (the cgexec/numactl/exec-prefix argv).
+``oom_kill_count``, ``process_cpus`` (the cores of each process of a
+multi-process test) and ``wrap`` (the cgexec/numactl/exec-prefix argv).
 """
 
 import os
@@ -204,15 +205,78 @@ def numa_nodes_of_cpus():
     return out
 
 
-def wrap(argv, cgroup=None, exec_prefix=(), use_cgexec=True):
-    """Return the full argv: ``[cgexec -g SPEC] [exec_prefix...] argv``.
+def numactl_argv(cpus):
+    """``numactl --localalloc --physcpubind=CPUS``: run on ``cpus`` (list of CPU ids),
+    allocating memory on the NUMA node of the CPU that asks (DLBS's pinning of
+    multi-process inference benchmarks)."""
+    return [shutil.which("numactl") or "numactl", "--localalloc",
+            f"--physcpubind={format_cpus(cpus)}"]
+
+
+def slot_cpus(n, cpus=None):
+    """The cores of each of ``n`` CPU slots: ``cpus`` (default: this process's
+    affinity) split as the student cgroups split them (:func:`split_students`)."""
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else sorted(cpus)
+    return [s["cpus"] for s in split_students(n, cpus, 0)]
+
+
+def process_cpus(groups, affinity, cpus):
+    """Exclusive cores for each process of a multi-process test.
+
+    Args:
+        groups: per process, the positions (in ``affinity``) of its devices.
+        affinity: per device, the CPU ids local to it (NVML's CPU affinity of a
+            GPU: the cores of the NUMA node it is attached to; a CPU slot's
+            cores); an empty list when unknown.
+        cpus: the CPU ids processes may use (sorted list).
+
+    Returns:
+        per process, a sorted list of CPU ids. A process takes the cores local
+        to its devices; processes whose devices are local to the same cores
+        (two processes on one NUMA node) split them evenly, so none is
+        over-subscribed. When a device's affinity is unknown, or leaves a
+        process no core, ``cpus`` is split evenly across all processes instead.
+
+    Raises:
+        ValueError: fewer ``cpus`` than processes.
+    """
+    n = len(groups)
+    if len(cpus) < n:
+        raise ValueError(f"{len(cpus)} CPUs cannot be split into {n} exclusive processes")
+    allowed = set(cpus)
+    local = []
+    for group in groups:
+        mine = set()
+        for d in group:
+            mine |= set(affinity[d] if d < len(affinity) else ())
+        local.append(tuple(sorted(mine & allowed)))
+    if not all(local):
+        return [s["cpus"] for s in split_students(n, sorted(cpus), 0)]
+    sharing = {}
+    for p, cores in enumerate(local):
+        sharing.setdefault(cores, []).append(p)
+    out = [None] * n
+    for cores, procs in sharing.items():
+        per = max(1, len(cores) // len(procs))
+        for i, p in enumerate(procs):
+            chunk = list(cores[i * per:(i + 1) * per]) or list(cores[-per:])
+            out[p] = sorted(chunk)
+    return out
+
+
+def wrap(argv, cgroup=None, exec_prefix=(), use_cgexec=True, cpus=None):
+    """Return the full argv: ``[cgexec -g SPEC] [numactl ...] [exec_prefix...] argv``.
 
     ``cgexec`` puts the process (and its children) in the student cgroup
     before exec, so the child's first instruction already runs confined.
+    ``cpus`` (a list of CPU ids) pins it with :func:`numactl_argv`; like the
+    cgroup, only with ``use_cgexec`` (``--no-cgexec`` turns isolation off).
     """
     out = []
     if cgroup and use_cgexec:
         out += [shutil.which("cgexec") or "cgexec", "-g", cgroup]
+    if cpus and use_cgexec:
+        out += numactl_argv(cpus)
     out += list(exec_prefix)
     out += list(argv)
     return out

@@ -503,12 +503,15 @@ def _remove(path):
         pass
 
 
-def run_wave(launches, outdir, stop=None, on_line=None, grace=5.0):
+def run_wave(launches, outdir, stop=None, on_line=None, grace=5.0, barrier=None):
     """Start every launch of a wave at once and wait for all of them.
 
     Args:
         stop: a :class:`StopRequest` polled every ``POLL_S`` s (None: never stops).
         on_line: ``f(launch, line)`` called with every line the children print.
+        barrier: the :class:`milarun.barrier.BarrierServer` whose address the
+            plan gave the launches (``launch.barrier_wave``): told the wave's
+            labels before they start, and each child that ends without arriving.
 
     Returns:
         list of ``Outcome`` in launch order. When ``stop`` fired, the
@@ -517,6 +520,12 @@ def run_wave(launches, outdir, stop=None, on_line=None, grace=5.0):
     """
     stop = stop or StopRequest()
     children = [_Child(launch, outdir, on_line) for launch in launches]
+    synced = {}
+    for launch in launches:
+        if barrier is not None and getattr(launch, "barrier_wave", None):
+            synced.setdefault(launch.barrier_wave, []).append(launch.device)
+    for wave, labels in synced.items():
+        barrier.expect(wave, labels)
     for child in children:
         child.start()
     while True:
@@ -525,6 +534,8 @@ def run_wave(launches, outdir, stop=None, on_line=None, grace=5.0):
         for c in children:
             if c not in pending and c.ended_at is None:
                 c.ended_at = now
+                if getattr(c.launch, "barrier_wave", None) in synced:  # never wait for the gone
+                    barrier.drop(c.launch.barrier_wave, c.launch.device)
         if not pending:
             break
         if stop.signum is not None:
@@ -633,7 +644,8 @@ def run_prepare(commands, fields, log_path, stop=None, echo=True, grace=5.0, tim
 
 
 def check_ready(waves, use_cgexec=True):
-    """Check, before anything runs, that the cgroups and programs the waves need exist.
+    """Check, before anything runs, that the cgroups and programs the waves need exist
+    (cgexec, numactl for pinned launches, exec prefixes).
 
     Raises:
         SetupError: naming the missing cgroups (with the command that creates
@@ -654,6 +666,9 @@ def check_ready(waves, use_cgexec=True):
             raise SetupError(
                 f"student cgroup(s) {', '.join(missing)} do not exist: run "
                 f"'sudo scripts/cgroup_setup.sh --students {len(groups)}' or pass --no-cgexec")
+    if any(getattr(lch, "cpus", None) for lch in launches) and shutil.which("numactl") is None:
+        raise SetupError("numactl is not installed (multi-process tests pin their processes "
+                         "with it): run scripts/install-apt-packages.sh or pass --no-cgexec")
     for prefix in sorted({lch.job.exec_prefix[0] for lch in launches if lch.job.exec_prefix}):
         if shutil.which(prefix) is None:
             raise SetupError(f"exec_prefix program {prefix!r} is not installed "
@@ -661,7 +676,7 @@ def check_ready(waves, use_cgexec=True):
 
 
 def run_suite(waves, outdir, dataroot, stop=None, on_line=None, on_outcome=None,
-              on_wave=None, echo=True, grace=5.0):
+              on_wave=None, echo=True, grace=5.0, barrier=None):
     """Run every wave in order; returns the list of all ``Outcome``.
 
     Prepare commands run once per (job, run), before its first wave. A
@@ -673,6 +688,7 @@ def run_suite(waves, outdir, dataroot, stop=None, on_line=None, on_outcome=None,
         on_line: ``f(launch, line)`` for the children's output.
         on_outcome: ``f(outcome)`` after each launch (default: one line on stderr).
         on_wave: ``f(launches)`` when a wave starts.
+        barrier: the start barrier's server (see :func:`run_wave`), or None.
 
     Raises:
         Interrupted: a stop signal arrived; running children were stopped and
@@ -722,7 +738,8 @@ def run_suite(waves, outdir, dataroot, stop=None, on_line=None, on_outcome=None,
                     write_fail(outcome, None, message, [message], now, now)
                 record(failed)
                 continue
-            record(run_wave(wave, outdir, stop=stop, on_line=on_line, grace=grace))
+            record(run_wave(wave, outdir, stop=stop, on_line=on_line, grace=grace,
+                            barrier=barrier))
             if stop.signum is not None:
                 raise Interrupted(stop.signum)
     except Interrupted as exc:

@@ -1,13 +1,15 @@
 """Job × devices × run → launches. Pure: nothing is started here.
 
 Plan types (``per-gpu``, ``gpu-progression``, ``normal``, ``njobs``,
-``multi-node``, ``node-progression``) live in :mod:`milarun.plantypes`: each
+``multi-node``, ``node-progression``, ``multi-process``) live in :mod:`milarun.plantypes`: each
 expands a job into waves of slots over a :class:`milarun.nodes.Cluster`; this
 module turns slots into launches (paths, command line, environment) and the
 cluster wraps each command for the nodes it runs on (``srun``, ``ssh``).
 
 A plan is a list of *waves*: launches in a wave run concurrently, waves run
-in sequence.
+in sequence. Given the launcher's start barrier, every launch of a concurrent
+wave of two or more meets the others there before its timed loop
+(:mod:`milarun.barrier`).
 
 The plan owns every path: each launch gets its result path (and the FAIL
 path the launcher uses if the run fails) and its journal path before
@@ -25,7 +27,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .isolation import wrap
+from .barrier import ENV_ADDRESS, ENV_TIMEOUT, ENV_WAVE
+from .isolation import format_cpus, wrap
 from .nodes import Cluster, local_cluster
 from .plantypes import JOIN_TIMEOUT_S
 from .results.store import journal_path, result_filename
@@ -59,6 +62,9 @@ class Launch:
         launcher: ``"python"``, ``"torchrun"`` or ``"rendezvous"`` (see ``plantypes.Slot``).
         test_env: the variables the test itself gets (``env`` before a remote
             launch moved them into its command line); recorded in FAIL records.
+        barrier_wave: the id of the concurrent wave whose start barrier the
+            child meets (:mod:`milarun.barrier`), or None (it does not wait).
+        cpus: CPU ids the launch is pinned to with numactl, or None.
     """
 
     name: str
@@ -80,6 +86,8 @@ class Launch:
     cluster: object = None
     launcher: str = "python"
     test_env: dict = None
+    barrier_wave: str = None
+    cpus: list = None
 
     @property
     def job_id(self):
@@ -99,6 +107,8 @@ class Launch:
         """Lines for ``--dry-run``: the command, its env and its cgroup."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         mode = "concurrent" if self.concurrent else "sequential"
+        if self.barrier_wave:
+            mode += ", synchronized start"
         return (f"# {self.group} J{self.job_id} ({mode}, cgroup: {self.cgroup or 'none'}, "
                 f"timeout: {self.timeout:g} s)\n{env} {shlex.join(self.argv)}")
 
@@ -146,7 +156,7 @@ def as_cluster(where):
 
 def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=True,
              timeout=None, python=None, session=None, rdzv_port=RDZV_PORT,
-             join_timeout=JOIN_TIMEOUT_S):
+             join_timeout=JOIN_TIMEOUT_S, barrier=None):
     """Return the waves (list of lists of ``Launch``) for one run of ``job``.
 
     Args:
@@ -159,6 +169,10 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
         rdzv_port: TCP port of the c10d rendezvous on the main node.
         join_timeout: seconds every node has to join the rendezvous (then the
             launch fails with ``rendezvous-timeout``).
+        barrier: ``{"address": "host:port", "timeout": s}`` of the launcher's
+            start barrier (:mod:`milarun.barrier`), or None. Every launch of a
+            concurrent wave of two or more then waits there before its timed
+            loop (``MILARUN_BARRIER*`` variables); a wave of one never waits.
     """
     cluster = as_cluster(where)
     test_argv = job.argv() + list(extra_args)
@@ -166,7 +180,7 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
     when = session or datetime.datetime.fromtimestamp(0, datetime.timezone.utc)
     gpu = cluster.devices.kind == "gpu"
 
-    def make(slot):
+    def make(slot, wave_id=None):
         label = slot.label
         devs = list(slot.devices)
         visible = ",".join(str(d) for d in devs) if gpu else ""
@@ -174,6 +188,12 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
                "MILARUN_RUN": str(run)}
         if gpu:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices = NVML's (devices.py)
+        if wave_id is not None:
+            env.update({ENV_ADDRESS: barrier["address"], ENV_WAVE: wave_id,
+                        ENV_TIMEOUT: f"{float(barrier['timeout']):g}"})
+        cpus = list(slot.cpus) if slot.cpus and use_cgexec else None  # --no-cgexec: no pinning
+        if cpus:
+            env["MILARUN_CPUS"] = format_cpus(cpus)  # the pinning, recorded in environ
         cg = slot.cgroup if use_cgexec else None
         result = Path(outdir) / result_filename(job.full_name, run, label, True, when)
         fail = Path(outdir) / result_filename(job.full_name, run, label, False, when)
@@ -193,7 +213,7 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
         argv = child_argv(job, run, label, devs, result, dataroot, test_argv, python=python,
                           nproc=slot.nproc, launcher=slot.launcher, extra=extra,
                           rendezvous=rendezvous)
-        argv = wrap(argv, cg, job.exec_prefix, use_cgexec)
+        argv = wrap(argv, cg, job.exec_prefix, use_cgexec, cpus=cpus)
         test_env = dict(env)
         argv, env = cluster.on_nodes(argv, env, list(slot.nodes), tag=f"{job.full_name}.{label}")
         return Launch(name=job.full_name, job=job, run=run, device=label, devices=devs,
@@ -201,9 +221,16 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
                       group=slot.group, log=f"{job.full_name}.J{run}.{label}.log",
                       test_argv=test_argv, timeout=timeout, result_path=result,
                       fail_path=fail, nodes=list(slot.nodes), cluster=cluster,
-                      launcher=slot.launcher, test_env=test_env)
+                      launcher=slot.launcher, test_env=test_env, barrier_wave=wave_id,
+                      cpus=cpus)
 
-    return [[make(slot) for slot in wave] for wave in job.plan_type.expand(job, cluster)]
+    waves = []
+    for i, wave in enumerate(job.plan_type.expand(job, cluster)):
+        wave_id = None
+        if barrier is not None and len(wave) > 1 and all(s.concurrent for s in wave):
+            wave_id = f"{job.full_name}.J{run}.w{i}.{when:%Y%m%d-%H%M%S}"
+        waves.append([make(slot, wave_id) for slot in wave])
+    return waves
 
 
 def plan_suite(jobs, where, repeat, outdir, **kwargs):

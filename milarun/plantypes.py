@@ -22,10 +22,16 @@ enum, which a test keeps equal to :data:`TYPES`).
 ``node-progression`` the multi-node test on n = 1..K nodes × g GPUs per node
                      (``partition_scheme.nodes`` and ``gpus_per_node`` lists), one
                      after the other; group ``suite.job.<n>x<g>``.
+``multi-process``    DLBS's multi-process inference: P processes per node
+                     (``partition_scheme.processes``, default 2), each owning k devices
+                     (``devices_per_process``, default devices // P), all at once, each
+                     pinned with ``numactl --localalloc --physcpubind`` to the cores of
+                     the NUMA node its devices are attached to; group ``suite.job``.
 
 No torch here.
 """
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -48,6 +54,7 @@ class Slot:
         cgroup: student cgroup (``"controllers:group"``) or None.
         launcher: ``"python"``, ``"torchrun"`` (``--standalone``, one node) or
             ``"rendezvous"`` (torchrun agents on every node of ``nodes``).
+        cpus: CPU ids to pin the launch to with numactl (tuple of int), or None.
     """
 
     nodes: tuple
@@ -57,6 +64,7 @@ class Slot:
     concurrent: bool
     cgroup: str = None
     launcher: str = "python"
+    cpus: tuple = None
 
     @property
     def nproc(self):
@@ -236,9 +244,73 @@ class NodeProgression(_Steps):
         return f"{record['name']}.{n}x{g}"
 
 
+def host_cpus():
+    """The CPU ids this process (the launcher) may use: the nodes' cores to share out."""
+    return sorted(os.sched_getaffinity(0))
+
+
+class MultiProcess(PlanType):
+    """P processes per node, each owning k devices, pinned to their NUMA node's cores.
+
+    DLBS's multi-process multi-GPU inference benchmark (its
+    ``docs/mprocess_benchmarks.md``: "2 processes each using 4 GPUs", each
+    process pinned with ``numactl --localalloc --physcpubind`` to the CPU its
+    GPUs are attached to). Process p of a node owns devices ``p*k .. p*k+k-1``;
+    its cores come from :func:`milarun.isolation.process_cpus` over the devices'
+    affinity (NVML's CPU affinity of a GPU; a CPU slot's cores). Every process
+    of every node starts at once and meets the others at the start barrier.
+    """
+
+    name = "multi-process"
+    keys = ("processes", "devices_per_process")
+
+    def shape(self, job, cluster):
+        """``(P, k)``: processes per node and devices per process on ``cluster``
+        (P is lowered to the devices there are, k defaults to devices // P)."""
+        scheme = job.definition.get("partition_scheme", {})
+        n = len(cluster.devices.indices)
+        procs = min(int(scheme.get("processes") or 2), n)
+        k = int(scheme.get("devices_per_process") or max(1, n // procs))
+        procs = min(procs, max(1, n // k))
+        return procs, min(k, n)
+
+    def notes(self, job, cluster):
+        scheme = job.definition.get("partition_scheme", {})
+        want_p = int(scheme.get("processes") or 2)
+        want_k = scheme.get("devices_per_process")
+        procs, k = self.shape(job, cluster)
+        n = len(cluster.devices.indices)
+        if procs != want_p or (want_k is not None and k != int(want_k)):
+            asked = f"{want_p} x {want_k}" if want_k is not None else f"{want_p} processes"
+            return [f"multi-process: {asked} asked; this node's {n} device(s) give "
+                    f"{procs} process(es) x {k} device(s)"]
+        return []
+
+    def expand(self, job, cluster):
+        from .isolation import process_cpus, slot_cpus
+
+        devs = cluster.devices
+        idx = list(devs.indices)
+        procs, k = self.shape(job, cluster)
+        groups = [list(range(p * k, (p + 1) * k)) for p in range(procs)]
+        host = host_cpus()
+        affinity = list(devs.affinity or [])
+        if not any(affinity) and devs.kind == "cpu":
+            affinity = slot_cpus(len(idx), host)
+        try:
+            cores = process_cpus(groups, affinity, host)
+        except ValueError as exc:
+            from .errors import SetupError
+            raise SetupError(f"{job.full_name}: {exc}") from None
+        return [[Slot((node.name,), tuple(idx[i] for i in group),
+                      _on(cluster, node.name, _range_label([idx[i] for i in group])),
+                      job.full_name, True, None, "python", tuple(cpus))
+                 for node in cluster.nodes for group, cpus in zip(groups, cores)]]
+
+
 #: name → plan type, in the order the docs list them.
 TYPES = {t.name: t for t in (PerGPU(), GPUProgression(), Normal(), NJobs(), MultiNode(),
-                             NodeProgression())}
+                             NodeProgression(), MultiProcess())}
 
 
 def plan_type(name):

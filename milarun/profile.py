@@ -15,9 +15,10 @@ Job keys:
 ``arguments``         ``{flag: value}``; ``true`` is a bare flag, ``false`` omits it.
 ``partition_scheme``  ``{"type": a plan type of milarun.plantypes.TYPES
                       ("per-gpu", "gpu-progression", "normal", "njobs",
-                      "multi-node", "node-progression"),
+                      "multi-node", "node-progression", "multi-process"),
                       "cgroup": "cpuset,memory:student{device}" or null (per-gpu),
-                      "nodes": [n, ...], "gpus_per_node": [g, ...] (node-progression)}``.
+                      "nodes": [n, ...], "gpus_per_node": [g, ...] (node-progression),
+                      "processes": P, "devices_per_process": k (multi-process)}``.
 ``prepare``           shell commands run once before the test; placeholders
                       ``{dataroot}``, ``{outdir}``, ``{python}``, ``{milarun}``.
 ``exec_prefix``       argv put in front of the test command, e.g. ``["nocache"]``.

@@ -22,7 +22,14 @@ Summary format (version 1), a JSON object::
          "pernode_failures": {node: failed results},    # nodes with a failure only
          "node_count": n, "gpus_per_node": g,  # node-progression groups only
          "peak_memory": MiB (max over results) or null,
-         "steady": {"full": k, "short": k, "none": k}}}}
+         "steady": {"full": k, "short": k, "none": k},
+         # tests with concurrent waves only (milarun.throughput):
+         "effective": {n, min, max, mean, std},          # effective rates, items/s
+         "pergpu_effective": {device: {n, min, max, mean, std}},
+         "adjusted": {n, min, max, mean, std},           # per-wave adjusted totals, items/s
+         "overlap": smallest steady-state overlap of a wave (fraction),
+         "sync": {"waves": k, "synchronized": results that met the start barrier,
+                  "skew_s": largest start skew of a wave, s, or null}}}}
 
 GROUP comes from the result's plan type (:func:`milarun.plantypes.group_name`):
 ``suite.job`` for normal, per-gpu, njobs and multi-node tests,
@@ -46,8 +53,16 @@ not in ``pernode``. Both are what ``milarun report --compare-nodes``
 compares. ``node_count`` and ``gpus_per_node`` (the n and g of the group
 name) are present in node-progression groups only.
 
-``pernode``, ``pernode_failures``, ``failed[].node``, ``node_count`` and
-``gpus_per_node`` were added without changing the version: they are optional,
+A *concurrent wave* is the successful results of one run of a test when
+there are two or more (per-GPU children, the processes of a multi-process
+test): ``effective``, ``pergpu_effective``, ``adjusted``, ``overlap`` and
+``sync`` describe them (:func:`milarun.throughput.summarize_waves`: own,
+effective and adjusted throughput as DLBS defines them) and are present only
+in tests that have one.
+
+``pernode``, ``pernode_failures``, ``failed[].node``, ``node_count``,
+``gpus_per_node`` and the concurrent-wave fields were added without changing
+the version: they are optional,
 a summary without them is still version 1 and reads as before (``pernode`` and
 ``pernode_failures`` are then empty, ``failed[].node`` is null).
 
@@ -66,7 +81,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from . import plantypes, stats
+from . import plantypes, stats, throughput
 from .errors import ResultFormatError
 from .jsonfile import check, first_error, key_path, read_json
 from .results.store import iter_results, write_json_atomic
@@ -237,6 +252,7 @@ def _summarize_group(gname, items):
     first = items[0][1]
     rates, durations, memory = [], [], []
     pergpu = defaultdict(list)
+    scored = []  # successful results with a rate: the concurrent waves' members
     pernode = defaultdict(list)
     pernode_failures = defaultdict(int)
     reasons = defaultdict(int)
@@ -280,6 +296,7 @@ def _summarize_group(gname, items):
             durations.append(float(duration))
         if rate is not None:
             rates.append(rate)
+            scored.append(rec)
             pergpu[str(rec.get("device", ""))].append(rate)
             node = node_of(rec)
             if node is not None:
@@ -307,6 +324,7 @@ def _summarize_group(gname, items):
                              for node in sorted(pernode_failures, key=node_key)},
         "peak_memory": max(memory) if memory else None,
         "steady": steady,
+        **throughput.summarize_waves(scored),
     }
 
 
@@ -412,6 +430,13 @@ def _complete(data, path):
             "gpus_per_node": entry.get("gpus_per_node"),
             "peak_memory": entry.get("peak_memory"),
             "steady": dict(entry.get("steady") or {}),
+            # concurrent waves (milarun.throughput); None / {} without any
+            "effective": _stats(entry["effective"]) if entry.get("effective") else None,
+            "pergpu_effective": {d: _stats(v)
+                                 for d, v in (entry.get("pergpu_effective") or {}).items()},
+            "adjusted": _stats(entry["adjusted"]) if entry.get("adjusted") else None,
+            "overlap": entry.get("overlap"),
+            "sync": dict(entry["sync"]) if entry.get("sync") else None,
         }
     out["tests"] = tests
     return out

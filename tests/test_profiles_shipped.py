@@ -14,6 +14,10 @@ from milarun.profile import load_profile
 STANDARD_TESTS = ["toy_reg", "toy_lstm", "vae", "loader", "convnet", "convnet_fp16", "reso",
                   "fast_style", "dcgan", "wlm", "wlmfp16", "translator", "ssd", "recom", "cart",
                   "ppo", "ddp_convnet", "scaling", "matmul"]
+#: The inference section (multi-process plan type): too slow to start on CPU slots for
+#: the cpu profile (torch and torchvision import on one pinned core each).
+INFERENCE_TESTS = ["infer_resnet50", "infer_encoder"]
+WITH_INFERENCE = ["standard", "lite"]
 PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.json"))
 #: The cluster profiles hold only what several nodes add (one test per plan type across nodes).
 CLUSTER_PROFILES = ["cluster", "cluster-cpu"]
@@ -25,7 +29,7 @@ def test_standard_dry_run_lists_every_test():
                          capture_output=True, text=True, check=True).stdout
     listed = {line.split()[1].split(".")[1] for line in out.splitlines()
               if line.startswith("# standard.")}
-    assert listed == set(STANDARD_TESTS)
+    assert listed == set(STANDARD_TESTS + INFERENCE_TESTS)
 
 
 @pytest.mark.parametrize("name", PROFILES)
@@ -38,7 +42,11 @@ def test_profile_validates_and_weights_match(name):
         kinds = {j.partition for j in jobs}
         assert {"per-gpu", "njobs", "multi-node", "node-progression"} <= kinds
     else:
-        assert sorted(j.name for j in jobs) == sorted(STANDARD_TESTS)
+        extra = INFERENCE_TESTS if name in WITH_INFERENCE else []
+        assert sorted(j.name for j in jobs) == sorted(STANDARD_TESTS + extra)
+    for job in jobs:
+        if job.name in INFERENCE_TESTS:
+            assert job.partition == "multi-process" and weights[job.full_name]["weight"] > 0
 
 
 def test_cpu_profile_prepares_its_own_data():

@@ -27,10 +27,16 @@ RERUN_ENV_PREFIXES = ("MILARUN_", "CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH_",
                       "PYTHONHASHSEED")
 
 
+# ...except the start barrier of the session's wave: a rerun runs alone (the
+# barrier it met is in ``timings.barrier``).
+NOT_RERUN_PREFIXES = ("MILARUN_BARRIER",)
+
+
 def rerun_environ(environ=None):
     """The subset of ``environ`` (``os.environ`` by default) needed to rerun a test."""
     environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items() if k.startswith(RERUN_ENV_PREFIXES)}
+    return {k: v for k, v in environ.items()
+            if k.startswith(RERUN_ENV_PREFIXES) and not k.startswith(NOT_RERUN_PREFIXES)}
 
 
 def _cpu_model():
@@ -251,8 +257,15 @@ class Experiment:
         return info
 
     def attach_rate(self, logger):
-        """Make ``logger`` the run's rate logger and stream its samples to the journal."""
+        """Make ``logger`` the run's rate logger and stream its samples to the journal.
+
+        The logger's loops wait at the wave's start barrier before their first
+        window (:func:`milarun.bench.sync.synchronize`; no wait when launched alone).
+        """
+        from .sync import synchronize
+
         self.rate = logger
+        logger.before_start = lambda: synchronize(self)
         if self.journal is not None:
             self.journal.write("train", sample_duration=logger.sample_duration,
                                warmup=logger.warmup, max_count=logger.max_count,
@@ -286,7 +299,10 @@ class Experiment:
         res["environ"] = rerun_environ()
         res["host"] = host_facts()
         start = time.time()
-        res["timings"]["program"] = {"start": start}
+        # origin: the Unix time of the samples' zero (self.origin), for lining up
+        # the samples of concurrent processes (milarun.throughput)
+        origin = start - (time.perf_counter() - self.origin)
+        res["timings"]["program"] = {"start": start, "origin": max(0.0, origin)}
         res["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
         self._open_journal(start)
         try:
@@ -301,7 +317,9 @@ class Experiment:
                             "message": f"bad test arguments (exit {exc.code})",
                             "traceback": None}
         except BaseException as exc:  # every failure is recorded, Ctrl-C included
-            res["error"] = {"reason": "error", "type": exc.__class__.__name__,
+            # an exception may name its own reason (barrier.BarrierTimeout: barrier-timeout)
+            res["error"] = {"reason": getattr(exc, "fail_reason", None) or "error",
+                            "type": exc.__class__.__name__,
                             "message": str(exc), "traceback": traceback.format_exc()}
             if isinstance(exc, KeyboardInterrupt):
                 res["error"]["reason"] = "interrupted"

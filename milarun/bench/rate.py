@@ -21,6 +21,7 @@ only sync is on the closing event, once per window. Recording an event on
 every step would measure the same interval at a few µs of host time per step.
 """
 
+import itertools
 import math
 import time
 
@@ -101,6 +102,9 @@ class RateLogger:
             that every rank stops on the same step.
         on_sample: optional ``f(sample)`` called with each closed sample
             (the experiment streams it to the launch's journal).
+        before_start: optional ``f()`` called once by :meth:`loop` and
+            :meth:`steps` when the set-up is over, right before the first window
+            opens (the experiment's start barrier, :mod:`milarun.bench.sync`).
 
     Attributes:
         samples: list of ``{"start", "end", "count", "rate", "warmup"}``
@@ -111,7 +115,7 @@ class RateLogger:
 
     def __init__(self, sample_duration=0.5, max_count=1000, warmup=3,
                  timer=None, host_clock=time.perf_counter, origin=None,
-                 min_steady=0.0, agree=None, on_sample=None):
+                 min_steady=0.0, agree=None, on_sample=None, before_start=None):
         if sample_duration <= 0:
             raise ValueError("sample_duration must be > 0 seconds")
         if min_steady < 0:
@@ -122,6 +126,7 @@ class RateLogger:
         self.min_steady = min_steady
         self.agree = agree
         self.on_sample = on_sample
+        self.before_start = before_start
         self.warmup = warmup
         self.timer = timer or PerfCounterTimer(host_clock)
         self.host_clock = host_clock
@@ -218,9 +223,15 @@ class RateLogger:
         if self._window_mark is not None and self._window_count:
             self._close_window(self.host_clock())
 
+    def _ready(self):
+        """The set-up is over: synchronize (``before_start``), then open the first window."""
+        if self.before_start is not None:
+            self.before_start()
+        self.start()
+
     def steps(self):
         """Yield ``Step`` objects until ``max_count`` items were processed."""
-        self.start()
+        self._ready()
         try:
             while not self.done():
                 step = Step()
@@ -233,22 +244,29 @@ class RateLogger:
         """Yield ``(step, batch)`` over ``iterable``, restarting it each epoch,
         until ``max_count`` items were processed.
 
+        The first batch is fetched before the first window opens (loader
+        workers started, first batch decoded): that is set-up, done before the
+        start barrier, not time measured.
+
         Raises:
             RuntimeError: if ``iterable`` yields nothing.
         """
-        self.start()
+        it = iter(iterable)
+        head = next(it, _NOTHING)
+        self._ready()
         try:
             while not self.done():
-                empty = True
-                for batch in iterable:
-                    empty = False
+                if head is _NOTHING:
+                    raise RuntimeError("the data loader yielded no batch")
+                for batch in itertools.chain((head,), it):
                     step = Step()
                     yield step, batch
                     self.end_step(step)
                     if self.done():
                         break
-                if empty:
-                    raise RuntimeError("the data loader yielded no batch")
+                if not self.done():  # a new epoch
+                    it = iter(iterable)
+                    head = next(it, _NOTHING)
         finally:
             self.finish()
 
@@ -262,6 +280,9 @@ class RateLogger:
             "min_steady": self.min_steady,
             "samples": list(self.samples),
         }
+
+
+_NOTHING = object()
 
 
 def _to_float(v):

@@ -36,13 +36,14 @@ def resolve_dataroot(dataroot):
     return str(Path(dataroot).resolve())
 
 
-def check_bounds(repeat, cpu_slots, timeout, join_timeout=None):
-    """Reject out-of-range ``--repeat``, ``--cpu-slots``, ``--timeout`` and
-    ``--join-timeout`` with one line.
+def check_bounds(repeat, cpu_slots, timeout, join_timeout=None, barrier_timeout=None):
+    """Reject out-of-range ``--repeat``, ``--cpu-slots``, ``--timeout``,
+    ``--join-timeout`` and ``--barrier-timeout`` with one line.
 
     Raises:
         SetupError: repeat not in 1..MAX_REPEAT; cpu_slots not in 1..cores;
-            timeout or join_timeout not finite or not in (0, MAX_TIMEOUT_S].
+            timeout, join_timeout or barrier_timeout not finite or not in
+            (0, MAX_TIMEOUT_S].
     """
     if not 1 <= repeat <= MAX_REPEAT:
         raise SetupError(f"--repeat must be between 1 and {MAX_REPEAT}, not {repeat}")
@@ -50,7 +51,8 @@ def check_bounds(repeat, cpu_slots, timeout, join_timeout=None):
     if cpu_slots is not None and not 1 <= cpu_slots <= cores:
         raise SetupError(f"--cpu-slots must be between 1 and the {cores} core(s) of this host, "
                          f"not {cpu_slots}")
-    for flag, value in (("--timeout", timeout), ("--join-timeout", join_timeout)):
+    for flag, value in (("--timeout", timeout), ("--join-timeout", join_timeout),
+                        ("--barrier-timeout", barrier_timeout)):
         if value is not None and not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
             raise SetupError(f"{flag} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], "
                              f"not {value}")
@@ -96,11 +98,15 @@ def command(rest):
     rdzv_port: Option & int = default(None)
     # Seconds every node has to join a multi-node test's rendezvous (default 120)
     join_timeout: Option & float = default(None)
+    # Seconds a process of a concurrent test waits at the start barrier for the others
+    # to finish their set-up (default 600; then it fails with barrier-timeout)
+    barrier_timeout: Option & float = default(None)
 
     return jobs(profile, rest, dataroot=dataroot, out=out, resume=resume, names=name,
                 repeat=repeat, no_cgexec=no_cgexec, cpu_slots=cpu_slots, timeout=timeout,
                 dry_run=dry_run, verbose=_verbose(), system=system, single_node=single_node,
-                rdzv_port=rdzv_port, join_timeout=join_timeout)
+                rdzv_port=rdzv_port, join_timeout=join_timeout,
+                barrier_timeout=barrier_timeout)
 
 
 def _verbose():
@@ -110,7 +116,8 @@ def _verbose():
 
 def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, repeat=1,
          no_cgexec=False, cpu_slots=None, timeout=None, dry_run=False, verbose=False,
-         system=None, single_node=False, rdzv_port=None, join_timeout=None, environ=None):
+         system=None, single_node=False, rdzv_port=None, join_timeout=None, environ=None,
+         barrier_timeout=None):
     """Validate everything, then plan and run the suite; returns the exit code.
 
     0: every launch passed; 1: some failed, or the suite stopped on a full
@@ -128,7 +135,7 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     from ..profile import load_profile
 
     jobs_ = load_profile(profile, names)
-    check_bounds(repeat, cpu_slots, timeout, join_timeout)
+    check_bounds(repeat, cpu_slots, timeout, join_timeout, barrier_timeout)
     if resume is not None and out is not None and Path(out).resolve() != Path(resume).resolve():
         raise SetupError(f"-o {out} and --resume {resume} name two folders; give only --resume")
     try:
@@ -147,13 +154,18 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
         for note in job.plan_type.notes(job, cluster):
             say(f"milarun: {job.full_name}: {note}")
     outdir = resume or out or default_outdir()
+    from ..barrier import BARRIER_TIMEOUT_S
+    barrier_timeout = barrier_timeout or BARRIER_TIMEOUT_S
     if dry_run:
         dataroot = dataroot or os.environ.get("MILARUN_DATAROOT") or "$MILARUN_DATAROOT"
         outdir = outdir or "$MILARUN_OUTROOT/results-<date>"
         from ..session import new_session_id
         sid, when = new_session_id()
+        # the real run's server listens on a port the system picks when it starts
+        where = _barrier_host(cluster)
+        barrier = where and {"address": f"{where[1]}:PORT", "timeout": barrier_timeout}
         waves = plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, session=when,
-                           **plan_opts)
+                           barrier=barrier, **plan_opts)
         print(f"# session {sid}: the stamp a real run would put in every file name")
         print(f"# {len(jobs_)} tests × {repeat} run(s) on {len(devs)} {devs.kind} device(s)"
               + (f" × {len(cluster.nodes)} nodes ({cluster.kind}: "
@@ -180,15 +192,77 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     current = session.invocation(profile, jobs_[0].suite, names, repeat, cpu_slots, no_cgexec,
                                  timeout, extra_args, dataroot, devs,
                                  nodes=[n.name for n in cluster.nodes] if cluster.multi else None)
-    with session.OutdirLock(outdir):
+    with session.OutdirLock(outdir), start_barrier(cluster) as server:
         sid, when, done, removed = session.open_session(outdir, current, resume is not None)
+        barrier = server and {"address": f"{_barrier_host(cluster)[1]}:{server.port}",
+                              "timeout": barrier_timeout}
         waves = plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, session=when,
-                           **plan_opts)
+                           barrier=barrier, **plan_opts)
         waves = [w for w in ([lch for lch in wave if lch.key not in done] for wave in waves) if w]
-        return _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, cluster)
+        return _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, cluster,
+                    barrier=server)
 
 
-def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, cluster=None):
+def _barrier_host(cluster):
+    """``(host to listen on, address the children connect to)`` of the start barrier,
+    or None when there can be none.
+
+    One local node: ``127.0.0.1``. Several nodes (or Slurm, ssh): every interface,
+    reached at the main node's address as the rendezvous is, which needs
+    ``milarun jobs`` to run on the main node (as in a Slurm batch step); when the
+    main node's address is not one of this host's, None.
+    """
+    if cluster.kind == "local" and not cluster.multi:
+        return "127.0.0.1", "127.0.0.1"
+    address = cluster.main.address or cluster.main.name
+    return ("0.0.0.0", address) if _is_this_host(address) else None
+
+
+def _is_this_host(address):
+    """True when ``address`` (a name or an IP address) resolves to an address of this host."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(address, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for *_, sockaddr in infos:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((sockaddr[0], 0))  # only an address of this host can be bound
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def start_barrier(cluster):
+    """The :class:`milarun.barrier.BarrierServer` of a session, as a context manager
+    that starts it; a null context (None) when :func:`_barrier_host` gives none, after
+    a warning that concurrent tests start unsynchronized.
+
+    Raises:
+        SetupError: its socket cannot be bound.
+    """
+    import contextlib
+
+    from ..barrier import BarrierServer
+    from ..launch import say
+
+    where = _barrier_host(cluster)
+    if where is None:
+        say(f"milarun: warning: this host is not the main node {cluster.main.name}: the "
+            "processes of concurrent tests start without the start barrier (run milarun "
+            "jobs on the main node for synchronized starts)")
+        return contextlib.nullcontext(None)
+    try:
+        return BarrierServer(where[0])
+    except OSError as exc:
+        raise SetupError(f"cannot open the start barrier's socket: {exc.strerror or exc}")
+
+
+def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, cluster=None,
+         barrier=None):
     from ..launch import (Interrupted, StopRequest, SuiteAborted, run_suite, say,
                           stop_on_signals, tally)
     from ..progress import SuiteProgress
@@ -206,7 +280,8 @@ def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, clus
     with stop_on_signals(stop), SuiteProgress(launches, verbose=verbose) as progress:
         try:
             outcomes = run_suite(waves, outdir, dataroot, stop=stop, on_line=progress.child_output,
-                                 on_outcome=progress.finished, on_wave=progress.started)
+                                 on_outcome=progress.finished, on_wave=progress.started,
+                                 barrier=barrier)
         except Interrupted as exc:
             name = signal.Signals(exc.signum).name
             progress.message(f"milarun: stopped by {name}; {tally(exc.outcomes)}; "

@@ -38,11 +38,15 @@ def command(rest):
     html: Option = default(None)
     # Exit with status 1 when a weighted test is missing or has perf_adj 0
     strict: Option & bool = default(False)
+    # Throughput scored for tests run as concurrent processes: effective (over the
+    # interval when all were in steady state) or own (each one's own steady state,
+    # the 2020 rule)
+    throughput: Option = default("effective")
 
     return run_report(results, weights=weights, compare=compare, price=price,
                       compare_gpus=compare_gpus, penalize_variance=penalize_variance,
                       title=title, html=html, strict=strict, compare_nodes=compare_nodes,
-                      node_threshold=node_threshold)
+                      node_threshold=node_threshold, throughput=throughput)
 
 
 def run_report(results, strict=False, stdout=None, warn=None, **options):

@@ -118,18 +118,22 @@ def command(rest):
     timeout: Option & float = default(None)
     # Seconds every node has to join a multi-node rendezvous (passed to milarun jobs)
     join_timeout: Option & float = default(None)
+    # Seconds a process of a concurrent test waits at the start barrier (passed to milarun jobs)
+    barrier_timeout: Option & float = default(None)
     # Print the sbatch script and submit nothing
     dry_run: Option & bool = default(False)
 
     return slurm(profile, rest, dataroot=dataroot, out=out, nodes=nodes,
                  gpus_per_node=gpus_per_node, partition=partition, time=time, account=account,
                  cpu_slots=cpu_slots, names=name, no_cgexec=no_cgexec, repeat=repeat,
-                 timeout=timeout, join_timeout=join_timeout, dry_run=dry_run)
+                 timeout=timeout, join_timeout=join_timeout, dry_run=dry_run,
+                 barrier_timeout=barrier_timeout)
 
 
 def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=None,
           partition=None, time=None, account=None, cpu_slots=None, names=None, no_cgexec=False,
-          repeat=None, timeout=None, join_timeout=None, dry_run=False, sbatch="sbatch"):
+          repeat=None, timeout=None, join_timeout=None, dry_run=False, sbatch="sbatch",
+          barrier_timeout=None):
     """Validate, write the script into the results folder and submit it; returns 0.
 
     Raises:
@@ -140,10 +144,10 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
 
     load_profile(profile, names)
     check_options(nodes, gpus_per_node, partition, time, account)
-    check_bounds(1 if repeat is None else repeat, None, timeout, join_timeout)
+    check_bounds(1 if repeat is None else repeat, None, timeout, join_timeout, barrier_timeout)
     jobs_args = []
     for flag, value in (("--repeat", repeat), ("--timeout", timeout),
-                        ("--join-timeout", join_timeout)):
+                        ("--join-timeout", join_timeout), ("--barrier-timeout", barrier_timeout)):
         if value is not None:
             jobs_args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     if cpu_slots is not None:

@@ -9,7 +9,8 @@
   until they are stopped (a rank that dies under a distributed job).
 * ``crawl``: counts ``--per-step`` items every ``--step-seconds`` through the
   rate logger (samples reach the journal), for ``--max-count`` items; with
-  ``--exit-code N`` it exits with N *after* its record was written.
+  ``--exit-code N`` it exits with N *after* its record was written; with
+  ``--setup S`` it first sleeps S seconds (a slow set-up, before the start barrier).
 * ``flaky``: fails unless the file ``--pass-if`` exists (for ``--resume``).
 
 They import no torch, so they start fast.
@@ -104,6 +105,9 @@ def _crawl(exp):
     per_step: Option & int = default(1)
     # Exit status after the record was written (0: a normal exit)
     exit_code: Option & int = default(0)
+    # Seconds of set-up (a sleep) before the timed loop
+    setup: Option & float = default(0.0)
+    time.sleep(setup)
     if exit_code:
         atexit.register(os._exit, exit_code)  # runs after the record is written
     print("crawl: started", flush=True)

@@ -53,7 +53,7 @@ def load_source(source, warn=None):
 
 def make_report(source, weights=None, compare=None, price=None, compare_gpus=False,
                 penalize_variance=True, title=None, html=None, warn=None,
-                compare_nodes=False, node_threshold=None):
+                compare_nodes=False, node_threshold=None, throughput="effective"):
     """Build the report of ``source`` (results dir or summary file).
 
     ``weights`` and ``compare`` are file paths (or ``None``); ``price`` is in
@@ -64,7 +64,8 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
 
     Raises:
         MilarunError: a bad file, ``price`` <= 0, or ``node_threshold`` outside
-            0..100 (checked before anything is read).
+            0..100 (checked before anything is read). ``throughput`` is ``"effective"``
+    or ``"own"`` (the 2020 rule; see :func:`milarun.report.table.perf_basis`).
     """
     import datetime
 
@@ -77,6 +78,8 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     else:
         node_threshold = NODE_THRESHOLD_PCT
 
+    from .table import check_throughput
+    throughput = check_throughput(throughput)
     weights_map = load_weights(weights) if weights else None
     baseline = read_summary(compare) if compare else None
     if price is not None and not price > 0:
@@ -86,7 +89,7 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     report = build_report(summary, weights=weights_map, baseline=baseline, price=price,
                           penalize_variance=penalize_variance, compare_gpus=compare_gpus,
                           title=title, compare_nodes=compare_nodes,
-                          node_threshold=node_threshold)
+                          node_threshold=node_threshold, throughput=throughput)
     text = render_text(report)
     if html:
         generated = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

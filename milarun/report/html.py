@@ -8,8 +8,8 @@ markup.
 from collections import defaultdict
 from pathlib import Path
 
-from .text import (cell, fmt_num, fmt_pct, node_flag, node_header, node_verdict,
-                   nothing_to_compare, scaling_cell, scaling_note)
+from .text import (cell, concurrent_note, fmt_num, fmt_pct, node_flag, node_header,
+                   node_verdict, nothing_to_compare, overlap_line, scaling_cell, scaling_note)
 
 #: Lines of log shown per failure.
 LOG_TAIL_LINES = 40
@@ -164,6 +164,12 @@ def render_html(report, records=None, results_dir=None, generated=None):
                                  for n in tab["nodes"]],
                         "svg": Markup(svg) if svg else None})
 
+    concurrent = [{"test": e["test"], "note": concurrent_note(e),
+                   "rows": [(d["device"], fmt_num(d["own"]), fmt_num(d["effective"]))
+                            for d in e["devices"]]}
+                  for e in getattr(report, "concurrent", None) or []]
+    overlap = overlap_line(report.overlap) if getattr(report, "overlap", None) else None
+
     failures = []
     for f in report.failures:
         text, source = log_tail(results_dir, f)
@@ -171,6 +177,6 @@ def render_html(report, records=None, results_dir=None, generated=None):
 
     return _env().get_template("report.html.j2").render(
         r=report, table=table, plots=plots, gpu=gpu, failures=failures, nodes=nodes,
-        scaling=scaling,
+        scaling=scaling, concurrent=concurrent, overlap=overlap,
         has_records=bool(records), generated=generated,
         ratio_class=ratio_band(report.score_ratio))

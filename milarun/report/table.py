@@ -33,6 +33,21 @@ Rules, in the order the report applies them:
   marked partial.
 * RPP (price per performance) = ``price / score`` in dollars per score unit.
 
+* Throughput basis (``throughput``, ``milarun report --throughput``): with
+  ``effective`` (the default), a test whose every scored result belongs to a
+  concurrent wave with a common steady-state interval (the summary's
+  ``effective.n`` equals ``train.n``) takes ``perf`` and ``std%`` from its
+  effective throughputs (:mod:`milarun.throughput`: each process's rate over
+  the interval when all processes of its wave were in steady state); every
+  other test, and every test with ``own``, takes them from its own
+  steady-state rates (``train``), the 2020 rule. A 2020 summary has no
+  effective throughputs, so its scores come out as in 2020. The row keeps both
+  (``own``, ``effective``); the table shows an ``own`` column beside ``perf``
+  when some test is scored on its effective throughput. A test whose
+  concurrent processes' steady states overlap by less than
+  :data:`milarun.throughput.MIN_OVERLAP` of their length is listed in
+  ``Report.overlap``.
+
 Two tables stand beside the score (they do not change it):
 
 * Node comparison (``--compare-nodes``, :func:`node_comparison`): for each
@@ -71,6 +86,9 @@ GPU_STATS = ("mean", "min", "max")
 #: Percentage below the median of the other nodes at which ``--compare-nodes`` calls a
 #: node SLOW.
 NODE_THRESHOLD_PCT = 5.0
+
+#: What ``perf`` is (``--throughput``): see the module doc.
+THROUGHPUTS = ("effective", "own")
 
 
 
@@ -138,6 +156,9 @@ class Report:
     failures: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
     short: list = field(default_factory=list)
+    throughput: str = "effective"
+    overlap: list = field(default_factory=list)
+    concurrent: list = field(default_factory=list)
 
     @property
     def incomplete(self):
@@ -155,21 +176,46 @@ def _ratio(a, b):
     return a / b
 
 
+def check_throughput(value):
+    """Return ``value`` (``--throughput``) when it is one of :data:`THROUGHPUTS`.
+
+    Raises:
+        MilarunError: any other value.
+    """
+    if value not in THROUGHPUTS:
+        raise MilarunError(f"--throughput must be {' or '.join(THROUGHPUTS)}, "
+                           f"not {value!r}"[:120])
+    return value
+
+
+def perf_basis(t, throughput="effective"):
+    """``(perf, std fraction, basis)`` of a summary test: its effective throughputs
+    when ``throughput`` is ``"effective"`` and every scored result has one, else its
+    own steady-state rates (``basis`` says which: ``"effective"`` or ``"own"``)."""
+    eff = t.get("effective")
+    if (throughput == "effective" and eff and eff.get("n")
+            and eff["n"] == t["train"]["n"] and eff.get("mean") is not None):
+        return eff["mean"], stats.cv(eff["mean"], eff["std"]), "effective"
+    return t["train"]["mean"], stats.cv(t["train"]["mean"], t["train"]["std"]), "own"
+
+
 def build_report(summary, weights=None, baseline=None, price=None, penalize_variance=True,
                  compare_gpus=False, title=None, compare_nodes=False,
-                 node_threshold=NODE_THRESHOLD_PCT):
+                 node_threshold=NODE_THRESHOLD_PCT, throughput="effective"):
     """Build a :class:`Report` from a normalized summary (see :mod:`milarun.summary`).
 
     ``weights`` is ``{name: w}`` (from :func:`load_weights`) or ``None``;
     ``baseline`` a normalized summary or ``None``; ``price`` in dollars;
     ``compare_nodes`` adds :func:`node_comparison` with ``node_threshold``
     (a percentage, 0 to 100). The scaling tables of node-progression groups
-    (:func:`scaling_tables`) are always built.
+    (:func:`scaling_tables`) are always built. ``throughput`` (``"effective"`` or
+    ``"own"``) picks what ``perf`` is (:func:`perf_basis`).
 
     Raises:
         MilarunError: ``node_threshold`` is not a percentage
-            (:func:`check_node_threshold`).
+            (:func:`check_node_threshold`), or ``throughput`` is unknown.
     """
+    throughput = check_throughput(throughput)
     if compare_nodes:
         node_threshold = check_node_threshold(node_threshold)
     tests = summary["tests"]
@@ -178,8 +224,7 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
     used_keys = set()
     for group, t in tests.items():
         n, fail = t["n"], t["failures"]
-        perf = t["train"]["mean"]
-        std = stats.cv(perf, t["train"]["std"])
+        perf, std, basis = perf_basis(t, throughput)
         adj = stats.perf_adj(perf, std, fail, n, penalize_variance)
         if weights is None:
             weight = 1.0
@@ -189,12 +234,13 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
                 used_keys.add(key)
         row = {"test": group, "n": n, "fail": fail, "perf": perf, "std": std,
                "perf_adj": adj, "weight": weight,
-               "counted": bool(weight) and adj > 0}
+               "counted": bool(weight) and adj > 0,
+               "own": t["train"]["mean"], "basis": basis,
+               "effective": (t.get("effective") or {}).get("mean")}
         if baseline is not None:
             b = base_tests.get(group)
             if b is not None:
-                bperf = b["train"]["mean"]
-                bstd = stats.cv(bperf, b["train"]["std"])
+                bperf, bstd, _ = perf_basis(b, throughput)
                 badj = stats.perf_adj(bperf, bstd, b["failures"], b["n"], penalize_variance)
             else:
                 bperf, badj = None, None
@@ -203,6 +249,8 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
         rows.append(row)
 
     columns = ["n", "fail", "perf", "std%", "perf_adj"]
+    if any(r["basis"] == "effective" for r in rows):
+        columns.insert(columns.index("perf") + 1, "own")
     if weights is not None:
         columns.append("weight")
     if baseline is not None:
@@ -212,7 +260,7 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
                     hosts=summary.get("hosts", []), rows=rows, columns=columns,
                     has_weights=weights is not None, penalize_variance=penalize_variance,
                     has_baseline=baseline is not None, price=price,
-                    skipped=list(summary.get("skipped", [])))
+                    skipped=list(summary.get("skipped", [])), throughput=throughput)
 
     if weights is not None:
         report.missing = sorted(k for k, w in weights.items() if w > 0 and k not in used_keys)
@@ -244,11 +292,48 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
     report.scaling = scaling_tables(tests)
 
     report.short = [g for g, t in tests.items() if (t.get("steady") or {}).get("short")]
+    report.overlap, report.concurrent = concurrent_tables(tests)
     for group, t in tests.items():
         for f in t.get("failed", []):
             report.failures.append({"test": group, "name": t.get("name", group), **f})
     return report
 
+
+
+def concurrent_tables(tests, min_overlap=None):
+    """The tests with concurrent waves (the summary's fields from
+    :func:`milarun.throughput.summarize_waves`).
+
+    Returns ``(overlap, concurrent)``: ``overlap`` lists ``(test, fraction)`` for
+    the tests whose smallest wave overlap is below ``min_overlap`` (default
+    :data:`milarun.throughput.MIN_OVERLAP`); ``concurrent`` has one entry per
+    test with an effective throughput: ``{"test", "devices": [{"device", "own",
+    "effective"}] (mean items/s of each process), "adjusted": mean per-wave
+    adjusted throughput (items/s), "overlap": fraction, "skew_s": s or None,
+    "waves", "synchronized"}``.
+    """
+    from ..throughput import MIN_OVERLAP
+
+    min_overlap = MIN_OVERLAP if min_overlap is None else min_overlap
+    overlap, concurrent = [], []
+    for group, t in tests.items():
+        if t.get("overlap") is None:
+            continue
+        if t["overlap"] < min_overlap:
+            overlap.append((group, t["overlap"]))
+        eff = t.get("pergpu_effective") or {}
+        if not eff:
+            continue
+        sync = t.get("sync") or {}
+        devices = sorted(set(t.get("pergpu") or {}) | set(eff), key=device_key)
+        concurrent.append({
+            "test": group,
+            "devices": [{"device": d, "own": ((t.get("pergpu") or {}).get(d) or {}).get("mean"),
+                         "effective": (eff.get(d) or {}).get("mean")} for d in devices],
+            "adjusted": (t.get("adjusted") or {}).get("mean"),
+            "overlap": t["overlap"], "skew_s": sync.get("skew_s"),
+            "waves": sync.get("waves"), "synchronized": sync.get("synchronized")})
+    return overlap, concurrent
 
 
 def gpu_tables(tests):

@@ -60,9 +60,58 @@ def score_lines(report):
     if report.short:
         lines.append("less than 10 s of steady state (all non-warm-up samples used): "
                      + ", ".join(report.short))
+    if report.overlap:
+        lines.append(overlap_line(report.overlap))
+    if any(r.get("basis") == "effective" for r in report.rows):
+        lines.append("perf: effective throughput of the tests run as concurrent processes "
+                     "(own: their own steady-state rates; --throughput own for the 2020 rule)")
+    elif getattr(report, "throughput", "effective") == "own":
+        lines.append("perf: own steady-state throughput (--throughput own, the 2020 rule)")
     if not report.penalize_variance:
         lines.append("variance not penalized (--no-penalize-variance)")
     return lines
+
+
+def overlap_line(overlap):
+    """The flag line of the tests whose concurrent processes' steady states overlap too
+    little (``Report.overlap``: ``[(test, fraction)]``)."""
+    from ..throughput import MIN_OVERLAP
+
+    return (f"steady states of concurrent processes overlap by less than "
+            f"{MIN_OVERLAP * 100:.0f}% of their length: "
+            + ", ".join(f"{test} ({frac * 100:.0f}%)" for test, frac in overlap))
+
+
+def skew_text(skew):
+    """A start skew (s) in ms, or ``-``."""
+    return "-" if skew is None else f"{skew * 1000:.1f} ms"
+
+
+def concurrent_note(entry):
+    """The line under a test's per-process table: adjusted total, overlap, start skew."""
+    sync = (f"{entry['synchronized']} of its processes met the start barrier"
+            if entry.get("synchronized") is not None else "")
+    return (f"{entry['test']}: adjusted throughput {fmt_num(entry['adjusted'])} items/s "
+            f"(work of every process in the common interval / its length), overlap "
+            f"{fmt_pct(entry['overlap'])}, start skew {skew_text(entry['skew_s'])}"
+            + (f", {sync}" if sync else ""))
+
+
+def concurrent_lines(entries):
+    """Own and effective throughput per process of the tests run as concurrent
+    processes (``Report.concurrent``), each followed by :func:`concurrent_note`."""
+    import pandas as pd
+
+    index, data = [], {"own": [], "effective": []}
+    for e in entries:
+        for d in e["devices"]:
+            index.append((e["test"], d["device"]))
+            data["own"].append(fmt_num(d["own"]))
+            data["effective"].append(fmt_num(d["effective"]))
+    frame = pd.DataFrame(data, index=pd.MultiIndex.from_tuples(index, names=["test", "device"]))
+    return ["concurrent processes: own and effective throughput per process (mean items/s); "
+            "effective = items in the interval when every process of the wave was in steady "
+            "state / its length", frame.to_string(), *[concurrent_note(e) for e in entries]]
 
 
 def gpu_frames(report):
@@ -201,6 +250,9 @@ def render_text(report):
     for table in report.scaling:
         lines.append("")
         lines.extend(scaling_lines(table))
+    if getattr(report, "concurrent", None):
+        lines.append("")
+        lines.extend(concurrent_lines(report.concurrent))
     if report.failures:
         lines.append("")
         lines.append("failures:")

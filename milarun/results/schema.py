@@ -9,6 +9,11 @@ Format history (append a line and a migration step for every change):
   may also be ``rendezvous-timeout``, ``rank-failed`` or ``node-lost``. The
   version stays 1: every new field is optional, so older version-1 records
   still validate and need no migration (older readers reject the new values).
+* version 1, extended (issue 10, synchronized starts): optional
+  ``timings.program.origin`` (Unix time of the samples' zero) and
+  ``timings.barrier`` (the start barrier the process met); ``partition`` may
+  also be ``multi-process``; ``error.reason`` may also be ``barrier-timeout``.
+  Optional again: older records validate as they are.
 
 The declared schema is ``milarun/schemas/result.schema.json``: every record
 read or written is checked against it (:func:`validate`). Numbers are finite;
@@ -29,7 +34,8 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
 ``devices``        list of device indices the process was given (ints).
 ``device_count``   ``len(devices)`` (gpu-progression groups by it).
 ``partition``      the plan type: ``"normal"``, ``"per-gpu"``, ``"gpu-progression"``,
-                   ``"njobs"``, ``"multi-node"`` or ``"node-progression"``.
+                   ``"njobs"``, ``"multi-node"``, ``"node-progression"`` or
+                   ``"multi-process"``.
 ``node``           optional: the node (host) name the launch ran on, a safe name.
 ``nodes``          optional: the node names the launch spanned (``[node]`` on one node).
 ``node_count``     optional: ``len(nodes)``, >= 1.
@@ -45,7 +51,15 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
                    "train": {"sample_duration", "warmup", "count",
                    "samples": [{"start", "end", "count", "rate", "warmup"}]}}``;
                    ``start``/``end`` of samples are seconds since program start;
-                   program start/end are Unix time.
+                   program start/end are Unix time. Optional:
+                   ``program.origin``, the Unix time of the samples' zero
+                   (the experiment's creation, shortly before ``start``);
+                   ``barrier``, the start barrier of a concurrent wave:
+                   ``{"address", "wave", "label", "parties", "arrived_count",
+                   "arrived", "released" (Unix times, own clock),
+                   "server_release" (the launcher's clock), "released_at" (s
+                   since the samples' zero), "wait_s", "timeout_s"}``
+                   (``released`` null when it timed out).
 ``metrics``        free-form scalars, e.g. ``{"loss": 0.12}``.
 ``gpu_monitor``    ``{"available": bool, "reason": str|None, "interval": s,
                    "samples": [{"t", "device", "load", "memory_mib",
@@ -81,7 +95,8 @@ FORMAT_VERSION = 1
 #: a node whose connection (ssh, srun step) dropped. The schema's enum must
 #: agree (tested).
 FAIL_REASONS = ("error", "oom-killed", "timeout", "signal", "interrupted",
-                "exit-after-result", "rendezvous-timeout", "rank-failed", "node-lost")
+                "exit-after-result", "rendezvous-timeout", "rank-failed", "node-lost",
+                "barrier-timeout")
 
 
 def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
