@@ -391,12 +391,13 @@ def test_two_processes_start_their_timed_loops_together(tmp_path):
     bars = [r["timings"]["barrier"] for r in recs]
     assert [b["parties"] for b in bars] == [2, 2]
     assert bars[0]["wait_s"] > 1.0 > bars[1]["wait_s"]  # the fast one waited
-    assert throughput.release_skew(bars) < 0.2
+    # loose bounds (a busy CI host): without the barrier they would be 1.5 s apart
+    assert throughput.release_skew(bars) < 0.5
     # the first windows open together on the common clock, despite 1.5 s of set-up
     starts = [throughput.anchor(r) + r["timings"]["train"]["samples"][0]["start"] for r in recs]
-    assert abs(starts[0] - starts[1]) < 0.2
+    assert abs(starts[0] - starts[1]) < 0.5
     t = summarize(recs)["tests"]["s.crawl"]
-    assert t["sync"]["synchronized"] == 2 and t["sync"]["skew_s"] < 0.2
+    assert t["sync"]["synchronized"] == 2 and t["sync"]["skew_s"] < 0.5
     assert t["overlap"] > 0.5 and t["effective"]["n"] == 2
 
 
@@ -417,6 +418,7 @@ def test_a_process_stuck_in_set_up_fails_the_others_with_barrier_timeout(tmp_pat
     assert late.success
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
 def test_multi_process_inference_on_cpu_slots_pinned_and_synchronized(tmp_path):
     import shutil
