@@ -89,6 +89,10 @@ class PlanType:
     keys = ()
     #: True when its launches span nodes through a rendezvous (torchrun across nodes).
     distributed = False
+    #: What one record's rate measures, for the node score (:mod:`milarun.report.table`):
+    #: ``"device"`` (one device: a node's rate is the sum over its devices), ``"node"``
+    #: (the devices it used on one node) or ``"job"`` (a job over ``node_count`` nodes).
+    rate_of = "node"
 
     def check(self, scheme, launcher):
         """Problems of a job's ``partition_scheme`` for this type: ``(key, message)`` or None."""
@@ -123,6 +127,7 @@ class PlanType:
 class PerGPU(PlanType):
     name = "per-gpu"
     keys = ("cgroup",)
+    rate_of = "device"
 
     def expand(self, job, cluster):
         idx = list(cluster.devices.indices)
@@ -188,6 +193,7 @@ class NJobs(PlanType):
 class MultiNode(PlanType):
     name = "multi-node"
     distributed = True
+    rate_of = "job"
 
     def expand(self, job, cluster):
         idx = tuple(cluster.devices.indices)
@@ -200,6 +206,7 @@ class NodeProgression(_Steps):
     name = "node-progression"
     keys = ("nodes", "gpus_per_node")
     distributed = True
+    rate_of = "job"
     _GROUP = re.compile(r"^(.+)\.(\d+)x(\d+)$")
 
     def shapes(self, job, cluster):

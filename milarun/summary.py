@@ -20,7 +20,7 @@ Summary format (version 1), a JSON object::
          "pergpu": {device: {n, min, max, mean, std}},  # steady-state rates, items/s
          "pernode": {node: {n, min, max, mean, std}},   # steady-state rates, items/s
          "pernode_failures": {node: failed results},    # nodes with a failure only
-         "node_count": n, "gpus_per_node": g,  # node-progression groups only
+         "node_count": n, "gpus_per_node": g,  # node-progression, multi-node groups only
          "peak_memory": MiB (max over results) or null,
          "steady": {"full": k, "short": k, "none": k},
          # tests with concurrent waves only (milarun.throughput):
@@ -51,7 +51,8 @@ entry has its ``node`` (null when the rule gives none) and
 failures). A node whose every run failed is thus in ``pernode_failures`` and
 not in ``pernode``. Both are what ``milarun report --compare-nodes``
 compares. ``node_count`` and ``gpus_per_node`` (the n and g of the group
-name) are present in node-progression groups only.
+name) are present in node-progression groups, and in multi-node groups (the
+nodes and devices per node of the job) only.
 
 A *concurrent wave* is the successful results of one run of a test when
 there are two or more (per-GPU children, the processes of a multi-process
@@ -302,9 +303,10 @@ def _summarize_group(gname, items):
             if node is not None:
                 pernode[node].append(rate)
     partition = first.get("partition", "normal")
-    # the group holds one shape of the study: its records all say it
+    # the group holds one shape of the study: its records all say it (a multi-node
+    # job's too: the node score divides its rate by its node count)
     shape = (plantypes.TYPES["node-progression"].shape(first)
-             if partition == "node-progression" else None)
+             if partition in ("node-progression", "multi-node") else None)
     return {
         "name": first["name"],
         "group": gname,

@@ -19,7 +19,8 @@ def command(rest):
     weights: Option = default(None)
     # Baseline summary to compare with (ours or the 2020 flat format)
     compare: Option = default(None)
-    # Price of the machine in dollars: adds RPP = price / score
+    # Price of one node in dollars: adds RPP = price / score and price / node score
+    # (the one to quote in a tender: see docs/report.md)
     price: Option & float = default(None)
     # Add per-GPU comparison tables (rate / best GPU of the test)
     compare_gpus: Option & bool = default(False)

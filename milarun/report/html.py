@@ -8,8 +8,10 @@ markup.
 from collections import defaultdict
 from pathlib import Path
 
-from .text import (cell, concurrent_note, fmt_num, fmt_pct, node_flag, node_header,
-                   node_verdict, nothing_to_compare, overlap_line, scaling_cell, scaling_note)
+from .text import (NOISE_HEADER, cell, concurrent_note, fmt_interval, fmt_num, fmt_pct,
+                   node_flag, node_header, node_verdict, noise_cell, noise_columns,
+                   nothing_to_compare, overlap_line, ratio_verdict, scaling_cell,
+                   scaling_note)
 
 #: Lines of log shown per failure.
 LOG_TAIL_LINES = 40
@@ -177,6 +179,42 @@ def render_html(report, records=None, results_dir=None, generated=None):
 
     return _env().get_template("report.html.j2").render(
         r=report, table=table, plots=plots, gpu=gpu, failures=failures, nodes=nodes,
-        scaling=scaling, concurrent=concurrent, overlap=overlap,
+        scaling=scaling, concurrent=concurrent, overlap=overlap, noise=noise_view(report),
         has_records=bool(records), generated=generated,
         ratio_class=ratio_band(report.score_ratio))
+
+
+def sig_band(row):
+    """CSS class of a significant difference from the baseline: ``good`` faster, ``bad``
+    slower; none within noise or with noise unknown."""
+    if row.get("sig") != "significant" or row.get("perf_ratio") is None:
+        return ""
+    return "good" if row["perf_ratio"] > 1 else "bad"
+
+
+def noise_view(report):
+    """What the template's noise and node section and score boxes show (all strings)."""
+    cols = noise_columns(report)
+    ratio = None
+    if report.has_baseline and report.score_ratio is not None:
+        ci = report.score_ratio_ci
+        ratio = (f"{fmt_interval(ci, '.3f')} ({ratio_verdict(ci)})" if ci
+                 else f"noise unknown ({report.score_ratio_ci_note})")
+    return {
+        "header": NOISE_HEADER, "columns": cols,
+        "rows": [{"test": r["test"],
+                  "cells": [(noise_cell(r, c), sig_band(r) if c == "vs baseline" else "")
+                            for c in cols]}
+                 for r in report.rows],
+        "score_ci": (None if report.score is None else fmt_interval(report.score_ci)
+                     if report.score_ci else f"n/a ({report.score_ci_note})"),
+        "node_score": fmt_num(report.node_score) if report.node_score is not None else "n/a",
+        "node_incomplete": bool(report.incomplete or report.node_missing),
+        "node_score_ci": fmt_interval(report.node_score_ci),
+        "node_rpp": fmt_num(report.node_rpp),
+        "ratio_ci": ratio,
+        "baseline_note": (None if not report.has_baseline else
+                          "vs baseline: Welch's two-sample t-test of the mean rates, 95%"
+                          + ("" if report.baseline_noise else
+                             "; noise unknown: the baseline is a 2020 summary")),
+    }

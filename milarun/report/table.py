@@ -32,6 +32,28 @@ Rules, in the order the report applies them:
   ``perf_ratio_adj``. When the baseline lacks some scored tests the ratio is
   marked partial.
 * RPP (price per performance) = ``price / score`` in dollars per score unit.
+* Node score (:func:`node_throughput`): ``node_perf`` is a test's throughput per
+  node (items/s): for a per-gpu test (plan type ``rate_of == "device"``) the sum
+  over the node's devices of each device's mean rate (the sum over every device
+  divided by the number of nodes with results or failures; a device with no
+  successful result counts at the others' mean, its failures being charged by
+  ``1 - fail/n``); for a whole-node test (normal, njobs,
+  gpu-progression) the mean rate itself; for a job over several nodes
+  (multi-node, node-progression) the mean rate over ``node_count``.
+  ``node_perf_adj`` applies perf_adj's rule to it, and the node score is the
+  weighted geometric mean of ``node_perf_adj`` over the scored tests (same
+  weights; a scored test with no node throughput, e.g. from a 2020 summary
+  whose plan types are unknown, is left out and listed). With ``price``,
+  ``node_rpp = price / node score`` (dollars per node-score point).
+* Noise (:mod:`milarun.confidence`, level 95 %): each test's ``ci`` is the
+  Student t interval of ``perf`` from ``train``'s n, mean and std; the score's
+  (and the node score's) interval propagates those through the geometric mean
+  (delta method, Welch-Satterthwaite df), perf_adj's factors taken as fixed.
+  With a baseline, each test's means are compared with Welch's t-test
+  (``sig``: ``significant``, ``within noise`` or ``noise unknown``) and the score
+  ratio gets its interval the same way. Fewer than 2 rates on either side, or a
+  2020 baseline (its format does not define its std), gives no interval
+  ("n/a", "noise unknown"), never a zero-width one.
 
 * Throughput basis (``throughput``, ``milarun report --throughput``): with
   ``effective`` (the default), a test whose every scored result belongs to a
@@ -73,7 +95,7 @@ import statistics
 
 from dataclasses import dataclass, field
 
-from .. import plantypes, stats
+from .. import confidence, plantypes, stats
 from ..errors import MilarunError
 from ..summary import device_key, node_key
 from ..jsonfile import check, read_json
@@ -159,6 +181,16 @@ class Report:
     throughput: str = "effective"
     overlap: list = field(default_factory=list)
     concurrent: list = field(default_factory=list)
+    # node score and noise (see the module doc)
+    node_score: object = None
+    node_missing: list = field(default_factory=list)
+    node_rpp: object = None
+    score_ci: object = None
+    node_score_ci: object = None
+    score_ci_note: object = None
+    score_ratio_ci: object = None
+    score_ratio_ci_note: object = None
+    baseline_noise: bool = True
 
     @property
     def incomplete(self):
@@ -284,6 +316,9 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
 
     if price is not None and report.score:
         report.rpp = price / report.score
+    add_node_score_and_noise(report, tests, base_tests if baseline is not None else None,
+                             baseline_noise=baseline is None
+                             or baseline.get("origin") != "milarun-2020")
 
     if compare_gpus:
         report.gpu_tables = gpu_tables(tests)
@@ -465,3 +500,116 @@ def scaling_tables(tests):
         out.append({"test": name, "nodes": sorted({n for n, _ in cells}),
                     "gpus": sorted({g for _, g in cells}), "base": base, "cells": table})
     return out
+
+
+def node_throughput(t, basis="own"):
+    """Throughput per node (items/s) of one normalized summary group ``t``, or None.
+
+    ``basis`` (from :func:`perf_basis`) picks own or effective rates, so a node's
+    throughput is measured the way the test's ``perf`` is.
+
+    The group's plan type (:attr:`milarun.plantypes.PlanType.rate_of`) says what one
+    record's rate measures:
+
+    * ``"device"`` (per-gpu): the sum of the devices' mean rates (``pergpu``) over
+      the number of nodes that have results or failures (``pernode``,
+      ``pernode_failures``; 1 without them): the average node's sum over its
+      devices. A device whose every run failed (in ``failed`` only) counts at the
+      mean of the other devices: its failures already cost the test its
+      ``(1 - fail/n)`` factor, and counting it at 0 as well would charge them
+      twice (a node with 1 dead GPU of 8 then scores 7/8 of a whole one);
+    * ``"node"`` (normal, njobs, gpu-progression): ``train.mean``;
+    * ``"job"`` (multi-node, node-progression): ``train.mean / node_count``.
+
+    None when the plan type is unknown (2020 summaries) or there is no rate.
+    """
+    kind = plantypes.TYPES.get(t.get("partition"))
+    if kind is None:
+        return None
+    if kind.rate_of == "device":
+        per = t.get("pergpu_effective") if basis == "effective" else None
+        means = [st["mean"] for st in (per or t.get("pergpu") or {}).values()
+                 if st.get("mean") is not None]
+        if not means:
+            return None
+        devices = set(t.get("pergpu") or {}) | {f.get("device") for f in t.get("failed") or []}
+        nodes = set(t.get("pernode") or {}) | set(t.get("pernode_failures") or {})
+        return math.fsum(means) / len(means) * len(devices) / max(1, len(nodes))
+    perf = _sample(t, basis)[1]
+    if perf is None:
+        return None
+    if kind.rate_of == "job":
+        count = t.get("node_count")
+        return perf / count if count else None
+    return perf
+
+
+def _sample(t, basis="own"):
+    """``(n, mean, std)`` of a group's per-result rates: effective ones when ``basis``
+    is ``"effective"`` (:func:`perf_basis`), else the own steady-state rates."""
+    st = t.get("effective") if basis == "effective" else None
+    st = st or t["train"]
+    return (st["n"], st["mean"], st["std"])
+
+
+def _few(rows, key="sample"):
+    """Tests of ``rows`` whose ``key`` sample has fewer than 2 rates."""
+    return [r["test"] for r in rows if (r[key][0] or 0) < 2]
+
+
+def add_node_score_and_noise(report, tests, base_tests=None, baseline_noise=True):
+    """Add the node score and the confidence intervals to ``report`` (rules in the module
+    doc). ``tests`` and ``base_tests`` are normalized summaries' ``tests`` (no baseline:
+    None); ``baseline_noise`` False says the baseline's std cannot be used (2020 format).
+    """
+    report.baseline_noise = baseline_noise
+    for r in report.rows:
+        t = tests[r["test"]]
+        r["sample"] = _sample(t, r["basis"])
+        r["ci"] = confidence.mean_interval(*r["sample"])
+        node = node_throughput(t, r["basis"])
+        r["node_perf"] = node
+        r["node_perf_adj"] = (None if node is None else
+                              stats.perf_adj(node, r["std"], r["fail"], r["n"],
+                                             report.penalize_variance))
+        if base_tests is None:
+            continue
+        b = base_tests.get(r["test"])
+        r["base_sample"] = (None if b is None
+                            else _sample(b, perf_basis(b, report.throughput)[2]))
+        test = (confidence.welch_test(r["sample"], r["base_sample"])
+                if b is not None and baseline_noise else None)
+        r["t"], r["df"] = (test.t, test.df) if test else (None, None)
+        r["sig"] = (None if b is None or r["perf"] is None or b["train"]["mean"] is None
+                    else "noise unknown" if test is None
+                    else "significant" if test.significant else "within noise")
+
+    counted = [r for r in report.rows if r["counted"]]
+    node_rows = [r for r in counted if r["node_perf_adj"]]
+    report.node_missing = [r["test"] for r in counted if not r["node_perf_adj"]]
+    report.node_score = stats.weighted_geomean([r["node_perf_adj"] for r in node_rows],
+                                               [r["weight"] for r in node_rows])
+    if report.price is not None and report.node_score:
+        report.node_rpp = report.price / report.node_score
+
+    report.score_ci = confidence.geomean_interval(
+        report.score, [(r["weight"], [r["sample"]]) for r in counted])
+    report.node_score_ci = confidence.geomean_interval(
+        report.node_score, [(r["weight"], [r["sample"]]) for r in node_rows])
+    if report.score is not None and report.score_ci is None:
+        report.score_ci_note = "fewer than 2 results in " + ", ".join(_few(counted))
+
+    if base_tests is not None and report.score_ratio is not None:
+        common = [r for r in counted if r["perf_base_adj"] and r["perf_base_adj"] > 0]
+        if not baseline_noise:
+            report.score_ratio_ci_note = ("the baseline is a 2020 summary, whose format "
+                                          "does not define its std")
+            return
+        report.score_ratio_ci = confidence.geomean_interval(
+            report.score_ratio, [(r["weight"], [r["sample"], r["base_sample"]])
+                                 for r in common])
+        if report.score_ratio_ci is None:
+            few = [f"{side} {', '.join(names)}" for side, names in
+                   (("ours:", _few(common)), ("baseline:", _few(common, "base_sample")))
+                   if names]
+            report.score_ratio_ci_note = "fewer than 2 results in " + "; ".join(few)

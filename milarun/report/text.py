@@ -1,5 +1,7 @@
 """Plain-text rendering of a :class:`~milarun.report.table.Report` (terminal output)."""
 
+import math
+
 
 def fmt_num(value, spec=".2f"):
     """Format a number, or ``-`` for ``None``."""
@@ -112,6 +114,104 @@ def concurrent_lines(entries):
     return ["concurrent processes: own and effective throughput per process (mean items/s); "
             "effective = items in the interval when every process of the wave was in steady "
             "state / its length", frame.to_string(), *[concurrent_note(e) for e in entries]]
+def fmt_interval(ci, spec=".2f"):
+    """``lo to hi`` of a :data:`milarun.confidence.Interval`, or ``n/a`` (variance unknown)."""
+    return "n/a" if ci is None else f"{format(ci.lo, spec)} to {format(ci.hi, spec)}"
+
+
+def ci_pct(row):
+    """Half-width of a row's perf interval as a percentage of perf: ``±1.23%``; ``n/a (n=1)``
+    with one rate; ``-`` without a rate."""
+    if row.get("perf") is None:
+        return "-"
+    ci = row.get("ci")
+    if ci is None:
+        return f"n/a (n={row['sample'][0]})"
+    return f"±{(ci.hi - ci.lo) / 2 / row['perf'] * 100:.2f}%" if row["perf"] else "-"
+
+
+def noise_cell(row, column):
+    """The text of one cell of the noise and node table (text and HTML renderers)."""
+    if column == "rates":
+        return str(row["sample"][0])
+    if column == "perf 95% CI":
+        return "-" if row.get("perf") is None else fmt_interval(row.get("ci"))
+    if column == "ci±":
+        return ci_pct(row)
+    if column == "t":
+        t = row.get("t")
+        return "-" if t is None else "inf" if math.isinf(t) else f"{t:.2f}"
+    if column == "df":
+        return fmt_num(row.get("df"), ".1f")
+    if column == "perf_ratio":
+        return fmt_num(row.get(column), ".3f")
+    if column == "vs baseline":
+        return row.get("sig") or "-"
+    return fmt_num(row.get(column))
+
+
+def noise_columns(report):
+    """Columns of the noise and node table."""
+    cols = ["rates", "perf 95% CI", "ci±", "node_perf", "node_perf_adj"]
+    if report.has_baseline:
+        cols += ["perf_ratio", "t", "df", "vs baseline"]
+    return cols
+
+
+#: The line above the noise and node table.
+NOISE_HEADER = ("noise and throughput per node: perf 95% CI = Student t interval of the mean "
+                "over the per-result rates (n/a with one rate); node_perf = items/s per node "
+                "(per-gpu tests: the sum over the node's devices); node score = weighted "
+                "geometric mean of node_perf_adj")
+
+
+def noise_lines(report):
+    """The noise and node table (:func:`milarun.report.table.add_node_score_and_noise`)
+    as lines: a header line and one row per test."""
+    import pandas as pd
+
+    cols = noise_columns(report)
+    data = {c: [noise_cell(r, c) for r in report.rows] for c in cols}
+    frame = pd.DataFrame(data, index=pd.Index([r["test"] for r in report.rows], name="test"),
+                         columns=cols)
+    lines = [NOISE_HEADER, frame.to_string()]
+    if report.has_baseline:
+        lines.append("vs baseline: Welch's two-sample t-test of the mean rates, 95%"
+                     + ("" if report.baseline_noise else
+                        "; noise unknown: the baseline is a 2020 summary"))
+    return lines
+
+
+def ratio_verdict(ci):
+    """``significant`` when a ratio's interval excludes 1, else ``within noise``."""
+    return "significant" if ci.lo > 1 or ci.hi < 1 else "within noise"
+
+
+def confidence_lines(report):
+    """The score's interval, the node score and its price, and the score ratio's interval."""
+    lines = []
+    if report.score is not None:
+        lines.append("score 95% CI: " + (fmt_interval(report.score_ci) if report.score_ci
+                                         else f"n/a ({report.score_ci_note})"))
+    if report.node_score is None:
+        lines.append("node score: n/a (no scored test has a throughput per node)")
+    else:
+        tag = " (incomplete)" if report.incomplete or report.node_missing else ""
+        lines.append(f"node score: {report.node_score:.2f}{tag}")
+        if report.score_ci is not None or report.node_score_ci is not None:
+            lines.append(f"node score 95% CI: {fmt_interval(report.node_score_ci)}")
+    if report.node_missing:
+        lines.append("tests with no throughput per node (plan type unknown), left out of the "
+                     "node score: " + ", ".join(report.node_missing))
+    if report.price is not None:
+        lines.append(f"price per node-score point (price / node score): "
+                     f"{fmt_num(report.node_rpp)}")
+    if report.has_baseline and report.score_ratio is not None:
+        ci = report.score_ratio_ci
+        lines.append("score / baseline 95% CI: "
+                     + (f"{fmt_interval(ci, '.3f')} ({ratio_verdict(ci)})" if ci
+                        else f"noise unknown ({report.score_ratio_ci_note})"))
+    return lines
 
 
 def gpu_frames(report):
@@ -240,6 +340,10 @@ def render_text(report):
         lines.append("(no results)")
     lines.append("")
     lines.extend(score_lines(report))
+    lines.extend(confidence_lines(report))
+    if report.rows:
+        lines.append("")
+        lines.extend(noise_lines(report))
     for stat, frame in gpu_frames(report).items():
         lines.append("")
         lines.append(f"per-GPU {stat} steady-state rate / best GPU of the test")

@@ -1,0 +1,220 @@
+"""Noise: confidence intervals and significance tests (numbers only, no I/O, no scipy).
+
+The report's inputs are a summary's ``(n, mean, std)`` of the per-result
+steady-state rates of each test (``std`` the sample standard deviation,
+divisor ``n - 1``). These are the sufficient statistics of every method
+here, so a summary or a baseline needs no per-result list:
+
+* :func:`mean_interval` -- the Student t interval of a test's mean rate,
+  ``mean ± t(1 - a/2, n - 1) * std / sqrt(n)`` (the textbook one-sample t
+  interval, e.g. NIST/SEMATECH e-Handbook of Statistical Methods, 7.2.2.1).
+* :func:`welch_test` -- is a difference of two means more than noise?
+  Welch's two-sample t-test (B. L. Welch, "The generalization of Student's
+  problem when several different population variances are involved",
+  Biometrika 34, 1947), two-tailed at ``1 - level``. pyperf's ``compare_to``
+  asks the same question with Student's pooled-variance two-sample t-test
+  (``pyperf/_utils.py: is_significant``); Welch's form is used here because
+  two machines (or a 4-GPU and an 8-GPU node) differ in both noise and
+  sample size, which the pooled test assumes away.
+* :func:`geomean_interval` -- the interval of a weighted geometric mean
+  (the score) or of a ratio of two (score / baseline): the delta method on
+  the logarithm, ``Var(log mean_i) ~ std_i^2 / (n_i mean_i^2)``, summed with
+  the squared normalized weights, and a t quantile whose degrees of freedom
+  come from the Welch-Satterthwaite equation (F. E. Satterthwaite, "An
+  approximate distribution of estimates of variance components",
+  Biometrics Bulletin 2, 1946).
+* :func:`t_quantile` -- Student's t quantile for any real ``df > 0``,
+  from the regularized incomplete beta function, ``P(T <= t) = 1 -
+  I_x(df/2, 1/2) / 2`` with ``x = df / (df + t^2)`` (Abramowitz & Stegun
+  26.7.1 and 26.5.27), evaluated by its continued fraction with the modified
+  Lentz method (Press et al., Numerical Recipes, 3rd ed., 6.4) and inverted
+  by bisection.
+
+With fewer than two results a variance is unknown: every function returns
+``None`` then, and the report prints ``n/a``, never a zero-width interval.
+"""
+
+import math
+import statistics
+from collections import namedtuple
+
+#: Confidence level of every interval and test in the report.
+LEVEL = 0.95
+
+#: ``lo``, ``hi`` (same unit as the estimate) and ``df`` (degrees of freedom; ``inf``
+#: when the interval has zero width because every result was the same).
+Interval = namedtuple("Interval", "lo hi df")
+
+#: ``t`` (Welch's statistic, ``inf`` when both variances are 0 and the means differ),
+#: ``df`` and ``significant`` (``|t|`` above the two-tailed critical value).
+Test = namedtuple("Test", "t df significant")
+
+
+def _betacf(a, b, x):
+    """Continued fraction of the incomplete beta function (modified Lentz, NR 6.4)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 1000):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)),
+                   -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def betainc(a, b, x):
+    """Regularized incomplete beta function ``I_x(a, b)`` for ``a, b > 0``, ``0 <= x <= 1``."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                     + a * math.log(x) + b * math.log1p(-x))
+    # the continued fraction converges fast on this side of the mean of the beta law
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t, df):
+    """``P(T <= t)`` for Student's t with ``df > 0`` degrees of freedom (``inf``: normal)."""
+    if math.isinf(df):
+        return statistics.NormalDist().cdf(t)
+    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p, df):
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``df`` real, > 0,
+    or ``inf`` for the normal law), to about 1e-12 relative.
+
+    ``t_quantile(0.975, 4) == 2.7764451...``; ``t_quantile(0.975, inf) == 1.9599639...``.
+
+    Raises:
+        ValueError: ``p`` not in (0, 1), or ``df`` not > 0.
+    """
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"quantile level {p!r} not in (0, 1)")
+    if not df > 0:
+        raise ValueError(f"degrees of freedom {df!r} not > 0")
+    if math.isinf(df) or df > 1e7:
+        return statistics.NormalDist().inv_cdf(p)
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    if p == 0.5:
+        return 0.0
+    lo, hi = 0.0, 2.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):   # bisection: 200 halvings reach the float's resolution
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def _known(n, mean, std):
+    return (n is not None and n >= 2 and mean is not None and std is not None
+            and math.isfinite(mean) and math.isfinite(std))
+
+
+def mean_interval(n, mean, std, level=LEVEL):
+    """The Student t confidence interval of a mean: ``mean ± t * std / sqrt(n)``.
+
+    ``n`` values (results), their ``mean`` and sample ``std`` (divisor
+    ``n - 1``), any unit (items/s in the report); ``level`` e.g. 0.95.
+
+    Returns:
+        :data:`Interval` ``(lo, hi, df = n - 1)``, or ``None`` when the
+        variance is unknown (``n < 2``, or no mean/std).
+    """
+    if not _known(n, mean, std):
+        return None
+    half = t_quantile(0.5 + level / 2.0, n - 1) * std / math.sqrt(n)
+    return Interval(mean - half, mean + half, float(n - 1))
+
+
+def welch_test(a, b, level=LEVEL):
+    """Welch's two-sample, two-tailed t-test of ``mean_a == mean_b``.
+
+    ``a`` and ``b`` are ``(n, mean, std)`` of two samples (std with divisor
+    ``n - 1``). ``t = (mean_a - mean_b) / sqrt(std_a^2/n_a + std_b^2/n_b)``;
+    the degrees of freedom follow Welch-Satterthwaite. The difference is
+    significant when ``|t| >= t_quantile(1 - (1 - level)/2, df)``. Two
+    samples without spread: significant exactly when the means differ.
+
+    Returns:
+        :data:`Test`, or ``None`` when either side has fewer than 2 values
+        (noise unknown).
+    """
+    if not (_known(*a) and _known(*b)):
+        return None
+    (na, ma, sa), (nb, mb, sb) = a, b
+    va, vb = sa * sa / na, sb * sb / nb
+    if va + vb == 0.0:
+        return Test(math.inf if ma != mb else 0.0, float(na + nb - 2), ma != mb)
+    t = (ma - mb) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va * va / (na - 1) + vb * vb / (nb - 1))
+    return Test(t, df, abs(t) >= t_quantile(0.5 + level / 2.0, df))
+
+
+def log_variance(n, mean, std):
+    """``Var(log mean) ~ std^2 / (n * mean^2)`` (delta method); None when unknown or mean <= 0."""
+    if not _known(n, mean, std) or mean <= 0:
+        return None
+    return std * std / (n * mean * mean)
+
+
+def geomean_interval(value, parts, level=LEVEL):
+    """Confidence interval of a weighted geometric mean (or of a ratio of two).
+
+    ``value`` is the estimate (the score, or score / baseline score);
+    ``parts`` is a list of ``(weight, components)``, one per term of the
+    mean, where ``components`` lists the ``(n, mean, std)`` whose logarithms
+    add up to the term's logarithm: one for a score (the test's mean rate),
+    two for a ratio (ours and the baseline's: ``log(a/b) = log a - log b``,
+    independent samples, so the variances add).
+
+    With ``a_i = w_i / sum(w)``, ``V = sum_i a_i^2 sum_k log_variance_ik``
+    and the interval is ``value * exp(± t(df) * sqrt(V))``: asymmetric,
+    always positive. ``df = V^2 / sum (a_i^2 log_variance_ik)^2 / (n_ik - 1)``
+    (Welch-Satterthwaite). Scale factors that multiply a term (perf_adj's
+    ``(1 - std%) * (1 - fail/n)``) are taken as fixed.
+
+    Returns:
+        :data:`Interval`, or ``None`` when ``value`` is None, ``parts`` is
+        empty or any component's variance is unknown (fewer than 2 results).
+    """
+    if value is None or not parts:
+        return None
+    total = sum(w for w, _ in parts)
+    if not total > 0:
+        return None
+    var, denom = 0.0, 0.0
+    for w, components in parts:
+        for n, mean, std in components:
+            lv = log_variance(n, mean, std)
+            if lv is None:
+                return None
+            c = (w / total) ** 2 * lv
+            var += c
+            denom += c * c / (n - 1)
+    if var == 0.0:
+        return Interval(value, value, math.inf)
+    df = var * var / denom
+    half = t_quantile(0.5 + level / 2.0, df) * math.sqrt(var)
+    return Interval(value * math.exp(-half), value * math.exp(half), df)
+

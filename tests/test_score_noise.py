@@ -1,0 +1,310 @@
+"""Node score, price per node-score point, confidence intervals and --compare significance."""
+
+import io
+import math
+from pathlib import Path
+
+import pytest
+
+from milarun import confidence, stats
+from milarun.cli.report import run_report
+from milarun.report import build_report, render_html, render_text
+from milarun.results.schema import new_result
+from milarun.summary import normalize_summary, read_summary, summarize
+
+FIX = Path(__file__).parent / "fixtures"
+BASE2020 = FIX / "baseline2020.json"
+WEIGHTS = FIX / "weights.json"
+
+
+# --- Student t, by tables -------------------------------------------------------------
+
+#: Two-tailed 95% critical values for df = 1..30 (pyperf's _T_DIST_95_CONF_LEVELS, the
+#: usual printed t table, 3 decimals).
+T_TABLE = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
+           2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074,
+           2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def test_t_quantile_matches_the_printed_table():
+    for df, value in enumerate(T_TABLE, start=1):
+        assert confidence.t_quantile(0.975, df) == pytest.approx(value, abs=6e-4), df
+
+
+def test_t_quantile_to_many_digits():
+    # exact values (closed forms: df=1 tan(0.475 pi), df=2 sqrt(2) q / sqrt(1 - q^2)...)
+    assert confidence.t_quantile(0.975, 1) == pytest.approx(math.tan(0.475 * math.pi),
+                                                           rel=1e-10)
+    q = 2 * 0.975 - 1
+    assert confidence.t_quantile(0.975, 2) == pytest.approx(q * math.sqrt(2 / (1 - q * q)),
+                                                           rel=1e-10)
+    assert confidence.t_quantile(0.995, 1) == pytest.approx(63.65674116287399, rel=1e-9)
+    assert confidence.t_quantile(0.975, 10) == pytest.approx(2.2281388519649385, rel=1e-9)
+    assert confidence.t_quantile(0.975, math.inf) == pytest.approx(1.959963984540054)
+    assert confidence.t_quantile(0.025, 4) == pytest.approx(-2.7764451051977987)
+    # real degrees of freedom (Welch): between its integer neighbours, and inverts the cdf
+    t = confidence.t_quantile(0.975, 4.5)
+    assert 2.571 < t < 2.776
+    assert confidence.t_cdf(t, 4.5) == pytest.approx(0.975, abs=1e-12)
+    with pytest.raises(ValueError):
+        confidence.t_quantile(1.0, 3)
+    with pytest.raises(ValueError):
+        confidence.t_quantile(0.9, 0)
+
+
+def test_mean_interval_by_hand():
+    d = stats.describe([98.0, 100.0, 102.0, 100.0])   # mean 100, std sqrt(8/3)
+    ci = confidence.mean_interval(d["n"], d["mean"], d["std"])
+    half = 3.182446305284263 * math.sqrt(8 / 3) / 2
+    assert (ci.lo, ci.hi, ci.df) == (pytest.approx(100 - half), pytest.approx(100 + half), 3)
+
+
+def test_one_result_has_no_interval_never_zero():
+    assert confidence.mean_interval(1, 5.0, 0.0) is None
+    assert confidence.mean_interval(0, None, None) is None
+    assert confidence.welch_test((1, 5.0, 0.0), (4, 5.0, 1.0)) is None
+    # two results that agree exactly: measured, an interval of width 0
+    assert confidence.mean_interval(2, 5.0, 0.0) == (5.0, 5.0, 1.0)
+
+
+def test_welch_by_hand_clearly_different_is_significant():
+    # [10, 12, 14] against [20, 22, 24]: t = -8 / sqrt(4/3 + 4/3), df = 4
+    test = confidence.welch_test((3, 12.0, 2.0), (3, 20.0, 2.0))
+    assert test.t == pytest.approx(-8 / math.sqrt(8 / 3))
+    assert test.df == pytest.approx(4.0)
+    assert test.significant                     # |t| = 4.90 > 2.776
+
+
+def test_welch_same_distribution_is_within_noise():
+    a = stats.describe([100.0, 104.0, 96.0, 101.0])
+    b = stats.describe([102.0, 97.0, 99.0, 103.0])
+    test = confidence.welch_test((a["n"], a["mean"], a["std"]), (b["n"], b["mean"], b["std"]))
+    assert not test.significant and abs(test.t) < 0.5
+    assert not confidence.welch_test((4, 10.0, 1.0), (4, 10.0, 1.0)).significant
+    # with equal sizes Welch's t is Student's pooled t (pyperf's tscore); only df differ
+    pooled = math.sqrt((a["std"] ** 2 + b["std"] ** 2) / 2)
+    assert test.t == pytest.approx((a["mean"] - b["mean"]) / (pooled * math.sqrt(2 / 4)))
+
+
+def test_welch_without_spread():
+    assert confidence.welch_test((2, 5.0, 0.0), (3, 6.0, 0.0)).significant
+    assert not confidence.welch_test((2, 5.0, 0.0), (3, 5.0, 0.0)).significant
+
+
+def test_geomean_interval_by_hand():
+    # weights 1 and 3: a = 1/4, 3/4; Var(log mean) = std^2 / (n mean^2)
+    parts = [(1.0, [(4, 100.0, 2.0)]), (3.0, [(9, 50.0, 3.0)])]
+    v1 = (1 / 4) ** 2 * 4 / (4 * 100.0 ** 2)
+    v2 = (3 / 4) ** 2 * 9 / (9 * 50.0 ** 2)
+    df = (v1 + v2) ** 2 / (v1 ** 2 / 3 + v2 ** 2 / 8)
+    half = confidence.t_quantile(0.975, df) * math.sqrt(v1 + v2)
+    ci = confidence.geomean_interval(70.0, parts)
+    assert ci.df == pytest.approx(df)
+    assert ci.lo == pytest.approx(70 * math.exp(-half))
+    assert ci.hi == pytest.approx(70 * math.exp(half))
+    # a ratio's term carries two independent samples: their variances add
+    ratio = confidence.geomean_interval(1.0, [(1.0, [(4, 100.0, 2.0), (4, 100.0, 2.0)])])
+    single = confidence.geomean_interval(1.0, [(1.0, [(4, 100.0, 2.0)])])
+    assert math.log(ratio.hi) > math.log(single.hi)
+    assert ratio.lo < 1 < ratio.hi
+    # one term with a single result: unknown, never zero-width
+    assert confidence.geomean_interval(70.0, parts + [(1.0, [(1, 10.0, 0.0)])]) is None
+
+
+# --- hand-made summaries ---------------------------------------------------------------
+
+def entry(name, rates, partition="per-gpu", failed_devices=(), **extra):
+    """A summary group: ``rates`` is ``{device: [rate per run]}`` (items/s)."""
+    every = [r for rs in rates.values() for r in rs]
+    failed = [{"device": d, "node": None, "run": 0, "reason": "error", "message": None,
+               "returncode": 1, "stderr_tail": None, "file": None} for d in failed_devices]
+    return {"name": name, "group": name, "partition": partition, "device_count": 1,
+            "n": len(every) + len(failed), "failures": len(failed),
+            "failure_reasons": {"error": len(failed)} if failed else {}, "failed": failed,
+            "train": stats.describe(every), "total": stats.describe([]),
+            "pergpu": {d: stats.describe(rs) for d, rs in rates.items()}, **extra}
+
+
+def make_summary(*entries):
+    return normalize_summary({"format": "milarun-summary", "version": 1,
+                              "tests": {e["group"]: e for e in entries}})
+
+
+def node_of(gpus, rate=100.0):
+    """A node of ``gpus`` identical devices running two per-gpu tests (2 runs each; every
+    device alike, so that std% is the same for 4 and 8 of them)."""
+    return make_summary(
+        entry("s.conv", {str(d): [rate - 1, rate + 1] for d in range(gpus)}),
+        entry("s.vae", {str(d): [rate / 2, rate / 2] for d in range(gpus)}))
+
+
+def test_node_score_doubles_with_twice_the_same_gpus():
+    # std% of s.conv moves a little with n (divisor n - 1): compared without that factor
+    four, eight = (build_report(node_of(g), price=10000.0 * g, penalize_variance=False)
+                   for g in (4, 8))
+    assert four.score == pytest.approx(eight.score)
+    assert eight.node_score == pytest.approx(2 * four.node_score)
+    # price / score doubles for the larger node; price per node-score point does not
+    assert eight.rpp == pytest.approx(2 * four.rpp)
+    assert four.node_rpp == pytest.approx(40000 / four.node_score)
+    assert eight.node_rpp == pytest.approx(four.node_rpp)
+    # per node: the sum over the node's devices of their mean rates; perf_adj's factors
+    rep = build_report(node_of(4), price=40000.0)
+    rows = {r["test"]: r for r in rep.rows}
+    assert rows["s.conv"]["node_perf"] == pytest.approx(4 * 100.0)
+    assert rows["s.vae"]["node_perf"] == pytest.approx(4 * 50.0)
+    std = rows["s.conv"]["std"]
+    assert std > 0
+    assert rows["s.conv"]["node_perf_adj"] == pytest.approx(400 * (1 - std))
+    assert rep.node_score == pytest.approx(math.sqrt(400 * (1 - std) * 200))
+    text = render_text(rep)
+    assert f"node score: {rep.node_score:.2f}" in text
+    assert f"price per node-score point (price / node score): {rep.node_rpp:.2f}" in text
+
+
+def test_whole_node_and_job_tests_keep_their_rate():
+    s = make_summary(
+        entry("s.normal", {"all": [800.0, 820.0]}, partition="normal"),
+        entry("s.step.2", {"0-1": [300.0, 310.0]}, partition="gpu-progression"),
+        entry("s.ddp", {"2x4": [1500.0, 1540.0]}, partition="multi-node", node_count=2,
+              gpus_per_node=4),
+        entry("s.ddp.4x2", {"4x2": [2000.0]}, partition="node-progression", node_count=4,
+              gpus_per_node=2))
+    rows = {r["test"]: r for r in build_report(s).rows}
+    assert rows["s.normal"]["node_perf"] == pytest.approx(810.0)
+    assert rows["s.step.2"]["node_perf"] == pytest.approx(305.0)
+    assert rows["s.ddp"]["node_perf"] == pytest.approx(1520.0 / 2)
+    assert rows["s.ddp.4x2"]["node_perf"] == pytest.approx(2000.0 / 4)
+
+
+def test_a_dead_gpu_costs_the_node_once():
+    # 8 devices, device 7 failed its only run: it counts at the others' mean, and the
+    # test's (1 - fail/n) factor charges its failure -> 7 GPUs' worth, as 7/8 of the node
+    rates = {str(d): [100.0, 100.0] for d in range(7)}
+    s = make_summary(entry("s.conv", rates, failed_devices=["7"]))
+    row = build_report(s).rows[0]
+    assert row["node_perf"] == pytest.approx(800.0)
+    assert row["node_perf_adj"] == pytest.approx(800.0 * (1 - 1 / 15))
+    assert row["perf_adj"] == pytest.approx(100.0 * (1 - 1 / 15))
+
+
+def record(name, rate, device, host, partition="per-gpu", **fields):
+    """A successful record whose steady-state rate is ``rate`` items/s."""
+    rec = new_result(name, f"0.{device}", device=device, devices=[0], run=0,
+                     partition=partition)
+    rec["success"] = True
+    rec["timings"]["program"] = {"start": 1.0e9, "end": 1.0e9 + 21, "duration": 21.0}
+    rec["timings"]["train"]["samples"] = [
+        {"start": float(i), "end": float(i + 1), "count": rate, "rate": rate, "warmup": i == 0}
+        for i in range(20)]
+    rec["host"] = {"hostname": host, "cpu_model": "EPYC", "cpu_count": 64, "gpus": []}
+    rec.update(fields)
+    return rec
+
+
+def test_node_throughput_of_a_cluster_from_records():
+    recs = [record("c.conv", 100.0 + d + 10 * i, f"node{i}.{d}", f"node{i}", node=f"node{i}",
+                   nodes=[f"node{i}"], node_count=1, gpus_per_node=1)
+            for i in (1, 2) for d in (0, 1)]
+    recs.append(record("c.ddp", 900.0, "2x2", "node1", partition="multi-node",
+                       nodes=["node1", "node2"], node_count=2, gpus_per_node=2))
+    summary = summarize(recs)
+    assert summary["tests"]["c.ddp"]["node_count"] == 2
+    rows = {r["test"]: r for r in build_report(summary).rows}
+    # per-gpu on 2 nodes: the average node's sum over its 2 devices
+    assert rows["c.conv"]["node_perf"] == pytest.approx((110 + 111 + 120 + 121) / 2)
+    assert rows["c.ddp"]["node_perf"] == pytest.approx(450.0)
+
+
+# --- the 2020 baseline ------------------------------------------------------------------
+
+def test_2020_scores_unchanged_and_its_noise_unknown():
+    from milarun.report import load_weights
+
+    base = read_summary(BASE2020)
+    w = load_weights(WEIGHTS)
+    adj = {"convnet": 80 * 0.95, "vae": 250, "s1": 300, "s2": 500, "short": 40}
+    ws = {"convnet": 1, "vae": 1, "s1": 1, "s2": 1, "short": 0.5}
+    exact = math.exp(sum(ws[k] * math.log(adj[k]) for k in adj) / sum(ws.values()))
+    rep = build_report(base, weights=w)
+    assert rep.score == pytest.approx(exact, rel=1e-12)
+    # its plan types are unknown: no node score rather than a wrong one
+    assert rep.node_score is None and len(rep.node_missing) == 5
+    assert "node score: n/a" in render_text(rep)
+    # compared with: the score ratio is the same, its noise unknown
+    ours = node_of(2)
+    cmp = build_report(make_summary(*[{**e, "name": n, "group": n} for n, e in
+                                      (("standard.convnet", ours["tests"]["s.conv"]),)]),
+                       weights=w, baseline=base)
+    assert cmp.score_base == pytest.approx(76.0)
+    assert cmp.score_ratio_ci is None and "2020" in cmp.score_ratio_ci_note
+    assert cmp.rows[0]["sig"] == "noise unknown"
+    assert "noise unknown" in render_text(cmp)
+
+
+# --- --compare significance ------------------------------------------------------------
+
+def test_compare_marks_significant_and_within_noise():
+    ours = make_summary(entry("s.conv", {"0": [100.0, 101.0], "1": [99.0, 100.0]}),
+                        entry("s.vae", {"0": [100.0, 104.0], "1": [96.0]}),
+                        entry("s.one", {"0": [10.0]}))
+    base = make_summary(entry("s.conv", {"0": [80.0, 81.0], "1": [79.0, 80.0]}),
+                        entry("s.vae", {"0": [101.0, 99.0], "1": [100.0]}),
+                        entry("s.one", {"0": [10.0, 10.5]}))
+    rep = build_report(ours, baseline=base)
+    rows = {r["test"]: r for r in rep.rows}
+    assert rows["s.conv"]["sig"] == "significant"
+    assert rows["s.vae"]["sig"] == "within noise"
+    assert rows["s.one"]["sig"] == "noise unknown" and rows["s.one"]["ci"] is None
+    # one test with one result: no score interval, and the report says which
+    assert rep.score_ci is None and "s.one" in rep.score_ci_note
+    assert rep.score_ratio_ci is None and "ours: s.one" in rep.score_ratio_ci_note
+    text = render_text(rep)
+    assert "significant" in text and "within noise" in text and "n/a (n=1)" in text
+    assert "±0.00%" not in text
+
+
+def test_score_ratio_interval():
+    ours = make_summary(entry("s.conv", {"0": [100.0, 102.0, 98.0]}),
+                        entry("s.vae", {"0": [50.0, 51.0, 49.0]}))
+    base = make_summary(entry("s.conv", {"0": [90.0, 91.0, 89.0]}),
+                        entry("s.vae", {"0": [50.0, 52.0, 48.0]}))
+    rep = build_report(ours, baseline=base, penalize_variance=False)
+    ci = rep.score_ratio_ci
+    assert ci.lo < rep.score_ratio < ci.hi
+    # by hand: terms 1/2 each, ours and the baseline's variances add
+    lv = [4 / (3 * 100 ** 2), 1 / (3 * 50 ** 2), 1 / (3 * 90 ** 2), 4 / (3 * 50 ** 2)]
+    parts = [v / 4 for v in lv]
+    var = sum(parts)
+    df = var ** 2 / sum(p * p / 2 for p in parts)
+    half = confidence.t_quantile(0.975, df) * math.sqrt(var)
+    assert ci.lo == pytest.approx(rep.score_ratio * math.exp(-half))
+    assert ci.hi == pytest.approx(rep.score_ratio * math.exp(half))
+    # the score's own interval holds the score
+    assert rep.score_ci.lo < rep.score < rep.score_ci.hi
+    text = render_text(rep)
+    assert "score / baseline 95% CI: " in text and "(significant)" in text
+    # against itself: ratio 1, within noise
+    same = build_report(ours, baseline=ours)
+    assert same.score_ratio == pytest.approx(1.0)
+    assert same.score_ratio_ci.lo < 1 < same.score_ratio_ci.hi
+    assert all(r["sig"] == "within noise" for r in same.rows)
+
+
+def test_cli_and_html_show_node_score_and_intervals(tmp_path):
+    from milarun.summary import write_summary
+
+    path = tmp_path / "s.json"
+    write_summary(node_of(4), path)
+    out = io.StringIO()
+    html = tmp_path / "r.html"
+    assert run_report(str(path), stdout=out, warn=io.StringIO(), price=1000.0,
+                      compare=str(path), html=str(html)) == 0
+    text = out.getvalue()
+    assert "node score: " in text and "score 95% CI: " in text and "within noise" in text
+    page = html.read_text()
+    for key in ('id="node-score"', 'id="node-rpp"', 'id="score-ci"', 'id="noise-table"',
+                'id="score-ratio-ci"'):
+        assert key in page
+    rep = build_report(node_of(4), price=1000.0)
+    assert f">{rep.node_score:.2f}<" in render_html(rep)
