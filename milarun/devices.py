@@ -20,15 +20,26 @@ class Devices:
         names: GPU names (empty for CPU slots).
         affinity: per device, the CPU ids NVML reports as local to the GPU
             (empty when unknown or for CPU slots).
+        cores: CPU cores the node's students share (``isolation.host_cpus``),
+            None when unknown.
+        memory_mib: per device, its memory in MiB (a GPU's total; a CPU slot's
+            share of the host RAM); empty when unknown.
     """
 
     kind: str
     indices: list
     names: list = field(default_factory=list)
     affinity: list = field(default_factory=list)
+    cores: int = None
+    memory_mib: list = field(default_factory=list)
 
     def __len__(self):
         return len(self.indices)
+
+    def first(self, n):
+        """These devices cut to the first ``n`` (the node facts kept)."""
+        return Devices(self.kind, self.indices[:n], self.names[:n], self.affinity[:n],
+                       self.cores, self.memory_mib[:n])
 
 
 def _nvml_cpus(pynvml, handle, ncpus):
@@ -106,23 +117,35 @@ def nvml_gpus():
         return None
     if not indices:
         return None
-    names, affinity = [], []
+    names, affinity, memory = [], [], []
     for i in indices:
         names.append(nvml_str(pynvml.nvmlDeviceGetName(handles[i])))
         affinity.append(_nvml_cpus(pynvml, handles[i], os.cpu_count() or 1))
-    return Devices("gpu", indices, names, affinity)
+        try:
+            memory.append(pynvml.nvmlDeviceGetMemoryInfo(handles[i]).total / 2**20)
+        except Exception:
+            memory = None  # one unknown: {gpu_memory_gb} cannot be filled
+    return Devices("gpu", indices, names, affinity, memory_mib=memory or [])
 
 
 def discover(cpu_slots=None):
-    """GPUs when NVML finds visible ones; otherwise ``cpu_slots`` CPU slots (1 by default).
+    """GPUs when NVML finds visible ones; otherwise ``cpu_slots`` CPU slots (1 by default),
+    with the node's cores and each device's memory (what placeholders are filled from).
 
     Raises:
         ValueError: ``cpu_slots`` < 1.
     """
+    import psutil
+
+    from .isolation import host_cpus
+
+    cores = len(host_cpus())
     gpus = nvml_gpus()
     if gpus is not None:
+        gpus.cores = cores
         return gpus
     n = 1 if cpu_slots is None else int(cpu_slots)
     if n < 1:
         raise ValueError("--cpu-slots must be at least 1")
-    return Devices("cpu", list(range(n)))
+    share = psutil.virtual_memory().total // n / 2**20  # a student's RAM (split_students)
+    return Devices("cpu", list(range(n)), cores=cores, memory_mib=[share] * n)

@@ -293,14 +293,17 @@ def student_plan(n, memory_bytes=None):
 
     from .devices import nvml_gpus
 
-    cpus = sorted(os.sched_getaffinity(0))
-    root_cpus = _read(CGROOT / "cpuset" / "cpuset.cpus") or _read(CGROOT / "cpuset.cpus.effective")
-    if root_cpus:
-        cpus = parse_cpus(root_cpus)
+    cpus = host_cpus()
     total = memory_bytes or psutil.virtual_memory().total
     gpus = nvml_gpus()
     affinity = gpus.affinity[:n] if gpus is not None and len(gpus) >= n else None
     return split_students(n, cpus, total, gpu_cpus=affinity, numa_nodes=numa_nodes_of_cpus())
+
+
+def host_cpus():
+    """The CPU ids the students split: the root cpuset's, else this process's affinity."""
+    root_cpus = _read(CGROOT / "cpuset" / "cpuset.cpus") or _read(CGROOT / "cpuset.cpus.effective")
+    return parse_cpus(root_cpus) if root_cpus else sorted(os.sched_getaffinity(0))
 
 
 def parse_cpus(text):

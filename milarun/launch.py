@@ -359,6 +359,8 @@ def base_record(launch):
                      devices=launch.devices, run=launch.run, partition=launch.job.partition,
                      **where)
     rec["job"] = launch.job.definition
+    if getattr(launch, "placeholders", None):
+        rec["placeholders"] = dict(launch.placeholders)
     rec["call"] = {"function": launch.job.experiment, "argv": list(launch.test_argv),
                    "arguments": {}}
     test_env = getattr(launch, "test_env", None)

@@ -215,8 +215,7 @@ def slurm_cluster(devices, environ=None, run=_run):
     nodes = [Node(n, addresses.get(n, n), main=(i == 0)) for i, n in enumerate(names)]
     gpus = environ.get("SLURM_GPUS_ON_NODE", "")
     if gpus.isdigit() and devices.kind == "gpu" and int(gpus) < len(devices):
-        devices = type(devices)("gpu", devices.indices[:int(gpus)],
-                                devices.names[:int(gpus)], devices.affinity[:int(gpus)])
+        devices = devices.first(int(gpus))
     return Cluster("slurm", nodes, devices, job_id=job, source="$SLURM_JOB_NODELIST")
 
 

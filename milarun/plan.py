@@ -17,6 +17,11 @@ anything starts, all stamped with the session id (the UTC start time of
 ``milarun jobs``), so two sessions never name the same record and nothing
 is found by globbing. Its log, ``logs/<suite>.<job>.J<run>.<device>.log``,
 is not stamped: a resumed session appends to it.
+
+A job's arguments may hold launch placeholders (``{cpu_per_gpu}``, ``{n_gpu}``,
+``{gpu_memory_gb}``, ``{dataroot}``, ``{outdir}``, ``{arch}``): the plan fills
+them for each launch (:func:`placeholder_values`) and tells the child their
+values (``--extra``'s ``placeholders``, recorded in the result).
 """
 
 import datetime
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .barrier import ENV_ADDRESS, ENV_TIMEOUT, ENV_WAVE
+from .errors import SetupError
 from .isolation import format_cpus, wrap
 from .nodes import Cluster, local_cluster
 from .plantypes import JOIN_TIMEOUT_S
@@ -65,6 +71,8 @@ class Launch:
         barrier_wave: the id of the concurrent wave whose start barrier the
             child meets (:mod:`milarun.barrier`), or None (it does not wait).
         cpus: CPU ids the launch is pinned to with numactl, or None.
+        placeholders: ``{name: value}`` of the launch placeholders its arguments
+            use (see :func:`placeholder_values`); None when they use none.
     """
 
     name: str
@@ -88,6 +96,7 @@ class Launch:
     test_env: dict = None
     barrier_wave: str = None
     cpus: list = None
+    placeholders: dict = None
 
     @property
     def job_id(self):
@@ -149,6 +158,58 @@ def child_argv(job, run, label, devices, out, dataroot, test_argv, python=None,
     return argv + list(test_argv)
 
 
+def placeholder_values(job, devices, devs, nodes, outdir, dataroot):
+    """The values of the launch placeholders ``job``'s arguments use, for one launch.
+
+    Args:
+        devices: the ``devices.Devices`` of each node (its kind, cores and memory).
+        devs: device indices the launch gets on each of its nodes.
+        nodes: names of the nodes it spans.
+        outdir, dataroot: the results folder and the dataset root.
+
+    Returns:
+        ``{name: value}`` for the names in ``job.placeholders`` only:
+
+        * ``cpu_per_gpu``: cores of one student: the node's cores // its devices, as
+          ``isolation.split_students`` cuts them (at least 1), whatever the plan type;
+        * ``n_gpu``: devices the launch trains on, its nodes together (world size);
+        * ``gpu_memory_gb``: memory of its smallest device in GiB, rounded (80 for an
+          80 GB card; a CPU slot's is its student's share of the RAM);
+        * ``dataroot``, ``outdir``: the folders, as given;
+        * ``arch``: ``"cuda"`` on GPUs, ``"cpu"`` on CPU slots.
+
+    Raises:
+        SetupError: a value it needs is unknown (no dataroot, the node's cores or
+            a device's memory).
+    """
+    def unknown(name, what):
+        return SetupError(f"{job.full_name}: cannot fill {{{name}}} in its arguments: {what}")
+
+    values = {}
+    for name in job.placeholders:
+        if name == "cpu_per_gpu":
+            if not devices.cores:
+                raise unknown(name, "the node's CPU cores are unknown")
+            values[name] = max(1, devices.cores // max(1, len(devices.indices)))
+        elif name == "n_gpu":
+            values[name] = len(devs) * max(1, len(nodes))
+        elif name == "gpu_memory_gb":
+            known = dict(zip(devices.indices, devices.memory_mib))
+            sizes = [known[d] for d in devs if d in known]
+            if not devs or len(sizes) < len(devs):
+                raise unknown(name, "the memory of its devices is unknown")
+            values[name] = round(min(sizes) / 1024)
+        elif name == "dataroot":
+            if dataroot is None:
+                raise unknown(name, "no dataroot (-d)")
+            values[name] = str(dataroot)
+        elif name == "outdir":
+            values[name] = str(outdir)
+        elif name == "arch":
+            values[name] = "cuda" if devices.kind == "gpu" else "cpu"
+    return values
+
+
 def as_cluster(where):
     """A ``nodes.Cluster`` from a Cluster, or from ``devices.Devices`` (this host alone)."""
     return where if isinstance(where, Cluster) else local_cluster(where)
@@ -175,7 +236,6 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
             loop (``MILARUN_BARRIER*`` variables); a wave of one never waits.
     """
     cluster = as_cluster(where)
-    test_argv = job.argv() + list(extra_args)
     timeout = float(timeout or job.timeout)
     when = session or datetime.datetime.fromtimestamp(0, datetime.timezone.utc)
     gpu = cluster.devices.kind == "gpu"
@@ -203,6 +263,10 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
                      "gpus_per_node": len(devs)}
             if len(slot.nodes) == 1:  # a record over several nodes has them in ``nodes``
                 extra["node"] = slot.nodes[0]
+        values = placeholder_values(job, cluster.devices, devs, slot.nodes, outdir, dataroot)
+        if values:  # only then: a job without placeholders keeps its command line
+            extra["placeholders"] = values
+        test_argv = job.argv(values) + list(extra_args)
         rendezvous = None
         if slot.launcher == "rendezvous":
             rendezvous = {"nnodes": len(slot.nodes), "backend": "c10d",
@@ -222,7 +286,7 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
                       test_argv=test_argv, timeout=timeout, result_path=result,
                       fail_path=fail, nodes=list(slot.nodes), cluster=cluster,
                       launcher=slot.launcher, test_env=test_env, barrier_wave=wave_id,
-                      cpus=cpus)
+                      cpus=cpus, placeholders=values or None)
 
     waves = []
     for i, wave in enumerate(job.plan_type.expand(job, cluster)):

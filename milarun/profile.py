@@ -2,21 +2,52 @@
 
 A profile maps job names to definitions. The ``"*"`` entry holds defaults
 deep-merged into every job (a job that changes ``partition_scheme.type``
-keeps the ``cgroup`` template). Entries whose name starts with ``_`` are
-ignored (reserved for extensions). Everything is checked before anything
-runs; each problem is one ``ProfileError`` naming the file, the job and the key.
-The file is read strictly (:func:`milarun.jsonfile.read_json`) and checked
+keeps the ``cgroup`` template). Everything is checked before anything runs;
+each problem is one ``ProfileError`` naming the file, the entry and the key.
+Each file is read strictly (:func:`milarun.jsonfile.read_json`) and checked
 against ``milarun/schemas/profile.schema.json``; job names and the file's stem
 (the suite) use letters, digits, ``_`` and ``-`` only.
+
+The profile language (a plain 2020-style profile uses none of it):
+
+``"include": [files]``  top-level: other profiles (paths relative to this file)
+                      merged first, in order; then this file's entries are
+                      deep-merged over theirs, entry by entry (``"*"`` too). A
+                      cycle is an error. The suite stays this file's stem.
+``"_name"`` entries     templates: never run, may be inherited. Until inherited
+                      they are not checked (``"_comment": "text"`` is fine).
+``inherits``          an entry's parent (a job or a template): the parent's
+                      resolved definition, deep-merged with the entry's own
+                      (chains allowed; an unknown or cyclic parent is an error
+                      naming the chain). ``"*"`` comes under every chain.
+``matrix``            ``{axis: [values]}``: the job expands into one job per
+                      combination (last axis fastest), named by its ``name``
+                      template (``"resnet50-bs{batch_size}"``). In string
+                      ``arguments`` values, ``{axis}`` is replaced by the value;
+                      a value that is exactly ``"{axis}"`` takes the value's
+                      type; a value may itself be a launch placeholder
+                      (``"{cpu_per_gpu}"``, shown in the name without braces).
+                      ``matrix`` and ``name`` are inherited like other keys.
+                      Duplicate job names are an error.
+``tags``              ``[tag, ...]``: what ``--select``/``--exclude`` match.
+``group``             a name ``--select`` matches (default: the matrix entry a
+                      job was expanded from, else the job's own name).
 
 Job keys:
 
 ``experiment``        ``"module:function"`` (required).
 ``arguments``         ``{flag: value}``; ``true`` is a bare flag, ``false`` omits it.
+                      A string value may hold launch placeholders (:data:`LAUNCH_FIELDS`:
+                      ``{cpu_per_gpu}``, ``{n_gpu}``, ``{gpu_memory_gb}``,
+                      ``{dataroot}``, ``{outdir}``, ``{arch}``; ``{{`` is a
+                      literal brace), filled per launch by the plan
+                      (:func:`milarun.plan.placeholder_values`) and recorded in
+                      the result's ``placeholders``.
 ``partition_scheme``  ``{"type": a plan type of milarun.plantypes.TYPES
                       ("per-gpu", "gpu-progression", "normal", "njobs",
                       "multi-node", "node-progression", "multi-process"),
-                      "cgroup": "cpuset,memory:student{device}" or null (per-gpu),
+                      "cgroup": "cpuset,memory:student{device}" or null (per-gpu;
+                      ``{CUDA_VISIBLE_DEVICES}``, the 2020 name, means ``{device}``),
                       "nodes": [n, ...], "gpus_per_node": [g, ...] (node-progression),
                       "processes": P, "devices_per_process": k (multi-process)}``.
 ``prepare``           shell commands run once before the test; placeholders
@@ -25,11 +56,16 @@ Job keys:
 ``timeout``           seconds, > 0 and at most 7 days (default 1800).
 ``launcher``          ``"python"`` (default) or ``"torchrun"`` (one process per device).
 ``description``       free text.
+
+The job's recorded ``definition`` is what a hand-written plain profile would
+hold: the merged keys without the language keys (:data:`LANGUAGE_KEYS`).
 """
 
 import ast
 import copy
 import importlib.util
+import itertools
+import math
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +76,20 @@ from .jsonfile import first_error, key_path, read_json
 
 DEFAULT_TIMEOUT = 1800.0
 PREPARE_FIELDS = {"dataroot", "outdir", "python", "milarun"}
+#: Placeholders an argument value may hold; the plan fills them for each launch.
+LAUNCH_FIELDS = ("arch", "cpu_per_gpu", "dataroot", "gpu_memory_gb", "n_gpu", "outdir")
+#: What a template is filled with when it is checked: an 8-core student of one 80 GB GPU.
+EXAMPLE_VALUES = {"arch": "cuda", "cpu_per_gpu": 8, "dataroot": "/data", "gpu_memory_gb": 80,
+                  "n_gpu": 1, "outdir": "/out"}
+#: The cgroup template's field, ``device``, and its name in milarun 2020 profiles.
+CGROUP_FIELDS = ("device", "CUDA_VISIBLE_DEVICES")
+#: Entry keys of the profile language: never part of a job's recorded definition.
+LANGUAGE_KEYS = ("inherits", "matrix", "name", "tags", "group")
+#: Most jobs one matrix may expand into.
+MAX_MATRIX_JOBS = 1024
+#: Order of the keys in :meth:`Job.as_entry` (for the eye; only the arguments' order matters).
+_ENTRY_ORDER = ("experiment", "description", "arguments", "partition_scheme", "launcher",
+                "prepare", "exec_prefix", "timeout")
 
 
 @dataclass
@@ -47,17 +97,20 @@ class Job:
     """One fully resolved test of a profile.
 
     Attributes:
-        suite: profile name (file stem), e.g. ``"standard"``.
-        name: job name, e.g. ``"vae"``.
+        suite: profile name (the stem of the file given, not of an included one), e.g. ``"standard"``.
+        name: job name, e.g. ``"vae"`` (a matrix job's expanded name).
         experiment: ``"module:function"``.
-        arguments: ``{flag: value}`` as written in the profile.
+        arguments: ``{flag: value}`` as resolved (matrix values in, launch placeholders not).
         partition: the plan type's name (see :mod:`milarun.plantypes`).
         cgroup: cgroup template with ``{device}``, or None.
         prepare: shell commands (templates) run before the test.
         exec_prefix: argv prefix.
         timeout: seconds.
         launcher: ``"python"`` or ``"torchrun"``.
-        definition: the merged JSON definition (recorded in results).
+        definition: the merged JSON definition without the language keys (recorded in results).
+        tags: the job's tags.
+        group: what ``--select`` matches besides name and tags (default: the name).
+        matrix: ``{axis: value}`` of a job expanded from a matrix, else ``{}``.
     """
 
     suite: str
@@ -71,6 +124,12 @@ class Job:
     timeout: float = DEFAULT_TIMEOUT
     launcher: str = "python"
     definition: dict = field(default_factory=dict)
+    tags: list = field(default_factory=list)
+    group: str = ""
+    matrix: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.group = self.group or self.name
 
     @property
     def plan_type(self):
@@ -82,8 +141,23 @@ class Job:
         """``suite.name``."""
         return f"{self.suite}.{self.name}"
 
-    def argv(self):
-        """The test's arguments as argv: ``--flag value``; ``true`` → bare flag."""
+    @property
+    def placeholders(self):
+        """Sorted names of the launch placeholders its arguments use, e.g. ``["n_gpu"]``."""
+        used = set()
+        for value in self.arguments.values():
+            if isinstance(value, str):
+                used |= template_fields(value)
+        return sorted(used)
+
+    def argv(self, values=None):
+        """The test's arguments as argv: ``--flag value``; ``true`` → bare flag.
+
+        Args:
+            values: the launch's placeholder values (``{name: value}``, see
+                :func:`milarun.plan.placeholder_values`): string values are then
+                filled (``{{`` becomes ``{``). None: strings stay as written.
+        """
         out = []
         for key, value in self.arguments.items():
             flag = key if key.startswith("-") else f"--{key}"
@@ -91,8 +165,26 @@ class Job:
                 out.append(flag)
             elif value is False:
                 continue
+            elif isinstance(value, str) and values is not None:
+                out += [flag, value.format(**values)]
             else:
                 out += [flag, str(value)]
+        return out
+
+    def matches(self, token):
+        """True when ``token`` is the job's name, its group or one of its tags."""
+        return token in (self.name, self.group) or token in self.tags
+
+    def as_entry(self):
+        """The job as an entry of a plain profile (what ``milarun profile`` prints): its
+        definition, then ``tags`` and ``group`` when set; loading it gives this job back."""
+        d = self.definition
+        out = {k: copy.deepcopy(d[k]) for k in _ENTRY_ORDER if k in d}
+        out.update({k: copy.deepcopy(v) for k, v in d.items() if k not in out})
+        if self.tags:
+            out["tags"] = list(self.tags)
+        if self.group != self.name:
+            out["group"] = self.group
         return out
 
 
@@ -107,9 +199,64 @@ def deep_merge(base, over):
     return out
 
 
-def _err(path, job, key, message):
-    where = f"job {job!r}" + (f", key {key!r}" if key else "")
-    return ProfileError(f"{where}: {message}", path=path)
+def template_fields(text):
+    """The field names of ``str.format`` template ``text`` (a set; empty when malformed)."""
+    try:
+        return {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
+    except ValueError:
+        return set()
+
+
+def substitute(text, values):
+    """Fill the fields of ``text`` named in ``values``; keep every other field and
+    escaped brace as written. Values go in as written (a value may itself be a
+    placeholder, such as ``"{cpu_per_gpu}"``); ``true``/``false`` read as in JSON.
+
+    Raises:
+        ValueError: ``text`` is not a valid template.
+    """
+    out = []
+    for literal, name, spec, conv in string.Formatter().parse(text):
+        out.append(literal.replace("{", "{{").replace("}", "}}"))
+        if name is None:
+            continue
+        if name in values and not spec and not conv:
+            out.append(_show_value(values[name]))
+        else:
+            out.append("{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "")
+                       + "}")
+    return "".join(out)
+
+
+def _show_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _fill_matrix(value, values):
+    """An argument value with a matrix point's ``{axis}`` fields filled; a value that is
+    exactly one axis field takes that value, with its type."""
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = list(string.Formatter().parse(value))
+        if (len(parsed) == 1 and parsed[0][0] == "" and parsed[0][1] in values
+                and not parsed[0][2] and not parsed[0][3]):
+            return values[parsed[0][1]]
+        return substitute(value, values)
+    except ValueError:
+        return value  # a malformed template: validate_job says so
+
+
+def _label(name):
+    return f"template {name!r}" if name.startswith("_") else f"job {name!r}"
+
+
+def _err(path, where, key, message):
+    """``ProfileError`` ``<path>: <where>[, key '<key>']: <message>``."""
+    return ProfileError(f"{where}" + (f", key {key!r}" if key else "") + f": {message}",
+                        path=path)
 
 
 def check_experiment(spec):
@@ -173,8 +320,11 @@ def check_template(text, fields):
     return None
 
 
-def _schema_error(path, data, ref, job=None):
-    """Raise the profile schema's first error for ``data`` as a ``ProfileError``."""
+def _schema_error(path, data, ref, job=None, origin=None):
+    """Raise the profile schema's first error for ``data`` as a ``ProfileError``.
+
+    ``origin(keys) -> (path, where)`` names the file and entry that wrote the
+    offending key (default: ``path`` and ``job``)."""
     found = first_error(data, ref)
     if found is None:
         return
@@ -182,82 +332,306 @@ def _schema_error(path, data, ref, job=None):
     if job is None:
         if not keys:
             raise ProfileError(message, path=path)
+        if keys[0] == "include":
+            raise ProfileError(f"key {key_path(keys)!r}: {message}", path=path)
         job, keys = keys[0], keys[1:]
-    raise _err(path, job, key_path(keys), message)
+        where = "job '*'" if job == "*" else _label(job)
+        raise _err(path, where, key_path(keys), message)
+    path, where = origin(keys) if origin else (path, f"job {job!r}")
+    raise _err(path, where, key_path(keys), message)
 
 
-def validate_job(path, name, d):
+def validate_job(path, name, d, origin=None):
     """Check one merged job definition; raise ``ProfileError`` on the first problem.
 
     The schema (``milarun/schemas/profile.schema.json#/$defs/job``) checks
     keys, types and ranges; this adds what a schema cannot: the experiment's
-    module and function exist, and the cgroup and prepare templates fill.
+    module and function exist, and the cgroup, prepare and argument templates
+    fill.
+
+    Args:
+        origin: ``f(keys) -> (path, where)``: the file and the words (``"job 'a'"``)
+            that name where the key at ``keys`` (a list) was written; default
+            ``path`` and ``job '<name>'``.
     """
-    _schema_error(path, d, "profile#/$defs/job", job=name)
+    origin = origin or (lambda keys: (path, f"job {name!r}"))
+
+    def fail(keys, message):
+        where_path, where = origin(keys)
+        return _err(where_path, where, key_path(keys), message)
+
+    _schema_error(path, d, "profile#/$defs/job", job=name, origin=origin)
     problem = check_experiment(d["experiment"])
     if problem:
-        raise _err(path, name, "experiment", problem)
+        raise fail(["experiment"], problem)
+    for flag, value in d.get("arguments", {}).items():
+        if isinstance(value, str):
+            problem = check_template(value, EXAMPLE_VALUES)
+            if problem:
+                if problem.startswith("unknown placeholder"):
+                    problem += f" (known: {', '.join(LAUNCH_FIELDS)})"
+                raise fail(["arguments", flag], problem)
     scheme = d.get("partition_scheme", {})
     launcher = d.get("launcher", "python")
     problem = plantypes.plan_type(scheme.get("type", "per-gpu")).check(scheme, launcher)
     if problem:
-        raise _err(path, name, f"partition_scheme.{problem[0]}", problem[1])
+        raise fail(["partition_scheme", problem[0]], problem[1])
     cg = scheme.get("cgroup")
     if cg is not None:
         # the plan fills it with an int device index
-        problem = check_template(cg, {"device": 0})
+        problem = check_template(cg, {f: 0 for f in CGROUP_FIELDS})
         if problem:
             if problem.startswith("unknown placeholder"):
                 problem += " (only {device})"
-            raise _err(path, name, "partition_scheme.cgroup", problem)
+            raise fail(["partition_scheme", "cgroup"], problem)
     for cmd in d.get("prepare", []):
         # the launcher fills it with shell-quoted strings
         problem = check_template(cmd, {f: "x" for f in PREPARE_FIELDS})
         if problem:
             if problem.startswith("unknown placeholder"):
                 problem += f" (known: {', '.join(sorted(PREPARE_FIELDS))})"
-            raise _err(path, name, "prepare", problem)
+            raise fail(["prepare"], problem)
 
 
-def load_profile(path, names=None):
-    """Read, merge and validate a profile; return its jobs in file order.
+# --- reading: include, inherits, matrix ------------------------------------------------
 
-    Args:
-        path: the JSON file.
-        names: optional list of job names to keep (``--name``).
+@dataclass
+class _Layer:
+    """One file's text of one entry."""
 
-    Returns:
-        list of ``Job``.
+    path: Path
+    entry: str
+    data: object
 
-    Raises:
-        ProfileError: unreadable file, bad JSON, bad definitions, unknown name.
+
+def _has(data, keys):
+    for k in keys:
+        if isinstance(data, dict) and k in data:
+            data = data[k]
+        elif isinstance(data, list) and isinstance(k, int) and 0 <= k < len(data):
+            data = data[k]
+        else:
+            return False
+    return True
+
+
+def _read(path, stack, files):
+    """``{entry: [_Layer, ...]}`` of profile ``path``, the layers of its includes first.
+
+    ``stack``: resolved paths of the files including this one (a cycle check);
+    ``files`` collects every file read, in order.
     """
-    path = Path(path)
     data = read_json(path, error_cls=ProfileError, what="profile")
     _schema_error(path, data, "profile")
-    defaults = data.get("*", {})
-    suite = path.stem
-    found = first_error(suite, "common#/$defs/job_name")
-    if found:
-        raise ProfileError(f"the file name {suite!r} is not a valid suite name: it becomes the "
-                           "suite of every result (letters, digits, '_' and '-')", path=path)
-    jobs = []
-    for name, definition in data.items():
-        if name == "*" or name.startswith("_"):
-            continue
-        merged = deep_merge(defaults, definition)
-        validate_job(path, name, merged)
-        part = merged.get("partition_scheme", {})
-        jobs.append(Job(
-            suite=suite, name=name, experiment=merged["experiment"],
-            arguments=dict(merged.get("arguments", {})),
-            partition=part.get("type", "per-gpu"), cgroup=part.get("cgroup"),
-            prepare=list(merged.get("prepare", [])),
-            exec_prefix=list(merged.get("exec_prefix", [])),
-            timeout=float(merged.get("timeout", DEFAULT_TIMEOUT)),
-            launcher=merged.get("launcher", "python"), definition=merged))
-    if not jobs:
-        raise ProfileError("the profile defines no job", path=path)
+    files.append(path)
+    entries = {}
+    for inc in data.get("include", []):
+        target = path.parent / inc
+        real = target.resolve()
+        if real in stack:
+            chain = " → ".join(p.name for p in stack[stack.index(real):] + [real])
+            raise ProfileError(f"key 'include': include cycle {chain}", path=path)
+        if not target.is_file():
+            raise ProfileError(f"key 'include': {inc!r} is not a file ({target})", path=path)
+        for name, layers in _read(target, stack + [real], files).items():
+            entries.setdefault(name, []).extend(layers)
+    for name, value in data.items():
+        if name != "include":
+            entries.setdefault(name, []).append(_Layer(path, name, value))
+    return entries
+
+
+class _Profile:
+    """The entries of a profile and its includes, and how they resolve into jobs."""
+
+    def __init__(self, path, entries):
+        self.path = path
+        self.entries = entries
+
+    def merged(self, name):
+        """Entry ``name``'s layers deep-merged (a template may be a non-object)."""
+        out = {}
+        for layer in self.entries[name]:
+            if isinstance(layer.data, dict) and isinstance(out, dict):
+                out = deep_merge(out, layer.data)
+            else:
+                out = layer.data
+        return out
+
+    def where_set(self, name, key):
+        """The file of the last layer of entry ``name`` that sets ``key``."""
+        for layer in reversed(self.entries[name]):
+            if isinstance(layer.data, dict) and key in layer.data:
+                return layer.path
+        return self.entries[name][-1].path
+
+    def chain(self, name):
+        """Entry names from ``name``'s root ancestor down to ``name`` (``inherits``).
+
+        Raises:
+            ProfileError: an unknown parent, a cycle, ``"*"`` or a non-object as a parent.
+        """
+        seen = [name]
+        while True:
+            cur = seen[-1]
+            parent = self.merged(cur).get("inherits")
+            if parent is None:
+                return seen[::-1]
+            shown = " → ".join(seen + [parent])
+            path = self.where_set(cur, "inherits")
+            if parent in seen:
+                raise _err(path, _label(cur), "inherits", f"inherits cycle {shown}")
+            if parent == "*":
+                raise _err(path, _label(cur), "inherits",
+                           "'*' is merged into every job already; it cannot be inherited")
+            if parent not in self.entries:
+                raise _err(path, _label(cur), "inherits",
+                           f"unknown entry {parent!r} (chain {shown})")
+            if not isinstance(self.merged(parent), dict):
+                raise _err(path, _label(cur), "inherits",
+                           f"entry {parent!r} is not an object (chain {shown})")
+            seen.append(parent)
+
+    def jobs(self, suite):
+        """Every job, in file order (includes first; a matrix expands in place)."""
+        star = self.entries.get("*", [])
+        if star:
+            for key in ("inherits", "matrix", "name"):
+                if key in self.merged("*"):
+                    raise _err(self.where_set("*", key), "job '*'", key,
+                               "not allowed in the defaults")
+        for name in self.entries:
+            if name.startswith("_") and isinstance(self.merged(name), dict):
+                self.chain(name)  # a typo in a template is an error even before it is used
+        jobs, made_by = [], {}
+        for name in self.entries:
+            if name == "*" or name.startswith("_"):
+                continue
+            layers = star + [layer for e in self.chain(name) for layer in self.entries[e]
+                             if isinstance(layer.data, dict)]
+            resolved = {}
+            for layer in layers:
+                resolved = deep_merge(resolved, layer.data)
+            for job in self.expand(name, resolved, layers, suite):
+                if job.name in made_by:
+                    raise _err(self.where_set(name, "name"), f"job {name!r}", "name",
+                               f"makes job {job.name!r} again (already made by entry "
+                               f"{made_by[job.name]!r})")
+                made_by[job.name] = name
+                jobs.append(job)
+        return jobs
+
+    def origin(self, layers, entry, job):
+        """``f(keys) -> (path, where)``: the layer that wrote ``keys`` of ``job``."""
+        def label(source):
+            return f"job {job!r}" if source in ("*", job) else f"job {job!r} (from {source!r})"
+
+        def find(keys):
+            for layer in reversed(layers):
+                if _has(layer.data, keys):
+                    return layer.path, label(layer.entry)
+            return self.entries[entry][-1].path, label(entry)
+        return find
+
+    def expand(self, name, resolved, layers, suite):
+        """The jobs of entry ``name`` (one, or one per point of its matrix)."""
+        def fail(keys, message, job=name):
+            path, where = self.origin(layers, name, job)(keys)
+            return _err(path, where, key_path(keys), message)
+
+        matrix = resolved.get("matrix")
+        if matrix is None:
+            if "name" in resolved:
+                raise fail(["name"], "a name template needs a 'matrix' to expand")
+            points = [({}, name)]
+        else:
+            points = self.points(name, resolved, fail)
+        out = []
+        for values, job_name in points:
+            d = {k: v for k, v in resolved.items() if k not in LANGUAGE_KEYS}
+            if values and isinstance(d.get("arguments"), dict):
+                d["arguments"] = {k: _fill_matrix(v, values) for k, v in d["arguments"].items()}
+            origin = self.origin(layers, name, job_name)
+            validate_job(self.path, job_name, d, origin)
+            part = d.get("partition_scheme", {})
+            cg = part.get("cgroup")
+            out.append(Job(
+                suite=suite, name=job_name, experiment=d["experiment"],
+                arguments=dict(d.get("arguments", {})),
+                partition=part.get("type", "per-gpu"),
+                cgroup=None if cg is None else substitute(cg, {"CUDA_VISIBLE_DEVICES":
+                                                               "{device}"}),
+                prepare=list(d.get("prepare", [])),
+                exec_prefix=list(d.get("exec_prefix", [])),
+                timeout=float(d.get("timeout", DEFAULT_TIMEOUT)),
+                launcher=d.get("launcher", "python"), definition=d,
+                tags=list(resolved.get("tags", [])),
+                group=resolved.get("group") or name, matrix=values))
+        return out
+
+    def points(self, name, resolved, fail):
+        """``[(values, job name)]`` of a matrix entry, last axis fastest."""
+        matrix, template = resolved["matrix"], resolved.get("name")
+        if template is None:
+            raise fail(["matrix"], "a matrix needs a 'name' template, e.g. \"name-{axis}\"")
+        axes = list(matrix)
+        for axis in axes:
+            if axis in LAUNCH_FIELDS:
+                raise fail(["matrix", axis], f"axis {axis!r} is a launch placeholder; "
+                                             "give the axis another name")
+        problem = check_template(template, {a: "x" for a in axes})
+        if problem:
+            if problem.startswith("unknown placeholder"):
+                problem += f" (the axes: {', '.join(axes)})"
+            raise fail(["name"], problem)
+        count = math.prod(len(v) for v in matrix.values())
+        if count > MAX_MATRIX_JOBS:
+            raise fail(["matrix"], f"{count} combinations; at most {MAX_MATRIX_JOBS}")
+        used = template_fields(template)
+        arguments = resolved.get("arguments")
+        for value in (arguments.values() if isinstance(arguments, dict) else ()):
+            if isinstance(value, str):
+                used |= template_fields(value)
+        for axis in axes:
+            if axis not in used:
+                raise fail(["matrix", axis], "axis used in neither 'name' nor 'arguments'")
+        points = []
+        for combo in itertools.product(*matrix.values()):
+            values = dict(zip(axes, combo))
+            # a placeholder value ("{cpu_per_gpu}") shows in the name without its braces
+            job_name = substitute(template, {a: _show_value(v).replace("{", "").replace("}", "")
+                                             for a, v in values.items()})
+            found = first_error(job_name, "common#/$defs/job_name")
+            if found:
+                raise fail(["name"], f"makes {job_name!r}: {found[1]}")
+            points.append((values, job_name))
+        return points
+
+
+def profile_files(path):
+    """Every file profile ``path`` reads: itself, then its includes (depth first).
+
+    Raises:
+        ProfileError: as :func:`load_profile` for an unreadable file or include.
+    """
+    path = Path(path)
+    files = []
+    _read(path, [path.resolve()], files)
+    return files
+
+
+def select_jobs(jobs, path, names=None, select=None, exclude=None):
+    """The jobs ``--name``, ``--select`` and ``--exclude`` keep, in profile order.
+
+    ``names``: exact job names. ``select``: keep the jobs a token matches (its
+    name, group or one of its tags; see :meth:`Job.matches`). ``exclude``:
+    then drop the jobs a token matches.
+
+    Raises:
+        ProfileError: a name or token that matches no job of the profile, or
+            nothing left.
+    """
+    everything = jobs
     if names:
         known = [j.name for j in jobs]
         for n in names:
@@ -265,4 +639,45 @@ def load_profile(path, names=None):
                 raise ProfileError(f"unknown job name {n!r} (--name); known: {', '.join(known)}",
                                    path=path)
         jobs = [j for j in jobs if j.name in names]
+    for flag, tokens in (("--select", select), ("--exclude", exclude)):
+        for token in tokens or ():
+            if not any(j.matches(token) for j in everything):
+                tags = sorted({t for j in everything for t in j.tags})
+                raise ProfileError(f"{token!r} ({flag}) is no job name, group or tag of this "
+                                   f"profile; tags: {', '.join(tags) or 'none'}", path=path)
+    if select:
+        jobs = [j for j in jobs if any(j.matches(t) for t in select)]
+    if exclude:
+        jobs = [j for j in jobs if not any(j.matches(t) for t in exclude)]
+    if not jobs:
+        raise ProfileError("no job left after --name/--select/--exclude", path=path)
     return jobs
+
+
+def load_profile(path, names=None, select=None, exclude=None):
+    """Read, merge and validate a profile; return its jobs in file order.
+
+    Args:
+        path: the JSON file.
+        names: optional list of job names to keep (``--name``).
+        select, exclude: optional lists of job names, groups or tags (see
+            :func:`select_jobs`).
+
+    Returns:
+        list of ``Job``.
+
+    Raises:
+        ProfileError: unreadable file or include, bad JSON, bad definitions,
+            unknown name; one line naming the file, the entry and the key.
+    """
+    path = Path(path)
+    entries = _read(path, [path.resolve()], [])
+    suite = path.stem
+    found = first_error(suite, "common#/$defs/job_name")
+    if found:
+        raise ProfileError(f"the file name {suite!r} is not a valid suite name: it becomes the "
+                           "suite of every result (letters, digits, '_' and '-')", path=path)
+    jobs = _Profile(path, entries).jobs(suite)
+    if not jobs:
+        raise ProfileError("the profile defines no job", path=path)
+    return select_jobs(jobs, path, names, select, exclude)

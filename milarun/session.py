@@ -115,8 +115,17 @@ def new_session_id(now=None):
 
 
 def profile_digest(path):
-    """SHA-256 (hex) of the profile file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """SHA-256 (hex) of the profile file's bytes; for a profile that includes others,
+    of the digests of all its files in turn (an edited included file shows)."""
+    from .profile import profile_files
+
+    files = profile_files(path)
+    if len(files) == 1:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(hashlib.sha256(Path(f).read_bytes()).digest())
+    return digest.hexdigest()
 
 
 def invocation(profile, suite, names, repeat, cpu_slots, no_cgexec, timeout, extra_args,

@@ -136,8 +136,8 @@ class Experiment:
         out: result directory, a ``*.json`` path, or None for stdout.
         extra: what the launcher tells the child, as passed by ``milarun
             jobs`` with ``--extra``: run, device, devices, partition, job,
-            node, nodes, node_count, gpus_per_node go into the result (only
-            those given); rendezvous (``{"backend", "endpoint", "id"}``) goes
+            node, nodes, node_count, gpus_per_node, placeholders go into the
+            result (only those given); rendezvous (``{"backend", "endpoint", "id"}``) goes
             into ``distributed`` (see :meth:`gather_hosts`).
 
     Raises:
@@ -165,7 +165,7 @@ class Experiment:
                                  partition=extra.get("partition", "normal"),
                                  node=extra.get("node"), nodes=extra.get("nodes"),
                                  gpus_per_node=extra.get("gpus_per_node"))
-        for key in ("job", "partition", "node_count"):
+        for key in ("job", "partition", "node_count", "placeholders"):
             if key in extra:
                 self.result[key] = extra[key]
         self.rendezvous = extra.get("rendezvous")

@@ -80,6 +80,12 @@ def command(rest):
     # Run only these tests
     # [nargs: +]
     name: Option = default(None)
+    # Run only the tests with one of these names, groups or tags
+    # [nargs: +]
+    select: Option = default(None)
+    # Leave out the tests with one of these names, groups or tags
+    # [nargs: +]
+    exclude: Option = default(None)
     # Number of times to run the suite (1 to 1000)
     repeat: Option & int = default(1)
     # Do not wrap tests in their student cgroups
@@ -106,7 +112,7 @@ def command(rest):
                 repeat=repeat, no_cgexec=no_cgexec, cpu_slots=cpu_slots, timeout=timeout,
                 dry_run=dry_run, verbose=_verbose(), system=system, single_node=single_node,
                 rdzv_port=rdzv_port, join_timeout=join_timeout,
-                barrier_timeout=barrier_timeout)
+                barrier_timeout=barrier_timeout, select=select, exclude=exclude)
 
 
 def _verbose():
@@ -117,7 +123,7 @@ def _verbose():
 def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, repeat=1,
          no_cgexec=False, cpu_slots=None, timeout=None, dry_run=False, verbose=False,
          system=None, single_node=False, rdzv_port=None, join_timeout=None, environ=None,
-         barrier_timeout=None):
+         barrier_timeout=None, select=None, exclude=None):
     """Validate everything, then plan and run the suite; returns the exit code.
 
     0: every launch passed; 1: some failed, or the suite stopped on a full
@@ -134,7 +140,9 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     from ..plantypes import JOIN_TIMEOUT_S
     from ..profile import load_profile
 
-    jobs_ = load_profile(profile, names)
+    jobs_ = load_profile(profile, names, select, exclude)
+    if select or exclude:  # --resume compares the tests chosen, whatever chose them
+        names = [j.name for j in jobs_]
     check_bounds(repeat, cpu_slots, timeout, join_timeout, barrier_timeout)
     if resume is not None and out is not None and Path(out).resolve() != Path(resume).resolve():
         raise SetupError(f"-o {out} and --resume {resume} name two folders; give only --resume")

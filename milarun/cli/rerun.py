@@ -35,7 +35,8 @@ def rerun_command(record, extra_args=(), out=None, python=None):
     if record.get("dataroot"):
         argv += ["-d", record["dataroot"]]
     extra = {k: record[k] for k in ("run", "device", "devices", "partition", "job", "node",
-                                    "nodes", "node_count", "gpus_per_node") if k in record}
+                                    "nodes", "node_count", "gpus_per_node", "placeholders")
+             if k in record}
     argv += ["--experiment-name", record["name"], "--job-id", record.get("job_id", "0.0"),
              "--extra", json.dumps(extra, sort_keys=True), "--"]
     argv += list(call.get("argv", [])) + list(extra_args)

@@ -110,6 +110,12 @@ def command(rest):
     # Run only these tests (passed to milarun jobs)
     # [nargs: +]
     name: Option = default(None)
+    # Run only the tests with one of these names, groups or tags (passed to milarun jobs)
+    # [nargs: +]
+    select: Option = default(None)
+    # Leave out the tests with one of these names, groups or tags (passed to milarun jobs)
+    # [nargs: +]
+    exclude: Option = default(None)
     # Do not wrap tests in their student cgroups (passed to milarun jobs)
     no_cgexec: Option & bool = default(False)
     # Number of times to run the suite (passed to milarun jobs)
@@ -127,13 +133,13 @@ def command(rest):
                  gpus_per_node=gpus_per_node, partition=partition, time=time, account=account,
                  cpu_slots=cpu_slots, names=name, no_cgexec=no_cgexec, repeat=repeat,
                  timeout=timeout, join_timeout=join_timeout, dry_run=dry_run,
-                 barrier_timeout=barrier_timeout)
+                 barrier_timeout=barrier_timeout, select=select, exclude=exclude)
 
 
 def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=None,
           partition=None, time=None, account=None, cpu_slots=None, names=None, no_cgexec=False,
           repeat=None, timeout=None, join_timeout=None, dry_run=False, sbatch="sbatch",
-          barrier_timeout=None):
+          barrier_timeout=None, select=None, exclude=None):
     """Validate, write the script into the results folder and submit it; returns 0.
 
     Raises:
@@ -142,7 +148,7 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
     from ..profile import load_profile
     from .jobs import check_bounds, default_outdir, resolve_dataroot
 
-    load_profile(profile, names)
+    load_profile(profile, names, select, exclude)
     check_options(nodes, gpus_per_node, partition, time, account)
     check_bounds(1 if repeat is None else repeat, None, timeout, join_timeout, barrier_timeout)
     jobs_args = []
@@ -156,6 +162,9 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
         jobs_args += ["--cpu-slots", str(cpu_slots)]
     if names:
         jobs_args += ["--name"] + list(names)
+    for flag, tokens in (("--select", select), ("--exclude", exclude)):
+        if tokens:
+            jobs_args += [flag] + list(tokens)
     if no_cgexec:
         jobs_args.append("--no-cgexec")
     outdir = out or default_outdir()

@@ -14,6 +14,8 @@ Format history (append a line and a migration step for every change):
   ``timings.barrier`` (the start barrier the process met); ``partition`` may
   also be ``multi-process``; ``error.reason`` may also be ``barrier-timeout``.
   Optional again: older records validate as they are.
+* version 1, extended (issue 11, profile language): optional ``placeholders``
+  (the launch's placeholder values). Optional, so the version stays 1.
 
 The declared schema is ``milarun/schemas/result.schema.json``: every record
 read or written is checked against it (:func:`validate`). Numbers are finite;
@@ -42,6 +44,8 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
 ``gpus_per_node``  optional: devices per node the launch used, >= 1.
 ``call``           ``{"function": "mod:fn", "argv": [...], "arguments": {opt: value}}``.
 ``job``            the resolved job definition from the profile (or ``{}``).
+``placeholders``   optional: ``{name: value}`` the plan filled the job's argument
+                   placeholders with for this launch (``{"cpu_per_gpu": 8}``).
 ``dataroot``       dataset root the child used.
 ``environ``        the subset of the environment needed to rerun.
 ``host``           ``hostname, cpu_model, cpu_count, cpuset (list of ints),

@@ -1,0 +1,328 @@
+"""The profile language: include, inherits, matrix, tags, --select/--exclude, launch
+placeholders, the 2020 profile shape, and the shipped profiles' resolved jobs."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from milarun.cli import main
+from milarun.devices import Devices
+from milarun.errors import SetupError
+from milarun.nodes import Cluster, Node
+from milarun.plan import placeholder_values, plan_job
+from milarun.profile import load_profile, profile_files
+
+import profile_golden
+
+TOY = "milarun.models.toy_reg:main"
+CONV = "milarun.models.convnet:main"
+PY = "python"
+GPUS = Devices("gpu", [0, 1], cores=16, memory_mib=[81559.0, 40960.0])
+
+
+def write(folder, name, content):
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def names(jobs):
+    return [j.name for j in jobs]
+
+
+def extra_of(argv):
+    return json.loads(argv[argv.index("--extra") + 1])
+
+
+# --- include --------------------------------------------------------------------------
+
+def test_include_merges_the_included_file_first(tmp_path):
+    write(tmp_path, "base/std.json", {
+        "*": {"arguments": {"--min-steady": 30}, "timeout": 1800},
+        "a": {"experiment": TOY, "arguments": {"--batch-size": 256, "--max-count": 10}},
+        "b": {"experiment": TOY}})
+    top = write(tmp_path, "small.json", {
+        "include": ["base/std.json"],
+        "*": {"description": "small"},
+        "a": {"arguments": {"--batch-size": 64}},
+        "c": {"experiment": TOY}})
+    jobs = load_profile(top)
+    assert names(jobs) == ["a", "b", "c"]  # included entries first, in their order
+    a = jobs[0]
+    assert a.suite == "small" and a.full_name == "small.a"
+    # the override keeps the included argument order: the command line does not move
+    assert a.argv() == ["--min-steady", "30", "--batch-size", "64", "--max-count", "10"]
+    assert a.definition["description"] == "small" and a.timeout == 1800
+    assert [p.name for p in profile_files(top)] == ["small.json", "std.json"]
+
+
+def test_includes_nest_and_apply_in_order(tmp_path):
+    write(tmp_path, "a.json", {"x": {"experiment": TOY, "arguments": {"--n": 1}}})
+    write(tmp_path, "sub/b.json", {"include": ["../a.json"], "x": {"arguments": {"--n": 2}}})
+    write(tmp_path, "c.json", {"x": {"arguments": {"--n": 3, "--m": 1}}})
+    top = write(tmp_path, "top.json", {"include": ["sub/b.json", "c.json"]})
+    (x,) = load_profile(top)
+    assert x.arguments == {"--n": 3, "--m": 1}
+
+
+def test_an_included_file_twice_is_no_cycle(tmp_path):
+    write(tmp_path, "d.json", {"x": {"experiment": TOY}})
+    write(tmp_path, "b.json", {"include": ["d.json"]})
+    write(tmp_path, "c.json", {"include": ["d.json"]})
+    top = write(tmp_path, "a.json", {"include": ["b.json", "c.json"]})
+    assert names(load_profile(top)) == ["x"]
+
+
+def test_resume_digest_covers_the_included_files(tmp_path):
+    from milarun.session import profile_digest
+    base = write(tmp_path, "base.json", {"x": {"experiment": TOY}})
+    top = write(tmp_path, "top.json", {"include": ["base.json"]})
+    before = profile_digest(top)
+    write(tmp_path, "base.json", {"x": {"experiment": TOY, "timeout": 5}})
+    assert profile_digest(top) != before
+    import hashlib  # a single file keeps the digest of its bytes (older sessions resume)
+    assert profile_digest(base) == hashlib.sha256(base.read_bytes()).hexdigest()
+
+
+# --- inherits --------------------------------------------------------------------------
+
+def test_inherits_chains_through_templates_and_jobs(tmp_path):
+    path = write(tmp_path, "p.json", {
+        "*": {"arguments": {"--seed": 1}},
+        "_base": {"experiment": CONV, "arguments": {"--arch": "resnet18", "--batch-size": 64},
+                  "tags": ["vision"], "prepare": ["echo {dataroot}"]},
+        "convnet": {"inherits": "_base", "arguments": {"--max-count": 100}},
+        "convnet_fp16": {"inherits": "convnet", "arguments": {"--precision": "fp16"},
+                         "tags": ["vision", "fp16"]},
+        "_unused": {"inherits": "_base"},
+        "_comment": "templates that are not objects are fine until inherited"})
+    jobs = load_profile(path)
+    assert names(jobs) == ["convnet", "convnet_fp16"]
+    fp16 = jobs[1]
+    assert fp16.argv() == ["--seed", "1", "--arch", "resnet18", "--batch-size", "64",
+                           "--max-count", "100", "--precision", "fp16"]
+    assert fp16.tags == ["vision", "fp16"] and jobs[0].tags == ["vision"]
+    assert fp16.prepare == ["echo {dataroot}"]
+    # the recorded definition is a plain one: no language key
+    assert "inherits" not in fp16.definition and "tags" not in fp16.definition
+
+
+# --- matrix ----------------------------------------------------------------------------
+
+def test_matrix_expands_in_place_last_axis_fastest(tmp_path):
+    path = write(tmp_path, "p.json", {
+        "first": {"experiment": TOY},
+        "sweep": {"experiment": CONV, "matrix": {"bs": [32, 64], "prec": ["fp32", "fp16"]},
+                  "name": "resnet50-bs{bs}-{prec}",
+                  "arguments": {"--arch": "resnet50", "--batch-size": "{bs}",
+                                "--precision": "{prec}", "--note": "bs={bs}"}},
+        "last": {"experiment": TOY}})
+    jobs = load_profile(path)
+    assert names(jobs) == ["first", "resnet50-bs32-fp32", "resnet50-bs32-fp16",
+                           "resnet50-bs64-fp32", "resnet50-bs64-fp16", "last"]
+    j = jobs[3]
+    # a value that is exactly "{axis}" takes the axis value's type
+    assert j.arguments == {"--arch": "resnet50", "--batch-size": 64, "--precision": "fp32",
+                           "--note": "bs=64"}
+    assert j.matrix == {"bs": 64, "prec": "fp32"} and j.group == "sweep"
+    assert j.definition["arguments"]["--batch-size"] == 64 and "matrix" not in j.definition
+
+
+def test_matrix_inherits_and_is_inherited(tmp_path):
+    path = write(tmp_path, "p.json", {
+        "_io": {"experiment": CONV, "matrix": {"w": [0, 2]}, "name": "io-w{w}",
+                "arguments": {"--workers": "{w}"}},
+        "io_pin": {"inherits": "_io", "name": "io-pin-w{w}", "matrix": {"pin": [True]},
+                   "arguments": {"--pin-memory": "{pin}"}}})
+    jobs = load_profile(path)
+    assert names(jobs) == ["io-pin-w0", "io-pin-w2"]
+    assert jobs[1].argv() == ["--workers", "2", "--pin-memory"]  # true: a bare flag
+
+
+def test_matrix_value_may_be_a_launch_placeholder(tmp_path):
+    path = write(tmp_path, "p.json", {
+        "io": {"experiment": CONV, "matrix": {"workers": [0, "{cpu_per_gpu}"]},
+               "name": "io-w{workers}", "arguments": {"--workers": "{workers}"}}})
+    jobs = load_profile(path)
+    assert names(jobs) == ["io-w0", "io-wcpu_per_gpu"]
+    assert jobs[0].placeholders == [] and jobs[1].placeholders == ["cpu_per_gpu"]
+    (wave,) = plan_job(jobs[1], GPUS, 0, "/out", "/data", python=PY)
+    assert [lch.test_argv for lch in wave] == [["--workers", "8"], ["--workers", "8"]]
+
+
+# --- tags, groups, --select, --exclude -----------------------------------------------
+
+SELECT = {
+    "*": {"tags": ["all"]},
+    "toy": {"experiment": TOY, "tags": ["all", "toy"]},
+    "conv": {"experiment": CONV, "tags": ["all", "vision"]},
+    "sweep": {"experiment": CONV, "matrix": {"bs": [1, 2]}, "name": "conv-bs{bs}",
+              "arguments": {"--batch-size": "{bs}"}},
+    "grouped": {"experiment": TOY, "group": "toys"},
+}
+
+
+@pytest.mark.parametrize("select,exclude,expected", [
+    (None, None, ["toy", "conv", "conv-bs1", "conv-bs2", "grouped"]),
+    (["vision"], None, ["conv"]),
+    (["sweep"], None, ["conv-bs1", "conv-bs2"]),              # a matrix entry is a group
+    (["toys", "conv-bs2"], None, ["conv-bs2", "grouped"]),    # an explicit group; a name
+    (None, ["sweep", "toy"], ["conv", "grouped"]),
+    (["all"], ["vision"], ["toy", "conv-bs1", "conv-bs2", "grouped"]),  # "*" tags every job
+])
+def test_select_and_exclude(tmp_path, select, exclude, expected):
+    path = write(tmp_path, "p.json", SELECT)
+    assert names(load_profile(path, select=select, exclude=exclude)) == expected
+
+
+def test_jobs_dry_run_selects(tmp_path, capsys):
+    path = write(tmp_path, "p.json", SELECT)
+    with pytest.raises(SystemExit) as exc:
+        main(["jobs", str(path), "--dry-run", "--cpu-slots", "1", "--select", "sweep",
+              "--exclude", "conv-bs1"])
+    assert exc.value.code == 0
+    heads = [line.split()[1] for line in capsys.readouterr().out.splitlines()
+             if line.startswith("# p.")]
+    assert heads == ["p.conv-bs2"]
+
+
+# --- launch placeholders ---------------------------------------------------------------
+
+PLACEHOLDERS = {"experiment": TOY, "arguments": {
+    "--workers": "{cpu_per_gpu}", "--gpus": "{n_gpu}", "--mem": "{gpu_memory_gb}",
+    "--data": "{dataroot}/x", "--out": "{outdir}", "--arch": "{arch}", "--raw": "a{{b}}"}}
+
+
+def test_placeholders_resolve_per_launch_and_are_recorded(tmp_path):
+    job_def = {**PLACEHOLDERS, "partition_scheme": {"type": "gpu-progression"}}
+    (job,) = load_profile(write(tmp_path, "p.json", {"a": job_def}))
+    assert job.placeholders == ["arch", "cpu_per_gpu", "dataroot", "gpu_memory_gb", "n_gpu",
+                                "outdir"]
+    waves = plan_job(job, GPUS, 0, "/out", "/data", python=PY)
+    one, two = (wave[0] for wave in waves)
+    assert one.test_argv == ["--workers", "8", "--gpus", "1", "--mem", "80", "--data",
+                             "/data/x", "--out", "/out", "--arch", "cuda", "--raw", "a{b}"]
+    # two GPUs: 16 cores // 2 GPUs per student; the smaller card's 40 GiB
+    assert two.test_argv[:6] == ["--workers", "8", "--gpus", "2", "--mem", "40"]
+    assert extra_of(two.argv)["placeholders"] == {
+        "arch": "cuda", "cpu_per_gpu": 8, "dataroot": "/data", "gpu_memory_gb": 40,
+        "n_gpu": 2, "outdir": "/out"}
+    assert two.placeholders == extra_of(two.argv)["placeholders"]
+    assert two.argv[-len(two.test_argv):] == two.test_argv
+    # the recorded definition keeps the templates
+    assert extra_of(two.argv)["job"]["arguments"]["--workers"] == "{cpu_per_gpu}"
+
+
+def test_placeholders_on_cpu_slots_and_across_nodes(tmp_path):
+    (job,) = load_profile(write(tmp_path, "p.json", {
+        "a": {**PLACEHOLDERS, "partition_scheme": {"type": "multi-node"}, "launcher": "torchrun"}}))
+    cpus = Devices("cpu", [0, 1, 2], cores=7, memory_mib=[2048.0] * 3)
+    cluster = Cluster("ssh", [Node("n1", "n1", main=True), Node("n2", "n2")], cpus)
+    values = placeholder_values(job, cpus, [0, 1, 2], ["n1", "n2"], "/o", "/d")
+    assert values == {"arch": "cpu", "cpu_per_gpu": 2, "dataroot": "/d", "gpu_memory_gb": 2,
+                      "n_gpu": 6, "outdir": "/o"}
+    (wave,) = plan_job(job, cluster, 0, "/o", "/d", python=PY)
+    assert wave[0].placeholders == values
+    assert wave[0].test_argv[:6] == ["--workers", "2", "--gpus", "6", "--mem", "2"]
+
+
+def test_a_job_without_placeholders_has_no_placeholders_field(tmp_path):
+    (job,) = load_profile(write(tmp_path, "p.json", {"a": {"experiment": TOY}}))
+    (wave,) = plan_job(job, Devices("cpu", [0]), 0, "/o", "/d", python=PY)
+    assert "placeholders" not in extra_of(wave[0].argv) and wave[0].placeholders is None
+
+
+@pytest.mark.parametrize("devices,name,message", [
+    (Devices("cpu", [0]), "cpu_per_gpu", "the node's CPU cores are unknown"),
+    (Devices("gpu", [0], cores=4), "gpu_memory_gb", "the memory of its devices is unknown"),
+])
+def test_a_placeholder_the_host_cannot_fill_is_one_line(tmp_path, devices, name, message):
+    (job,) = load_profile(write(tmp_path, "p.json", {
+        "a": {"experiment": TOY, "arguments": {"--x": f"{{{name}}}"}}}))
+    with pytest.raises(SetupError) as exc:
+        plan_job(job, devices, 0, "/o", "/d", python=PY)
+    assert str(exc.value) == f"p.a: cannot fill {{{name}}} in its arguments: {message}"
+
+
+def test_no_dataroot_for_a_dataroot_placeholder(tmp_path):
+    (job,) = load_profile(write(tmp_path, "p.json", {
+        "a": {"experiment": TOY, "arguments": {"--data": "{dataroot}"}}}))
+    with pytest.raises(SetupError, match=r"cannot fill \{dataroot\}.*no dataroot"):
+        plan_job(job, GPUS, 0, "/o", None, python=PY)
+
+
+def test_fail_record_and_rerun_carry_the_placeholders(tmp_path):
+    from milarun.cli.rerun import rerun_command
+    from milarun.launch import base_record
+    from milarun.results.schema import validate
+    (job,) = load_profile(write(tmp_path, "p.json", {
+        "a": {"experiment": TOY, "arguments": {"--workers": "{cpu_per_gpu}"}}}))
+    (wave,) = plan_job(job, GPUS, 0, tmp_path, "/d", python=PY)
+    rec = base_record(wave[0])
+    assert rec["placeholders"] == {"cpu_per_gpu": 8}
+    validate(rec)
+    argv, _ = rerun_command(rec, python=PY)
+    assert extra_of(argv)["placeholders"] == {"cpu_per_gpu": 8}
+    assert argv[-2:] == ["--workers", "8"]
+
+
+def test_the_child_records_the_placeholders(tmp_path):
+    from milarun.bench.experiment import Experiment
+    exp = Experiment("p.a", "0.0", extra={"placeholders": {"n_gpu": 2, "arch": "cuda"}})
+    assert exp.result["placeholders"] == {"n_gpu": 2, "arch": "cuda"}
+
+
+# --- milarun 2020 ----------------------------------------------------------------------
+
+def test_the_2020_standard_profile_shape_loads_and_plans(capsys, monkeypatch):
+    # tests/profiles/legacy2020.json: the 2020 standard profile's structure ("*" with
+    # prepare, exec_prefix and the student{CUDA_VISIBLE_DEVICES} cgroup; plain jobs;
+    # a gpu-progression scaling test) with this project's test names
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
+    path = ROOT / "tests" / "profiles" / "legacy2020.json"
+    jobs = load_profile(path)
+    assert names(jobs)[:2] == ["toy_reg", "toy_lstm"] and names(jobs)[-1] == "scaling"
+    toy = jobs[0]
+    assert toy.definition["partition_scheme"]["cgroup"] == "cpuset,memory:student{CUDA_VISIBLE_DEVICES}"
+    assert toy.prepare == ["sync", "sysctl vm.drop_caches=3"]
+    (wave,) = plan_job(toy, GPUS, 0, "/out", "/data", python=PY)
+    assert [lch.argv[:5] for lch in wave] == [
+        ["/usr/bin/cgexec", "-g", "cpuset,memory:student0", "nocache", PY],
+        ["/usr/bin/cgexec", "-g", "cpuset,memory:student1", "nocache", PY]]
+    scaling = plan_job(jobs[-1], GPUS, 0, "/out", "/data", python=PY)
+    assert [w[0].group for w in scaling] == ["legacy2020.scaling.1", "legacy2020.scaling.2"]
+    with pytest.raises(SystemExit) as exc:
+        main(["jobs", str(path), "--dry-run", "--cpu-slots", "1", "--name", "vae"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "# prepare: sync && sysctl vm.drop_caches=3" in out
+    assert "-g cpuset,memory:student0 nocache " in out
+
+
+# --- the shipped profiles --------------------------------------------------------------
+
+SHIPPED = sorted((ROOT / "tests" / "fixtures" / "profiles_resolved").glob("*.json"))
+
+
+@pytest.mark.parametrize("golden", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_profiles_resolve_to_the_same_jobs_and_command_lines(golden):
+    # The golden files were written from the profiles before they used the profile
+    # language: names, definitions, arguments and plan command lines must not move.
+    expected = json.loads(golden.read_text())
+    actual = json.loads(profile_golden.dumps(profile_golden.resolved(
+        ROOT / "profiles" / golden.name)))
+    assert list(actual) == list(expected)
+    for name, job in expected.items():
+        # serialised, 64 and 64.0 differ: equal text here means the same --extra
+        # argument (json.dumps({**extra, "job": definition}, sort_keys=True)), byte for byte
+        assert json.dumps(actual[name], sort_keys=True) == json.dumps(job, sort_keys=True), name
+        assert [profile_golden.extra_json(actual[name], lch) for lch in actual[name]["launches"]] \
+            == [profile_golden.extra_json(job, lch) for lch in job["launches"]]
+
+
+def test_shipped_profiles_are_checked_against_their_golden_file():
+    assert {p.name for p in SHIPPED} <= {p.name for p in (ROOT / "profiles").glob("*.json")}
+    assert len(SHIPPED) >= 7
