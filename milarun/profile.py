@@ -32,6 +32,10 @@ The profile language (a plain 2020-style profile uses none of it):
 ``tags``              ``[tag, ...]``: what ``--select``/``--exclude`` match.
 ``group``             a name ``--select`` matches (default: the matrix entry a
                       job was expanded from, else the job's own name).
+``enabled``           ``false`` turns a job into a template: it does not run and
+                      is not checked, but may still be inherited (a profile that
+                      includes another drops a test with ``{"enabled": false}``).
+                      Not inherited: it belongs to the entry that says it.
 
 Job keys:
 
@@ -66,6 +70,7 @@ import copy
 import importlib.util
 import itertools
 import math
+import os
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,7 +89,7 @@ EXAMPLE_VALUES = {"arch": "cuda", "cpu_per_gpu": 8, "dataroot": "/data", "gpu_me
 #: The cgroup template's field, ``device``, and its name in milarun 2020 profiles.
 CGROUP_FIELDS = ("device", "CUDA_VISIBLE_DEVICES")
 #: Entry keys of the profile language: never part of a job's recorded definition.
-LANGUAGE_KEYS = ("inherits", "matrix", "name", "tags", "group")
+LANGUAGE_KEYS = ("inherits", "matrix", "name", "tags", "group", "enabled")
 #: Most jobs one matrix may expand into.
 MAX_MATRIX_JOBS = 1024
 #: Order of the keys in :meth:`Job.as_entry` (for the eye; only the arguments' order matters).
@@ -426,7 +431,7 @@ def _read(path, stack, files):
     files.append(path)
     entries = {}
     for inc in data.get("include", []):
-        target = path.parent / inc
+        target = Path(os.path.normpath(path.parent / inc))
         real = target.resolve()
         if real in stack:
             chain = " → ".join(p.name for p in stack[stack.index(real):] + [real])
@@ -496,13 +501,10 @@ class _Profile:
         """Every job, in file order (includes first; a matrix expands in place)."""
         star = self.entries.get("*", [])
         if star:
-            for key in ("inherits", "matrix", "name"):
+            for key in ("inherits", "matrix", "name", "enabled"):
                 if key in self.merged("*"):
                     raise _err(self.where_set("*", key), "job '*'", key,
                                "not allowed in the defaults")
-        for name in self.entries:
-            if name.startswith("_") and isinstance(self.merged(name), dict):
-                self.chain(name)  # a typo in a template is an error even before it is used
         jobs, made_by = [], {}
         for name in self.entries:
             if name == "*" or name.startswith("_"):
@@ -512,6 +514,8 @@ class _Profile:
             resolved = {}
             for layer in layers:
                 resolved = deep_merge(resolved, layer.data)
+            if self.merged(name).get("enabled", True) is False:
+                continue  # the entry's own key: a job inheriting it runs
             for job in self.expand(name, resolved, layers, suite):
                 if job.name in made_by:
                     raise _err(self.where_set(name, "name"), f"job {name!r}", "name",
@@ -519,6 +523,9 @@ class _Profile:
                                f"{made_by[job.name]!r})")
                 made_by[job.name] = name
                 jobs.append(job)
+        for name in self.entries:
+            if name.startswith("_") and isinstance(self.merged(name), dict):
+                self.chain(name)  # a typo in an unused template is an error too
         return jobs
 
     def origin(self, layers, entry, job):

@@ -8,8 +8,8 @@ from milarun.cli import main
 from milarun.profile import deep_merge, load_profile
 
 OK = {"experiment": "milarun.models.toy_reg:main"}
-KNOWN = ("arguments, description, exec_prefix, experiment, group, inherits, launcher, matrix, "
-         "name, partition_scheme, prepare, tags, timeout")
+KNOWN = ("arguments, description, enabled, exec_prefix, experiment, group, inherits, launcher, "
+         "matrix, name, partition_scheme, prepare, tags, timeout")
 
 BAD = [
     # (profile text or object, expected message after "<path>: ")

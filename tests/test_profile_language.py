@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 from milarun.cli import main
 from milarun.devices import Devices
-from milarun.errors import SetupError
+from milarun.errors import ProfileError, SetupError
 from milarun.nodes import Cluster, Node
 from milarun.plan import placeholder_values, plan_job
 from milarun.profile import load_profile, profile_files
@@ -108,6 +108,19 @@ def test_inherits_chains_through_templates_and_jobs(tmp_path):
     assert fp16.prepare == ["echo {dataroot}"]
     # the recorded definition is a plain one: no language key
     assert "inherits" not in fp16.definition and "tags" not in fp16.definition
+
+
+def test_enabled_false_drops_an_included_job_but_keeps_it_inheritable(tmp_path):
+    write(tmp_path, "std.json", {"a": {"experiment": TOY, "arguments": {"--n": 1}},
+                                 "b": {"experiment": TOY}})
+    top = write(tmp_path, "small.json", {
+        "include": ["std.json"], "a": {"enabled": False},
+        "c": {"inherits": "a", "arguments": {"--m": 2}}})
+    jobs = load_profile(top)
+    assert names(jobs) == ["b", "c"]
+    assert jobs[1].argv() == ["--n", "1", "--m", "2"] and "enabled" not in jobs[1].definition
+    with pytest.raises(ProfileError, match="unknown job name 'a'"):
+        load_profile(top, names=["a"])
 
 
 # --- matrix ----------------------------------------------------------------------------
@@ -326,3 +339,175 @@ def test_shipped_profiles_resolve_to_the_same_jobs_and_command_lines(golden):
 def test_shipped_profiles_are_checked_against_their_golden_file():
     assert {p.name for p in SHIPPED} <= {p.name for p in (ROOT / "profiles").glob("*.json")}
     assert len(SHIPPED) >= 7
+
+
+# --- every bad input is one line naming the file, the entry and the key; exit 2 ---------
+
+OK = {"experiment": TOY}
+KNOWN = ("arguments, description, enabled, exec_prefix, experiment, group, inherits, launcher, "
+         "matrix, name, partition_scheme, prepare, tags, timeout")
+LAUNCH = "arch, cpu_per_gpu, dataroot, gpu_memory_gb, n_gpu, outdir"
+
+
+def _m(**kw):
+    """A matrix entry 'm' over bs = 1, 2."""
+    return {"m": {**OK, "matrix": {"bs": [1, 2]}, "name": "m{bs}",
+                  "arguments": {"--batch-size": "{bs}"}, **kw}}
+
+
+# (files: {name: content} with the profile run first, extra CLI args, file named, message)
+BAD_LANGUAGE = [
+    ({"p.json": {"include": "base.json", "a": OK}}, [], "p.json",
+     "key 'include': must be a list of profile files (paths relative to this file)"),
+    ({"p.json": {"include": ["nope.json"], "a": OK}}, [], "p.json",
+     "key 'include': 'nope.json' is not a file ({tmp}/nope.json)"),
+    ({"p.json": {"include": ["b.json"], "a": OK}, "b.json": {"include": ["p.json"]}}, [],
+     "b.json", "key 'include': include cycle p.json → b.json → p.json"),
+    ({"p.json": {"include": ["p.json"], "a": OK}}, [], "p.json",
+     "key 'include': include cycle p.json → p.json"),
+    ({"p.json": {"include": ["b.json"], "a": {"arguments": {}}},
+      "b.json": {"a": {"experiment": 5}}}, [], "b.json",
+     "job 'a', key 'experiment': must be a string 'module:function'"),
+    ({"p.json": {"include": ["b.json"], "a": {**OK, "inherits": "_t"}},
+      "b.json": {"_t": {"inherits": "_gone"}}}, [], "b.json",
+     "template '_t', key 'inherits': unknown entry '_gone' (chain a → _t → _gone)"),
+    ({"p.json": {"_t": {"inherits": "_gone"}, "a": OK}}, [], "p.json",
+     "template '_t', key 'inherits': unknown entry '_gone' (chain _t → _gone)"),
+    ({"p.json": {"a": {**OK, "inherits": "_nope"}}}, [], "p.json",
+     "job 'a', key 'inherits': unknown entry '_nope' (chain a → _nope)"),
+    ({"p.json": {"a": {**OK, "inherits": "b"}, "b": {**OK, "inherits": "_c"},
+                 "_c": {"inherits": "a"}}}, [], "p.json",
+     "template '_c', key 'inherits': inherits cycle a → b → _c → a"),
+    ({"p.json": {"a": {**OK, "inherits": "*"}}}, [], "p.json",
+     "job 'a', key 'inherits': '*' is merged into every job already; it cannot be inherited"),
+    ({"p.json": {"_c": "a comment", "a": {**OK, "inherits": "_c"}}}, [], "p.json",
+     "job 'a', key 'inherits': entry '_c' is not an object (chain a → _c)"),
+    ({"p.json": {"a": {**OK, "inherits": 3}}}, [], "p.json",
+     "job 'a', key 'inherits': must be the name of another entry (a string)"),
+    ({"p.json": {"_t": {"colour": 1}, "a": {**OK, "inherits": "_t"}}}, [], "p.json",
+     f"job 'a' (from '_t'), key 'colour': unknown key (known: {KNOWN})"),
+    ({"p.json": {"include": ["b.json"], "a": {**OK, "inherits": "_t"}},
+      "b.json": {"_t": {"timeout": -1}}}, [], "b.json",
+     "job 'a' (from '_t'), key 'timeout': must be a positive number of seconds"),
+    ({"p.json": {"*": {"inherits": "a"}, "a": OK}}, [], "p.json",
+     "job '*', key 'inherits': not allowed in the defaults"),
+    ({"p.json": {"m": {**OK, "matrix": {"bs": [1]}, "arguments": {"--b": "{bs}"}}}}, [],
+     "p.json", "job 'm', key 'matrix': a matrix needs a 'name' template, e.g. \"name-{axis}\""),
+    ({"p.json": {"a": {**OK, "name": "x{y}"}}}, [], "p.json",
+     "job 'a', key 'name': a name template needs a 'matrix' to expand"),
+    ({"p.json": _m(name="m")}, [], "p.json",
+     "job 'm', key 'name': makes job 'm' again (already made by entry 'm')"),
+    ({"p.json": {"m2": OK, **_m()}}, [], "p.json",
+     "job 'm', key 'name': makes job 'm2' again (already made by entry 'm2')"),
+    ({"p.json": _m(name="m{b}")}, [], "p.json",
+     "job 'm', key 'name': unknown placeholder {b} (the axes: bs)"),
+    ({"p.json": _m(name="m.{bs}")}, [], "p.json",
+     "job 'm', key 'name': makes 'm.1': job names may hold only letters, digits, '_' and '-'"),
+    ({"p.json": _m(matrix={"bs": 3})}, [], "p.json",
+     "job 'm', key 'matrix.bs': must be a list of the axis's values"),
+    ({"p.json": _m(matrix={"bs": []})}, [], "p.json",
+     "job 'm', key 'matrix.bs': must hold at least one value"),
+    ({"p.json": _m(matrix={"bs": [[1]]})}, [], "p.json",
+     "job 'm', key 'matrix.bs.0': must be a string, number or boolean, not list"),
+    ({"p.json": _m(matrix={"bs": [1], "1x": [2]})}, [], "p.json",
+     "job 'm', key 'matrix.1x': is not a valid axis name (letters, digits and '_', not first a "
+     "digit)"),
+    ({"p.json": _m(matrix={"bs": [1], "n_gpu": [2]})}, [], "p.json",
+     "job 'm', key 'matrix.n_gpu': axis 'n_gpu' is a launch placeholder; give the axis another "
+     "name"),
+    ({"p.json": _m(matrix={"bs": [1], "w": [2]})}, [], "p.json",
+     "job 'm', key 'matrix.w': axis used in neither 'name' nor 'arguments'"),
+    ({"p.json": _m(matrix={"bs": list(range(33)), "w": list(range(32))}, name="m{bs}-{w}")},
+     [], "p.json", "job 'm', key 'matrix': 1056 combinations; at most 1024"),
+    ({"p.json": {"m": {**OK, "matrix": {"bs": [1]}, "name": "m{bs}",
+                       "arguments": {"--b": "{bs}", "--c": "{bs"}}}}, [], "p.json",
+     "job 'm1' (from 'm'), key 'arguments.--c': bad template '{bs' (expected '}' before end "
+     "of string)"),
+    ({"p.json": {"a": {**OK, "arguments": {"--x": "{cpus}"}}}}, [], "p.json",
+     f"job 'a', key 'arguments.--x': unknown placeholder {{cpus}} (known: {LAUNCH})"),
+    ({"p.json": {"a": {**OK, "arguments": {"--x": "{n_gpu:>9}"}}}}, [], "p.json",
+     "job 'a', key 'arguments.--x': placeholder {n_gpu} takes no format spec or conversion"),
+    ({"p.json": {"a": {**OK, "arguments": {"--x": "a}b"}}}}, [], "p.json",
+     "job 'a', key 'arguments.--x': bad template 'a}b' (Single '}' encountered in format "
+     "string)"),
+    ({"p.json": _m(arguments={"--batch-size": "{bs}", "--w": "{worker}"})}, [], "p.json",
+     f"job 'm1' (from 'm'), key 'arguments.--w': unknown placeholder {{worker}} (known: "
+     f"{LAUNCH})"),
+    ({"p.json": {"a": {**OK, "tags": "vision"}}}, [], "p.json",
+     "job 'a', key 'tags': must be a list of tags"),
+    ({"p.json": {"a": {**OK, "tags": ["vi sion"]}}}, [], "p.json",
+     "job 'a', key 'tags.0': 'vi sion' is not a valid tag (letters, digits, '_' and '-')"),
+    ({"p.json": {"_t": {"tags": "x"}, "a": OK}}, [], "p.json",
+     "template '_t', key 'tags': must be a list of tags"),
+    ({"p.json": {"a": {**OK, "enabled": "no"}}}, [], "p.json",
+     "job 'a', key 'enabled': must be true or false"),
+    ({"p.json": {"a": {**OK, "enabled": False}}}, [], "p.json", "the profile defines no job"),
+    ({"p.json": {"a": {**OK, "group": "a.b"}}}, [], "p.json",
+     "job 'a', key 'group': 'a.b' is not a valid group (letters, digits, '_' and '-')"),
+    ({"p.json": {"a": {**OK, "tags": ["x"]}}}, ["--select", "gpu"], "p.json",
+     "'gpu' (--select) is no job name, group or tag of this profile; tags: x"),
+    ({"p.json": {"a": OK}}, ["--exclude", "b"], "p.json",
+     "'b' (--exclude) is no job name, group or tag of this profile; tags: none"),
+    ({"p.json": {"a": {**OK, "tags": ["x"]}}}, ["--exclude", "x"], "p.json",
+     "no job left after --name/--select/--exclude"),
+    ({"p.json": {"a": {**OK, "partition_scheme": {"cgroup": "cpuset:s{CUDA_DEVICE}"}}}}, [],
+     "p.json", "job 'a', key 'partition_scheme.cgroup': unknown placeholder {CUDA_DEVICE} "
+     "(only {device})"),
+]
+
+
+@pytest.mark.parametrize("files,args,named,message", BAD_LANGUAGE,
+                         ids=[f"language-{i}" for i in range(len(BAD_LANGUAGE))])
+@pytest.mark.parametrize("command", ["jobs", "profile"])
+def test_bad_profile_language(tmp_path, capsys, files, args, named, message, command):
+    for name, content in files.items():
+        write(tmp_path, name, content)
+    first = tmp_path / next(iter(files))
+    argv = [command, str(first), *args] + (["--dry-run"] if command == "jobs" else [])
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    expected = message.replace("{tmp}", str(tmp_path))
+    assert capsys.readouterr() == ("", f"milarun: error: {tmp_path / named}: {expected}\n")
+
+
+def test_enough_bad_cases():
+    assert len({m for *_, m in BAD_LANGUAGE}) >= 15
+
+
+# --- milarun profile -------------------------------------------------------------------
+
+EXPECTED = ROOT / "tests" / "fixtures" / "expected"
+
+
+@pytest.mark.parametrize("argv,golden", [
+    (["tests/profiles/tender.json", "--select", "tender"], "profile-tender.json"),
+    (["profiles/5gb.json", "--select", "half"], "profile-5gb-half.json"),
+])
+def test_milarun_profile_output(capsys, monkeypatch, argv, golden):
+    # Regenerate (for an intended change) from the repository root with
+    # `milarun profile ARGV > tests/fixtures/expected/GOLDEN`.
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exc:
+        main(["profile", *argv])
+    assert exc.value.code == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out == (EXPECTED / golden).read_text()
+
+
+ROUND_TRIP = sorted((ROOT / "profiles").glob("*.json")) + [
+    ROOT / "tests" / "profiles" / "tender.json", ROOT / "tests" / "profiles" / "legacy2020.json"]
+
+
+@pytest.mark.parametrize("path", ROUND_TRIP, ids=[p.stem for p in ROUND_TRIP])
+def test_milarun_profile_output_loads_to_the_same_jobs(tmp_path, path):
+    from milarun.cli.profile import resolved_profile
+    plain = resolved_profile(path)
+    assert plain["_resolved_from"]["suite"] == path.stem
+    again = load_profile(write(tmp_path, path.name, plain))
+    for a, b in zip(load_profile(path), again, strict=True):
+        assert (a.full_name, a.argv(), a.tags, a.group, a.cgroup, a.prepare, a.exec_prefix) \
+            == (b.full_name, b.argv(), b.tags, b.group, b.cgroup, b.prepare, b.exec_prefix)
+        assert json.dumps(a.definition, sort_keys=True) == json.dumps(b.definition,
+                                                                      sort_keys=True)

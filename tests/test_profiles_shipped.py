@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT
 from milarun.bench.setup import PRECISIONS
-from milarun.profile import load_profile
+from milarun.profile import EXAMPLE_VALUES, load_profile
 
 STANDARD_TESTS = ["toy_reg", "toy_lstm", "vae", "loader", "convnet", "convnet_fp16", "reso",
                   "fast_style", "dcgan", "wlm", "wlmfp16", "translator", "ssd", "recom", "cart",
@@ -88,14 +88,17 @@ def test_every_shipped_argument_is_an_option_of_its_test(name, capsys):
         module, fn = job.experiment.split(":")
         main = getattr(importlib.import_module(module), fn)
         exp = _ParseOnly()
+        argv = job.argv(EXAMPLE_VALUES)  # launch placeholders filled as for an 8-core student
         try:
-            main(exp, job.argv())
+            main(exp, argv)
         except SystemExit as exc:
-            pytest.fail(f"{name}.{job.name}: {job.argv()} rejected: "
+            pytest.fail(f"{name}.{job.name}: {argv} rejected: "
                         f"{capsys.readouterr().err.strip()} (exit {exc.code})")
         parsed = vars(exp.opts)
         for flag, value in job.arguments.items():
             key = flag.lstrip("-").replace("-", "_")
+            if isinstance(value, str):
+                value = value.format(**EXAMPLE_VALUES)
             if value is not False and value is not True:
                 assert str(parsed[key]) == str(value) or parsed[key] == value, (job.name, flag)
         if "--precision" in job.arguments:

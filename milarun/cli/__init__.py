@@ -10,7 +10,7 @@ import sys
 from coleo import make_cli
 
 from ..errors import MilarunError
-from . import dataset, jobs, report, rerun, run, slurm, summary
+from . import dataset, jobs, profile, report, rerun, run, slurm, summary
 
 #: True when ``--verbose`` was given (commands read it when they run).
 VERBOSE = False
@@ -19,6 +19,7 @@ COMMANDS = {
     "__doc__": "milarun: deep-learning server benchmark",
     "run": run.command,
     "jobs": jobs.command,
+    "profile": profile.command,
     "slurm": slurm.command,
     "rerun": rerun.command,
     "dataset": dataset.command,

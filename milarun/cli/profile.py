@@ -1,0 +1,56 @@
+"""``milarun profile PROFILE [--name N ...] [--select T ...] [--exclude T ...]``."""
+
+import json
+import sys
+
+from coleo import Option, default, tooled
+
+
+@tooled
+def command(rest):
+    """Print a profile's jobs fully resolved (includes, "*" defaults, inherits and matrix
+    applied) as JSON: a plain profile that loads to the same jobs. Launch placeholders
+    such as {cpu_per_gpu} stay as written: the plan fills them per launch (see
+    ``milarun jobs --dry-run``)."""
+    # The job profile (JSON)
+    # [positional]
+    profile: Option
+    # Only these tests
+    # [nargs: +]
+    name: Option = default(None)
+    # Only the tests with one of these names, groups or tags
+    # [nargs: +]
+    select: Option = default(None)
+    # Leave out the tests with one of these names, groups or tags
+    # [nargs: +]
+    exclude: Option = default(None)
+
+    return print_profile(profile, names=name, select=select, exclude=exclude)
+
+
+def resolved_profile(profile, names=None, select=None, exclude=None):
+    """The plain profile of ``profile``'s (selected) jobs, as a dict.
+
+    Its first entry, ``"_resolved_from"`` (a template, so loading ignores it),
+    gives the suite and the files read; then one entry per job
+    (:meth:`milarun.profile.Job.as_entry`), in profile order.
+
+    Raises:
+        ProfileError: as :func:`milarun.profile.load_profile`.
+    """
+    from ..profile import load_profile, profile_files
+
+    jobs = load_profile(profile, names, select, exclude)
+    out = {"_resolved_from": {"suite": jobs[0].suite,
+                              "files": [str(p) for p in profile_files(profile)]}}
+    out.update({job.name: job.as_entry() for job in jobs})
+    return out
+
+
+def print_profile(profile, names=None, select=None, exclude=None, stream=None):
+    """Write :func:`resolved_profile` as indented JSON; returns 0."""
+    stream = stream or sys.stdout
+    json.dump(resolved_profile(profile, names, select, exclude), stream, indent=2,
+              ensure_ascii=False)
+    stream.write("\n")
+    return 0
