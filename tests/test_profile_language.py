@@ -511,3 +511,51 @@ def test_milarun_profile_output_loads_to_the_same_jobs(tmp_path, path):
             == (b.full_name, b.argv(), b.tags, b.group, b.cgroup, b.prepare, b.exec_prefix)
         assert json.dumps(a.definition, sort_keys=True) == json.dumps(b.definition,
                                                                       sort_keys=True)
+
+
+def test_the_readme_example_is_the_tender_fixture():
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Writing a tender's profile"):]
+    block = section[section.index("```json") + len("```json"):]
+    block = block[:block.index("```")]
+    assert json.loads(block) == json.loads((ROOT / "tests" / "profiles" / "tender.json")
+                                           .read_text())
+
+
+def test_discovery_gives_the_facts_placeholders_need(monkeypatch):
+    import sys
+
+    from test_monitor import fake_pynvml
+
+    from milarun import devices, isolation
+    monkeypatch.setattr(isolation, "host_cpus", lambda: list(range(12)))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=3))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    gpus = devices.discover()
+    assert (gpus.indices, gpus.cores, gpus.memory_mib) == ([2, 0], 12, [81920.0, 81920.0])
+    assert gpus.first(1).memory_mib == [81920.0] and gpus.first(1).cores == 12
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    slots = devices.discover(cpu_slots=3)
+    assert slots.kind == "cpu" and slots.cores == 12
+    assert len(slots.memory_mib) == 3 and slots.memory_mib[0] > 0
+
+
+def test_a_run_records_its_placeholders(tmp_path, capsys):
+    # end to end on one CPU slot: the child trains with the filled value and records it
+    from conftest import SMOKE_ARGS
+    args = dict(zip(SMOKE_ARGS[::2], SMOKE_ARGS[1::2]))
+    path = write(tmp_path, "p.json", {"a": {"experiment": TOY, "arguments": {
+        **args, "--batch-size": "{cpu_per_gpu}", "--max-count": 400, "--device": "{arch}"}}})
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        main(["jobs", str(path), "--no-cgexec", "--cpu-slots", "1", "-d", str(tmp_path),
+              "-o", str(out)])
+    assert exc.value.code == 0, capsys.readouterr()
+    from milarun.isolation import host_cpus
+    (result,) = out.glob("p.a.J0.0.*.json")
+    rec = json.loads(result.read_text())
+    cores = len(host_cpus())
+    assert rec["placeholders"] == {"arch": "cpu", "cpu_per_gpu": cores}
+    argv = rec["call"]["argv"]
+    assert argv[-6:] == ["--batch-size", str(cores), "--max-count", "400", "--device", "cpu"]
+    assert rec["job"]["arguments"]["--batch-size"] == "{cpu_per_gpu}"
