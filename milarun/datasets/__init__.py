@@ -33,6 +33,8 @@ BUILDERS = {
     "wikitext2": "wikitext2",          # wikitext2/wiki.{train,valid,test}.tokens
     "wmt16": "wmt16",                  # wmt16/ parallel text + shared vocabulary
     "movielens": "movielens",          # movielens/ml-20m/ratings.csv
+    "fashion_mnist": "fashion_mnist",  # fashion_mnist/FashionMNIST/raw/*-ubyte (torchvision FashionMNIST)
+    "mydataset": "mydataset",          # mydataset/samples/<shard>/<index>.npy + labels.npy (io study)
 }
 
 STAMP = ".complete"

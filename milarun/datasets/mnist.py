@@ -138,13 +138,19 @@ def generate(count, seed, templates=None):
     return images, labels
 
 
-def build(root, params, seed):
-    """Write the four idx-ubyte files under ``root/MNIST/raw``."""
-    raw = Path(root) / "MNIST" / "raw"
+def write_raw(raw, params, seed, templates):
+    """Write the four idx-ubyte files (``params["count"]`` training and
+    ``params["test_count"]`` test images drawn from ``templates``) into folder
+    ``raw``. Shared with :mod:`.fashion_mnist`, which has the same layout."""
+    raw = Path(raw)
     raw.mkdir(parents=True, exist_ok=True)
-    templates = _templates()
     for prefix, count, sub in (("train", params["count"], 0),
                                ("t10k", params["test_count"], 1)):
         images, labels = generate(count, [seed, sub], templates)
         _write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
         _write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
+
+
+def build(root, params, seed):
+    """Write the four idx-ubyte files under ``root/MNIST/raw``."""
+    write_raw(Path(root) / "MNIST" / "raw", params, seed, _templates())
