@@ -39,14 +39,16 @@ def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
 
     ``samples`` are the result's ``timings.train.samples``: dicts with
     ``start`` and ``end`` (s since program start), ``count`` (items),
-    ``rate`` (items/s) and ``warmup`` (bool).
+    ``rate`` (items/s), ``warmup`` (bool) and optionally ``profiled`` (bool).
 
     The rule (from the 2020 milarun methodology: "the average performance over
     the last 10 seconds of the run ... we also ignore the last second, because
     we have observed some artifacts due to early stoppage"):
 
     1. Samples flagged ``warmup`` are never used (data loading, cudnn
-       autotuning and compilation make them slow and unrepresentative).
+       autotuning and compilation make them slow and unrepresentative), nor
+       are those flagged ``profiled`` (steps run under ``--profile-trace``'s
+       profiler, which slows them down).
     2. Let ``T`` be the end of the last sample. The window is
        ``[T - tail - window, T - tail]``, i.e. the 10 s of training before the
        final 1 s. A sample is chosen when it lies entirely inside the window.
@@ -73,7 +75,8 @@ def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
             non-numeric one.
     """
     try:
-        steady = [s for s in samples if not s.get("warmup", False)]
+        steady = [s for s in samples
+                  if not s.get("warmup", False) and not s.get("profiled", False)]
     except AttributeError:
         raise ValueError("a sample is not an object")
     if not steady:

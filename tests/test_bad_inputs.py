@@ -276,7 +276,7 @@ BAD_RESULTS = [
                             "devices, distributed, environ, error, finished, gpu_monitor, "
                             "gpus_per_node, host, job, job_id, job_name, metrics, name, node, "
                             "node_count, nodes, partition, peak_memory_mib, placeholders, "
-                            "run, started, "
+                            "profile_trace, run, started, "
                             "success, suite, timings, version, written_by)"),
     ([1, 2], "not a result record (no 'version' or 'name' key)"),
     ('{"version": 1, "name": "s.t", "version": 1}', "invalid JSON: duplicate key 'version'"),

@@ -33,10 +33,19 @@ def rate_logger(exp):
     """Create ``exp.rate`` from the common options and the experiment's device.
 
     On CUDA the timer is ``CudaEventTimer`` (one sync per window), else
-    ``PerfCounterTimer``. Starts the GPU monitor.
+    ``PerfCounterTimer``. Starts the GPU monitor. With ``--profile-trace`` the
+    logger gets a :class:`milarun.bench.trace.ProfileTrace`.
+
+    Raises:
+        ValueError: ``--profile-trace`` with ``--no-instrument`` (the trace
+            needs the windows), or ``--profile-steps`` out of bounds.
     """
     opts = exp.options
     device = exp.device
+    tracing = opts.get("profile_trace")
+    if tracing and opts["no_instrument"]:
+        raise ValueError("--profile-trace needs the rate logger's windows: "
+                         "leave out --no-instrument")
     if opts["no_instrument"]:
         logger = _BareLogger(max_count=opts["max_count"], warmup=0, origin=exp.origin)
         logger._sync = None
@@ -53,6 +62,9 @@ def rate_logger(exp):
                             max_count=opts["max_count"], warmup=opts["warmup"],
                             timer=timer, origin=exp.origin,
                             min_steady=opts["min_steady"])
+    if tracing:
+        from .trace import ProfileTrace
+        logger.tracer = ProfileTrace(exp, tracing, opts["profile_steps"])
     exp.attach_rate(logger)
     exp.start_monitor()
     return logger

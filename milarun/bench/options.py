@@ -8,7 +8,8 @@ def common_options():
     """Return the options shared by all models as a dict.
 
     ``max_count`` (items), ``min_steady`` (s), ``sample_duration`` (s), ``warmup`` (windows),
-    ``seed``, ``device`` (``auto``, ``cpu`` or ``cuda``), ``monitor_interval`` (s).
+    ``seed``, ``device`` (``auto``, ``cpu`` or ``cuda``), ``monitor_interval`` (s),
+    ``no_instrument``, ``profile_trace`` (folder or None), ``profile_steps`` (steps).
     """
     # Stop after this many items (examples) have been processed
     max_count: Option & int = default(1000)
@@ -26,6 +27,10 @@ def common_options():
     monitor_interval: Option & float = default(1.0)
     # Disable the rate logger's windows and the GPU monitor (for overhead checks)
     no_instrument: Option & bool = default(False)
+    # Write a torch.profiler Chrome trace of a few steady-state steps into this folder (relative: inside the results folder); those samples leave the steady state
+    profile_trace: Option = default(None)
+    # Steps that --profile-trace records (1 to 1000)
+    profile_steps: Option & int = default(10)
     return {
         "max_count": max_count,
         "min_steady": min_steady,
@@ -35,4 +40,6 @@ def common_options():
         "device": device,
         "monitor_interval": monitor_interval,
         "no_instrument": no_instrument,
+        "profile_trace": profile_trace,
+        "profile_steps": profile_steps,
     }

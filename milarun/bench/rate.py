@@ -106,11 +106,18 @@ class RateLogger:
             :meth:`steps` when the set-up is over, right before the first window
             opens (the experiment's start barrier, :mod:`milarun.bench.sync`).
 
+    The ``tracer`` attribute (None, or a :class:`milarun.bench.trace.ProfileTrace`)
+    is told of every step (``tracer.step(logger)``) and of the end
+    (``tracer.close(logger)``); it cuts windows with :meth:`cut` and
+    :meth:`restart` and flags them through ``window_flags``.
+
     Attributes:
         samples: list of ``{"start", "end", "count", "rate", "warmup"}``
             (seconds since ``origin``, items, items/s).
         total: items counted so far.
         metrics: last values given to ``Step.log``, as floats.
+        window_flags: extra fields (e.g. ``{"profiled": True}``) put into every
+            sample closed while set.
     """
 
     def __init__(self, sample_duration=0.5, max_count=1000, warmup=3,
@@ -138,6 +145,8 @@ class RateLogger:
         self._window_host = None
         self._window_count = 0
         self._last_values = None
+        self.window_flags = {}
+        self.tracer = None
 
     def done(self):
         """True once ``max_count`` items were processed (``max_count`` may
@@ -159,6 +168,20 @@ class RateLogger:
         finished = self.done() and not self._extend(now)
         if finished or now - self._window_host >= self.sample_duration:
             self._close_window(now)
+        if self.tracer is not None:
+            self.tracer.step(self)
+
+    def cut(self):
+        """Close the open window now, whatever its length (a sample if it holds items)."""
+        self._close_window(self.host_clock())
+
+    def restart(self):
+        """Open a new window now: the time since the last :meth:`cut` is in no sample
+        (e.g. starting a profiler, writing its trace). A window that could not be
+        closed (a clock that did not move) goes on instead, so no item is lost."""
+        if self._window_count == 0:
+            self._window_mark = self.timer.mark()
+            self._window_host = self.host_clock()
 
     def _extend(self, now):
         """Raise ``max_count`` if the steady state is shorter than ``min_steady``.
@@ -175,8 +198,9 @@ class RateLogger:
             # the launches, so close one (one sync) to get a real rate.
             self._close_window(now)
         open_s = now - self._window_host
-        steady_s = sum(s["end"] - s["start"] for s in self.samples if not s["warmup"])
-        if len(self.samples) >= self.warmup:
+        steady_s = sum(s["end"] - s["start"] for s in self.samples
+                       if not s["warmup"] and not s.get("profiled"))
+        if len(self.samples) >= self.warmup and not self.window_flags.get("profiled"):
             steady_s += open_s  # the open window is a steady one
         if steady_s >= self.min_steady:
             return False
@@ -208,6 +232,7 @@ class RateLogger:
             "count": self._window_count,
             "rate": self._window_count / elapsed,
             "warmup": len(self.samples) < self.warmup,
+            **self.window_flags,
         }
         self.samples.append(sample)
         if self.on_sample is not None:
@@ -222,6 +247,8 @@ class RateLogger:
         """Close a partial last window, if it holds items."""
         if self._window_mark is not None and self._window_count:
             self._close_window(self.host_clock())
+        if self.tracer is not None:
+            self.tracer.close(self)
 
     def _ready(self):
         """The set-up is over: synchronize (``before_start``), then open the first window."""

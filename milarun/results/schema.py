@@ -16,6 +16,8 @@ Format history (append a line and a migration step for every change):
   Optional again: older records validate as they are.
 * version 1, extended (issue 11, profile language): optional ``placeholders``
   (the launch's placeholder values). Optional, so the version stays 1.
+* version 1, extended (issue 11, profile traces): optional ``profile_trace`` and the sample flag
+  ``profiled``; no migration (optional fields).
 
 The declared schema is ``milarun/schemas/result.schema.json``: every record
 read or written is checked against it (:func:`validate`). Numbers are finite;
@@ -83,6 +85,13 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
                    "node_names": [one per node], "hosts": [one ``host`` dict per
                    node]}`` (nodes in node-rank order; ``world_size`` and
                    ``backend`` required).
+``profile_trace``  optional, with ``--profile-trace DIR``: ``{"path": the Chrome
+                   trace (relative to the record's folder, or absolute; None if
+                   no step was profiled), "steps": profiled steps, "activities":
+                   ["cpu", "cuda"], "start", "end": s since program start,
+                   "note": why nothing or less was profiled, or None}``. The
+                   samples of those steps carry ``"profiled": true`` and stay
+                   out of the steady state (:func:`milarun.stats.steady_state`).
 """
 
 import copy

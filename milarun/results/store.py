@@ -44,6 +44,25 @@ def journal_path(result_path):
     return path.with_name(stem + ".journal.jsonl")
 
 
+#: Suffix of the Chrome traces of ``--profile-trace``: JSON, but not records
+#: (:func:`iter_results` passes them by).
+TRACE_SUFFIX = ".trace.json"
+
+
+def trace_path(result_path, folder, rank=None):
+    """Where ``--profile-trace folder`` puts the trace of the record at ``result_path``:
+    ``folder/<record stem>.trace.json`` (``.rank<R>.trace.json`` for a rank other than 0).
+
+    A relative ``folder`` is inside the record's folder, so a results folder
+    carries its traces along.
+    """
+    path = Path(result_path)
+    stem = path.name[:-5] if path.name.endswith(".json") else path.name
+    if rank:
+        stem += f".rank{rank}"
+    return path.parent / Path(folder) / (stem + TRACE_SUFFIX)
+
+
 def _umask():
     """The process umask, read without changing it (Linux ``/proc``; else 022)."""
     try:
@@ -166,10 +185,10 @@ def iter_results(directory):
 
     Files are ``*.json`` under ``directory`` and its sub-folders, sorted by
     path; hidden folders (``.name``) and hidden files are not looked at, nor
-    are ``*.jsonl`` journals. A file that cannot be read as a result yields its
-    ``ResultFormatError`` instead of a record, so callers can skip it with a
-    warning; a stale temporary file (``.tmp-*``, left by a writer that died)
-    yields a "stale temporary file" error.
+    are ``*.jsonl`` journals nor ``*.trace.json`` profiler traces. A file that
+    cannot be read as a result yields its ``ResultFormatError`` instead of a
+    record, so callers can skip it with a warning; a stale temporary file
+    (``.tmp-*``, left by a writer that died) yields a "stale temporary file" error.
     """
     directory = Path(directory)
     for path in sorted(directory.rglob("*.json*")):
@@ -180,7 +199,8 @@ def iter_results(directory):
             yield path, ResultFormatError("stale temporary file (a writer died before its "
                                           "rename); not a result", path=path)
             continue
-        if path.name.startswith(".") or path.suffix != ".json":
+        if (path.name.startswith(".") or path.suffix != ".json"
+                or path.name.endswith(TRACE_SUFFIX)):
             continue
         try:
             yield path, load_result(path)
