@@ -22,10 +22,11 @@ def render_text(report):
     return _render(report)
 
 
-def render_html(report, records=None, results_dir=None, generated=None):
+def render_html(report, records=None, results_dir=None, generated=None, html_path=None):
     """HTML report (see :func:`milarun.report.html.render_html`)."""
     from .html import render_html as _render
-    return _render(report, records=records, results_dir=results_dir, generated=generated)
+    return _render(report, records=records, results_dir=results_dir, generated=generated,
+                   html_path=html_path)
 
 
 def load_source(source, warn=None):
@@ -90,11 +91,13 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
                           penalize_variance=penalize_variance, compare_gpus=compare_gpus,
                           title=title, compare_nodes=compare_nodes,
                           node_threshold=node_threshold, throughput=throughput)
+    from .io import io_tables
+    report.io = io_tables(summary, records)
     text = render_text(report)
     if html:
         generated = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         page = render_html(report, records=records, results_dir=results_dir,
-                           generated=generated)
+                           generated=generated, html_path=html)
         write_text(html, page)
     return report, text
 

@@ -77,6 +77,38 @@ def log_tail(results_dir, failure):
     return _tail_lines(failure.get("stderr_tail")), "stderr"
 
 
+def trace_links(records, results_dir, html_path=None):
+    """``{group: [href]}``: the ``--profile-trace`` files of each test's records.
+
+    A record's ``profile_trace.path`` is relative to the record's folder (or
+    absolute); it is linked only when the file exists inside ``results_dir``
+    (symlinks resolved), as a path relative to the folder of ``html_path``
+    (URL-quoted), or as a ``file://`` URI without one.
+    """
+    import os
+    from urllib.parse import quote
+
+    from ..summary import group_name
+
+    links = defaultdict(list)
+    if results_dir is None:
+        return links
+    for item in records or ():
+        path, rec = item if isinstance(item, tuple) else (None, item)
+        trace = (rec.get("profile_trace") or {}).get("path")
+        if not isinstance(trace, str) or path is None:
+            continue
+        found = inside(results_dir, Path(path).parent / trace)
+        if found is None:
+            continue
+        if html_path is not None:
+            href = quote(os.path.relpath(found, Path(html_path).resolve().parent))
+        else:
+            href = found.as_uri()
+        links[group_name(rec)].append(href)
+    return links
+
+
 def _env():
     import jinja2
     env = jinja2.Environment(
@@ -87,12 +119,14 @@ def _env():
     return env
 
 
-def render_html(report, records=None, results_dir=None, generated=None):
+def render_html(report, records=None, results_dir=None, generated=None, html_path=None):
     """Return the report as one self-contained HTML page (str).
 
     ``records`` are result records (for the throughput plots; without them
     the page says plots need the results directory); ``results_dir`` is where
-    failure logs are looked up; ``generated`` is the creation time shown.
+    failure logs are looked up; ``generated`` is the creation time shown;
+    ``html_path`` is where the page will be written (links to profiler traces
+    are relative to it, see :func:`trace_links`).
     """
     from markupsafe import Markup
 
@@ -128,6 +162,7 @@ def render_html(report, records=None, results_dir=None, generated=None):
                                  for g, v in tab["rows"]],
                         "svg": Markup(svg) if svg else None})
 
+    traces = trace_links(records, results_dir, html_path)
     table = []
     for row in report.rows:
         cells = []
@@ -139,7 +174,7 @@ def render_html(report, records=None, results_dir=None, generated=None):
                 cls = "failcell"
             cells.append((cell(row, c), cls))
         table.append({"test": row["test"], "cells": cells, "failed": row["fail"] > 0,
-                      "counted": row["counted"]})
+                      "counted": row["counted"], "traces": traces.get(row["test"], [])})
 
     nodes = None
     if report.node_compare is not None:
@@ -171,6 +206,11 @@ def render_html(report, records=None, results_dir=None, generated=None):
                             for d in e["devices"]]}
                   for e in getattr(report, "concurrent", None) or []]
     overlap = overlap_line(report.overlap) if getattr(report, "overlap", None) else None
+    io_study = []
+    for tab in report.io:
+        from .io import plot_svg
+        svg = plot_svg(tab)
+        io_study.append({**tab, "svg": Markup(svg) if svg else None})
 
     failures = []
     for f in report.failures:
@@ -180,6 +220,7 @@ def render_html(report, records=None, results_dir=None, generated=None):
     return _env().get_template("report.html.j2").render(
         r=report, table=table, plots=plots, gpu=gpu, failures=failures, nodes=nodes,
         scaling=scaling, concurrent=concurrent, overlap=overlap, noise=noise_view(report),
+        io_study=io_study,
         has_records=bool(records), generated=generated,
         ratio_class=ratio_band(report.score_ratio))
 

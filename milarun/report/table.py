@@ -191,6 +191,7 @@ class Report:
     score_ratio_ci: object = None
     score_ratio_ci_note: object = None
     baseline_noise: bool = True
+    io: list = field(default_factory=list)   # the io study's tables (report/io.py)
 
     @property
     def incomplete(self):

@@ -357,6 +357,10 @@ def render_text(report):
     if getattr(report, "concurrent", None):
         lines.append("")
         lines.extend(concurrent_lines(report.concurrent))
+    for table in report.io:
+        from .io import text_lines
+        lines.append("")
+        lines.extend(text_lines(table))
     if report.failures:
         lines.append("")
         lines.append("failures:")

@@ -16,8 +16,8 @@ Format history (append a line and a migration step for every change):
   Optional again: older records validate as they are.
 * version 1, extended (issue 11, profile language): optional ``placeholders``
   (the launch's placeholder values). Optional, so the version stays 1.
-* version 1, extended (issue 11, profile traces): optional ``profile_trace`` and the sample flag
-  ``profiled``; no migration (optional fields).
+* version 1, extended (issue 11, profile traces): optional ``profile_trace``
+  and the sample flag ``profiled``; no migration (optional fields).
 
 The declared schema is ``milarun/schemas/result.schema.json``: every record
 read or written is checked against it (:func:`validate`). Numbers are finite;
