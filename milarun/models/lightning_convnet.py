@@ -1,0 +1,208 @@
+"""lightning_convnet: ddp_convnet's training written with PyTorch Lightning (Trainer, DDP strategy).
+
+The same work as :mod:`.ddp_convnet` (a torchvision ResNet, ``resnet50`` by
+default with random weights, trained data-parallel on the ``fake_imagenet``
+JPEG tree with SGD + momentum and cross-entropy), but the loop is
+Lightning's: a ``LightningModule`` holds the model and the optimizer, and
+``lightning.Trainer`` with the ``DDPStrategy`` runs it (nccl on CUDA, gloo on
+the CPU; Lightning puts a ``DistributedSampler`` under the loader). This
+measures what a Lightning user gets on the machine, next to the plain DDP
+loop. torch_io_benchmark ran its single- and multi-node experiments this way.
+
+Launching: like ddp_convnet, under torchrun (the ``njobs`` plan type: one
+torchrun per node; ``multi-node``/``node-progression``: a rendezvous over
+nodes, under Slurm or ssh). Lightning is told it runs under torchrun
+(``TorchElasticEnvironment``), so it neither spawns processes nor reads
+Slurm's variables (under ``srun``, those describe the torchrun agents, not
+the ranks). Without torchrun it is a world of one.
+
+Measurement: a Lightning callback feeds milarun's rate logger, one step per
+``on_train_batch_end`` (so windows, warm-up, ``--min-steady``,
+``--profile-trace`` and the journal work as for every test) and stops the
+Trainer (``trainer.should_stop``) at ``--max-count``. An **item is one image
+of the global batch** (``batch_size × world_size`` per step); rank 0 writes
+the record. Lightning's version is in ``host.lightning``; ``world_size``,
+``backend``, ``rank`` and ``global_batch`` are in ``metrics``.
+
+Needs the ``lightning`` package (in requirements.lock) and the
+``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
+"""
+
+import os
+
+from coleo import Option, default, tooled
+
+from ..bench import init_torch, rate_logger, set_precision
+from ..bench.distributed import World, agree_on_counts
+from ..bench.rate import Step
+from ..datasets import require
+from ..isolation import current_cpuset
+from .convnet import build_model
+from .loader import image_loader
+
+#: ``--precision`` → Lightning's ``precision`` argument (tf32 is fp32 with TF32 matmuls).
+PRECISION = {"fp32": "32-true", "tf32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
+
+
+def main(exp, argv):
+    """Entry point: under torchrun, ``... -m milarun run milarun.models.lightning_convnet:main
+    -- ARGS``; alone, ``milarun run milarun.models.lightning_convnet:main -- ARGS``."""
+    exp.cli(train, argv)
+
+
+def _lightning():
+    """The ``lightning`` package, or a clear error when it is not installed."""
+    try:
+        import lightning
+    except ImportError as exc:
+        raise RuntimeError(f"lightning_convnet needs the lightning package ({exc}); "
+                           f"install requirements.lock (scripts/setup.sh)") from None
+    return lightning
+
+
+def cluster_environment(environ=None):
+    """``TorchElasticEnvironment`` under torchrun (``TORCHELASTIC_RUN_ID`` or
+    ``LOCAL_WORLD_SIZE`` set), else ``LightningEnvironment`` (a world of one)."""
+    from lightning.pytorch.plugins.environments import (LightningEnvironment,
+                                                        TorchElasticEnvironment)
+
+    environ = os.environ if environ is None else environ
+    if "TORCHELASTIC_RUN_ID" in environ or "LOCAL_WORLD_SIZE" in environ:
+        return TorchElasticEnvironment()
+    return LightningEnvironment()
+
+
+@tooled
+def train(exp):
+    # torchvision model name (resnet50, resnet18, resnet152, ...)
+    arch: Option = default("resnet50")
+    # Images per batch on each rank
+    batch_size: Option & int = default(128)
+    # Side of the random crops fed to the network, in pixels
+    image_size: Option & int = default(224)
+    # Arithmetic: fp32, tf32, fp16 (16-mixed) or bf16 (bf16-mixed)
+    precision: Option = default("fp32")
+    # Learning rate (SGD with momentum 0.9)
+    lr: Option & float = default(0.1)
+    # DataLoader workers per rank (-1: the rank's share of the cpuset, minus one)
+    workers: Option & int = default(-1)
+    # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
+    backend: Option = default("auto")
+
+    if precision not in PRECISION:
+        raise ValueError(f"--precision must be one of {', '.join(PRECISION)}, not {precision!r}")
+    lightning = _lightning()
+    device = init_torch(exp)
+    exp.result["host"]["lightning"] = lightning.__version__
+    set_precision(device, "tf32" if precision == "tf32" else "fp32")
+    folder = require(exp.dataroot, "fake_imagenet")
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
+    share = max(0, len(current_cpuset()) // local_size - 1)
+    loader, dataset = image_loader(folder, "train", image_size, batch_size,
+                                   share if workers < 0 else workers, device)
+    if len(dataset) < batch_size * size:
+        raise ValueError(f"{len(dataset)} images give no batch of {batch_size} per rank "
+                         f"over {size} ranks; lower --batch-size or use a larger fake_imagenet")
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    exp.metrics["global_batch"] = batch_size * size
+    _fit(exp, lightning, loader, build_model(arch, len(dataset.classes)), device, precision,
+         lr, backend, size, local_size)
+
+
+def _fit(exp, lightning, loader, model, device, precision, lr, backend, size, local_size):
+    import torch
+    import torch.distributed as dist
+    # As in bench.distributed.process_group: imported before the group exists, so
+    # its default arguments do not keep the group alive after it is destroyed.
+    import torch.distributed.nn  # noqa: F401
+    from lightning.pytorch.strategies import DDPStrategy
+
+    if device.type == "cpu":
+        # the node's ranks share its cores (as ddp_convnet's ranks do)
+        threads = max(1, torch.get_num_threads() // max(1, local_size))
+        torch.set_num_threads(threads)
+        exp.result["host"]["threads"] = threads
+
+    class Module(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.criterion = torch.nn.CrossEntropyLoss()
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return self.criterion(self.model(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+
+    trainer = lightning.Trainer(
+        accelerator="cuda" if device.type == "cuda" else "cpu", devices=local_size,
+        num_nodes=max(1, size // local_size),
+        strategy=DDPStrategy(process_group_backend=backend,
+                             cluster_environment=cluster_environment()),
+        precision=PRECISION[precision], max_epochs=-1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, callbacks=[rate_callback(exp, backend)])
+    try:
+        trainer.fit(Module(), train_dataloaders=loader)
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def rate_callback(exp, backend):
+    """A ``lightning.Callback`` that feeds milarun's rate logger and stops the Trainer.
+
+    ``on_train_start`` (the process group exists then) records the job
+    (:meth:`Experiment.gather_hosts`, ``world_size``/``backend``/``rank``
+    metrics), creates the rate logger (``rate_logger``; ranks agree on
+    ``--min-steady`` raises) and opens its first window; each
+    ``on_train_batch_end`` is one step of ``len(batch) × world_size`` items
+    with the loss logged, and sets ``trainer.should_stop`` once the logger is
+    done (the same step on every rank: they count the same items);
+    ``on_train_end`` closes the last window. Every rank runs the same code,
+    as the collectives need.
+    """
+    lightning = _lightning()
+
+    class RateCallback(lightning.Callback):
+        def __init__(self):
+            self.logger = None
+            self.size = 1
+
+        def on_train_start(self, trainer, module):
+            self.size = trainer.world_size
+            exp.gather_hosts()
+            exp.metrics.update({"world_size": trainer.world_size, "backend": backend,
+                                "rank": trainer.global_rank})
+            if module.device.type == "cuda":
+                exp.device = module.device
+            self.logger = rate_logger(exp)
+            world = World(trainer.world_size, trainer.global_rank, trainer.local_rank,
+                          max(1, trainer.world_size // max(1, trainer.num_nodes)), backend,
+                          module.device)
+            agree_on_counts(exp, world)
+            self.logger.start()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            step = Step()
+            step.set_count(len(batch[0]) * self.size)
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            step.log(loss=loss.detach())
+            self.logger.end_step(step)
+            if self.logger.done():
+                trainer.should_stop = True
+
+        def on_train_end(self, trainer, module):
+            self.logger.finish()
+
+        def on_exception(self, trainer, module, exception):
+            if self.logger is not None:   # close the last window (and a running trace)
+                self.logger.finish()
+
+    return RateCallback()
