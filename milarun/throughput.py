@@ -15,7 +15,8 @@ time when every process was running:
 * the **common interval** ``[lo, hi]`` is the intersection of the processes'
   steady spans (:func:`steady_span`), on one clock (:func:`anchor`);
 * a process's **effective** throughput is the items it processed inside the
-  common interval divided by the interval's length (items/s);
+  common interval divided by the interval's length (items/s); steps run
+  under ``--profile-trace`` and their time are left out (:func:`profiled_spans`);
 * the wave's **adjusted** throughput is the total work done in the common
   interval divided by its length (items/s), i.e. the sum of the effective
   throughputs.
@@ -108,6 +109,34 @@ def work_in(samples, lo, hi):
     return items
 
 
+def profiled_spans(samples):
+    """The spans (s, the samples' clock) that ``--profile-trace`` took: each run of
+    samples flagged ``profiled``, widened to the samples around it (starting the
+    profiler and writing its trace fall between windows). Their items and their
+    time stay out of the effective throughput, as they stay out of the steady state.
+    """
+    spans, i = [], 0
+    while i < len(samples):
+        if not samples[i].get("profiled"):
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(samples) and samples[j + 1].get("profiled"):
+            j += 1
+        lo = samples[i - 1]["end"] if i > 0 else samples[i]["start"]
+        hi = samples[j + 1]["start"] if j + 1 < len(samples) else samples[j]["end"]
+        spans.append((lo, hi))
+        i = j + 1
+    return spans
+
+
+def _effective(samples, lo, hi):
+    """Items/s of one process over ``[lo, hi]`` (its clock), less its profiled spans."""
+    held = sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in profiled_spans(samples))
+    kept = [s for s in samples if not s.get("profiled")]
+    return work_in(kept, lo, hi) / (hi - lo - held) if hi - lo - held > 0 else None
+
+
 def wave(members, min_overlap=MIN_OVERLAP):
     """Own, effective and adjusted throughput of one concurrent wave.
 
@@ -147,12 +176,13 @@ def wave(members, min_overlap=MIN_OVERLAP):
     if hi <= lo or longest <= 0:
         return out
     length = hi - lo
-    effective = {m["label"]: work_in(m["samples"], lo - m["anchor"], hi - m["anchor"]) / length
+    effective = {m["label"]: _effective(m["samples"], lo - m["anchor"], hi - m["anchor"])
                  for m in members}
     overlap = min(1.0, length / longest)
     out.update(interval=[lo, hi], length=length, overlap=overlap,
                flagged=overlap < min_overlap, effective=effective,
-               adjusted=math.fsum(effective.values()))
+               adjusted=(None if None in effective.values()
+                         else math.fsum(effective.values())))
     return out
 
 

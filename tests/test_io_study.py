@@ -399,3 +399,23 @@ def test_report_without_io_tests_has_no_io_section(tmp_path):
     _, text = make_report(str(tmp_path / "r"), html=str(tmp_path / "r.html"))
     assert "input-pipeline" not in text
     assert "io-study" not in (tmp_path / "r.html").read_text()
+
+
+def test_profiled_spans_stay_out_of_the_effective_throughput():
+    from milarun import throughput
+
+    def sample(start, end, rate, **flags):
+        return {"start": start, "end": end, "count": rate * (end - start), "rate": rate,
+                "warmup": False, **flags}
+
+    # 100 items/s, then 2 s under the profiler at 10 items/s, 1 s to start and export it
+    a = [sample(t, t + 1, 100.0) for t in range(0, 10)]
+    a += [sample(10.5, 12.5, 10.0, profiled=True)]
+    a += [sample(13 + t, 14 + t, 100.0) for t in range(0, 10)]
+    b = [sample(t, t + 1, 50.0) for t in range(0, 23)]
+    assert throughput.profiled_spans(a) == [(10, 13)]
+    w = throughput.wave([{"label": "a", "anchor": 0.0, "samples": a},
+                         {"label": "b", "anchor": 0.0, "samples": b}])
+    assert w["effective"]["a"] == pytest.approx(100.0)
+    assert w["effective"]["b"] == pytest.approx(50.0)
+    assert w["adjusted"] == pytest.approx(150.0)
