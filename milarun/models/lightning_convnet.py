@@ -161,7 +161,8 @@ def rate_callback(exp, backend):
     ``on_train_start`` (the process group exists then) records the job
     (:meth:`Experiment.gather_hosts`, ``world_size``/``backend``/``rank``
     metrics), creates the rate logger (``rate_logger``; ranks agree on
-    ``--min-steady`` raises) and opens its first window; each
+    ``--min-steady`` raises), meets the wave's start barrier and opens its
+    first window; each
     ``on_train_batch_end`` is one step of ``len(batch) × world_size`` items
     with the loss logged, and sets ``trainer.should_stop`` once the logger is
     done (the same step on every rank: they count the same items);
@@ -187,6 +188,8 @@ def rate_callback(exp, backend):
                           max(1, trainer.world_size // max(1, trainer.num_nodes)), backend,
                           module.device)
             agree_on_counts(exp, world)
+            if self.logger.before_start is not None:
+                self.logger.before_start()   # the wave's start barrier (bench/sync.py)
             self.logger.start()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
