@@ -10,7 +10,7 @@ import pytest
 
 from conftest import SMOKE_ARGS, build_tiny, run_model, steady_samples
 from milarun import stats
-from milarun.bench.rate import RateLogger, Step
+from milarun.bench.rate import RateLogger
 from milarun.bench.trace import ProfileTrace
 from milarun.datasets import prepare, resolve_params
 from milarun.results.schema import new_result, validate

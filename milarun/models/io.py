@@ -53,7 +53,8 @@ def main(exp, argv):
 
 
 def build_model(channels=1, classes=10):
-    """The small convnet of ``--mode train``: ``[B, channels, H, W]`` → logits ``[B, classes]``."""
+    """The small convnet of ``--mode train``: images ``[B, channels, H, W]`` → logits
+    ``[B, classes]``; any image size (adaptive pooling)."""
     from torch import nn
 
     return nn.Sequential(
