@@ -419,3 +419,31 @@ def test_profiled_spans_stay_out_of_the_effective_throughput():
     assert w["effective"]["a"] == pytest.approx(100.0)
     assert w["effective"]["b"] == pytest.approx(50.0)
     assert w["adjusted"] == pytest.approx(150.0)
+
+
+# --- the shipped profiles ---------------------------------------------------------------
+
+@pytest.mark.parametrize("name,axis,values,flag", [
+    ("io", "c", [0, 25, 50, 100, 200], "--workers-pct"),
+    ("io-seed", "w", [0, 32, 64, 128, 256], "--workers")])
+def test_io_profiles_sweep_workers_mode_and_dataset(name, axis, values, flag):
+    from conftest import ROOT
+    from milarun.profile import load_profile
+
+    jobs = load_profile(ROOT / "profiles" / f"{name}.json")
+    # the two modes of one workers value run one after the other (drift hits both alike)
+    assert [j.name for j in jobs] == [f"io-{mode}-{dataset}-{axis}{v}"
+                                      for dataset in ("fashion_mnist", "mydataset")
+                                      for v in values for mode in ("traverse", "train")]
+    for job in jobs:
+        argv = job.argv({"cpu_per_gpu": 16})
+        mode, dataset, value = re.fullmatch(r"io-(\w+?)-(\w+)-[cw](\d+)", job.name).groups()
+        assert argv[argv.index("--mode") + 1] == mode
+        assert argv[argv.index("--dataset") + 1] == dataset
+        assert argv[argv.index(flag) + 1] == value
+        assert "io" in job.tags and job.partition == "per-gpu"
+        if name == "io":   # scaled to the student's cores, filled per launch
+            assert job.placeholders == ["cpu_per_gpu"]
+            assert argv[argv.index("--cores") + 1] == "16"
+        else:
+            assert job.placeholders == [] and "--workers-pct" not in argv

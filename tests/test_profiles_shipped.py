@@ -21,6 +21,8 @@ WITH_INFERENCE = ["standard", "lite"]
 PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.json"))
 #: The cluster profiles hold only what several nodes add (one test per plan type across nodes).
 CLUSTER_PROFILES = ["cluster", "cluster-cpu"]
+#: The input-pipeline study (milarun.models.io, tests/test_io_study.py): its own tests only.
+STUDY_PROFILES = ["io", "io-seed"]
 
 
 def test_standard_dry_run_lists_every_test():
@@ -41,6 +43,8 @@ def test_profile_validates_and_weights_match(name):
     if name in CLUSTER_PROFILES:
         kinds = {j.partition for j in jobs}
         assert {"per-gpu", "njobs", "multi-node", "node-progression"} <= kinds
+    elif name in STUDY_PROFILES:
+        assert {j.experiment for j in jobs} == {"milarun.models.io:main"}
     else:
         extra = INFERENCE_TESTS if name in WITH_INFERENCE else []
         assert sorted(j.name for j in jobs) == sorted(STANDARD_TESTS + extra)
