@@ -1,7 +1,7 @@
 """Student cgroups (v1 and v2) and CPU/NUMA placement. No torch here.
 
 Read side (used inside the child): ``current_cpuset``, ``current_cgroup``,
-``current_memory_limit_mib``.
+``current_memory_limit_mib``, ``current_cpu_quota``.
 
 Parent side: ``cgroup_version``, ``split_students`` (the cpuset/memory plan
 that ``scripts/cgroup_setup.sh`` applies), ``missing_groups``,
@@ -72,6 +72,26 @@ def current_memory_limit_mib(pid="self"):
     if value >= 2**62:  # v1 reports "unlimited" as a huge page-rounded number
         return None
     return value / 2**20
+
+
+def current_cpu_quota(pid="self"):
+    """The CPU quota of the cgroup ``pid`` runs in, in cores (``quota / period``),
+    None if unlimited or unknown (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``)."""
+    groups = _proc_cgroups(pid)
+    try:
+        if "cpu" in groups:
+            base = CGROOT / "cpu" / groups["cpu"].lstrip("/")
+            quota, period = _read(base / "cpu.cfs_quota_us"), _read(base / "cpu.cfs_period_us")
+        elif "" in groups:
+            raw = _read(CGROOT / groups[""].lstrip("/") / "cpu.max")
+            quota, period = raw.split() if raw else (None, None)
+        else:
+            return None
+        if quota in (None, "max") or int(quota) < 0 or not period or int(period) <= 0:
+            return None
+        return int(quota) / int(period)
+    except ValueError:
+        return None
 
 
 # -------------------------------------------------------------- parent side

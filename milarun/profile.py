@@ -60,6 +60,11 @@ Job keys:
 ``timeout``           seconds, > 0 and at most 7 days (default 1800).
 ``launcher``          ``"python"`` (default) or ``"torchrun"`` (one process per device).
 ``description``       free text.
+``validation``        thresholds of the flagging checks (:mod:`milarun.validation`):
+                      ``{"usage": {"gpu_load_threshold", "gpu_mem_threshold"},
+                      "host": {"outside_cpu_threshold", "steal_threshold"}}``,
+                      fractions from 0 to 1, null for off; recorded in each
+                      result's ``job``, where the summary reads them.
 
 The job's recorded ``definition`` is what a hand-written plain profile would
 hold: the merged keys without the language keys (:data:`LANGUAGE_KEYS`).

@@ -29,7 +29,12 @@ Summary format (version 1), a JSON object::
          "adjusted": {n, min, max, mean, std},           # per-wave adjusted totals, items/s
          "overlap": smallest steady-state overlap of a wave (fraction),
          "sync": {"waves": k, "synchronized": results that met the start barrier,
-                  "skew_s": largest start skew of a wave, s, or null}}}}
+                  "skew_s": largest start skew of a wave, s, or null},
+         "validation_flags": [{"device", "node", "run", "check", "gpu", "value",
+                               "threshold", "message", "file"}],   # only when any
+         "energy": {"n", "source", "power_w": {n, min, max, mean, std}, "energy_j",
+                    "items", "j_per_item", "items_per_j",
+                    "pernode": {node: {"power_w", "j_per_item", "runs"}}}}}}  # only with GPU energy
 
 GROUP comes from the result's plan type (:func:`milarun.plantypes.group_name`):
 ``suite.job`` for normal, per-gpu, njobs and multi-node tests,
@@ -67,6 +72,21 @@ the version: they are optional,
 a summary without them is still version 1 and reads as before (``pernode`` and
 ``pernode_failures`` are then empty, ``failed[].node`` is null).
 
+Validation (:mod:`milarun.validation`): every record goes through
+:func:`milarun.validation.judge` first, so a successful record with a NaN
+loss or no steady state counts as a failure (``nan-loss``,
+``no-steady-state``) whenever it was written. ``validation_flags`` lists the
+flags of the group's successful results (GPU load or memory below the job's
+threshold, host busy outside the suite, steal time), with the thresholds of
+the job's ``validation`` block. ``energy`` is the power and energy per item
+over the steady states (:mod:`milarun.energy`), present only when GPU energy
+or power readings cover them. ``hosts`` entries also carry the facts of
+:mod:`milarun.hostfacts` that the results recorded (milarun version and
+commit, kernel, CPU governor and boost, GPU power limits, clocks,
+persistence and ECC; ``student_cpus``, ``memory_limit_mib`` and
+``cgroup_cpu_quota``: the tightest student limits seen). These are optional
+additions to version 1 as well.
+
 The same format is a **baseline** for ``milarun report --compare``. Its
 declared schema is ``milarun/schemas/summary.schema.json`` (finite,
 non-negative statistics; safe group and device names); it is checked when a
@@ -82,7 +102,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from . import plantypes, stats, throughput
+from . import energy, hostfacts, plantypes, stats, throughput, validation
 from .errors import ResultFormatError
 from .jsonfile import check, first_error, key_path, read_json
 from .results.store import iter_results, write_json_atomic
@@ -158,6 +178,7 @@ def _host_facts(host):
         "driver": next((g.get("driver") for g in gpus if g.get("driver")), None),
         "torch": host.get("torch"),
         "cuda": host.get("cuda"),
+        **hostfacts.machine_facts(host),
     }
 
 
@@ -185,6 +206,7 @@ def summarize(records, skipped=()):
     for item in records:
         path, rec = item if isinstance(item, tuple) else (None, item)
         try:
+            rec = validation.judge(rec)  # records written before the checks existed too
             samples = rec["timings"].get("train", {}).get("samples", [])
             rate, _, note = stats.steady_state(samples)
         except (ValueError, KeyError, TypeError, AttributeError):
@@ -196,6 +218,7 @@ def summarize(records, skipped=()):
             facts = _host_facts(host)
             entry = hosts.setdefault(repr(sorted(facts.items())), {**facts, "_gpus": {}})
             entry["_gpus"].update(_host_gpus(host))
+            hostfacts.accumulate(entry, host)
         end = (rec["timings"].get("program") or {}).get("end")
         if _finite(end):
             last_end = end if last_end is None else max(last_end, end)
@@ -212,8 +235,9 @@ def summarize(records, skipped=()):
         "version": SUMMARY_VERSION,
         "date": date,
         "steady_state": {"window_s": stats.STEADY_WINDOW_S, "tail_s": stats.STEADY_TAIL_S},
-        "hosts": [{**{k: v for k, v in h.items() if k != "_gpus"},
-                   "gpus": [h["_gpus"][i] for i in sorted(h["_gpus"])]}
+        "hosts": [{**{k: v for k, v in h.items() if not k.startswith("_")},
+                   "gpus": [h["_gpus"][i] for i in sorted(h["_gpus"])],
+                   **hostfacts.collapse(h)}
                   for h in hosts.values()],
         "skipped": sorted(skipped_names),
         "tests": tests,
@@ -327,7 +351,21 @@ def _summarize_group(gname, items):
         "peak_memory": max(memory) if memory else None,
         "steady": steady,
         **throughput.summarize_waves(scored),
+        **_checks(items),
     }
+
+
+def _checks(items):
+    """The validation flags and the energy of a group (:mod:`milarun.validation`,
+    :mod:`milarun.energy`), each only when there is one."""
+    out = {}
+    flags = validation.summary_flags(items, node_of)
+    if flags:
+        out["validation_flags"] = flags
+    power = energy.summarize_energy(items, node_of)
+    if power is not None:
+        out["energy"] = power
+    return out
 
 
 def summarize_dir(directory, warn=None):
@@ -439,6 +477,8 @@ def _complete(data, path):
             "adjusted": _stats(entry["adjusted"]) if entry.get("adjusted") else None,
             "overlap": entry.get("overlap"),
             "sync": dict(entry["sync"]) if entry.get("sync") else None,
+            "validation_flags": list(entry.get("validation_flags") or []),
+            "energy": entry.get("energy"),
         }
     out["tests"] = tests
     return out

@@ -274,9 +274,9 @@ BAD_RESULTS = [
     (_record(version=99), "version: format version 99 is newer than this milarun (1)"),
     (_record(colour="red"), "colour: unknown key (known: call, dataroot, device, device_count, "
                             "devices, distributed, environ, error, finished, gpu_monitor, "
-                            "gpus_per_node, host, job, job_id, job_name, metrics, name, node, "
-                            "node_count, nodes, partition, peak_memory_mib, placeholders, "
-                            "profile_trace, run, started, "
+                            "gpus_per_node, host, host_load, job, job_id, job_name, metrics, "
+                            "name, no_loss, node, node_count, nodes, partition, peak_memory_mib, "
+                            "placeholders, profile_trace, run, started, "
                             "success, suite, timings, version, written_by)"),
     ([1, 2], "not a result record (no 'version' or 'name' key)"),
     ('{"version": 1, "name": "s.t", "version": 1}', "invalid JSON: duplicate key 'version'"),

@@ -100,7 +100,7 @@ def test_run_then_rerun_with_extra_args(tmp_path):
     first = tmp_path / "first.json"
     subprocess.run([sys.executable, "-m", "milarun", "run", "milarun.models.toy_reg:main",
                     "-o", str(first), "--experiment-name", "cli.toy", "--job-id", "4.1", "--",
-                    "--max-count", "5000", "--batch-size", "16"], check=True,
+                    "--warmup", "0", "--max-count", "5000", "--batch-size", "16"], check=True,
                    capture_output=True)
     rec = json.loads(first.read_text())
     assert rec["success"] and rec["name"] == "cli.toy" and rec["job_id"] == "4.1"
@@ -111,8 +111,8 @@ def test_run_then_rerun_with_extra_args(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "milarun: rerun:" in proc.stderr and "--batch-size 16 --batch-size 32" in proc.stderr
     again = json.loads(second.read_text())
-    assert again["call"]["argv"] == ["--max-count", "5000", "--batch-size", "16",
-                                     "--batch-size", "32"]
+    assert again["call"]["argv"] == ["--warmup", "0", "--max-count", "5000", "--batch-size",
+                                     "16", "--batch-size", "32"]
     assert again["call"]["arguments"]["batch_size"] == 32
     assert (again["name"], again["job_id"], again["run"]) == ("cli.toy", "4.1", 4)
 
@@ -120,7 +120,8 @@ def test_run_then_rerun_with_extra_args(tmp_path):
 def test_run_names_a_record_outside_a_profile_run_dot_module(tmp_path):
     from milarun.cli.run import run_experiment
     out = tmp_path / "r.json"
-    assert run_experiment("milarun.models.faults:crawl", ["--max-count", "2"], out=str(out)) == 0
+    assert run_experiment("milarun.models.faults:crawl", ["--max-count", "2", "--warmup", "0"],
+                          out=str(out)) == 0
     assert json.loads(out.read_text())["name"] == "run.faults"
 
 

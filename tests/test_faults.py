@@ -162,7 +162,7 @@ def test_second_session_on_the_same_folder_is_refused(tmp_path):
 
 
 def test_a_finished_folder_is_not_reused_without_resume(tmp_path):
-    profile = write_profile(tmp_path, {"ok": {**CRAWL, "arguments": {"max-count": 3}}})
+    profile = write_profile(tmp_path, {"ok": {**CRAWL, "arguments": {"max-count": 3, "warmup": 0}}})
     first = Suite(tmp_path, profile, "--cpu-slots", "1")
     assert "1 passed, 0 failed" in first.finish()
     again = Suite(tmp_path, profile, "--cpu-slots", "1")
@@ -175,10 +175,10 @@ def test_a_finished_folder_is_not_reused_without_resume(tmp_path):
 def test_resume_runs_only_what_did_not_pass(tmp_path):
     flag = tmp_path / "flag"
     profile = write_profile(tmp_path, {
-        "ok": {**CRAWL, "arguments": {"max-count": 3}},
+        "ok": {**CRAWL, "arguments": {"max-count": 3, "warmup": 0}},
         "flaky": {"experiment": "milarun.models.faults:flaky",
                   "partition_scheme": {"type": "per-gpu"},
-                  "arguments": {"pass-if": str(flag), "max-count": 3}}})
+                  "arguments": {"pass-if": str(flag), "max-count": 3, "warmup": 0}}})
     first = Suite(tmp_path, profile, "--cpu-slots", "2")
     assert "2 passed, 2 failed" in first.finish()
     before = {name: (first.out / name).stat().st_mtime_ns for name in first.records()}
@@ -259,13 +259,13 @@ def test_disk_full_mid_suite_stops_cleanly_and_keeps_what_was_written(tmp_path, 
     disk = tmpfs(tmp_path / "disk", "size=40m")
     spam = ("import sys; [print('x' * 4096) for _ in range(20000)]")  # ~80 MB of log
     profile = write_profile(tmp_path, {
-        "first": {**CRAWL, "arguments": {"max-count": 3}},
+        "first": {**CRAWL, "arguments": {"max-count": 3, "warmup": 0}},
         "filler": {"experiment": "milarun.models.faults:crawl",
                    "partition_scheme": {"type": "per-gpu"},
                    "exec_prefix": [sys.executable, "-c",
                                    spam + "; import os; os.execvp(sys.argv[1], sys.argv[1:])"],
-                   "arguments": {"max-count": 3}},
-        "never": {**CRAWL, "arguments": {"max-count": 3}}})
+                   "arguments": {"max-count": 3, "warmup": 0}},
+        "never": {**CRAWL, "arguments": {"max-count": 3, "warmup": 0}}})
     suite = Suite(tmp_path, profile, "--cpu-slots", "1", out="disk/out")
     output = suite.finish(timeout=120)
     assert suite.proc.returncode == 1, output

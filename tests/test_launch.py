@@ -161,7 +161,7 @@ def test_clean_run_removes_its_journal(tmp_path):
 
 
 def test_exit_after_result_from_a_real_experiment(tmp_path):
-    lch = fault(tmp_path, "crawl", "--max-count", "10", "--exit-code", "7")
+    lch = fault(tmp_path, "crawl", "--max-count", "10", "--warmup", "0", "--exit-code", "7")
     (out,) = run_wave([lch], tmp_path)
     assert out.reason == "exit-after-result" and out.returncode == 7
     assert record(out)["timings"]["train"]["count"] == 10

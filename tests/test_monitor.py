@@ -185,5 +185,6 @@ def test_host_facts_list_only_the_visible_gpus(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=3))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
     gpus = host_facts()["gpus"]
-    assert gpus == [{"index": 2, "name": "Fake GPU 2", "driver": "999.1",
-                     "memory_total_mib": 80 * 1024}]
+    assert [{k: g[k] for k in ("index", "name", "driver", "memory_total_mib")} for g in gpus] \
+        == [{"index": 2, "name": "Fake GPU 2", "driver": "999.1", "memory_total_mib": 80 * 1024}]
+    assert gpus[0]["power_limit_w"] is None   # this fake reports no power limit

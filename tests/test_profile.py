@@ -9,7 +9,7 @@ from milarun.profile import deep_merge, load_profile
 
 OK = {"experiment": "milarun.models.toy_reg:main"}
 KNOWN = ("arguments, description, enabled, exec_prefix, experiment, group, inherits, launcher, "
-         "matrix, name, partition_scheme, prepare, tags, timeout")
+         "matrix, name, partition_scheme, prepare, tags, timeout, validation")
 
 BAD = [
     # (profile text or object, expected message after "<path>: ")

@@ -2,8 +2,9 @@
 
 A *step* processes ``count`` items (``it.set_count(batch_size)``). Steps are
 grouped into sample windows of about ``sample_duration`` seconds of host time.
-Each window becomes one sample ``{start, end, count, rate, warmup}``; the
-first ``warmup`` samples are flagged, never dropped.
+Each window becomes one sample ``{start, end, count, rate, warmup}`` (plus
+``loss``, the last loss logged in it, when the test logs one); the first
+``warmup`` samples are flagged, never dropped.
 
 Stopping: training stops once ``max_count`` items were processed. With
 ``min_steady`` > 0 it goes on past that count until the steady state (the
@@ -234,11 +235,14 @@ class RateLogger:
             "warmup": len(self.samples) < self.warmup,
             **self.window_flags,
         }
+        if self._last_values:
+            self.metrics = {k: _to_float(v) for k, v in self._last_values.items()}
+            # the loss at the window's end: a loss curve, and milarun.validation's NaN check
+            if isinstance(self.metrics.get("loss"), float):
+                sample["loss"] = self.metrics["loss"]
         self.samples.append(sample)
         if self.on_sample is not None:
             self.on_sample(sample)
-        if self._last_values:
-            self.metrics = {k: _to_float(v) for k, v in self._last_values.items()}
         self._window_mark = mark
         self._window_host = now
         self._window_count = 0

@@ -12,6 +12,9 @@
   ``--exit-code N`` it exits with N *after* its record was written; with
   ``--setup S`` it first sleeps S seconds (a slow set-up, before the start barrier).
 * ``flaky``: fails unless the file ``--pass-if`` exists (for ``--resume``).
+* ``nan``: counts like ``crawl`` and logs a loss that becomes NaN (or
+  infinite, ``--value inf``) from step ``--after`` on: the child's validation
+  turns its record into a ``nan-loss`` FAIL.
 
 They import no torch, so they start fast.
 """
@@ -24,6 +27,9 @@ import time
 from coleo import Option, default, tooled
 
 from ..bench.loop import rate_logger
+
+#: These workloads train nothing: no loss (``nan`` logs one anyway, on purpose).
+NO_LOSS = "fault-injection workloads train nothing"
 
 
 def memhog(exp, argv):
@@ -129,3 +135,22 @@ def _flaky(exp):
         raise RuntimeError(f"deliberate failure: {pass_if!r} does not exist")
     for step in rate_logger(exp).steps():
         step.set_count(1)
+
+
+def nan(exp, argv):
+    """Count items and log a loss that turns NaN; see the module docstring."""
+    exp.cli(_nan, argv)
+
+
+@tooled
+def _nan(exp):
+    # Seconds each step sleeps
+    step_seconds: Option & float = default(0.01)
+    # The step from which the loss is not finite (0: from the first step)
+    after: Option & int = default(10)
+    # The loss from then on: nan, inf or -inf
+    value: Option = default("nan")
+    for i, step in enumerate(rate_logger(exp).steps()):
+        time.sleep(step_seconds)
+        step.set_count(1)
+        step.log(loss=float(value) if i >= after else 1.0 / (i + 1))

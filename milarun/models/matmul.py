@@ -31,6 +31,9 @@ from coleo import Option, default, tooled
 from ..bench import init_torch, iteration_wrapper
 from ..bench.setup import PRECISIONS
 
+#: No loss by nature (milarun.validation's NaN check does not apply): nothing is trained.
+NO_LOSS = "matmul multiplies matrices; nothing is trained"
+
 
 def main(exp, argv):
     """Entry point: ``milarun run milarun.models.matmul:main -- ARGS``.

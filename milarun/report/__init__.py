@@ -93,6 +93,10 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
                           node_threshold=node_threshold, throughput=throughput)
     from .io import io_tables
     report.io = io_tables(summary, records)
+    from .checks import diff_line
+    for diff in report.host_diffs:
+        print(f"milarun: warning: {compare}: host fact differs from the baseline's: "
+              f"{diff_line(diff)}", file=warn or sys.stderr)
     text = render_text(report)
     if html:
         generated = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

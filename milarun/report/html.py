@@ -217,10 +217,22 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
         text, source = log_tail(results_dir, f)
         failures.append({**f, "tail": text, "tail_source": source})
 
+    from .checks import diff_line, energy_plot_rows, perf_per_watt_line
+    energy_rows = energy_plot_rows(report)
+    energy_svg = None
+    if energy_rows:
+        plotter = plotter or Plotter()
+        energy_svg = plotter.energy(energy_rows)
+    checks = {"perf_per_watt": perf_per_watt_line(report),
+              "diffs": [diff_line(d) for d in report.host_diffs],
+              "energy_tests": [r for r in report.rows if r.get("items/J")],
+              "energy_svg": Markup(energy_svg) if energy_svg else None}
+
     return _env().get_template("report.html.j2").render(
         r=report, table=table, plots=plots, gpu=gpu, failures=failures, nodes=nodes,
         scaling=scaling, concurrent=concurrent, overlap=overlap, noise=noise_view(report),
         io_study=io_study,
+        checks=checks,
         has_records=bool(records), generated=generated,
         ratio_class=ratio_band(report.score_ratio))
 

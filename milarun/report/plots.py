@@ -174,3 +174,26 @@ class Plotter:
             buf = io.StringIO()
             fig.savefig(buf, format="svg", metadata={"Date": None})
         return _XML_HEAD.sub("", buf.getvalue(), count=1)
+
+    def energy(self, rows):
+        """SVG bar chart of energy efficiency: ``rows`` are ``[(number, items/J)]``
+        (:func:`milarun.report.checks.energy_plot_rows`); bars are labelled by
+        number only. None when there is nothing to draw."""
+        from matplotlib.figure import Figure
+
+        rows = [(n, v) for n, v in rows if v is not None]
+        if not rows:
+            return None
+        with self.matplotlib.rc_context(self.rc):
+            fig = Figure(figsize=(5.0, 0.8 + 0.25 * len(rows)))
+            ax = fig.add_subplot(1, 1, 1)
+            ax.barh(range(len(rows)), [v for _, v in rows], color=self.colours[0])
+            ax.set_yticks(range(len(rows)), [str(n) for n, _ in rows])
+            ax.invert_yaxis()
+            ax.set_xlabel("energy efficiency (items/J = items/s per W)")
+            ax.set_ylabel("test #")
+            ax.grid(True, axis="x", linewidth=0.3)
+            fig.tight_layout()
+            buf = io.StringIO()
+            fig.savefig(buf, format="svg", metadata={"Date": None})
+        return _XML_HEAD.sub("", buf.getvalue(), count=1)

@@ -69,6 +69,8 @@ Rules, in the order the report applies them:
   concurrent processes' steady states overlap by less than
   :data:`milarun.throughput.MIN_OVERLAP` of their length is listed in
   ``Report.overlap``.
+* Validation flags, the energy columns (``W``, ``J/item``, ``items/J``),
+  ``perf/W`` and the host facts: :mod:`milarun.report.checks`.
 
 Two tables stand beside the score (they do not change it):
 
@@ -192,6 +194,13 @@ class Report:
     score_ratio_ci_note: object = None
     baseline_noise: bool = True
     io: list = field(default_factory=list)   # the io study's tables (report/io.py)
+    # validation, energy and host facts (milarun.report.checks)
+    validation_flags: list = field(default_factory=list)
+    perf_per_watt: object = None
+    perf_per_watt_tests: int = 0
+    energy_nodes: list = field(default_factory=list)
+    host_facts: list = field(default_factory=list)
+    host_diffs: list = field(default_factory=list)
 
     @property
     def incomplete(self):
@@ -332,6 +341,8 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
     for group, t in tests.items():
         for f in t.get("failed", []):
             report.failures.append({"test": group, "name": t.get("name", group), **f})
+    from .checks import add_checks
+    add_checks(report, summary, baseline)
     return report
 
 

@@ -25,6 +25,8 @@ def cell(row, column):
         return "-" if row["weight"] is None else f"{row['weight']:g}"
     if column in ("perf_ratio", "perf_ratio_adj"):
         return fmt_num(row.get(column), ".3f")
+    if column in ("J/item", "items/J"):
+        return fmt_num(row.get(column), ".4g")
     return fmt_num(row.get(column))
 
 
@@ -59,6 +61,8 @@ def score_lines(report):
     if report.price is not None:
         lines.append(f"price: ${report.price:,.2f}")
         lines.append(f"RPP (price / score): {fmt_num(report.rpp)}")
+    from .checks import perf_per_watt_line
+    lines.append(perf_per_watt_line(report))
     if report.short:
         lines.append("less than 10 s of steady state (all non-warm-up samples used): "
                      + ", ".join(report.short))
@@ -333,6 +337,8 @@ def render_text(report):
         gpus = ", ".join(f"{names.count(n)} x {n}" for n in sorted(set(names))) or "none"
         lines.append(f"host: {h.get('hostname')} | cpu: {h.get('cpu_model')} | "
                      f"gpus: {gpus} | torch {h.get('torch')} | cuda {h.get('cuda')}")
+    from .checks import header_lines, text_lines as check_lines
+    lines.extend(header_lines(report))
     lines.append("")
     if report.rows:
         lines.append(table_frame(report).to_string())
@@ -361,6 +367,7 @@ def render_text(report):
         from .io import text_lines
         lines.append("")
         lines.extend(text_lines(table))
+    lines.extend(check_lines(report))
     if report.failures:
         lines.append("")
         lines.append("failures:")

@@ -18,6 +18,12 @@ Format history (append a line and a migration step for every change):
   (the launch's placeholder values). Optional, so the version stays 1.
 * version 1, extended (issue 11, profile traces): optional ``profile_trace``
   and the sample flag ``profiled``; no migration (optional fields).
+* version 1, extended (issue 10, validation and host facts): optional
+  ``no_loss`` and ``host_load``; ``host`` may hold the facts of
+  :mod:`milarun.hostfacts` (milarun version and commit, kernel, CPU governor,
+  boost, cgroup CPU quota; per GPU power limits, clocks, persistence and
+  ECC); samples may hold ``loss``; ``error.reason`` may also be ``nan-loss``
+  or ``no-steady-state``. Optional again: the version stays 1.
 
 The declared schema is ``milarun/schemas/result.schema.json``: every record
 read or written is checked against it (:func:`validate`). Numbers are finite;
@@ -52,10 +58,12 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
 ``environ``        the subset of the environment needed to rerun.
 ``host``           ``hostname, cpu_model, cpu_count, cpuset (list of ints),
                    memory_limit_mib (float or None), cgroup (str), gpus
-                   [{index, name, driver, memory_total_mib}], python, torch, cuda``.
+                   [{index, name, driver, memory_total_mib}], python, torch, cuda``,
+                   and optionally the facts of :mod:`milarun.hostfacts`.
 ``timings``        ``{"program": {"start", "end", "duration"},
                    "train": {"sample_duration", "warmup", "count",
-                   "samples": [{"start", "end", "count", "rate", "warmup"}]}}``;
+                   "samples": [{"start", "end", "count", "rate", "warmup",
+                   "loss" (optional: the loss at the window's end)}]}}``;
                    ``start``/``end`` of samples are seconds since program start;
                    program start/end are Unix time. Optional:
                    ``program.origin``, the Unix time of the samples' zero
@@ -92,6 +100,13 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
                    "note": why nothing or less was profiled, or None}``. The
                    samples of those steps carry ``"profiled": true`` and stay
                    out of the steady state (:func:`milarun.stats.steady_state`).
+``no_loss``        optional: why the test has no loss by nature (its module's
+                   ``NO_LOSS``); the NaN-loss check does not apply.
+``host_load``      optional: ``{"available", "reason", "interval", "cpu_count",
+                   "suite_root": "launcher"|"torchrun-agent"|"self"|"given",
+                   "samples": [{"t", "dt", "busy", "suite", "outside", "steal"}]}``
+                   (:mod:`milarun.bench.hostload`: host CPU use per interval, in
+                   cores; ``outside`` is what processes outside the suite used).
 """
 
 import copy
@@ -105,11 +120,12 @@ FORMAT_VERSION = 1
 #: killer, the launcher's timeout, a signal, an interrupted suite, a
 #: successful record followed by a non-zero exit or a hang; for distributed
 #: launches, a node that did not join the rendezvous in time, a rank that died,
-#: a node whose connection (ssh, srun step) dropped. The schema's enum must
-#: agree (tested).
+#: a node whose connection (ssh, srun step) dropped; and the failing checks of
+#: :mod:`milarun.validation` (a NaN or infinite loss, no steady state). The
+#: schema's enum must agree (tested).
 FAIL_REASONS = ("error", "oom-killed", "timeout", "signal", "interrupted",
                 "exit-after-result", "rendezvous-timeout", "rank-failed", "node-lost",
-                "barrier-timeout")
+                "barrier-timeout", "nan-loss", "no-steady-state")
 
 
 def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,

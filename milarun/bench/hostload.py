@@ -1,0 +1,207 @@
+"""How busy the host is outside the suite, sampled in a background thread of the child.
+
+Every ``interval`` seconds it reads the host's CPU time (``/proc/stat``
+through ``psutil.cpu_times``: user + nice + system, all CPUs; steal where
+the kernel reports it) and the CPU time of every process of the **suite**,
+and records, over the interval just ended, in cores (CPU-seconds per
+second)::
+
+    {"t": s since program start (end of the interval), "dt": s,
+     "busy": host CPUs busy, "suite": used by the suite,
+     "outside": busy - suite (>= 0), "steal": stolen by the hypervisor}
+
+**The suite** is the process tree of the launcher: the ``milarun jobs``
+process named by ``$MILARUN_PDEATHSIG`` (which the launcher sets for its
+children) when it is an ancestor of this process, with every descendant
+(the other students, their data-loader workers, torchrun agents and ranks,
+prepare commands). Without a launcher (``milarun run`` by hand, or a rank
+on a remote node, where the variable is 1) it is the torchrun agent of
+this rank (``$LOCAL_RANK`` set), else this process. The tree is read from
+``/proc`` at every sample, so processes that start later are counted; the
+process tree rather than the student cgroups is used because it also works
+without cgroups and covers the launcher itself.
+
+**Outside** is everything else the host's CPUs did: other users' processes,
+other benchmarks, and kernel threads (``kworker``, ``kswapd``: including
+kernel work done for the suite's own I/O). Interrupt time is not counted
+on either side. A process of the suite that exits between two samples loses
+its last partial interval, which shows as outside time (at most one
+interval of that process).
+
+The thread reads ``/proc`` for each process of the tree once per sample
+(psutil), a few milliseconds per second in the child; ``--no-instrument``
+turns it off with the GPU monitor.
+"""
+
+import os
+import threading
+import time
+
+#: Fields of ``psutil.cpu_times()`` that count as busy (guest time is part of user).
+BUSY_FIELDS = ("user", "nice", "system")
+
+
+def _ancestors(pid):
+    try:
+        import psutil
+    except ImportError:
+        return []
+    out = []
+    try:
+        proc = psutil.Process(pid).parent()
+        while proc is not None:
+            out.append(proc.pid)
+            proc = proc.parent()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+    return out
+
+
+def suite_root(environ=None, pid=None):
+    """The PID whose process tree is the suite, and why: ``(pid, "launcher" |
+    "torchrun-agent" | "self")`` (rules in the module docstring)."""
+    environ = os.environ if environ is None else environ
+    pid = os.getpid() if pid is None else pid
+    ancestors = _ancestors(pid)
+    launcher = environ.get("MILARUN_PDEATHSIG", "")
+    if launcher.isdigit() and int(launcher) > 1 and int(launcher) in ancestors:
+        return int(launcher), "launcher"
+    if "LOCAL_RANK" in environ and ancestors and ancestors[0] > 1:
+        return ancestors[0], "torchrun-agent"
+    return pid, "self"
+
+
+def host_cpu_times():
+    """``(busy seconds, steal seconds or None)`` of the whole host since boot."""
+    import psutil
+
+    t = psutil.cpu_times()
+    busy = sum(getattr(t, f, 0.0) for f in BUSY_FIELDS)
+    return busy, getattr(t, "steal", None)
+
+
+def tree_cpu_times(root):
+    """``{(pid, create_time): user + system CPU seconds}`` of ``root`` and its
+    descendants (processes that vanish while being read are left out)."""
+    import psutil
+
+    out = {}
+    try:
+        top = psutil.Process(root)
+        procs = [top] + top.children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return out
+    for p in procs:
+        try:
+            with p.oneshot():
+                t = p.cpu_times()
+                out[(p.pid, p.create_time())] = t.user + t.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+class HostLoadMonitor:
+    """Samples host and suite CPU time every ``interval`` seconds until ``stop()``.
+
+    Args:
+        interval: seconds between samples.
+        origin: ``clock()`` value that sample times are relative to (the
+            experiment's program start, as for the rate samples).
+        root: the suite's root PID (default: :func:`suite_root`).
+        clock, host_times, tree_times, cpu_count: what the readings come
+            from (replaced in tests).
+
+    ``record()`` returns the result's ``host_load`` field: ``{"available",
+    "reason", "interval", "cpu_count", "suite_root", "samples"}``.
+    """
+
+    def __init__(self, interval=1.0, origin=None, root=None, clock=time.perf_counter,
+                 host_times=host_cpu_times, tree_times=tree_cpu_times, cpu_count=None):
+        self.interval = interval
+        self.clock = clock
+        self.origin = clock() if origin is None else origin
+        if root is None:
+            root, how = suite_root()
+        else:
+            how = "given"
+        self.root, self.how = root, how
+        self.host_times = host_times
+        self.tree_times = tree_times
+        if cpu_count is None:
+            cpu_count = os.cpu_count()
+        self.cpu_count = cpu_count
+        self.samples = []
+        self.available = False
+        self.reason = "not started"
+        self._prev = None
+        self._stop = threading.Event()
+        self._thread = None
+        self._lock = threading.Lock()
+
+    def _read(self):
+        return self.clock(), self.host_times(), self.tree_times(self.root)
+
+    def sample(self):
+        """Take one reading and record the interval since the previous one."""
+        with self._lock:
+            now, (busy, steal), tree = self._read()
+            if self._prev is None:
+                self._prev = (now, busy, steal, tree)
+                return None
+            t0, busy0, steal0, tree0 = self._prev
+            self._prev = (now, busy, steal, tree)
+            dt = now - t0
+            if dt <= 0:
+                return None
+            # a process born since the last reading counts from zero
+            suite = sum(cpu - tree0.get(key, 0.0) for key, cpu in tree.items())
+            used = max(0.0, busy - busy0)
+            row = {"t": now - self.origin, "dt": dt, "busy": used / dt,
+                   "suite": max(0.0, suite) / dt, "outside": max(0.0, used - suite) / dt}
+            if steal is not None and steal0 is not None:
+                row["steal"] = max(0.0, steal - steal0) / dt
+            self.samples.append(row)
+            return row
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            try:
+                self.sample()
+            except Exception as exc:  # telemetry is optional; never stop the test
+                self.reason = f"sampling stopped: {exc.__class__.__name__}: {exc}"
+                return
+
+    def start(self):
+        try:
+            self.sample()
+        except Exception as exc:  # no psutil, no /proc
+            self.reason = f"unavailable: {exc.__class__.__name__}: {exc}"
+            return self
+        self.available, self.reason = True, None
+        self._thread = threading.Thread(target=self._run, name="milarun-host-load",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+            try:
+                if self._prev is None or self.clock() - self._prev[0] >= 0.1 * self.interval:
+                    self.sample()  # the last partial interval, unless it is a sliver
+            except Exception:
+                pass
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def record(self):
+        return {"available": self.available, "reason": self.reason,
+                "interval": self.interval, "cpu_count": self.cpu_count,
+                "suite_root": self.how, "samples": list(self.samples)}

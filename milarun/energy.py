@@ -1,0 +1,175 @@
+"""Power and energy per item over a result's steady state, from the GPU monitor's readings.
+
+Pure code: no torch, no I/O. The monitor (:mod:`milarun.bench.monitor`)
+records, per GPU and every ``interval`` seconds, the power draw (W) and the
+energy used since it started (J, from NVML's total-energy counter,
+``nvmlDeviceGetTotalEnergyConsumption``, in mJ, on Volta and newer).
+
+For one result, over its steady state ``[a, b]`` (the first start and the
+last end of the samples :func:`milarun.stats.steady_state` chose, s since
+program start), for each of its GPUs:
+
+* with the energy counter: ``E = E(b) - E(a)``, ``E(t)`` linearly
+  interpolated between readings;
+* without it (older GPUs): the trapezoidal integral of the power readings
+  over ``[a, b]`` (power interpolated at the ends).
+
+Where the readings do not reach an end of the interval, the interval is cut
+to the readings, provided at least half of it stays covered. The result's
+mean power is ``P = sum over its GPUs of E / (b - a)`` (W), its energy per
+item ``J/item = P / rate`` (``rate`` the steady-state throughput, items/s)
+and ``items/J = rate / P``.
+
+A node's power in a test is the sum of its results' powers in one run
+(the per-GPU processes run at once), averaged over runs; its J/item is the
+energy of its results over their items.
+"""
+
+import math
+from collections import defaultdict
+
+from . import stats
+from .validation import steady_window
+
+#: Least fraction of the steady state the readings must cover.
+MIN_COVERAGE = 0.5
+
+
+def _finite(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _interp(points, t):
+    """Linear interpolation of sorted ``[(t, value)]`` at ``t`` (inside their span)."""
+    for (t0, v0), (t1, v1) in zip(points, points[1:]):
+        if t0 <= t <= t1:
+            return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+    return points[-1][1] if points and t == points[-1][0] else None
+
+
+def _integral(points, a, b):
+    """Trapezoidal integral of sorted ``[(t, value)]`` over [a, b] (inside their span)."""
+    inside = [(t, v) for t, v in points if a < t < b]
+    pts = [(a, _interp(points, a))] + inside + [(b, _interp(points, b))]
+    return sum((t1 - t0) * (v0 + v1) / 2 for (t0, v0), (t1, v1) in zip(pts, pts[1:]))
+
+
+def _cut(points, a, b):
+    """``[a, b]`` cut to the span of ``points``, or None when less than
+    :data:`MIN_COVERAGE` of it is left (or fewer than 2 readings)."""
+    if len(points) < 2:
+        return None
+    lo, hi = max(a, points[0][0]), min(b, points[-1][0])
+    if hi <= lo or (hi - lo) < MIN_COVERAGE * (b - a):
+        return None
+    return lo, hi
+
+
+def device_energy(readings, a, b):
+    """Energy (J) and the interval it covers for one GPU's monitor readings over [a, b].
+
+    Returns ``(joules, seconds, source)`` with ``source`` ``"counter"`` or
+    ``"power"``, or None when neither the counter nor power readings cover
+    enough of the interval.
+    """
+    for key, source in (("energy", "counter"), ("power", "power")):
+        points = sorted((r["t"], r[key]) for r in readings
+                        if _finite(r.get("t")) and _finite(r.get(key)) and "error" not in r)
+        span = _cut(points, a, b)
+        if span is None:
+            continue
+        lo, hi = span
+        if source == "counter":
+            joules = _interp(points, hi) - _interp(points, lo)
+        else:
+            joules = _integral(points, lo, hi)
+        if joules >= 0:
+            return joules, hi - lo, source
+    return None
+
+
+def result_energy(record):
+    """Power and energy of one successful result over its steady state.
+
+    Returns ``{"power_w", "energy_j", "items", "j_per_item", "items_per_j",
+    "rate", "source", "gpus"}`` (``energy_j`` and ``items`` over the chosen
+    samples' duration; ``source`` ``"counter"``, ``"power"`` or ``"mixed"``;
+    ``gpus`` the number of GPUs summed), or ``{"reason": why}`` when not
+    available: no GPU monitor, no steady state, or readings that do not cover it.
+    """
+    monitor = record.get("gpu_monitor") or {}
+    if not monitor.get("available"):
+        return {"reason": "no GPU monitor readings (" + (monitor.get("reason") or "off") + ")"}
+    try:
+        rate, a, b, items, duration, _ = steady_window(record)
+    except ValueError:
+        return {"reason": "malformed samples"}
+    if not rate or a is None or b <= a:
+        return {"reason": "no steady state"}
+    by_device = defaultdict(list)
+    for r in monitor.get("samples") or []:
+        if isinstance(r, dict) and isinstance(r.get("device"), int):
+            by_device[r["device"]].append(r)
+    if not by_device:
+        return {"reason": "no GPU monitor readings"}
+    power, sources = 0.0, set()
+    for dev, readings in sorted(by_device.items()):
+        got = device_energy(readings, a, b)
+        if got is None:
+            return {"reason": f"GPU {dev}: the readings do not cover the steady state"}
+        joules, seconds, source = got
+        power += joules / seconds
+        sources.add(source)
+    energy = power * duration
+    return {"power_w": power, "energy_j": energy, "items": items, "rate": rate,
+            "j_per_item": power / rate, "items_per_j": rate / power if power > 0 else None,
+            "source": sources.pop() if len(sources) == 1 else "mixed",
+            "gpus": len(by_device)}
+
+
+def summarize_energy(items, node_of):
+    """The summary's ``energy`` entry of one group, or None when no result has one.
+
+    ``items`` are ``(path, record, ...)`` tuples; successful records count.
+    Returns ``{"n": results with energy, "source": "counter"|"power"|"mixed",
+    "power_w": {n, min, max, mean, std} of per-result power (W), "energy_j":
+    J over the steady states, "items": items over them, "j_per_item",
+    "items_per_j", "pernode": {node: {"power_w": W summed over the node's
+    results of a run, mean over runs, "j_per_item", "runs"}}}``.
+    """
+    got = []
+    for item in items:
+        rec = item[1]
+        if rec.get("success") is not True:
+            continue
+        e = result_energy(rec)
+        if "power_w" in e:
+            got.append((rec, e))
+    if not got:
+        return None
+    energy = math.fsum(e["energy_j"] for _, e in got)
+    count = math.fsum(e["items"] for _, e in got)
+    node_runs = defaultdict(lambda: defaultdict(float))
+    node_totals = defaultdict(lambda: [0.0, 0.0])
+    for rec, e in got:
+        node = node_of(rec)
+        if node is None:
+            continue
+        node_runs[node][rec.get("run", 0)] += e["power_w"]
+        node_totals[node][0] += e["energy_j"]
+        node_totals[node][1] += e["items"]
+    sources = {e["source"] for _, e in got}
+    return {
+        "n": len(got),
+        "source": sources.pop() if len(sources) == 1 else "mixed",
+        "power_w": stats.describe([e["power_w"] for _, e in got]),
+        "energy_j": energy,
+        "items": count,
+        "j_per_item": energy / count if count > 0 else None,
+        "items_per_j": count / energy if energy > 0 else None,
+        "pernode": {node: {"power_w": math.fsum(runs.values()) / len(runs),
+                           "j_per_item": (node_totals[node][0] / node_totals[node][1]
+                                          if node_totals[node][1] > 0 else None),
+                           "runs": len(runs)}
+                    for node, runs in sorted(node_runs.items())},
+    }
