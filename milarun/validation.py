@@ -258,8 +258,10 @@ def flags(record):
     "threshold", "message"}`` (``value`` and ``threshold`` are fractions; GPU
     flags also have ``"gpu"``, the device index). Empty when nothing is
     flagged or there is no steady state to look at."""
-    if record.get("success") is not True:
-        return []
+    if record.get("success") is not True or not (
+            (record.get("gpu_monitor") or {}).get("available")
+            or (record.get("host_load") or {}).get("available")):
+        return []   # nothing to look at (and no steady state to compute)
     try:
         rate, start, end, *_ = steady_window(record)
     except ValueError:
