@@ -149,6 +149,15 @@ def main(argv=None):
                         help="analyse these results directories; run nothing")
     parser.add_argument("--json", help="also write the study to this file")
     args = parser.parse_args(argv)
+    from milarun.errors import MilarunError
+
+    if args.weights:  # before K runs of the profile, not after them
+        from milarun.report import load_weights
+        try:
+            load_weights(args.weights)
+        except MilarunError as exc:
+            print(f"repeatability: error: {exc}", file=sys.stderr)
+            return 2
     if args.analyze:
         dirs = [Path(d) for d in args.analyze]
     else:
@@ -158,8 +167,6 @@ def main(argv=None):
             parser.error(f"-k must be between 2 and 100, not {args.k}")
         outroot = Path(args.outroot or tempfile.mkdtemp(prefix="milarun-repeatability-"))
         dirs = run_profile(args.profile, args.k, outroot, args.dataroot, jobs_args)
-    from milarun.errors import MilarunError
-
     try:
         study = analyze(dirs, weights=args.weights, warn=sys.stderr)
     except MilarunError as exc:   # a bad weights file or results folder: one line

@@ -29,6 +29,7 @@ launched alone, which never waits).
 """
 
 import json
+import math
 import os
 import select
 import socket
@@ -40,6 +41,14 @@ ENV_ADDRESS = "MILARUN_BARRIER"            # "host:port" of the launcher's serve
 ENV_WAVE = "MILARUN_BARRIER_WAVE"          # the wave's id
 ENV_TIMEOUT = "MILARUN_BARRIER_TIMEOUT"    # seconds a process waits at most
 ENV_LABEL = "MILARUN_DEVICE"               # the process's device label (set for every launch)
+#: What the three barrier variables start with (a rerun or a lone process drops them).
+ENV_PREFIX = "MILARUN_BARRIER"
+
+
+def without_barrier(environ):
+    """``environ`` (a dict) without the ``MILARUN_BARRIER*`` variables: for a process
+    that runs alone (``milarun rerun``), whose session's barrier is long gone."""
+    return {k: v for k, v in environ.items() if not k.startswith(ENV_PREFIX)}
 
 #: Default of ``milarun jobs --barrier-timeout``: seconds a process that finished its
 #: set-up waits for the slowest of its wave (data sets are read, models built).
@@ -50,6 +59,8 @@ _LINE_BYTES = 4096
 _READ_S = 30.0
 #: Seconds between checks of a waiting connection (did the process give up?).
 _POLL_S = 0.2
+#: Longest socket timeout the child sets (s; ``milarun jobs`` allows 7 days).
+_SOCKET_S = 1e7
 
 
 class BarrierTimeout(RuntimeError):
@@ -176,9 +187,13 @@ class BarrierServer:
             with conn:
                 conn.settimeout(_READ_S)
                 request = _read_line(conn)
+                wave_id, label = request.get("wave"), request.get("label")
+                if not (isinstance(wave_id, str) and isinstance(label, str)):
+                    # a stray client (a port scan, a garbled line): no thread traceback
+                    _send(conn, {"error": "wave and label must be strings"})
+                    return
                 with self._lock:
-                    w = self._waves.get(request.get("wave"))
-                    label = request.get("label")
+                    w = self._waves.get(wave_id)
                     if w is None or label not in w.labels:
                         what = "wave" if w is None else "label"
                         _send(conn, {"error": f"unknown {what}: "
@@ -257,8 +272,8 @@ def from_environment(environ=None):
         timeout = float(environ.get(ENV_TIMEOUT) or BARRIER_TIMEOUT_S)
     except ValueError:
         raise ValueError(f"${ENV_TIMEOUT} is not a number of seconds") from None
-    if not timeout > 0:
-        raise ValueError(f"${ENV_TIMEOUT} must be positive")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"${ENV_TIMEOUT} must be a positive, finite number of seconds")
     return {"address": address, "wave": environ.get(ENV_WAVE, ""),
             "label": environ.get(ENV_LABEL, "0"), "timeout": timeout}
 
@@ -300,7 +315,8 @@ def wait(address, wave, label, timeout, clock=time.time):
     with sock:
         try:
             _send(sock, {"wave": wave, "label": label})
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            # a socket timeout past ~1e9 s overflows the C time_t: wait at most _SOCKET_S
+            sock.settimeout(min(max(0.001, deadline - time.monotonic()), _SOCKET_S))
             reply = _read_line(sock)
         except socket.timeout:
             raise BarrierTimeout(f"the other processes of wave {wave} did not reach the "

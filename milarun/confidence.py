@@ -31,7 +31,10 @@ here, so a summary or a baseline needs no per-result list:
   by bisection.
 
 With fewer than two results a variance is unknown: every function returns
-``None`` then, and the report prints ``n/a``, never a zero-width interval.
+``None`` then, and the report prints ``n/a``, never a zero-width interval. So
+do they when the inputs (a baseline's numbers, which only have to be finite)
+make the interval itself overflow: the arithmetic is scaled so that no square
+of a std under- or overflows on the way.
 """
 
 import math
@@ -128,7 +131,11 @@ def t_quantile(p, df):
 
 def _known(n, mean, std):
     return (n is not None and n >= 2 and mean is not None and std is not None
-            and math.isfinite(mean) and math.isfinite(std))
+            and math.isfinite(mean) and math.isfinite(std) and std >= 0)
+
+
+def _finite(interval):
+    return interval if math.isfinite(interval.lo) and math.isfinite(interval.hi) else None
 
 
 def mean_interval(n, mean, std, level=LEVEL):
@@ -139,12 +146,12 @@ def mean_interval(n, mean, std, level=LEVEL):
 
     Returns:
         :data:`Interval` ``(lo, hi, df = n - 1)``, or ``None`` when the
-        variance is unknown (``n < 2``, or no mean/std).
+        variance is unknown (``n < 2``, or no mean/std) or the bounds overflow.
     """
     if not _known(n, mean, std):
         return None
-    half = t_quantile(0.5 + level / 2.0, n - 1) * std / math.sqrt(n)
-    return Interval(mean - half, mean + half, float(n - 1))
+    half = t_quantile(0.5 + level / 2.0, n - 1) * (std / math.sqrt(n))
+    return _finite(Interval(mean - half, mean + half, float(n - 1)))
 
 
 def welch_test(a, b, level=LEVEL):
@@ -163,19 +170,26 @@ def welch_test(a, b, level=LEVEL):
     if not (_known(*a) and _known(*b)):
         return None
     (na, ma, sa), (nb, mb, sb) = a, b
-    va, vb = sa * sa / na, sb * sb / nb
-    if va + vb == 0.0:
+    scale = max(sa, sb)  # the variances in units of scale^2: no square under/overflows
+    if scale == 0.0:
         return Test(math.inf if ma != mb else 0.0, float(na + nb - 2), ma != mb)
-    t = (ma - mb) / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va * va / (na - 1) + vb * vb / (nb - 1))
+    va, vb = (sa / scale) ** 2 / na, (sb / scale) ** 2 / nb
+    t = (ma - mb) / scale / math.sqrt(va + vb)
+    if math.isnan(t):
+        return None
+    # Welch-Satterthwaite, (va + vb)^2 / (va^2/(na-1) + vb^2/(nb-1)), in shares of va + vb
+    fa, fb = va / (va + vb), vb / (va + vb)
+    df = 1.0 / (fa * fa / (na - 1) + fb * fb / (nb - 1))
     return Test(t, df, abs(t) >= t_quantile(0.5 + level / 2.0, df))
 
 
 def log_variance(n, mean, std):
-    """``Var(log mean) ~ std^2 / (n * mean^2)`` (delta method); None when unknown or mean <= 0."""
+    """``Var(log mean) ~ std^2 / (n * mean^2)`` (delta method); None when unknown, mean <= 0
+    or the ratio overflows."""
     if not _known(n, mean, std) or mean <= 0:
         return None
-    return std * std / (n * mean * mean)
+    value = (std / mean) ** 2 / n if std / mean < 1e150 else math.inf
+    return value if math.isfinite(value) else None
 
 
 def geomean_interval(value, parts, level=LEVEL):
@@ -196,25 +210,30 @@ def geomean_interval(value, parts, level=LEVEL):
 
     Returns:
         :data:`Interval`, or ``None`` when ``value`` is None, ``parts`` is
-        empty or any component's variance is unknown (fewer than 2 results).
+        empty, any component's variance is unknown (fewer than 2 results) or
+        the bounds overflow.
     """
     if value is None or not parts:
         return None
     total = sum(w for w, _ in parts)
     if not total > 0:
         return None
-    var, denom = 0.0, 0.0
+    terms = []  # (c_ik = a_i^2 log_variance_ik, n_ik)
     for w, components in parts:
         for n, mean, std in components:
             lv = log_variance(n, mean, std)
             if lv is None:
                 return None
-            c = (w / total) ** 2 * lv
-            var += c
-            denom += c * c / (n - 1)
+            terms.append(((w / total) ** 2 * lv, n))
+    var = math.fsum(c for c, _ in terms)
     if var == 0.0:
         return Interval(value, value, math.inf)
-    df = var * var / denom
+    if not math.isfinite(var):
+        return None
+    # df = var^2 / sum c^2/(n-1), in shares of var: c^2 would underflow for tiny c
+    df = 1.0 / math.fsum((c / var) ** 2 / (n - 1) for c, n in terms)
     half = t_quantile(0.5 + level / 2.0, df) * math.sqrt(var)
-    return Interval(value * math.exp(-half), value * math.exp(half), df)
+    if half > 700.0:  # exp(half) overflows: no finite upper bound
+        return None
+    return _finite(Interval(value * math.exp(-half), value * math.exp(half), df))
 

@@ -13,7 +13,8 @@ The profile language (a plain 2020-style profile uses none of it):
 ``"include": [files]``  top-level: other profiles (paths relative to this file)
                       merged first, in order; then this file's entries are
                       deep-merged over theirs, entry by entry (``"*"`` too). A
-                      cycle is an error. The suite stays this file's stem.
+                      cycle is an error, and so are more than 32 nested or 256
+                      files read. The suite stays this file's stem.
 ``"_name"`` entries     templates: never run, may be inherited. Until inherited
                       they are not checked (``"_comment": "text"`` is fine).
 ``inherits``          an entry's parent (a job or a template): the parent's
@@ -97,6 +98,10 @@ CGROUP_FIELDS = ("device", "CUDA_VISIBLE_DEVICES")
 LANGUAGE_KEYS = ("inherits", "matrix", "name", "tags", "group", "enabled")
 #: Most jobs one matrix may expand into.
 MAX_MATRIX_JOBS = 1024
+#: Most files one profile may read, its includes' includes counted each time they are
+#: included (a diamond twice), and the deepest chain of includes.
+MAX_INCLUDE_FILES = 256
+MAX_INCLUDE_DEPTH = 32
 #: Order of the keys in :meth:`Job.as_entry` (for the eye; only the arguments' order matters).
 _ENTRY_ORDER = ("experiment", "description", "arguments", "partition_scheme", "launcher",
                 "prepare", "exec_prefix", "timeout")
@@ -441,6 +446,14 @@ def _read(path, stack, files):
         if real in stack:
             chain = " → ".join(p.name for p in stack[stack.index(real):] + [real])
             raise ProfileError(f"key 'include': include cycle {chain}", path=path)
+        # bounds: includes that fan out (each file including the next twice) would
+        # read 2^depth files, and a long chain would exhaust Python's stack
+        if len(stack) >= MAX_INCLUDE_DEPTH:
+            raise ProfileError(f"key 'include': includes nested deeper than "
+                               f"{MAX_INCLUDE_DEPTH} files", path=path)
+        if len(files) >= MAX_INCLUDE_FILES:
+            raise ProfileError(f"key 'include': more than {MAX_INCLUDE_FILES} profile files "
+                               "read (a file included many times over)", path=path)
         if not target.is_file():
             raise ProfileError(f"key 'include': {inc!r} is not a file ({target})", path=path)
         for name, layers in _read(target, stack + [real], files).items():

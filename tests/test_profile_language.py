@@ -76,6 +76,26 @@ def test_an_included_file_twice_is_no_cycle(tmp_path):
     assert names(load_profile(top)) == ["x"]
 
 
+def test_includes_that_fan_out_or_nest_too_deep_are_one_error_not_a_hang(tmp_path):
+    # each file includes the next twice: 2^25 reads (it hung) before the bound
+    for i in range(25):
+        write(tmp_path, f"fan/f{i}.json", {"include": [f"f{i + 1}.json"] * 2})
+    write(tmp_path, "fan/f25.json", {"x": {"experiment": TOY}})
+    with pytest.raises(ProfileError, match="more than 256 profile files read"):
+        load_profile(tmp_path / "fan/f0.json")
+    # a chain of 1000 files: "nested deeper than 64 levels" of JSON was blamed on a
+    # file that has none, from a RecursionError
+    for i in range(100):
+        write(tmp_path, f"deep/d{i}.json", {"include": [f"d{i + 1}.json"]})
+    write(tmp_path, "deep/d100.json", {"x": {"experiment": TOY}})
+    with pytest.raises(ProfileError, match="includes nested deeper than 32 files") as info:
+        load_profile(tmp_path / "deep/d0.json")
+    assert str(info.value).startswith(str(tmp_path / "deep/d31.json"))
+    # within the bounds, a chain still loads
+    write(tmp_path, "deep/d30.json", {"x": {"experiment": TOY}})
+    assert names(load_profile(tmp_path / "deep/d0.json")) == ["x"]
+
+
 def test_resume_digest_covers_the_included_files(tmp_path):
     from milarun.session import profile_digest
     base = write(tmp_path, "base.json", {"x": {"experiment": TOY}})

@@ -72,3 +72,18 @@ def test_repeatability_bad_weights_is_one_line(tmp_path, capsys):
     assert script().main(["--analyze", str(tmp_path / "r"), "--weights", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("repeatability: error: ")
+
+
+def test_repeatability_checks_the_weights_before_running_the_profile(tmp_path, capsys):
+    module = script()
+    ran = []
+    module.run_profile = lambda *a, **k: ran.append(a) or []
+    bad = tmp_path / "w.json"
+    bad.write_text('{"a.b": {"weight": -1}}')
+    profile = tmp_path / "tiny.json"
+    profile.write_text(json.dumps({"crawl": CRAWL}))
+    assert module.main([str(profile), "-k", "2", "--weights", str(bad),
+                        "-o", str(tmp_path / "runs")]) == 2
+    assert ran == []  # hours of runs are not spent before a typo in --weights shows
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("repeatability: error: ")

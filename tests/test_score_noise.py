@@ -308,3 +308,47 @@ def test_cli_and_html_show_node_score_and_intervals(tmp_path):
         assert key in page
     rep = build_report(node_of(4), price=1000.0)
     assert f">{rep.node_score:.2f}<" in render_html(rep)
+
+
+def test_extreme_but_valid_numbers_give_n_a_or_a_scaled_answer_never_a_traceback():
+    # tiny stds: squares of the variances underflowed to 0 (ZeroDivisionError)
+    same = confidence.welch_test((4, 100.0, 1e-160), (4, 100.0, 1e-160))
+    assert same.df == pytest.approx(6.0) and not same.significant
+    assert confidence.welch_test((4, 100.0, 1e-160), (4, 101.0, 1e-160)).significant
+    tiny = confidence.geomean_interval(100.0, [(1.0, [(4, 100.0, 1e-150)])])
+    assert tiny.df == pytest.approx(3.0) and tiny.lo == pytest.approx(100.0)
+    assert confidence.log_variance(4, 1e-200, 1e-100) == pytest.approx(2.5e199)  # mean^2 == 0
+    # huge ones: squares overflowed to inf (df nan: ValueError), bounds to -inf..inf
+    assert confidence.welch_test((2, 1e308, 1e308), (4, 100.0, 3.0)).df == pytest.approx(1.0)
+    assert confidence.mean_interval(2, 1e308, 1e308) is None
+    assert confidence.geomean_interval(1.0, [(1.0, [(2, 1e-200, 1e-100)])]) is None
+    ratio = confidence.geomean_interval(1e300, [(1.0, [(4, 1e300, 1e300)])])
+    assert ratio.df == pytest.approx(3.0) and 0 < ratio.lo < 1e300 < ratio.hi
+    # the scaled formulas agree with the textbook ones on ordinary numbers
+    test = confidence.welch_test((4, 100.0, 3.0), (4, 110.0, 2.0))
+    va, vb = 9 / 4, 4 / 4
+    assert test.t == pytest.approx(-10 / math.sqrt(va + vb))
+    assert test.df == pytest.approx((va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 3))
+
+
+def test_a_baseline_with_huge_numbers_reports_n_a(tmp_path):
+    from milarun.summary import write_summary
+
+    conv = entry("s.conv", {"0": [1.0, 2.0]})
+    conv["train"].update(mean=1e308, std=1e308, max=1e308)  # finite: the schema allows it
+    huge = make_summary(conv, entry("s.vae", {"0": [50.0, 52.0]}))
+    path = tmp_path / "huge.json"
+    write_summary(huge, path)
+    ours = tmp_path / "ours.json"
+    write_summary(node_of(2), ours)
+    for args in ((str(path), {}), (str(ours), {"compare": str(path)}),
+                 (str(path), {"compare": str(path)})):
+        out = io.StringIO()
+        assert run_report(args[0], stdout=out, warn=io.StringIO(), **args[1]) in (0, 1)
+        assert "inf" not in out.getvalue().replace("info", "")
+    wild = entry("s.conv", {"0": [1.0, 2.0]})
+    wild["train"].update(mean=1e-200, std=1e-100, min=0.0, max=1e-99)
+    rep = build_report(make_summary(wild), penalize_variance=False)
+    assert rep.score is not None
+    assert rep.score_ci is None and "too wide" in rep.score_ci_note
+    assert "too wide" in render_text(rep)

@@ -96,6 +96,41 @@ def test_unknown_wave_and_unreachable_server_fail_as_barrier_timeouts():
     assert BarrierTimeout.fail_reason == "barrier-timeout"
 
 
+def test_stray_requests_get_an_error_line_and_no_thread_traceback(monkeypatch):
+    import socket
+
+    crashes = []
+    monkeypatch.setattr(threading, "excepthook", crashes.append)
+    with BarrierServer() as server:
+        server.expect("w", ["0", "1"])
+        for line in (b'{"wave": [1], "label": "0"}\n', b'{"wave": "w", "label": {"a": 1}}\n',
+                     b'{"wave": "w", "label": 0}\n', b"\xff\xfe\n", b"[1]\n", b"GET / HTTP/1.0\r\n\r\n"):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=2) as conn:
+                conn.sendall(line)
+                conn.recv(200)  # the error line, or the server closing a garbled request
+        time.sleep(0.2)
+        assert server.state("w") == {"labels": ["0", "1"], "arrived": {}, "dropped": [],
+                                     "released": None}
+        # the wave still releases its own processes
+        out = {}
+        address = f"127.0.0.1:{server.port}"
+        for t in [_wait_in_thread(address, "w", label, 5, 0.0, out) for label in ("0", "1")]:
+            t.join()
+    assert crashes == []
+    assert out["0"]["arrived_count"] == out["1"]["arrived_count"] == 2
+
+
+def test_barrier_timeout_from_the_environment_must_be_finite():
+    env = {"MILARUN_BARRIER": "127.0.0.1:4000", "MILARUN_BARRIER_WAVE": "w"}
+    for bad in ("inf", "nan", "-1", "0", "soon"):
+        with pytest.raises(ValueError, match="MILARUN_BARRIER_TIMEOUT"):
+            barrier_mod.from_environment({**env, "MILARUN_BARRIER_TIMEOUT": bad})
+    # a huge finite timeout neither overflows the socket's timeout nor waits for nothing
+    with BarrierServer() as server:
+        server.expect("w", ["0"])
+        assert wait(f"127.0.0.1:{server.port}", "w", "0", 1e300)["parties"] == 1
+
+
 def test_environment_of_a_process_launched_alone_has_no_barrier():
     assert barrier_mod.from_environment({}) is None
     env = {"MILARUN_BARRIER": "10.0.0.1:4000", "MILARUN_BARRIER_WAVE": "w",
@@ -359,6 +394,23 @@ def test_check_ready_wants_numactl_for_pinned_launches(monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(SetupError, match="numactl is not installed"):
         check_ready(waves)
+
+
+def test_rerun_of_a_launchers_fail_record_does_not_wait_at_the_old_barrier(monkeypatch):
+    # a child killed before writing its record leaves the launcher's FAIL record, whose
+    # environ is the launch's: the rerun must not wait 600 s at a long-gone barrier
+    from milarun.cli.rerun import rerun_command
+    from milarun.launch import base_record
+
+    monkeypatch.setenv("MILARUN_BARRIER", "127.0.0.1:9")  # leaked into the user's shell
+    (wave,) = plan_job(crawl_job(), Devices("cpu", [0, 1]), 0, "/o", use_cgexec=False,
+                       python="python", barrier={"address": "127.0.0.1:4000", "timeout": 60})
+    rec = base_record(wave[0])
+    assert rec["environ"]["MILARUN_BARRIER"] == "127.0.0.1:4000"  # what the launch had
+    _, env = rerun_command(rec, python="python")
+    assert not [k for k in env if k.startswith("MILARUN_BARRIER")]
+    assert env["MILARUN_DEVICE"] == "0"
+    assert barrier_mod.from_environment(env) is None
 
 
 def test_barrier_timeout_bounds():

@@ -12,6 +12,7 @@ import traceback
 from coleo import make_cli, tooled
 
 from .. import hostfacts, isolation, validation
+from ..barrier import ENV_PREFIX
 from ..devices import nvml_str, nvml_visible
 from ..errors import MilarunError, ResultFormatError
 from ..jsonfile import check
@@ -30,7 +31,7 @@ RERUN_ENV_PREFIXES = ("MILARUN_", "CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH_",
 
 # ...except the start barrier of the session's wave: a rerun runs alone (the
 # barrier it met is in ``timings.barrier``).
-NOT_RERUN_PREFIXES = ("MILARUN_BARRIER",)
+NOT_RERUN_PREFIXES = (ENV_PREFIX,)
 
 
 def rerun_environ(environ=None):

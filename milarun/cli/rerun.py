@@ -40,8 +40,10 @@ def rerun_command(record, extra_args=(), out=None, python=None):
     argv += ["--experiment-name", record["name"], "--job-id", record.get("job_id", "0.0"),
              "--extra", json.dumps(extra, sort_keys=True), "--"]
     argv += list(call.get("argv", [])) + list(extra_args)
-    env = dict(os.environ)
-    env.update(record.get("environ") or {})
+    from ..barrier import without_barrier
+
+    # a rerun runs alone: the start barrier a launcher's FAIL record names is gone
+    env = without_barrier({**os.environ, **(record.get("environ") or {})})
     return argv, env
 
 
@@ -54,7 +56,9 @@ def rerun(path, extra_args, out=None, dry_run=False):
     if not (record.get("call") or {}).get("function"):
         raise ResultFormatError("has no call.function to rerun", path=path, key="call.function")
     argv, env = rerun_command(record, extra_args, out)
-    shown = {k: v for k, v in (record.get("environ") or {}).items()}
+    from ..barrier import without_barrier
+
+    shown = without_barrier(record.get("environ") or {})
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(shown.items()))
     print(f"milarun: rerun: {prefix} {shlex.join(argv)}".replace("  ", " "), file=sys.stderr)
     if dry_run:

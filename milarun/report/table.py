@@ -569,6 +569,14 @@ def _few(rows, key="sample"):
     return [r["test"] for r in rows if (r[key][0] or 0) < 2]
 
 
+def _no_interval(few):
+    """Why a score has no interval: the tests with fewer than 2 results, else spreads
+    too wide for finite bounds (:mod:`milarun.confidence` returns None for both)."""
+    if few:
+        return "fewer than 2 results in " + ", ".join(few)
+    return "the spread of the results is too wide for finite bounds"
+
+
 def add_node_score_and_noise(report, tests, base_tests=None, baseline_noise=True):
     """Add the node score and the confidence intervals to ``report`` (rules in the module
     doc). ``tests`` and ``base_tests`` are normalized summaries' ``tests`` (no baseline:
@@ -609,7 +617,7 @@ def add_node_score_and_noise(report, tests, base_tests=None, baseline_noise=True
     report.node_score_ci = confidence.geomean_interval(
         report.node_score, [(r["weight"], [r["sample"]]) for r in node_rows])
     if report.score is not None and report.score_ci is None:
-        report.score_ci_note = "fewer than 2 results in " + ", ".join(_few(counted))
+        report.score_ci_note = _no_interval(_few(counted))
 
     if base_tests is not None and report.score_ratio is not None:
         common = [r for r in counted if r["perf_base_adj"] and r["perf_base_adj"] > 0]
@@ -624,4 +632,4 @@ def add_node_score_and_noise(report, tests, base_tests=None, baseline_noise=True
             few = [f"{side} {', '.join(names)}" for side, names in
                    (("ours:", _few(common)), ("baseline:", _few(common, "base_sample")))
                    if names]
-            report.score_ratio_ci_note = "fewer than 2 results in " + "; ".join(few)
+            report.score_ratio_ci_note = _no_interval(["; ".join(few)] if few else [])
