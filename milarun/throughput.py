@@ -200,11 +200,23 @@ def release_skew(barriers):
     return max(times) - min(times)
 
 
+def wave_key(rec):
+    """What puts a result in a wave: the id of the start barrier it met
+    (``timings.barrier.wave``, unique to one session's launch of one wave), else its
+    run index. A ``--resume`` that relaunches part of a wave, or two sessions writing
+    to one results folder, then never mixes processes that did not run together."""
+    barrier = (rec.get("timings") or {}).get("barrier")
+    if isinstance(barrier, dict) and isinstance(barrier.get("wave"), str):
+        return ("wave", barrier["wave"])
+    run = rec.get("run")
+    return ("run", run if isinstance(run, int) else 0)
+
+
 def summarize_waves(records, min_overlap=MIN_OVERLAP):
     """The summary fields of a test's concurrent waves, or ``{}`` when it has none.
 
     ``records`` are the test's successful results that have a steady-state
-    rate. A wave is the results of one run (``run``) when there are two or
+    rate. A wave is the results that share a :func:`wave_key` when there are two or
     more of them (a per-GPU test's children, a multi-process test's
     processes); tests of one process per run have none.
 
@@ -218,15 +230,14 @@ def summarize_waves(records, min_overlap=MIN_OVERLAP):
     """
     waves = {}
     for rec in records:
-        run = rec.get("run")
-        waves.setdefault(run if isinstance(run, int) else 0, []).append(rec)
-    waves = {run: recs for run, recs in waves.items() if len(recs) > 1}
+        waves.setdefault(wave_key(rec), []).append(rec)
+    waves = {key: recs for key, recs in waves.items() if len(recs) > 1}
     if not waves:
         return {}
     effective, pergpu, adjusted, overlaps, skews = [], {}, [], [], []
     synced = 0
-    for run in sorted(waves):
-        recs = waves[run]
+    for key in sorted(waves, key=repr):
+        recs = waves[key]
         members, seen = [], set()
         for rec in recs:
             label = str(rec.get("device", ""))

@@ -631,3 +631,17 @@ def test_infer_encoder_and_images_from_the_loader_on_cpu(tmp_path, tiny_dataroot
     assert img["_exit_code"] == 0, img["error"]
     assert img["timings"]["train"]["count"] >= 32
     assert "barrier" not in img["timings"]  # launched alone: no wait
+
+
+def test_a_resumed_half_wave_is_not_mixed_with_the_first_sessions_half():
+    # Run 0's device 0 ran in one session; device 1 was relaunched by --resume an hour
+    # later. Same run index, different barrier waves: no common wave, own stays.
+    a = record("0", 0, 1000.0, windows(0, 20, 100.0), released=1001.0)
+    b = record("1", 0, 4600.0, windows(0, 20, 100.0), released=4601.0)
+    a["timings"]["barrier"]["wave"] = "s.t.J0.w0.20261122-070000"
+    b["timings"]["barrier"]["wave"] = "s.t.J0.w0.20261122-080000"
+    assert throughput.summarize_waves([a, b]) == {}
+    # Without barrier ids (older records) the run index still makes the wave.
+    for r in (a, b):
+        del r["timings"]["barrier"]["wave"]
+    assert throughput.summarize_waves([a, b])["overlap"] == 0
