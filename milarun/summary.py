@@ -34,7 +34,12 @@ Summary format (version 1), a JSON object::
                                "threshold", "message", "file"}],   # only when any
          "energy": {"n", "source", "power_w": {n, min, max, mean, std}, "energy_j",
                     "items", "j_per_item", "items_per_j",
-                    "pernode": {node: {"power_w", "j_per_item", "runs"}}}}}}  # only with GPU energy
+                    "pernode": {node: {"power_w", "j_per_item", "runs"}}},  # only with GPU energy
+         "anomalies": [{"kind", "device", "run", "file", ...}]}},
+     "provenance": {"results": folder name, "suites": [suite names],
+                    "profile": path or null, "profile_sha256": hex or null,
+                    "milarun": [versions that wrote the results], "first": ISO-8601
+                    UTC start of the earliest result or null}}
 
 GROUP comes from the result's plan type (:func:`milarun.plantypes.group_name`):
 ``suite.job`` for normal, per-gpu, njobs and multi-node tests,
@@ -66,9 +71,20 @@ test): ``effective``, ``pergpu_effective``, ``adjusted``, ``overlap`` and
 effective and adjusted throughput as DLBS defines them) and are present only
 in tests that have one.
 
+``anomalies`` are the flags of :mod:`milarun.anomalies` (its module doc has
+the rules): each result's ``slow-windows``, ``stall``, ``short-steady`` and
+``no-steady-state`` flags, then the group's ``outlier`` flags, each naming the
+result's ``device``, ``run`` and ``file`` (and ``node`` on several nodes), with
+the numbers of its rule (``spans`` are left out: the HTML plots recompute them
+from the records). ``provenance`` says where the results came from: the
+results folder's name, the suites of the records, the profile file and its
+SHA-256 when the folder's ``.milarun/session.json`` names them, the milarun
+versions the records name (``host.milarun_version``, with ``milarun_commit``)
+and the earliest start.
+
 ``pernode``, ``pernode_failures``, ``failed[].node``, ``node_count``,
-``gpus_per_node`` and the concurrent-wave fields were added without changing
-the version: they are optional,
+``gpus_per_node``, the concurrent-wave fields, ``anomalies`` and ``provenance``
+were added without changing the version: they are optional,
 a summary without them is still version 1 and reads as before (``pernode`` and
 ``pernode_failures`` are then empty, ``failed[].node`` is null).
 
@@ -102,7 +118,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from . import energy, hostfacts, plantypes, stats, throughput, validation
+from . import anomalies, energy, hostfacts, plantypes, stats, throughput, validation
 from .errors import ResultFormatError
 from .jsonfile import check, first_error, key_path, read_json
 from .results.store import iter_results, write_json_atomic
@@ -202,7 +218,8 @@ def summarize(records, skipped=()):
     groups = defaultdict(list)
     hosts = {}
     skipped_names = [Path(p).name for p, _ in skipped]
-    last_end = None
+    last_end = first_start = None
+    suites, versions = set(), set()
     for item in records:
         path, rec = item if isinstance(item, tuple) else (None, item)
         try:
@@ -222,18 +239,24 @@ def summarize(records, skipped=()):
         end = (rec["timings"].get("program") or {}).get("end")
         if _finite(end):
             last_end = end if last_end is None else max(last_end, end)
+        start = (rec["timings"].get("program") or {}).get("start")
+        if _finite(start):
+            first_start = start if first_start is None else min(first_start, start)
+        if isinstance(rec.get("suite"), str):
+            suites.add(rec["suite"])
+        if isinstance(host, dict) and isinstance(host.get("milarun_version"), str):
+            commit = host.get("milarun_commit")
+            versions.add(host["milarun_version"] + (
+                f" (commit {commit[:12]}{', modified' if host.get('milarun_dirty') else ''})"
+                if isinstance(commit, str) and commit else ""))
 
     tests = {}
     for gname in sorted(groups):
         tests[gname] = _summarize_group(gname, groups[gname])
-    date = None
-    if last_end is not None:
-        date = datetime.datetime.fromtimestamp(last_end, datetime.timezone.utc).isoformat(
-            timespec="seconds")
     return {
         "format": SUMMARY_FORMAT,
         "version": SUMMARY_VERSION,
-        "date": date,
+        "date": _iso(last_end),
         "steady_state": {"window_s": stats.STEADY_WINDOW_S, "tail_s": stats.STEADY_TAIL_S},
         "hosts": [{**{k: v for k, v in h.items() if not k.startswith("_")},
                    "gpus": [h["_gpus"][i] for i in sorted(h["_gpus"])],
@@ -241,7 +264,18 @@ def summarize(records, skipped=()):
                   for h in hosts.values()],
         "skipped": sorted(skipped_names),
         "tests": tests,
+        "provenance": {"results": None, "suites": sorted(suites), "profile": None,
+                       "profile_sha256": None, "milarun": sorted(versions),
+                       "first": _iso(first_start)},
     }
+
+
+def _iso(stamp):
+    """Unix time → ISO-8601 UTC to the second, or None."""
+    if stamp is None:
+        return None
+    return datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).isoformat(
+        timespec="seconds")
 
 
 def device_key(label):
@@ -284,6 +318,7 @@ def _summarize_group(gname, items):
     failed = []
     interrupted = 0
     steady = {stats.FULL: 0, stats.SHORT: 0, stats.NONE: 0}
+    flags, rated = [], []
     for path, rec, rate, note in sorted(
             items, key=lambda it: (device_key(it[1].get("device", "")),
                                    it[1].get("run", 0) if isinstance(it[1].get("run"), int)
@@ -291,6 +326,9 @@ def _summarize_group(gname, items):
         mem = rec.get("peak_memory_mib")
         if _finite(mem):
             memory.append(float(mem))
+        where = _flag_where(path, rec)
+        if where is not None:
+            flags += [{**f, **where} for f in anomalies.result_flags(rec)]
         if not rec["success"]:
             err = rec.get("error") or {}
             if not isinstance(err, dict):
@@ -322,10 +360,17 @@ def _summarize_group(gname, items):
         if rate is not None:
             rates.append(rate)
             scored.append(rec)
+            rated.append((path, rec, rate))
             pergpu[str(rec.get("device", ""))].append(rate)
             node = node_of(rec)
             if node is not None:
                 pernode[node].append(rate)
+    outliers = anomalies.group_flags([(rec.get("device", ""), rec.get("run"), rate)
+                                      for _, rec, rate in rated])
+    for flag in outliers:
+        path, rec, _ = rated[flag.pop("index")]
+        flag.update(_flag_where(path, rec) or {})
+    flags = [{k: v for k, v in f.items() if k != "spans"} for f in flags + outliers]
     partition = first.get("partition", "normal")
     # the group holds one shape of the study: its records all say it (a multi-node
     # job's too: the node score divides its rate by its node count)
@@ -351,6 +396,7 @@ def _summarize_group(gname, items):
         "peak_memory": max(memory) if memory else None,
         "steady": steady,
         **throughput.summarize_waves(scored),
+        "anomalies": flags,
         **_checks(items),
     }
 
@@ -368,10 +414,39 @@ def _checks(items):
     return out
 
 
+def _flag_where(path, rec):
+    """What names a result in its flags: ``file`` (and ``node`` on several nodes);
+    None for an interrupted launch (stopped by the operator: no anomaly of the machine)."""
+    err = rec.get("error")
+    if not rec.get("success") and isinstance(err, dict) and err.get("reason") == "interrupted":
+        return None
+    where = {"file": Path(path).name if path else None}
+    if rec.get("node") is not None or rec.get("nodes"):
+        where["node"] = node_of(rec)
+    return where
+
+
 def summarize_dir(directory, warn=None):
-    """Load ``directory`` and summarize it. Returns ``(summary, records)``."""
+    """Load ``directory`` and summarize it. Returns ``(summary, records)``.
+
+    The summary's ``provenance`` names the folder, and the profile its
+    ``.milarun/session.json`` was started with (when it has a readable one).
+    """
+    from .errors import SetupError
+    from .session import read_session
+
     records, skipped = load_results(directory, warn=warn)
-    return summarize(records, skipped), records
+    summary = summarize(records, skipped)
+    prov = summary["provenance"]
+    prov["results"] = Path(directory).resolve().name
+    try:
+        invocation = (read_session(directory) or {}).get("invocation") or {}
+    except SetupError:
+        invocation = {}
+    for key in ("profile", "profile_sha256"):
+        if isinstance(invocation.get(key), str):
+            prov[key] = invocation[key]
+    return summary, records
 
 
 # --- reading summaries (ours and the 2020 flat format) -------------------------------
@@ -441,6 +516,9 @@ def _complete(data, path):
     out.setdefault("hosts", [])
     out.setdefault("skipped", [])
     out.setdefault("date", None)
+    out["provenance"] = {"results": None, "suites": [], "profile": None,
+                         "profile_sha256": None, "milarun": [], "first": None,
+                         **(data.get("provenance") or {})}
     tests = {}
     for gname, entry in data["tests"].items():
         n, failures = int(entry["n"]), int(entry.get("failures", 0))
@@ -479,6 +557,7 @@ def _complete(data, path):
             "sync": dict(entry["sync"]) if entry.get("sync") else None,
             "validation_flags": list(entry.get("validation_flags") or []),
             "energy": entry.get("energy"),
+            "anomalies": [dict(f) for f in entry.get("anomalies") or []],
         }
     out["tests"] = tests
     return out

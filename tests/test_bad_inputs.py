@@ -183,8 +183,8 @@ BAD_BASELINES = [
      "version: summary format version 7 is not supported (expected 1)"),
     ({"format": "milarun-summary", "version": 1}, "tests: missing"),
     ({**_summary(), "colour": "red"},
-     "colour: unknown key (known: date, format, hosts, origin, skipped, steady_state, tests, "
-     "version)"),
+     "colour: unknown key (known: date, format, hosts, origin, provenance, skipped, "
+     "steady_state, tests, version)"),
     ({"standard.convnet": {"n": -1, "train": {}}}, "standard.convnet.n: must be >= 0, not -1"),
     ({"standard.convnet": {"n": 1, "train": {"mean": "fast"}}},
      "standard.convnet.train.mean: must be a finite number or null, not string"),

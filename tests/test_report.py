@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
+import milarun
 from milarun.cli import main
 from milarun.cli.report import run_report
 from milarun.errors import ResultFormatError
 from milarun.report import build_report, check_weights, load_weights, render_text
 from milarun.summary import normalize_summary, read_summary, summarize_dir
 
+ROOT = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures"
 RESULTS = FIX / "results"
 WEIGHTS = FIX / "weights.json"
@@ -43,6 +45,11 @@ def summary():
     return summarize_dir(RESULTS)[0]
 
 
+def run_report_object(source, **options):
+    from milarun.report import make_report
+    return make_report(str(source), warn=io.StringIO(), **options)[0]
+
+
 def full_report_text():
     out, err = io.StringIO(), io.StringIO()
     code = run_report(str(RESULTS), stdout=out, warn=err, weights=str(WEIGHTS),
@@ -60,8 +67,53 @@ def test_golden_full_report():
 
 def test_golden_plain_report():
     out = io.StringIO()
-    assert run_report(str(RESULTS), stdout=out, warn=io.StringIO()) == 0
+    assert run_report(str(RESULTS), stdout=out, warn=io.StringIO(), unweighted=True) == 0
     assert_text_close(out.getvalue(), (FIX / "expected" / "report-plain.txt").read_text())
+
+
+def test_header_names_every_input():
+    text = full_report_text()[1]
+    head = text.split("\n\n")[0].splitlines()
+    assert head[1:8] == [
+        "results:  tests/fixtures/results (10 result files, 4 file(s) skipped)",
+        "profile:  standard (the suite the records name; no session file names the profile)",
+        "weights:  tests/fixtures/weights.json",
+        "baseline: tests/fixtures/baseline2020.json",
+        "price:    $30,000.00",
+        f"milarun:  not recorded (results), {milarun.__version__} (this report)",
+        "dates:    2026-11-18T11:06:40+00:00 to 2026-11-18T11:20:10+00:00 (UTC, first start "
+        "to last end)"]
+
+
+def test_results_of_a_shipped_profile_take_its_weights_and_say_so(tmp_path):
+    out = io.StringIO()
+    assert run_report(str(RESULTS), stdout=out, warn=io.StringIO()) == 0
+    text = out.getvalue()
+    assert ("weights:  weights/standard.json, the shipped weights of profile standard (no "
+            "--weights given; --unweighted for every test weight 1)") in text
+    rep = run_report_object(RESULTS)
+    assert rep.has_weights and rep.inputs["weights_default"]
+    # the same score as --weights weights/standard.json
+    explicit = run_report_object(RESULTS, weights=str(ROOT / "weights" / "standard.json"))
+    assert explicit.score == pytest.approx(rep.score) and not explicit.inputs["weights_default"]
+    # --unweighted: every test weight 1
+    plain = run_report_object(RESULTS, unweighted=True)
+    assert not plain.has_weights and {r["weight"] for r in plain.rows} == {1.0}
+    assert cli(["report", RESULTS, "--unweighted", "--weights", WEIGHTS]) == 2
+
+
+def test_suite_without_shipped_weights_is_unweighted(tmp_path):
+    s = summary()
+    s["tests"] = {g.replace("standard.", "mine."): {**t, "name": t["name"].replace(
+        "standard.", "mine."), "group": g.replace("standard.", "mine.")}
+        for g, t in s["tests"].items()}
+    s["provenance"]["suites"] = ["mine"]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(s))
+    out = io.StringIO()
+    assert run_report(str(path), stdout=out, warn=io.StringIO()) == 0
+    assert "weights:  unweighted: every test weight 1" in out.getvalue()
+    assert "results:  summary file " in out.getvalue()
 
 
 def test_formulas_by_hand():

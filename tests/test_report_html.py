@@ -24,11 +24,17 @@ class Scan(HTMLParser):
         super().__init__()
         self.scripts = 0
         self.external = []
-        self.rows = []       # first cell text of each row of table#results
+        self.rows = []       # first cell text of each row of table#results (the test)
+        self.links = {}      # test -> the href of its name in table#results
+        self.flag_links = {}  # test -> the href of its red anomaly tag
         self.ids = {}
+        self.legend = []     # (figure id, style of each legend key of a device line)
+        self.figures = {}    # figure id -> its class
         self._stack = []
         self._in_results = False
         self._cell = None
+        self._in_flag = False
+        self._figure = None
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
@@ -43,13 +49,28 @@ class Scan(HTMLParser):
             self._cell = None
         if self._in_results and tag == "td" and attrs.get("class") == "test":
             self._cell = ""
+        if self._cell is not None and tag == "a":
+            if attrs.get("class") == "flag":
+                self._in_flag = True
+                self.flag_links[self._cell] = attrs.get("href")
+            else:
+                self._link = attrs.get("href")
+        if tag == "figure" and attrs.get("id"):
+            self._figure = attrs["id"]
+            self.figures[attrs["id"]] = attrs.get("class", "")
+        if tag == "i" and attrs.get("class") == "line":
+            self.legend.append((self._figure, attrs.get("style", "")))
         self._stack.append((tag, attrs.get("id")))
 
     def handle_endtag(self, tag):
         if tag == "table":
             self._in_results = False
+        if tag == "a":
+            self._in_flag = False
         if self._in_results and tag == "td" and self._cell is not None:
             self.rows.append(self._cell)
+            self.links[self._cell] = getattr(self, "_link", None)
+            self._link = None
             self._cell = None
         while self._stack:
             t, _ = self._stack.pop()
@@ -57,8 +78,8 @@ class Scan(HTMLParser):
                 break
 
     def handle_data(self, data):
-        if self._cell is not None:
-            self._cell += data
+        if self._cell is not None and not self._in_flag:
+            self._cell += data.strip()
         for _, ident in self._stack:
             if ident:
                 self.ids[ident] = self.ids.get(ident, "") + data
@@ -136,3 +157,109 @@ def test_rendered_dom_in_headless_chromium(page, tmp_path):
     # The hostile text is text in the DOM, never an element.
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
     assert scan.scripts == 0
+
+
+def figures_of(text):
+    """``{figure id: its HTML}`` of the throughput plots."""
+    parts = re.findall(r'<figure class="plot[^"]*" id="([^"]+)">(.*?)</figure>', text, re.S)
+    return dict(parts)
+
+
+def test_legend_keys_are_css_colours_of_their_lines(page):
+    text = page.read_text()
+    scan = check_dom(text)
+    figures = figures_of(text)
+    assert set(figures) == {f"plot-{t}" for t in ["standard.convnet", "standard.scaling.1",
+                                                  "standard.scaling.2", "standard.short",
+                                                  "standard.vae"]}
+    assert len(scan.legend) == 6     # convnet has devices 0 and 1
+    for figure, style in scan.legend:
+        m = re.fullmatch(r"background: (#[0-9a-f]{6})", style)
+        assert m, style              # a CSS colour, not a Python tuple
+        assert f"stroke: {m.group(1)}" in figures[figure]    # the colour of a line drawn
+    # the steady-state band and the warm-up dots have their own legend entries
+    assert all("steady-state samples" in f and "warm-up" in f for f in figures.values())
+
+
+def test_rows_link_to_their_plot_and_flags_are_shown(page):
+    from milarun.report.plots import FLAG_COLOUR
+
+    text = page.read_text()
+    scan = check_dom(text)
+    assert scan.links["standard.convnet"] == "#plot-standard.convnet"
+    assert scan.links["standard.wlm"] is None           # every run failed: no plot
+    assert all(scan.links[t][1:] in scan.figures for t in scan.rows if scan.links[t])
+    # the planted stall of convnet: a red tag beside the test, the list, marks on its plot
+    assert scan.flag_links == {"standard.convnet": "#flags-standard.convnet",
+                               "standard.short": "#flags-standard.short"}
+    assert "stall" in scan.ids["flags-standard.convnet"]
+    assert "slow-windows" in scan.ids["flags-standard.convnet"]
+    assert "short-steady" in scan.ids["flags-standard.short"]
+    assert "flagged" in scan.figures["plot-standard.convnet"]
+    convnet = figures_of(text)["plot-standard.convnet"]
+    assert FLAG_COLOUR in convnet and "slow window" in convnet and ">stall<" in convnet
+    assert FLAG_COLOUR not in figures_of(text)["plot-standard.vae"]
+    # the header names the inputs; one result is "unknown (n=1)", never 0.00%
+    assert scan.ids["input-weights"] == "weightstests/fixtures/weights.json"   # th + td
+    assert "baseline2020.json" in scan.ids["input-baseline"]
+    assert "unknown (n=1)" in text and "0.00%" not in text.split('id="results"')[1].split(
+        "</table>")[0]
+
+
+def chromium():
+    exe = shutil.which("chromium") or (CHROMIUM if os.path.exists(CHROMIUM) else None)
+    if exe is None:
+        reason = "chromium is not installed (run scripts/install-browser.sh)"
+        if os.environ.get("MILARUN_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"MILARUN_REQUIRE_BROWSER=1 but {reason}")
+        pytest.skip(reason)
+    return exe
+
+
+#: Injected into a COPY of the page (the report itself has no script): the computed
+#: colour of each legend key, the layout of the plots, written into the DOM.
+PROBE = """<script>
+window.addEventListener("load", () => {
+  const keys = [...document.querySelectorAll(".legend i.line")].map(
+    i => [i.style.background, getComputedStyle(i).backgroundColor]);
+  const figs = [...document.querySelectorAll(".plots figure")].map(
+    f => Math.round(f.getBoundingClientRect().top));
+  const pre = document.createElement("pre");
+  pre.id = "probe";
+  pre.textContent = JSON.stringify({keys: keys, tops: figs,
+    display: getComputedStyle(document.querySelector(".plots")).display});
+  document.body.appendChild(pre);
+});
+</script></body>"""
+
+
+@pytest.mark.browser
+def test_legend_colours_and_grid_in_headless_chromium(page, tmp_path):
+    import html
+    import json
+
+    exe = chromium()
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", PROBE))
+    proc = subprocess.run(
+        [exe, "--headless", "--disable-gpu", "--no-sandbox", f"--user-data-dir={tmp_path}",
+         "--window-size=1400,2400", "--dump-dom", probe.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = json.loads(html.unescape(re.search(r'<pre id="probe">(.*?)</pre>', proc.stdout,
+                                               re.S).group(1)))
+    assert len(found["keys"]) == 6
+    for _, computed in found["keys"]:
+        # a valid colour computes to an opaque rgb(); an invalid one to transparent
+        assert re.fullmatch(r"rgb\(\d+, \d+, \d+\)", computed), computed
+    assert len({c for _, c in found["keys"]}) == 2    # device 0 and device 1
+    assert found["display"] == "grid"
+    tops = found["tops"]
+    assert len(tops) == 5 and len(set(tops)) < len(tops)   # side by side at 1400 px
+    # and a screenshot renders
+    shot = tmp_path / "report.png"
+    proc = subprocess.run(
+        [exe, "--headless", "--disable-gpu", "--no-sandbox", f"--user-data-dir={tmp_path}",
+         "--window-size=1400,2400", f"--screenshot={shot}", page.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

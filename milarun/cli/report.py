@@ -15,8 +15,12 @@ def command(rest):
     # Results directory, or a summary JSON file
     # [positional]
     results: Option
-    # Weights file: {"suite.test": {"weight": w}} (default: every test weighs 1)
+    # Weights file: {"suite.test": {"weight": w}} (default: the shipped weights of the
+    # results' profile, e.g. weights/cpu.json for results of profiles/cpu.json; else
+    # every test weighs 1)
     weights: Option = default(None)
+    # Every test weighs 1, even for results of a shipped profile
+    unweighted: Option & bool = default(False)
     # Baseline summary to compare with (ours or the 2020 flat format)
     compare: Option = default(None)
     # Price of one node in dollars: adds RPP = price / score and price / node score
@@ -47,7 +51,8 @@ def command(rest):
     return run_report(results, weights=weights, compare=compare, price=price,
                       compare_gpus=compare_gpus, penalize_variance=penalize_variance,
                       title=title, html=html, strict=strict, compare_nodes=compare_nodes,
-                      node_threshold=node_threshold, throughput=throughput)
+                      node_threshold=node_threshold, throughput=throughput,
+                      unweighted=unweighted)
 
 
 def run_report(results, strict=False, stdout=None, warn=None, **options):

@@ -13,7 +13,8 @@ from pathlib import Path
 from .table import Report, build_report, check_weights, load_weights, weight_for
 
 __all__ = ["Report", "build_report", "check_weights", "load_weights", "weight_for",
-           "load_source", "make_report", "render_text", "render_html"]
+           "load_source", "make_report", "render_text", "render_html", "shipped_weights",
+           "inputs_of"]
 
 
 def render_text(report):
@@ -52,21 +53,81 @@ def load_source(source, warn=None):
     raise ResultFormatError("no such results directory or summary file", path=path)
 
 
+def shipped_weights(suite):
+    """The weights file shipped for profile ``suite`` (``weights/<suite>.json`` beside
+    ``profiles/<suite>.json`` in milarun's source tree), or None."""
+    root = Path(__file__).resolve().parent.parent.parent
+    path = root / "weights" / f"{suite}.json"
+    if (root / "profiles" / f"{suite}.json").is_file() and path.is_file():
+        return path
+    return None
+
+
+def shown_path(path):
+    """``path`` relative to the current folder when it lies under it, else absolute."""
+    path = Path(path).absolute()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def summary_suites(summary):
+    """The suites of a summary: its ``provenance.suites``, else the first part of
+    its test names (a 2020 summary or an older one)."""
+    suites = (summary.get("provenance") or {}).get("suites")
+    return sorted(suites) if suites else sorted({g.split(".")[0] for g in summary["tests"]})
+
+
+def inputs_of(source, summary, records, weights, weights_default, compare, price):
+    """What the report's header names (see :func:`milarun.report.text.header_items`).
+
+    ``weights_default`` is True when ``weights`` is the shipped file of the
+    results' profile, picked because no ``--weights`` was given.
+    """
+    from .. import __version__
+
+    prov = summary.get("provenance") or {}
+    return {
+        "source": shown_path(source),
+        "kind": "results" if records is not None else "summary",
+        "records": len(records) if records is not None else None,
+        "skipped": len(summary.get("skipped") or []),
+        "folder": prov.get("results"),
+        "suites": summary_suites(summary),
+        "profile": prov.get("profile"),
+        "profile_sha256": prov.get("profile_sha256"),
+        "weights": shown_path(weights) if weights else None,
+        "weights_default": bool(weights_default),
+        "baseline": shown_path(compare) if compare else None,
+        "price": price,
+        "milarun_results": list(prov.get("milarun") or []),
+        "milarun_report": __version__,
+        "first": prov.get("first"),
+        "last": summary.get("date"),
+    }
+
+
 def make_report(source, weights=None, compare=None, price=None, compare_gpus=False,
                 penalize_variance=True, title=None, html=None, warn=None,
-                compare_nodes=False, node_threshold=None, throughput="effective"):
+                compare_nodes=False, node_threshold=None, throughput="effective",
+                unweighted=False):
     """Build the report of ``source`` (results dir or summary file).
 
     ``weights`` and ``compare`` are file paths (or ``None``); ``price`` is in
     dollars; ``html`` is an output path; ``compare_nodes`` adds the node
     comparison, with ``node_threshold`` percent (default
     :data:`~milarun.report.table.NODE_THRESHOLD_PCT`; giving one implies
-    ``compare_nodes``). Returns ``(report, text)``.
+    ``compare_nodes``). Without ``weights``, results of one shipped profile
+    are weighted by its shipped weights file (:func:`shipped_weights`), and
+    the header says so; ``unweighted`` gives every test weight 1 instead.
+    Returns ``(report, text)``.
 
     Raises:
-        MilarunError: a bad file, ``price`` <= 0, or ``node_threshold`` outside
-            0..100 (checked before anything is read). ``throughput`` is ``"effective"``
-    or ``"own"`` (the 2020 rule; see :func:`milarun.report.table.perf_basis`).
+        MilarunError: a bad file, ``price`` <= 0, ``node_threshold`` outside
+            0..100 (checked before anything is read), or both ``weights`` and
+            ``unweighted``. ``throughput`` is ``"effective"`` or ``"own"`` (the
+            2020 rule; see :func:`milarun.report.table.perf_basis`).
     """
     import datetime
 
@@ -79,20 +140,31 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     else:
         node_threshold = NODE_THRESHOLD_PCT
 
+    from ..errors import MilarunError
     from .table import check_throughput
     throughput = check_throughput(throughput)
+
+    if weights and unweighted:
+        raise MilarunError("--weights and --unweighted exclude each other")
     weights_map = load_weights(weights) if weights else None
     baseline = read_summary(compare) if compare else None
     if price is not None and not price > 0:
-        from ..errors import MilarunError
         raise MilarunError(f"--price must be a positive number of dollars, not {price!r}")
     summary, records, results_dir = load_source(source, warn=warn)
+    weights_default = False
+    if weights is None and not unweighted:
+        suites = summary_suites(summary)
+        default = shipped_weights(suites[0]) if len(suites) == 1 else None
+        if default is not None:
+            weights, weights_map, weights_default = default, load_weights(default), True
     report = build_report(summary, weights=weights_map, baseline=baseline, price=price,
                           penalize_variance=penalize_variance, compare_gpus=compare_gpus,
                           title=title, compare_nodes=compare_nodes,
                           node_threshold=node_threshold, throughput=throughput)
     from .io import io_tables
     report.io = io_tables(summary, records)
+    report.inputs = inputs_of(source, summary, records, weights, weights_default, compare,
+                              price)
     from .checks import diff_line
     for diff in report.host_diffs:
         print(f"milarun: warning: {compare}: host fact differs from the baseline's: "

@@ -8,10 +8,10 @@ markup.
 from collections import defaultdict
 from pathlib import Path
 
-from .text import (NOISE_HEADER, cell, concurrent_note, fmt_interval, fmt_num, fmt_pct,
-                   node_flag, node_header, node_verdict, noise_cell, noise_columns,
-                   nothing_to_compare, overlap_line, ratio_verdict, scaling_cell,
-                   scaling_note)
+from .text import (GPU_ONE_RUN, NOISE_HEADER, anomalies_by_test, cell, concurrent_note,
+                   fmt_interval, fmt_num, fmt_pct, header_items, node_flag, node_header,
+                   node_verdict, noise_cell, noise_columns, nothing_to_compare, overlap_line,
+                   ratio_verdict, scaling_cell, scaling_note)
 
 #: Lines of log shown per failure.
 LOG_TAIL_LINES = 40
@@ -130,7 +130,7 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
     """
     from markupsafe import Markup
 
-    from .plots import Plotter
+    from .plots import FLAG_COLOUR, Plotter
 
     plotter = None
     by_group = defaultdict(list)
@@ -139,14 +139,18 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
         for item in records:
             rec = item[1] if isinstance(item, tuple) else item
             by_group[group_name(rec)].append(rec)
+    from ..anomalies import sentences, short_kinds
+
+    flags = {test: sentences(fl) for test, fl in anomalies_by_test(report)}
     plots = []
     for row in report.rows:
-        svg, legend = None, []
+        svg, legend, marks = None, [], set()
         if by_group.get(row["test"]):
             plotter = plotter or Plotter()
-            svg, legend = plotter.throughput(by_group[row["test"]])
+            svg, legend, marks = plotter.throughput(by_group[row["test"]])
         plots.append({"test": row["test"], "svg": Markup(svg) if svg else None,
-                      "legend": legend})
+                      "legend": legend, "marks": marks, "flags": flags.get(row["test"], [])})
+    drawn = {p["test"] for p in plots if p["svg"]}
 
     gpu = []
     if report.gpu_tables:
@@ -174,7 +178,10 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
                 cls = "failcell"
             cells.append((cell(row, c), cls))
         table.append({"test": row["test"], "cells": cells, "failed": row["fail"] > 0,
-                      "counted": row["counted"], "traces": traces.get(row["test"], [])})
+                      "counted": row["counted"], "traces": traces.get(row["test"], []),
+                      "plot": row["test"] in drawn,
+                      "flags": short_kinds(row.get("anomalies") or []),
+                      "flag_count": len(row.get("anomalies") or [])})
 
     nodes = None
     if report.node_compare is not None:
@@ -228,11 +235,15 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
               "energy_tests": [r for r in report.rows if r.get("items/J")],
               "energy_svg": Markup(energy_svg) if energy_svg else None}
 
+    one_run = GPU_ONE_RUN if report.gpu_tables is not None and "min" not in report.gpu_tables \
+        else None
     return _env().get_template("report.html.j2").render(
+        gpu_one_run=one_run,
         r=report, table=table, plots=plots, gpu=gpu, failures=failures, nodes=nodes,
         scaling=scaling, concurrent=concurrent, overlap=overlap, noise=noise_view(report),
         io_study=io_study,
-        checks=checks,
+        checks=checks, flags=flags, flag_colour=FLAG_COLOUR,
+        inputs=header_items(report.inputs) if report.inputs is not None else None,
         has_records=bool(records), generated=generated,
         ratio_class=ratio_band(report.score_ratio))
 

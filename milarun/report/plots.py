@@ -7,8 +7,11 @@ matplotlib XML-escapes any text it writes, so the SVG is safe to inline.
 import io
 import re
 
-from .. import stats
+from .. import anomalies, stats
 from ..summary import device_key
+
+#: Colour of what the anomaly rules flagged on a plot (slow windows, stalls).
+FLAG_COLOUR = "#d62728"
 
 _XML_HEAD = re.compile(r"^.*?(?=<svg)", re.S)
 
@@ -31,7 +34,12 @@ class Plotter:
         self.rc = {"svg.fonttype": "none", "svg.hashsalt": "milarun",
                    "font.size": 8}
         self.matplotlib = matplotlib
-        self.colours = list(matplotlib.rcParams["axes.prop_cycle"].by_key()["color"])
+        # CSS needs "#rrggbb"; matplotlib 3.11 gives (r, g, b) tuples
+        from matplotlib.colors import to_hex
+        self.colours = [to_hex(c) for c in
+                        matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]]
+        # the flag colour stays for flags
+        self.colours = [c for c in self.colours if c != FLAG_COLOUR]
         self.fig = Figure(figsize=size)
         # Fixed margins instead of tight_layout(), which costs a second draw per plot.
         self.fig.subplots_adjust(left=0.10, right=0.99, bottom=0.17, top=0.97)
@@ -55,15 +63,23 @@ class Plotter:
         return _XML_HEAD.sub("", buf.getvalue(), count=1)
 
     def throughput(self, records):
-        """Return ``(svg, legend)``: throughput over time for one test, one line per device.
+        """Return ``(svg, legend, marks)``: throughput over time for one test, one line
+        per device.
 
-        ``records`` are the test's successful result records. For each device
-        the lowest-numbered run is drawn (sample midpoint in s since program
-        start vs. rate in items/s; warm-up samples dotted), and the samples
-        chosen by :func:`milarun.stats.steady_state` are shaded. ``legend`` is
-        ``[(device, run, css colour)]``; the page draws it in HTML, which is
-        much cheaper than a matplotlib legend. ``(None, [])`` when there is
-        nothing to draw.
+        ``records`` are the test's result records. For each device one
+        successful run is drawn, the lowest-numbered one with a ``slow-windows``
+        or ``stall`` flag, else the lowest-numbered one: sample midpoint in s since
+        program start vs. rate in items/s, warm-up samples dotted. Under each
+        line a wide pale band of the same colour covers the samples chosen by
+        :func:`milarun.stats.steady_state` (its steady-state window). The
+        anomaly flags of the drawn runs (:func:`milarun.anomalies.result_flags`)
+        are marked in :data:`FLAG_COLOUR`: a cross on each slow window, a
+        shaded span over each stall.
+
+        ``legend`` is ``[(device, run, "#rrggbb")]`` and ``marks`` the set of
+        flag kinds drawn (``"slow-windows"``, ``"stall"``); the page draws the
+        legend in HTML, which is much cheaper than a matplotlib legend.
+        ``(None, [], set())`` when there is nothing to draw.
         """
         chosen = {}
         for rec in records:
@@ -72,37 +88,55 @@ class Plotter:
                 continue
             dev = str(rec.get("device", ""))
             run = rec.get("run", 0)
-            if dev not in chosen or run < chosen[dev][0]:
-                chosen[dev] = (run, samples)
+            flags = anomalies.result_flags(rec)
+            # a flagged run first, so that its flags show; then the lowest run
+            key = (not any(f["kind"] in ("slow-windows", "stall") for f in flags), run)
+            if dev not in chosen or key < chosen[dev][0]:
+                chosen[dev] = (key, samples, flags)
         if not chosen:
-            return None, []
-        legend = []
+            return None, [], set()
+        legend, marks = [], set()
         with self.matplotlib.rc_context(self.rc):
             ax = self.ax
             for artist in list(ax.lines) + list(ax.patches):
                 artist.remove()
             for i, dev in enumerate(sorted(chosen, key=device_key)):
-                run, samples = chosen[dev]
+                (_, run), samples, flags = chosen[dev]
                 colour = self.colours[i % len(self.colours)]
                 legend.append((dev, run, colour))
                 xs = [(s["start"] + s["end"]) / 2 for s in samples]
                 ys = [s["rate"] for s in samples]
-                ax.plot(xs, ys, color=colour, linewidth=1)
-                warm = [(x, y) for x, y, s in zip(xs, ys, samples) if s.get("warmup")]
-                if warm:
-                    ax.plot(*zip(*warm), "o", color=colour, markersize=2)
                 try:
                     _, window, _ = stats.steady_state(samples)
                 except ValueError:
                     window = []
                 if window:
-                    ax.axvspan(min(s["start"] for s in window), max(s["end"] for s in window),
-                               color=colour, alpha=0.08, linewidth=0)
+                    band = [((s["start"] + s["end"]) / 2, s["rate"]) for s in window]
+                    ax.plot(*zip(*band), color=colour, linewidth=7, alpha=0.22,
+                            solid_capstyle="butt", zorder=1)
+                ax.plot(xs, ys, color=colour, linewidth=1, zorder=2)
+                warm = [(x, y) for x, y, s in zip(xs, ys, samples) if s.get("warmup")]
+                if warm:
+                    ax.plot(*zip(*warm), "o", color=colour, markersize=2, zorder=3)
+                for flag in flags:
+                    if flag["kind"] == "slow-windows":
+                        spans = {tuple(sp) for sp in flag["spans"]}
+                        pts = [(x, y) for x, y, s in zip(xs, ys, samples)
+                               if (s["start"], s["end"]) in spans]
+                        if pts:
+                            ax.plot(*zip(*pts), "x", color=FLAG_COLOUR, markersize=5,
+                                    markeredgewidth=1.2, zorder=4)
+                            marks.add("slow-windows")
+                    elif flag["kind"] == "stall":
+                        for a, b in flag["spans"]:
+                            ax.axvspan(a, b, color=FLAG_COLOUR, alpha=0.12, linewidth=0,
+                                       zorder=0)
+                        marks.add("stall")
             ax.set_autoscale_on(True)
             ax.relim()
             ax.autoscale_view()
             ax.set_ylim(bottom=0)
-        return self._svg(), legend
+        return self._svg(), legend, marks
 
     def heatmap(self, table):
         """SVG heat-map of per-GPU ratios (``{"devices", "rows"}`` from ``gpu_tables``).

@@ -8,8 +8,9 @@ This is the only place the score formula is applied. Units: ``perf``,
 Rules, in the order the report applies them:
 
 * ``perf`` = ``train.mean``; ``std%`` = ``train.std / train.mean``
-  (coefficient of variation of the per-result steady-state rates; 0 with one
-  result).
+  (coefficient of variation of the per-result steady-state rates). With one
+  result the variance is unknown: std% is shown as ``unknown (n=1)`` and
+  counts as 0 in ``perf_adj``.
 * ``perf_adj = perf * (1 - std%) * (1 - fail/n)``, or ``perf * (1 - fail/n)``
   with ``penalize_variance=False`` (:func:`milarun.stats.perf_adj`). The
   baseline's adjusted perf uses the same rule.
@@ -21,8 +22,12 @@ Rules, in the order the report applies them:
 * Score = weighted geometric mean of ``perf_adj`` over tests with weight > 0
   and ``perf_adj`` > 0 (:func:`milarun.stats.weighted_geomean`). A weighted
   test with no results is *missing*; a weighted test whose ``perf_adj`` is 0
-  (every run failed) is *zero*. Both are left out of the score, listed, and
-  the score is marked incomplete (never NaN, never ``-inf``).
+  is *zero*, with its reason (:func:`zero_reason`: every run failed, or no
+  successful result reached a steady state). Both are left out of the score,
+  listed, and the score is marked incomplete (never NaN, never ``-inf``).
+* Anomalies: the flags the summary holds (``tests[g].anomalies``, rules in
+  :mod:`milarun.anomalies`) are listed beside their test; they do not change
+  the score.
 * Failure rate = ``sum(fail) / sum(n)`` over every test shown; PASS when at
   most 1 %.
 * Baseline: ``score_base`` is the weighted geometric mean of
@@ -201,6 +206,14 @@ class Report:
     energy_nodes: list = field(default_factory=list)
     host_facts: list = field(default_factory=list)
     host_diffs: list = field(default_factory=list)
+    #: ``{test: reason}`` of the tests in ``zero`` (see :func:`zero_reason`).
+    zero_reasons: dict = field(default_factory=dict)
+    #: ``[(test, flag)]``: every anomaly flag of the summary, in table order.
+    anomalies: list = field(default_factory=list)
+    #: The inputs the header names (:func:`milarun.report.inputs_of`), or None.
+    inputs: object = None
+    #: Tests whose variance is unknown (one successful result).
+    single: list = field(default_factory=list)
 
     @property
     def incomplete(self):
@@ -278,7 +291,8 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
                "perf_adj": adj, "weight": weight,
                "counted": bool(weight) and adj > 0,
                "own": t["train"]["mean"], "basis": basis,
-               "effective": (t.get("effective") or {}).get("mean")}
+               "effective": (t.get("effective") or {}).get("mean"),
+               "rates": t["train"]["n"], "anomalies": list(t.get("anomalies") or [])}
         if baseline is not None:
             b = base_tests.get(group)
             if b is not None:
@@ -307,6 +321,9 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
     if weights is not None:
         report.missing = sorted(k for k, w in weights.items() if w > 0 and k not in used_keys)
     report.zero = [r["test"] for r in rows if r["weight"] and r["perf_adj"] <= 0]
+    report.zero_reasons = {g: zero_reason(tests[g]) for g in report.zero}
+    report.single = [r["test"] for r in rows if r["rates"] == 1]
+    report.anomalies = [(r["test"], f) for r in rows for f in r["anomalies"]]
 
     counted = [r for r in rows if r["counted"]]
     report.score = stats.weighted_geomean([r["perf_adj"] for r in counted],
@@ -336,7 +353,8 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
         report.node_compare = node_comparison(tests, node_threshold)
     report.scaling = scaling_tables(tests)
 
-    report.short = [g for g, t in tests.items() if (t.get("steady") or {}).get("short")]
+    report.short = [g for g, t in tests.items()
+                    if any(f.get("kind") == "short-steady" for f in t.get("anomalies") or [])]
     report.overlap, report.concurrent = concurrent_tables(tests)
     for group, t in tests.items():
         for f in t.get("failed", []):
@@ -383,16 +401,47 @@ def concurrent_tables(tests, min_overlap=None):
     return overlap, concurrent
 
 
+def zero_reason(test):
+    """Why a test (a normalized summary entry) has no ``perf_adj``, in words.
+
+    ``"every run failed (timeout)"`` when every result failed (with their
+    reasons); ``"no steady state: <the record's reason>"`` when nothing failed
+    but no successful result has a steady-state rate; both parts when some
+    failed and the others had no steady state; the clamp when the rates have a
+    std% of 100 % or more; ``"no results"`` otherwise.
+    """
+    n, fail = test.get("n", 0), test.get("failures", 0)
+    reasons = ", ".join(f"{k}" + (f" x{v}" if v > 1 else "")
+                        for k, v in sorted((test.get("failure_reasons") or {}).items()))
+    none = [f.get("reason") for f in test.get("anomalies") or []
+            if f.get("kind") == "no-steady-state"]
+    ok = n - fail
+    parts = []
+    if ((test.get("train") or {}).get("n") or 0) > 0:
+        return "std% of 100% or more (perf_adj is clamped at 0)"
+    if fail and not ok:
+        return f"every run failed ({reasons})" if reasons else "every run failed"
+    if fail:
+        parts.append(f"{fail} of {n} run(s) failed" + (f" ({reasons})" if reasons else ""))
+    if ok:
+        why = f": {none[0]}" if none and len(set(none)) == 1 else ""
+        parts.append(f"no steady state in {ok} successful result(s){why}")
+    return "; ".join(parts) or "no results"
+
+
 def gpu_tables(tests):
     """Per-GPU comparison: ``{stat: {"devices": [...], "rows": [(test, {dev: ratio})]}}``.
 
     For each test and each of mean, min and max, every device's steady-state
     rate statistic is divided by the best device's value for that test
     (1.0 = the best GPU of the row). Tests with no per-GPU data are left out.
+    min and max are left out too when no device has more than one rate in any
+    test: they would repeat the mean (:func:`gpu_runs_repeat` says whether).
     """
     out = {}
     devices = sorted({d for t in tests.values() for d in t.get("pergpu", {})}, key=device_key)
-    for stat in GPU_STATS:
+    stats_shown = GPU_STATS if gpu_runs_repeat(tests) else ("mean",)
+    for stat in stats_shown:
         rows = []
         for group, t in tests.items():
             values = {d: s.get(stat) for d, s in t.get("pergpu", {}).items()
@@ -404,6 +453,12 @@ def gpu_tables(tests):
                                  for d, v in values.items()}))
         out[stat] = {"devices": devices, "rows": rows}
     return out
+
+
+def gpu_runs_repeat(tests):
+    """True when some device of some test has more than one steady-state rate."""
+    return any((s.get("n") or 0) > 1 for t in tests.values()
+               for s in (t.get("pergpu") or {}).values())
 
 
 def check_node_threshold(value):

@@ -15,12 +15,19 @@ def fmt_pct(value):
     return "-" if value is None else f"{value * 100:.2f}%"
 
 
+#: The std% cell of a test with one successful result.
+UNKNOWN_VARIANCE = "unknown (n=1)"
+
+
 def cell(row, column):
     """The text of one table cell (shared by the text and HTML renderers)."""
     if column in ("n", "fail"):
         return str(row[column])
     if column == "std%":
-        return fmt_pct(row["std"])
+        rates = row.get("rates")
+        if rates == 0:
+            return "-"
+        return UNKNOWN_VARIANCE if rates == 1 else fmt_pct(row["std"])
     if column == "weight":
         return "-" if row["weight"] is None else f"{row['weight']:g}"
     if column in ("perf_ratio", "perf_ratio_adj"):
@@ -31,12 +38,65 @@ def cell(row, column):
 
 
 def table_frame(report):
-    """The report table as a pandas DataFrame of formatted strings, indexed by test."""
+    """The report table as a pandas DataFrame of formatted strings, indexed by test;
+    an ``anomalies`` column (the kinds of its flags) ends it when a test has flags."""
     import pandas as pd
 
-    data = {c: [cell(r, c) for r in report.rows] for c in report.columns}
+    from ..anomalies import short_kinds
+
+    columns = list(report.columns)
+    data = {c: [cell(r, c) for r in report.rows] for c in columns}
+    if any(r.get("anomalies") for r in report.rows):
+        columns.append("anomalies")
+        data["anomalies"] = [short_kinds(r.get("anomalies") or []) for r in report.rows]
     return pd.DataFrame(data, index=pd.Index([r["test"] for r in report.rows], name="test"),
-                        columns=report.columns)
+                        columns=columns)
+
+
+def header_items(inputs):
+    """``[(label, text)]``: what the report was made from (shared by text and HTML).
+
+    ``inputs`` is :func:`milarun.report.inputs_of`'s dict: results folder or
+    summary file, profile, weights, baseline, price, milarun versions and the
+    date range of the results.
+    """
+    items = []
+    if inputs["kind"] == "results":
+        skipped = f", {inputs['skipped']} file(s) skipped" if inputs["skipped"] else ""
+        items.append(("results", f"{inputs['source']} ({inputs['records']} result files"
+                                 f"{skipped})"))
+    else:
+        made = f" (made from results folder {inputs['folder']})" if inputs.get("folder") else ""
+        items.append(("results", f"summary file {inputs['source']}{made}"))
+    suites = ", ".join(inputs["suites"]) or "unknown"
+    if inputs.get("profile"):
+        sha = inputs.get("profile_sha256")
+        profile = (f"{suites}, from {inputs['profile']}"
+                   + (f" (sha256 {sha[:12]})" if sha else "")
+                   + " as the results folder's session recorded it")
+    else:
+        profile = f"{suites} (the suite the records name; no session file names the profile)"
+    items.append(("profile", profile))
+    if inputs.get("weights") is None:
+        items.append(("weights", "unweighted: every test weight 1"))
+    elif inputs.get("weights_default"):
+        items.append(("weights", f"{inputs['weights']}, the shipped weights of profile "
+                                 f"{suites} (no --weights given; --unweighted for every "
+                                 "test weight 1)"))
+    else:
+        items.append(("weights", inputs["weights"]))
+    items.append(("baseline", inputs.get("baseline") or "none (no --compare)"))
+    price = inputs.get("price")
+    items.append(("price", f"${price:,.2f}" if price is not None else "none (no --price)"))
+    made = ", ".join(inputs.get("milarun_results") or []) or "not recorded"
+    items.append(("milarun", f"{made} (results), {inputs['milarun_report']} (this report)"))
+    first, last = inputs.get("first"), inputs.get("last")
+    if first or last:
+        items.append(("dates", f"{first or '?'} to {last or '?'} (UTC, first start to last "
+                               "end)"))
+    else:
+        items.append(("dates", "not recorded"))
+    return items
 
 
 def score_lines(report):
@@ -50,8 +110,10 @@ def score_lines(report):
     if report.missing:
         lines.append(f"missing tests (weighted, no results): {', '.join(report.missing)}")
     if report.zero:
-        lines.append("tests with perf_adj 0 (every run failed), left out of the score: "
-                     + ", ".join(report.zero))
+        reasons = report.zero_reasons or {}
+        lines.append("tests with perf_adj 0, left out of the score: "
+                     + "; ".join(f"{t}: {reasons[t]}" if reasons.get(t) else t
+                                 for t in report.zero))
     lines.append(f"failure rate: {report.fail_total}/{report.n_total} = "
                  f"{fmt_pct(report.failure_rate)} {report.verdict}")
     if report.has_baseline:
@@ -63,9 +125,6 @@ def score_lines(report):
         lines.append(f"RPP (price / score): {fmt_num(report.rpp)}")
     from .checks import perf_per_watt_line
     lines.append(perf_per_watt_line(report))
-    if report.short:
-        lines.append("less than 10 s of steady state (all non-warm-up samples used): "
-                     + ", ".join(report.short))
     if report.overlap:
         lines.append(overlap_line(report.overlap))
     if any(r.get("basis") == "effective" for r in report.rows):
@@ -73,6 +132,13 @@ def score_lines(report):
                      "(own: their own steady-state rates; --throughput own for the 2020 rule)")
     elif getattr(report, "throughput", "effective") == "own":
         lines.append("perf: own steady-state throughput (--throughput own, the 2020 rule)")
+    if report.single:
+        lines.append("variance unknown (n=1): " + ", ".join(report.single)
+                     + " (one result each: std% is not measured, so no variance penalty)")
+    if report.anomalies:
+        tests = [t for t, _ in anomalies_by_test(report)]
+        lines.append(f"anomalies: {len(report.anomalies)} flag(s) in {', '.join(tests)} "
+                     "(listed below)")
     if not report.penalize_variance:
         lines.append("variance not penalized (--no-penalize-variance)")
     return lines
@@ -218,6 +284,11 @@ def confidence_lines(report):
     return lines
 
 
+#: Said under the per-GPU table when min and max are left out.
+GPU_ONE_RUN = ("(per-GPU min and max left out: each device has one run per test, so they "
+               "equal the mean; --repeat gives more)")
+
+
 def gpu_frames(report):
     """``{stat: DataFrame}`` of per-GPU ratios (formatted), for ``--compare-gpus``."""
     import pandas as pd
@@ -327,10 +398,32 @@ def scaling_lines(table):
             "(scaling efficiency)", frame.to_string(), scaling_note(table)]
 
 
+def anomaly_lines(report):
+    """The anomalies section: a heading naming the rules, then one line per flag."""
+    from ..anomalies import sentences
+
+    lines = ["anomalies (rules: docs/report.md, section Anomalies):"]
+    for test, flags in anomalies_by_test(report):
+        lines += [f"  {test} {kind}: {text}" for kind, text in sentences(flags)]
+    return lines
+
+
+def anomalies_by_test(report):
+    """``[(test, [flags])]`` in table order."""
+    out = {}
+    for test, flag in report.anomalies:
+        out.setdefault(test, []).append(flag)
+    return list(out.items())
+
+
 def render_text(report):
     """Return the whole report as text (a str ending with a newline)."""
     lines = [report.title]
-    if report.date:
+    if report.inputs is not None:
+        items = header_items(report.inputs)
+        width = max(len(label) for label, _ in items) + 1
+        lines += [f"{label + ':':{width}} {text}" for label, text in items]
+    elif report.date:
         lines.append(f"results date: {report.date}")
     for h in report.hosts:
         names = h.get("gpus") or []
@@ -354,6 +447,8 @@ def render_text(report):
         lines.append("")
         lines.append(f"per-GPU {stat} steady-state rate / best GPU of the test")
         lines.append(frame.to_string())
+    if report.gpu_tables is not None and "min" not in report.gpu_tables:
+        lines.append(GPU_ONE_RUN)
     if report.node_compare is not None:
         lines.append("")
         lines.extend(node_lines(report.node_compare))
@@ -368,6 +463,9 @@ def render_text(report):
         lines.append("")
         lines.extend(text_lines(table))
     lines.extend(check_lines(report))
+    if report.anomalies:
+        lines.append("")
+        lines.extend(anomaly_lines(report))
     if report.failures:
         lines.append("")
         lines.append("failures:")
