@@ -134,3 +134,74 @@ def test_run_refuses_a_bad_experiment_name_before_training(tmp_path, capsys):
         "milarun: error: --experiment-name/--job-id/--extra: name: '../x' is not a valid test "
         "name (like 'suite.test': letters, digits, '_', '-', and '.' between them)\n")
     assert not (tmp_path / "r.json").exists()
+
+
+def test_run_and_rerun_warn_when_the_result_has_no_steady_state(tmp_path):
+    # 2 steps of 0.01 s: one window, a warm-up one; no steady-state sample
+    first = tmp_path / "first.json"
+    args = ["milarun.models.faults:crawl", "--experiment-name", "cli.crawl", "--",
+            "--max-count", "2", "--step-seconds", "0.01"]
+    proc = subprocess.run([sys.executable, "-m", "milarun", "run", *args[:1], "-o", str(first),
+                           *args[1:]], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    warning = ("milarun: warning: cli.crawl: device 0 run 0: no steady state: only 1 warm-up "
+               "window(s), no steady-state window; its throughput is unknown")
+    assert warning in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "milarun", "rerun", str(first), "-o",
+                           str(tmp_path / "second.json")], capture_output=True, text=True)
+    assert proc.returncode == 0 and warning in proc.stderr
+    # a result with a steady state: no warning
+    from milarun.cli.run import warn_no_steady_state
+    rec = json.loads(first.read_text())
+    for s in rec["timings"]["train"]["samples"]:
+        s["warmup"] = False
+    assert warn_no_steady_state(rec) is False
+
+
+def _cgroup_record(tmp_path, host_cgroup):
+    from milarun.results.schema import new_result
+    rec = new_result("cpu.toy", "0.1", device="1", devices=[1], partition="per-gpu")
+    rec["call"]["function"] = "milarun.models.toy_reg:main"
+    rec["job"] = {"partition_scheme": {"type": "per-gpu", "cgroup": "cpuset,memory:student{device}"}}
+    rec["host"] = {"hostname": "h", "cgroup": host_cgroup}
+    rec["success"] = True
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(rec))
+    return path
+
+
+@pytest.mark.parametrize("host_cgroup,exists,cgexec,said", [
+    ("cpuset:/student1,memory:/student1", True, True,
+     "milarun: rerun: in student cgroup cpuset,memory:student1, as the original"),
+    ("/student1", True, True,    # cgroup v2: the unified path
+     "milarun: rerun: in student cgroup cpuset,memory:student1, as the original"),
+    ("cpuset:/student1,memory:/student1", False, True,
+     "milarun: rerun: not in a student cgroup: its student cgroup cpuset,memory:student1 does "
+     "not exist here: sudo scripts/cgroup_setup.sh creates it"),
+    ("cpuset:/student1,memory:/student1", True, False,
+     "milarun: rerun: not in a student cgroup: cgexec is not installed (package cgroup-tools) "
+     "to enter cpuset,memory:student1"),
+    ("cpuset:/,memory:/", True, True,
+     "milarun: rerun: not in a student cgroup: the original ran outside its student cgroup "
+     "cpuset,memory:student1 (in cpuset:/,memory:/; --no-cgexec?)"),
+])
+def test_rerun_keeps_the_original_student_cgroup_or_says_why_not(
+        tmp_path, capsys, monkeypatch, host_cgroup, exists, cgexec, said):
+    import shutil
+
+    from milarun import isolation
+    path = _cgroup_record(tmp_path, host_cgroup)
+    monkeypatch.setattr(isolation, "missing_groups", lambda specs: [] if exists else specs)
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/cgexec" if name == "cgexec"
+                        and cgexec else None if name == "cgexec" else real_which(name))
+    code, out = run_cli(["rerun", str(path), "--dry-run"], capsys)
+    assert code == 0
+    lines = out.err.splitlines()
+    assert said in lines
+    command = next(line for line in lines if line.startswith("milarun: rerun: ") and " -m " in line)
+    wrapped = "/usr/bin/cgexec -g cpuset,memory:student1 " in command
+    assert wrapped == said.endswith("as the original")
+    # --no-cgexec: no cgroup, no line about it
+    code, out = run_cli(["rerun", str(path), "--dry-run", "--no-cgexec"], capsys)
+    assert "cgexec" not in out.err and "student cgroup" not in out.err
