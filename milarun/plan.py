@@ -112,14 +112,84 @@ class Launch:
         """``(name, run, device)``: what identifies a launch across sessions (``--resume``)."""
         return (self.name, self.run, self.device)
 
-    def describe(self):
-        """Lines for ``--dry-run``: the command, its env and its cgroup."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+    def describe(self, width=None):
+        """Lines for ``--dry-run``: ``# group Jrun.device (mode, cgroup, timeout)``, then
+        the env and the command as :func:`shown_command` writes them."""
         mode = "concurrent" if self.concurrent else "sequential"
         if self.barrier_wave:
             mode += ", synchronized start"
         return (f"# {self.group} J{self.job_id} ({mode}, cgroup: {self.cgroup or 'none'}, "
-                f"timeout: {self.timeout:g} s)\n{env} {shlex.join(self.argv)}")
+                f"timeout: {self.timeout:g} s)\n{shown_command(self.env, self.argv, width)}")
+
+
+#: Width of a ``--dry-run`` command line; longer commands go on on backslash-continued lines.
+SHOWN_WIDTH = 100
+#: How ``--dry-run`` shows the job definition inside ``--extra`` (the real command has it whole).
+SHOWN_JOB = '"job": {…}'
+
+
+def _shorten_job(word):
+    """``word`` with the JSON object after ``"job": `` replaced by ``{…}`` (strings in
+    it, such as ``"{dataroot}"``, are skipped when matching braces); unchanged when
+    there is none or it does not close."""
+    start = word.find('"job": {')
+    if start < 0:
+        return word
+    depth, in_string, escaped = 0, False, False
+    for i in range(start + len('"job": '), len(word)):
+        c = word[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+            continue
+        if c == '"':
+            in_string = True
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return word[:start] + SHOWN_JOB + _shorten_job(word[i + 1:])
+    return word
+
+
+def shown_command(env, argv, width=None):
+    """The ``--dry-run`` text of one command: ``VAR=value ... argv``, shell-quoted, with
+    the job definition inside ``--extra`` shown as ``{…}`` and the words wrapped at
+    ``width`` columns (:data:`SHOWN_WIDTH`) with backslash continuations. The program and
+    its subcommand (``... -m milarun run module:function``) stay on one line, and so
+    does each option with its value."""
+    width = width or SHOWN_WIDTH
+    words = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    quoted = [shlex.quote(a) for a in argv]
+    head = 1
+    for i in range(len(argv) - 2):
+        if argv[i] == "milarun" and argv[i + 1] == "run":
+            head = i + 3
+            break
+    words.append(" ".join(quoted[:head]))
+    i = head
+    while i < len(quoted):
+        word = quoted[i]
+        if (argv[i].startswith("-") and argv[i] != "--" and i + 1 < len(argv)
+                and not argv[i + 1].startswith("-")):
+            word = f"{word} {quoted[i + 1]}"
+            i += 1
+        words.append(_shorten_job(word))
+        i += 1
+    lines, line = [], ""
+    for word in words:
+        if line and len(line) + 1 + len(word) + 2 > width:   # 2: the " \\" it may end with
+            lines.append(line + " \\")
+            line = "    " + word
+        else:
+            line = f"{line} {word}" if line else word
+    lines.append(line)
+    return "\n".join(lines)
 
 
 def child_argv(job, run, label, devices, out, dataroot, test_argv, python=None,

@@ -106,21 +106,24 @@ def test_suite_repeats_every_job_in_order():
         ("std.vae", 0), ("std.toy", 0), ("std.vae", 1), ("std.toy", 1)]
 
 
-def test_dry_run_prints_commands_and_starts_nothing(tmp_path, capsys):
+def test_dry_run_prints_commands_and_starts_nothing(tmp_path, capsys, monkeypatch):
     import pytest
 
+    from milarun import isolation
     from milarun.cli import main
+    monkeypatch.setattr(isolation, "missing_groups", lambda specs: [])   # as if they existed
     profile = tmp_path / "p.json"
     profile.write_text(json.dumps({"a": {"experiment": "milarun.models.toy_reg:main",
                                          "partition_scheme": {"type": "per-gpu",
                                                               "cgroup": "cpuset:student{device}"},
                                          "prepare": ["echo {dataroot}"]}}))
+    (tmp_path / "data").mkdir()
     with pytest.raises(SystemExit) as exc:
-        main(["jobs", str(profile), "--dry-run", "--cpu-slots", "2", "-d", "/data",
+        main(["jobs", str(profile), "--dry-run", "--cpu-slots", "2", "-d", str(tmp_path / "data"),
               "-o", str(tmp_path / "out"), "--", "--max-count", "5"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    assert "# prepare: echo {dataroot}" in out
+    assert f"# prepare: echo {tmp_path / 'data'}" in out
     assert out.count("-m milarun run milarun.models.toy_reg:main") == 2
     assert "cgroup: cpuset:student1" in out and "CUDA_VISIBLE_DEVICES=''" in out
     assert "--max-count 5" in out

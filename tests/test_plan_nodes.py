@@ -280,8 +280,10 @@ def test_dry_run_with_a_system_file_shows_the_ssh_commands(tmp_path, capsys):
     path = tmp_path / "system.json"
     path.write_text(json.dumps({"nodes": [{"name": "a", "address": "h1"},
                                           {"name": "b", "address": "h2"}]}))
+    (tmp_path / "d").mkdir()
     with pytest.raises(SystemExit) as exc:
-        main(["jobs", str(profile), "--system", str(path), "--dry-run", "-d", "/d", "-o", "/o"])
+        main(["jobs", str(profile), "--system", str(path), "--dry-run", "-d", str(tmp_path / "d"),
+              "-o", str(tmp_path / "o")])
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "× 2 nodes (ssh: a, b)" in out

@@ -165,25 +165,20 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     from ..barrier import BARRIER_TIMEOUT_S
     barrier_timeout = barrier_timeout or BARRIER_TIMEOUT_S
     if dry_run:
-        dataroot = dataroot or os.environ.get("MILARUN_DATAROOT") or "$MILARUN_DATAROOT"
-        outdir = outdir or "$MILARUN_OUTROOT/results-<date>"
+        # the real run's checks, all of them, without writing; then the same exit status
+        from .. import dryrun
         from ..session import new_session_id
         sid, when = new_session_id()
+        probe = plan_suite(jobs_, cluster, repeat, outdir or ".", dataroot=dataroot, **plan_opts)
+        errors, shown_root, shown_out = dryrun.checks(probe, dataroot, outdir, resume is not None,
+                                                      use_cgexec=not no_cgexec)
         # the real run's server listens on a port the system picks when it starts
         where = _barrier_host(cluster)
         barrier = where and {"address": f"{where[1]}:PORT", "timeout": barrier_timeout}
-        waves = plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, session=when,
+        waves = plan_suite(jobs_, cluster, repeat, shown_out, dataroot=shown_root, session=when,
                            barrier=barrier, **plan_opts)
-        print(f"# session {sid}: the stamp a real run would put in every file name")
-        print(f"# {len(jobs_)} tests × {repeat} run(s) on {len(devs)} {devs.kind} device(s)"
-              + (f" × {len(cluster.nodes)} nodes ({cluster.kind}: "
-                 f"{', '.join(n.name for n in cluster.nodes)})" if cluster.multi else ""))
-        for wave in waves:
-            for lch in wave:
-                if lch.job.prepare and lch is wave[0]:
-                    print(f"# prepare: {' && '.join(lch.job.prepare)}")
-                print(lch.describe())
-        return 0
+        dryrun.show(jobs_, waves, devs, cluster, repeat, sid, shown_root, shown_out)
+        return dryrun.report(errors, cluster)
     dataroot = resolve_dataroot(dataroot)
     if outdir is None:
         raise SetupError("no results directory: pass -o OUTDIR or set $MILARUN_OUTROOT")
