@@ -17,12 +17,16 @@ mkdir -p "$dataroot" "$outroot"
 
 # Student cgroups when this host lets us create them, else run without.
 cg=(--no-cgexec)
+created=""
 if [ "$(id -u)" = 0 ] && command -v cgexec >/dev/null 2>&1 && \
-   bash scripts/cgroup_setup.sh --students 2 >/dev/null 2>&1; then
+   created=$(bash scripts/cgroup_setup.sh --students 2 2>&1); then
   cg=()
-  echo "quickstart: running in student cgroups student0 and student1"
+  echo "quickstart: created (or updated) the student cgroups student0 and student1:"
+  echo "$created" | sed 's/^/  /'
+  echo "quickstart: they stay after the run; remove them with: sudo scripts/cgroup_setup.sh --remove"
 else
   echo "quickstart: cannot create cgroups here (needs root and cgroup-tools): --no-cgexec"
+  [ -n "$created" ] && echo "$created" | tail -n 3 | sed 's/^/  /'
 fi
 
 status=0
@@ -33,4 +37,7 @@ status=0
 echo
 echo "quickstart: results in $outdir"
 echo "quickstart: HTML report in $outdir/report.html"
+if [ ${#cg[@]} = 0 ]; then
+  echo "quickstart: student cgroups student0 and student1 are still set up; remove them with: sudo scripts/cgroup_setup.sh --remove"
+fi
 exit $status

@@ -205,3 +205,53 @@ def test_rerun_keeps_the_original_student_cgroup_or_says_why_not(
     # --no-cgexec: no cgroup, no line about it
     code, out = run_cli(["rerun", str(path), "--dry-run", "--no-cgexec"], capsys)
     assert "cgexec" not in out.err and "student cgroup" not in out.err
+
+
+@pytest.mark.parametrize("command", ["run", "jobs", "slurm", "rerun", "dataset", "summary",
+                                     "report"])
+def test_help_names_verbose_and_the_pass_through(command):
+    out = subprocess.run([sys.executable, "-m", "milarun", command, "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "--verbose, -v" in out
+    takes_args = command in ("run", "jobs", "slurm", "rerun")
+    assert ("[-- ARGS ...]" in out) == takes_args
+    assert ("-- ARGS               everything after the first \"--\" goes" in out) == takes_args
+    assert out.startswith(f"usage: milarun {command} ")
+
+
+def test_list_datasets_is_a_table_with_sizes_on_disk(tmp_path, capsys):
+    from milarun import datasets
+    datasets.prepare("bsds500", tmp_path, size="tiny", log=lambda *_: None)
+    (tmp_path / "coco.partial").mkdir()
+    code, out = run_cli(["dataset", "--list-datasets", "-d", str(tmp_path)], capsys)
+    assert code == 0
+    lines = out.out.splitlines()
+    assert lines[0].split() == ["dataset", "standard", "on", "disk", "in", str(tmp_path)]
+    rows = {line.split()[0]: line for line in lines[1:8]}
+    assert set(rows) == set(datasets.BUILDERS)
+    bsds = rows["bsds500"].split()
+    assert bsds[1:4] == ["about", "20", "MB"] and bsds[4] == "tiny,"
+    assert 0 < float(bsds[5]) < 5 and bsds[6] == "MiB"
+    assert rows["coco"].endswith("incomplete, 0.0 MiB")
+    assert rows["mnist"].endswith("not built")
+    assert "{" not in out.out     # no Python dicts
+    assert "  bsds500        tiny      count=12 val_count=4 test_count=4 image_size=64" in lines
+
+
+SAFE_FOLDER = r"[A-Za-z0-9._-]+"
+
+
+def test_result_folder_names_are_safe_for_scp_and_windows(monkeypatch, tmp_path):
+    import datetime
+    import re
+    from pathlib import Path
+
+    from milarun.cli.jobs import default_outdir
+    monkeypatch.setenv("MILARUN_OUTROOT", str(tmp_path))
+    assert re.fullmatch(SAFE_FOLDER, Path(default_outdir()).name)
+    script = (Path(__file__).parent.parent / "scripts" / "quickstart.sh").read_text()
+    fmt = re.search(r'outdir="\$outroot/cpu-\$\(date \'\+([^\']+)\'\)"', script).group(1)
+    assert re.fullmatch(SAFE_FOLDER, "cpu-" + datetime.datetime.now().strftime(fmt))
+    # and the quickstart says which cgroups it made and how to remove them
+    assert "student0 and student1" in script
+    assert script.count("sudo scripts/cgroup_setup.sh --remove") == 2

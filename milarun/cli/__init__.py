@@ -5,6 +5,8 @@ Everything after the first ``--`` is handed to the test untouched. A
 ``--verbose`` (anywhere before ``--``) shows the traceback too.
 """
 
+import argparse
+import inspect
 import sys
 
 from coleo import make_cli
@@ -28,6 +30,68 @@ COMMANDS = {
 }
 
 
+#: Commands whose arguments after ``--`` go to the test(s).
+PASS_THROUGH = {"run": "the experiment", "jobs": "every test", "slurm": "every test",
+                "rerun": "the test, after its recorded ones"}
+
+#: Under every command's ``--help``: the options ``main`` handles itself.
+COMMON_HELP = ("common options:\n"
+               "  --verbose, -v         show the traceback of an error (and, for jobs, every\n"
+               "                        line the tests print); anywhere before \"--\"")
+
+
+class _Commands(argparse._SubParsersAction):
+    """Each command's ``--help`` gets its whole docstring as description, the common
+    options and, where it takes them, the ``-- ARGS`` pass-through."""
+
+    def add_parser(self, name, **kwargs):
+        doc = kwargs.get("help")
+        if doc:
+            kwargs.setdefault("description", inspect.cleandoc(doc))
+            kwargs["help"] = inspect.cleandoc(doc).split("\n\n")[0]
+        epilog = COMMON_HELP
+        if name in PASS_THROUGH:
+            epilog = ("pass-through:\n  -- ARGS               everything after the first "
+                      f"\"--\" goes, untouched,\n                        to "
+                      f"{PASS_THROUGH[name]}: milarun {name} ... -- --max-count 100\n\n"
+                      + epilog)
+        kwargs.setdefault("epilog", epilog)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        parser = super().add_parser(name, **kwargs)
+        if name in PASS_THROUGH:
+            parser.usage_suffix = " [-- ARGS ...]"
+        return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with :class:`_Commands` and ``[-- ARGS ...]`` at the end of the usage line."""
+
+    usage_suffix = ""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _Commands)
+
+    def format_usage(self):
+        return self._with_suffix(super().format_usage())
+
+    def format_help(self):
+        return self._with_suffix(super().format_help())
+
+    def _with_suffix(self, text):
+        if not self.usage_suffix:
+            return text
+        head, sep, rest = text.partition("\n\n")
+        return head.rstrip("\n") + self.usage_suffix + ("\n" if not sep else sep + rest)
+
+
+def parser():
+    """The top-level parser (``milarun``), commands added by coleo."""
+    return _Parser(prog="milarun", description=COMMANDS["__doc__"],
+                   epilog=COMMON_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+                   argument_default=argparse.SUPPRESS)
+
+
 def split_argv(argv):
     """Split at the first ``--``: (milarun's own args, the test's args)."""
     if "--" in argv:
@@ -44,7 +108,7 @@ def main(argv=None):
     verbose = VERBOSE = "--verbose" in own or "-v" in own
     own = [a for a in own if a not in ("--verbose", "-v")]
     try:
-        opts, thunk = make_cli(COMMANDS, argv=own)
+        opts, thunk = make_cli(COMMANDS, argv=own, parser=parser())
         code = thunk(opts=opts, args=(rest,))
     except MilarunError as exc:
         if verbose:

@@ -7,10 +7,39 @@ from coleo import Option, default, tooled
 from ..errors import SetupError
 
 
+def dataset_table(dataroot=None):
+    """``--list-datasets``: a table (dataset, about how much a standard build takes on
+    disk, what ``dataroot`` holds and its size on disk), then each dataset's presets."""
+    from .. import datasets
+
+    names = sorted(datasets.BUILDERS)
+    where = f"in {dataroot}" if dataroot else "in DATAROOT (-d)"
+    rows = [("dataset", "standard on disk", where)]
+    for name in names:
+        std = datasets.STANDARD_MB.get(name)
+        std = f"about {std} MB" if std else "-"
+        if dataroot and os.path.isdir(dataroot):
+            state, mib = datasets.built(dataroot, name)
+            held = state if mib is None else f"{state}, {mib:.1f} MiB"
+        else:
+            held = "-"
+        rows.append((name, std, held))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.append("")
+    lines.append("presets (--size tiny | standard; --count and --image-size override them):")
+    for name in names:
+        mod, _ = datasets.resolve_params(name, "tiny")
+        for size, params in mod.SIZES.items():
+            text = " ".join(f"{k}={v}" for k, v in params.items())
+            lines.append(f"  {name:14s} {size:9s} {text}")
+    return "\n".join(lines) + "\n"
+
+
 @tooled
 def command(rest):
     """Prepare datasets in their real on-disk formats (generated, deterministic)."""
-    # Datasets to prepare (see --list)
+    # Datasets to prepare (see --list-datasets)
     # [positional: *]
     names: Option
     # Dataset root (default: $MILARUN_DATAROOT)
@@ -24,18 +53,15 @@ def command(rest):
     count: Option & int = default(None)
     # Override the image size (pixels) where the builder has one
     image_size: Option & int = default(None)
-    # List the known datasets and their sizes
+    # List the known datasets, their size presets and what DATAROOT holds, with sizes on disk
     list_datasets: Option & bool = default(False)
 
     from .. import datasets
 
-    if list_datasets or not names:
-        for name in sorted(datasets.BUILDERS):
-            mod, params = datasets.resolve_params(name, "tiny")
-            sizes = ", ".join(f"{s}: {p}" for s, p in mod.SIZES.items())
-            print(f"{name:14s} {sizes}")
-        return 0
     dataroot = dataroot or os.environ.get("MILARUN_DATAROOT")
+    if list_datasets or not names:
+        print(dataset_table(dataroot), end="")
+        return 0
     if not dataroot:
         raise SetupError("no dataroot: pass -d DATAROOT or set $MILARUN_DATAROOT")
     for name in names:

@@ -39,6 +39,11 @@ BUILDERS = {
 
 STAMP = ".complete"
 
+#: About how much a ``--size standard`` build takes on disk (MB), measured on the
+#: development VM (README, "Datasets"); ``--list-datasets`` shows it.
+STANDARD_MB = {"fake_imagenet": 550, "coco": 330, "movielens": 100, "wmt16": 58, "mnist": 55,
+               "wikitext2": 11, "bsds500": 20}
+
 
 def dataset_dir(dataroot, name):
     """Folder that holds dataset ``name`` under ``dataroot``."""
@@ -100,6 +105,38 @@ def is_complete(dataroot, name, size="tiny", seed=0, overrides=None):
     except (OSError, ValueError):
         return False
     return data == _stamp(name, params, seed, mod)
+
+
+def disk_mib(folder):
+    """Space the files under ``folder`` take on disk (allocated blocks), in MiB."""
+    import os
+
+    total = 0
+    for root, _, files in os.walk(folder):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total / 2**20
+
+
+def built(dataroot, name):
+    """What ``dataroot`` holds of dataset ``name``: ``(state, MiB on disk or None)``;
+    state is the preset it was built with (``"tiny"``, ``"standard"``, ``"custom"``),
+    ``"incomplete"`` (a folder without its stamp, or a ``.partial`` build) or
+    ``"not built"``."""
+    folder = dataset_dir(dataroot, name)
+    partial = folder.with_name(folder.name + ".partial")
+    if not folder.is_dir():
+        return ("incomplete", disk_mib(partial)) if partial.is_dir() else ("not built", None)
+    try:
+        params = json.loads((folder / STAMP).read_text())["params"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "incomplete", disk_mib(folder)
+    sizes = _builder(name).SIZES
+    preset = next((k for k, v in sizes.items() if v == params), "custom")
+    return preset, disk_mib(folder)
 
 
 def prepare(name, dataroot, size="tiny", seed=0, overrides=None, log=print):
