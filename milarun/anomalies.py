@@ -8,22 +8,20 @@ Rules within one result (its ``timings.train.samples``; times in s since
 program start, rates in items/s):
 
 * ``slow-windows``: non-warm-up windows, outside the final ``tail`` second
-  (its stopping artefacts are expected), whose rate is below
-  ``median - max(K_MAD * MAD_SCALE * MAD, WINDOW_FLOOR * median)``, where the median
-  and the MAD (median absolute deviation) are those of the rates of the
-  steady-state windows (the samples :func:`milarun.stats.steady_state`
-  chose). ``MAD_SCALE * MAD`` estimates the standard deviation of normal
-  data, so the first term is the modified z-score rule of Iglewicz and
-  Hoaglin (1993, "How to Detect and Handle Outliers", ASQC), ``|0.6745 (x -
-  median) / MAD| > 3.5``, one-sided; see also Leys et al. (2013), "Detecting
-  outliers: do not use standard deviation around the mean, use absolute
-  deviation around the median", J. Exp. Soc. Psychology 49(4). The second term
-  (under half the median: "far below") keeps the dips of a steady but noisy run
-  quiet: with a MAD of 1 % the z-score alone flags a window 5 % low, and on the
-  shared 2-core VM a default ``cpu.json`` run has a few 0.25 s windows 20 to
-  40 % low in most tests. The flagged windows must also add up to
-  ``WINDOW_MIN_S`` (1 s), and the rule needs ``MIN_WINDOWS`` steady-state
-  windows.
+  (its stopping artefacts are expected), whose rate is under ``WINDOW_FLOOR``
+  (half) of the result's reference rate: the larger of the median of its
+  steady-state windows (the samples :func:`milarun.stats.steady_state` chose)
+  and the best rate it sustained, the highest running median of
+  ``RUN_WINDOWS`` (5) consecutive non-warm-up windows (Tukey's running median,
+  "Exploratory Data Analysis", 1977, ch. 7: robust to isolated spikes, as a
+  block is high only when most of its windows are). They are flagged when
+  they add up to ``WINDOW_MIN_S`` (1 s), so one short dip on a shared host is
+  not. Why not ``median - k * MAD`` of the steady-state windows (the modified
+  z-score of Iglewicz and Hoaglin, 1993), which the outlier rule below uses:
+  when the steady-state window straddles a slow and a fast regime (the case
+  of issue 13: 19 items/s for 70 s, then 1300 items/s, and a last 10 s window
+  holding both), the MAD is as large as the median and that rule flags
+  nothing; and on a steady run whose MAD is 1 % it flags a dip of 5 %.
 * ``stall``: a stretch with no window closing longer than ``max(STALL_FACTOR
   * median window duration, STALL_MIN_S)``: one window that lasted that long,
   a gap between two windows, or, for a failed result, the time from its last
@@ -39,12 +37,20 @@ program start, rates in items/s):
 Rule across the results of a group (:func:`group_flags`):
 
 * ``outlier``: a result whose steady-state rate is below (or, with 3 other
-  results or more, above) the median of the OTHER results of its group by more than
-  ``max(K_MAD * MAD_SCALE * MAD_others, GROUP_FLOOR * median_others)`` (20 %).
-  Leave-one-out,
-  as the node comparison of the report: with two results, each is held to
-  the other (only the slower one is flagged; two results cannot tell which is
-  odd, and the slow one is what costs); the MAD term needs 3 other results.
+  results or more, above) the median of the OTHER results of its group by
+  more than ``max(K_MAD * MAD_SCALE * MAD_others, GROUP_FLOOR *
+  median_others)``. ``MAD_SCALE * MAD`` (median absolute deviation) estimates
+  the standard deviation of normal data without being pulled by the outliers,
+  so the first term is the modified z-score rule of Iglewicz and Hoaglin
+  (1993, "How to Detect and Handle Outliers", ASQC), ``|0.6745 (x - median) /
+  MAD| > 3.5``; see also Leys et al. (2013), "Detecting outliers: do not use
+  standard deviation around the mean, use absolute deviation around the
+  median", J. Exp. Soc. Psychology 49(4). The second term (20 %) keeps noise
+  quiet: two CPU slots of one test on the shared 2-core VM differ by up to
+  about 20 % in ordinary runs. Leave-one-out, as the node comparison of the
+  report: with two results, each is held to the other (only the slower one is
+  flagged; two results cannot tell which is odd, and the slow one is what
+  costs); the MAD term needs 3 other results.
 """
 
 import math
@@ -56,14 +62,16 @@ from . import stats
 K_MAD = 3.5
 #: ``MAD_SCALE * MAD`` estimates sigma for normal data (1 / Phi^-1(3/4)).
 MAD_SCALE = 1.4826
-#: A slow window is also below this fraction of the steady-state median ("far below").
+#: A slow window runs under this fraction of the reference rate ("far below").
 WINDOW_FLOOR = 0.5
+#: Consecutive windows of the running median that gives the best sustained rate.
+RUN_WINDOWS = 5
 #: Slow windows are flagged only when they add up to this many seconds (one short
 #: dip on a shared host is noise, not an anomaly).
 WINDOW_MIN_S = 1.0
 #: An outlier result is also at least this fraction away from the median of the others.
 GROUP_FLOOR = 0.20
-#: Steady-state windows needed before the ``slow-windows`` rule says anything.
+#: Non-warm-up windows needed before the ``slow-windows`` rule says anything.
 MIN_WINDOWS = 5
 #: A stall lasts more than this many median window durations...
 STALL_FACTOR = 10.0
@@ -77,12 +85,19 @@ def _mad(values, center):
     return statistics.median(abs(v - center) for v in values)
 
 
-def low_threshold(rates):
-    """``(median, threshold)`` of the ``slow-windows`` rule for a list of rates (items/s):
-    ``median - max(K_MAD * MAD_SCALE * MAD, WINDOW_FLOOR * median)``."""
-    med = statistics.median(rates)
-    spread = K_MAD * MAD_SCALE * _mad(rates, med)
-    return med, med - max(spread, WINDOW_FLOOR * med)
+def reference_rate(steady, chosen):
+    """``(reference, median, best)`` of the ``slow-windows`` rule, in items/s: the
+    median of the steady-state windows ``chosen``, the best sustained rate (the
+    highest running median of :data:`RUN_WINDOWS` consecutive windows of
+    ``steady``, the non-warm-up windows in time order), and the larger of the two.
+    None when there are fewer than :data:`MIN_WINDOWS` windows."""
+    if len(steady) < max(MIN_WINDOWS, RUN_WINDOWS):
+        return None
+    rates = [s["rate"] for s in steady]
+    best = max(statistics.median(rates[i:i + RUN_WINDOWS])
+               for i in range(len(rates) - RUN_WINDOWS + 1))
+    med = statistics.median(s["rate"] for s in chosen) if chosen else best
+    return max(med, best), med, best
 
 
 def required_steady(train):
@@ -106,8 +121,11 @@ def stall_threshold(samples):
     return max(STALL_FACTOR * typical, STALL_MIN_S)
 
 
-def result_flags(record):
+def result_flags(record, steady=None):
     """The flags of one result record (a dict), as a list of dicts.
+
+    ``steady`` is ``(rate, chosen)`` of :func:`milarun.stats.steady_state` of its
+    samples when the caller has it already (the summary does); else it is computed.
 
     Every flag has ``kind`` (one of :data:`KINDS`) and the result's
     ``device`` and ``run``; the rest depends on the kind:
@@ -131,10 +149,13 @@ def result_flags(record):
     train = timings.get("train") if isinstance(timings.get("train"), dict) else {}
     samples = train.get("samples") or []
     where = {"device": str(record.get("device", "")), "run": record.get("run")}
-    try:
-        rate, chosen, _ = stats.steady_state(samples)
-    except ValueError:
-        return []
+    if steady is None:
+        try:
+            rate, chosen, _ = stats.steady_state(samples)
+        except ValueError:
+            return []
+    else:
+        rate, chosen = steady
     samples = sorted(samples, key=lambda s: s["start"])
     steady = [s for s in samples if not s.get("warmup")]
     success = record.get("success") is True
@@ -150,18 +171,21 @@ def result_flags(record):
         if have + 1e-9 < need:
             flags.append({"kind": "short-steady", **where, "steady_s": have,
                           "required_s": need, "rule": rule})
-    if len(chosen) >= MIN_WINDOWS:
-        med, threshold = low_threshold([s["rate"] for s in chosen])
-        end = max(s["end"] for s in samples) - stats.STEADY_TAIL_S
+    end = max((s["end"] for s in samples), default=0.0) - stats.STEADY_TAIL_S
+    body = [s for s in steady if s["end"] <= end]
+    ref = reference_rate(body, chosen)
+    if ref is not None:
+        reference, med, best = ref
+        threshold = WINDOW_FLOOR * reference
         ids = {id(s) for s in chosen}
-        low = [s for s in steady if s["end"] <= end and s["rate"] < threshold]
+        low = [s for s in body if s["rate"] < threshold]
         if low and sum(s["end"] - s["start"] for s in low) >= WINDOW_MIN_S:
             flags.append({"kind": "slow-windows", **where, "windows": len(low),
                           "seconds": sum(s["end"] - s["start"] for s in low),
                           "in_steady": sum(1 for s in low if id(s) in ids),
                           "first": low[0]["start"], "last": low[-1]["end"],
                           "lowest": min(s["rate"] for s in low), "median": med,
-                          "threshold": threshold,
+                          "best": best, "threshold": threshold,
                           "spans": [[s["start"], s["end"]] for s in low]})
     if samples:
         limit = stall_threshold(samples)
@@ -232,10 +256,13 @@ def describe(flag):
     if kind == "slow-windows":
         where = (f"{flag['in_steady']} of them in the steady-state samples, lowering the rate"
                  if flag.get("in_steady") else "none in the steady-state samples")
+        best = flag.get("best")
+        ref = (f"the best sustained rate {best:.4g} items/s (steady-state median "
+               f"{flag['median']:.4g})" if best is not None and best > flag["median"]
+               else f"the steady-state median {flag['median']:.4g} items/s")
         return (f"{who}: {flag['windows']} window(s), {flag['seconds']:.1f} s from "
-                f"t={flag['first']:.1f} to {flag['last']:.1f} s, far below the steady-state "
-                f"median {flag['median']:.4g} items/s (under {flag['threshold']:.4g}, lowest "
-                f"{flag['lowest']:.4g}); {where}")
+                f"t={flag['first']:.1f} to {flag['last']:.1f} s, under half of {ref}; "
+                f"lowest {flag['lowest']:.4g}; {where}")
     if kind == "stall":
         more = f" ({flag['count']} stalls)" if flag.get("count", 1) > 1 else ""
         end = " until it ended" if flag.get("at_end") else ""

@@ -84,9 +84,9 @@ and the earliest start.
 
 ``pernode``, ``pernode_failures``, ``failed[].node``, ``node_count``,
 ``gpus_per_node``, the concurrent-wave fields, ``anomalies`` and ``provenance``
-were added without changing the version: they are optional,
-a summary without them is still version 1 and reads as before (``pernode`` and
-``pernode_failures`` are then empty, ``failed[].node`` is null).
+were added without changing the version: they are optional, a summary without
+them is still version 1 and reads as before (``pernode``, ``pernode_failures``
+and ``anomalies`` are then empty, ``failed[].node`` is null).
 
 Validation (:mod:`milarun.validation`): every record goes through
 :func:`milarun.validation.judge` first, so a successful record with a NaN
@@ -225,11 +225,11 @@ def summarize(records, skipped=()):
         try:
             rec = validation.judge(rec)  # records written before the checks existed too
             samples = rec["timings"].get("train", {}).get("samples", [])
-            rate, _, note = stats.steady_state(samples)
+            rate, chosen, note = stats.steady_state(samples)
         except (ValueError, KeyError, TypeError, AttributeError):
             skipped_names.append(Path(path).name if path else rec.get("name", "?"))
             continue
-        groups[group_name(rec)].append((path, rec, rate, note))
+        groups[group_name(rec)].append((path, rec, rate, note, chosen))
         host = rec.get("host") or {}
         if isinstance(host, dict) and host.get("cpu_model"):
             facts = _host_facts(host)
@@ -319,7 +319,7 @@ def _summarize_group(gname, items):
     interrupted = 0
     steady = {stats.FULL: 0, stats.SHORT: 0, stats.NONE: 0}
     flags, rated = [], []
-    for path, rec, rate, note in sorted(
+    for path, rec, rate, note, chosen in sorted(
             items, key=lambda it: (device_key(it[1].get("device", "")),
                                    it[1].get("run", 0) if isinstance(it[1].get("run"), int)
                                    else 0)):
@@ -328,7 +328,7 @@ def _summarize_group(gname, items):
             memory.append(float(mem))
         where = _flag_where(path, rec)
         if where is not None:
-            flags += [{**f, **where} for f in anomalies.result_flags(rec)]
+            flags += [{**f, **where} for f in anomalies.result_flags(rec, (rate, chosen))]
         if not rec["success"]:
             err = rec.get("error") or {}
             if not isinstance(err, dict):
@@ -537,6 +537,7 @@ def _complete(data, path):
             "device_count": entry.get("device_count"),
             "n": n,
             "failures": failures,
+            "interrupted": int(entry.get("interrupted") or 0),
             "failure_reasons": dict(entry.get("failure_reasons") or {}),
             "failed": [{"node": None, **f} for f in entry.get("failed") or []],
             "train": _stats(entry["train"]),

@@ -426,7 +426,9 @@ def zero_reason(test):
     if ok:
         why = f": {none[0]}" if none and len(set(none)) == 1 else ""
         parts.append(f"no steady state in {ok} successful result(s){why}")
-    return "; ".join(parts) or "no results"
+    interrupted = test.get("interrupted") or 0
+    return "; ".join(parts) or ("no results" + (f" ({interrupted} launch(es) interrupted)"
+                                                if interrupted else ""))
 
 
 def gpu_tables(tests):
