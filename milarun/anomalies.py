@@ -173,7 +173,10 @@ def result_flags(record, steady=None):
                           "required_s": need, "rule": rule})
     end = max((s["end"] for s in samples), default=0.0) - stats.STEADY_TAIL_S
     body = [s for s in steady if s["end"] <= end]
-    ref = reference_rate(body, chosen)
+    rates = [s["rate"] for s in body]
+    # the reference is at most the fastest window: no window under half of that, no flag
+    ref = (reference_rate(body, chosen)
+           if rates and min(rates) < WINDOW_FLOOR * max(rates) else None)
     if ref is not None:
         reference, med, best = ref
         threshold = WINDOW_FLOOR * reference
