@@ -215,7 +215,8 @@ def test_jobs_dry_run_selects(tmp_path, capsys):
     path = write(tmp_path, "p.json", SELECT)
     with pytest.raises(SystemExit) as exc:
         main(["jobs", str(path), "--dry-run", "--cpu-slots", "1", "--select", "sweep",
-              "--exclude", "conv-bs1"])
+              "--exclude", "conv-bs1", "--no-cgexec", "-d", str(tmp_path),
+              "-o", str(tmp_path / "out")])
     assert exc.value.code == 0
     heads = [line.split()[1] for line in capsys.readouterr().out.splitlines()
              if line.startswith("# p.")]
@@ -310,7 +311,7 @@ def test_the_child_records_the_placeholders(tmp_path):
 
 # --- milarun 2020 ----------------------------------------------------------------------
 
-def test_the_2020_standard_profile_shape_loads_and_plans(capsys, monkeypatch):
+def test_the_2020_standard_profile_shape_loads_and_plans(capsys, monkeypatch, tmp_path):
     # tests/profiles/legacy2020.json: the 2020 standard profile's structure ("*" with
     # prepare, exec_prefix and the student{CUDA_VISIBLE_DEVICES} cgroup; plain jobs;
     # a gpu-progression scaling test) with this project's test names
@@ -327,11 +328,14 @@ def test_the_2020_standard_profile_shape_loads_and_plans(capsys, monkeypatch):
         ["/usr/bin/cgexec", "-g", "cpuset,memory:student1", "nocache", PY]]
     scaling = plan_job(jobs[-1], GPUS, 0, "/out", "/data", python=PY)
     assert [w[0].group for w in scaling] == ["legacy2020.scaling.1", "legacy2020.scaling.2"]
+    # a dry run checks what a real run checks: here, as if the student cgroups existed
+    monkeypatch.setattr("milarun.isolation.missing_groups", lambda specs: [])
     with pytest.raises(SystemExit) as exc:
-        main(["jobs", str(path), "--dry-run", "--cpu-slots", "1", "--name", "vae"])
+        main(["jobs", str(path), "--dry-run", "--cpu-slots", "1", "--name", "vae",
+              "-d", str(tmp_path), "-o", str(tmp_path / "out")])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    assert "# prepare: sync && sysctl vm.drop_caches=3" in out
+    assert "# prepare: sync\n# prepare: sysctl vm.drop_caches=3" in out
     assert "-g cpuset,memory:student0 nocache " in out
 
 
