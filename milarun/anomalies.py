@@ -31,8 +31,9 @@ program start, rates in items/s):
   (``timings.train.min_steady``; the logger then trains until it has them),
   or, when it declared none, the ``window + tail`` seconds (11 s) of the 2020
   steady-state rule.
-* ``no-steady-state``: a successful result with no steady-state rate (only
-  warm-up windows, or none); the reason is said.
+A result with no steady state at all is not an anomaly but a failure
+(``no-steady-state``, :mod:`milarun.validation`): the child and the summary
+judge it so, and ``milarun run``/``rerun`` say it and exit 1.
 
 Rule across the results of a group (:func:`group_flags`):
 
@@ -78,7 +79,7 @@ STALL_FACTOR = 10.0
 #: ...and more than this many seconds.
 STALL_MIN_S = 2.0
 
-KINDS = ("slow-windows", "stall", "short-steady", "no-steady-state", "outlier")
+KINDS = ("slow-windows", "stall", "short-steady", "outlier")
 
 
 def _mad(values, center):
@@ -140,8 +141,7 @@ def result_flags(record, steady=None):
       no window closed from ``start`` until a failed result ended),
       ``spans`` (every stall);
     * ``short-steady``: ``steady_s`` and ``required_s`` (s), ``rule``
-      (``"min-steady"`` or ``"window"``);
-    * ``no-steady-state``: ``reason`` (a sentence).
+      (``"min-steady"`` or ``"window"``).
 
     A result whose samples are malformed gets no flag (the summary skips it).
     """
@@ -160,11 +160,6 @@ def result_flags(record, steady=None):
     steady = [s for s in samples if not s.get("warmup")]
     success = record.get("success") is True
     flags = []
-    if success and rate is None:
-        warm = len(samples) - len(steady)
-        reason = (f"only {warm} warm-up window(s), no steady-state window" if samples
-                  else "no window was recorded")
-        flags.append({"kind": "no-steady-state", **where, "reason": reason})
     if success and rate is not None:
         need, rule = required_steady(train)
         have = sum(s["end"] - s["start"] for s in steady)
@@ -278,8 +273,6 @@ def describe(flag):
                      "no --min-steady)")
         return (f"{who}: {flag['steady_s']:.1f} s of steady state, less than the "
                 f"{flag['required_s']:g} s {rule}")
-    if kind == "no-steady-state":
-        return f"{who}: no steady state: {flag.get('reason')}"
     if kind == "outlier":
         pct = abs(1 - flag["ratio"]) * 100
         side = "below" if flag.get("direction") == "low" else "above"
@@ -318,7 +311,7 @@ def sentences(flags):
 
 #: Short words for the text table's ``anomalies`` column, in :data:`KINDS` order.
 SHORT = {"slow-windows": "slow", "stall": "stall", "short-steady": "short",
-         "no-steady-state": "no-steady", "outlier": "outlier"}
+         "outlier": "outlier"}
 
 
 def short_kinds(flags):

@@ -136,26 +136,20 @@ def test_run_refuses_a_bad_experiment_name_before_training(tmp_path, capsys):
     assert not (tmp_path / "r.json").exists()
 
 
-def test_run_and_rerun_warn_when_the_result_has_no_steady_state(tmp_path):
-    # 2 steps of 0.01 s: one window, a warm-up one; no steady-state sample
+def test_run_and_rerun_say_when_the_result_has_no_steady_state(tmp_path):
+    # 2 steps of 0.01 s: one window, a warm-up one; no steady-state sample. The record
+    # is a failure (milarun.validation), said on stderr, and the exit status is 1.
     first = tmp_path / "first.json"
-    args = ["milarun.models.faults:crawl", "--experiment-name", "cli.crawl", "--",
-            "--max-count", "2", "--step-seconds", "0.01"]
-    proc = subprocess.run([sys.executable, "-m", "milarun", "run", *args[:1], "-o", str(first),
-                           *args[1:]], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    warning = ("milarun: warning: cli.crawl: device 0 run 0: no steady state: only 1 warm-up "
-               "window(s), no steady-state window; its throughput is unknown")
-    assert warning in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "milarun", "run", "milarun.models.faults:crawl",
+                           "-o", str(first), "--experiment-name", "cli.crawl", "--",
+                           "--max-count", "2", "--step-seconds", "0.01"],
+                          capture_output=True, text=True)
+    said = "milarun: no-steady-state: no steady state: none of the 1 sample(s)"
+    assert proc.returncode == 1 and said in proc.stderr
+    assert json.loads(first.read_text())["error"]["reason"] == "no-steady-state"
     proc = subprocess.run([sys.executable, "-m", "milarun", "rerun", str(first), "-o",
                            str(tmp_path / "second.json")], capture_output=True, text=True)
-    assert proc.returncode == 0 and warning in proc.stderr
-    # a result with a steady state: no warning
-    from milarun.cli.run import warn_no_steady_state
-    rec = json.loads(first.read_text())
-    for s in rec["timings"]["train"]["samples"]:
-        s["warmup"] = False
-    assert warn_no_steady_state(rec) is False
+    assert proc.returncode == 1 and said in proc.stderr
 
 
 def _cgroup_record(tmp_path, host_cgroup):

@@ -75,26 +75,4 @@ def run_experiment(function, argv, out=None, dataroot=None, name=None,
         validate(exp.result)  # a bad --experiment-name or --job-id fails now, not after training
     except ResultFormatError as exc:
         raise MilarunError(f"--experiment-name/--job-id/--extra: {exc}")
-    code = exp.execute(function, fn, argv)
-    if os.environ.get("RANK", "0") == "0":   # the rank that wrote the record
-        warn_no_steady_state(exp.result)
-    return code
-
-
-def warn_no_steady_state(record, stream=None):
-    """One warning line on ``stream`` (stderr) when a successful ``record`` has no
-    steady-state sample (:mod:`milarun.anomalies`, ``no-steady-state``): its throughput
-    is unknown and a report would leave it out of the score. Returns True if it warned."""
-    import sys
-
-    from ..anomalies import describe, result_flags
-
-    if record.get("success") is not True or not record.get("timings"):
-        return False
-    for flag in result_flags(record):
-        if flag["kind"] == "no-steady-state":
-            print(f"milarun: warning: {record.get('name')}: {describe(flag)}; its throughput "
-                  "is unknown (raise --max-count, or lower --warmup or --sample-duration)",
-                  file=stream or sys.stderr)
-            return True
-    return False
+    return exp.execute(function, fn, argv)

@@ -404,31 +404,27 @@ def concurrent_tables(tests, min_overlap=None):
 def zero_reason(test):
     """Why a test (a normalized summary entry) has no ``perf_adj``, in words.
 
-    ``"every run failed (timeout)"`` when every result failed (with their
-    reasons); ``"no steady state: <the record's reason>"`` when nothing failed
-    but no successful result has a steady-state rate; both parts when some
-    failed and the others had no steady state; the clamp when the rates have a
-    std% of 100 % or more; ``"no results"`` otherwise.
+    ``"no steady state in 2 result(s): <the record's message>"`` when every
+    failure is ``no-steady-state`` (:mod:`milarun.validation`: the results ran,
+    but no rate was measured); ``"every run failed (timeout x2)"`` with the
+    recorded reasons otherwise; the clamp when the rates have a std% of 100 %
+    or more; ``"no results"`` (and how many launches were interrupted) when
+    nothing was recorded.
     """
     n, fail = test.get("n", 0), test.get("failures", 0)
-    reasons = ", ".join(f"{k}" + (f" x{v}" if v > 1 else "")
-                        for k, v in sorted((test.get("failure_reasons") or {}).items()))
-    none = [f.get("reason") for f in test.get("anomalies") or []
-            if f.get("kind") == "no-steady-state"]
-    ok = n - fail
-    parts = []
+    reasons = test.get("failure_reasons") or {}
     if ((test.get("train") or {}).get("n") or 0) > 0:
         return "std% of 100% or more (perf_adj is clamped at 0)"
-    if fail and not ok:
-        return f"every run failed ({reasons})" if reasons else "every run failed"
+    if fail and set(reasons) == {"no-steady-state"}:
+        messages = {f.get("message") for f in test.get("failed") or [] if f.get("message")}
+        why = f": {messages.pop().removeprefix('no steady state: ')}" if len(messages) == 1 else ""
+        return f"no steady state in {fail} result(s){why}"
     if fail:
-        parts.append(f"{fail} of {n} run(s) failed" + (f" ({reasons})" if reasons else ""))
-    if ok:
-        why = f": {none[0]}" if none and len(set(none)) == 1 else ""
-        parts.append(f"no steady state in {ok} successful result(s){why}")
+        text = ", ".join(f"{k}" + (f" x{v}" if v > 1 else "") for k, v in sorted(reasons.items()))
+        head = "every run failed" if fail == n else f"{fail} of {n} run(s) failed"
+        return f"{head} ({text})" if text else head
     interrupted = test.get("interrupted") or 0
-    return "; ".join(parts) or ("no results" + (f" ({interrupted} launch(es) interrupted)"
-                                                if interrupted else ""))
+    return "no results" + (f" ({interrupted} launch(es) interrupted)" if interrupted else "")
 
 
 def gpu_tables(tests):
