@@ -21,7 +21,7 @@ from conftest import ROOT, venv_python
 pytestmark = pytest.mark.cluster
 
 #: Shorter runs than the profile's: enough windows for a steady state, seconds each.
-SHORT = ["--max-count", "2500", "--sample-duration", "0.2", "--warmup", "2"]
+SHORT = ["--max-count", "2500", "--sample-duration", "0.2", "--warmup", "2", "--min-steady", "0.6"]
 
 
 def records(outdir):
