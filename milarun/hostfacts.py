@@ -244,6 +244,8 @@ def _show(value):
         return "on" if value else "off"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1000 else f"{value:.0f}"
     return str(value)
 
 
