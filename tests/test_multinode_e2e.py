@@ -221,3 +221,24 @@ def test_a_node_lost_mid_run_is_a_fail_record_and_leaves_no_process(ssh_nodes, t
     assert "FAIL" in ddp[0] and ddp[1]["error"]["reason"] == "node-lost", ddp[1]["error"]
     time.sleep(2)
     assert leftover(out) == []
+
+
+def test_lightning_trains_across_two_slurm_nodes(slurm_cluster, tmp_path):
+    # PyTorch Lightning's Trainer (DDP strategy) under a real two-node allocation:
+    # one torchrun agent per node, Lightning's version and both nodes in the record.
+    data = tmp_path / "data"
+    data.mkdir()
+    out = tmp_path / "results"
+    job = submit(slurm_cluster, out, data, ["lightning"],
+                 ["--max-count", "320", "--sample-duration", "0.2", "--warmup", "1",
+                  "--min-steady", "0.4"])
+    state = wait_job(slurm_cluster, job, 600)
+    log = (out / "logs" / f"slurm-{job}.out").read_text()
+    assert state == "COMPLETED", log
+    (rec,) = [r for r in records(out).values() if r["name"] == "cluster-cpu.lightning"]
+    assert rec["success"], rec["error"]
+    assert rec["host"]["lightning"].count(".") >= 1
+    assert rec["distributed"]["world_size"] == 2
+    assert sorted(rec["distributed"]["node_names"]) == ["node1", "node2"]
+    assert rec["nodes"] == ["node1", "node2"]
+    assert not leftover(out)
