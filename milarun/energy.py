@@ -29,14 +29,11 @@ import math
 from collections import defaultdict
 
 from . import stats
+from .stats import finite
 from .validation import steady_window
 
 #: Least fraction of the steady state the readings must cover.
 MIN_COVERAGE = 0.5
-
-
-def _finite(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _interp(points, t):
@@ -74,7 +71,7 @@ def device_energy(readings, a, b):
     """
     for key, source in (("energy", "counter"), ("power", "power")):
         points = sorted((r["t"], r[key]) for r in readings
-                        if _finite(r.get("t")) and _finite(r.get(key)) and "error" not in r)
+                        if finite(r.get("t")) and finite(r.get(key)) and "error" not in r)
         span = _cut(points, a, b)
         if span is None:
             continue

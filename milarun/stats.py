@@ -23,6 +23,12 @@ SHORT = "short"        # less than 10 s of steady state: every non-warm-up sampl
 NONE = "none"          # no usable sample: no steady-state rate
 
 
+def finite(x):
+    """True for an int or float (not a bool) that is neither NaN nor infinite: the one
+    test every reader of recorded numbers uses."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _column(samples, key):
     """The ``key`` field of every sample, checked to be numbers (one pass, no calls)."""
     try:

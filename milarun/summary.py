@@ -112,13 +112,13 @@ flat 2020 milarun format ``{"suite.test": {"n", "failures", "total", "train",
 """
 
 import datetime
-import math
 import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 from . import anomalies, energy, hostfacts, plantypes, stats, throughput, validation
+from .stats import finite
 from .errors import ResultFormatError
 from .jsonfile import check, first_error, key_path, read_json
 from .results.store import iter_results, write_json_atomic
@@ -204,10 +204,6 @@ def _host_gpus(host):
             for i, g in enumerate(host.get("gpus") or []) if isinstance(g, dict)}
 
 
-def _finite(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def summarize(records, skipped=()):
     """Group result records by test and compute their statistics.
 
@@ -237,10 +233,10 @@ def summarize(records, skipped=()):
             entry["_gpus"].update(_host_gpus(host))
             hostfacts.accumulate(entry, host)
         end = (rec["timings"].get("program") or {}).get("end")
-        if _finite(end):
+        if finite(end):
             last_end = end if last_end is None else max(last_end, end)
         start = (rec["timings"].get("program") or {}).get("start")
-        if _finite(start):
+        if finite(start):
             first_start = start if first_start is None else min(first_start, start)
         if isinstance(rec.get("suite"), str):
             suites.add(rec["suite"])
@@ -324,7 +320,7 @@ def _summarize_group(gname, items):
                                    it[1].get("run", 0) if isinstance(it[1].get("run"), int)
                                    else 0)):
         mem = rec.get("peak_memory_mib")
-        if _finite(mem):
+        if finite(mem):
             memory.append(float(mem))
         where = _flag_where(path, rec)
         if where is not None:
@@ -355,7 +351,7 @@ def _summarize_group(gname, items):
             continue
         steady[note] += 1
         duration = (rec["timings"].get("program") or {}).get("duration")
-        if _finite(duration):
+        if finite(duration):
             durations.append(float(duration))
         if rate is not None:
             rates.append(rate)

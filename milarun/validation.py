@@ -46,6 +46,7 @@ to the last sample :func:`milarun.stats.steady_state` chose):
 import math
 
 from . import stats
+from .stats import finite
 
 #: ``error.reason`` of the failing checks.
 NAN_LOSS = "nan-loss"
@@ -63,10 +64,6 @@ DEFAULTS = {
     "usage": {"gpu_load_threshold": 0.5, "gpu_mem_threshold": 0.1},
     "host": {"outside_cpu_threshold": 0.1, "steal_threshold": 0.05},
 }
-
-
-def _finite(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _bad_loss(value):
@@ -99,7 +96,7 @@ def nonfinite_loss(record):
     logged loss is finite (or nothing was logged)."""
     for i, s in enumerate(_samples(record)):
         if isinstance(s, dict) and "loss" in s and _bad_loss(s["loss"]):
-            when = f" (t = {s['end']:.1f} s)" if _finite(s.get("end")) else ""
+            when = f" (t = {s['end']:.1f} s)" if finite(s.get("end")) else ""
             kind = "warm-up " if s.get("warmup") else ""
             return f"loss is {_show(s['loss'])} in {kind}sample {i}{when}"
     for key, value in sorted((record.get("metrics") or {}).items()):
@@ -194,7 +191,7 @@ def thresholds(record):
 def _mean_over(readings, start, end, key):
     """Mean of ``key`` over monitor readings whose time lies in [start, end]."""
     values = [r[key] for r in readings
-              if _finite(r.get("t")) and start <= r["t"] <= end and _finite(r.get(key))]
+              if finite(r.get("t")) and start <= r["t"] <= end and finite(r.get(key))]
     return sum(values) / len(values) if values else None
 
 
@@ -218,7 +215,7 @@ def gpu_usage(record, start, end):
         mem = _mean_over(mine, start, end, "memory_mib")
         total = totals.get(dev)
         out[dev] = {"load": load / 100.0,
-                    "memory": mem / total if mem is not None and _finite(total) and total > 0
+                    "memory": mem / total if mem is not None and finite(total) and total > 0
                     else None}
     return out
 
@@ -235,15 +232,15 @@ def host_load(record, start, end):
     steal_seen = False
     covered = 0.0
     for s in load.get("samples") or []:
-        if not (isinstance(s, dict) and _finite(s.get("t")) and _finite(s.get("dt"))):
+        if not (isinstance(s, dict) and finite(s.get("t")) and finite(s.get("dt"))):
             continue
         lo, hi = s["t"] - s["dt"], s["t"]
         overlap = min(hi, end) - max(lo, start)
-        if overlap <= 0 or not _finite(s.get("outside")):
+        if overlap <= 0 or not finite(s.get("outside")):
             continue
         covered += overlap
         total["outside"] += s["outside"] * overlap
-        if _finite(s.get("steal")):
+        if finite(s.get("steal")):
             steal_seen = True
             total["steal"] += s["steal"] * overlap
     if covered <= 0:
@@ -275,19 +272,19 @@ def flags(record):
         for check, key, what in (("gpu-load", "gpu_load_threshold", "GPU load"),
                                  ("gpu-memory", "gpu_mem_threshold", "GPU memory used")):
             value, limit = use["load" if check == "gpu-load" else "memory"], usage.get(key)
-            if _finite(limit) and value is not None and value < limit:
+            if finite(limit) and value is not None and value < limit:
                 out.append({"check": check, "gpu": dev, "value": value, "threshold": limit,
                             "message": f"GPU {dev}: mean {what} {value:.0%} < {limit:.0%} "
                                        "during the steady state"})
     host = host_load(record, start, end)
-    if host is not None and _finite(host["cpu_count"]) and host["cpu_count"] > 0:
+    if host is not None and finite(host["cpu_count"]) and host["cpu_count"] > 0:
         ncpu = host["cpu_count"]
         for check, key, cores, what in (
                 ("host-busy", "outside_cpu_threshold", host["outside"],
                  "used by processes outside the suite"),
                 ("cpu-steal", "steal_threshold", host["steal"], "stolen (steal time)")):
             limit = limits["host"].get(key)
-            if cores is None or not _finite(limit):
+            if cores is None or not finite(limit):
                 continue
             value = cores / ncpu
             if value > limit:

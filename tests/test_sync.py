@@ -436,16 +436,18 @@ def test_two_processes_start_their_timed_loops_together(tmp_path):
         (wave,) = plan_job(crawl_job(), Devices("cpu", [0, 1]), 0, tmp_path,
                            use_cgexec=False, python=sys.executable,
                            barrier={"address": f"127.0.0.1:{server.port}", "timeout": 60})
-        wave[1].argv += ["--setup", "1.5"]  # a slow set-up on one device
+        # a slow set-up on one device; 3 s so a busy host's start-up delay of the
+        # fast one (seen at 0.5 s in a loaded run) cannot erase the difference
+        wave[1].argv += ["--setup", "3.0"]
         outcomes = run_wave(wave, tmp_path, barrier=server)
     assert [o.success for o in outcomes] == [True, True]
     recs = [json.loads(o.result_path.read_text()) for o in outcomes]
     bars = [r["timings"]["barrier"] for r in recs]
     assert [b["parties"] for b in bars] == [2, 2]
     assert bars[0]["wait_s"] > 1.0 > bars[1]["wait_s"]  # the fast one waited
-    # loose bounds (a busy CI host): without the barrier they would be 1.5 s apart
+    # loose bounds (a busy CI host): without the barrier they would be 3 s apart
     assert throughput.release_skew(bars) < 0.5
-    # the first windows open together on the common clock, despite 1.5 s of set-up
+    # the first windows open together on the common clock, despite 3 s of set-up
     starts = [throughput.anchor(r) + r["timings"]["train"]["samples"][0]["start"] for r in recs]
     assert abs(starts[0] - starts[1]) < 0.5
     t = summarize(recs)["tests"]["s.crawl"]
