@@ -1,0 +1,1 @@
+"""Device backends per GPU vendor (see :mod:`milarun.accel.base`). No torch."""
