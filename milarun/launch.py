@@ -387,6 +387,9 @@ def fail_record(launch, own, reason, message, returncode, stderr_tail, start, en
         if journal["monitor"]:
             rec["gpu_monitor"] = {"available": True, "reason": None, "interval": None,
                                   "samples": journal["monitor"]}
+        if journal["host_load"]:
+            rec["host_load"] = {"available": True, "reason": None, "interval": None,
+                                "cpu_count": None, "samples": journal["host_load"]}
         if journal.get("distributed"):
             rec["distributed"] = journal["distributed"]  # the nodes and hosts it had gathered
     else:

@@ -45,6 +45,24 @@ def test_outside_is_host_busy_minus_the_suite():
     assert rec["cpu_count"] == 4 and rec["suite_root"] == "given" and len(rec["samples"]) == 2
 
 
+def test_each_reading_reaches_on_reading_and_a_failing_callback_changes_nothing():
+    f = Fake()
+    seen = []
+    mon = f.monitor(on_reading=seen.append)
+    mon.sample()
+    f.now, f.busy = 1.0, 101.0
+    row = mon.sample()
+    assert seen == [row]                    # the baseline reading is not an interval
+
+    def broken(row):
+        raise OSError(28, "No space left on device")
+
+    mon = f.monitor(on_reading=broken)
+    mon.sample()
+    f.now, f.busy = 2.0, 102.0
+    assert mon.sample() is not None and len(mon.record()["samples"]) == 1
+
+
 def test_no_steal_field_where_the_kernel_has_none():
     f = Fake()
     f.steal = None

@@ -149,6 +149,9 @@ def test_timeout_keeps_the_samples_measured_so_far(tmp_path):
     assert len(samples) >= 3 and all(s["rate"] > 0 for s in samples)
     assert rec["timings"]["train"]["count"] == sum(s["count"] for s in samples)
     assert rec["timings"]["train"]["sample_duration"] == 0.1
+    # the host-load readings streamed to the journal are kept too (1 s apart)
+    load = rec["host_load"]["samples"]
+    assert load and all(r["dt"] > 0 and r["busy"] >= r["outside"] >= 0 for r in load)
     assert not lch.journal_path.exists()  # folded into the record
 
 
@@ -299,6 +302,22 @@ def test_journal_survives_a_truncated_line(tmp_path):
     got = read_journal(tmp_path / "j.jsonl")
     assert got["start"] == 10.0 and len(got["samples"]) == 1  # NaN rate and cut line dropped
     assert got["bad_lines"] == 2
+
+
+def test_journal_keeps_only_well_formed_host_load_readings(tmp_path):
+    from milarun.results.journal import read_journal
+    j = Journal(tmp_path / "j.jsonl")
+    row = {"t": 3.0, "dt": 1.0, "busy": 1.5, "suite": 1.2, "outside": 0.3}
+    j.write("host_load", **row)
+    j.write("host_load", **{**row, "steal": 0.1})
+    j.write("host_load", **{**row, "busy": -1.0})        # negative cores
+    j.write("host_load", **{**row, "outside": "0.3"})    # not a number
+    j.write("host_load", t=4.0, dt=1.0)                  # fields missing
+    j.write("host_load", **row, extra=1)                 # not in the schema
+    j.close()
+    got = read_journal(tmp_path / "j.jsonl")
+    assert got["host_load"] == [row, {**row, "steal": 0.1}]
+    assert got["bad_lines"] == 4
 
 
 def test_fail_reason_classification():

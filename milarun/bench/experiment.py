@@ -365,15 +365,16 @@ class Experiment:
         when training starts)."""
         if self._monitor_holder or self.options["no_instrument"]:
             return
-        on_reading = None
+        on_reading = on_load = None
         if self.journal is not None:
             on_reading = lambda row: self.journal.write("monitor", **row)  # noqa: E731
+            on_load = lambda row: self.journal.write("host_load", **row)  # noqa: E731
         mon = GPUMonitor(interval=self.options["monitor_interval"], origin=self.origin,
                          on_reading=on_reading)
         self._monitor_holder.append(mon.start())
         # who else uses the host's CPUs (milarun.validation flags it)
         self._host_load = HostLoadMonitor(interval=self.options["monitor_interval"],
-                                          origin=self.origin).start()
+                                          origin=self.origin, on_reading=on_load).start()
 
     def write(self):
         """Write the result to ``out`` (directory or file) or print it to stdout.

@@ -111,14 +111,19 @@ class HostLoadMonitor:
         root: the suite's root PID (default: :func:`suite_root`).
         clock, host_times, tree_times, cpu_count: what the readings come
             from (replaced in tests).
+        on_reading: optional ``f(row)`` called with each recorded interval (the
+            experiment streams them to its journal, so a killed child's FAIL
+            record keeps them); its errors are ignored.
 
     ``record()`` returns the result's ``host_load`` field: ``{"available",
     "reason", "interval", "cpu_count", "suite_root", "samples"}``.
     """
 
     def __init__(self, interval=1.0, origin=None, root=None, clock=time.perf_counter,
-                 host_times=host_cpu_times, tree_times=tree_cpu_times, cpu_count=None):
+                 host_times=host_cpu_times, tree_times=tree_cpu_times, cpu_count=None,
+                 on_reading=None):
         self.interval = interval
+        self.on_reading = on_reading
         self.clock = clock
         self.origin = clock() if origin is None else origin
         if root is None:
@@ -162,7 +167,12 @@ class HostLoadMonitor:
             if steal is not None and steal0 is not None:
                 row["steal"] = max(0.0, steal - steal0) / dt
             self.samples.append(row)
-            return row
+        if self.on_reading is not None:
+            try:
+                self.on_reading(row)
+            except Exception:  # the journal is best-effort; sampling goes on
+                pass
+        return row
 
     def _run(self):
         while not self._stop.wait(self.interval):

@@ -13,6 +13,8 @@ Lines (``kind`` first; times as in the result record)::
                       "min_steady": s}
     {"kind": "sample", "start": s, "end": s, "count": items, "rate": items/s, "warmup": bool}
     {"kind": "monitor", "t": s, "device": int, ...}   (one GPU telemetry reading)
+    {"kind": "host_load", "t": s, "dt": s, "busy": cores, "suite": cores,
+                          "outside": cores, "steal": cores}   (milarun.bench.hostload)
     {"kind": "distributed", "world_size": int, "backend": str, ...}
                       (rank 0 of a torchrun job: the record's ``distributed``)
 
@@ -95,12 +97,13 @@ def read_journal(path):
 
     Returns:
         ``{"start": Unix time or None, "train": {...} or {}, "samples": [...],
-        "monitor": [...], "distributed": {...} or None, "lines": n,
+        "monitor": [...], "host_load": [...], "distributed": {...} or None, "lines": n,
         "bad_lines": n}``; an absent or
         unreadable journal gives the empty result. A truncated last line (the
         child was killed mid-write) and malformed lines are counted, not raised.
     """
-    out = {"start": None, "train": {}, "samples": [], "monitor": [], "distributed": None,
+    out = {"start": None, "train": {}, "samples": [], "monitor": [], "host_load": [],
+           "distributed": None,
            "lines": 0, "bad_lines": 0}
     try:
         with open(path, "rb") as f:
@@ -119,6 +122,8 @@ def read_journal(path):
             out["samples"].append(event)
         elif kind == "monitor":
             out["monitor"].append(event)
+        elif kind == "host_load" and _valid_load(event):
+            out["host_load"].append(event)
         elif kind == "train":
             out["train"] = event
         elif kind == "start" and isinstance(event.get("start"), (int, float)):
@@ -128,6 +133,17 @@ def read_journal(path):
         else:
             out["bad_lines"] += 1
     return out
+
+
+def _valid_load(row):
+    """A host-load reading as the result schema declares it (finite; all but ``t`` >= 0)."""
+    try:
+        keys = set(row) <= {"t", "dt", "busy", "suite", "outside", "steal"}
+        return keys and all(
+            type(row[k]) in (int, float) and math.isfinite(row[k]) and (k == "t" or row[k] >= 0)
+            for k in row) and all(k in row for k in ("t", "dt", "busy", "suite", "outside"))
+    except TypeError:
+        return False
 
 
 def _valid_sample(s):
