@@ -192,7 +192,7 @@ def log_variance(n, mean, std):
     return value if math.isfinite(value) else None
 
 
-def geomean_interval(value, parts, level=LEVEL):
+def geomean_interval(value, parts, level=LEVEL, hold_unknown=False):
     """Confidence interval of a weighted geometric mean (or of a ratio of two).
 
     ``value`` is the estimate (the score, or score / baseline score);
@@ -208,10 +208,16 @@ def geomean_interval(value, parts, level=LEVEL):
     (Welch-Satterthwaite). Scale factors that multiply a term (perf_adj's
     ``(1 - std%) * (1 - fail/n)``) are taken as fixed.
 
+    ``hold_unknown``: a component whose variance is unknown (fewer than 2
+    results: a whole-node or gpu-progression test has one per run) is held
+    fixed, adding no variance, instead of voiding the interval; the interval
+    is then conditional on those components (the caller names them). With
+    every component unknown there is still no interval.
+
     Returns:
         :data:`Interval`, or ``None`` when ``value`` is None, ``parts`` is
-        empty, any component's variance is unknown (fewer than 2 results) or
-        the bounds overflow.
+        empty, a component's variance is unknown (without ``hold_unknown``;
+        with it, when every one is), or the bounds overflow.
     """
     if value is None or not parts:
         return None
@@ -223,8 +229,12 @@ def geomean_interval(value, parts, level=LEVEL):
         for n, mean, std in components:
             lv = log_variance(n, mean, std)
             if lv is None:
+                if hold_unknown and _known_mean(n, mean):
+                    continue
                 return None
             terms.append(((w / total) ** 2 * lv, n))
+    if not terms:
+        return None
     var = math.fsum(c for c, _ in terms)
     if var == 0.0:
         return Interval(value, value, math.inf)
@@ -237,3 +247,10 @@ def geomean_interval(value, parts, level=LEVEL):
         return None
     return _finite(Interval(value * math.exp(-half), value * math.exp(half), df))
 
+
+
+def _known_mean(n, mean):
+    """A component with a positive, finite mean of at least one result (its variance may be
+    unknown): one that can be held fixed."""
+    return (isinstance(n, int) and n >= 1 and isinstance(mean, (int, float))
+            and math.isfinite(mean) and mean > 0)

@@ -256,12 +256,23 @@ def test_compare_marks_significant_and_within_noise():
     assert rows["s.conv"]["sig"] == "significant"
     assert rows["s.vae"]["sig"] == "within noise"
     assert rows["s.one"]["sig"] == "noise unknown" and rows["s.one"]["ci"] is None
-    # one test with one result: no score interval, and the report says which
-    assert rep.score_ci is None and "s.one" in rep.score_ci_note
-    assert rep.score_ratio_ci is None and "ours: s.one" in rep.score_ratio_ci_note
+    # one test with one result: it is held fixed (no variance) and the report names it
+    counted = [r for r in rep.rows if r["counted"]]
+    by_hand = confidence.geomean_interval(
+        rep.score, [(r["weight"], [r["sample"]] if r["test"] != "s.one" else [])
+                    for r in counted])
+    assert rep.score_ci == by_hand and rep.score_ci_held == ["s.one"]
+    assert rep.score_ci.lo < rep.score < rep.score_ci.hi
+    assert rep.score_ratio_ci_held == ["s.one"] and rep.score_ratio_ci is not None
     text = render_text(rep)
     assert "significant" in text and "within noise" in text and "n/a (n=1)" in text
     assert "±0.00%" not in text
+    assert "score 95% CI: " in text and "(held fixed, one result: s.one)" in text
+    # without hold_unknown (and when every test has one result) there is no interval
+    assert confidence.geomean_interval(rep.score, [(r["weight"], [r["sample"]])
+                                                    for r in counted]) is None
+    alone = build_report(make_summary(entry("s.one", {"0": [10.0]})))
+    assert alone.score_ci is None and "s.one" in alone.score_ci_note
 
 
 def test_score_ratio_interval():

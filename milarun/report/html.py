@@ -11,7 +11,7 @@ from pathlib import Path
 from .text import (GPU_ONE_RUN, NOISE_HEADER, anomalies_by_test, cell, concurrent_note,
                    fmt_interval, fmt_num, fmt_pct, header_items, node_flag, node_header,
                    node_verdict, noise_cell, noise_columns, nothing_to_compare, overlap_line,
-                   ratio_verdict, scaling_cell, scaling_note)
+                   held_note, ratio_verdict, scaling_cell, scaling_note)
 
 #: Lines of log shown per failure.
 LOG_TAIL_LINES = 40
@@ -262,7 +262,8 @@ def noise_view(report):
     ratio = None
     if report.has_baseline and report.score_ratio is not None:
         ci = report.score_ratio_ci
-        ratio = (f"{fmt_interval(ci, '.3f')} ({ratio_verdict(ci)})" if ci
+        ratio = (f"{fmt_interval(ci, '.3f')} ({ratio_verdict(ci)})"
+                 + held_note(report.score_ratio_ci_held) if ci
                  else f"noise unknown ({report.score_ratio_ci_note})")
     return {
         "header": NOISE_HEADER, "columns": cols,
@@ -270,11 +271,13 @@ def noise_view(report):
                   "cells": [(noise_cell(r, c), sig_band(r) if c == "vs baseline" else "")
                             for c in cols]}
                  for r in report.rows],
-        "score_ci": (None if report.score is None else fmt_interval(report.score_ci)
+        "score_ci": (None if report.score is None
+                     else fmt_interval(report.score_ci) + held_note(report.score_ci_held)
                      if report.score_ci else f"n/a ({report.score_ci_note})"),
         "node_score": fmt_num(report.node_score) if report.node_score is not None else "n/a",
         "node_incomplete": bool(report.incomplete or report.node_missing),
-        "node_score_ci": fmt_interval(report.node_score_ci),
+        "node_score_ci": fmt_interval(report.node_score_ci)
+                         + (held_note(report.node_score_ci_held) if report.node_score_ci else ""),
         "node_rpp": fmt_num(report.node_rpp),
         "ratio_ci": ratio,
         "baseline_note": (None if not report.has_baseline else

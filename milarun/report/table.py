@@ -195,8 +195,12 @@ class Report:
     score_ci: object = None
     node_score_ci: object = None
     score_ci_note: object = None
+    #: tests held fixed in the score's interval (one result: variance unknown)
+    score_ci_held: list = field(default_factory=list)
+    node_score_ci_held: list = field(default_factory=list)
     score_ratio_ci: object = None
     score_ratio_ci_note: object = None
+    score_ratio_ci_held: list = field(default_factory=list)
     baseline_noise: bool = True
     io: list = field(default_factory=list)   # the io study's tables (report/io.py)
     # validation, energy and host facts (milarun.report.checks)
@@ -665,12 +669,19 @@ def add_node_score_and_noise(report, tests, base_tests=None, baseline_noise=True
     if report.price is not None and report.node_score:
         report.node_rpp = report.price / report.node_score
 
+    # Tests with one result (whole-node, gpu-progression) are held fixed, so a profile
+    # that has any still gets an interval; the report names them (docs/report.md).
     report.score_ci = confidence.geomean_interval(
-        report.score, [(r["weight"], [r["sample"]]) for r in counted])
+        report.score, [(r["weight"], [r["sample"]]) for r in counted], hold_unknown=True)
     report.node_score_ci = confidence.geomean_interval(
-        report.node_score, [(r["weight"], [r["sample"]]) for r in node_rows])
+        report.node_score, [(r["weight"], [r["sample"]]) for r in node_rows],
+        hold_unknown=True)
     if report.score is not None and report.score_ci is None:
         report.score_ci_note = _no_interval(_few(counted))
+    elif report.score_ci is not None:
+        report.score_ci_held = _few(counted)
+    if report.node_score_ci is not None:
+        report.node_score_ci_held = _few(node_rows)
 
     if base_tests is not None and report.score_ratio is not None:
         common = [r for r in counted if r["perf_base_adj"] and r["perf_base_adj"] > 0]
@@ -680,7 +691,10 @@ def add_node_score_and_noise(report, tests, base_tests=None, baseline_noise=True
             return
         report.score_ratio_ci = confidence.geomean_interval(
             report.score_ratio, [(r["weight"], [r["sample"], r["base_sample"]])
-                                 for r in common])
+                                 for r in common], hold_unknown=True)
+        if report.score_ratio_ci is not None:
+            held = set(_few(common)) | set(_few(common, "base_sample"))
+            report.score_ratio_ci_held = sorted(held)
         if report.score_ratio_ci is None:
             few = [f"{side} {', '.join(names)}" for side, names in
                    (("ours:", _few(common)), ("baseline:", _few(common, "base_sample")))

@@ -252,6 +252,11 @@ def noise_lines(report):
     return lines
 
 
+def held_note(names):
+    """What a score interval held fixed: `` (held fixed, one result: a, b)``, or ``""``."""
+    return f" (held fixed, one result: {', '.join(names)})" if names else ""
+
+
 def ratio_verdict(ci):
     """``significant`` when a ratio's interval excludes 1, else ``within noise``."""
     return "significant" if ci.lo > 1 or ci.hi < 1 else "within noise"
@@ -261,7 +266,8 @@ def confidence_lines(report):
     """The score's interval, the node score and its price, and the score ratio's interval."""
     lines = []
     if report.score is not None:
-        lines.append("score 95% CI: " + (fmt_interval(report.score_ci) if report.score_ci
+        lines.append("score 95% CI: " + (fmt_interval(report.score_ci)
+                                         + held_note(report.score_ci_held) if report.score_ci
                                          else f"n/a ({report.score_ci_note})"))
     if report.node_score is None:
         lines.append("node score: n/a (no scored test has a throughput per node)")
@@ -269,7 +275,9 @@ def confidence_lines(report):
         tag = " (incomplete)" if report.incomplete or report.node_missing else ""
         lines.append(f"node score: {report.node_score:.2f}{tag}")
         if report.score_ci is not None or report.node_score_ci is not None:
-            lines.append(f"node score 95% CI: {fmt_interval(report.node_score_ci)}")
+            lines.append(f"node score 95% CI: {fmt_interval(report.node_score_ci)}"
+                         + (held_note(report.node_score_ci_held) if report.node_score_ci
+                            else ""))
     if report.node_missing:
         lines.append("tests with no throughput per node (plan type unknown), left out of the "
                      "node score: " + ", ".join(report.node_missing))
@@ -279,7 +287,8 @@ def confidence_lines(report):
     if report.has_baseline and report.score_ratio is not None:
         ci = report.score_ratio_ci
         lines.append("score / baseline 95% CI: "
-                     + (f"{fmt_interval(ci, '.3f')} ({ratio_verdict(ci)})" if ci
+                     + (f"{fmt_interval(ci, '.3f')} ({ratio_verdict(ci)})"
+                        + held_note(report.score_ratio_ci_held) if ci
                         else f"noise unknown ({report.score_ratio_ci_note})"))
     return lines
 
