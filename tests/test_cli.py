@@ -249,3 +249,56 @@ def test_result_folder_names_are_safe_for_scp_and_windows(monkeypatch, tmp_path)
     # and the quickstart says which cgroups it made and how to remove them
     assert "student0 and student1" in script
     assert script.count("sudo scripts/cgroup_setup.sh --remove") == 2
+
+
+WORKLOAD = '''
+import atexit, pathlib, threading, time
+from milarun.models.faults import crawl
+
+HERE = pathlib.Path(__file__).parent
+
+class Teardown:
+    def __del__(self):  # runs only when the interpreter finalizes its modules
+        (HERE / "teardown").write_text("ran")
+
+KEEP = Teardown()
+
+def main(exp, argv):
+    atexit.register(lambda: (HERE / "atexit").write_text("ran"))
+    # a stray non-daemon thread would hold a normal interpreter exit
+    threading.Thread(target=time.sleep, args=(3,)).start()
+    return crawl(exp, argv)
+'''
+
+
+@pytest.mark.parametrize("world_size", ["1", "2"])
+def test_a_run_child_skips_the_interpreter_teardown_unless_it_is_a_rank(tmp_path, world_size):
+    import os
+    from pathlib import Path
+
+    (tmp_path / "teardown_probe.py").write_text(WORKLOAD)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{Path.cwd()}",
+           "WORLD_SIZE": world_size, "RANK": "0"}
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "milarun", "run", "teardown_probe:main", "-o",
+         str(tmp_path / "r.json"), "--", "--max-count", "12", "--sample-duration", "0.02",
+         "--step-seconds", "0.005", "--warmup", "1"],
+        capture_output=True, text=True, env=env, timeout=60)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["success"] is True
+    assert (tmp_path / "atexit").exists()           # atexit handlers ran either way
+    if world_size == "1":
+        assert not (tmp_path / "teardown").exists()  # os._exit: no module teardown
+    else:
+        assert (tmp_path / "teardown").exists() and elapsed >= 3  # waited for the thread
+
+
+def test_a_failed_run_child_still_exits_1_on_the_fast_path(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "milarun", "run", "milarun.models.faults:flaky", "-o",
+         str(tmp_path / "r.json")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "deliberate failure" in proc.stderr      # stderr flushed before os._exit
+    assert json.loads((tmp_path / "r.json").read_text())["success"] is False
