@@ -1,13 +1,19 @@
-"""Device discovery for the launcher: GPUs from NVML, else CPU slots. No torch.
+"""Device discovery for the launcher: GPUs through the vendor backends, else CPU slots. No torch.
 
-GPU indices are NVML's, which follow the PCI bus order. CUDA numbers GPUs
-fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so the plan sets that
-in every child: ``CUDA_VISIBLE_DEVICES=i`` then names the GPU that NVML, the
-monitor and the student cgroup's CPU affinity call ``i``.
+The backends (:mod:`milarun.accel`: NVIDIA with MIG, AMD, Intel) are tried in
+order; the first that sees devices gives them. A host that has accelerators
+(:mod:`milarun.accel.probe`) that no backend sees is an error, never a silent
+run on the CPU, unless ``--cpu-slots`` asks for CPU slots on purpose.
 """
 
-import os
 from dataclasses import dataclass, field
+
+from . import accel
+# NVML helpers live with the NVIDIA backend; named here for older importers
+from .accel.nvidia import nvml_str, nvml_visible, visible_indices  # noqa: F401
+from .errors import SetupError
+
+GPU_BACKENDS = ("nvidia", "amd", "intel")
 
 
 @dataclass
@@ -16,14 +22,20 @@ class Devices:
 
     Attributes:
         kind: ``"gpu"`` or ``"cpu"``.
-        indices: device indices (GPU index, or CPU slot number).
+        indices: device indices (the backend's index, or CPU slot number).
         names: GPU names (empty for CPU slots).
-        affinity: per device, the CPU ids NVML reports as local to the GPU
-            (empty when unknown or for CPU slots).
+        affinity: per device, the CPU ids local to it (empty when unknown or
+            for CPU slots).
         cores: CPU cores the node's students share (``isolation.host_cpus``),
             None when unknown.
         memory_mib: per device, its memory in MiB (a GPU's total; a CPU slot's
             share of the host RAM); empty when unknown.
+        backend: the :mod:`milarun.accel` backend's name (``"nvidia"`` by
+            default for GPUs, ``"cpu"`` for slots).
+        visible: per device, its visibility value (``"3"``, ``"MIG-…"``);
+            empty means the index.
+        accelerators: the backend's :class:`milarun.accel.base.Accelerator`
+            objects (empty for CPU slots and hand-made lists).
     """
 
     kind: str
@@ -32,6 +44,13 @@ class Devices:
     affinity: list = field(default_factory=list)
     cores: int = None
     memory_mib: list = field(default_factory=list)
+    backend: str = None
+    visible: list = field(default_factory=list)
+    accelerators: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.backend is None:
+            self.backend = "nvidia" if self.kind == "gpu" else "cpu"
 
     def __len__(self):
         return len(self.indices)
@@ -39,111 +58,96 @@ class Devices:
     def first(self, n):
         """These devices cut to the first ``n`` (the node facts kept)."""
         return Devices(self.kind, self.indices[:n], self.names[:n], self.affinity[:n],
-                       self.cores, self.memory_mib[:n])
+                       self.cores, self.memory_mib[:n], self.backend, self.visible[:n],
+                       self.accelerators[:n])
+
+    def visible_ids(self, indices):
+        """The visibility values of the devices with these ``indices``, in that order."""
+        by_index = dict(zip(self.indices, self.visible or [str(i) for i in self.indices]))
+        return [by_index.get(i, str(i)) for i in indices]
+
+    def child_env(self, indices):
+        """The environment that makes the devices ``indices`` a child's only ones
+        (:meth:`milarun.accel.base.Backend.child_env`), and ``MILARUN_BACKEND``."""
+        env = accel.get(self.backend).child_env(self.visible_ids(indices))
+        env["MILARUN_BACKEND"] = self.backend
+        found = {a.index: a for a in self.accelerators}
+        if len(indices) == 1 and indices[0] in found and found[indices[0]].parent is None \
+                and found[indices[0]].pci_bus_id:
+            # what the child checks its device against (reason wrong-device)
+            env["MILARUN_PCI_BUS_ID"] = found[indices[0]].pci_bus_id
+        return env
 
 
-def _nvml_cpus(pynvml, handle, ncpus):
-    words = (ncpus + 63) // 64
-    try:
-        mask = pynvml.nvmlDeviceGetCpuAffinity(handle, words)
-    except Exception:
-        return []
-    cpus = []
-    for w, bits in enumerate(mask):
-        for b in range(64):
-            if bits >> b & 1:
-                cpus.append(w * 64 + b)
-    return cpus
+def from_accelerators(backend, found, cores=None):
+    """``Devices(kind="gpu")`` of a backend's :class:`~milarun.accel.base.Accelerator` list."""
+    memory = [a.memory_mib for a in found]
+    return Devices("gpu", [a.index for a in found], [a.name for a in found],
+                   [list(a.cpus) for a in found], cores,
+                   memory if all(m is not None for m in memory) else [],
+                   backend, [a.visible_id for a in found], list(found))
 
 
-def visible_indices(count, spec=None, uuid_of=None):
-    """The GPU indices (PCI bus order) that ``CUDA_VISIBLE_DEVICES`` leaves visible.
-
-    Args:
-        count: number of GPUs on the host.
-        spec: the variable's value; by default ``os.environ``'s. Unset: all.
-        uuid_of: ``f(index) -> "GPU-…"`` to resolve UUID entries; without it
-            a UUID entry counts as invalid.
-
-    Returns:
-        list of indices in the order given. As CUDA does, an entry that is
-        not a valid index or a unique UUID prefix hides itself and every
-        entry after it (MIG instances are not supported as devices).
-    """
-    if spec is None:
-        spec = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if spec is None:
-        return list(range(count))
-    uuids = None
-    out = []
-    for tok in (t.strip() for t in spec.split(",")):
-        index = None
-        if tok.isdigit() and int(tok) < count:
-            index = int(tok)
-        elif tok.startswith("GPU-") and uuid_of is not None:
-            if uuids is None:
-                uuids = [uuid_of(i) for i in range(count)]
-            found = [i for i, u in enumerate(uuids) if u.startswith(tok)]
-            index = found[0] if len(found) == 1 else None
-        if index is None or index in out:
-            break
-        out.append(index)
-    return out
-
-
-def nvml_str(value):
-    """An NVML string as ``str`` (older pynvml releases return ``bytes``)."""
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def nvml_visible(pynvml):
-    """``(indices, handles)``: the visible GPUs' indices (``visible_indices``)
-    and NVML handles of every GPU, by index. ``pynvml`` must be initialised."""
-    count = pynvml.nvmlDeviceGetCount()
-    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-    indices = visible_indices(count,
-                              uuid_of=lambda i: nvml_str(pynvml.nvmlDeviceGetUUID(handles[i])))
-    return indices, handles
+def find_gpus(backends=GPU_BACKENDS, options=None):
+    """``(Devices or None, {backend: why it saw nothing})``: the first backend with
+    visible devices. ``options``: per backend name, keyword arguments (tests)."""
+    reasons = {}
+    for name in backends:
+        try:
+            backend = accel.get(name, **(options or {}).get(name, {}))
+            found = backend.discover()
+        except Exception as exc:  # a broken vendor library disables its backend only
+            reasons[name] = f"{exc.__class__.__name__}: {exc}"
+            continue
+        if found:
+            return from_accelerators(name, found), reasons
+        reasons[name] = getattr(backend, "reason", None) or "no visible device"
+    return None, reasons
 
 
 def nvml_gpus():
     """The GPUs NVML sees and ``CUDA_VISIBLE_DEVICES`` allows, as
     ``Devices(kind="gpu")``; None without NVML or without a visible GPU."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        indices, handles = nvml_visible(pynvml)
-    except Exception:
-        return None
-    if not indices:
-        return None
-    names, affinity, memory = [], [], []
-    for i in indices:
-        names.append(nvml_str(pynvml.nvmlDeviceGetName(handles[i])))
-        affinity.append(_nvml_cpus(pynvml, handles[i], os.cpu_count() or 1))
-        try:
-            memory.append(pynvml.nvmlDeviceGetMemoryInfo(handles[i]).total / 2**20)
-        except Exception:
-            memory = None  # one unknown: {gpu_memory_gb} cannot be filled
-    return Devices("gpu", indices, names, affinity, memory_mib=memory or [])
+    gpus, _ = find_gpus(("nvidia",))
+    return gpus
 
 
-def discover(cpu_slots=None):
-    """GPUs when NVML finds visible ones; otherwise ``cpu_slots`` CPU slots (1 by default),
-    with the node's cores and each device's memory (what placeholders are filled from).
+def silent_fallback_error(seen, reasons):
+    """The one line that stops a run on a host whose accelerators no backend sees."""
+    from .accel.probe import describe
+
+    why = "; ".join(f"{name}: {reasons[name]}" for name in GPU_BACKENDS
+                    if name in reasons and accel.VENDOR_OF[name] in seen)
+    return (f"this host has accelerators ({describe(seen)}) but milarun sees none of them"
+            f" ({why or 'no backend for them'}); install the driver and library "
+            f"(docs/vendors.md), or pass --cpu-slots N to run on CPU slots on purpose")
+
+
+def discover(cpu_slots=None, root="/", options=None):
+    """GPUs when a backend finds visible ones; otherwise ``cpu_slots`` CPU slots (1 by
+    default), with the node's cores and each device's memory (what placeholders are
+    filled from).
 
     Raises:
         ValueError: ``cpu_slots`` < 1.
+        SetupError: no backend sees a device, the host has accelerators
+            (:func:`milarun.accel.probe.found` under ``root``) and ``cpu_slots``
+            was not given.
     """
     import psutil
 
+    from .accel import probe
     from .isolation import host_cpus
 
     cores = len(host_cpus())
-    gpus = nvml_gpus()
+    gpus, reasons = find_gpus(options=options)
     if gpus is not None:
         gpus.cores = cores
         return gpus
+    if cpu_slots is None:
+        seen = probe.found(root)
+        if seen:
+            raise SetupError(silent_fallback_error(seen, reasons))
     n = 1 if cpu_slots is None else int(cpu_slots)
     if n < 1:
         raise ValueError("--cpu-slots must be at least 1")

@@ -32,6 +32,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import accel
 from .barrier import ENV_ADDRESS, ENV_TIMEOUT, ENV_WAVE
 from .errors import SetupError
 from .isolation import format_cpus, wrap
@@ -276,7 +277,7 @@ def placeholder_values(job, devices, devs, nodes, outdir, dataroot):
         elif name == "outdir":
             values[name] = str(outdir)
         elif name == "arch":
-            values[name] = "cuda" if devices.kind == "gpu" else "cpu"
+            values[name] = accel.get(devices.backend).torch_device
     return values
 
 
@@ -313,11 +314,10 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
     def make(slot, wave_id=None):
         label = slot.label
         devs = list(slot.devices)
-        visible = ",".join(str(d) for d in devs) if gpu else ""
-        env = {"CUDA_VISIBLE_DEVICES": visible, "MILARUN_DEVICE": label,
-               "MILARUN_RUN": str(run)}
-        if gpu:
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices = NVML's (devices.py)
+        # the backend's visibility variables (milarun.accel); CPU slots hide every GPU
+        vis = cluster.devices.child_env(devs) if gpu else {"CUDA_VISIBLE_DEVICES": ""}
+        first = next(iter(vis))
+        env = {first: vis.pop(first), "MILARUN_DEVICE": label, "MILARUN_RUN": str(run), **vis}
         if wave_id is not None:
             env.update({ENV_ADDRESS: barrier["address"], ENV_WAVE: wave_id,
                         ENV_TIMEOUT: f"{float(barrier['timeout']):g}"})

@@ -31,6 +31,7 @@ def test_per_gpu_one_concurrent_launch_per_device(monkeypatch):
                       "--extra", extra(3, "0", [0], "per-gpu"), "--",
                       "--batch-size", "32", "--max-count", "10"]
     assert a.env == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                     "MILARUN_BACKEND": "nvidia",
                      "MILARUN_DEVICE": "0", "MILARUN_RUN": "3"}
     assert b.env["CUDA_VISIBLE_DEVICES"] == "1" and b.cgroup == "cpuset,memory:student1"
     assert a.concurrent and b.concurrent

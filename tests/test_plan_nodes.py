@@ -63,10 +63,11 @@ def test_per_gpu_on_two_slurm_nodes_is_one_srun_step_per_device(monkeypatch):
                            "--nodelist=node2", "--overlap", "--kill-on-bad-exit=1",
                            "--cpu-bind=none", "--export=ALL", "--job-name=std.ddp.node2.0"]
     # the environment travels in the command: Slurm would overwrite CUDA_VISIBLE_DEVICES
-    assert a.argv[10:16] == ["env", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=0",
-                             "MILARUN_DEVICE=node2.0", "MILARUN_PDEATHSIG=1", "MILARUN_RUN=0"]
+    assert a.argv[10:17] == ["env", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=0",
+                             "MILARUN_BACKEND=nvidia", "MILARUN_DEVICE=node2.0",
+                             "MILARUN_PDEATHSIG=1", "MILARUN_RUN=0"]
     assert a.env == {}
-    assert a.argv[16:19] == ["/usr/bin/cgexec", "-g", "cpuset,memory:student0"]
+    assert a.argv[17:20] == ["/usr/bin/cgexec", "-g", "cpuset,memory:student0"]
     assert a.result_path.name == "std.ddp.J0.node2.0.19700101-000000-000000.json"
     assert a.group == "std.ddp"
     assert extra_of(a.argv)["node"] == "node2"

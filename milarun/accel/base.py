@@ -90,12 +90,12 @@ class Backend:
         of :class:`Accelerator`. Empty when none. Never raises."""
         raise NotImplementedError
 
-    def child_env(self, devices):
-        """The environment a child needs so that ``devices`` (a list of
-        :class:`Accelerator`) are its only ones, in that order: a dict of
-        variable → value; a value of None means "remove from the environment"
-        (e.g. a second variable that would filter again)."""
-        raise NotImplementedError
+    def child_env(self, visible):
+        """The environment a child needs so that the devices whose
+        :attr:`Accelerator.visible_id` are listed in ``visible`` (strings) are its
+        only ones, in that order: a dict of variable → value (strings), where
+        ``""`` hides every device of that variable."""
+        return {self.visibility_var: ",".join(visible)}
 
     def versions(self):
         """``{"driver": str|None, "runtime": str|None, "runtime_name": str|None}``,
@@ -111,6 +111,10 @@ class Backend:
         """Per-device facts that change results (clocks in MHz, power limits in W,
         persistence/ECC), a flat dict of JSON values; ``{}`` when none. Never raises."""
         return {}
+
+    def describe(self):
+        """One line for ``milarun devices``: what this backend is and reads."""
+        return f"{self.name}: {self.vendor or 'CPU slots'}"
 
     def accelerator_record(self):
         """The ``host.accelerator`` field of a result: ``{"backend", "vendor",

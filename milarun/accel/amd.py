@@ -1,0 +1,173 @@
+"""AMD GPUs through the AMD SMI Python library (``amdsmi``, shipped with ROCm). No torch.
+
+``amdsmi`` is not on PyPI in a form that matches a host's driver: it comes
+with the ROCm install (``/opt/rocm/share/amd_smi``, ``pip install .`` there);
+docs/vendors.md says how. Without it, a host whose ``/dev/kfd`` exists stops
+``milarun jobs`` with a line that says so (:mod:`milarun.accel.probe`).
+
+**Visibility.** ROCm has three variables: ``ROCR_VISIBLE_DEVICES`` filters at
+the ROCr runtime, then ``HIP_VISIBLE_DEVICES`` (or ``CUDA_VISIBLE_DEVICES``,
+which HIP also reads) indexes into what is left, so giving two of them the
+value ``3`` hides every device. A child gets ``ROCR_VISIBLE_DEVICES`` with
+the devices' indices, and the other two set to ``0..k-1``, which is exactly
+what ROCr leaves visible: an inherited value can never filter again. Indices are
+amdsmi's processor order, which, like ROCr's, follows the KFD topology (PCI
+order); the child checks the PCI bus id of the device it got against the one
+it was given (``MILARUN_PCI_BUS_ID``, reason ``wrong-device``).
+
+Units: memory from bytes to MiB, power in W (``current_socket_power``, else
+``average_socket_power``), temperature in °C (edge sensor, else hotspot),
+energy from ``energy_accumulator × counter_resolution`` (µJ) to J.
+"""
+
+from pathlib import Path
+
+from .base import Accelerator, Backend, Reading
+from .sysfs import local_cpus, normalize_bdf, numa_node
+
+
+def _try(call, *args):
+    try:
+        return call(*args)
+    except Exception:
+        return None
+
+
+def _enum(smi, enum, *names):
+    kind = getattr(smi, enum, None)
+    for n in names:
+        if kind is not None and hasattr(kind, n):
+            return getattr(kind, n)
+    return None
+
+
+class AMDBackend(Backend):
+    """AMD Instinct and Radeon GPUs (module docstring)."""
+
+    name = "amd"
+    vendor = "AMD"
+    torch_device = "cuda"     # PyTorch's ROCm build keeps the cuda device type
+    visibility_var = "ROCR_VISIBLE_DEVICES"
+
+    def __init__(self, amdsmi=None, root="/"):
+        self._smi = amdsmi
+        self.root = root
+        self.reason = None
+
+    def _init(self):
+        if self._smi is None:
+            import amdsmi
+            flags = getattr(getattr(amdsmi, "AmdSmiInitFlags", None), "INIT_AMD_GPUS", None)
+            amdsmi.amdsmi_init(*(() if flags is None else (flags,)))
+            self._smi = amdsmi
+        return self._smi
+
+    def available(self):
+        try:
+            self._init()
+        except ImportError as exc:
+            return False, (f"the amdsmi Python library is not installed ({exc}); it ships "
+                           "with ROCm (docs/vendors.md)")
+        except PermissionError as exc:
+            return False, f"amdsmi: permission denied ({exc}): is the user in the render group?"
+        except Exception as exc:
+            return False, (f"amdsmi cannot start ({exc.__class__.__name__}: {exc}): "
+                           "is the amdgpu driver loaded?")
+        return True, None
+
+    def discover(self):
+        ok, self.reason = self.available()
+        if not ok:
+            return []
+        smi = self._smi
+        try:
+            handles = smi.amdsmi_get_processor_handles()
+        except Exception as exc:
+            self.reason = f"amdsmi: {exc.__class__.__name__}: {exc}"
+            return []
+        vram = _enum(smi, "AmdSmiMemoryType", "VRAM")
+        out = []
+        for i, h in enumerate(handles):
+            info = _try(smi.amdsmi_get_gpu_asic_info, h) or {}
+            bdf = normalize_bdf(_try(smi.amdsmi_get_gpu_device_bdf, h))
+            total = _try(smi.amdsmi_get_gpu_memory_total, h, vram)
+            node = _try(getattr(smi, "amdsmi_topo_get_numa_node_number", None) or
+                        (lambda h: None), h)
+            if not isinstance(node, int) or node < 0:
+                node = numa_node(bdf, self.root)
+            out.append(Accelerator(
+                index=i, visible_id=str(i), name=info.get("market_name") or "AMD GPU",
+                uuid=_try(smi.amdsmi_get_gpu_device_uuid, h), pci_bus_id=bdf,
+                memory_mib=None if not isinstance(total, int) else total / 2**20,
+                cpus=local_cpus(bdf, self.root), numa_node=node, handle=h))
+        return _honour_visible(out)
+
+    def child_env(self, visible):
+        # ROCr filters; HIP indexes into what is left, so it gets 0..k-1 (no second filter)
+        after = ",".join(str(i) for i in range(len(visible)))
+        return {"ROCR_VISIBLE_DEVICES": ",".join(visible), "HIP_VISIBLE_DEVICES": after,
+                "CUDA_VISIBLE_DEVICES": after}
+
+    def versions(self):
+        driver = None
+        try:
+            smi = self._init()
+            handles = smi.amdsmi_get_processor_handles()
+            info = _try(smi.amdsmi_get_gpu_driver_info, handles[0]) if handles else None
+            driver = (info or {}).get("driver_version")
+        except Exception:
+            pass
+        try:
+            rocm = (Path(self.root) / "opt/rocm/.info/version").read_text().strip() or None
+        except OSError:
+            rocm = None
+        return {"driver": driver, "runtime": rocm, "runtime_name": "ROCm"}
+
+    def read(self, device):
+        smi = self._init()
+        h = device.handle
+        activity = smi.amdsmi_get_gpu_activity(h) or {}
+        used = _try(smi.amdsmi_get_gpu_memory_usage, h, _enum(smi, "AmdSmiMemoryType", "VRAM"))
+        power = _try(smi.amdsmi_get_power_info, h) or {}
+        watts = next((power[k] for k in ("current_socket_power", "average_socket_power")
+                      if isinstance(power.get(k), (int, float)) and power[k] > 0), None)
+        temp = None
+        metric = _enum(smi, "AmdSmiTemperatureMetric", "CURRENT")
+        for sensor in ("EDGE", "HOTSPOT"):
+            kind = _enum(smi, "AmdSmiTemperatureType", sensor)
+            temp = _try(smi.amdsmi_get_temp_metric, h, kind, metric) if kind is not None else None
+            if isinstance(temp, (int, float)):
+                break
+        count = _try(smi.amdsmi_get_energy_count, h) or {}
+        acc = count.get("energy_accumulator", count.get("power"))
+        res = count.get("counter_resolution")
+        energy = acc * res / 1e6 if isinstance(acc, (int, float)) and \
+            isinstance(res, (int, float)) else None
+        return Reading(load=activity.get("gfx_activity"),
+                       memory_mib=None if not isinstance(used, int) else used / 2**20,
+                       temperature=temp if isinstance(temp, (int, float)) else None,
+                       power=watts, energy=energy)
+
+    def facts(self, device):
+        smi = self._smi
+        power = _try(smi.amdsmi_get_power_info, device.handle) or {} if smi else {}
+        cap = power.get("power_limit")
+        return {"power_limit_w": cap / 1e6 if isinstance(cap, (int, float)) and cap > 1e4
+                else cap}
+
+
+def _honour_visible(found, environ=None):
+    """The devices a ``ROCR_VISIBLE_DEVICES`` already set (by Slurm, or a parent launcher)
+    leaves, in its order; indices beyond the host's end the list, as ROCr does."""
+    import os
+
+    spec = (environ or os.environ).get("ROCR_VISIBLE_DEVICES")
+    if spec is None:
+        return found
+    out = []
+    for tok in (t.strip() for t in spec.split(",")):
+        match = [d for d in found if tok == str(d.index) or (d.uuid and tok == d.uuid)]
+        if not match or match[0] in out:
+            break
+        out.append(match[0])
+    return out

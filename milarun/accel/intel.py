@@ -1,0 +1,149 @@
+"""Intel data-centre and discrete GPUs (torch's ``xpu`` device), from sysfs. No torch.
+
+Source, and why: Level Zero's own tools (``xpu-smi``, ``sysman``) are separate
+installs with versions tied to the driver, while the kernel drivers (``i915``
+and ``xe``) expose everything milarun needs in sysfs: the DRM cards and their
+PCI ids, device memory, and a hwmon node with power and an energy counter.
+So discovery and telemetry read sysfs only (no library, no subprocess), with
+the root folder injectable for tests.
+
+* **Devices**: ``/sys/class/drm/card*/device``, PCI vendor 0x8086, a GPU class,
+  bound to ``i915`` or ``xe``, numbered in PCI bus order, which is Level
+  Zero's default order. The integrated GPU (``0000:00:02.0``) is never a
+  device.
+* **Visibility**: ``ZE_AFFINITY_MASK`` (``"0"``, ``"0,1"``; a tile would be
+  ``"0.1"``). With ``ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE`` a multi-tile card
+  is one device; the default (``FLAT`` on recent drivers) makes each tile a
+  device, so on such cards set ``COMPOSITE`` for one device per card
+  (docs/vendors.md).
+* **Memory**: ``lmem_total_bytes`` (i915), else the sum of
+  ``tile*/vram*/size`` (xe), else unknown.
+* **Telemetry**: hwmon ``energy1_input`` (µJ → J), ``power1_average`` or
+  ``power1_input`` (µW → W), ``temp1_input`` (m°C → °C). No utilisation.
+* **Versions**: the kernel driver's (``/sys/module/<driver>/version``, else
+  the kernel release) and the Level Zero loader's, from its library's file
+  name (``libze_loader.so.1.x.y``).
+"""
+
+import glob
+import os
+from pathlib import Path
+
+from .base import Accelerator, Backend, Reading
+from .sysfs import (driver_of, integrated_intel, local_cpus, numa_node, pci_ids, GPU_CLASSES)
+
+DRIVERS = ("i915", "xe")
+LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib", "usr/local/lib",
+            "opt/intel/oneapi/lib")
+
+
+def _read(path):
+    try:
+        return Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _int(path):
+    try:
+        return int(_read(path))
+    except (TypeError, ValueError):
+        return None
+
+
+def _memory_bytes(dev):
+    total = _int(dev / "lmem_total_bytes") or _int(dev.parent / "lmem_total_bytes")
+    if total:
+        return total
+    sizes = [_int(p) for p in glob.glob(str(dev / "tile*" / "vram*" / "size"))]
+    return sum(s for s in sizes if s) or None
+
+
+def _hwmon(dev):
+    found = sorted(glob.glob(str(dev / "hwmon" / "hwmon*")))
+    return Path(found[0]) if found else None
+
+
+class IntelBackend(Backend):
+    """Intel GPUs for torch's ``xpu`` device (module docstring)."""
+
+    name = "intel"
+    vendor = "Intel"
+    torch_device = "xpu"
+    visibility_var = "ZE_AFFINITY_MASK"
+
+    def __init__(self, root="/"):
+        self.root = root
+        self.reason = None
+
+    def _cards(self):
+        out = {}
+        for card in glob.glob(str(Path(self.root) / "sys/class/drm/card[0-9]*")):
+            if "-" in os.path.basename(card):   # connectors: card0-DP-1
+                continue
+            dev = Path(card) / "device"
+            bdf = os.path.basename(os.path.realpath(dev))
+            vendor, _, cls = pci_ids(dev)
+            if vendor != 0x8086 or cls not in GPU_CLASSES or driver_of(dev) not in DRIVERS:
+                continue
+            if integrated_intel({"vendor": "Intel", "bdf": bdf}):
+                continue
+            out.setdefault(bdf, dev)
+        return [out[b] for b in sorted(out)]
+
+    def available(self):
+        if not (Path(self.root) / "sys/class/drm").is_dir():
+            return False, "no /sys/class/drm: no GPU driver is loaded"
+        return True, None
+
+    def discover(self):
+        ok, self.reason = self.available()
+        if not ok:
+            return []
+        out = []
+        for i, dev in enumerate(self._cards()):
+            bdf = os.path.basename(os.path.realpath(dev))
+            _, device_id, _ = pci_ids(dev)
+            memory = _memory_bytes(dev)
+            out.append(Accelerator(
+                index=i, visible_id=str(i),
+                name=f"Intel GPU {device_id:#06x}" if device_id is not None else "Intel GPU",
+                pci_bus_id=bdf, memory_mib=None if memory is None else memory / 2**20,
+                cpus=local_cpus(bdf, self.root), numa_node=numa_node(bdf, self.root),
+                handle=dev))
+        if not out:
+            self.reason = "no discrete Intel GPU bound to i915 or xe"
+        spec = os.environ.get("ZE_AFFINITY_MASK")
+        if spec is not None:  # a parent launcher's mask: its devices, in its order
+            keep = []
+            for tok in (t.strip() for t in spec.split(",")):
+                match = [d for d in out if tok.split(".")[0] == str(d.index)]
+                if not match or match[0] in keep:
+                    break
+                keep.append(match[0])
+            out = keep
+        return out
+
+    def versions(self):
+        cards = self._cards()
+        drv = driver_of(cards[0]) if cards else None
+        driver = (_read(Path(self.root) / "sys/module" / drv / "version") if drv else None) \
+            or (_read(Path(self.root) / "proc/sys/kernel/osrelease") if drv else None)
+        runtime = None
+        for d in LIB_DIRS:
+            libs = sorted(glob.glob(str(Path(self.root) / d / "libze_loader.so.*.*")))
+            if libs:
+                runtime = os.path.basename(libs[-1]).split(".so.", 1)[1]
+                break
+        return {"driver": driver, "runtime": runtime, "runtime_name": "Level Zero"}
+
+    def read(self, device):
+        mon = _hwmon(device.handle)
+        if mon is None:
+            raise RuntimeError("no hwmon node for this GPU")
+        energy = _int(mon / "energy1_input")
+        power = _int(mon / "power1_average") or _int(mon / "power1_input")
+        temp = _int(mon / "temp1_input")
+        return Reading(energy=None if energy is None else energy / 1e6,
+                       power=None if power is None else power / 1e6,
+                       temperature=None if temp is None else temp / 1000.0)

@@ -1,0 +1,237 @@
+"""NVIDIA GPUs and MIG instances through NVML (``nvidia-ml-py``). No torch.
+
+GPU indices are NVML's, which follow the PCI bus order. CUDA numbers GPUs
+fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so every child gets
+that too: ``CUDA_VISIBLE_DEVICES=i`` then names the GPU that NVML, the monitor
+and the student cgroup's CPU affinity call ``i``.
+
+**MIG.** A GPU in MIG mode is not a device: each of its MIG instances is, with
+its ``MIG-…`` UUID as the visibility value (CUDA runs a process on one MIG
+instance), its own memory, and the CPU affinity of its GPU. When any visible
+device is a MIG instance, devices are numbered 0..N-1 in discovery order (the
+student cgroups need consecutive numbers) and whole GPUs are named by their
+``GPU-…`` UUID. NVML reports utilisation, power and energy for the whole GPU
+only, so a MIG instance's readings hold its memory use and the GPU's
+temperature; its power and energy are left out rather than counted once per
+instance.
+"""
+
+import os
+
+from .base import Accelerator, Backend, Reading
+from .sysfs import local_cpus, normalize_bdf, numa_node
+
+
+def nvml_str(value):
+    """An NVML string as ``str`` (older pynvml releases return ``bytes``)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _call(nv, name, *args):
+    """``nv.<name>(*args)``, or None when this pynvml lacks it or the GPU does not
+    support it (NVMLError_NotSupported and friends)."""
+    fn = getattr(nv, name, None)
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
+def visible_indices(count, spec=None, uuid_of=None):
+    """The GPU indices (PCI bus order) that ``CUDA_VISIBLE_DEVICES`` leaves visible.
+
+    Args:
+        count: number of GPUs on the host.
+        spec: the variable's value; by default ``os.environ``'s. Unset: all.
+        uuid_of: ``f(index) -> "GPU-…"`` to resolve UUID entries; without it
+            a UUID entry counts as invalid.
+
+    Returns:
+        list of indices in the order given. As CUDA does, an entry that is
+        not a valid index or a unique UUID prefix hides itself and every
+        entry after it. (MIG entries: :meth:`NvidiaBackend.discover`.)
+    """
+    return [i for kind, i in _resolve(count, spec, uuid_of, {}) if kind == "gpu"]
+
+
+def _resolve(count, spec, uuid_of, migs):
+    """``[("gpu", index) | ("mig", uuid)]`` that ``spec`` names; ``migs`` maps every MIG
+    UUID of the host to its GPU index."""
+    if spec is None:
+        spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return [("gpu", i) for i in range(count)]
+    uuids = None
+    out = []
+    for tok in (t.strip() for t in spec.split(",")):
+        entry = None
+        if tok.isdigit() and int(tok) < count:
+            entry = ("gpu", int(tok))
+        elif tok.startswith("GPU-") and uuid_of is not None:
+            if uuids is None:
+                uuids = [uuid_of(i) for i in range(count)]
+            found = [i for i, u in enumerate(uuids) if u.startswith(tok)]
+            entry = ("gpu", found[0]) if len(found) == 1 else None
+        elif tok.startswith("MIG-"):
+            found = [u for u in migs if u.startswith(tok)]
+            entry = ("mig", found[0]) if len(found) == 1 else None
+        if entry is None or entry in out:
+            break
+        out.append(entry)
+    return out
+
+
+def nvml_visible(pynvml):
+    """``(indices, handles)``: the visible GPUs' indices (``visible_indices``)
+    and NVML handles of every GPU, by index. ``pynvml`` must be initialised."""
+    count = pynvml.nvmlDeviceGetCount()
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    indices = visible_indices(count,
+                              uuid_of=lambda i: nvml_str(pynvml.nvmlDeviceGetUUID(handles[i])))
+    return indices, handles
+
+
+def _nvml_cpus(pynvml, handle, ncpus):
+    words = (ncpus + 63) // 64
+    try:
+        mask = pynvml.nvmlDeviceGetCpuAffinity(handle, words)
+    except Exception:
+        return []
+    cpus = []
+    for w, bits in enumerate(mask):
+        for b in range(64):
+            if bits >> b & 1:
+                cpus.append(w * 64 + b)
+    return cpus
+
+
+def _mig_handles(nv, handle):
+    """The MIG instance handles of a GPU in MIG mode, else ``[]``."""
+    mode = _call(nv, "nvmlDeviceGetMigMode", handle)
+    current = mode[0] if isinstance(mode, (list, tuple)) else mode
+    if current != getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
+        return []
+    out = []
+    for i in range(_call(nv, "nvmlDeviceGetMaxMigDeviceCount", handle) or 0):
+        mig = _call(nv, "nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+        if mig is not None:  # an empty slot raises NotFound
+            out.append(mig)
+    return out
+
+
+class NvidiaBackend(Backend):
+    """NVIDIA GPUs and MIG instances (module docstring)."""
+
+    name = "nvidia"
+    vendor = "NVIDIA"
+    torch_device = "cuda"
+    visibility_var = "CUDA_VISIBLE_DEVICES"
+
+    def __init__(self, pynvml=None, root="/"):
+        self._nv = pynvml
+        self.root = root
+        self.reason = None
+
+    def _init(self):
+        if self._nv is None:
+            import pynvml
+            pynvml.nvmlInit()
+            self._nv = pynvml
+        return self._nv
+
+    def available(self):
+        try:
+            self._init()
+        except ImportError as exc:
+            return False, f"the nvidia-ml-py package is not installed ({exc})"
+        except Exception as exc:
+            return False, (f"NVML cannot start ({exc.__class__.__name__}: {exc}): "
+                           "is the NVIDIA driver (libnvidia-ml.so) installed and loaded?")
+        return True, None
+
+    def discover(self):
+        ok, self.reason = self.available()
+        if not ok:
+            return []
+        try:
+            return self._discover(self._nv)
+        except Exception as exc:
+            self.reason = f"NVML: {exc.__class__.__name__}: {exc}"
+            return []
+
+    def _discover(self, nv):
+        count = nv.nvmlDeviceGetCount()
+        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        migs = {}   # MIG uuid -> (GPU index, handle)
+        per_gpu = []
+        for i, h in enumerate(handles):
+            instances = _mig_handles(nv, h)
+            per_gpu.append(instances)
+            for m in instances:
+                migs[nvml_str(nv.nvmlDeviceGetUUID(m))] = (i, m)
+        entries = _resolve(count, None,
+                           lambda i: nvml_str(nv.nvmlDeviceGetUUID(handles[i])), migs)
+        ncpus = os.cpu_count() or 1
+        found = []
+        for kind, key in entries:
+            if kind == "gpu" and per_gpu[key]:   # a GPU in MIG mode: its instances
+                found += [("mig", key, m) for m in per_gpu[key]]
+            elif kind == "gpu":
+                found.append(("gpu", key, handles[key]))
+            else:
+                found.append(("mig",) + migs[key])
+        mig_mode = any(kind == "mig" for kind, _, _ in found)
+        out = []
+        for n, (kind, gpu, h) in enumerate(found):
+            parent = handles[gpu]
+            bdf = normalize_bdf(nvml_str(getattr(_call(nv, "nvmlDeviceGetPciInfo", parent),
+                                                 "busId", None) or "") or None)
+            uuid = nvml_str(_call(nv, "nvmlDeviceGetUUID", h))
+            memory = _call(nv, "nvmlDeviceGetMemoryInfo", h)
+            cpus = _nvml_cpus(nv, parent, ncpus) or local_cpus(bdf, self.root)
+            out.append(Accelerator(
+                index=n if mig_mode else gpu,
+                visible_id=(uuid if mig_mode else str(gpu)),
+                name=nvml_str(_call(nv, "nvmlDeviceGetName", h)) or "NVIDIA GPU",
+                uuid=uuid, pci_bus_id=bdf,
+                memory_mib=None if memory is None else memory.total / 2**20,
+                cpus=cpus, numa_node=numa_node(bdf, self.root),
+                parent=gpu if kind == "mig" else None,
+                handle=(h, parent, kind == "mig")))
+        return out
+
+    def child_env(self, visible):
+        # CUDA's indices = NVML's (module docstring)
+        return {"CUDA_VISIBLE_DEVICES": ",".join(visible), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+    def versions(self):
+        try:
+            nv = self._init()
+        except Exception:
+            return {"driver": None, "runtime": None, "runtime_name": "CUDA"}
+        cuda = _call(nv, "nvmlSystemGetCudaDriverVersion")
+        runtime = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None
+        return {"driver": nvml_str(_call(nv, "nvmlSystemGetDriverVersion")), "runtime": runtime,
+                "runtime_name": "CUDA"}
+
+    def read(self, device):
+        nv = self._init()
+        h, parent, mig = device.handle
+        used = nv.nvmlDeviceGetMemoryInfo(h).used / 2**20
+        temperature = nv.nvmlDeviceGetTemperature(parent, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+        if mig:
+            return Reading(memory_mib=used, temperature=temperature)
+        energy = _call(nv, "nvmlDeviceGetTotalEnergyConsumption", h)
+        return Reading(load=nv.nvmlDeviceGetUtilizationRates(h).gpu, memory_mib=used,
+                       temperature=temperature, power=nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                       energy=None if energy is None else energy / 1000.0)
+
+    def facts(self, device):
+        from ..hostfacts import gpu_facts
+
+        try:
+            return gpu_facts(self._init(), device.handle[1])
+        except Exception:
+            return {}
