@@ -79,7 +79,9 @@ def test_monitor_without_an_energy_counter_keeps_the_other_readings(monkeypatch)
 
 
 @pytest.mark.parametrize("kwargs,env,reason", [
-    ({"fail_init": True}, None, "NVML unavailable: RuntimeError: Driver Not Loaded"),
+    ({"fail_init": True}, None, "NVML unavailable: NVML cannot start (RuntimeError: Driver "
+                                "Not Loaded): is the NVIDIA driver (libnvidia-ml.so) installed "
+                                "and loaded?"),
     ({}, "", "no visible GPU"),
 ])
 def test_monitor_records_why_it_is_off(monkeypatch, kwargs, env, reason):

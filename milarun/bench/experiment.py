@@ -13,7 +13,6 @@ from coleo import make_cli, tooled
 
 from .. import hostfacts, isolation, validation
 from ..barrier import ENV_PREFIX
-from ..devices import nvml_str, nvml_visible
 from ..errors import MilarunError, ResultFormatError
 from ..jsonfile import check
 from ..results.journal import Journal
@@ -58,8 +57,11 @@ def host_facts():
     Returns a dict: hostname, cpu_model, cpu_count (host cores), cpuset (list
     of core ids this process may run on), memory_limit_mib (cgroup limit,
     None when unlimited), cgroup (path), total_memory_mib, python, torch,
-    cuda, gpus [{index, name, driver, memory_total_mib, and the NVML facts of
-    :func:`milarun.hostfacts.gpu_facts`}], and the facts of
+    cuda, gpus [{index, name, driver, memory_total_mib, uuid, pci_bus_id, parent
+    (MIG: its GPU), and the backend's facts, for NVIDIA those of
+    :func:`milarun.hostfacts.gpu_facts`}], accelerator (backend, vendor, driver,
+    runtime, runtime_name: :meth:`milarun.accel.base.Backend.accelerator_record`;
+    absent on CPU slots), and the facts of
     :func:`milarun.hostfacts.host_extras` (milarun version and commit,
     kernel, CPU governor and boost, cgroup CPU quota).
     """
@@ -83,26 +85,39 @@ def host_facts():
         facts["cuda_available"] = torch.cuda.is_available()
     except ImportError:
         pass
-    facts["gpus"] = _nvml_gpus()
+    facts["gpus"], accelerator = _gpus()
+    if accelerator is not None:
+        facts["accelerator"] = accelerator
     facts.update(hostfacts.host_extras(facts["cpuset"]))
     return facts
 
 
-def _nvml_gpus():
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-    except Exception:
-        return []
-    out = []
-    driver = nvml_str(pynvml.nvmlSystemGetDriverVersion())
-    indices, handles = nvml_visible(pynvml)
-    for i in indices:
-        out.append({"index": i, "name": nvml_str(pynvml.nvmlDeviceGetName(handles[i])),
-                    "driver": driver,
-                    "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(handles[i]).total / 2**20,
-                    **hostfacts.gpu_facts(pynvml, handles[i])})
-    return out
+def _gpus():
+    """``(host.gpus, host.accelerator)`` from the launcher's backend (``$MILARUN_BACKEND``,
+    else the first backend that sees a device); ``([], None)`` on CPU slots."""
+    from .. import accel
+
+    name = os.environ.get("MILARUN_BACKEND")
+    names = [name] if name else ["nvidia", "amd", "intel"]
+    for n in names:
+        if n not in accel.VENDOR_OF:
+            return [], None
+        try:
+            backend = accel.get(n)
+            found = backend.discover()
+        except Exception:
+            continue
+        if not found:
+            continue
+        record = backend.accelerator_record()
+        out = []
+        for d in found:
+            out.append({"index": d.index, "name": d.name, "driver": record["driver"],
+                        "memory_total_mib": d.memory_mib, "uuid": d.uuid,
+                        "pci_bus_id": d.pci_bus_id, "parent": d.parent,
+                        **backend.facts(d)})
+        return out, record
+    return [], None
 
 
 def _node_name(given):

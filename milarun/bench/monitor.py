@@ -1,15 +1,21 @@
-"""GPU telemetry from NVML in a background thread.
+"""GPU telemetry through the device backend (:mod:`milarun.accel`) in a background thread.
 
 Every ``interval`` seconds it records, per visible GPU: load (%), memory used
 (MiB), temperature (°C), power (W) and energy since the monitor started (J,
-from the NVML total-energy counter where the GPU has one). Without NVML or
-without GPUs it records ``available: false`` with the reason and does nothing.
+from the device's energy counter where it has one); a value the backend cannot
+read is left out. The backend is the one the launcher named
+(``$MILARUN_BACKEND``), else NVIDIA's. Without the library or without GPUs it
+records ``available: false`` with the reason and does nothing.
 """
 
+import os
 import threading
 import time
 
-from ..devices import nvml_visible
+from .. import accel
+
+#: Reading fields, in the order a sample row has them.
+FIELDS = ("load", "memory_mib", "temperature", "power")
 
 
 class GPUMonitor:
@@ -26,45 +32,43 @@ class GPUMonitor:
         self.samples = []
         self.available = False
         self.reason = None
-        self._handles = []
+        self._backend = None
+        self._devices = []
         self._energy0 = {}
         self._stop = threading.Event()
         self._thread = None
-        self._nvml = None
 
     def _init(self):
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-        except Exception as exc:  # no library, no driver: telemetry is optional
-            self.reason = f"NVML unavailable: {exc.__class__.__name__}: {exc}"
+        name = os.environ.get("MILARUN_BACKEND") or "nvidia"
+        if name == "cpu" or name not in accel.VENDOR_OF:
+            self.reason = "no GPU backend (CPU slots)"
             return False
-        self._nvml = pynvml
-        indices, handles = nvml_visible(pynvml)
-        if not indices:
+        self._backend = accel.get(name)
+        ok, why = self._backend.available()
+        if not ok:
+            self.reason = ("NVML unavailable: " if name == "nvidia" else f"{name}: ") + why
+            return False
+        self._devices = self._backend.discover()
+        if not self._devices:
             self.reason = "no visible GPU"
             return False
-        self._handles = [(i, handles[i]) for i in indices]
-        for i, h in self._handles:
+        for d in self._devices:
             try:
-                self._energy0[i] = pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+                self._energy0[d.index] = self._backend.read(d).energy
             except Exception:
-                self._energy0[i] = None
+                self._energy0[d.index] = None
         return True
 
     def _sample(self):
-        nv = self._nvml
         t = time.perf_counter() - self.origin
-        for i, h in self._handles:
-            row = {"t": t, "device": i}
+        for d in self._devices:
+            row = {"t": t, "device": d.index}
             try:
-                row["load"] = nv.nvmlDeviceGetUtilizationRates(h).gpu
-                row["memory_mib"] = nv.nvmlDeviceGetMemoryInfo(h).used / 2**20
-                row["temperature"] = nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
-                row["power"] = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
-                e0 = self._energy0.get(i)
-                if e0 is not None:
-                    row["energy"] = (nv.nvmlDeviceGetTotalEnergyConsumption(h) - e0) / 1000.0
+                r = self._backend.read(d)
+                row.update({k: getattr(r, k) for k in FIELDS if getattr(r, k) is not None})
+                e0 = self._energy0.get(d.index)
+                if e0 is not None and r.energy is not None:
+                    row["energy"] = r.energy - e0
             except Exception as exc:
                 row["error"] = str(exc)
             self.samples.append(row)

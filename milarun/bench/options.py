@@ -8,7 +8,7 @@ def common_options():
     """Return the options shared by all models as a dict.
 
     ``max_count`` (items), ``min_steady`` (s), ``sample_duration`` (s), ``warmup`` (windows),
-    ``seed``, ``device`` (``auto``, ``cpu`` or ``cuda``), ``monitor_interval`` (s),
+    ``seed``, ``device`` (``auto``, ``cpu``, ``cuda`` or ``xpu``), ``monitor_interval`` (s),
     ``no_instrument``, ``profile_trace`` (folder or None), ``profile_steps`` (steps).
     """
     # Stop after this many items (examples) have been processed
@@ -21,7 +21,7 @@ def common_options():
     warmup: Option & int = default(3)
     # Random seed
     seed: Option & int = default(1234)
-    # Device: auto (cuda when available), cpu or cuda
+    # Device: auto (cuda, else xpu, when available), cpu, cuda or xpu
     device: Option = default("auto")
     # Seconds between two GPU telemetry readings
     monitor_interval: Option & float = default(1.0)

@@ -33,9 +33,13 @@ def init_torch(exp):
     torch.manual_seed(seed)
     threads = max(1, len(current_cpuset()))
     torch.set_num_threads(threads)
+    check_device(torch)
     want = opts["device"]
     if want == "auto":
-        want = "cuda" if torch.cuda.is_available() else "cpu"
+        want = ("cuda" if torch.cuda.is_available() else
+                "xpu" if _xpu(torch) else "cpu")
+    if want == "xpu" and not _xpu(torch):
+        raise WrongDevice("--device xpu was asked for but torch has no usable XPU")
     if want == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("--device cuda was asked for but CUDA is not available")
@@ -49,6 +53,73 @@ def init_torch(exp):
     exp.result["host"]["threads"] = threads
     exp.result["host"]["device_type"] = device.type
     return device
+
+
+class WrongDevice(RuntimeError):
+    """torch cannot use the device the launcher gave this child: a FAIL record with reason
+    ``wrong-device`` (the launcher's backend and torch's build disagree, or the device
+    torch sees is not the one named)."""
+
+    fail_reason = "wrong-device"
+
+
+def _xpu(torch):
+    xpu = getattr(torch, "xpu", None)
+    try:
+        return bool(xpu is not None and xpu.is_available())
+    except Exception:
+        return False
+
+
+def check_device(torch, environ=None):
+    """Check that torch can use the device the launcher gave (``$MILARUN_BACKEND``,
+    ``$MILARUN_PCI_BUS_ID``; no check without them, as for CPU slots).
+
+    * ``nvidia``: a CUDA build (``torch.version.cuda``) that sees a GPU;
+    * ``amd``: a ROCm build (``torch.version.hip``) that sees a GPU;
+    * ``intel``: ``torch.xpu`` available;
+    * with a PCI bus id ``dddd:bb:dd.f``, device 0's domain, bus and device
+      numbers (``get_device_properties(0)``'s ``pci_domain_id``, ``pci_bus_id``,
+      ``pci_device_id``, where torch exposes them) must be that one's.
+
+    Raises:
+        WrongDevice: any of these fails.
+    """
+    environ = os.environ if environ is None else environ
+    backend = environ.get("MILARUN_BACKEND")
+    if backend in (None, "", "cpu"):
+        return
+    version = getattr(torch, "version", None)
+    if backend == "intel":
+        if not _xpu(torch):
+            raise WrongDevice("the launcher gave an Intel GPU (ZE_AFFINITY_MASK="
+                              f"{environ.get('ZE_AFFINITY_MASK')!r}) but torch has no usable "
+                              "XPU: install torch's XPU build (docs/vendors.md)")
+        return
+    build = {"nvidia": ("cuda", "CUDA"), "amd": ("hip", "ROCm")}.get(backend)
+    if build is None:
+        raise WrongDevice(f"unknown device backend {backend!r} ($MILARUN_BACKEND)")
+    attr, label = build
+    if not getattr(version, attr, None):
+        raise WrongDevice(f"the launcher gave an {backend.upper()} GPU but this torch "
+                          f"({getattr(torch, '__version__', '?')}) is not a {label} build "
+                          "(docs/vendors.md)")
+    if not torch.cuda.is_available():
+        raise WrongDevice(f"the launcher gave a {backend.upper()} GPU but torch sees none "
+                          "(driver, visibility variables or permissions)")
+    want = environ.get("MILARUN_PCI_BUS_ID")
+    if want:
+        props = torch.cuda.get_device_properties(0)
+        got = tuple(getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device"))
+        try:
+            domain, bus, dev = want.split(":")
+            expected = (int(domain, 16), int(bus, 16), int(dev.split(".")[0], 16))
+        except ValueError:
+            expected = None
+        if expected and all(isinstance(g, int) for g in got) and got != expected:
+            raise WrongDevice(f"torch's device 0 is PCI {got[0]:04x}:{got[1]:02x}:{got[2]:02x}, "
+                              f"not the {want} the launcher gave: the backend's and the "
+                              "runtime's device orders differ")
 
 
 def set_precision(device, precision):
@@ -91,11 +162,13 @@ def synchronize(device):
 
 
 def peak_memory_mib(device):
-    """Peak accelerator memory (MiB) on CUDA, else the process's peak RSS (MiB)."""
+    """Peak accelerator memory (MiB) on CUDA or XPU, else the process's peak RSS (MiB)."""
     import torch
 
     if device is not None and device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    if device is not None and device.type == "xpu":
+        return torch.xpu.max_memory_allocated(device) / 2**20
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 

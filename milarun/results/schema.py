@@ -121,11 +121,12 @@ FORMAT_VERSION = 1
 #: successful record followed by a non-zero exit or a hang; for distributed
 #: launches, a node that did not join the rendezvous in time, a rank that died,
 #: a node whose connection (ssh, srun step) dropped; and the failing checks of
-#: :mod:`milarun.validation` (a NaN or infinite loss, no steady state). The
+#: :mod:`milarun.validation` (a NaN or infinite loss, no steady state); a
+#: child whose torch cannot use the device it was given (``wrong-device``). The
 #: schema's enum must agree (tested).
 FAIL_REASONS = ("error", "oom-killed", "timeout", "signal", "interrupted",
                 "exit-after-result", "rendezvous-timeout", "rank-failed", "node-lost",
-                "barrier-timeout", "nan-loss", "no-steady-state")
+                "barrier-timeout", "nan-loss", "no-steady-state", "wrong-device")
 
 
 def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
