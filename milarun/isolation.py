@@ -306,16 +306,16 @@ def student_plan(n, memory_bytes=None):
     """The split ``scripts/cgroup_setup.sh`` applies on this host, for ``n`` students.
 
     Uses the CPUs in the root cpuset, the host RAM (or ``memory_bytes``),
-    NVML's per-GPU CPU affinity (students take cores local to their GPU's
-    NUMA node) and the NUMA layout from sysfs.
+    each device's local CPUs from its backend (:mod:`milarun.accel`: students
+    take cores local to their GPU's NUMA node) and the NUMA layout from sysfs.
     """
     import psutil
 
-    from .devices import nvml_gpus
+    from .devices import find_gpus
 
     cpus = host_cpus()
     total = memory_bytes or psutil.virtual_memory().total
-    gpus = nvml_gpus()
+    gpus, _ = find_gpus()
     affinity = gpus.affinity[:n] if gpus is not None and len(gpus) >= n else None
     return split_students(n, cpus, total, gpu_cpus=affinity, numa_nodes=numa_nodes_of_cpus())
 

@@ -59,9 +59,8 @@ if [ $remove = 1 ]; then
 fi
 
 if [ -z "$students" ]; then
-  if command -v nvidia-smi >/dev/null 2>&1; then
-    students=$(nvidia-smi -L | grep -c '^GPU')
-  fi
+  # one student per device milarun sees (any vendor, MIG instances included)
+  students=$(cd "$here" && "$PY" -m milarun devices --count) || exit 2
   if [ -z "$students" ] || [ "$students" = 0 ]; then
     echo "cgroup_setup.sh: no GPU found; pass --students N for N CPU slots" >&2; exit 2
   fi

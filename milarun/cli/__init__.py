@@ -12,7 +12,7 @@ import sys
 from coleo import make_cli
 
 from ..errors import MilarunError
-from . import dataset, jobs, profile, report, rerun, run, slurm, summary
+from . import dataset, devices, jobs, profile, report, rerun, run, slurm, summary
 
 #: True when ``--verbose`` was given (commands read it when they run).
 VERBOSE = False
@@ -25,6 +25,7 @@ COMMANDS = {
     "slurm": slurm.command,
     "rerun": rerun.command,
     "dataset": dataset.command,
+    "devices": devices.command,
     "summary": summary.command,
     "report": report.command,
 }
