@@ -43,7 +43,9 @@ GPU_KEYS = ("power_limit_w", "power_limit_default_w", "sm_clock_max_mhz", "mem_c
 #: Per-student limits, kept per host as the tightest value seen.
 STUDENT_KEYS = ("student_cpus", "memory_limit_mib", "cgroup_cpu_quota")
 #: What ``--compare`` checks, with the words it uses.
-COMPARED = (("cpu_model", "CPU model"), ("gpus", "GPUs"), ("driver", "GPU driver"),
+COMPARED = (("cpu_model", "CPU model"), ("gpus", "GPUs"), ("gpu_vendor", "GPU vendor"),
+            ("gpu_backend", "device backend"), ("gpu_runtime", "GPU runtime"),
+            ("driver", "GPU driver"),
             ("torch", "torch"), ("cuda", "CUDA"), ("milarun_version", "milarun version"),
             ("milarun_commit", "milarun commit"), ("kernel", "kernel"),
             ("cpu_governor", "CPU governor"), ("cpu_boost", "CPU boost"),
@@ -173,8 +175,19 @@ def host_extras(cpus=None):
 # ------------------------------------------------------- the summary's hosts
 
 def machine_facts(host):
-    """The machine-level facts of a result's ``host`` that it has (no None values)."""
-    return {k: host[k] for k in MACHINE_KEYS if host.get(k) is not None}
+    """The machine-level facts of a result's ``host`` that it has (no None values),
+    with its ``accelerator`` record (:mod:`milarun.accel`) flattened to ``gpu_vendor``,
+    ``gpu_backend`` and ``gpu_runtime`` (``"ROCm 6.2.1"``)."""
+    out = {k: host[k] for k in MACHINE_KEYS if host.get(k) is not None}
+    acc = host.get("accelerator")
+    if isinstance(acc, dict):
+        if acc.get("vendor"):
+            out["gpu_vendor"] = acc["vendor"]
+        if acc.get("backend"):
+            out["gpu_backend"] = acc["backend"]
+        if acc.get("runtime_name"):
+            out["gpu_runtime"] = f"{acc['runtime_name']} {acc.get('runtime') or 'unknown'}"
+    return out
 
 
 def accumulate(entry, host):
@@ -264,6 +277,9 @@ def fact_lines(host):
         extra = f" ({commit[:12]}{', modified' if host.get('milarun_dirty') else ''})" \
             if commit else ""
         parts.append(f"milarun {version}{extra}")
+    add("GPU vendor", "gpu_vendor")
+    add("backend", "gpu_backend")
+    add("runtime", "gpu_runtime")
     add("kernel", "kernel")
     add("CPU governor", "cpu_governor")
     add("boost", "cpu_boost")
