@@ -216,3 +216,24 @@ def test_compare_warns_when_facts_differ_from_the_baseline(tmp_path):
     report, _ = make_report(str(results), compare=str(ROOT / "tests/fixtures/baseline2020.json"),
                             warn=warn)
     assert report.host_diffs == [] and warn.getvalue() == ""
+
+
+def test_the_accelerator_record_reaches_the_header_and_compare():
+    from milarun.report import build_report, render_text
+    from milarun.summary import normalize_summary
+    amd = {"backend": "amd", "vendor": "AMD", "driver": "6.7.0", "runtime": "6.2.1",
+           "runtime_name": "ROCm"}
+    nvidia = {"backend": "nvidia", "vendor": "NVIDIA", "driver": "550.54", "runtime": "12.4",
+              "runtime_name": "CUDA"}
+    ours = normalize_summary(summary_with({**FACTS, "accelerator": amd}))
+    (host,) = ours["hosts"]
+    assert (host["gpu_vendor"], host["gpu_backend"], host["gpu_runtime"]) == \
+        ("AMD", "amd", "ROCm 6.2.1")
+    assert "GPU vendor AMD | backend amd | runtime ROCm 6.2.1 | kernel 6.8.0" in \
+        render_text(build_report(ours))
+    base = normalize_summary(summary_with({**FACTS, "accelerator": nvidia}))
+    assert hostfacts.differences(ours, base)[:3] == [
+        ("GPU vendor", "AMD", "NVIDIA"), ("device backend", "amd", "nvidia"),
+        ("GPU runtime", "ROCm 6.2.1", "CUDA 12.4")]
+    # a record without the field (older, or CPU slots) adds nothing
+    assert "gpu_vendor" not in hostfacts.machine_facts(FACTS)
