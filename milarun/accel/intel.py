@@ -30,18 +30,12 @@ import os
 from pathlib import Path
 
 from .base import Accelerator, Backend, Reading
-from .sysfs import (driver_of, integrated_intel, local_cpus, numa_node, pci_ids, GPU_CLASSES)
+from .sysfs import GPU_CLASSES, driver_of, integrated_intel, local_cpus, numa_node, pci_ids
+from .sysfs import read_text as _read
 
 DRIVERS = ("i915", "xe")
 LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib", "usr/local/lib",
             "opt/intel/oneapi/lib")
-
-
-def _read(path):
-    try:
-        return Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
 
 
 def _int(path):

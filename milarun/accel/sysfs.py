@@ -14,7 +14,8 @@ GPU_CLASSES = (0x0300, 0x0302, 0x0380, 0x1200)
 VENDORS = {0x10DE: "NVIDIA", 0x1002: "AMD", 0x8086: "Intel"}
 
 
-def _read(path):
+def read_text(path):
+    """A sysfs file's stripped text, None when it is missing or unreadable."""
     try:
         return Path(path).read_text().strip()
     except (OSError, UnicodeDecodeError):
@@ -48,7 +49,7 @@ def local_cpus(bdf, root="/"):
     """CPU ids local to the PCI device (``local_cpulist``), ``[]`` when unknown."""
     from ..isolation import parse_cpus
 
-    text = _read(pci_device(bdf, root) / "local_cpulist") if bdf else None
+    text = read_text(pci_device(bdf, root) / "local_cpulist") if bdf else None
     try:
         return parse_cpus(text) if text else []
     except ValueError:
@@ -57,7 +58,7 @@ def local_cpus(bdf, root="/"):
 
 def numa_node(bdf, root="/"):
     """NUMA node of the PCI device, None when unknown (sysfs says -1 without NUMA)."""
-    text = _read(pci_device(bdf, root) / "numa_node") if bdf else None
+    text = read_text(pci_device(bdf, root) / "numa_node") if bdf else None
     try:
         node = int(text)
     except (TypeError, ValueError):
@@ -68,8 +69,8 @@ def numa_node(bdf, root="/"):
 def pci_ids(path):
     """``(vendor, device, class >> 8)`` ints of a sysfs PCI device folder; None where unreadable."""
     path = Path(path)
-    cls = _hex(_read(path / "class"))
-    return (_hex(_read(path / "vendor")), _hex(_read(path / "device")),
+    cls = _hex(read_text(path / "class"))
+    return (_hex(read_text(path / "vendor")), _hex(read_text(path / "device")),
             None if cls is None else cls >> 8)
 
 
