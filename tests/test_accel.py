@@ -404,3 +404,127 @@ def test_every_backend_is_registered_and_named():
         assert backend.name == name and backend.torch_device in ("cuda", "xpu", "cpu")
     with pytest.raises(KeyError):
         accel.get("tpu")
+
+
+# --- hostile hardware and odd flags (review of issue 12) -------------------------------------
+
+def test_a_gpu_in_mig_mode_without_instances_is_no_device(monkeypatch):
+    # CUDA enumerates nothing for such a GPU: giving it whole would fail every child
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def no_instances(mig_on):
+        nv = fake_nvml(mig_on=mig_on)
+
+        def empty_slot(h, i):
+            raise RuntimeError("Not Found")
+
+        nv.nvmlDeviceGetMigDeviceHandleByIndex = empty_slot
+        return nv
+
+    backend = NvidiaBackend(pynvml=no_instances((1,)))
+    assert [(a.index, a.visible_id, a.parent) for a in backend.discover()] == [(0, "0", None)]
+    backend = NvidiaBackend(pynvml=no_instances((0, 1)))
+    assert backend.discover() == []
+    assert "MIG mode" in backend.reason and "no MIG instance" in backend.reason
+
+
+def test_nvml_counters_a_board_does_not_support_leave_out_only_themselves(monkeypatch):
+    # vGPU guests and some boards answer NotSupported for power or utilisation
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nv = fake_nvml(mig_on=())
+
+    def unsupported(h):
+        raise RuntimeError("Not Supported")
+
+    nv.nvmlDeviceGetPowerUsage = nv.nvmlDeviceGetUtilizationRates = unsupported
+    backend = NvidiaBackend(pynvml=nv)
+    r = backend.read(backend.discover()[0])
+    assert (r.load, r.memory_mib, r.temperature, r.power, r.energy) == \
+        (None, 1024, 50, None, 9000.0)
+
+
+def test_amdsmi_not_available_values_never_reach_a_record(tmp_path, monkeypatch):
+    # amdsmi answers "N/A" (not an exception) for counters a GPU lacks (0xFFFF, max uint)
+    from milarun.bench.monitor import FIELDS
+    from milarun.results.schema import new_result, validate
+
+    monkeypatch.delenv("ROCR_VISIBLE_DEVICES", raising=False)
+    smi = fake_amdsmi(1)
+    smi.amdsmi_get_gpu_activity = lambda h: {"gfx_activity": "N/A", "umc_activity": "N/A"}
+    smi.amdsmi_get_power_info = lambda h: {"current_socket_power": "N/A",
+                                           "average_socket_power": 650, "power_limit": "N/A"}
+    backend = AMDBackend(amdsmi=smi, root=tmp_path)
+    (dev,) = backend.discover()
+    r = backend.read(dev)
+    assert (r.load, r.power, r.temperature) == (None, 650, 61)
+    rec = new_result("s.t")
+    rec["gpu_monitor"] = {"available": True, "reason": None, "interval": 1.0, "samples": [
+        {"t": 0.0, "device": 0, **{k: getattr(r, k) for k in FIELDS if getattr(r, k) is not None}}]}
+    rec["host"]["gpus"] = [{"index": 0, "name": dev.name, **backend.facts(dev)}]
+    validate(rec)
+
+
+def test_amd_telemetry_a_partition_lacks_keeps_the_rest(tmp_path, monkeypatch):
+    monkeypatch.delenv("ROCR_VISIBLE_DEVICES", raising=False)
+    smi = fake_amdsmi(1)
+
+    def unsupported(*a):
+        raise RuntimeError("AMDSMI_STATUS_NOT_SUPPORTED")
+
+    smi.amdsmi_get_gpu_activity = unsupported
+    backend = AMDBackend(amdsmi=smi, root=tmp_path)
+    (dev,) = backend.discover()
+    r = backend.read(dev)
+    assert (r.load, r.memory_mib, r.power) == (None, 3072, 650)
+    for name in dir(smi):                      # a library that raises on every call
+        if name.startswith("amdsmi_get"):
+            setattr(smi, name, unsupported)
+    with pytest.raises(RuntimeError, match="NOT_SUPPORTED"):
+        backend.read(dev)                      # the monitor records an error row
+
+
+@pytest.mark.parametrize("bdf,vendor,cls,driver,device", [
+    ("0000:00:0b.0", 0x8086, 0x120000, "intel_vpu", 0x7D1D),   # Meteor Lake NPU
+    ("0000:00:0b.0", 0x8086, 0x120000, None, 0x643E),          # Lunar Lake NPU, no driver
+    ("0000:00:02.1", 0x8086, 0x030000, "i915", 0xA7A0),        # iGPU SR-IOV virtual function
+    ("0000:01:03.0", 0x1002, 0x030000, None, 0x515E),          # ATI ES1000 server VGA
+    ("0000:01:03.0", 0x1002, 0x030000, "radeon", 0x515E),
+    ("0000:00:0e.0", 0x1002, 0x030000, None, 0x4752),          # ATI Rage XL server VGA
+])
+def test_probe_ignores_npus_igpu_functions_and_old_server_vga(tmp_path, bdf, vendor, cls,
+                                                                driver, device):
+    dev = pci(tmp_path, bdf, vendor, cls, driver)
+    write(dev / "device", f"{device:#06x}\n")
+    assert probe.found(tmp_path) == {}        # a CPU server: runs on CPU slots
+
+
+def test_intel_backend_skips_the_igpu_virtual_functions(tmp_path, monkeypatch):
+    monkeypatch.delenv("ZE_AFFINITY_MASK", raising=False)
+    intel_tree(tmp_path)
+    vf = pci(tmp_path, "0000:00:02.1", 0x8086, 0x030000, "i915")
+    drm_card(tmp_path, "card2", vf)
+    assert [a.pci_bus_id for a in IntelBackend(root=tmp_path).discover()] == ["0000:3a:00.0"]
+
+
+def test_probe_survives_garbage_and_loops_in_sysfs(tmp_path):
+    base = tmp_path / "sys/bus/pci/devices"
+    bad = pci(tmp_path, "0000:3b:00.0", 0x10DE, 0x030200)
+    write(bad / "class", "\x00\xff garbage\n")
+    loop = base / "0000:3c:00.0"
+    loop.mkdir()
+    os.symlink(loop / "vendor", loop / "vendor")           # ELOOP
+    (loop / "class").symlink_to(loop / "class2")
+    (loop / "class2").symlink_to(loop / "class")
+    write(base / "0000:3d:00.0" / "vendor", "0x10de\n")    # class missing
+    assert probe.found(tmp_path) == {}
+
+
+@pytest.mark.parametrize("flag", ["0", "-3"])
+def test_devices_command_rejects_bad_cpu_slots_in_one_line(flag, capsys):
+    from milarun.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["devices", "--cpu-slots", flag])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["milarun: error: --cpu-slots must be at least 1"]

@@ -33,6 +33,12 @@ def _try(call, *args):
         return None
 
 
+def _num(value):
+    """``value`` when it is a number, else None (amdsmi answers ``"N/A"`` for a counter
+    the GPU lacks, which would make a record fail its schema)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _enum(smi, enum, *names):
     kind = getattr(smi, enum, None)
     for n in names:
@@ -124,9 +130,15 @@ class AMDBackend(Backend):
         return {"driver": driver, "runtime": rocm, "runtime_name": "ROCm"}
 
     def read(self, device):
+        """A :class:`Reading`; a counter amdsmi does not support is left out. Raises
+        amdsmi's error when it answers none of them."""
         smi = self._init()
         h = device.handle
-        activity = smi.amdsmi_get_gpu_activity(h) or {}
+        try:
+            activity = smi.amdsmi_get_gpu_activity(h)
+            failed = None
+        except Exception as exc:   # e.g. NOT_SUPPORTED on a partition: read the rest
+            activity, failed = None, exc
         used = _try(smi.amdsmi_get_gpu_memory_usage, h, _enum(smi, "AmdSmiMemoryType", "VRAM"))
         power = _try(smi.amdsmi_get_power_info, h) or {}
         watts = next((power[k] for k in ("current_socket_power", "average_socket_power")
@@ -143,17 +155,19 @@ class AMDBackend(Backend):
         res = count.get("counter_resolution")
         energy = acc * res / 1e6 if isinstance(acc, (int, float)) and \
             isinstance(res, (int, float)) else None
-        return Reading(load=activity.get("gfx_activity"),
-                       memory_mib=None if not isinstance(used, int) else used / 2**20,
-                       temperature=temp if isinstance(temp, (int, float)) else None,
-                       power=watts, energy=energy)
+        reading = Reading(load=_num((activity or {}).get("gfx_activity")),
+                          memory_mib=None if not isinstance(used, int) else used / 2**20,
+                          temperature=temp if isinstance(temp, (int, float)) else None,
+                          power=watts, energy=energy)
+        if failed is not None and all(v is None for v in vars(reading).values()):
+            raise failed
+        return reading
 
     def facts(self, device):
         smi = self._smi
         power = _try(smi.amdsmi_get_power_info, device.handle) or {} if smi else {}
-        cap = power.get("power_limit")
-        return {"power_limit_w": cap / 1e6 if isinstance(cap, (int, float)) and cap > 1e4
-                else cap}
+        cap = _num(power.get("power_limit"))
+        return {"power_limit_w": cap / 1e6 if cap is not None and cap > 1e4 else cap}
 
 
 def _honour_visible(found, environ=None):

@@ -108,11 +108,12 @@ def _nvml_cpus(pynvml, handle, ncpus):
 
 
 def _mig_handles(nv, handle):
-    """The MIG instance handles of a GPU in MIG mode, else ``[]``."""
+    """The MIG instance handles of a GPU in MIG mode (``[]`` when it has none: CUDA
+    then sees nothing of that GPU), None when the GPU is not in MIG mode."""
     mode = _call(nv, "nvmlDeviceGetMigMode", handle)
     current = mode[0] if isinstance(mode, (list, tuple)) else mode
     if current != getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
-        return []
+        return None
     out = []
     for i in range(_call(nv, "nvmlDeviceGetMaxMigDeviceCount", handle) or 0):
         mig = _call(nv, "nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
@@ -169,19 +170,23 @@ class NvidiaBackend(Backend):
         for i, h in enumerate(handles):
             instances = _mig_handles(nv, h)
             per_gpu.append(instances)
-            for m in instances:
+            for m in instances or ():
                 migs[nvml_str(nv.nvmlDeviceGetUUID(m))] = (i, m)
         entries = _resolve(count, None,
                            lambda i: nvml_str(nv.nvmlDeviceGetUUID(handles[i])), migs)
         ncpus = os.cpu_count() or 1
         found = []
         for kind, key in entries:
-            if kind == "gpu" and per_gpu[key]:   # a GPU in MIG mode: its instances
+            if kind == "gpu" and per_gpu[key] is not None:   # in MIG mode: its instances
                 found += [("mig", key, m) for m in per_gpu[key]]
             elif kind == "gpu":
                 found.append(("gpu", key, handles[key]))
             else:
                 found.append(("mig",) + migs[key])
+        empty = [i for i, inst in enumerate(per_gpu) if inst == []]
+        if not found and empty:
+            self.reason = (f"GPU {', '.join(map(str, empty))} in MIG mode with no MIG instance "
+                           "(create some: nvidia-smi mig -cgi … -C, or turn MIG mode off)")
         mig_mode = any(kind == "mig" for kind, _, _ in found)
         out = []
         for n, (kind, gpu, h) in enumerate(found):
@@ -217,15 +222,20 @@ class NvidiaBackend(Backend):
                 "runtime_name": "CUDA"}
 
     def read(self, device):
+        """Memory in MiB and temperature in °C (NVML errors raise); load in %, power in W
+        (mW / 1000) and energy in J (mJ / 1000) where the GPU supports them."""
         nv = self._init()
         h, parent, mig = device.handle
         used = nv.nvmlDeviceGetMemoryInfo(h).used / 2**20
         temperature = nv.nvmlDeviceGetTemperature(parent, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
         if mig:
             return Reading(memory_mib=used, temperature=temperature)
+        # NotSupported on some boards and vGPU guests: left out, not an error row
         energy = _call(nv, "nvmlDeviceGetTotalEnergyConsumption", h)
-        return Reading(load=nv.nvmlDeviceGetUtilizationRates(h).gpu, memory_mib=used,
-                       temperature=temperature, power=nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+        util = _call(nv, "nvmlDeviceGetUtilizationRates", h)
+        power = _call(nv, "nvmlDeviceGetPowerUsage", h)
+        return Reading(load=getattr(util, "gpu", None), memory_mib=used,
+                       temperature=temperature, power=None if power is None else power / 1000.0,
                        energy=None if energy is None else energy / 1000.0)
 
     def facts(self, device):

@@ -101,6 +101,6 @@ def gpu_functions(root="/"):
 
 def integrated_intel(function):
     """An Intel GPU on the CPU die: its fixed address ``0000:00:02.0`` (every Intel
-    integrated GPU since 2010 sits there), never a test device."""
-    return function["vendor"] == "Intel" and function["bdf"].endswith("00:02.0") \
-        and function["bdf"].startswith("0000:00:")
+    integrated GPU since 2010 sits there), or one of its SR-IOV virtual functions
+    (``00:02.1``–``00:02.7``); never a test device."""
+    return function["vendor"] == "Intel" and function["bdf"].startswith("0000:00:02.")

@@ -79,7 +79,12 @@ def command(rest):
     # CPU slots to report when no GPU backend sees a device
     cpu_slots: Option & int = default(None)
 
-    inv = inventory(cpu_slots)
+    from ..errors import SetupError
+
+    try:
+        inv = inventory(cpu_slots)
+    except ValueError as exc:   # --cpu-slots < 1: one line, as milarun jobs says it
+        raise SetupError(str(exc))
     if count:
         print(len(inv["devices"]) or (cpu_slots or 0))
     elif json_:
