@@ -309,13 +309,13 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
     cluster = as_cluster(where)
     timeout = float(timeout or job.timeout)
     when = session or datetime.datetime.fromtimestamp(0, datetime.timezone.utc)
-    gpu = cluster.devices.kind == "gpu"
 
     def make(slot, wave_id=None):
         label = slot.label
         devs = list(slot.devices)
         # the backend's visibility variables (milarun.accel); CPU slots hide every GPU
-        vis = cluster.devices.child_env(devs) if gpu else {"CUDA_VISIBLE_DEVICES": ""}
+        # and say MILARUN_BACKEND=cpu, so --device auto never picks a GPU left visible
+        vis = cluster.devices.child_env(devs)
         first = next(iter(vis))
         env = {first: vis.pop(first), "MILARUN_DEVICE": label, "MILARUN_RUN": str(run), **vis}
         if wave_id is not None:

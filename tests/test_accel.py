@@ -528,3 +528,21 @@ def test_devices_command_rejects_bad_cpu_slots_in_one_line(flag, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["milarun: error: --cpu-slots must be at least 1"]
+
+
+def test_a_cpu_slot_child_never_picks_a_gpu_left_visible(monkeypatch):
+    # an Intel GPU with torch's XPU build: ZE_AFFINITY_MASK="" hides nothing
+    from milarun.bench.setup import init_torch
+    from milarun.plan import plan_job
+    from milarun.profile import Job
+
+    job = Job(name="t", suite="s", experiment="milarun.models.toy_reg:main", partition="per-gpu")
+    (wave,) = plan_job(job, devices.Devices("cpu", [0, 1]), 0, "/out")
+    env = wave[0].env
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["MILARUN_BACKEND"] == "cpu"
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: True)
+    monkeypatch.setenv("MILARUN_BACKEND", "cpu")
+    exp = types.SimpleNamespace(options={"seed": 0, "device": "auto"},
+                                result={"host": {}})
+    assert init_torch(exp).type == "cpu"

@@ -149,7 +149,7 @@ def test_ssh_cluster_runs_each_node_through_batchmode_ssh_and_fans_out():
     assert "torch.distributed.run --nnodes 2" in remote
     assert "--rdzv-endpoint host1:29400" in remote
     # the variables travel in the remote command: ssh passes none
-    assert "env MILARUN_NODE=n1 env CUDA_VISIBLE_DEVICES= MILARUN_DEVICE=2x1" in remote
+    assert "env MILARUN_NODE=n1 env CUDA_VISIBLE_DEVICES= MILARUN_BACKEND=cpu MILARUN_DEVICE=2x1" in remote
 
 
 def test_ssh_per_gpu_launch_is_one_ssh_command():

@@ -12,7 +12,8 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 def init_torch(exp):
     """Seed every RNG, pick the device and set the thread count.
 
-    On CUDA it also turns on ``torch.backends.cudnn.benchmark``.
+    On CUDA it also turns on ``torch.backends.cudnn.benchmark``. ``--device auto``
+    is the CPU in a CPU slot (``$MILARUN_BACKEND`` ``cpu``), else CUDA, XPU, CPU.
 
     The thread count is the size of the cpuset the child runs in (its student
     slice), so a 4-core student uses 4 threads rather than every core.
@@ -35,6 +36,8 @@ def init_torch(exp):
     torch.set_num_threads(threads)
     check_device(torch)
     want = opts["device"]
+    if want == "auto" and os.environ.get("MILARUN_BACKEND") == "cpu":
+        want = "cpu"   # a CPU slot: an XPU (ZE_AFFINITY_MASK="" hides nothing) stays unused
     if want == "auto":
         want = ("cuda" if torch.cuda.is_available() else
                 "xpu" if _xpu(torch) else "cpu")
