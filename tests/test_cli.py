@@ -302,3 +302,18 @@ def test_a_failed_run_child_still_exits_1_on_the_fast_path(tmp_path):
     assert proc.returncode == 1
     assert "deliberate failure" in proc.stderr      # stderr flushed before os._exit
     assert json.loads((tmp_path / "r.json").read_text())["success"] is False
+
+
+def test_the_fast_exit_flushes_what_c_code_printed(tmp_path):
+    # os._exit skips libc's exit(), which flushes C stdio: a run by hand, stdout to a file
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:
+        proc = subprocess.run(
+            [sys.executable, "-c", "import ctypes; ctypes.CDLL(None).printf(b'from C\\n'); "
+             "print('from Python'); from milarun.cli import _exit_now; _exit_now(3)"],
+            stdout=f, env=env, timeout=60)
+    assert proc.returncode == 3
+    assert sorted(out.read_text().splitlines()) == ["from C", "from Python"]

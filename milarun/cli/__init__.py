@@ -108,7 +108,7 @@ def _exit_now(code):
     object) takes about a second (1.2 s on the 2-core development VM) after the
     result is written: a second of idle machine between every two waves of a
     suite. The record is on disk by then (written atomically and fsynced), so
-    atexit handlers run, stdout and stderr are flushed, and the process ends
+    atexit handlers run, stdout and stderr (Python's and C's) are flushed, and the process ends
     with ``os._exit``. Data-loader workers left in its process group are killed
     by the launcher when it reaps the child (``launch._Child.poll``).
     """
@@ -124,6 +124,11 @@ def _exit_now(code):
             stream.flush()
         except (OSError, ValueError):
             pass
+    try:  # and C stdio (extensions' printf), which only libc's exit() would flush
+        import ctypes
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
     os._exit(code)
 
 
