@@ -519,15 +519,22 @@ def test_probe_survives_garbage_and_loops_in_sysfs(tmp_path):
     assert probe.found(tmp_path) == {}
 
 
-@pytest.mark.parametrize("flag", ["0", "-3"])
+@pytest.mark.parametrize("flag", ["0", "-3", "99999"])
 def test_devices_command_rejects_bad_cpu_slots_in_one_line(flag, capsys):
     from milarun.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["devices", "--cpu-slots", flag])
     assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["milarun: error: --cpu-slots must be at least 1"]
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith("milarun: error: --cpu-slots must be between 1 and ")
+    assert err.endswith(f"not {flag}")
+
+
+def test_devices_command_help_names_its_flags():
+    proc = subprocess.run([sys.executable, "-m", "milarun", "devices", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert "--json " in proc.stdout and "--json-" not in proc.stdout
 
 
 def test_a_cpu_slot_child_never_picks_a_gpu_left_visible(monkeypatch):

@@ -73,18 +73,17 @@ def command(rest):
     the accelerators the host has whatever its drivers. Exit 2 when the host has
     accelerators that no backend sees (unless --cpu-slots)."""
     # Print the inventory as JSON
+    # [options: --json]
     json_: Option & bool = default(False)
     # Print only the number of GPUs (none: the --cpu-slots value, else 0)
     count: Option & bool = default(False)
     # CPU slots to report when no GPU backend sees a device
     cpu_slots: Option & int = default(None)
 
-    from ..errors import SetupError
+    from .jobs import check_bounds
 
-    try:
-        inv = inventory(cpu_slots)
-    except ValueError as exc:   # --cpu-slots < 1: one line, as milarun jobs says it
-        raise SetupError(str(exc))
+    check_bounds(1, cpu_slots, None)   # --cpu-slots in 1..cores, as milarun jobs says
+    inv = inventory(cpu_slots)
     if count:
         print(len(inv["devices"]) or (cpu_slots or 0))
     elif json_:
