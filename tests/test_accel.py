@@ -553,3 +553,12 @@ def test_a_cpu_slot_child_never_picks_a_gpu_left_visible(monkeypatch):
     exp = types.SimpleNamespace(options={"seed": 0, "device": "auto"},
                                 result={"host": {}})
     assert init_torch(exp).type == "cpu"
+
+
+def test_intel_empty_mask_hides_nothing_and_the_newest_loader_is_named(tmp_path, monkeypatch):
+    intel_tree(tmp_path)
+    write(tmp_path / "usr/lib/x86_64-linux-gnu/libze_loader.so.1.9.2", "")
+    monkeypatch.setenv("ZE_AFFINITY_MASK", "")       # Level Zero: all devices
+    backend = IntelBackend(root=tmp_path)
+    assert [a.pci_bus_id for a in backend.discover()] == ["0000:3a:00.0"]
+    assert backend.versions()["runtime"] == "1.17.6"  # not 1.9.2, the text-order last

@@ -53,6 +53,12 @@ def _memory_bytes(dev):
     return sum(s for s in sizes if s) or None
 
 
+def _version_key(path):
+    """Sort key of ``libze_loader.so.1.17.6``: its numbers, as ints (text parts last)."""
+    parts = os.path.basename(path).split(".so.", 1)[-1].split(".")
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts]
+
+
 def _hwmon(dev):
     found = sorted(glob.glob(str(dev / "hwmon" / "hwmon*")))
     return Path(found[0]) if found else None
@@ -107,8 +113,8 @@ class IntelBackend(Backend):
                 handle=dev))
         if not out:
             self.reason = "no discrete Intel GPU bound to i915 or xe"
-        spec = os.environ.get("ZE_AFFINITY_MASK")
-        if spec is not None:  # a parent launcher's mask: its devices, in its order
+        spec = os.environ.get("ZE_AFFINITY_MASK", "").strip()
+        if spec:  # a parent launcher's mask: its devices, in its order (empty: all)
             keep = []
             for tok in (t.strip() for t in spec.split(",")):
                 match = [d for d in out if tok.split(".")[0] == str(d.index)]
@@ -125,7 +131,8 @@ class IntelBackend(Backend):
             or (_read(Path(self.root) / "proc/sys/kernel/osrelease") if drv else None)
         runtime = None
         for d in LIB_DIRS:
-            libs = sorted(glob.glob(str(Path(self.root) / d / "libze_loader.so.*.*")))
+            libs = sorted(glob.glob(str(Path(self.root) / d / "libze_loader.so.*.*")),
+                          key=_version_key)   # 1.10.0 after 1.9.0
             if libs:
                 runtime = os.path.basename(libs[-1]).split(".so.", 1)[1]
                 break
