@@ -31,6 +31,13 @@ def write_profile(tmp_path, jobs, name="p"):
     return path
 
 
+def _default_stop_signals():
+    # The launcher honours inherited SIG_IGN (nohup, background jobs of a script), so a
+    # test run under nohup would otherwise see SIGHUP and SIGINT ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class Suite:
     """One ``milarun jobs`` subprocess whose children carry a unique marker."""
 
@@ -45,7 +52,7 @@ class Suite:
             [sys.executable, "-m", "milarun", "jobs", str(profile), "--no-cgexec",
              "-d", str(tmp_path / "data"), "-o", str(self.out), *args],
             env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **stdio)
+            preexec_fn=_default_stop_signals, **stdio)
 
     def children(self):
         found = []
