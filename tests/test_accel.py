@@ -267,7 +267,8 @@ def test_intel_discrete_gpus_only_with_sysfs_units(tmp_path, monkeypatch):
     assert (r.energy, r.power, r.temperature, r.load) == (5.0, 300.0, 45.0, None)
     assert backend.versions() == {"driver": "6.8.0-45-generic", "runtime": "1.17.6",
                                   "runtime_name": "Level Zero"}
-    assert backend.child_env(["0"]) == {"ZE_AFFINITY_MASK": "0"}
+    assert backend.child_env(["0"]) == {"ZE_AFFINITY_MASK": "0",
+                                        "ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"}
     assert backend.torch_device == "xpu"
     monkeypatch.setenv("ZE_AFFINITY_MASK", "1")          # a mask naming no device here
     assert IntelBackend(root=tmp_path).discover() == []
@@ -562,3 +563,21 @@ def test_intel_empty_mask_hides_nothing_and_the_newest_loader_is_named(tmp_path,
     backend = IntelBackend(root=tmp_path)
     assert [a.pci_bus_id for a in backend.discover()] == ["0000:3a:00.0"]
     assert backend.versions()["runtime"] == "1.17.6"  # not 1.9.2, the text-order last
+
+
+def test_intel_power_from_the_energy_counter_where_i915_has_no_power_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("ZE_AFFINITY_MASK", raising=False)
+    intel_tree(tmp_path)
+    mon = tmp_path / "sys/bus/pci/devices/0000:3a:00.0/hwmon/hwmon3"
+    (mon / "power1_average").unlink()
+    now = [100.0]
+    backend = IntelBackend(root=tmp_path, clock=lambda: now[0])
+    (gpu,) = backend.discover()
+    first = backend.read(gpu)
+    assert (first.energy, first.power) == (5.0, None)          # no previous reading yet
+    now[0] = 102.0
+    write(mon / "energy1_input", "605000000\n")                 # +600 J in 2 s
+    assert backend.read(gpu).power == pytest.approx(300.0)
+    now[0] = 103.0
+    write(mon / "energy1_input", "1000\n")                      # counter reset: no power
+    assert backend.read(gpu).power is None

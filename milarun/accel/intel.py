@@ -12,14 +12,17 @@ the root folder injectable for tests.
   Zero's default order. The integrated GPU (``0000:00:02.0``) is never a
   device.
 * **Visibility**: ``ZE_AFFINITY_MASK`` (``"0"``, ``"0,1"``; a tile would be
-  ``"0.1"``). With ``ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE`` a multi-tile card
-  is one device; the default (``FLAT`` on recent drivers) makes each tile a
-  device, so on such cards set ``COMPOSITE`` for one device per card
-  (docs/vendors.md).
+  ``"0.1"``) with ``ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE``. The devices found
+  here are cards (PCI functions), and under the ``FLAT`` default of recent
+  drivers the mask's indices would count tiles, so on a two-tile card ``"1"``
+  would be the first card's second tile. ``COMPOSITE`` makes the indices
+  cards' and gives a student a whole card (docs/vendors.md).
 * **Memory**: ``lmem_total_bytes`` (i915), else the sum of
   ``tile*/vram*/size`` (xe), else unknown.
 * **Telemetry**: hwmon ``energy1_input`` (µJ → J), ``power1_average`` or
   ``power1_input`` (µW → W), ``temp1_input`` (m°C → °C). No utilisation.
+  Where i915 exposes the energy counter but no power file, the power is the
+  counter's difference over the time since the previous reading (W = ΔJ/Δs).
 * **Versions**: the kernel driver's (``/sys/module/<driver>/version``, else
   the kernel release) and the Level Zero loader's, from its library's file
   name (``libze_loader.so.1.x.y``).
@@ -27,6 +30,7 @@ the root folder injectable for tests.
 
 import glob
 import os
+import time
 from pathlib import Path
 
 from .base import Accelerator, Backend, Reading
@@ -72,9 +76,11 @@ class IntelBackend(Backend):
     torch_device = "xpu"
     visibility_var = "ZE_AFFINITY_MASK"
 
-    def __init__(self, root="/"):
+    def __init__(self, root="/", clock=time.monotonic):
         self.root = root
         self.reason = None
+        self._clock = clock
+        self._last_energy = {}   # hwmon path -> (t in s, energy in J) of the previous read
 
     def _cards(self):
         out = {}
@@ -124,6 +130,10 @@ class IntelBackend(Backend):
             out = keep
         return out
 
+    def child_env(self, visible):
+        # the mask's indices are cards only under COMPOSITE (module docstring)
+        return {"ZE_AFFINITY_MASK": ",".join(visible), "ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"}
+
     def versions(self):
         cards = self._cards()
         drv = driver_of(cards[0]) if cards else None
@@ -145,6 +155,14 @@ class IntelBackend(Backend):
         energy = _int(mon / "energy1_input")
         power = _int(mon / "power1_average") or _int(mon / "power1_input")
         temp = _int(mon / "temp1_input")
-        return Reading(energy=None if energy is None else energy / 1e6,
-                       power=None if power is None else power / 1e6,
+        joules = None if energy is None else energy / 1e6
+        watts = None if power is None else power / 1e6
+        if joules is not None:
+            now = self._clock()
+            before = self._last_energy.get(str(mon))
+            self._last_energy[str(mon)] = (now, joules)
+            if watts is None and before is not None and now > before[0] \
+                    and joules >= before[1]:   # a counter that wrapped or reset gives nothing
+                watts = (joules - before[1]) / (now - before[0])
+        return Reading(energy=joules, power=watts,
                        temperature=None if temp is None else temp / 1000.0)
