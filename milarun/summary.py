@@ -11,6 +11,7 @@ Summary format (version 1), a JSON object::
      "tests": {GROUP: {
          "name": "suite.job", "group": GROUP, "partition": ..., "device_count": k,
          "n": results, "failures": failed results,
+         "runs": runs (repeats of the test) with a steady-state rate,
          "interrupted": records of launches the operator stopped (not in n),
          "failure_reasons": {reason: count},
          "failed": [{"device", "node", "run", "reason", "message", "returncode",
@@ -380,6 +381,7 @@ def _summarize_group(gname, items):
         **({"node_count": shape[0], "gpus_per_node": shape[1]} if shape else {}),
         "n": len(items) - interrupted,
         "failures": len(failed),
+        "runs": len({r.get("run") if isinstance(r.get("run"), int) else 0 for r in scored}),
         "interrupted": interrupted,
         "failure_reasons": dict(sorted(reasons.items())),
         "failed": failed,
@@ -533,6 +535,8 @@ def _complete(data, path):
             "device_count": entry.get("device_count"),
             "n": n,
             "failures": failures,
+            # None: a summary written before runs were counted
+            "runs": entry.get("runs"),
             "interrupted": int(entry.get("interrupted") or 0),
             "failure_reasons": dict(entry.get("failure_reasons") or {}),
             "failed": [{"node": None, **f} for f in entry.get("failed") or []],

@@ -363,3 +363,29 @@ def test_a_baseline_with_huge_numbers_reports_n_a(tmp_path):
     assert rep.score is not None
     assert rep.score_ci is None and "too wide" in rep.score_ci_note
     assert "too wide" in render_text(rep)
+
+
+def test_one_run_intervals_say_they_leave_out_the_drift_between_runs(tmp_path):
+    # two runs of one test: the summary counts them; one run: the report says what its
+    # interval holds (the spread between that run's devices, not the run-to-run drift)
+    recs = [record("s.conv", 100.0 + d + run, str(d), "h", run=run)
+            for d in (0, 1) for run in (0, 1)]
+    repeated = summarize(recs)
+    assert repeated["tests"]["s.conv"]["runs"] == 2
+    single = summarize([r for r in recs if r["run"] == 0])
+    assert single["tests"]["s.conv"]["runs"] == 1
+    assert build_report(repeated, baseline=repeated).one_run == []
+    rep = build_report(single, baseline=repeated)
+    assert rep.one_run == ["these results"] and rep.score_ci is not None
+    text = render_text(rep)
+    assert "one run per test in these results:" in text and "--repeat 3" in text
+    assert 'id="one-run"' in render_html(rep)
+    assert build_report(repeated, baseline=single).one_run == ["the baseline"]
+    assert "one run per test" not in render_text(build_report(repeated, baseline=repeated))
+    # a summary written before runs were counted is taken as one run
+    old = make_summary(entry("s.conv", {"0": [100.0], "1": [101.0]}))
+    assert old["tests"]["s.conv"]["runs"] is None
+    assert build_report(old).one_run == ["these results"]
+    # no interval shown, nothing to qualify
+    alone = build_report(make_summary(entry("s.one", {"0": [10.0]})))
+    assert alone.score_ci is None and "one run per test" not in render_text(alone)

@@ -11,7 +11,7 @@ from pathlib import Path
 from .text import (GPU_ONE_RUN, NOISE_HEADER, anomalies_by_test, cell, concurrent_note,
                    fmt_interval, fmt_num, fmt_pct, header_items, node_flag, node_header,
                    node_verdict, noise_cell, noise_columns, nothing_to_compare, overlap_line,
-                   held_note, ratio_verdict, scaling_cell, scaling_note)
+                   held_note, one_run_note, ratio_verdict, scaling_cell, scaling_note)
 
 #: Lines of log shown per failure.
 LOG_TAIL_LINES = 40
@@ -280,6 +280,7 @@ def noise_view(report):
                          + (held_note(report.node_score_ci_held) if report.node_score_ci else ""),
         "node_rpp": fmt_num(report.node_rpp),
         "ratio_ci": ratio,
+        "one_run": one_run_note(report),
         "baseline_note": (None if not report.has_baseline else
                           "vs baseline: Welch's two-sample t-test of the mean rates, 95%"
                           + ("" if report.baseline_noise else

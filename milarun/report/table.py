@@ -202,6 +202,8 @@ class Report:
     score_ratio_ci_note: object = None
     score_ratio_ci_held: list = field(default_factory=list)
     baseline_noise: bool = True
+    #: sides whose every scored test comes from one run: "these results", "the baseline"
+    one_run: list = field(default_factory=list)
     io: list = field(default_factory=list)   # the io study's tables (report/io.py)
     # validation, energy and host facts (milarun.report.checks)
     validation_flags: list = field(default_factory=list)
@@ -634,6 +636,14 @@ def _no_interval(few):
     return "the spread of the results is too wide for finite bounds"
 
 
+def _one_run(counted, tests):
+    """Whether every scored test of ``tests`` that has a rate comes from at most one run
+    (``runs`` unknown in a summary written before it was counted: taken as one)."""
+    runs = [(tests.get(r["test"]) or {}).get("runs") for r in counted
+            if (tests.get(r["test"]) or {}).get("train", {}).get("n")]
+    return bool(runs) and all(not isinstance(k, int) or k <= 1 for k in runs)
+
+
 def add_node_score_and_noise(report, tests, base_tests=None, baseline_noise=True):
     """Add the node score and the confidence intervals to ``report`` (rules in the module
     doc). ``tests`` and ``base_tests`` are normalized summaries' ``tests`` (no baseline:
@@ -682,6 +692,10 @@ def add_node_score_and_noise(report, tests, base_tests=None, baseline_noise=True
         report.score_ci_held = _few(counted)
     if report.node_score_ci is not None:
         report.node_score_ci_held = _few(node_rows)
+    report.one_run = [side for side, tests_ in (("these results", tests),
+                                                ("the baseline",
+                                                 base_tests if baseline_noise else None))
+                      if tests_ is not None and _one_run(counted, tests_)]
 
     if base_tests is not None and report.score_ratio is not None:
         common = [r for r in counted if r["perf_base_adj"] and r["perf_base_adj"] > 0]

@@ -257,6 +257,20 @@ def held_note(names):
     return f" (held fixed, one result: {', '.join(names)})" if names else ""
 
 
+def one_run_note(report):
+    """Why a single run's intervals can be too narrow, or None: the sides of ``report``
+    whose scored tests each come from one run (:attr:`Report.one_run`), when an interval
+    is shown. Their spread is between the devices of that run; the drift of the machine
+    between runs is not in it (docs/report.md, "Noise and significance")."""
+    shown = report.score_ci is not None or report.score_ratio_ci is not None
+    if not report.one_run or not shown:
+        return None
+    return (f"one run per test in {' and '.join(report.one_run)}: the intervals hold the "
+            "spread between that run's results, not the drift between runs (2-3% score cv "
+            "between runs of one machine in docs/report.md); use --repeat 3 or more before "
+            "calling a difference of a few percent real")
+
+
 def ratio_verdict(ci):
     """``significant`` when a ratio's interval excludes 1, else ``within noise``."""
     return "significant" if ci.lo > 1 or ci.hi < 1 else "within noise"
@@ -290,6 +304,9 @@ def confidence_lines(report):
                      + (f"{fmt_interval(ci, '.3f')} ({ratio_verdict(ci)})"
                         + held_note(report.score_ratio_ci_held) if ci
                         else f"noise unknown ({report.score_ratio_ci_note})"))
+    note = one_run_note(report)
+    if note:
+        lines.append(note)
     return lines
 
 
