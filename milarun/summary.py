@@ -523,6 +523,20 @@ def _complete(data, path):
         if failures > n:
             raise ResultFormatError(f"more failures ({failures}) than results ({n})",
                                     path=path, key=key_path(["tests", gname, "failures"]))
+        # None: a summary written before runs were counted; 2.0 is an integer to the schema
+        runs = None if entry.get("runs") is None else int(entry["runs"])
+        rates = int((entry["train"] or {}).get("n") or 0)
+        if runs is not None and runs > rates:
+            # a run is counted only with a rate: more would hide the one-run note
+            raise ResultFormatError(f"more runs with a rate ({runs}) than rates ({rates})",
+                                    path=path, key=key_path(["tests", gname, "runs"]))
+        runs = entry.get("runs")
+        runs = None if runs is None else int(runs)   # JSON's 2.0 passes the schema as an integer
+        rated = _stats(entry["train"])["n"]
+        if runs is not None and runs > rated:
+            raise ResultFormatError(
+                f"more runs with a rate ({runs}) than rates ({rated})",
+                path=path, key=key_path(["tests", gname, "runs"]))
         pernode_failures = {d: int(c) for d, c in (entry.get("pernode_failures") or {}).items()}
         if sum(pernode_failures.values()) > failures:
             raise ResultFormatError(
@@ -535,8 +549,7 @@ def _complete(data, path):
             "device_count": entry.get("device_count"),
             "n": n,
             "failures": failures,
-            # None: a summary written before runs were counted
-            "runs": entry.get("runs"),
+            "runs": runs,
             "interrupted": int(entry.get("interrupted") or 0),
             "failure_reasons": dict(entry.get("failure_reasons") or {}),
             "failed": [{"node": None, **f} for f in entry.get("failed") or []],

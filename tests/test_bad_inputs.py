@@ -174,6 +174,7 @@ BAD_BASELINES = [
      "tests.standard.convnet.train.mean: must be >= 0, not -80.0"),
     (_summary(n="4"), "tests.standard.convnet.n: must be an integer, not string"),
     (_summary(failures=5), "tests.standard.convnet.failures: more failures (5) than results (4)"),
+    (_summary(runs=5), "tests.standard.convnet.runs: more runs with a rate (5) than rates (4)"),
     (_summary(pergpu={"../0": {"n": 1, "mean": 1.0}}),
      f"tests.standard.convnet.pergpu.'../0': '../0' is not a valid name ({NAME_RULE})"),
     ({"format": "milarun-summary", "version": 1,

@@ -1,6 +1,7 @@
 """Node score, price per node-score point, confidence intervals and --compare significance."""
 
 import io
+import json
 import math
 from pathlib import Path
 
@@ -389,3 +390,15 @@ def test_one_run_intervals_say_they_leave_out_the_drift_between_runs(tmp_path):
     # no interval shown, nothing to qualify
     alone = build_report(make_summary(entry("s.one", {"0": [10.0]})))
     assert alone.score_ci is None and "one run per test" not in render_text(alone)
+
+
+def test_a_baseline_runs_written_as_a_whole_float_is_that_many_runs(tmp_path):
+    # JSON's 2.0 is an integer to the schema: read as 2 runs, not as "unknown, one run"
+    recs = [record("s.conv", 100.0 + d + run, str(d), "h", run=run)
+            for d in (0, 1) for run in (0, 1)]
+    repeated = summarize(recs)
+    base = json.loads(json.dumps(repeated))
+    base["tests"]["s.conv"]["runs"] = 2.0
+    base = normalize_summary(base)
+    assert base["tests"]["s.conv"]["runs"] == 2 and type(base["tests"]["s.conv"]["runs"]) is int
+    assert build_report(repeated, baseline=base).one_run == []
