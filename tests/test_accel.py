@@ -581,3 +581,24 @@ def test_intel_power_from_the_energy_counter_where_i915_has_no_power_file(tmp_pa
     now[0] = 103.0
     write(mon / "energy1_input", "1000\n")                      # counter reset: no power
     assert backend.read(gpu).power is None
+
+
+def test_a_visibility_variable_that_hides_every_gpu_is_named_not_taken_for_a_missing_driver(
+        tmp_path, monkeypatch):
+    # the never-silent line names the variable the user set, not "install the driver"
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(mig_on=()))
+    monkeypatch.setitem(sys.modules, "amdsmi", None)
+    write(tmp_path / "dev/nvidia0", "")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(SetupError) as exc:
+        devices.discover(root=tmp_path, options={"intel": {"root": tmp_path}})
+    assert "nvidia: CUDA_VISIBLE_DEVICES='' hides every GPU (2 on the host)" in str(exc.value)
+    monkeypatch.setenv("ROCR_VISIBLE_DEVICES", "")
+    amd = AMDBackend(amdsmi=fake_amdsmi(), root=tmp_path)
+    assert amd.discover() == [] and amd.reason == \
+        "ROCR_VISIBLE_DEVICES='' hides every GPU (2 on the host)"
+    intel_tree(tmp_path)
+    monkeypatch.setenv("ZE_AFFINITY_MASK", "5")
+    intel = IntelBackend(root=tmp_path)
+    assert intel.discover() == [] and intel.reason == \
+        "ZE_AFFINITY_MASK='5' hides every GPU (1 on the host)"

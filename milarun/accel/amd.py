@@ -20,6 +20,7 @@ Units: memory from bytes to MiB, power in W (``current_socket_power``, else
 energy from ``energy_accumulator × counter_resolution`` (µJ) to J.
 """
 
+import os
 from pathlib import Path
 
 from .base import Accelerator, Backend, Reading
@@ -106,7 +107,11 @@ class AMDBackend(Backend):
                 uuid=_try(smi.amdsmi_get_gpu_device_uuid, h), pci_bus_id=bdf,
                 memory_mib=None if not isinstance(total, int) else total / 2**20,
                 cpus=local_cpus(bdf, self.root), numa_node=node, handle=h))
-        return _honour_visible(out)
+        visible = _honour_visible(out)
+        if out and not visible:   # the user's choice, not a missing driver: say so
+            self.reason = (f"ROCR_VISIBLE_DEVICES={os.environ.get('ROCR_VISIBLE_DEVICES')!r} "
+                           f"hides every GPU ({len(out)} on the host)")
+        return visible
 
     def child_env(self, visible):
         # ROCr filters; HIP indexes into what is left, so it gets 0..k-1 (no second filter)

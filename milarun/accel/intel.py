@@ -127,6 +127,9 @@ class IntelBackend(Backend):
                 if not match or match[0] in keep:
                     break
                 keep.append(match[0])
+            if out and not keep:   # the user's choice, not a missing driver: say so
+                self.reason = (f"ZE_AFFINITY_MASK={spec!r} hides every GPU ({len(out)} on "
+                               "the host)")
             out = keep
         return out
 

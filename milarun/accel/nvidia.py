@@ -187,6 +187,9 @@ class NvidiaBackend(Backend):
         if not found and empty:
             self.reason = (f"GPU {', '.join(map(str, empty))} in MIG mode with no MIG instance "
                            "(create some: nvidia-smi mig -cgi … -C, or turn MIG mode off)")
+        elif count and not entries:   # the user's choice, not a missing driver: say so
+            self.reason = (f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
+                           f"hides every GPU ({count} on the host)")
         mig_mode = any(kind == "mig" for kind, _, _ in found)
         out = []
         for n, (kind, gpu, h) in enumerate(found):
