@@ -602,3 +602,11 @@ def test_a_visibility_variable_that_hides_every_gpu_is_named_not_taken_for_a_mis
     intel = IntelBackend(root=tmp_path)
     assert intel.discover() == [] and intel.reason == \
         "ZE_AFFINITY_MASK='5' hides every GPU (1 on the host)"
+
+
+def test_amd_versions_never_raise_on_a_garbled_rocm_version_file(tmp_path):
+    # versions() feeds every child's host facts and `milarun devices`: it never raises
+    write(tmp_path / "opt/rocm/.info/version", "")
+    (tmp_path / "opt/rocm/.info/version").write_bytes(b"\xff\xfe6.2")
+    assert AMDBackend(amdsmi=fake_amdsmi(), root=tmp_path).versions() == \
+        {"driver": "6.7.0", "runtime": None, "runtime_name": "ROCm"}

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 from .base import Accelerator, Backend, Reading
-from .sysfs import local_cpus, normalize_bdf, numa_node
+from .sysfs import local_cpus, normalize_bdf, numa_node, read_text
 
 
 def _try(call, *args):
@@ -128,10 +128,8 @@ class AMDBackend(Backend):
             driver = (info or {}).get("driver_version")
         except Exception:
             pass
-        try:
-            rocm = (Path(self.root) / "opt/rocm/.info/version").read_text().strip() or None
-        except OSError:
-            rocm = None
+        # read_text: None when missing, unreadable or not UTF-8 (this never raises)
+        rocm = read_text(Path(self.root) / "opt/rocm/.info/version") or None
         return {"driver": driver, "runtime": rocm, "runtime_name": "ROCm"}
 
     def read(self, device):
