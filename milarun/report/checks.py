@@ -74,9 +74,13 @@ def flag_line(flag):
 
 
 def diff_line(diff):
-    """One host fact that differs from the baseline's."""
+    """One host fact that differs from the baseline's (the facts are a vendor's strings:
+    terminal controls shown escaped, :func:`milarun.report.text.terminal_safe`, since
+    ``make_report`` prints this line as a warning)."""
+    from .text import terminal_safe
+
     words, ours, base = diff
-    return f"{words}: {ours} (baseline: {base})"
+    return terminal_safe(f"{words}: {ours} (baseline: {base})")
 
 
 def text_lines(report):
