@@ -228,3 +228,26 @@ def test_terminal_safe_escapes_every_control(char, shown):
 def test_terminal_safe_keeps_ordinary_text():
     text = "score: 120.03 — 2 × 8 GPUs, café…\n"
     assert terminal_safe(text) == text
+
+
+# --- energy ---------------------------------------------------------------------------
+
+def test_energy_readings_out_of_range_give_no_energy_not_inf():
+    from milarun import energy
+    from milarun.results.schema import new_result, validate
+    from milarun.summary import check_summary, summarize
+
+    rec = new_result("s.t", "0.0", device="0", devices=[0], run=0, partition="per-gpu")
+    rec["timings"]["train"]["samples"] = [
+        {"start": 1.0 + i, "end": 2.0 + i, "count": 100.0, "rate": 100.0, "warmup": i < 2}
+        for i in range(20)]
+    rec["timings"]["program"] = {"start": 1.7e9, "end": 1.7e9 + 25, "duration": 25.0}
+    # a counter that grows by 1e17 J/s: within the schema's 1e18 J, not a GPU's power
+    rec["gpu_monitor"] = {"available": True, "interval": 0.5, "samples": [
+        {"t": 0.5 * k, "device": 0, "energy": 1e16 * 0.5 * k} for k in range(45)]}
+    rec["success"] = True
+    rec = validate(rec)
+    assert energy.result_energy(rec) == {"reason": "GPU readings out of range"}
+    summary = summarize([rec])
+    assert "energy" not in summary["tests"]["s.t"]
+    check_summary(summary)
