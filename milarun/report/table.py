@@ -345,7 +345,8 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
 
     Raises:
         MilarunError: ``node_threshold`` is not a percentage
-            (:func:`check_node_threshold`), or ``throughput`` is unknown.
+            (:func:`check_node_threshold`), ``throughput`` is unknown, or
+            ``price`` is not a finite number > 0 (:func:`check_price`).
     """
     throughput = check_throughput(throughput)
     if price is not None:

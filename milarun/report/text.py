@@ -149,7 +149,7 @@ def score_lines(report):
         part = " (partial: over the tests both have)" if report.ratio_partial else ""
         lines.append(f"baseline score: {fmt_num(report.score_base)}")
         lines.append(f"score / baseline: {fmt_num(report.score_ratio, '.3f')}{part}"
-                     if report.score_ratio is not None or not report.warnings
+                     if not _out_of_range(report, "score / baseline")
                      else "score / baseline: n/a (out of range: see the warning)")
     if report.price is not None:
         lines.append(f"price: ${report.price:,.2f}")
