@@ -34,6 +34,11 @@ from .validation import steady_window
 
 #: Least fraction of the steady state the readings must cover.
 MIN_COVERAGE = 0.5
+#: Largest mean power of one result accepted (W): above it the readings are refused, so
+#: sums over 10^6 results (energy up to 10^9 W x 10^9 s each) cannot overflow.
+MAX_POWER_W = 1e9
+#: Largest item count of one steady state accepted (items).
+MAX_ITEMS = 1e21
 
 
 def _interp(points, t):
@@ -118,8 +123,14 @@ def result_energy(record):
         power += joules / seconds
         sources.add(source)
     energy = power * duration
+    # Readings of 1e308 J, or ones 1e-300 s apart, overflow: no energy rather than inf
+    # (the schema bounds rates and times; a power above 1e9 W is no GPU's either).
+    items_per_j = rate / power if power > 0 else None
+    if not (stats.finite(energy) and 0 <= power <= MAX_POWER_W and items <= MAX_ITEMS
+            and (items_per_j is None or stats.finite(items_per_j))):
+        return {"reason": "GPU readings out of range"}
     return {"power_w": power, "energy_j": energy, "items": items, "rate": rate,
-            "j_per_item": power / rate, "items_per_j": rate / power if power > 0 else None,
+            "j_per_item": power / rate, "items_per_j": items_per_j,
             "source": sources.pop() if len(sources) == 1 else "mixed",
             "gpus": len(by_device)}
 

@@ -7,7 +7,14 @@ report share exactly one definition of every formula:
 * :func:`describe` -- ``{n, min, max, mean, std}`` of a list of numbers;
 * :func:`cv` -- the coefficient of variation (``std%`` of the report);
 * :func:`perf_adj` -- performance penalised for variance and failures;
-* :func:`weighted_geomean` -- the score.
+* :func:`weighted_geomean` -- the score (:func:`weighted_log_mean`, its logarithm).
+
+Bounds (why a vendor's numbers cannot overflow a sum or inflate a score): a
+steady-state rate outside [:data:`MIN_RATE`, :data:`MAX_RATE`] items/s, or a
+sample whose end is before its start, makes :func:`steady_state` raise
+``ValueError``, so the summary skips that record with a warning. Sums of up to
+10^6 rates of at most 10^12 (and their squares, at most 10^30) stay far from a
+float's 1.8e308, and no ratio divides by a rate below 10^-9.
 """
 
 import math
@@ -21,6 +28,25 @@ STEADY_TAIL_S = 1.0
 FULL = "full"          # a whole 10 s window was available
 SHORT = "short"        # less than 10 s of steady state: every non-warm-up sample used
 NONE = "none"          # no usable sample: no steady-state rate
+
+#: Largest steady-state rate accepted (items/s): 10^12, far above any device's images,
+#: tokens or matmuls per second; 10^6 of them sum to 10^18, squared 10^24 each.
+MAX_RATE = 1e12
+#: Smallest positive steady-state rate accepted (items/s): 10^-9, one item every 30
+#: years; a smaller divisor (a baseline of 5e-324) would make a ratio overflow.
+MIN_RATE = 1e-9
+
+
+def check_rate(rate, what="steady-state rate"):
+    """Return ``rate`` (items/s) when it is None, 0 or in [MIN_RATE, MAX_RATE].
+
+    Raises:
+        ValueError: any other value (NaN, infinite, negative, tiny or huge).
+    """
+    if rate is None or rate == 0 or (finite(rate) and MIN_RATE <= rate <= MAX_RATE):
+        return rate
+    raise ValueError(f"{what} {rate!r} items/s is out of range "
+                     f"({MIN_RATE:g} to {MAX_RATE:g})")
 
 
 def finite(x):
@@ -66,6 +92,11 @@ def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
     4. No non-warm-up sample, or a zero total duration: ``rate`` is ``None``
        and ``note`` is ``"none"``.
 
+    Every sample, warm-up included, must end at or after its start: one that
+    ends before it would subtract time and inflate the rate (a sample of -0.9 s
+    among 0.5 s ones made a rate 10x), so it is refused, not dropped (a writer
+    that produces one is not to be trusted for the others either).
+
     The mean rate is ``sum(count) / sum(end - start)`` over the chosen samples
     (items/s): total items over total measured time. This is the time-weighted
     mean of the per-sample rates, so a short sample (the window that closes
@@ -78,13 +109,21 @@ def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
 
     Raises:
         ValueError: a sample lacks ``start``/``end``/``count`` or has a
-            non-numeric one.
+            non-numeric one, a sample ends before it starts, or the rate is out
+            of range (:func:`check_rate`).
     """
     try:
         steady = [s for s in samples
                   if not s.get("warmup", False) and not s.get("profiled", False)]
+        backwards = next((i for i, s in enumerate(samples)
+                          if finite(s.get("start")) and finite(s.get("end"))
+                          and s["end"] < s["start"]), None)
     except AttributeError:
         raise ValueError("a sample is not an object")
+    if backwards is not None:
+        s = samples[backwards]
+        raise ValueError(f"timings.train.samples.{backwards}: end {s['end']!r} is before "
+                         f"start {s['start']!r}")
     if not steady:
         return None, [], NONE
     spans = list(zip(_column(steady, "start"), _column(steady, "end"),
@@ -109,7 +148,11 @@ def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
     if duration <= 0:
         return None, [], NONE
     items = sum(count for _, _, count, _ in chosen)
-    return items / duration, [sp[3] for sp in chosen], note
+    try:
+        rate = items / duration
+    except OverflowError:   # an int count beyond a float
+        rate = math.inf
+    return check_rate(rate), [sp[3] for sp in chosen], note
 
 
 def describe(values):
@@ -163,8 +206,44 @@ def perf_adj(perf, std_frac, fail, n, penalize_variance=True):
     return max(0.0, float(perf) * factor)
 
 
+def weighted_log_mean(values, weights):
+    """``sum(w_i * log(v_i)) / sum(w_i)``: the logarithm of :func:`weighted_geomean`.
+
+    Computed on weights divided by the largest one (the mean is unchanged) and
+    with ``math.fsum``, so no weight or sum overflows (weights of 1e308 gave NaN).
+
+    Returns:
+        the mean logarithm, or ``None`` when the total weight is 0.
+
+    Raises:
+        ValueError: a positively weighted value is not positive and finite,
+            or a weight is negative or not finite.
+    """
+    pairs = []
+    for v, w in zip(values, weights):
+        if not finite(w) or w < 0:
+            raise ValueError(f"weight {w!r} is not a finite number >= 0")
+        if w == 0:
+            continue
+        if v is None or not finite(v) or v <= 0:
+            raise ValueError(f"value {v!r} with weight {w!r} has no logarithm")
+        pairs.append((math.log(v), w))
+    if not pairs:
+        return None
+    top = max(w for _, w in pairs)
+    return (math.fsum(w / top * lv for lv, w in pairs)
+            / math.fsum(w / top for _, w in pairs))
+
+
 def weighted_geomean(values, weights):
     """Score: ``exp(sum(w_i * log(v_i)) / sum(w_i))``, the weighted geometric mean.
+
+    The 2020 milarun report's score, and the mean that keeps the ranking of
+    two machines independent of the reference they are normalized to
+    (P. J. Fleming and J. J. Wallace, "How not to lie with statistics: the
+    correct way to summarize benchmark results", CACM 29(3), 1986). It is
+    computed in log space (:func:`weighted_log_mean`): no product of the
+    values is ever formed.
 
     Pairs with weight 0 are ignored. Every value with a positive weight must
     be positive and finite: the caller (the report) decides what to do with
@@ -172,23 +251,22 @@ def weighted_geomean(values, weights):
     NaN or 0 in silence.
 
     Returns:
-        the score, or ``None`` when the total weight is 0.
+        the score (within the range of the values, so finite), or ``None``
+        when the total weight is 0.
 
     Raises:
         ValueError: a positively weighted value is not positive and finite,
             or a weight is negative.
     """
-    num = 0.0
-    den = 0.0
-    for v, w in zip(values, weights):
-        if w < 0:
-            raise ValueError(f"negative weight {w!r}")
-        if w == 0:
-            continue
-        if v is None or not math.isfinite(v) or v <= 0:
-            raise ValueError(f"value {v!r} with weight {w!r} has no logarithm")
-        num += w * math.log(v)
-        den += w
-    if den == 0:
+    log_mean = weighted_log_mean(values, weights)
+    if log_mean is None:
         return None
-    return math.exp(num / den)
+    return exp_or_inf(log_mean)
+
+
+def exp_or_inf(x):
+    """``math.exp(x)``, or ``inf`` where it overflows (the caller shows "n/a")."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf

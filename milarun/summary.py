@@ -170,10 +170,14 @@ def load_results(directory, warn=None):
 
 def warn_skipped(skipped, stream=None):
     """Write one warning line per skipped file: ``milarun: warning: skipped <file>: <key>:
-    <message>``."""
+    <message>`` (control characters of a file name or message shown escaped:
+    :func:`milarun.report.text.terminal_safe`)."""
+    from .report.text import terminal_safe
+
     stream = stream or sys.stderr
     for path, exc in skipped:
-        print(f"milarun: warning: skipped {exc if str(exc) else path}", file=stream)
+        print(terminal_safe(f"milarun: warning: skipped {exc if str(exc) else path}"),
+              file=stream)
 
 
 def _tail(text, limit=TAIL_CHARS):
@@ -205,12 +209,15 @@ def _host_gpus(host):
             for i, g in enumerate(host.get("gpus") or []) if isinstance(g, dict)}
 
 
-def summarize(records, skipped=()):
+def summarize(records, skipped=(), warn=None):
     """Group result records by test and compute their statistics.
 
     ``records`` are result dicts or ``(path, record)`` pairs (as from
-    :func:`load_results`). A record whose samples are malformed is moved to
-    ``skipped``. Returns the summary dict described in the module docstring.
+    :func:`load_results`). A record whose samples are malformed (a sample that
+    ends before it starts, a steady-state rate outside
+    :func:`milarun.stats.check_rate`'s range) is moved to ``skipped``, with one
+    warning line on ``warn`` when given. Returns the summary dict described in
+    the module docstring.
     """
     groups = defaultdict(list)
     hosts = {}
@@ -223,8 +230,11 @@ def summarize(records, skipped=()):
             rec = validation.judge(rec)  # records written before the checks existed too
             samples = rec["timings"].get("train", {}).get("samples", [])
             rate, chosen, note = stats.steady_state(samples)
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             skipped_names.append(Path(path).name if path else rec.get("name", "?"))
+            if warn is not None:
+                warn_skipped([(path, ResultFormatError(str(exc) or type(exc).__name__,
+                                                       path=path))], warn)
             continue
         groups[group_name(rec)].append((path, rec, rate, note, chosen))
         host = rec.get("host") or {}
@@ -434,7 +444,7 @@ def summarize_dir(directory, warn=None):
     from .session import read_session
 
     records, skipped = load_results(directory, warn=warn)
-    summary = summarize(records, skipped)
+    summary = summarize(records, skipped, warn=warn)
     prov = summary["provenance"]
     prov["results"] = Path(directory).resolve().name
     try:

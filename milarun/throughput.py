@@ -131,10 +131,18 @@ def profiled_spans(samples):
 
 
 def _effective(samples, lo, hi):
-    """Items/s of one process over ``[lo, hi]`` (its clock), less its profiled spans."""
+    """Items/s of one process over ``[lo, hi]`` (its clock), less its profiled spans.
+
+    Raises:
+        ValueError: the rate is out of :func:`milarun.stats.check_rate`'s range (a
+            common interval of 1e-300 s makes any count overflow); the wave is then
+            left without effective throughputs, as for a malformed sample.
+    """
     held = sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in profiled_spans(samples))
     kept = [s for s in samples if not s.get("profiled")]
-    return work_in(kept, lo, hi) / (hi - lo - held) if hi - lo - held > 0 else None
+    if not hi - lo - held > 0:
+        return None
+    return stats.check_rate(work_in(kept, lo, hi) / (hi - lo - held), "effective rate")
 
 
 def wave(members, min_overlap=MIN_OVERLAP):
@@ -182,7 +190,7 @@ def wave(members, min_overlap=MIN_OVERLAP):
     out.update(interval=[lo, hi], length=length, overlap=overlap,
                flagged=overlap < min_overlap, effective=effective,
                adjusted=(None if None in effective.values()
-                         else math.fsum(effective.values())))
+                         else math.fsum(effective.values())))  # <= 4096 x MAX_RATE
     return out
 
 

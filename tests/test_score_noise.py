@@ -346,20 +346,30 @@ def test_extreme_but_valid_numbers_give_n_a_or_a_scaled_answer_never_a_traceback
 def test_a_baseline_with_huge_numbers_reports_n_a(tmp_path):
     from milarun.summary import write_summary
 
+    from milarun.errors import ResultFormatError
+
     conv = entry("s.conv", {"0": [1.0, 2.0]})
-    conv["train"].update(mean=1e308, std=1e308, max=1e308)  # finite: the schema allows it
+    conv["train"].update(mean=1e308, std=1e308, max=1e308)
+    # the schema bounds rates at 1e12 items/s (milarun.stats.MAX_RATE): refused on read
+    with pytest.raises(ResultFormatError, match="tests.s.conv.train.max: must be <= 1e"):
+        make_summary(conv)
+    # the extremes it allows (1e12 and 1e-9 items/s) still give no inf
+    conv["train"].update(mean=1e12, std=1e12, max=1e12)
+    tiny = entry("s.conv", {"0": [1.0, 2.0]})
+    tiny["train"].update(mean=1e-9, std=1e-9, min=1e-9, max=1e-9)
     huge = make_summary(conv, entry("s.vae", {"0": [50.0, 52.0]}))
-    path = tmp_path / "huge.json"
+    path, low = tmp_path / "huge.json", tmp_path / "tiny.json"
     write_summary(huge, path)
+    write_summary(make_summary(tiny, entry("s.vae", {"0": [50.0, 52.0]})), low)
     ours = tmp_path / "ours.json"
     write_summary(node_of(2), ours)
     for args in ((str(path), {}), (str(ours), {"compare": str(path)}),
-                 (str(path), {"compare": str(path)})):
+                 (str(path), {"compare": str(path)}), (str(path), {"compare": str(low)})):
         out = io.StringIO()
         assert run_report(args[0], stdout=out, warn=io.StringIO(), **args[1]) in (0, 1)
         assert "inf" not in out.getvalue().replace("info", "")
     wild = entry("s.conv", {"0": [1.0, 2.0]})
-    wild["train"].update(mean=1e-200, std=1e-100, min=0.0, max=1e-99)
+    wild["train"].update(mean=1e-9, std=1e12, min=0.0, max=1e12)  # the schema's extremes
     rep = build_report(make_summary(wild), penalize_variance=False)
     assert rep.score is not None
     assert rep.score_ci is None and "too wide" in rep.score_ci_note

@@ -59,14 +59,25 @@ def run_report(results, strict=False, stdout=None, warn=None, **options):
     """Build, print (and write as HTML) the report; returns the exit code.
 
     Exit code 1 with ``strict`` when the score is incomplete (a weighted test
-    is missing or every run of one failed), else 0.
+    is missing or every run of one failed), else 0. Each figure shown "n/a"
+    because it is out of range (``Report.warnings``) is one warning line on ``warn``.
+
+    Raises:
+        MilarunError: ``price`` is not a finite number > 0 (checked before anything
+            is read), or a bad input (see :func:`milarun.report.make_report`).
     """
     from ..report import make_report
+    from ..report.table import check_price
+    from ..report.text import terminal_safe
 
     stdout = stdout or sys.stdout
     warn = warn or sys.stderr
 
+    if options.get("price") is not None:
+        options["price"] = check_price(options["price"])
     report, text = make_report(results, warn=warn, **options)
+    for line in report.warnings:
+        print(terminal_safe(f"milarun: warning: {line}"), file=warn)
     stdout.write(text)
     if strict and report.incomplete:
         print("milarun: error: --strict: the score is incomplete ("

@@ -17,7 +17,7 @@ checks already made their results failures in the summary).
   from the baseline's is a warning.
 """
 
-from .. import hostfacts, stats
+from .. import hostfacts
 from .text import fmt_num
 
 #: The energy columns, in order.
@@ -44,8 +44,9 @@ def add_checks(report, summary, baseline=None):
         report.columns += list(ENERGY_COLUMNS)
     scored = [r for r in report.rows if r["counted"] and r.get("items/J")]
     report.perf_per_watt_tests = len(scored)
-    report.perf_per_watt = stats.weighted_geomean([r["items/J"] for r in scored],
-                                                  [r["weight"] for r in scored])
+    from .table import geomean_or_warn
+    report.perf_per_watt = geomean_or_warn(report, [r["items/J"] for r in scored],
+                                           [r["weight"] for r in scored], "perf/W")
     for group, t in tests.items():
         for flag in t.get("validation_flags") or []:
             report.validation_flags.append({"test": group, **flag})
@@ -74,9 +75,13 @@ def flag_line(flag):
 
 
 def diff_line(diff):
-    """One host fact that differs from the baseline's."""
+    """One host fact that differs from the baseline's (the facts are a vendor's strings:
+    terminal controls shown escaped, :func:`milarun.report.text.terminal_safe`, since
+    ``make_report`` prints this line as a warning)."""
+    from .text import terminal_safe
+
     words, ours, base = diff
-    return f"{words}: {ours} (baseline: {base})"
+    return terminal_safe(f"{words}: {ours} (baseline: {base})")
 
 
 def text_lines(report):

@@ -20,7 +20,9 @@ Rules, in the order the report applies them:
   (the plan type's rule, :mod:`milarun.plantypes`). Without a weights file every test weighs
   1. With one, tests it does not name weigh 0 (shown, not scored).
 * Score = weighted geometric mean of ``perf_adj`` over tests with weight > 0
-  and ``perf_adj`` > 0 (:func:`milarun.stats.weighted_geomean`). A weighted
+  and ``perf_adj`` > 0 (:func:`milarun.stats.weighted_geomean`:
+  ``exp(sum(w log x) / sum(w))``, computed in log space, as in the 2020
+  milarun report and Fleming & Wallace, CACM 1986). A weighted
   test with no results is *missing*; a weighted test whose ``perf_adj`` is 0
   is *zero*, with its reason (:func:`zero_reason`: every run failed, or no
   successful result reached a steady state). Both are left out of the score,
@@ -34,8 +36,12 @@ Rules, in the order the report applies them:
   ``perf_base_adj`` over the scored tests the baseline also has (with
   ``perf_base_adj`` > 0), and ``score_ratio`` = our score over the same tests
   divided by ``score_base``, i.e. the weighted geometric mean of
-  ``perf_ratio_adj``. When the baseline lacks some scored tests the ratio is
+  ``perf_ratio_adj``, computed as ``exp(log mean ours - log mean base)`` so no
+  intermediate overflows. When the baseline lacks some scored tests the ratio is
   marked partial.
+* Out of range: a figure that still overflows (or a geometric mean whose
+  inputs are refused) is None, shown "n/a", named in ``Report.warnings``
+  (``milarun report`` prints each as a warning), never a traceback or ``inf``.
 * RPP (price per performance) = ``price / score`` in dollars per score unit.
 * Node score (:func:`node_throughput`): ``node_perf`` is a test's throughput per
   node (items/s): for a per-gpu test (plan type ``rate_of == "device"``) the sum
@@ -220,6 +226,8 @@ class Report:
     inputs: object = None
     #: Tests whose variance is unknown (one successful result).
     single: list = field(default_factory=list)
+    #: One line per figure that overflowed and is shown "n/a" (:func:`finite_or_warn`).
+    warnings: list = field(default_factory=list)
 
     @property
     def incomplete(self):
@@ -231,10 +239,73 @@ class Report:
         return "PASS" if self.passed else "FAIL"
 
 
-def _ratio(a, b):
+def _ratio(a, b, report=None, what="a ratio"):
     if a is None or b is None or b <= 0:
         return None
-    return a / b
+    try:
+        value = a / b
+    except OverflowError:   # an int beyond a float
+        value = math.inf
+    return finite_or_warn(report, value, what)
+
+
+def finite_or_warn(report, value, what):
+    """``value``, or None (shown "n/a") when it is not a finite number, with a line
+    naming ``what`` added to ``report.warnings`` (``report`` None: no line)."""
+    if value is None or stats.finite(value):
+        return value
+    if report is not None:
+        report.warnings.append(f"{what} is out of range ({value!r}): shown as n/a")
+    return None
+
+
+def geomean_or_warn(report, values, weights, what):
+    """:func:`milarun.stats.weighted_geomean` of ``values``, or None with a warning in
+    ``report`` when it is out of range or its inputs are refused."""
+    try:
+        value = stats.weighted_geomean(values, weights)
+    except ValueError as exc:
+        report.warnings.append(f"{what}: {exc}: shown as n/a")
+        return None
+    return finite_or_warn(report, value, what)
+
+
+def check_price(price):
+    """Return ``price`` (``--price``, dollars) as a float when it is a finite number > 0.
+
+    Raises:
+        MilarunError: anything else (0, negative, NaN, inf, 1e400 which parses as inf).
+    """
+    try:
+        value = float(price)
+    except (TypeError, ValueError, OverflowError):
+        value = math.nan
+    if isinstance(price, bool) or not (math.isfinite(value) and value > 0):
+        raise MilarunError("--price must be a finite positive number of dollars, "
+                           f"not {price!r}"[:120])
+    return value
+
+
+class _Warnings:
+    """Collects :func:`finite_or_warn` lines before the :class:`Report` exists."""
+
+    def __init__(self):
+        self.warnings = []
+
+
+def _log_ratio(report, ours, base, weights):
+    """Score / baseline score over the same tests: ``exp(log geomean(ours) - log
+    geomean(base))`` (both :func:`milarun.stats.weighted_log_mean`), None with a warning
+    when it is out of range."""
+    try:
+        a = stats.weighted_log_mean(ours, weights)
+        b = stats.weighted_log_mean(base, weights)
+    except ValueError as exc:
+        report.warnings.append(f"score / baseline: {exc}: shown as n/a")
+        return None
+    if a is None or b is None:
+        return None
+    return finite_or_warn(report, stats.exp_or_inf(a - b), "score / baseline")
 
 
 def check_throughput(value):
@@ -274,9 +345,13 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
 
     Raises:
         MilarunError: ``node_threshold`` is not a percentage
-            (:func:`check_node_threshold`), or ``throughput`` is unknown.
+            (:func:`check_node_threshold`), ``throughput`` is unknown, or
+            ``price`` is not a finite number > 0 (:func:`check_price`).
     """
     throughput = check_throughput(throughput)
+    if price is not None:
+        price = check_price(price)
+    report_warnings = _Warnings()
     if compare_nodes:
         node_threshold = check_node_threshold(node_threshold)
     tests = summary["tests"]
@@ -306,8 +381,11 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
                 badj = stats.perf_adj(bperf, bstd, b["failures"], b["n"], penalize_variance)
             else:
                 bperf, badj = None, None
-            row.update(perf_base=bperf, perf_ratio=_ratio(perf, bperf),
-                       perf_base_adj=badj, perf_ratio_adj=_ratio(adj, badj))
+            row.update(perf_base=bperf,
+                       perf_ratio=_ratio(perf, bperf, report_warnings, f"{group} perf_ratio"),
+                       perf_base_adj=badj,
+                       perf_ratio_adj=_ratio(adj, badj, report_warnings,
+                                             f"{group} perf_ratio_adj"))
         rows.append(row)
 
     columns = ["n", "fail", "perf", "std%", "perf_adj"]
@@ -322,7 +400,8 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
                     hosts=summary.get("hosts", []), rows=rows, columns=columns,
                     has_weights=weights is not None, penalize_variance=penalize_variance,
                     has_baseline=baseline is not None, price=price,
-                    skipped=list(summary.get("skipped", [])), throughput=throughput)
+                    skipped=list(summary.get("skipped", [])), throughput=throughput,
+                    warnings=report_warnings.warnings)
 
     if weights is not None:
         report.missing = sorted(k for k, w in weights.items() if w > 0 and k not in used_keys)
@@ -332,8 +411,8 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
     report.anomalies = [(r["test"], f) for r in rows for f in r["anomalies"]]
 
     counted = [r for r in rows if r["counted"]]
-    report.score = stats.weighted_geomean([r["perf_adj"] for r in counted],
-                                          [r["weight"] for r in counted])
+    report.score = geomean_or_warn(report, [r["perf_adj"] for r in counted],
+                                   [r["weight"] for r in counted], "score")
     report.n_total = sum(r["n"] for r in rows)
     report.fail_total = sum(r["fail"] for r in rows)
     report.failure_rate = report.fail_total / report.n_total if report.n_total else 0.0
@@ -343,12 +422,13 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
         common = [r for r in counted if r["perf_base_adj"] and r["perf_base_adj"] > 0]
         report.ratio_partial = len(common) != len(counted)
         ws = [r["weight"] for r in common]
-        report.score_base = stats.weighted_geomean([r["perf_base_adj"] for r in common], ws)
-        ours = stats.weighted_geomean([r["perf_adj"] for r in common], ws)
-        report.score_ratio = _ratio(ours, report.score_base)
+        report.score_base = geomean_or_warn(report, [r["perf_base_adj"] for r in common], ws,
+                                            "baseline score")
+        report.score_ratio = _log_ratio(report, [r["perf_adj"] for r in common],
+                                        [r["perf_base_adj"] for r in common], ws)
 
     if price is not None and report.score:
-        report.rpp = price / report.score
+        report.rpp = _ratio(price, report.score, report, "RPP (price / score)")
     add_node_score_and_noise(report, tests, base_tests if baseline is not None else None,
                              baseline_noise=baseline is None
                              or baseline.get("origin") != "milarun-2020")
@@ -674,10 +754,11 @@ def add_node_score_and_noise(report, tests, base_tests=None, baseline_noise=True
     counted = [r for r in report.rows if r["counted"]]
     node_rows = [r for r in counted if r["node_perf_adj"]]
     report.node_missing = [r["test"] for r in counted if not r["node_perf_adj"]]
-    report.node_score = stats.weighted_geomean([r["node_perf_adj"] for r in node_rows],
-                                               [r["weight"] for r in node_rows])
+    report.node_score = geomean_or_warn(report, [r["node_perf_adj"] for r in node_rows],
+                                        [r["weight"] for r in node_rows], "node score")
     if report.price is not None and report.node_score:
-        report.node_rpp = report.price / report.node_score
+        report.node_rpp = _ratio(report.price, report.node_score, report,
+                                 "price / node score")
 
     # Tests with one result (whole-node, gpu-progression) are held fixed, so a profile
     # that has any still gets an interval; the report names them (docs/report.md).

@@ -1,6 +1,33 @@
-"""Plain-text rendering of a :class:`~milarun.report.table.Report` (terminal output)."""
+"""Plain-text rendering of a :class:`~milarun.report.table.Report` (terminal output).
+
+Every string in it may come from a vendor's record, summary, baseline or host
+facts, so :func:`render_text` passes the whole text through :func:`terminal_safe`
+once, at the end: an escape sequence in an error message cannot clear the screen
+or draw a fake score.
+"""
 
 import math
+import re
+
+
+#: What a terminal acts on instead of showing: C0 controls but the newline (ESC, CR,
+#: backspace, tab...), DEL, C1 controls (CSI is U+009B), and the bidirectional
+#: overrides, embeddings and isolates (U+202A-U+202E, U+2066-U+2069, with the marks
+#: U+200E, U+200F and U+061C) that reorder what is shown ("Trojan Source",
+#: CVE-2021-42574).
+_TERMINAL_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f"
+                               "\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(match):
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xff else f"\\u{code:04x}"
+
+
+def terminal_safe(text):
+    """``text`` with every terminal control character shown as its Python escape
+    (ESC as the four characters ``\\x1b``, U+202E as ``\\u202e``); newlines kept."""
+    return _TERMINAL_CONTROL.sub(_escape, text)
 
 
 def fmt_num(value, spec=".2f"):
@@ -103,7 +130,9 @@ def score_lines(report):
     """The score block as a list of lines."""
     lines = []
     if report.score is None:
-        lines.append("score: n/a (no weighted test has results)")
+        why = ("out of range: see the warning" if _out_of_range(report, "score")
+               else "no weighted test has results")
+        lines.append(f"score: n/a ({why})")
     else:
         tag = " (incomplete)" if report.incomplete else ""
         lines.append(f"score: {report.score:.2f}{tag}")
@@ -119,7 +148,9 @@ def score_lines(report):
     if report.has_baseline:
         part = " (partial: over the tests both have)" if report.ratio_partial else ""
         lines.append(f"baseline score: {fmt_num(report.score_base)}")
-        lines.append(f"score / baseline: {fmt_num(report.score_ratio, '.3f')}{part}")
+        lines.append(f"score / baseline: {fmt_num(report.score_ratio, '.3f')}{part}"
+                     if not _out_of_range(report, "score / baseline")
+                     else "score / baseline: n/a (out of range: see the warning)")
     if report.price is not None:
         lines.append(f"price: ${report.price:,.2f}")
         lines.append(f"RPP (price / score): {fmt_num(report.rpp)}")
@@ -142,6 +173,12 @@ def score_lines(report):
     if not report.penalize_variance:
         lines.append("variance not penalized (--no-penalize-variance)")
     return lines
+
+
+def _out_of_range(report, what):
+    """True when ``report.warnings`` says figure ``what`` was out of range."""
+    return any(w.startswith(f"{what}:") or w.startswith(f"{what} is out of range")
+               for w in getattr(report, "warnings", None) or [])
 
 
 def overlap_line(overlap):
@@ -499,4 +536,4 @@ def render_text(report):
             msg = (f.get("message") or "").strip().splitlines()
             lines.append(f"  {f['test']} run {f.get('run')} device {f.get('device')}: "
                          f"{f.get('reason')}" + (f": {msg[-1]}" if msg else ""))
-    return "\n".join(lines) + "\n"
+    return terminal_safe("\n".join(lines) + "\n")
