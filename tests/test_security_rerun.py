@@ -128,6 +128,7 @@ def test_python_m_milarun_run_does_not_import_from_the_current_folder(tmp_path):
 
 
 def test_a_foreign_record_without_yes_is_shown_and_not_run(tmp_path, capsys):
+    assert trust.remember(b"a record of ours")  # the registry exists, without this one
     path = foreign_record(tmp_path)
     out = tmp_path / "o.json"
     code, io = run_cli(["rerun", str(path), "-o", str(out)], capsys)
@@ -221,3 +222,22 @@ def test_host_facts_do_not_run_git_in_a_clone_someone_else_owns(tmp_path, monkey
     monkeypatch.setattr(os, "geteuid", lambda: owner + 1)  # the clone is someone else's
     src = hostfacts.milarun_source(repo / "milarun")
     assert src["milarun_commit"] is None and not (tmp_path / "repo-ran").exists()
+
+
+def test_a_cgroup_template_with_a_format_spec_is_not_expanded():
+    from milarun.cli.rerun import student_cgroup
+    record = {"device": "1", "host": {"cgroup": "/student1"},
+              "job": {"partition_scheme": {"cgroup": "cpuset:student{device:>999999999}"}}}
+    assert student_cgroup(record) == (
+        None, "its cgroup template 'cpuset:student{device:>999999999}' does not expand")
+
+
+def test_no_home_means_no_registry_not_one_in_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    environ = {"XDG_CONFIG_HOME": "rel"}
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(os.path, "expanduser", lambda p: p)  # no home: "~" stays
+    assert trust.registry_path(environ) is None
+    monkeypatch.delenv(trust.ENV)
+    assert trust.remember(b"x") is False and list(tmp_path.iterdir()) == []
+    assert trust.written_here(b"x")[0] is False

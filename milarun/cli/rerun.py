@@ -149,6 +149,10 @@ def student_cgroup(record):
     template = ((record.get("job") or {}).get("partition_scheme") or {}).get("cgroup")
     if not template:
         return None, None
+    # only {device}: a record's "{device:>999999999}" would take the memory
+    if (not isinstance(template, str) or len(template) > 256
+            or re.search(r"[{}]", template.replace("{device}", ""))):
+        return None, f"its cgroup template {template!r} does not expand"
     try:
         spec = template.format(device=record.get("device"))
         group = spec.split(":", 1)[1].strip("/")

@@ -28,12 +28,18 @@ ENV = "MILARUN_WRITTEN"
 
 
 def registry_path(environ=None):
-    """The registry file (a ``Path``) for ``environ`` (``os.environ`` by default)."""
+    """The registry file (a ``Path``) for ``environ`` (``os.environ`` by default), or
+    None when no absolute path can be made (no home): nothing is then vouched for."""
     environ = os.environ if environ is None else environ
     if environ.get(ENV):
-        return Path(environ[ENV])
-    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "milarun" / "written.sha256"
+        path = Path(environ[ENV])
+    else:
+        base = environ.get("XDG_CONFIG_HOME") or ""
+        if not os.path.isabs(base):  # the XDG rule: a relative value is ignored
+            base = os.path.join(os.path.expanduser("~"), ".config")
+        path = Path(base) / "milarun" / "written.sha256"
+    # "~" unexpanded (no HOME) would be a folder in the current one: a vendor's
+    return path if path.is_absolute() else None
 
 
 def digest(data):
@@ -50,6 +56,8 @@ def remember(data, registry=None):
     one host do not interleave.
     """
     path = Path(registry) if registry else registry_path()
+    if path is None:
+        return False
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -70,6 +78,8 @@ def written_here(data, registry=None):
     not believed (anyone who can write it could vouch for a file).
     """
     path = Path(registry) if registry else registry_path()
+    if path is None:
+        return False, f"no registry of records written here (${ENV} or a home folder)"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
