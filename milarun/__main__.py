@@ -9,7 +9,14 @@ A user's own workload module is found through ``PYTHONPATH`` or an install.
 import os
 import sys
 
-if not getattr(sys.flags, "safe_path", False) and sys.path and sys.path[0] in ("", os.getcwd()):
+def _cwd():
+    try:
+        return os.getcwd()
+    except OSError:  # the folder was removed: "" still names it
+        return ""
+
+
+if not getattr(sys.flags, "safe_path", False) and sys.path and sys.path[0] in ("", _cwd()):
     del sys.path[0]
 
 from .cli import main  # noqa: E402
