@@ -120,10 +120,9 @@ def check_function(record, function=None, path=None):
         raise ResultFormatError("has no call.function to rerun", path=path, key="call.function")
     match = _REGISTERED.fullmatch(spec) if isinstance(spec, str) else None
     if match is not None:
-        from importlib.util import find_spec
-
-        # the package's own folder, never sys.path: a results folder's copy is not looked at
-        (models,) = find_spec("milarun.models").submodule_search_locations[:1]
+        # this package's own folder, never sys.path: a results folder's copy is not looked at
+        models = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "models")
         name = match.group(1)
         if (os.path.isfile(os.path.join(models, name + ".py"))
                 or os.path.isfile(os.path.join(models, name, "__init__.py"))):
