@@ -13,7 +13,7 @@ import pytest
 
 from milarun import hostfacts
 from milarun.cli import main
-from milarun.cli.rerun import record_environ, rerun_command
+from milarun.cli.rerun import SAFE_PATH, record_environ, rerun_command
 from milarun.results import trust
 
 CRAWL = "milarun.models.faults:crawl"
@@ -134,7 +134,7 @@ def test_a_foreign_record_without_yes_is_shown_and_not_run(tmp_path, capsys):
     code, io = run_cli(["rerun", str(path), "-o", str(out)], capsys)
     assert code == 2 and not out.exists()
     lines = io.err.splitlines()
-    assert f" -P -m milarun run {CRAWL} -o {out} " in lines[-2]
+    assert f" {SAFE_PATH} -m milarun run {CRAWL} -o {out} " in lines[-2]
     assert lines[-1] == (
         f"milarun: error: {path}: not run: it was not written by this host's milarun (or was "
         "changed since); read the command above and pass --yes to run it")
