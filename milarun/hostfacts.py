@@ -68,23 +68,49 @@ def _read(path):
         return None
 
 
+#: Environment of the git that reads milarun's commit: none of this process's
+#: ``GIT_*`` (``GIT_CONFIG_COUNT``/``KEY``/``VALUE`` would set ``core.fsmonitor``,
+#: a command git runs), no system or user config, no home, no prompt.
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_SYSTEM": os.devnull,
+           "GIT_CONFIG_GLOBAL": os.devnull, "HOME": "/nonexistent", "GIT_TERMINAL_PROMPT": "0",
+           "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
+#: Options on every such git: no file-system monitor (a command), no hooks.
+GIT_OPTS = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
+            "-c", "core.untrackedCache=false")
+
+
+def _git(root, *args):
+    """Run ``git ARGS`` in the clone ``root`` with :data:`GIT_ENV` and :data:`GIT_OPTS`;
+    the ``CompletedProcess`` (10 s at most)."""
+    env = dict(GIT_ENV, PATH=os.environ.get("PATH") or os.defpath,
+               GIT_CEILING_DIRECTORIES=str(root.parent))
+    return subprocess.run(["git", *GIT_OPTS, "-C", str(root), *args], timeout=10, env=env,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+
+
 def milarun_source(package_dir=None):
     """``{"milarun_version", "milarun_commit", "milarun_dirty"}``: the package
     version, and the git commit (with whether tracked files changed) when the
-    package lies in a git clone; commit and dirty are None otherwise."""
+    package lies in a git clone; commit and dirty are None otherwise.
+
+    git runs in the package's own clone (never the current folder, whose
+    ``.git/config`` could name commands), only when this user owns the clone
+    (git's safe.directory rule, also for a git older than 2.35.2), with a clean
+    environment (:func:`_git`)."""
     root = Path(package_dir or Path(__file__).resolve().parent).parent
     out = {"milarun_version": __version__, "milarun_commit": None, "milarun_dirty": None}
-    if not (root / ".git").exists():
+    try:
+        if any(p.stat().st_uid != os.geteuid() for p in (root, root / ".git")):
+            return out
+    except OSError:  # no .git: not a clone
         return out
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], timeout=10,
-                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        head = _git(root, "rev-parse", "HEAD")
         if head.returncode != 0:
             return out
         out["milarun_commit"] = head.stdout.strip() or None
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
-                                 "--untracked-files=no"], timeout=10, capture_output=True,
-                                text=True, stdin=subprocess.DEVNULL)
+        status = _git(root, "status", "--porcelain", "--untracked-files=no",
+                      "--ignore-submodules=all")
         if status.returncode == 0:
             out["milarun_dirty"] = bool(status.stdout.strip())
     except (OSError, subprocess.SubprocessError):

@@ -27,6 +27,20 @@ def cgroup_skip(reason):
     pytest.skip(reason)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def written_registry(tmp_path_factory):
+    """The registry of records written (milarun.results.trust) for the whole session,
+    children included: tests never add to the real ~/.config/milarun."""
+    path = tmp_path_factory.mktemp("trust") / "written.sha256"
+    old = os.environ.get("MILARUN_WRITTEN")
+    os.environ["MILARUN_WRITTEN"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("MILARUN_WRITTEN", None)
+    else:
+        os.environ["MILARUN_WRITTEN"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_dataroot(tmp_path_factory):
     """A dataroot shared by the whole session; builders fill it on demand."""

@@ -29,8 +29,9 @@ RERUN_ENV_PREFIXES = ("MILARUN_", "CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH_",
 
 
 # ...except the start barrier of the session's wave: a rerun runs alone (the
-# barrier it met is in ``timings.barrier``).
-NOT_RERUN_PREFIXES = (ENV_PREFIX,)
+# barrier it met is in ``timings.barrier``); nor where this user's registry of
+# written records lies (milarun.results.trust).
+NOT_RERUN_PREFIXES = (ENV_PREFIX, "MILARUN_WRITTEN")
 
 
 def rerun_environ(environ=None):

@@ -1,18 +1,59 @@
-"""``milarun rerun RESULT.json [-o OUT] -- ARGS``."""
+"""``milarun rerun RESULT.json [-o OUT] [--yes] [--function MOD:FN] -- ARGS``.
+
+A result file may come from anyone (a vendor's results folder): it is data, and
+a rerun runs only what milarun itself would. It imports only a registered
+workload (``milarun.models.<name>:<function>``) or the one the user names with
+``--function``; takes from the record's ``environ`` only the variables milarun
+sets (:data:`RERUN_ENV`), with plain values; starts the child with ``-P`` so
+neither the current folder nor the results folder is on its ``sys.path``; shows
+the exact command and environment, and runs a record this host's milarun did
+not write (:mod:`milarun.results.trust`) only with ``--yes``.
+"""
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
 
 from coleo import Option, default, tooled
 
+from ..errors import MilarunError, ResultFormatError
+
+#: The variables a rerun takes from a record's ``environ``: those milarun sets for
+#: a launch (device visibility of :mod:`milarun.accel`, the plan's ``MILARUN_*``
+#: labels and pinning, the backend) and plain threading knobs. Everything else
+#: (``LD_PRELOAD``, ``PYTHONPATH``, ``GIT_*``, ``NCCL_*`` plug-ins, ``TORCH_*``,
+#: the start barrier, ``MILARUN_WRITTEN``, ``MILARUN_PDEATHSIG`` ...) is dropped
+#: and named.
+RERUN_ENV = frozenset({
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "ZE_FLAT_DEVICE_HIERARCHY",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONHASHSEED",
+    "MILARUN_DEVICE", "MILARUN_RUN", "MILARUN_CPUS", "MILARUN_PCI_BUS_ID",
+    "MILARUN_BACKEND", "MILARUN_NODE",
+})
+#: A value kept: device lists, UUIDs (``MIG-GPU-…/1/0``), PCI ids, CPU lists,
+#: numbers, names; at most 1024 characters, no space, quote or control character.
+_ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:/+=@-]{0,1024}")
+#: ``call.function`` a rerun imports without ``--function``: a module of milarun.models.
+_REGISTERED = re.compile(r"milarun\.models\.([A-Za-z_][A-Za-z0-9_]*):([A-Za-z_][A-Za-z0-9_]*)")
+_FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+#: Starts the child without the current folder on ``sys.path`` (``-P``, Python 3.11;
+#: 3.10 has only ``-I``, which also ignores ``PYTHONPATH`` and ``PYTHON*`` variables).
+SAFE_PATH = "-P" if sys.version_info >= (3, 11) else "-I"
+
 
 @tooled
 def command(rest):
     """Replay the exact command of a result file, with ARGS appended, in the
-    original's student cgroup when it exists here (or say why not)."""
+    original's student cgroup when it exists here (or say why not).
+
+    The command and the environment taken from the record are printed first.
+    A record that this host's milarun did not write (a vendor's, an older
+    milarun's, or one changed since) is run only with --yes; without it the
+    command is printed and the exit status is 2."""
     # The result file to replay
     # [positional]
     result: Option
@@ -23,8 +64,73 @@ def command(rest):
     dry_run: Option & bool = default(False)
     # Do not run in the original's student cgroup
     no_cgexec: Option & bool = default(False)
+    # Run a record this host's milarun did not write (read the printed command first)
+    yes: Option & bool = default(False)
+    # Run this module:function instead of the record's call.function
+    function: Option = default(None)
 
-    return rerun(result, rest, out=out, dry_run=dry_run, use_cgexec=not no_cgexec)
+    return rerun(result, rest, out=out, dry_run=dry_run, use_cgexec=not no_cgexec,
+                 yes=yes, function=function)
+
+
+def _word(text):
+    """``text`` as one shell word that shows every character: ``shlex.quote`` when it
+    is printable, else bash's ``$'…'`` with ``\\xHH``/``\\uHHHH`` escapes (a record's
+    newline or terminal escape cannot hide part of the printed command)."""
+    text = str(text)
+    if text.isprintable():
+        return shlex.quote(text)
+    return "$'" + "".join(
+        c if c.isprintable() and c not in "\\'" else
+        f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" if ord(c) < 0x10000
+        else f"\\U{ord(c):08x}" for c in text) + "'"
+
+
+def record_environ(record):
+    """``(kept, dropped)``: the record's ``environ`` variables a rerun sets
+    (:data:`RERUN_ENV`, with a value of :data:`_ENV_VALUE`), and the sorted names
+    of the others (shown, never set)."""
+    environ = record.get("environ") or {}
+    kept, dropped = {}, []
+    for name, value in environ.items():
+        if (name in RERUN_ENV and isinstance(value, str) and _ENV_VALUE.fullmatch(value)):
+            kept[name] = value
+        else:
+            dropped.append(str(name))
+    return kept, sorted(dropped)
+
+
+def check_function(record, function=None, path=None):
+    """The ``module:function`` a rerun of ``record`` imports: ``function`` (named
+    by the user) when given, else the record's ``call.function``, which must be
+    a module of ``milarun.models`` that exists in the installed package (found
+    on disk; nothing is imported).
+
+    Raises:
+        MilarunError: ``function`` does not look like ``module:function``.
+        ResultFormatError: ``call.function`` is missing or not a registered
+            workload (the message says to pass ``--function`` to run another).
+    """
+    if function is not None:
+        if not isinstance(function, str) or not _FUNCTION.fullmatch(function):
+            raise MilarunError(f"--function {function!r} must look like 'module:function'")
+        return function
+    spec = (record.get("call") or {}).get("function")
+    if not spec:
+        raise ResultFormatError("has no call.function to rerun", path=path, key="call.function")
+    match = _REGISTERED.fullmatch(spec) if isinstance(spec, str) else None
+    if match is not None:
+        # this package's own folder, never sys.path: a results folder's copy is not looked at
+        models = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "models")
+        name = match.group(1)
+        if (os.path.isfile(os.path.join(models, name + ".py"))
+                or os.path.isfile(os.path.join(models, name, "__init__.py"))):
+            return spec
+    raise ResultFormatError(
+        f"{_word(spec)} is not a workload of milarun.models: a rerun imports nothing "
+        "else (pass --function MODULE:FUNCTION to run a module you trust)",
+        path=path, key="call.function")
 
 
 def student_cgroup(record):
@@ -42,6 +148,10 @@ def student_cgroup(record):
     template = ((record.get("job") or {}).get("partition_scheme") or {}).get("cgroup")
     if not template:
         return None, None
+    # only {device}: a record's "{device:>999999999}" would take the memory
+    if (not isinstance(template, str) or len(template) > 256
+            or re.search(r"[{}]", template.replace("{device}", ""))):
+        return None, f"its cgroup template {template!r} does not expand"
     try:
         spec = template.format(device=record.get("device"))
         group = spec.split(":", 1)[1].strip("/")
@@ -59,12 +169,18 @@ def student_cgroup(record):
     return spec, None
 
 
-def rerun_command(record, extra_args=(), out=None, python=None):
+def rerun_command(record, extra_args=(), out=None, python=None, function=None):
     """Rebuild ``(argv, env)`` from a result record: function, argv, environ,
-    dataroot and name, with ``extra_args`` appended."""
+    dataroot and name, with ``extra_args`` appended.
+
+    ``function`` replaces the record's ``call.function`` (checked by
+    :func:`check_function`). ``env`` is this process's environment with the
+    record's allowed variables (:func:`record_environ`) on top, less the start
+    barrier; the child runs ``python -P`` (:data:`SAFE_PATH`).
+    """
     python = python or sys.executable
     call = record.get("call") or {}
-    argv = [python, "-m", "milarun", "run", call["function"]]
+    argv = [python, SAFE_PATH, "-m", "milarun", "run", check_function(record, function)]
     if out:
         argv += ["-o", str(out)]
     if record.get("dataroot"):
@@ -78,27 +194,51 @@ def rerun_command(record, extra_args=(), out=None, python=None):
     from ..barrier import without_barrier
 
     # a rerun runs alone: the start barrier a launcher's FAIL record names is gone
-    env = without_barrier({**os.environ, **(record.get("environ") or {})})
+    env = without_barrier({**os.environ, **record_environ(record)[0]})
     return argv, env
 
 
-def rerun(path, extra_args, out=None, dry_run=False, use_cgexec=True):
+def _read_record(path):
+    """``(record, raw)``: the record at ``path`` and the very bytes it was parsed from
+    (the ones :func:`milarun.results.trust.written_here` checks).
+
+    Raises:
+        ResultFormatError: as :func:`milarun.results.store.load_result`.
+    """
+    from ..jsonfile import MAX_BYTES, parse_json
+    from ..results.schema import migrate
+    from ..results.store import load_result
+
+    load_result(path)  # every error with the reader's message
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise ResultFormatError(f"cannot read file ({exc.strerror})", path=path)
+    return migrate(parse_json(raw, path=path), path=path), raw
+
+
+def rerun(path, extra_args, out=None, dry_run=False, use_cgexec=True, yes=False,
+          function=None):
     """Print and run the rebuilt command; returns its exit code.
 
     The command runs in the original's student cgroup (:func:`student_cgroup`)
     unless ``use_cgexec`` is False; a line on stderr says which cgroup, or why
-    not.
+    not. Lines on stderr name the record's ``environ`` variables left out, and
+    show the command with the variables set on it.
+
+    Raises:
+        ResultFormatError: unreadable record, or a ``call.function`` outside
+            milarun.models without ``function``.
+        MilarunError: (exit 2, nothing run) the record was not written by this
+            host's milarun and ``yes`` is False.
     """
-    from ..errors import ResultFormatError
     from ..isolation import wrap
-    from ..results.store import load_result
+    from ..results import trust
 
-    record = load_result(path)
-    if not (record.get("call") or {}).get("function"):
-        raise ResultFormatError("has no call.function to rerun", path=path, key="call.function")
-    argv, env = rerun_command(record, extra_args, out)
-    from ..barrier import without_barrier
-
+    record, raw = _read_record(path)
+    argv, env = rerun_command(record, extra_args, out, function=check_function(
+        record, function, path=path))
     if use_cgexec:
         spec, why = student_cgroup(record)
         if spec is not None:
@@ -106,9 +246,19 @@ def rerun(path, extra_args, out=None, dry_run=False, use_cgexec=True):
             print(f"milarun: rerun: in student cgroup {spec}, as the original", file=sys.stderr)
         elif why is not None:
             print(f"milarun: rerun: not in a student cgroup: {why}", file=sys.stderr)
-    shown = without_barrier(record.get("environ") or {})
-    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(shown.items()))
-    print(f"milarun: rerun: {prefix} {shlex.join(argv)}".replace("  ", " "), file=sys.stderr)
+    kept, dropped = record_environ(record)
+    if dropped:
+        print("milarun: rerun: not taken from the record's environ: "
+              + ", ".join(_word(name) for name in dropped), file=sys.stderr)
+    shown = " ".join(f"{k}={_word(v)}" for k, v in sorted(kept.items()))
+    line = " ".join(_word(a) for a in argv)
+    print(f"milarun: rerun: {shown + ' ' if shown else ''}{line}", file=sys.stderr)
+    ours, why = trust.written_here(raw)
     if dry_run:
+        if not ours:
+            print(f"milarun: rerun: (dry run) it would need --yes: {why}", file=sys.stderr)
         return 0
+    if not ours and not yes:
+        raise MilarunError(f"not run: {why}; read the command above and pass --yes to run it",
+                           path=path)
     return subprocess.call(argv, env=env)

@@ -11,6 +11,12 @@ from ..errors import MilarunError
 def resolve_function(spec):
     """Import ``"module:function"`` and return the function.
 
+    The module is looked up on ``sys.path`` as this process has it: started as
+    ``python -m milarun``, the current folder is not on it (``milarun/__main__.py``),
+    so a workload of the user's own comes from ``PYTHONPATH`` or an install, never
+    from the folder milarun was started in. ``milarun rerun`` passes only
+    ``milarun.models`` workloads or one the user named.
+
     Raises:
         MilarunError: malformed spec, module not importable, or no such function.
     """

@@ -99,9 +99,15 @@ def fsync_dir(path):
         os.close(fd)
 
 
-def write_json_atomic(path, data):
+def json_text(data):
+    """``data`` as the JSON text the writers put on disk (indented, no NaN)."""
+    return json.dumps(finite_json(data), indent=1, default=str, allow_nan=False)
+
+
+def write_json_atomic(path, data, text=None):
     """Write ``data`` as JSON to ``path``: temporary file in the same folder, fsync,
-    rename, fsync of the folder.
+    rename, fsync of the folder. ``text``: the exact text to write, when the
+    caller made it already (:func:`json_text` of ``data``).
 
     The file gets the usual mode of a new file (0666 less the umask), not the
     0600 of a temporary file, so results on a shared disk stay readable.
@@ -113,7 +119,7 @@ def write_json_atomic(path, data):
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(finite_json(data), indent=1, default=str, allow_nan=False)
+    text = json_text(data) if text is None else text
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".json", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
@@ -152,12 +158,16 @@ def write_result(record, out):
 
     The one writer of result records, for the child and for the launcher's
     FAIL path. ``out`` is a directory (the standard file name is used) or
-    a path ending in ``.json`` (written exactly there).
+    a path ending in ``.json`` (written exactly there). The digest of the bytes
+    written goes to this host's registry (:mod:`milarun.results.trust`), so
+    ``milarun rerun`` knows the record as its own.
 
     Raises:
         ResultFormatError: the record does not follow the schema.
         OSError: the file cannot be written (see :func:`write_json_atomic`).
     """
+    from . import trust
+
     validate(finite_json(record))
     out = Path(out)
     if out.suffix == ".json":
@@ -165,7 +175,11 @@ def write_result(record, out):
     else:
         path = out / result_filename(record["name"], record.get("run", 0),
                                      record.get("device", "0"), record["success"])
-    return write_json_atomic(path, record)
+    text = json_text(record)
+    write_json_atomic(path, record, text=text)
+    # the bytes written, not read back: a folder others can write cannot swap them in
+    trust.remember(text.encode("utf-8"))
+    return path
 
 
 def load_result(path):
