@@ -1,0 +1,137 @@
+"""Issue 20, records: one bad reading never loses a record nor stops the suite,
+--resume trusts only this folder's own records, and a prepare command leaves
+no process behind. Hostile inputs: a journal of NaN, negative, string and huge
+values; a record the schema refuses; unwritable records; foreign records."""
+
+import errno
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from milarun import launch as launch_mod
+from milarun.launch import SuiteAborted, run_suite, tally
+from milarun.results.store import load_result
+
+from test_launch import launch, record, writer
+
+#: A journal as a buggy sensor or a hostile child could leave it: two good samples, one
+#: good GPU reading; every other line has a NaN, negative, string or huge field.
+GOOD_SAMPLES = [{"start": 0.0, "end": 1.0, "count": 8, "rate": 8.0, "warmup": False},
+                {"start": 1.0, "end": 2.0, "count": 8, "rate": 8.0, "warmup": False}]
+GOOD_MONITOR = {"t": 1.0, "device": 0, "load": 0.5, "power": 100.0}
+BAD_LINES = [
+    '{"kind": "start", "pid": 1, "start": NaN}',
+    '{"kind": "train", "sample_duration": -1, "warmup": "abc"}',
+    '{"kind": "sample", "start": 2.0, "end": 3.0, "count": 8, "rate": -5.0, "warmup": false}',
+    '{"kind": "sample", "start": 2.0, "end": 3.0, "count": "many", "rate": 8.0, "warmup": false}',
+    '{"kind": "sample", "start": 2.0, "end": 3.0, "count": 8, "rate": 1e999, "warmup": false}',
+    '{"kind": "sample", "start": 2.0, "end": 3.0, "count": 1e300, "rate": 8.0, "warmup": false}',
+    '{"kind": "sample", "start": 2.0, "end": 3.0, "count": 1e300, "rate": 8.0, "warmup": false}',
+    '{"kind": "monitor", "t": 2.0, "device": 0, "power": NaN}',
+    '{"kind": "monitor", "t": 2.0, "device": 0, "power": -3.0}',
+    '{"kind": "monitor", "t": 2.0, "device": 0, "temperature": "hot"}',
+    '{"kind": "host_load", "t": 2.0, "dt": 1.0, "busy": 1e400, "suite": 1, "outside": 0}',
+    '{"kind": "distributed", "world_size": 2}',
+]
+
+
+def bad_journal_launch(tmp_path, name="t.bad"):
+    """A launch whose child writes the hostile journal, then exits 1 without a record."""
+    lines = ([json.dumps({"kind": "sample", **s}) for s in GOOD_SAMPLES]
+             + [json.dumps({"kind": "monitor", **GOOD_MONITOR})] + BAD_LINES)
+    lch = launch(tmp_path, name=name)
+    code = (f"import sys; open(sys.argv[1], 'w').write({chr(10).join(lines)!r} + '\\n'); "
+            "sys.exit(1)")
+    lch.argv = [sys.executable, "-c", code, str(lch.journal_path)]
+    return lch
+
+
+def records_on_disk(folder):
+    return sorted(p.name for p in folder.glob("*.json"))
+
+
+def test_bad_journal_values_give_a_valid_fail_record_and_the_suite_goes_on(tmp_path):
+    bad = bad_journal_launch(tmp_path)
+    ok = writer(tmp_path, name="t.next")
+    outs = run_suite([[bad], [ok]], tmp_path, None, on_outcome=lambda o: None)
+    assert [o.success for o in outs] == [False, True]  # the next test ran
+    rec = load_result(bad.fail_path)  # on disk, and passes the schema
+    assert rec["timings"]["train"]["samples"] == GOOD_SAMPLES
+    assert rec["timings"]["train"]["count"] == 16
+    assert rec["gpu_monitor"]["samples"] == [GOOD_MONITOR]
+    assert rec["error"]["journal_dropped"] == len(BAD_LINES)
+    assert "distributed" not in rec and "host_load" not in rec
+    # the tally and the folder agree: one PASS record, one FAIL record
+    assert tally(outs) == "1 passed, 1 failed"
+    assert records_on_disk(tmp_path) == sorted([bad.fail_path.name, ok.result_path.name])
+
+
+def test_a_record_the_schema_refuses_falls_back_to_a_minimal_one(tmp_path):
+    # an argument longer than the schema's 65536 characters: the full record is refused
+    lch = bad_journal_launch(tmp_path)
+    lch.test_argv = ["--a", "x" * 70000]
+    (out,) = run_suite([[lch]], tmp_path, None, on_outcome=lambda o: None)
+    assert out.result_path == lch.fail_path and out.write_error is None
+    rec = load_result(lch.fail_path)
+    assert (rec["name"], rec["job_id"], rec["run"], rec["device"]) == ("t.bad", "0.0", 0, "0")
+    assert rec["success"] is False and rec["error"]["reason"] == "error"
+    assert rec["written_by"] == "launcher"
+    message = rec["error"]["message"]
+    assert message.startswith("exited with status 1 without writing a result; ")
+    assert "the FAIL record was unusable" in message and "call.argv.1" in message
+    assert rec["call"]["argv"] == [] and rec["timings"]["train"]["samples"] == []
+
+
+def test_a_forced_schema_failure_still_leaves_a_minimal_record(tmp_path, monkeypatch):
+    real = launch_mod.fail_record
+
+    def refused(*args, **kw):
+        rec = real(*args, **kw)
+        rec["device_count"] = -1  # whatever the full record holds, it fails the schema
+        return rec
+
+    monkeypatch.setattr(launch_mod, "fail_record", refused)
+    lch = writer(tmp_path, ok=False, rc=1)  # with a record of its own, samples and all
+    (out,) = run_suite([[lch]], tmp_path, None, on_outcome=lambda o: None)
+    rec = load_result(out.result_path)
+    assert out.result_path == lch.fail_path and rec["device_count"] == 1
+    assert rec["error"]["message"].count("was unusable") == 2  # own record, then journal's
+    assert records_on_disk(tmp_path) == [lch.fail_path.name]
+
+
+def test_an_unwritable_record_is_one_loud_line_and_the_suite_goes_on(tmp_path, monkeypatch):
+    real = launch_mod.write_result
+
+    def denied(rec, path):
+        if ".t.one." in f".{os.path.basename(path)}":
+            raise OSError(errno.EACCES, "Permission denied")
+        return real(rec, path)
+
+    monkeypatch.setattr(launch_mod, "write_result", denied)
+    first = launch(tmp_path, "import sys; sys.exit(1)", name="t.one")
+    then = writer(tmp_path, name="t.two")
+    lines = []
+    outs = run_suite([[first], [then]], tmp_path, None, on_outcome=lambda o: None,
+                     on_message=lines.append)
+    assert [o.success for o in outs] == [False, True]  # the next launch still ran
+    assert lines == [f"milarun: error: t.one J0.0: cannot write {first.fail_path}: "
+                     "Permission denied; counted as failed, with no record"]
+    assert records_on_disk(tmp_path) == [then.result_path.name]
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_or_quota_stops_the_suite_with_one_line(tmp_path, monkeypatch, code):
+    def full(rec, path):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(launch_mod, "write_result", full)
+    first = launch(tmp_path, "import sys; sys.exit(1)", name="t.one")
+    never = launch(tmp_path, f"open({str(tmp_path / 'ran')!r}, 'w')", name="t.two")
+    with pytest.raises(SuiteAborted) as exc:
+        run_suite([[first], [never]], tmp_path, None, on_outcome=lambda o: None)
+    assert str(exc.value) == (f"cannot write {first.fail_path}: {os.strerror(code)}; "
+                              "the suite stops here")
+    assert not (tmp_path / "ran").exists()
