@@ -642,12 +642,55 @@ def prepare_fields(dataroot, outdir):
     return fields
 
 
+class _Group:
+    """The process group of a prepare command, for :func:`stop_all`: it lasts while
+    any process of the group is left (a ``sleep 1000 &`` of the command), not only
+    while the command's shell runs."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.abandoned = False
+
+    def poll(self):
+        """None while a live process of the group is left, else the command's exit status."""
+        self.proc.poll()  # reaps the shell; the group id stays ours while a member lives
+        return None if _group_members(self.proc.pid) else self.proc.returncode
+
+    def signal_group(self, sig):
+        if self.poll() is not None:
+            return  # nobody left: the group id may be free, never signal it
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _group_members(pgid):
+    """PIDs of the processes of group ``pgid`` that are not zombies (Linux ``/proc``)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+            state, _ppid, pgrp = stat[stat.rindex(b")") + 2:].split()[:3]
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+        if int(pgrp) == pgid and state != b"Z":
+            found.append(int(entry.name))
+    return found
+
+
 def run_prepare(commands, fields, log_path, stop=None, echo=True, grace=5.0, timeout=None):
     """Run a test's prepare commands with ``sh -c``; returns (ok, message).
 
     ``fields`` come from :func:`prepare_fields`. Output goes to ``log_path``.
-    Each command gets ``timeout`` seconds (the test's own timeout). A stop
-    request kills the command's process group and raises :class:`Interrupted`.
+    Each command gets ``timeout`` seconds (the test's own timeout) and runs in
+    a process group of its own, which is swept (:func:`stop_all`: SIGTERM,
+    ``grace`` s, SIGKILL) when the command ends, so nothing it started in the
+    background outlives it. A stop request does the same and raises
+    :class:`Interrupted`.
     """
     stop = stop or StopRequest()
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -666,22 +709,19 @@ def run_prepare(commands, fields, log_path, stop=None, echo=True, grace=5.0, tim
                                         start_new_session=True, env=env)
             except (OSError, ValueError) as exc:  # ValueError: a NUL byte
                 return False, f"cannot run prepare command {cmd!r}: {exc}"
+            group = _Group(proc)
             t0 = time.monotonic()
-            while proc.poll() is None:
-                late = timeout is not None and time.monotonic() - t0 > timeout
-                if stop.signum is not None or late:
-                    for sig in (signal.SIGTERM, signal.SIGKILL):
-                        try:
-                            os.killpg(proc.pid, sig)  # the group, even once sh is gone
-                        except (ProcessLookupError, PermissionError):
-                            pass
-                        if sig == signal.SIGTERM:
-                            time.sleep(min(grace, 1.0))
-                    proc.wait()
-                    if late and stop.signum is None:
-                        return False, f"prepare command timed out after {timeout:g} s: {cmd}"
-                    raise Interrupted(stop.signum)
-                time.sleep(POLL_S)
+            try:
+                while proc.poll() is None:
+                    late = timeout is not None and time.monotonic() - t0 > timeout
+                    if stop.signum is not None or late:
+                        stop_all([group], min(grace, 1.0), stop)
+                        if late and stop.signum is None:
+                            return False, f"prepare command timed out after {timeout:g} s: {cmd}"
+                        raise Interrupted(stop.signum)
+                    time.sleep(POLL_S)
+            finally:
+                stop_all([group], grace, stop)  # what it left running in the background
             if proc.returncode != 0:
                 return False, (f"prepare command failed with status {proc.returncode}: {cmd} "
                                f"(output in logs/{Path(log_path).name})")

@@ -135,3 +135,38 @@ def test_a_full_disk_or_quota_stops_the_suite_with_one_line(tmp_path, monkeypatc
     assert str(exc.value) == (f"cannot write {first.fail_path}: {os.strerror(code)}; "
                               "the suite stops here")
     assert not (tmp_path / "ran").exists()
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def test_a_background_process_of_a_prepare_command_does_not_outlive_it(tmp_path):
+    pidfile = tmp_path / "pid"
+    lch = writer(tmp_path, prepare=[f"sleep 300 & echo $! > {pidfile}"])
+    t0 = time.time()
+    (out,) = run_suite([[lch]], tmp_path, None, on_outcome=lambda o: None, grace=1.0)
+    assert out.success and time.time() - t0 < 20
+    pid = int(pidfile.read_text())
+    deadline = time.time() + 5
+    while _alive(pid) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def test_a_background_process_that_ignores_sigterm_is_killed(tmp_path):
+    pidfile = tmp_path / "pid"
+    cmd = f"sh -c 'trap \"\" TERM; sleep 300' & echo $! > {pidfile}"
+    lch = writer(tmp_path, prepare=[cmd])
+    t0 = time.time()
+    (out,) = run_suite([[lch]], tmp_path, None, on_outcome=lambda o: None, grace=0.5)
+    assert out.success and time.time() - t0 < 20
+    pid = int(pidfile.read_text())
+    deadline = time.time() + 5
+    while _alive(pid) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
