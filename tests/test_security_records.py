@@ -170,3 +170,63 @@ def test_a_background_process_that_ignores_sigterm_is_killed(tmp_path):
     while _alive(pid) and time.time() < deadline:
         time.sleep(0.05)
     assert not _alive(pid)
+
+
+# --- --resume counts only this folder's own records of the planned job ---------------------
+
+def test_resume_ignores_foreign_and_mismatched_successful_records(tmp_path):
+    from milarun.results.store import result_filename, write_result
+    from milarun.session import SESSION_ID_FORMAT
+    from test_faults import run_jobs, write_profile
+    import datetime
+
+    flag = tmp_path / "flag"
+    profile = write_profile(tmp_path, {
+        "flaky": {"experiment": "milarun.models.faults:flaky",
+                  "partition_scheme": {"type": "per-gpu"},
+                  "arguments": {"pass-if": str(flag), "max-count": 3, "warmup": 0}}})
+    out = tmp_path / "out"
+    first = run_jobs(tmp_path, "-o", str(out), "--cpu-slots", "1", profile=profile)
+    assert first.stdout.strip() == "0 passed, 1 failed", first.stderr
+    (sid,) = [s["id"] for s in json.loads((out / ".milarun/session.json").read_text())["sessions"]]
+    (failed,) = out.glob("p.flaky.J0.0.FAIL.*.json")
+    passing = {**load_result(failed), "success": True, "error": None}
+
+    def forge(job, stamp):
+        path = out / result_filename("p.flaky", 0, "0", True, stamp)
+        write_result({**passing, "job": job}, path)
+        return path.name
+
+    # a passing record copied in from another folder: the right job, another session's stamp
+    copied = forge(passing["job"], datetime.datetime(2099, 12, 31))
+    # this session's stamp, but the record of another job definition
+    other_job = forge({**passing["job"], "arguments": {"max-count": 1}},
+                      datetime.datetime.strptime(sid, SESSION_ID_FORMAT))
+    flag.write_text("")
+    again = run_jobs(tmp_path, "--resume", str(out), "--cpu-slots", "1", profile=profile)
+    assert again.returncode == 0, again.stderr
+    assert ("milarun: --resume: 2 successful record(s) not counted as passed (their launches "
+            f"run again): {copied} (not written by a session of this folder), {other_job} "
+            "(its job definition is not the profile's)") in again.stderr.splitlines()
+    assert "already passed" not in again.stderr
+    assert again.stdout.strip() == "1 passed, 0 failed"  # the launch ran again
+    sessions = json.loads((out / ".milarun/session.json").read_text())["sessions"]
+    assert (out / f"p.flaky.J0.0.{sessions[1]['id']}.json").exists()
+
+
+def test_successful_keys_takes_only_records_named_by_the_folder_sessions(tmp_path):
+    from milarun.results.schema import new_result
+    from milarun.results.store import result_filename, write_result
+    from milarun.session import session_times, successful_keys
+
+    saved = {"sessions": [{"id": "20261122-000000-000000"}, {"id": 5}, "junk",
+                          {"id": "../../etc"}]}
+    (when,) = session_times(saved)  # malformed entries are left out
+    rec = {**new_result("s.t", "0.0"), "success": True, "job": {"a": 1}}
+    mine = write_result(rec, tmp_path / result_filename("s.t", 0, "0", True, when))
+    (tmp_path / "sub").mkdir()
+    nested = write_result(rec, tmp_path / "sub" / mine.name)  # right name, wrong folder
+    renamed = write_result(rec, tmp_path / result_filename("s.t", 1, "0", True, when))  # run 0 inside
+    done, foreign = successful_keys(tmp_path, [when])
+    assert done == {("s.t", 0, "0"): [(mine, {"a": 1})]}
+    assert sorted(p for p, _ in foreign) == sorted([nested, renamed])
