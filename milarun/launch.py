@@ -19,9 +19,10 @@ After the child ends the launcher decides the outcome from the exit status
   own record when there is one (samples kept), else a new one holding the
   journal's valid events (the lines dropped are counted in
   ``error.journal_dropped``), else, when even that one fails the schema, a
-  minimal one (name, job id, run, device, why). ``error.reason`` is ``interrupted`` (the suite was
-  stopped), ``exit-after-result`` (a successful record, then a non-zero exit
-  or a hang past the timeout), ``timeout``, the child's own reason,
+  minimal one (name, job id, run, device, why). ``error.reason`` is
+  ``interrupted`` (the suite was stopped), ``exit-after-result`` (a
+  successful record, then a non-zero exit or a hang past the timeout),
+  ``timeout``, the child's own reason,
   ``oom-killed`` (the cgroup's OOM-kill counter went up), ``signal`` or
   ``error``.
 
@@ -50,7 +51,6 @@ from pathlib import Path
 from . import isolation, supervise
 from .results.journal import read_journal
 from .results.schema import new_result
-from .errors import ResultFormatError
 from .results.store import load_result, write_result
 
 STDERR_TAIL_LINES = 40

@@ -15,7 +15,7 @@ from milarun import launch as launch_mod
 from milarun.launch import SuiteAborted, run_suite, tally
 from milarun.results.store import load_result
 
-from test_launch import launch, record, writer
+from test_launch import launch, writer
 
 #: A journal as a buggy sensor or a hostile child could leave it: two good samples, one
 #: good GPU reading; every other line has a NaN, negative, string or huge field.
@@ -226,7 +226,8 @@ def test_successful_keys_takes_only_records_named_by_the_folder_sessions(tmp_pat
     mine = write_result(rec, tmp_path / result_filename("s.t", 0, "0", True, when))
     (tmp_path / "sub").mkdir()
     nested = write_result(rec, tmp_path / "sub" / mine.name)  # right name, wrong folder
-    renamed = write_result(rec, tmp_path / result_filename("s.t", 1, "0", True, when))  # run 0 inside
+    # named for run 1, but the record inside is run 0's
+    renamed = write_result(rec, tmp_path / result_filename("s.t", 1, "0", True, when))
     done, foreign = successful_keys(tmp_path, [when])
     assert done == {("s.t", 0, "0"): [(mine, {"a": 1})]}
     assert sorted(p for p, _ in foreign) == sorted([nested, renamed])
