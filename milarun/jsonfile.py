@@ -353,6 +353,12 @@ def _accepts(schema):
     return entry[1]
 
 
+def accepts(data, ref):
+    """True when ``data`` follows schema ``ref`` (see :func:`validator`). Builds no
+    message, so it is cheap for many small documents (journal events)."""
+    return _accepts(_inlined(ref))(data)
+
+
 def first_error(data, ref):
     """Check ``data`` against schema ``ref`` (see :func:`validator`).
 

@@ -17,20 +17,25 @@ After the child ends the launcher decides the outcome from the exit status
 * anything else: a FAIL record at ``launch.fail_path``, written through the
   one writer (:func:`milarun.results.store.write_result`). It is the child's
   own record when there is one (samples kept), else a new one holding the
-  journal's samples. ``error.reason`` is ``interrupted`` (the suite was
-  stopped), ``exit-after-result`` (a successful record, then a non-zero exit
-  or a hang past the timeout), ``timeout``, the child's own reason,
+  journal's valid events (the lines dropped are counted in
+  ``error.journal_dropped``), else, when even that one fails the schema, a
+  minimal one (name, job id, run, device, why). ``error.reason`` is
+  ``interrupted`` (the suite was stopped), ``exit-after-result`` (a
+  successful record, then a non-zero exit or a hang past the timeout),
+  ``timeout``, the child's own reason,
   ``oom-killed`` (the cgroup's OOM-kill counter went up), ``signal`` or
   ``error``.
 
 SIGINT, SIGTERM and SIGHUP (see :class:`StopRequest`) stop every running
 child (SIGTERM, ``grace``, SIGKILL; a second signal skips the grace),
 write an ``interrupted`` record for each, and raise :class:`Interrupted`.
-A record that cannot be written (full disk) stops the suite with
-:class:`SuiteAborted`; what was written stays.
+A record that cannot be written is one error line naming the file and the
+suite goes on, except on a full disk or quota or a read-only folder: that
+stops the suite with :class:`SuiteAborted`; what was written stays.
 """
 
 import collections
+import errno
 import os
 import shlex
 import signal
@@ -46,7 +51,6 @@ from pathlib import Path
 from . import isolation, supervise
 from .results.journal import read_journal
 from .results.schema import new_result
-from .errors import ResultFormatError
 from .results.store import load_result, write_result
 
 STDERR_TAIL_LINES = 40
@@ -152,7 +156,8 @@ class Outcome:
         result_path: the record (the child's, or the FAIL one), None if it could not be written.
         reason: None, or the ``error.reason`` of the FAIL record.
         duration: seconds.
-        write_error: None, or why the FAIL record could not be written.
+        write_error: None, or why the FAIL record could not be written (one line naming it).
+        write_errno: the ``errno`` of that failed write, None when it was not an ``OSError``.
     """
 
     launch: object
@@ -162,6 +167,7 @@ class Outcome:
     reason: str = None
     duration: float = 0.0
     write_error: str = None
+    write_errno: int = None
 
 
 class _Child:
@@ -395,12 +401,31 @@ def fail_record(launch, own, reason, message, returncode, stderr_tail, start, en
     else:
         rec = own
     previous = rec.get("error") if isinstance(rec.get("error"), dict) else {}
-    sig = -returncode if returncode is not None and returncode < 0 else None
-    rec["error"] = {"reason": reason, "type": previous.get("type") or "ChildFailure",
-                    "message": message, "returncode": returncode, "signal": sig,
+    rec["error"] = {**_fail_error(reason, message, returncode),
+                    "type": previous.get("type") or "ChildFailure",
                     "stderr_tail": "\n".join(stderr_tail),
                     "traceback": previous.get("traceback")}
+    if journal["bad_lines"]:  # the journal lines left out (malformed or out-of-range values)
+        rec["error"]["journal_dropped"] = journal["bad_lines"]
     rec["success"] = False
+    rec["written_by"] = "launcher"
+    return rec
+
+
+def _fail_error(reason, message, returncode):
+    """The ``error`` fields every FAIL record has."""
+    sig = -returncode if returncode is not None and returncode < 0 else None
+    return {"reason": reason, "type": "ChildFailure", "message": message,
+            "returncode": returncode, "signal": sig}
+
+
+def minimal_record(launch, reason, message, returncode):
+    """The smallest FAIL record of ``launch``: what identifies it (name, job id, run,
+    device) and why it failed; the last resort of :func:`write_fail`, when the full
+    record does not pass the schema."""
+    rec = new_result(launch.name, launch.job_id, device=launch.device, run=launch.run,
+                     devices=launch.devices, partition=launch.job.partition)
+    rec["error"] = _fail_error(reason, message, returncode)
     rec["written_by"] = "launcher"
     return rec
 
@@ -477,27 +502,42 @@ def conclude(child, now=None):
     return outcome
 
 
-def write_fail(outcome, own, message, tail, start, end):
-    """Write the FAIL record of ``outcome``; on failure set ``outcome.write_error``.
+#: ``errno`` of a record write that stops the suite: no later record could be written either.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
-    A record that the schema refuses (say, a child's own record with bad
-    values) is replaced by a bare one from the journal, never lost. Returns True
-    when written.
+
+def write_fail(outcome, own, message, tail, start, end):
+    """Write the FAIL record of ``outcome``; on failure set ``outcome.write_error``
+    (one line naming the file) and ``outcome.write_errno``.
+
+    Records are never lost to bad values: the child's own record (``own``, samples
+    kept) is tried first, then a new one from the launch's journal (only its valid
+    events, see :func:`milarun.results.journal.read_journal`), then the
+    :func:`minimal_record`; each refused one is named in the next one's message.
+    Returns True when written.
     """
     launch = outcome.launch
-    message = message[:MESSAGE_CHARS]
     rc = outcome.returncode
-    for base in (own, None):
+    builds = [lambda m: fail_record(launch, own, outcome.reason, m, rc, tail, start, end),
+              lambda m: fail_record(launch, None, outcome.reason, m, rc, tail, start, end),
+              lambda m: minimal_record(launch, outcome.reason, m, rc)]
+    if own is None:
+        builds.pop(0)
+    refused = []
+    for build in builds:
+        text = "; ".join([message, *refused])[:MESSAGE_CHARS]
         try:
-            rec = fail_record(launch, base, outcome.reason, message, rc, tail, start, end)
+            rec = build(text)
             outcome.result_path = write_result(rec, launch.fail_path)
             return True
         except OSError as exc:
-            outcome.write_error = f"cannot write {launch.fail_path}: {exc.strerror}"
+            outcome.write_error = f"cannot write {launch.fail_path}: {exc.strerror or exc}"
+            outcome.write_errno = exc.errno
             return False
-        except (ResultFormatError, ValueError, TypeError) as exc:
-            message = f"{message}; the child's record was unusable ({exc})"[:MESSAGE_CHARS]
-            outcome.write_error = f"cannot write {launch.fail_path}: {exc}"
+        except Exception as exc:  # the schema refused it, or values that break building it
+            what = "the child's record" if own is not None and not refused else "the FAIL record"
+            refused.append(f"{what} was unusable ({exc.__class__.__name__}: {exc})"[:4096])
+    outcome.write_error = f"cannot write {launch.fail_path}: {refused[-1]}"
     return False
 
 
@@ -602,12 +642,55 @@ def prepare_fields(dataroot, outdir):
     return fields
 
 
+class _Group:
+    """The process group of a prepare command, for :func:`stop_all`: it lasts while
+    any process of the group is left (a ``sleep 1000 &`` of the command), not only
+    while the command's shell runs."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.abandoned = False
+
+    def poll(self):
+        """None while a live process of the group is left, else the command's exit status."""
+        self.proc.poll()  # reaps the shell; the group id stays ours while a member lives
+        return None if _group_members(self.proc.pid) else self.proc.returncode
+
+    def signal_group(self, sig):
+        if self.poll() is not None:
+            return  # nobody left: the group id may be free, never signal it
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _group_members(pgid):
+    """PIDs of the processes of group ``pgid`` that are not zombies (Linux ``/proc``)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+            state, _ppid, pgrp = stat[stat.rindex(b")") + 2:].split()[:3]
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+        if int(pgrp) == pgid and state != b"Z":
+            found.append(int(entry.name))
+    return found
+
+
 def run_prepare(commands, fields, log_path, stop=None, echo=True, grace=5.0, timeout=None):
     """Run a test's prepare commands with ``sh -c``; returns (ok, message).
 
     ``fields`` come from :func:`prepare_fields`. Output goes to ``log_path``.
-    Each command gets ``timeout`` seconds (the test's own timeout). A stop
-    request kills the command's process group and raises :class:`Interrupted`.
+    Each command gets ``timeout`` seconds (the test's own timeout) and runs in
+    a process group of its own, which is swept (:func:`stop_all`: SIGTERM,
+    ``grace`` s, SIGKILL) when the command ends, so nothing it started in the
+    background outlives it. A stop request does the same and raises
+    :class:`Interrupted`.
     """
     stop = stop or StopRequest()
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -626,22 +709,19 @@ def run_prepare(commands, fields, log_path, stop=None, echo=True, grace=5.0, tim
                                         start_new_session=True, env=env)
             except (OSError, ValueError) as exc:  # ValueError: a NUL byte
                 return False, f"cannot run prepare command {cmd!r}: {exc}"
+            group = _Group(proc)
             t0 = time.monotonic()
-            while proc.poll() is None:
-                late = timeout is not None and time.monotonic() - t0 > timeout
-                if stop.signum is not None or late:
-                    for sig in (signal.SIGTERM, signal.SIGKILL):
-                        try:
-                            os.killpg(proc.pid, sig)  # the group, even once sh is gone
-                        except (ProcessLookupError, PermissionError):
-                            pass
-                        if sig == signal.SIGTERM:
-                            time.sleep(min(grace, 1.0))
-                    proc.wait()
-                    if late and stop.signum is None:
-                        return False, f"prepare command timed out after {timeout:g} s: {cmd}"
-                    raise Interrupted(stop.signum)
-                time.sleep(POLL_S)
+            try:
+                while proc.poll() is None:
+                    late = timeout is not None and time.monotonic() - t0 > timeout
+                    if stop.signum is not None or late:
+                        stop_all([group], min(grace, 1.0), stop)
+                        if late and stop.signum is None:
+                            return False, f"prepare command timed out after {timeout:g} s: {cmd}"
+                        raise Interrupted(stop.signum)
+                    time.sleep(POLL_S)
+            finally:
+                stop_all([group], grace, stop)  # what it left running in the background
             if proc.returncode != 0:
                 return False, (f"prepare command failed with status {proc.returncode}: {cmd} "
                                f"(output in logs/{Path(log_path).name})")
@@ -681,12 +761,15 @@ def check_ready(waves, use_cgexec=True):
 
 
 def run_suite(waves, outdir, dataroot, stop=None, on_line=None, on_outcome=None,
-              on_wave=None, echo=True, grace=5.0, barrier=None):
+              on_wave=None, echo=True, grace=5.0, barrier=None, on_message=None):
     """Run every wave in order; returns the list of all ``Outcome``.
 
     Prepare commands run once per (job, run), before its first wave. A
     failing prepare turns that job's launches into FAIL records. The suite
-    always goes on to the next test.
+    always goes on to the next test. A FAIL record that cannot be written is
+    one ``on_message`` line naming the file (the launch counts as failed, with
+    no record), except on a full disk or quota or a read-only folder
+    (:data:`DISK_FULL`), which stops the suite.
 
     Args:
         stop: a :class:`StopRequest` (see :func:`stop_on_signals`).
@@ -694,14 +777,17 @@ def run_suite(waves, outdir, dataroot, stop=None, on_line=None, on_outcome=None,
         on_outcome: ``f(outcome)`` after each launch (default: one line on stderr).
         on_wave: ``f(launches)`` when a wave starts.
         barrier: the start barrier's server (see :func:`run_wave`), or None.
+        on_message: ``f(line)`` for the launcher's own error lines (default: stderr).
 
     Raises:
         Interrupted: a stop signal arrived; running children were stopped and
             recorded as ``interrupted``; ``exc.outcomes`` holds every outcome.
-        SuiteAborted: a FAIL record could not be written (full disk).
+        SuiteAborted: a FAIL record could not be written for lack of space
+            (full disk or quota) or on a read-only folder.
     """
     stop = stop or StopRequest()
     on_outcome = on_outcome or _report
+    on_message = on_message or say
     outcomes = []
     prepared = {}
     logdir = Path(outdir) / "logs"
@@ -713,9 +799,13 @@ def run_suite(waves, outdir, dataroot, stop=None, on_line=None, on_outcome=None,
         for outcome in wave_outcomes:
             outcomes.append(outcome)
             on_outcome(outcome)
-        for outcome in wave_outcomes:
-            if outcome.write_error:
+        unwritten = [o for o in wave_outcomes if o.write_error]
+        for outcome in unwritten:
+            if outcome.write_errno in DISK_FULL:  # no later record could be written either
                 raise SuiteAborted(f"{outcome.write_error}; the suite stops here", outcomes)
+        for outcome in unwritten:  # this launch only: the suite goes on
+            on_message(f"milarun: error: {outcome.launch.group} J{outcome.launch.job_id}: "
+                       f"{outcome.write_error}; counted as failed, with no record")
 
     try:
         for wave in waves:

@@ -28,6 +28,8 @@ from .results.store import iter_results, remove_stale_tmp, write_json_atomic
 
 SESSION_FORMAT = "milarun-session"
 SESSION_VERSION = 1
+#: How :func:`new_session_id` writes a session id (the stamp in the session's file names).
+SESSION_ID_FORMAT = "%Y%m%d-%H%M%S-%f"
 #: Free space (MiB) a results folder needs before anything is launched.
 MIN_FREE_MIB = 32
 #: The invocation keys ``--resume`` compares with the session file.
@@ -111,7 +113,7 @@ class OutdirLock:
 def new_session_id(now=None):
     """``(id, datetime)``: the UTC start time as ``%Y%m%d-%H%M%S-%f`` and as a datetime."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
-    return now.strftime("%Y%m%d-%H%M%S-%f"), now
+    return now.strftime(SESSION_ID_FORMAT), now
 
 
 def profile_digest(path):
@@ -197,23 +199,61 @@ def record_session(outdir, current, session_id, resume, saved=None):
     write_json_atomic(session_path(outdir), data)
 
 
-def successful_keys(outdir):
-    """``{(name, run, device)}`` of the successful records in ``outdir`` (read from the
-    records' contents, never from file names)."""
-    done = set()
-    for _, rec in iter_results(outdir):
-        if isinstance(rec, dict) and rec.get("success") is True:
-            done.add((rec.get("name"), rec.get("run"), str(rec.get("device"))))
-    return done
+def session_times(saved):
+    """The UTC datetimes of the session ids a session file lists (malformed entries left out)."""
+    times = []
+    for entry in saved.get("sessions", []) if isinstance(saved, dict) else []:
+        sid = entry.get("id") if isinstance(entry, dict) else None
+        try:
+            times.append(datetime.datetime.strptime(sid, SESSION_ID_FORMAT)
+                         .replace(tzinfo=datetime.timezone.utc))
+        except (TypeError, ValueError):
+            pass
+    return times
+
+
+def successful_keys(outdir, sessions):
+    """The successful records in ``outdir`` that one of this folder's sessions wrote.
+
+    A session names every record it writes (the plan's ``result_filename``:
+    the record's name, run and device, stamped with the session id) directly
+    in ``outdir``; a successful record under any other name or folder (copied
+    from another folder, another session's stamp) is foreign: listed, never
+    counted.
+
+    Args:
+        sessions: the UTC datetimes of the folder's sessions (:func:`session_times`).
+
+    Returns:
+        ``(done, foreign)``: ``done`` maps ``(name, run, device)`` (read from the
+        records' contents) to the list of ``(path, job definition)`` of its
+        records; ``foreign`` is a list of ``(path, why)``.
+    """
+    from .results.store import result_filename
+
+    outdir = Path(outdir)
+    done, foreign = {}, []
+    for path, rec in iter_results(outdir):
+        if not isinstance(rec, dict) or rec.get("success") is not True:
+            continue
+        key = (rec.get("name"), rec.get("run"), str(rec.get("device")))
+        own = {result_filename(key[0], key[1], key[2], True, when) for when in sessions}
+        if path.parent != outdir or path.name not in own:
+            foreign.append((path, "not written by a session of this folder"))
+            continue
+        done.setdefault(key, []).append((path, rec.get("job")))
+    return done, foreign
 
 
 def open_session(outdir, current, resume):
     """Check and claim ``outdir`` for a session; call inside :class:`OutdirLock`.
 
     Returns:
-        ``(session_id, session_datetime, done_keys, removed)``; ``done_keys``
-        is the set of launch keys to skip (empty unless ``resume``),
-        ``removed`` the stale temporary files deleted.
+        ``(session_id, session_datetime, done, foreign, removed)``: ``done`` and
+        ``foreign`` as :func:`successful_keys` gives them for the folder's earlier
+        sessions (empty unless ``resume``; the caller checks each record's job
+        against the plan, see :func:`milarun.cli.jobs.skip_done`), ``removed`` the
+        stale temporary files deleted.
 
     Raises:
         SetupError: resuming a folder without a session file or with other
@@ -229,7 +269,8 @@ def open_session(outdir, current, resume):
     if resume:
         check_resume(saved, current, outdir)
     removed = remove_stale_tmp(outdir)
+    earlier = session_times(saved) if resume else []
     sid, when = new_session_id()
     record_session(outdir, current, sid, resume, saved)
-    done = successful_keys(outdir) if resume else set()
-    return sid, when, done, removed
+    done, foreign = successful_keys(outdir, earlier) if resume else ({}, [])
+    return sid, when, done, foreign, removed

@@ -1,6 +1,7 @@
 """``milarun jobs PROFILE [-d DATAROOT] [-o OUTDIR | --resume OUTDIR] [--name N ...] ... -- ARGS``."""
 
 import datetime
+import json
 import math
 import os
 import signal
@@ -196,14 +197,65 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
                                  timeout, extra_args, dataroot, devs,
                                  nodes=[n.name for n in cluster.nodes] if cluster.multi else None)
     with session.OutdirLock(outdir), start_barrier(cluster) as server:
-        sid, when, done, removed = session.open_session(outdir, current, resume is not None)
+        sid, when, done, foreign, removed = session.open_session(outdir, current,
+                                                                 resume is not None)
         barrier = server and {"address": f"{_barrier_host(cluster)[1]}:{server.port}",
                               "timeout": barrier_timeout}
         waves = plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, session=when,
                            barrier=barrier, **plan_opts)
-        waves = [w for w in ([lch for lch in wave if lch.key not in done] for wave in waves) if w]
-        return _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, cluster,
-                    barrier=server)
+        waves, skipped, ignored = skip_done(waves, done, foreign)
+        return _run(waves, outdir, dataroot, jobs_, devs, sid, skipped, removed, verbose, cluster,
+                    barrier=server, ignored=ignored)
+
+
+def _canonical(value):
+    """``value`` as canonical JSON (sorted keys, no spaces), or None when it is not JSON."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def skip_done(waves, done, foreign):
+    """Leave out of ``waves`` the launches that already passed (``--resume``).
+
+    A launch passed when one of this folder's sessions left a successful record
+    for its (name, run, device) whose ``job`` is the definition the plan has for
+    it (same canonical JSON); a record of another definition does not count and
+    the launch reruns.
+
+    Args:
+        done, foreign: as :func:`milarun.session.successful_keys` gives them.
+
+    Returns:
+        ``(waves, skipped, ignored)``: the waves left, the set of launch keys
+        skipped, and ``(path, why)`` of every successful record not counted.
+    """
+    ignored = list(foreign)
+    skipped = set()
+    for lch in (lch for wave in waves for lch in wave):
+        records = done.get(lch.key, [])
+        want = _canonical(lch.job.definition)
+        if any(_canonical(job) == want for _, job in records):
+            skipped.add(lch.key)
+        else:
+            ignored += [(path, "its job definition is not the profile's") for path, _ in records]
+    waves = [w for w in ([lch for lch in wave if lch.key not in skipped] for wave in waves) if w]
+    return waves, skipped, ignored
+
+
+def _ignored_line(ignored, outdir, first=3):
+    """One line: how many successful records ``--resume`` did not count, and the first few."""
+    names = []
+    for path, why in ignored[:first]:
+        try:
+            name = str(Path(path).relative_to(outdir))
+        except ValueError:
+            name = str(path)
+        names.append(f"{name if name.isprintable() else ascii(name)} ({why})")
+    more = f" and {len(ignored) - first} more" if len(ignored) > first else ""
+    return (f"milarun: --resume: {len(ignored)} successful record(s) not counted as passed "
+            f"(their launches run again): {', '.join(names)}{more}")
 
 
 def _barrier_host(cluster):
@@ -265,7 +317,7 @@ def start_barrier(cluster):
 
 
 def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, cluster=None,
-         barrier=None):
+         barrier=None, ignored=()):
     from ..launch import (Interrupted, StopRequest, SuiteAborted, run_suite, say,
                           stop_on_signals, tally)
     from ..progress import SuiteProgress
@@ -277,6 +329,8 @@ def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, clus
         f"session {sid}; results in {outdir}")
     if removed:
         say(f"milarun: removed {len(removed)} stale temporary file(s) of an interrupted write")
+    if ignored:
+        say(_ignored_line(list(ignored), outdir))
     if done:
         say(f"milarun: --resume: {len(done)} launch(es) already passed; {len(launches)} to run")
     stop = StopRequest()
@@ -284,7 +338,7 @@ def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, clus
         try:
             outcomes = run_suite(waves, outdir, dataroot, stop=stop, on_line=progress.child_output,
                                  on_outcome=progress.finished, on_wave=progress.started,
-                                 barrier=barrier)
+                                 barrier=barrier, on_message=progress.message)
         except Interrupted as exc:
             name = signal.Signals(exc.signum).name
             progress.message(f"milarun: stopped by {name}; {tally(exc.outcomes)}; "

@@ -28,6 +28,9 @@ import os
 import threading
 from pathlib import Path
 
+from ..errors import MilarunError
+from ..jsonfile import accepts, parse_json
+
 #: Bytes of journal read back at most (a week of 1 s windows is ~10 MB).
 MAX_JOURNAL_BYTES = 64 * 2**20
 
@@ -92,15 +95,42 @@ def _finite_or_none(v):
     return v
 
 
+#: The result schema's definition of each event that goes into a FAIL record, so a
+#: journal line is kept only when the record holding it will pass the schema.
+EVENT_SCHEMAS = {
+    "sample": "result#/$defs/sample",
+    "monitor": "result#/$defs/gpu_sample",
+    "host_load": "result#/$defs/host_load/properties/samples/items",
+    "distributed": "result#/$defs/distributed",
+    "train": "result#/properties/timings/properties/train",
+}
+#: The ``train`` event's fields a FAIL record takes.
+TRAIN_KEYS = ("sample_duration", "warmup", "max_count", "min_steady")
+#: Most events of one kind kept (the result schema's ``maxItems`` of those lists).
+MAX_EVENTS = 1000000
+#: Largest ``count`` (items) of one sample believed: the sum of ``MAX_EVENTS`` of
+#: them stays a finite integer (the record's ``timings.train.count``).
+MAX_SAMPLE_COUNT = 2**53
+_LISTS = {"sample": "samples", "monitor": "monitor", "host_load": "host_load"}
+
+
 def read_journal(path):
-    """Read a journal back.
+    """Read a journal back, keeping only the events a FAIL record can hold.
+
+    Each line is parsed strictly (:func:`milarun.jsonfile.parse_json`: no NaN
+    or Infinity, no out-of-range number) and its fields checked against the
+    result schema's definition of that event (:data:`EVENT_SCHEMAS`: finite
+    numbers, non-negative where the record wants them, the right types), so a
+    bad sensor reading or a half-written line costs that line only, never the
+    record.
 
     Returns:
         ``{"start": Unix time or None, "train": {...} or {}, "samples": [...],
         "monitor": [...], "host_load": [...], "distributed": {...} or None, "lines": n,
-        "bad_lines": n}``; an absent or
-        unreadable journal gives the empty result. A truncated last line (the
-        child was killed mid-write) and malformed lines are counted, not raised.
+        "bad_lines": n}``; ``bad_lines`` counts the lines dropped (malformed, a
+        truncated last line, invalid fields, unknown kinds, beyond
+        :data:`MAX_EVENTS`). An absent or unreadable journal gives the empty
+        result. Never raises.
     """
     out = {"start": None, "train": {}, "samples": [], "monitor": [], "host_load": [],
            "distributed": None,
@@ -113,43 +143,27 @@ def read_journal(path):
     for raw in data.splitlines():
         out["lines"] += 1
         try:
-            event = json.loads(raw.decode("utf-8"))
+            event = parse_json(raw)
             kind = event.pop("kind")
-        except (ValueError, UnicodeDecodeError, AttributeError, KeyError, TypeError):
+        except (MilarunError, AttributeError, KeyError, TypeError):
             out["bad_lines"] += 1
             continue
-        if kind == "sample" and _valid_sample(event):
-            out["samples"].append(event)
-        elif kind == "monitor":
-            out["monitor"].append(event)
-        elif kind == "host_load" and _valid_load(event):
-            out["host_load"].append(event)
-        elif kind == "train":
-            out["train"] = event
-        elif kind == "start" and isinstance(event.get("start"), (int, float)):
-            out["start"] = event["start"]
-        elif kind == "distributed" and isinstance(event.get("world_size"), int):
-            out["distributed"] = event  # checked with the record it goes into
+        if kind == "train":
+            event = {k: event[k] for k in TRAIN_KEYS if k in event}
+        if kind == "start":
+            ok = accepts(event.get("start"), "common#/$defs/nonneg")
         else:
+            ok = kind in EVENT_SCHEMAS and accepts(event, EVENT_SCHEMAS[kind])
+        if kind == "sample" and ok:
+            ok = event["count"] <= MAX_SAMPLE_COUNT
+        if kind in _LISTS and ok:
+            ok = len(out[_LISTS[kind]]) < MAX_EVENTS
+        if not ok:
             out["bad_lines"] += 1
+        elif kind in _LISTS:
+            out[_LISTS[kind]].append(event)
+        elif kind == "start":
+            out["start"] = event["start"]
+        else:  # train, distributed: the last one counts
+            out[kind] = event
     return out
-
-
-def _valid_load(row):
-    """A host-load reading as the result schema declares it (finite; all but ``t`` >= 0)."""
-    try:
-        keys = set(row) <= {"t", "dt", "busy", "suite", "outside", "steal"}
-        return keys and all(
-            type(row[k]) in (int, float) and math.isfinite(row[k]) and (k == "t" or row[k] >= 0)
-            for k in row) and all(k in row for k in ("t", "dt", "busy", "suite", "outside"))
-    except TypeError:
-        return False
-
-
-def _valid_sample(s):
-    try:
-        return (all(type(s[k]) in (int, float) and math.isfinite(s[k]) and s[k] >= 0
-                    for k in ("start", "end", "count", "rate"))
-                and isinstance(s.get("warmup"), bool))
-    except (KeyError, TypeError):
-        return False

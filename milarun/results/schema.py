@@ -82,7 +82,10 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
 ``peak_memory_mib`` peak accelerator memory (MiB) or peak RSS on CPU.
 ``success``        bool.
 ``error``          ``None`` or ``{"reason": one of FAIL_REASONS, "type", "message",
-                   "traceback", "returncode", "signal", "stderr_tail"}``.
+                   "traceback", "returncode", "signal", "stderr_tail"}``; a FAIL
+                   record the launcher filled from the journal may add
+                   ``"journal_dropped"``: the journal lines left out (malformed
+                   or out-of-range values, see ``milarun.results.journal``).
 ``started``, ``finished``  optional ISO-8601 UTC times the child started and ended.
 ``written_by``     optional: ``"launcher"`` for a FAIL record written by the parent
                    (or ``"child"``).
