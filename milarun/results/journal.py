@@ -28,6 +28,8 @@ import os
 import threading
 from pathlib import Path
 
+from ..outfile import open_append, open_regular
+
 #: Bytes of journal read back at most (a week of 1 s windows is ~10 MB).
 MAX_JOURNAL_BYTES = 64 * 2**20
 
@@ -47,7 +49,8 @@ class Journal:
         self.error = None
         self._lock = threading.Lock()
         try:
-            self._file = open(self.path, "a", encoding="utf-8")
+            # never through a symlink, nor into a FIFO or device (milarun.outfile)
+            self._file = open_append(self.path, binary=False)
         except OSError as exc:
             self._file = None
             self.error = exc
@@ -106,7 +109,7 @@ def read_journal(path):
            "distributed": None,
            "lines": 0, "bad_lines": 0}
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:  # never a FIFO
             data = f.read(MAX_JOURNAL_BYTES)
     except OSError:
         return out
