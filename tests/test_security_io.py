@@ -167,6 +167,21 @@ def test_launch_log_symlink_is_not_appended_to(tmp_path):
     assert victim.read_text() == "KEEP\n"
 
 
+def test_sbatch_script_symlink_is_not_written_through(tmp_path):
+    from milarun.cli import slurm as slurm_cli
+    from milarun.errors import SetupError
+    from conftest import ROOT
+    (tmp_path / "d").mkdir()
+    out = tmp_path / "r"
+    out.mkdir()
+    victim = write(tmp_path / "victim.txt", "KEEP\n")
+    (out / "milarun.sbatch").symlink_to(victim)
+    with pytest.raises(SetupError, match="cannot write the sbatch script: is a symbolic link"):
+        slurm_cli.slurm(str(ROOT / "profiles/cpu.json"), [], dataroot=str(tmp_path / "d"),
+                        out=str(out), sbatch="/nonexistent/sbatch")
+    assert victim.read_text() == "KEEP\n"
+
+
 def test_append_to_a_fifo_does_not_block(tmp_path):
     fifo = tmp_path / "x.log"
     os.mkfifo(fifo)
