@@ -182,6 +182,26 @@ def test_sbatch_script_symlink_is_not_written_through(tmp_path):
     assert victim.read_text() == "KEEP\n"
 
 
+def test_profile_trace_symlink_is_not_written_through(tmp_path):
+    from milarun.bench.rate import RateLogger
+    from milarun.bench.trace import ProfileTrace
+    from test_io_study import FakeClock, FakeExp, FakeProfiler
+    victim = write(tmp_path / "victim.txt", "KEEP\n")
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "rec.trace.json").symlink_to(victim)
+    clock = FakeClock()
+    exp = FakeExp(tmp_path / "rec.json")
+    logger = RateLogger(sample_duration=1.0, max_count=300, warmup=2, host_clock=clock,
+                        origin=0.0)
+    logger.tracer = ProfileTrace(exp, "traces", 5, profiler=lambda a: FakeProfiler(a, clock, 0))
+    for step in logger.steps():
+        clock.t += 0.1
+        step.set_count(10)
+    trace = exp.result["profile_trace"]
+    assert trace["path"] is None and "is a symbolic link" in trace["note"]
+    assert victim.read_text() == "KEEP\n"
+
+
 def test_append_to_a_fifo_does_not_block(tmp_path):
     fifo = tmp_path / "x.log"
     os.mkfifo(fifo)
