@@ -293,3 +293,29 @@ def test_record_symlinked_from_outside_is_not_scored(tmp_path, capsys):
     assert list(summary["tests"]) == ["standard.convnet"]
     assert link.name in summary["skipped"]
     assert Path(os.readlink(link)) == planted
+
+
+# --- dataset manifests (build stamps, the mydataset index) in a shared dataroot ----
+
+def test_fifo_or_deep_dataset_stamp_is_not_built_and_does_not_hang(tmp_path):
+    from milarun.datasets import STAMP
+    fifo_root, deep_root = tmp_path / "a", tmp_path / "b"
+    (fifo_root / "mnist").mkdir(parents=True)
+    os.mkfifo(fifo_root / "mnist" / STAMP)
+    (deep_root / "mnist").mkdir(parents=True)
+    write(deep_root / "mnist" / STAMP, deep(100_000, "{}"))
+    code = ("import sys; from milarun.datasets import is_complete, built; "
+            "print([(is_complete(r, 'mnist'), built(r, 'mnist')[0]) for r in sys.argv[1:]])")
+    proc = subprocess.run([sys.executable, "-c", code, str(fifo_root), str(deep_root)],
+                          capture_output=True, text=True, timeout=HANG_S)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout == "[(False, 'incomplete'), (False, 'incomplete')]\n"
+
+
+def test_fifo_mydataset_index_is_one_line(tmp_path):
+    index = _fifo(tmp_path, "index.json")
+    code = ("import sys; from milarun.datasets.mydataset import MyDataset\n"
+            "try:\n    MyDataset(sys.argv[1])\nexcept ValueError as e:\n    print(e)")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)],
+                          capture_output=True, text=True, timeout=HANG_S)
+    assert proc.stdout == f"{index}: {FIFO}\n"
