@@ -157,7 +157,7 @@ def open_regular(path, flags, mode=0o666):
     Raises:
         UnsafeFileError: ``path`` is a symlink, FIFO, device, socket or folder
             (not opened, so a device's open has no side effect and a FIFO
-            cannot block).
+            cannot block), or, opened for writing, has other hard links.
         OSError: any other failure to open.
     """
     check_target(path)
@@ -168,9 +168,13 @@ def open_regular(path, flags, mode=0o666):
             check_target(path)
         raise
     try:
-        st_mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(st_mode):
-            _refuse(path, st_mode)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            _refuse(path, st.st_mode)
+        if st.st_nlink > 1 and flags & (os.O_WRONLY | os.O_RDWR):
+            # a hard link to another file: appending or truncating would change it
+            raise UnsafeFileError(f"has {st.st_nlink - 1} other hard link(s); not written "
+                                  "(remove it or choose another path)", path)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
         os.close(fd)

@@ -319,3 +319,22 @@ def test_fifo_mydataset_index_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)],
                           capture_output=True, text=True, timeout=HANG_S)
     assert proc.stdout == f"{index}: {FIFO}\n"
+
+
+def test_lock_hard_linked_to_another_file_is_not_truncated(tmp_path, capsys):
+    profile, out = _jobs_folder(tmp_path)
+    victim = write(tmp_path / "victim.txt", "KEEP\n")
+    lock = out / ".milarun" / "lock"
+    os.link(victim, lock)
+    code, err = cli(["jobs", profile, "-o", out, "-d", tmp_path / "d", "--no-cgexec"], capsys)
+    assert (code, err) == (2, f"milarun: error: {lock}: has 1 other hard link(s); not written "
+                              "(remove it or choose another path)\n")
+    assert victim.read_text() == "KEEP\n"
+
+
+def test_summary_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    results = results_copy(tmp_path)
+    not_a_folder = write(tmp_path / "file", "x")
+    code, err = cli(["summary", results, "-o", not_a_folder / "s.json"], capsys)
+    assert (code, err) == (2, f"milarun: error: {not_a_folder / 's.json'}: cannot write "
+                              "(Not a directory)\n")
