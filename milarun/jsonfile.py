@@ -112,8 +112,9 @@ def read_bytes(path, error_cls=ResultFormatError, max_bytes=None, what="file"):
     swapped in meanwhile cannot block either.
 
     Raises:
-        error_cls: missing, a symlink loop, not a regular file, unreadable,
-            or larger than ``max_bytes``; one line naming the file.
+        error_cls: missing, a broken symlink or a symlink loop, not a regular
+            file, unreadable, or larger than ``max_bytes``; one line naming
+            the file.
     """
     limit = MAX_BYTES if max_bytes is None else max_bytes
     try:
@@ -124,6 +125,8 @@ def read_bytes(path, error_cls=ResultFormatError, max_bytes=None, what="file"):
                 mode = os.fstat(fd).st_mode
                 raw = f.read(limit + 1) if stat.S_ISREG(mode) else b""
     except FileNotFoundError:
+        if os.path.islink(path):
+            raise error_cls("a broken symbolic link", path=path)
         raise error_cls(f"{what} not found", path=path)
     except OSError as exc:
         if exc.errno == errno.ELOOP:

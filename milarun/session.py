@@ -23,7 +23,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .errors import SetupError
+from .errors import ProfileError, SetupError
 from .jsonfile import read_bytes, read_json
 from .outfile import UnsafeFileError, open_regular, own_dir
 from .results.store import iter_results, remove_stale_tmp, write_json_atomic
@@ -135,7 +135,6 @@ def new_session_id(now=None):
 def profile_digest(path):
     """SHA-256 (hex) of the profile file's bytes; for a profile that includes others,
     of the digests of all its files in turn (an edited included file shows)."""
-    from .errors import ProfileError
     from .profile import profile_files
 
     def read(f):    # bounded, and never a FIFO (see read_bytes)

@@ -251,6 +251,13 @@ def test_symlink_loop_as_input_is_one_line(tmp_path, capsys):
                               "(a symlink loop)\n")
 
 
+def test_broken_symlink_as_input_is_one_line(tmp_path, capsys):
+    link = tmp_path / "base.json"
+    link.symlink_to(tmp_path / "gone.json")
+    code, err = cli(["report", RESULTS, "--compare", link], capsys)
+    assert (code, err) == (2, f"milarun: error: {link}: a broken symbolic link\n")
+
+
 def test_deep_session_file_is_one_line(tmp_path, capsys):
     profile, out = _jobs_folder(tmp_path)
     session = write(out / ".milarun" / "session.json", deep(100_000))
