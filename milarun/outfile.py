@@ -189,8 +189,9 @@ def open_append(path, binary=True):
     return os.fdopen(fd, "ab") if binary else os.fdopen(fd, "a", encoding="utf-8")
 
 
-def own_dir(path):
+def own_dir(path, create=True):
     """Create folder ``path`` (and its parents) if needed; return it as a ``Path``.
+    With ``create`` false (``--dry-run``), only check one that exists.
 
     Raises:
         UnsafeFileError: ``path`` is a symlink (milarun's own sub-folders of a
@@ -200,10 +201,15 @@ def own_dir(path):
     """
     path = Path(path)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
+        mode = os.lstat(path).st_mode
     except FileExistsError:     # a file, or a link to one: said below
-        pass
-    mode = os.lstat(path).st_mode
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        if create:
+            raise
+        return path
     if not stat.S_ISDIR(mode):
         _refuse(path, mode)
     return path

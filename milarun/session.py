@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .errors import ProfileError, SetupError
 from .jsonfile import read_bytes, read_json
-from .outfile import UnsafeFileError, open_regular, own_dir
+from .outfile import UnsafeFileError, check_target, open_regular, own_dir
 from .results.store import iter_results, remove_stale_tmp, write_json_atomic
 
 SESSION_FORMAT = "milarun-session"
@@ -79,6 +79,18 @@ def check_outdir(outdir, min_free_mib=MIN_FREE_MIB):
     if free < min_free_mib:
         raise SetupError(f"results directory has {free:.1f} MiB free; milarun needs at least "
                          f"{min_free_mib} MiB for records and logs", path=path)
+
+
+def check_meta(outdir):
+    """The checks of :func:`check_outdir` and :class:`OutdirLock` on ``.milarun`` and
+    its lock that write nothing (for ``--dry-run``).
+
+    Raises:
+        UnsafeFileError: ``.milarun`` or its lock is a symlink or not a folder
+            or regular file.
+    """
+    own_dir(meta_dir(outdir), create=False)
+    check_target(meta_dir(outdir) / "lock")
 
 
 class OutdirLock:

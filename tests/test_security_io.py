@@ -126,6 +126,16 @@ def test_lock_symlink_to_an_outside_file_is_refused_and_not_truncated(tmp_path, 
     assert sorted(p.name for p in out.rglob("*")) == [".milarun", "lock"]   # nothing ran
 
 
+def test_dry_run_names_a_symlinked_lock_too(tmp_path, capsys):
+    profile, out = _jobs_folder(tmp_path)
+    lock = out / ".milarun" / "lock"
+    lock.symlink_to(write(tmp_path / "victim.txt", "KEEP\n"))
+    code, err = cli(["jobs", profile, "-o", out, "-d", tmp_path / "d", "--no-cgexec",
+                     "--dry-run"], capsys)
+    assert code == 2
+    assert err.startswith(f"milarun: error: {lock}: is a symbolic link; ")
+
+
 def test_meta_folder_symlinked_outside_is_refused(tmp_path, capsys):
     profile, out = _jobs_folder(tmp_path)
     elsewhere = tmp_path / "elsewhere"
