@@ -17,7 +17,8 @@ to any file the buyer (often root) can write; an atomic rename over
 * :func:`open_regular` (logs, journals, the lock) refuses a non-regular file
   after ``lstat``, without opening it, then opens with ``O_NOFOLLOW`` and
   ``O_NONBLOCK`` (a FIFO swapped in meanwhile cannot block the open) and checks
-  the descriptor with ``fstat``.
+  the descriptor with ``fstat``; opened for writing, a file with other hard
+  links is refused too (the lock is truncated, a log appended to).
 * :func:`own_dir` creates a folder milarun writes into (``.milarun``,
   ``logs``) and refuses one that is a symlink, so nothing leaves the results
   folder through it.
@@ -46,7 +47,8 @@ def kind(mode):
 
 
 class UnsafeFileError(SetupError, OSError):
-    """An output path is a symlink, FIFO, device, socket or folder: not written.
+    """An output path is a symlink, FIFO, device, socket or folder (or, to append
+    to, a hard link): not written.
 
     Both a :class:`~milarun.errors.MilarunError` (the CLI prints one line, exit 2)
     and an ``OSError`` (the launcher's and the child's "cannot write" paths,
