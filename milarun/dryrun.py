@@ -32,7 +32,7 @@ def check_outdir(outdir, resume):
     """The checks of :func:`milarun.session.check_outdir` and
     :func:`milarun.session.open_session` that do not write. Returns a list of
     :class:`SetupError` (empty when the folder would do)."""
-    from .session import MIN_FREE_MIB, read_session
+    from .session import MIN_FREE_MIB, check_meta, read_session
 
     errors = []
     path = Path(outdir)
@@ -41,6 +41,8 @@ def check_outdir(outdir, resume):
     if path.exists() and not path.is_dir():
         return [SetupError("results directory is a file, not a folder", path=path)]
     try:
+        if path.is_dir():
+            check_meta(path)
         saved = read_session(path) if path.is_dir() else None
     except SetupError as exc:
         return [exc]

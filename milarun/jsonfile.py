@@ -17,14 +17,18 @@ shown when that subschema fails (a string, or ``{keyword: message}``;
 missing.
 """
 
+import errno
 import functools
 import json
 import math
+import os
 import re
+import stat
 import sys
 from importlib import resources
 
 from .errors import ResultFormatError
+from .outfile import kind
 
 #: Largest file read (bytes): 64 MiB.
 MAX_BYTES = 64 * 2**20
@@ -98,6 +102,46 @@ def _may_overflow(raw):
     return b"0e000" in shape or b"0" * 300 in shape
 
 
+def read_bytes(path, error_cls=ResultFormatError, max_bytes=None, what="file"):
+    """The bytes of input file ``path``, read safely: only a regular file (a
+    symlink to one is followed), at most ``max_bytes`` (default :data:`MAX_BYTES`).
+
+    A FIFO, device, socket or folder is refused after ``stat``, without being
+    opened (a FIFO would block forever, ``/dev/zero`` never end); the file is
+    then opened with ``O_NONBLOCK`` and checked again with ``fstat``, so one
+    swapped in meanwhile cannot block either.
+
+    Raises:
+        error_cls: missing, a broken symlink or a symlink loop, not a regular
+            file, unreadable, or larger than ``max_bytes``; one line naming
+            the file.
+    """
+    limit = MAX_BYTES if max_bytes is None else max_bytes
+    try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISREG(mode):
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with open(fd, "rb") as f:
+                mode = os.fstat(fd).st_mode
+                raw = f.read(limit + 1) if stat.S_ISREG(mode) else b""
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise error_cls("a broken symbolic link", path=path)
+        raise error_cls(f"{what} not found", path=path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise error_cls("too many levels of symbolic links (a symlink loop)", path=path)
+        raise error_cls(f"cannot read {what} ({exc.strerror})", path=path)
+    if stat.S_ISDIR(mode):
+        raise error_cls(f"is a directory, not a {what}" if what != "file"
+                        else "is a directory", path=path)
+    if not stat.S_ISREG(mode):
+        raise error_cls(f"is {kind(mode)}, not a regular file; not read", path=path)
+    if len(raw) > limit:
+        raise error_cls(f"file too large (more than {_size(limit)})", path=path)
+    return raw
+
+
 def read_json(path, error_cls=ResultFormatError, max_bytes=None, what="file"):
     """Read one JSON file strictly.
 
@@ -112,24 +156,13 @@ def read_json(path, error_cls=ResultFormatError, max_bytes=None, what="file"):
         the parsed value (dict, list, str, int, float, bool or None).
 
     Raises:
-        error_cls: missing or unreadable file, larger than ``max_bytes``, not
-            UTF-8, not JSON, NaN/Infinity or an out-of-range number, a
-            duplicate key, or nesting deeper than :data:`MAX_DEPTH`; the
-            message names the file.
+        error_cls: missing or unreadable file, not a regular file (a FIFO,
+            device, socket or folder, never opened: see :func:`read_bytes`), a
+            symlink loop, larger than ``max_bytes``, not UTF-8, not JSON,
+            NaN/Infinity or an out-of-range number, a duplicate key, or nesting
+            deeper than :data:`MAX_DEPTH`; the message names the file.
     """
-    limit = MAX_BYTES if max_bytes is None else max_bytes
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(limit + 1)
-    except FileNotFoundError:
-        raise error_cls(f"{what} not found", path=path)
-    except IsADirectoryError:
-        raise error_cls(f"is a directory, not a {what}" if what != "file"
-                        else "is a directory", path=path)
-    except OSError as exc:
-        raise error_cls(f"cannot read {what} ({exc.strerror})", path=path)
-    if len(raw) > limit:
-        raise error_cls(f"file too large (more than {_size(limit)})", path=path)
+    raw = read_bytes(path, error_cls=error_cls, max_bytes=max_bytes, what=what)
     return parse_json(raw, path=path, error_cls=error_cls)
 
 

@@ -51,6 +51,8 @@ from pathlib import Path
 from . import isolation, supervise
 from .results.journal import read_journal
 from .results.schema import new_result
+from .errors import ResultFormatError
+from .outfile import open_append, own_dir
 from .results.store import load_result, write_result
 
 STDERR_TAIL_LINES = 40
@@ -188,9 +190,9 @@ class _Child:
         self.oom_before = isolation.oom_kill_count(launch.cgroup)
         self.lock = threading.Lock()
         try:
-            logdir = self.outdir / "logs"
-            logdir.mkdir(parents=True, exist_ok=True)
-            self.log = open(logdir / launch.log, "ab")
+            # never through a symlink, nor into a FIFO or device (milarun.outfile)
+            logdir = own_dir(self.outdir / "logs")
+            self.log = open_append(logdir / launch.log)
         except OSError as exc:
             self.log = None
             self.log_error = f"cannot open the log: {exc.strerror}"
@@ -693,8 +695,8 @@ def run_prepare(commands, fields, log_path, stop=None, echo=True, grace=5.0, tim
     :class:`Interrupted`.
     """
     stop = stop or StopRequest()
-    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    own_dir(Path(log_path).parent)
+    with open_append(log_path) as log:  # never through a symlink (milarun.outfile)
         for template in commands:
             try:
                 cmd = template.format(**fields)

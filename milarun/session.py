@@ -23,7 +23,9 @@ import os
 import shutil
 from pathlib import Path
 
-from .errors import SetupError
+from .errors import ProfileError, SetupError
+from .jsonfile import read_bytes, read_json
+from .outfile import UnsafeFileError, check_target, open_regular, own_dir
 from .results.store import iter_results, remove_stale_tmp, write_json_atomic
 
 SESSION_FORMAT = "milarun-session"
@@ -32,6 +34,8 @@ SESSION_VERSION = 1
 SESSION_ID_FORMAT = "%Y%m%d-%H%M%S-%f"
 #: Free space (MiB) a results folder needs before anything is launched.
 MIN_FREE_MIB = 32
+#: Largest session file read (bytes): one invocation and a line per session.
+MAX_SESSION_BYTES = 16 * 2**20
 #: The invocation keys ``--resume`` compares with the session file.
 RESUME_KEYS = ("profile_sha256", "suite", "names", "repeat", "cpu_slots", "no_cgexec",
                "timeout", "extra_args", "dataroot", "devices", "nodes")
@@ -49,18 +53,23 @@ def check_outdir(outdir, min_free_mib=MIN_FREE_MIB):
 
     Raises:
         SetupError: not a folder, cannot be created or written (read-only,
-            permissions, full), or less than ``min_free_mib`` MiB free.
+            permissions, full), less than ``min_free_mib`` MiB free, or its
+            ``.milarun`` is a symlink (``UnsafeFileError``).
     """
     path = Path(outdir)
     if path.exists() and not path.is_dir():
         raise SetupError("results directory is a file, not a folder", path=path)
     probe = meta_dir(path) / f"probe-{os.getpid()}"
     try:
-        meta_dir(path).mkdir(parents=True, exist_ok=True)
-        with open(probe, "wb") as f:
+        own_dir(meta_dir(path))
+        probe.unlink(missing_ok=True)   # whatever a vendor left there: created anew below
+        fd = open_regular(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with os.fdopen(fd, "wb") as f:
             f.write(b"\0" * 65536)
             f.flush()
             os.fsync(f.fileno())
+    except UnsafeFileError:
+        raise
     except OSError as exc:
         raise SetupError(f"results directory is not writable ({exc.strerror})", path=path)
     finally:
@@ -74,11 +83,29 @@ def check_outdir(outdir, min_free_mib=MIN_FREE_MIB):
                          f"{min_free_mib} MiB for records and logs", path=path)
 
 
+def check_meta(outdir):
+    """The checks of :func:`check_outdir` and :class:`OutdirLock` on ``.milarun`` and
+    its lock that write nothing (for ``--dry-run``).
+
+    Raises:
+        UnsafeFileError: ``.milarun`` or its lock is a symlink or not a folder
+            or regular file.
+    """
+    own_dir(meta_dir(outdir), create=False)
+    check_target(meta_dir(outdir) / "lock")
+
+
 class OutdirLock:
     """Exclusive ``flock`` on ``OUTDIR/.milarun/lock`` (a context manager).
 
+    The lock file is opened with :func:`milarun.outfile.open_regular`: a lock
+    that is a symlink (to a file of the buyer's, which would be truncated) or a
+    FIFO or device is refused, not opened.
+
     Raises:
-        SetupError: on enter, when another process holds it (naming its PID).
+        SetupError: on enter, when another process holds it (naming its PID),
+            or the lock (``UnsafeFileError``) or ``.milarun`` is not a regular
+            file or folder.
     """
 
     def __init__(self, outdir):
@@ -87,7 +114,10 @@ class OutdirLock:
 
     def __enter__(self):
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            own_dir(self.path.parent)
+            self.fd = open_regular(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except UnsafeFileError:
+            raise
         except OSError as exc:
             raise SetupError(f"cannot create the lock ({exc.strerror})", path=self.path)
         try:
@@ -121,12 +151,15 @@ def profile_digest(path):
     of the digests of all its files in turn (an edited included file shows)."""
     from .profile import profile_files
 
+    def read(f):    # bounded, and never a FIFO (see read_bytes)
+        return read_bytes(f, error_cls=ProfileError, what="profile")
+
     files = profile_files(path)
     if len(files) == 1:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        return hashlib.sha256(read(path)).hexdigest()
     digest = hashlib.sha256()
     for f in files:
-        digest.update(hashlib.sha256(Path(f).read_bytes()).digest())
+        digest.update(hashlib.sha256(read(f)).digest())
     return digest.hexdigest()
 
 
@@ -158,15 +191,15 @@ def read_session(outdir):
     """The session file of ``outdir``, or None when there is none.
 
     Raises:
-        SetupError: it exists but cannot be read or is not a session file.
+        SetupError: it exists but cannot be read (strictly, with
+            :func:`milarun.jsonfile.read_json`: at most :data:`MAX_SESSION_BYTES`,
+            a regular file, bounded nesting) or is not a session file.
     """
     path = session_path(outdir)
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise SetupError(f"unreadable session file ({exc})", path=path)
+    data = read_json(path, error_cls=SetupError, max_bytes=MAX_SESSION_BYTES,
+                     what="session file")
     if not isinstance(data, dict) or data.get("format") != SESSION_FORMAT:
         raise SetupError("not a milarun session file", path=path)
     if data.get("version") != SESSION_VERSION:

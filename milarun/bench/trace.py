@@ -150,6 +150,8 @@ class ProfileTrace:
         try:
             self._prof.stop()
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            from ..outfile import check_target
+            check_target(self.path)     # torch writes through symlinks: refuse one, or a FIFO
             self._prof.export_chrome_trace(str(self.path))
         except Exception as exc:   # a failed trace must not fail the measurement
             self._record(path=None, steps=self.count, start=self._start, end=end,

@@ -9,6 +9,7 @@ from pathlib import Path
 from coleo import Option, default, tooled
 
 from ..errors import SetupError
+from ..outfile import write_atomic
 
 #: What ``--time``, ``--partition`` and ``--account`` may hold (Slurm's own forms).
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
@@ -188,7 +189,7 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
     try:
         (outdir / "logs").mkdir(parents=True, exist_ok=True)
         path = outdir / "milarun.sbatch"
-        path.write_text(script)
+        write_atomic(path, script, durable=False)   # never through a symlink
     except OSError as exc:
         raise SetupError(f"cannot write the sbatch script: {exc.strerror}", path=outdir)
     try:

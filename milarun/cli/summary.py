@@ -9,6 +9,8 @@ import sys
 
 from coleo import Option, default, tooled
 
+from ..errors import MilarunError
+
 
 @tooled
 def command(rest):
@@ -33,7 +35,12 @@ def run_summary(results, out=None, warn=None):
 
     summary, _ = summarize_dir(results, warn=warn)
     if out:
-        write_summary(summary, out)
+        try:
+            write_summary(summary, out)
+        except MilarunError:    # UnsafeFileError: a symlink, FIFO or device at ``out``
+            raise
+        except OSError as exc:
+            raise MilarunError(f"cannot write ({exc.strerror})", path=out)
     else:
         check_summary(summary)
         json.dump(summary, sys.stdout, indent=1, allow_nan=False)

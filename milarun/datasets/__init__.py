@@ -23,6 +23,10 @@ import time
 from pathlib import Path
 
 from ..errors import MilarunError
+from ..jsonfile import read_json
+
+#: Largest build stamp read (bytes); a stamp is a few hundred.
+MAX_STAMP_BYTES = 2**20
 
 # name → module under milarun.datasets (imported only when built)
 BUILDERS = {
@@ -100,9 +104,9 @@ def is_complete(dataroot, name, size="tiny", seed=0, overrides=None):
     """True when ``dataroot/name`` holds a finished build with these parameters and seed."""
     mod, params = resolve_params(name, size, overrides)
     stamp = dataset_dir(dataroot, name) / STAMP
-    try:
-        data = json.loads(stamp.read_text())
-    except (OSError, ValueError):
+    try:    # strict and bounded: a deep, huge or FIFO stamp is "not built", never a hang
+        data = read_json(stamp, max_bytes=MAX_STAMP_BYTES)
+    except MilarunError:
         return False
     return data == _stamp(name, params, seed, mod)
 
@@ -131,8 +135,8 @@ def built(dataroot, name):
     if not folder.is_dir():
         return ("incomplete", disk_mib(partial)) if partial.is_dir() else ("not built", None)
     try:
-        params = json.loads((folder / STAMP).read_text())["params"]
-    except (OSError, ValueError, KeyError, TypeError):
+        params = read_json(folder / STAMP, max_bytes=MAX_STAMP_BYTES)["params"]
+    except (MilarunError, KeyError, TypeError):
         return "incomplete", disk_mib(folder)
     sizes = _builder(name).SIZES
     preset = next((k for k, v in sizes.items() if v == params), "custom")

@@ -37,6 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import MilarunError
+from ..jsonfile import read_json
+
 VERSION = 1
 FORMAT = "milarun-mydataset"
 CLASSES = 10
@@ -102,13 +105,13 @@ class MyDataset:
     def __init__(self, folder):
         self.folder = Path(folder)
         index_file = self.folder / "index.json"
-        try:
-            index = json.loads(index_file.read_text())
-        except FileNotFoundError:
+        if not index_file.exists():
             raise FileNotFoundError(f"no index.json in {self.folder}; rebuild the dataset "
-                                    f"(milarun dataset mydataset)") from None
-        except ValueError as exc:
-            raise ValueError(f"{index_file}: not JSON ({exc})") from None
+                                    f"(milarun dataset mydataset)")
+        try:    # strict and bounded: never a FIFO's hang nor a RecursionError
+            index = read_json(index_file)
+        except MilarunError as exc:
+            raise ValueError(str(exc)) from None
         if not isinstance(index, dict) or index.get("format") != FORMAT:
             raise ValueError(f"{index_file}: format: not a {FORMAT} index")
         self.labels = np.load(self.folder / "labels.npy")

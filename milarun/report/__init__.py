@@ -179,22 +179,20 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
 
 
 def write_text(path, text):
-    """Write ``text`` to ``path`` atomically (temporary file in the same folder, rename)."""
-    import os
-    import tempfile
+    """Write ``text`` to ``path`` atomically (:func:`milarun.outfile.write_atomic`:
+    temporary file in the same folder, rename; never through a symlink nor over a
+    FIFO, device or folder).
 
+    Raises:
+        MilarunError: ``path`` is not a regular file, or cannot be written
+            (one line naming it).
+    """
     from ..errors import MilarunError
+    from ..outfile import UnsafeFileError, write_atomic
 
-    path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=path.suffix, dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
+        return write_atomic(path, text, durable=False)
+    except UnsafeFileError:
+        raise
     except OSError as exc:
         raise MilarunError(f"cannot write ({exc.strerror})", path=path)
-    return path

@@ -8,6 +8,7 @@ markup.
 from collections import defaultdict
 from pathlib import Path
 
+from ..results.store import inside
 from .text import (GPU_ONE_RUN, NOISE_HEADER, anomalies_by_test, cell, concurrent_note,
                    fmt_interval, fmt_num, fmt_pct, header_items, node_flag, node_header,
                    node_verdict, noise_cell, noise_columns, nothing_to_compare, overlap_line,
@@ -45,17 +46,6 @@ def _tail_lines(text, lines=LOG_TAIL_LINES):
     if not text:
         return None
     return "\n".join(str(text).splitlines()[-lines:])
-
-
-def inside(root, path):
-    """``path`` resolved (symlinks followed) if it lies inside folder ``root``
-    (resolved too), else None: nothing outside the results folder is read."""
-    try:
-        root = Path(root).resolve(strict=True)
-        path = Path(path).resolve(strict=True)
-    except (OSError, RuntimeError):   # missing, or a symlink loop
-        return None
-    return path if path.is_relative_to(root) and path.is_file() else None
 
 
 def log_tail(results_dir, failure):

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..errors import MilarunError
 from ..jsonfile import accepts, parse_json
+from ..outfile import open_append, open_regular
 
 #: Bytes of journal read back at most (a week of 1 s windows is ~10 MB).
 MAX_JOURNAL_BYTES = 64 * 2**20
@@ -50,7 +51,8 @@ class Journal:
         self.error = None
         self._lock = threading.Lock()
         try:
-            self._file = open(self.path, "a", encoding="utf-8")
+            # never through a symlink, nor into a FIFO or device (milarun.outfile)
+            self._file = open_append(self.path, binary=False)
         except OSError as exc:
             self._file = None
             self.error = exc
@@ -136,7 +138,7 @@ def read_journal(path):
            "distributed": None,
            "lines": 0, "bad_lines": 0}
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:  # never a FIFO
             data = f.read(MAX_JOURNAL_BYTES)
     except OSError:
         return out

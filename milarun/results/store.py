@@ -5,25 +5,23 @@ Under ``milarun jobs`` the time is the session's start (the plan names every
 path before anything runs); the journal of a launch is
 ``{same stem}.journal.jsonl`` beside it.
 
-Writes are atomic and durable: a temporary ``.tmp-*`` file in the same
-folder, fsynced, renamed over the target, then the folder is fsynced. JSON is
+Writes are atomic and durable (:func:`milarun.outfile.write_atomic`: a
+temporary ``.tmp-*`` file in the same folder, fsynced, renamed over the
+target, then the folder is fsynced; never through a symlink nor over a FIFO,
+device or folder). JSON is
 written without NaN or Infinity (non-finite numbers become ``null``).
 """
 
 import datetime
 import json
 import math
-import os
-import tempfile
 import time
 from pathlib import Path
 
 from ..errors import ResultFormatError
 from ..jsonfile import read_json
+from ..outfile import TMP_PREFIX, write_atomic
 from .schema import migrate, validate
-
-#: Prefix of the temporary files of atomic writes.
-TMP_PREFIX = ".tmp-"
 
 
 def result_filename(name, run, device, success, when=None):
@@ -63,17 +61,6 @@ def trace_path(result_path, folder, rank=None):
     return path.parent / Path(folder) / (stem + TRACE_SUFFIX)
 
 
-def _umask():
-    """The process umask, read without changing it (Linux ``/proc``; else 022)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
-
-
 def finite_json(data):
     """A copy of ``data`` (dicts, lists, scalars) with NaN and ±Infinity replaced by None."""
     if isinstance(data, float):
@@ -85,57 +72,26 @@ def finite_json(data):
     return data
 
 
-def fsync_dir(path):
-    """fsync a folder, so a rename in it survives a crash (no-op where unsupported)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def json_text(data):
     """``data`` as the JSON text the writers put on disk (indented, no NaN)."""
     return json.dumps(finite_json(data), indent=1, default=str, allow_nan=False)
 
 
 def write_json_atomic(path, data, text=None):
-    """Write ``data`` as JSON to ``path``: temporary file in the same folder, fsync,
-    rename, fsync of the folder. ``text``: the exact text to write, when the
-    caller made it already (:func:`json_text` of ``data``).
-
-    The file gets the usual mode of a new file (0666 less the umask), not the
-    0600 of a temporary file, so results on a shared disk stay readable.
-    Non-finite numbers are written as ``null``.
+    """Write ``data`` as JSON to ``path`` with :func:`milarun.outfile.write_atomic`
+    (temporary file, fsync, rename, fsync of the folder; never through a symlink
+    nor over a FIFO, device or folder). Non-finite numbers are written as ``null``.
+    ``text``: the exact text to write, when the caller made it already
+    (:func:`json_text` of ``data``).
 
     Raises:
+        UnsafeFileError: ``path`` is not a regular file (a ``SetupError`` and an
+            ``OSError``); nothing is written.
         OSError: the folder cannot be written (full disk, read-only); no
             temporary file is left behind and an existing ``path`` is intact.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = json_text(data) if text is None else text
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".json", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(path.parent)
-    return path
+    return write_atomic(path, text)
 
 
 def remove_stale_tmp(directory, older_than=60.0):
@@ -194,6 +150,18 @@ def load_result(path):
     return migrate(read_json(path, error_cls=ResultFormatError), path=path)
 
 
+def inside(root, path):
+    """``path`` resolved (symlinks followed) if it is a file inside folder ``root``
+    (resolved too), else None: nothing outside a results folder is read through
+    a link in it (records, logs, traces)."""
+    try:
+        root = Path(root).resolve(strict=True)
+        path = Path(path).resolve(strict=True)
+    except (OSError, RuntimeError):   # missing, or a symlink loop
+        return None
+    return path if path.is_relative_to(root) and path.is_file() else None
+
+
 def iter_results(directory):
     """Yield ``(path, record_or_error)`` for every result file under ``directory``.
 
@@ -201,20 +169,30 @@ def iter_results(directory):
     path; hidden folders (``.name``) and hidden files are not looked at, nor
     are ``*.jsonl`` journals nor ``*.trace.json`` profiler traces. A file that
     cannot be read as a result yields its ``ResultFormatError`` instead of a
-    record, so callers can skip it with a warning; a stale temporary file
-    (``.tmp-*``, left by a writer that died) yields a "stale temporary file" error.
+    record, so callers can skip it with a warning; so does a stale temporary
+    file (``.tmp-*``, left by a writer that died), and a symlink to a file
+    outside ``directory`` (see :func:`inside`), which is not read: a vendor's
+    folder cannot have a file of the buyer's scored, or a FIFO block the reader.
     """
     directory = Path(directory)
     for path in sorted(directory.rglob("*.json*")):
         parts = path.relative_to(directory).parts
-        if any(p.startswith(".") for p in parts[:-1]) or not path.is_file():
+        if any(p.startswith(".") for p in parts[:-1]):
             continue
-        if path.name.startswith(".tmp-"):
+        link = path.is_symlink()
+        if not (link or path.is_file()):
+            continue
+        stale = path.name.startswith(TMP_PREFIX)
+        if not stale and (path.name.startswith(".") or path.suffix != ".json"
+                          or path.name.endswith(TRACE_SUFFIX)):
+            continue
+        if link and inside(directory, path) is None:
+            yield path, ResultFormatError("a symbolic link to outside the results folder "
+                                          "(or a broken one); not read", path=path)
+            continue
+        if stale:
             yield path, ResultFormatError("stale temporary file (a writer died before its "
                                           "rename); not a result", path=path)
-            continue
-        if (path.name.startswith(".") or path.suffix != ".json"
-                or path.name.endswith(TRACE_SUFFIX)):
             continue
         try:
             yield path, load_result(path)
