@@ -44,14 +44,12 @@ launched alone, which never waits).
 import collections
 import errno
 import hmac
-import ipaddress
 import json
 import math
 import os
 import secrets
 import select
 import socket
-import sys
 import threading
 import time
 
@@ -356,10 +354,9 @@ class BarrierServer:
 
 
 def _stderr_line(line):
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
+    from .launch import say  # the launcher's side only (launch imports this module)
+
+    say(line)
 
 
 def _shut(conn):
