@@ -336,6 +336,7 @@ class BarrierServer:
         if w is None:
             _send_quiet(conn, REFUSED)
             return
+        conn.settimeout(self.read_s)   # for the release line: not what was left of the read
         try:
             while not w.event.wait(_POLL_S):
                 if _hung_up(conn):

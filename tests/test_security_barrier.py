@@ -248,6 +248,17 @@ def test_the_secret_reaches_the_child_but_not_its_record_nor_a_rerun():
     assert "MILARUN_BARRIER_SECRET" not in barrier_mod.without_barrier(wave[0].env)
 
 
+def test_under_slurm_the_secret_stays_out_of_the_srun_command_line():
+    # every user of the node can read a command line (ps); srun --export=ALL passes env
+    cluster = _cluster("slurm", ["n0", "n1"])
+    argv, env = cluster.on_nodes(["python", "-m", "milarun"],
+                                 {"MILARUN_BARRIER_SECRET": SECRET, "MILARUN_DEVICE": "0"},
+                                 ["n0", "n1"])
+    assert argv[0] == "srun" and "--export=ALL" in argv
+    assert not [a for a in argv if SECRET in a] and "MILARUN_DEVICE=0" in argv
+    assert env == {"MILARUN_BARRIER_SECRET": SECRET}
+
+
 def test_every_session_draws_its_own_secret():
     a, b = BarrierServer(), BarrierServer()
     try:
