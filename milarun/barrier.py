@@ -323,7 +323,9 @@ class BarrierServer:
             _send_quiet(conn, REFUSED)
             return
         with self._lock:
-            self._pending.pop(token, None)   # a process of the session: never evicted
+            if self._pending.pop(token, None) is None:
+                return   # closed for a newer one while reading: its process connects again
+            # a process of the session from here on: never closed for a newer one
             w = self._waves.get(wave_id) if isinstance(wave_id, str) else None
             if (w is None or not isinstance(label, str) or label not in w.labels
                     or label in w.waiting):

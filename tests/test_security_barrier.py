@@ -172,6 +172,41 @@ def test_a_flood_beyond_the_limit_does_not_keep_the_wave_out(no_thread_crash):
                 s.close()
 
 
+def test_a_wave_completes_during_a_sustained_flood(no_thread_crash):
+    with BarrierServer(secret=SECRET, max_pending=4, read_s=30) as server:
+        server.expect("w", ["0", "1"])
+        stop = threading.Event()
+        opened = []
+
+        def flood():   # silent connections, held open, while the wave sets up and waits
+            held = []
+            while not stop.is_set():
+                if len(held) < 300:
+                    try:
+                        held.append(socket.create_connection(("127.0.0.1", server.port),
+                                                             timeout=1))
+                    except OSError:
+                        pass
+                else:
+                    time.sleep(0.01)
+                opened.append(1)
+            for s in held:
+                s.close()
+        flooder = threading.Thread(target=flood)
+        flooder.start()
+        try:
+            while len(opened) < 200:
+                time.sleep(0.01)
+            threads, out = _waiters(server.address, "w", ["0", "1"], timeout=20)
+            for t in threads:
+                t.join()
+        finally:
+            stop.set()
+            flooder.join()
+    assert out["0"]["arrived_count"] == out["1"]["arrived_count"] == 2, out
+    assert server.strangers > 100   # all but the last 4 silent ones were closed
+
+
 def test_pending_connections_time_out():
     with BarrierServer(secret=SECRET, read_s=0.3) as server:
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as conn:
