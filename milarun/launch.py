@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import isolation, supervise
+from .barrier import without_secret
 from .results.journal import read_journal
 from .results.schema import new_result
 from .errors import ResultFormatError
@@ -372,7 +373,8 @@ def base_record(launch):
     rec["call"] = {"function": launch.job.experiment, "argv": list(launch.test_argv),
                    "arguments": {}}
     test_env = getattr(launch, "test_env", None)
-    rec["environ"] = dict(launch.env if test_env is None else test_env)
+    # the barrier's secret stays out: a record is read by others
+    rec["environ"] = without_secret(launch.env if test_env is None else test_env)
     rec["host"] = {"hostname": socket.gethostname(), "cgroup": launch.cgroup}
     return rec
 

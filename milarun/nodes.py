@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .barrier import ENV_SECRET
 from .errors import SetupError
 from .jsonfile import first_error, key_path, read_json
 
@@ -119,6 +120,11 @@ class Cluster:
             return list(argv), dict(env)
         # remote ranks die with their torchrun agent (see milarun.supervise)
         env = dict(env, MILARUN_PDEATHSIG="1")
+        # the start barrier's secret stays out of srun's command line (``ps`` shows it to
+        # every user); srun --export=ALL hands srun's own environment on
+        secret = {}
+        if self.kind == "slurm" and ENV_SECRET in env:
+            secret[ENV_SECRET] = env.pop(ENV_SECRET)
         inner = ["env"] + [f"{k}={v}" for k, v in sorted(env.items())] + list(argv)
         if self.kind == "slurm":
             k = len(names)
@@ -127,7 +133,7 @@ class Cluster:
                     "--cpu-bind=none", "--export=ALL"]
             if tag:
                 head.append(f"--job-name={tag}")
-            return head + inner, {}
+            return head + inner, secret
         # each agent learns which node it is (its record's per-node facts name it)
         agents = [ssh_argv(self.node(n), ["env", f"MILARUN_NODE={n}"] + inner) for n in names]
         if len(agents) == 1:

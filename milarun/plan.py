@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import accel
-from .barrier import ENV_ADDRESS, ENV_TIMEOUT, ENV_WAVE
+from .barrier import ENV_ADDRESS, ENV_SECRET, ENV_TIMEOUT, ENV_WAVE
 from .errors import SetupError
 from .isolation import format_cpus, wrap
 from .nodes import Cluster, local_cluster
@@ -301,10 +301,11 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
         rdzv_port: TCP port of the c10d rendezvous on the main node.
         join_timeout: seconds every node has to join the rendezvous (then the
             launch fails with ``rendezvous-timeout``).
-        barrier: ``{"address": "host:port", "timeout": s}`` of the launcher's
-            start barrier (:mod:`milarun.barrier`), or None. Every launch of a
-            concurrent wave of two or more then waits there before its timed
-            loop (``MILARUN_BARRIER*`` variables); a wave of one never waits.
+        barrier: ``{"address": "host:port", "timeout": s, "secret": str}`` of the
+            launcher's start barrier (:mod:`milarun.barrier`), or None. Every
+            launch of a concurrent wave of two or more then waits there before
+            its timed loop (``MILARUN_BARRIER*`` variables); a wave of one never
+            waits.
     """
     cluster = as_cluster(where)
     timeout = float(timeout or job.timeout)
@@ -320,7 +321,8 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
         env = {first: vis.pop(first), "MILARUN_DEVICE": label, "MILARUN_RUN": str(run), **vis}
         if wave_id is not None:
             env.update({ENV_ADDRESS: barrier["address"], ENV_WAVE: wave_id,
-                        ENV_TIMEOUT: f"{float(barrier['timeout']):g}"})
+                        ENV_TIMEOUT: f"{float(barrier['timeout']):g}",
+                        ENV_SECRET: barrier.get("secret", "")})
         cpus = list(slot.cpus) if slot.cpus and use_cgexec else None  # --no-cgexec: no pinning
         if cpus:
             env["MILARUN_CPUS"] = format_cpus(cpus)  # the pinning, recorded in environ

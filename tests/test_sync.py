@@ -22,6 +22,8 @@ from milarun.report import build_report, render_text
 from milarun.summary import normalize_summary, summarize
 
 STAMP = "20261122-000000-000000"
+#: The barriers' secret here (a session draws its own: secrets.token_hex).
+SECRET = "s3cret"
 
 
 # --- the barrier --------------------------------------------------------------------
@@ -30,7 +32,7 @@ def _wait_in_thread(address, wave, label, timeout, delay, out):
     def run():
         time.sleep(delay)
         try:
-            out[label] = wait(address, wave, label, timeout)
+            out[label] = wait(address, wave, label, timeout, secret=SECRET)
         except BarrierTimeout as exc:
             out[label] = exc
     t = threading.Thread(target=run)
@@ -39,7 +41,7 @@ def _wait_in_thread(address, wave, label, timeout, delay, out):
 
 
 def test_barrier_releases_the_wave_when_the_last_process_arrives():
-    with BarrierServer() as server:
+    with BarrierServer(secret=SECRET) as server:
         server.expect("w", ["0", "1"])
         out = {}
         address = f"127.0.0.1:{server.port}"
@@ -57,23 +59,23 @@ def test_barrier_releases_the_wave_when_the_last_process_arrives():
 
 
 def test_barrier_timeout_raises_and_the_giver_up_is_dropped():
-    with BarrierServer() as server:
+    with BarrierServer(secret=SECRET) as server:
         server.expect("w", ["0", "1"])
         address = f"127.0.0.1:{server.port}"
         t0 = time.monotonic()
         with pytest.raises(BarrierTimeout, match="did not reach the start barrier within 0.3 s"):
-            wait(address, "w", "0", 0.3)
+            wait(address, "w", "0", 0.3, secret=SECRET)
         assert 0.25 < time.monotonic() - t0 < 2
         deadline = time.monotonic() + 3
         while server.state("w")["dropped"] != ["0"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert server.state("w")["dropped"] == ["0"]
         # the late one is not held by a process that gave up
-        assert wait(address, "w", "1", 2)["arrived_count"] == 1
+        assert wait(address, "w", "1", 2, secret=SECRET)["arrived_count"] == 1
 
 
 def test_a_process_that_ended_before_arriving_is_dropped():
-    with BarrierServer() as server:
+    with BarrierServer(secret=SECRET) as server:
         server.expect("w", ["0", "1", "2"])
         out = {}
         address = f"127.0.0.1:{server.port}"
@@ -87,12 +89,12 @@ def test_a_process_that_ended_before_arriving_is_dropped():
 
 
 def test_unknown_wave_and_unreachable_server_fail_as_barrier_timeouts():
-    with BarrierServer() as server:
+    with BarrierServer(secret=SECRET) as server:
         with pytest.raises(BarrierTimeout, match="refused this process: unknown wave"):
-            wait(f"127.0.0.1:{server.port}", "nope", "0", 2)
+            wait(f"127.0.0.1:{server.port}", "nope", "0", 2, secret=SECRET)
         port = server.port
     with pytest.raises(BarrierTimeout, match="cannot reach the start barrier"):
-        wait(f"127.0.0.1:{port}", "w", "0", 0.3)
+        wait(f"127.0.0.1:{port}", "w", "0", 0.3, secret=SECRET)
     assert BarrierTimeout.fail_reason == "barrier-timeout"
 
 
@@ -101,7 +103,7 @@ def test_stray_requests_get_an_error_line_and_no_thread_traceback(monkeypatch):
 
     crashes = []
     monkeypatch.setattr(threading, "excepthook", crashes.append)
-    with BarrierServer() as server:
+    with BarrierServer(secret=SECRET) as server:
         server.expect("w", ["0", "1"])
         for line in (b'{"wave": [1], "label": "0"}\n', b'{"wave": "w", "label": {"a": 1}}\n',
                      b'{"wave": "w", "label": 0}\n', b"\xff\xfe\n", b"[1]\n", b"GET / HTTP/1.0\r\n\r\n"):
@@ -126,9 +128,9 @@ def test_barrier_timeout_from_the_environment_must_be_finite():
         with pytest.raises(ValueError, match="MILARUN_BARRIER_TIMEOUT"):
             barrier_mod.from_environment({**env, "MILARUN_BARRIER_TIMEOUT": bad})
     # a huge finite timeout neither overflows the socket's timeout nor waits for nothing
-    with BarrierServer() as server:
+    with BarrierServer(secret=SECRET) as server:
         server.expect("w", ["0"])
-        assert wait(f"127.0.0.1:{server.port}", "w", "0", 1e300)["parties"] == 1
+        assert wait(f"127.0.0.1:{server.port}", "w", "0", 1e300, secret=SECRET)["parties"] == 1
 
 
 def test_environment_of_a_process_launched_alone_has_no_barrier():
@@ -136,7 +138,7 @@ def test_environment_of_a_process_launched_alone_has_no_barrier():
     env = {"MILARUN_BARRIER": "10.0.0.1:4000", "MILARUN_BARRIER_WAVE": "w",
            "MILARUN_BARRIER_TIMEOUT": "7", "MILARUN_DEVICE": "1"}
     assert barrier_mod.from_environment(env) == {"address": "10.0.0.1:4000", "wave": "w",
-                                                 "label": "1", "timeout": 7.0}
+                                                 "label": "1", "timeout": 7.0, "secret": ""}
     with pytest.raises(ValueError):
         barrier_mod.from_environment({"MILARUN_BARRIER": "nohost"})
 
@@ -157,11 +159,12 @@ def test_synchronize_records_the_release(monkeypatch):
     from milarun.bench.experiment import Experiment
     from milarun.bench.sync import synchronize
 
-    with BarrierServer() as server:
+    with BarrierServer(secret=SECRET) as server:
         server.expect("w", ["0"])
         exp = Experiment("t.job")
         env = {"MILARUN_BARRIER": f"127.0.0.1:{server.port}", "MILARUN_BARRIER_WAVE": "w",
-               "MILARUN_DEVICE": "0", "MILARUN_BARRIER_TIMEOUT": "5"}
+               "MILARUN_DEVICE": "0", "MILARUN_BARRIER_TIMEOUT": "5",
+               "MILARUN_BARRIER_SECRET": SECRET}
         info = synchronize(exp, environ=env)
     bar = exp.result["timings"]["barrier"]
     assert bar is info and bar["parties"] == 1 and bar["released"] >= bar["arrived"]
@@ -181,10 +184,11 @@ def test_torchrun_ranks_meet_after_rank_0_met_the_wave(monkeypatch):
     monkeypatch.setattr(dist, "is_available", lambda: True)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "barrier", lambda: calls.append("barrier"))
-    with BarrierServer() as server:
+    with BarrierServer(secret=SECRET) as server:
         server.expect("w", ["node1.all"])
         env = {"MILARUN_BARRIER": f"127.0.0.1:{server.port}", "MILARUN_BARRIER_WAVE": "w",
                "MILARUN_DEVICE": "node1.all", "MILARUN_BARRIER_TIMEOUT": "5",
+               "MILARUN_BARRIER_SECRET": SECRET,
                "WORLD_SIZE": "2"}
         rank0 = Experiment("t.job")
         assert synchronize(rank0, environ={**env, "RANK": "0"})["parties"] == 1
@@ -432,10 +436,10 @@ def crawl_job():
 
 
 def test_two_processes_start_their_timed_loops_together(tmp_path):
-    with BarrierServer() as server:
+    with BarrierServer(secret=SECRET) as server:
         (wave,) = plan_job(crawl_job(), Devices("cpu", [0, 1]), 0, tmp_path,
                            use_cgexec=False, python=sys.executable,
-                           barrier={"address": f"127.0.0.1:{server.port}", "timeout": 60})
+                           barrier={"address": server.address, "secret": SECRET, "timeout": 60})
         # a slow set-up on one device; 3 s so a busy host's start-up delay of the
         # fast one (seen at 0.5 s in a loaded run) cannot erase the difference
         wave[1].argv += ["--setup", "3.0"]
@@ -456,10 +460,10 @@ def test_two_processes_start_their_timed_loops_together(tmp_path):
 
 
 def test_a_process_stuck_in_set_up_fails_the_others_with_barrier_timeout(tmp_path):
-    with BarrierServer() as server:
+    with BarrierServer(secret=SECRET) as server:
         (wave,) = plan_job(crawl_job(), Devices("cpu", [0, 1]), 0, tmp_path,
                            use_cgexec=False, python=sys.executable,
-                           barrier={"address": f"127.0.0.1:{server.port}", "timeout": 0.5})
+                           barrier={"address": server.address, "secret": SECRET, "timeout": 0.5})
         wave[1].argv += ["--setup", "3"]
         outcomes = run_wave(wave, tmp_path, barrier=server)
     first, late = outcomes
@@ -482,10 +486,10 @@ def test_multi_process_inference_on_cpu_slots_pinned_and_synchronized(tmp_path):
     job = mp_job(2, arguments={"--model": "resnet18", "--synthetic": True, "--batch-size": 2,
                                "--image-size": 32, "--max-count": 120, "--warmup": 2,
                                "--sample-duration": 0.2, "--device": "cpu"})
-    with BarrierServer() as server:
+    with BarrierServer(secret=SECRET) as server:
         devs = Devices("cpu", [0, 1])
         (wave,) = plan_job(job, devs, 0, tmp_path, python=sys.executable,
-                           barrier={"address": f"127.0.0.1:{server.port}", "timeout": 120})
+                           barrier={"address": server.address, "secret": SECRET, "timeout": 120})
         check_ready([wave])
         outcomes = run_wave(wave, tmp_path, barrier=server)
     assert [o.success for o in outcomes] == [True, True], [o.reason for o in outcomes]

@@ -37,7 +37,7 @@ def synchronize(exp, environ=None):
     if environ.get("RANK", "0") == "0":
         try:
             info = barrier.wait(config["address"], config["wave"], config["label"],
-                                config["timeout"])
+                                config["timeout"], secret=config["secret"])
         except barrier.BarrierTimeout:
             exp.result["timings"]["barrier"] = {
                 "address": config["address"], "wave": config["wave"],

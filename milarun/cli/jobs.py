@@ -163,7 +163,7 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
         for note in job.plan_type.notes(job, cluster):
             say(f"milarun: {job.full_name}: {note}")
     outdir = resume or out or default_outdir()
-    from ..barrier import BARRIER_TIMEOUT_S
+    from ..barrier import BARRIER_TIMEOUT_S, join_address
     barrier_timeout = barrier_timeout or BARRIER_TIMEOUT_S
     if dry_run:
         # the real run's checks, all of them, without writing; then the same exit status
@@ -175,7 +175,8 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
                                                       use_cgexec=not no_cgexec)
         # the real run's server listens on a port the system picks when it starts
         where = _barrier_host(cluster)
-        barrier = where and {"address": f"{where[1]}:PORT", "timeout": barrier_timeout}
+        barrier = where and {"address": join_address(where[1], "PORT"),
+                             "timeout": barrier_timeout, "secret": "SECRET"}
         waves = plan_suite(jobs_, cluster, repeat, shown_out, dataroot=shown_root, session=when,
                            barrier=barrier, **plan_opts)
         dryrun.show(jobs_, waves, devs, cluster, repeat, sid, shown_root, shown_out)
@@ -199,8 +200,8 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     with session.OutdirLock(outdir), start_barrier(cluster) as server:
         sid, when, done, foreign, removed = session.open_session(outdir, current,
                                                                  resume is not None)
-        barrier = server and {"address": f"{_barrier_host(cluster)[1]}:{server.port}",
-                              "timeout": barrier_timeout}
+        barrier = server and {"address": server.address, "timeout": barrier_timeout,
+                              "secret": server.secret}
         waves = plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, session=when,
                            barrier=barrier, **plan_opts)
         waves, skipped, ignored = skip_done(waves, done, foreign)
@@ -259,32 +260,76 @@ def _ignored_line(ignored, outdir, first=3):
 
 
 def _barrier_host(cluster):
-    """``(host to listen on, address the children connect to)`` of the start barrier,
+    """``(host to listen on, host the children connect to)`` of the start barrier,
     or None when there can be none.
 
-    One local node: ``127.0.0.1``. Several nodes (or Slurm, ssh): every interface,
-    reached at the main node's address as the rendezvous is, which needs
-    ``milarun jobs`` to run on the main node (as in a Slurm batch step); when the
-    main node's address is not one of this host's, None.
+    One local node: ``127.0.0.1``. Several nodes (or Slurm, ssh), reached at the
+    main node's address as the rendezvous is, which needs ``milarun jobs`` to run
+    on the main node (as in a Slurm batch step; else None): loopback when every
+    node is this host's loopback (``127.0.0.1``, ``::1``, ``localhost``); the main
+    node's address itself when it is an IP address; every interface of its
+    family (``0.0.0.0``, or ``::`` for a name with IPv6 addresses only) for a name,
+    which other nodes may resolve to another of this host's addresses.
     """
     if cluster.kind == "local" and not cluster.multi:
         return "127.0.0.1", "127.0.0.1"
     address = cluster.main.address or cluster.main.name
-    return ("0.0.0.0", address) if _is_this_host(address) else None
+    if not _is_this_host(address):
+        return None
+    resolved = _resolve(address)
+    nodes = [_resolve(n.address or n.name) for n in cluster.nodes]
+    if all(ips and all(ip.is_loopback for ip in ips) for ips in nodes):
+        loop = [ip for ip in resolved if ip.version == 4] or resolved
+        return str(loop[0]), address
+    literal = _ip(address)
+    if literal is not None:  # as written (an IPv6 scope kept), an IPv4-mapped one as IPv4
+        return (str(literal) if literal.version == 4 else address.strip("[]")), address
+    return ("::" if all(ip.version == 6 for ip in resolved) else "0.0.0.0"), address
 
 
-def _is_this_host(address):
-    """True when ``address`` (a name or an IP address) resolves to an address of this host."""
+def _ip(text):
+    """``text`` as an ``ipaddress`` address (an IPv4-mapped IPv6 one as IPv4), or None
+    when it is a name."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(str(text).strip("[]").split("%")[0])
+    except ValueError:
+        return None
+    return getattr(ip, "ipv4_mapped", None) or ip
+
+
+def _resolve(address):
+    """The IP addresses (``ipaddress`` objects, IPv4-mapped ones as IPv4) ``address``
+    resolves to, IPv4 and IPv6 alike; [] when it does not resolve."""
     import socket
 
     try:
-        infos = socket.getaddrinfo(address, None, socket.AF_INET, socket.SOCK_STREAM)
-    except (OSError, UnicodeError):
-        return False
+        infos = socket.getaddrinfo(str(address).strip("[]"), None, socket.AF_UNSPEC,
+                                   socket.SOCK_STREAM)
+    except (OSError, UnicodeError, ValueError):
+        return []
+    out = []
     for *_, sockaddr in infos:
+        ip = _ip(sockaddr[0])
+        if ip is not None and ip not in out:
+            out.append(ip)
+    return out
+
+
+def _is_this_host(address):
+    """True when ``address`` (a name, or an IPv4 or IPv6 address) resolves to an address
+    of this host: a loopback one (``127.0.0.0/8``, ``::1``), or one a socket can be
+    bound to (only this host's can)."""
+    import socket
+
+    for ip in _resolve(address):
+        if ip.is_loopback:
+            return True
+        family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
         try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind((sockaddr[0], 0))  # only an address of this host can be bound
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((str(ip), 0))
             return True
         except OSError:
             continue
@@ -293,8 +338,9 @@ def _is_this_host(address):
 
 def start_barrier(cluster):
     """The :class:`milarun.barrier.BarrierServer` of a session, as a context manager
-    that starts it; a null context (None) when :func:`_barrier_host` gives none, after
-    a warning that concurrent tests start unsynchronized.
+    that starts it, and at its end says how many strangers (connections without the
+    session's secret) it refused; a null context (None) when :func:`_barrier_host`
+    gives none, after a warning that concurrent tests start unsynchronized.
 
     Raises:
         SetupError: its socket cannot be bound.
@@ -311,9 +357,23 @@ def start_barrier(cluster):
             "jobs on the main node for synchronized starts)")
         return contextlib.nullcontext(None)
     try:
-        return BarrierServer(where[0])
+        server = BarrierServer(where[0], connect=where[1], log=say)
     except OSError as exc:
-        raise SetupError(f"cannot open the start barrier's socket: {exc.strerror or exc}")
+        raise SetupError(f"cannot open the start barrier's socket on {where[0]}: "
+                         f"{exc.strerror or exc}")
+
+    @contextlib.contextmanager
+    def serving():
+        try:
+            with server:
+                yield server
+        finally:
+            if server.strangers:
+                say(f"milarun: warning: the start barrier refused {server.strangers} "
+                    f"connection(s) without this session's secret (from "
+                    f"{', '.join(server.stranger_peers)}); none could release or hold "
+                    "a wave")
+    return serving()
 
 
 def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, cluster=None,
