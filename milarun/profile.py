@@ -522,6 +522,7 @@ class _Profile:
         self.path = path
         self.entries = entries
         self._merged, self._chains, self._resolved, self._experiments = {}, {}, {}, {}
+        self._matrices = {}
 
     def merged(self, name):
         """Entry ``name``'s layers deep-merged (a template may be a non-object)."""
@@ -606,10 +607,24 @@ class _Profile:
             self._resolved[name] = out
         return self._resolved[name]
 
+    def matrix(self, name):
+        """The ``matrix`` :meth:`resolved` gives entry ``name`` (or None), merged from its
+        chain's ``matrix`` keys alone (memoised): counting jobs copies nothing else."""
+        if name not in self._matrices:
+            chain = self.chain(name)
+            out = self.matrix(chain[-2]) if len(chain) > 1 else None
+            for layer in self.entries[name]:
+                if isinstance(layer.data, dict) and "matrix" in layer.data:
+                    new = layer.data["matrix"]
+                    out = (deep_merge(out, new) if isinstance(out, dict) and isinstance(new, dict)
+                           else copy.deepcopy(new))
+            self._matrices[name] = out
+        return self._matrices[name]
+
     def count(self, name):
         """How many jobs entry ``name`` makes: its matrix's points, else 1 (before any
         is made; a matrix over :data:`MAX_MATRIX_JOBS` counts 0: :meth:`points` refuses it)."""
-        matrix = self.resolved(name).get("matrix")
+        matrix = self.matrix(name)
         if not isinstance(matrix, dict):
             return 1
         count = math.prod(len(v) if isinstance(v, list) else 1 for v in matrix.values())
@@ -640,7 +655,7 @@ class _Profile:
         for name in names:
             total += self.count(name)
             if total > MAX_JOBS:
-                has_matrix = "matrix" in self.resolved(name)
+                has_matrix = self.matrix(name) is not None
                 path = (self.origin(self.layers(name), name, name)(["matrix"])[0]
                         if has_matrix else self.entries[name][-1].path)
                 raise _err(path, f"job {name!r}", "matrix" if has_matrix else None,

@@ -363,3 +363,18 @@ def test_a_build_held_too_long_gives_up_with_one_line(tmp_path, capsys, monkeypa
                                    f"{tmp_path}/.mnist.lock after 0.5 s; run this again once "
                                    "it ends")
     assert not (tmp_path / "mnist").exists()
+
+
+def test_a_bulky_bad_default_fails_at_the_first_job_without_copying_it_for_each(
+        tmp_path, monkeypatch):
+    # counting the jobs reads the matrices alone: the bulky '*' is merged into the
+    # first job, which is refused, not into all 5,000 entries first
+    d = {"*": {"experiment": TOY, "junk": {str(i): [i] for i in range(20_000)}}}
+    d.update({f"p{i}": {} for i in range(5000)})
+    calls = []
+    real = profile.deep_merge
+    monkeypatch.setattr(profile, "deep_merge",
+                        lambda a, b: calls.append("junk" in a or "junk" in b) or real(a, b))
+    with pytest.raises(ProfileError, match=r"job 'p0', key 'junk': unknown key"):
+        load_profile(write(tmp_path / "bulky.json", d))
+    assert sum(calls) <= 3   # "*" merged, checked, and merged into p0
