@@ -368,9 +368,9 @@ def test_a_build_held_too_long_gives_up_with_one_line(tmp_path, capsys, monkeypa
 def test_a_bulky_bad_default_fails_at_the_first_job_without_copying_it_for_each(
         tmp_path, monkeypatch):
     # counting the jobs reads the matrices alone: the bulky '*' is merged into the
-    # first job, which is refused, not into all 5,000 entries first
-    d = {"*": {"experiment": TOY, "junk": {str(i): [i] for i in range(20_000)}}}
-    d.update({f"p{i}": {} for i in range(5000)})
+    # first job, which is refused, not into all 500 entries first
+    d = {"*": {"experiment": TOY, "junk": {str(i): [i] for i in range(2000)}}}
+    d.update({f"p{i}": {} for i in range(500)})
     calls = []
     real = profile.deep_merge
     monkeypatch.setattr(profile, "deep_merge",
