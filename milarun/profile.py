@@ -19,8 +19,8 @@ The profile language (a plain 2020-style profile uses none of it):
                       they are not checked (``"_comment": "text"`` is fine).
 ``inherits``          an entry's parent (a job or a template): the parent's
                       resolved definition, deep-merged with the entry's own
-                      (chains allowed; an unknown or cyclic parent is an error
-                      naming the chain). ``"*"`` comes under every chain.
+                      (chains of at most 64 entries; an unknown or cyclic parent is
+                      an error naming the chain). ``"*"`` comes under every chain.
 ``matrix``            ``{axis: [values]}``: the job expands into one job per
                       combination (last axis fastest), named by its ``name``
                       template (``"resnet50-bs{batch_size}"``). In string
@@ -29,7 +29,8 @@ The profile language (a plain 2020-style profile uses none of it):
                       type; a value may itself be a launch placeholder
                       (``"{cpu_per_gpu}"``, shown in the name without braces).
                       ``matrix`` and ``name`` are inherited like other keys.
-                      Duplicate job names are an error.
+                      Duplicate job names are an error, and so are more than 1,024
+                      jobs from one matrix or 10,000 from the whole profile.
 ``tags``              ``[tag, ...]``: what ``--select``/``--exclude`` match.
 ``group``             a name ``--select`` matches (default: the matrix entry a
                       job was expanded from, else the job's own name).
