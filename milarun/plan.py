@@ -18,7 +18,7 @@ anything starts, all stamped with the session id (the UTC start time of
 is found by globbing. Its log, ``logs/<suite>.<job>.J<run>.<device>.log``,
 is not stamped: a resumed session appends to it.
 
-A job's arguments may hold launch placeholders (``{cpu_per_gpu}``, ``{n_gpu}``,
+A job's arguments and exec_prefix may hold launch placeholders (``{cpu_per_gpu}``, ``{n_gpu}``,
 ``{gpu_memory_gb}``, ``{dataroot}``, ``{outdir}``, ``{arch}``): the plan fills
 them for each launch (:func:`placeholder_values`) and tells the child their
 values (``--extra``'s ``placeholders``, recorded in the result).
@@ -349,7 +349,7 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
         argv = child_argv(job, run, label, devs, result, dataroot, test_argv, python=python,
                           nproc=slot.nproc, launcher=slot.launcher, extra=extra,
                           rendezvous=rendezvous)
-        argv = wrap(argv, cg, job.exec_prefix, use_cgexec, cpus=cpus)
+        argv = wrap(argv, cg, job.prefix(values), use_cgexec, cpus=cpus)
         test_env = dict(env)
         argv, env = cluster.on_nodes(argv, env, list(slot.nodes), tag=f"{job.full_name}.{label}")
         return Launch(name=job.full_name, job=job, run=run, device=label, devices=devs,

@@ -19,8 +19,8 @@ The profile language (a plain 2020-style profile uses none of it):
                       they are not checked (``"_comment": "text"`` is fine).
 ``inherits``          an entry's parent (a job or a template): the parent's
                       resolved definition, deep-merged with the entry's own
-                      (chains allowed; an unknown or cyclic parent is an error
-                      naming the chain). ``"*"`` comes under every chain.
+                      (chains of at most 64 entries; an unknown or cyclic parent is
+                      an error naming the chain). ``"*"`` comes under every chain.
 ``matrix``            ``{axis: [values]}``: the job expands into one job per
                       combination (last axis fastest), named by its ``name``
                       template (``"resnet50-bs{batch_size}"``). In string
@@ -29,7 +29,8 @@ The profile language (a plain 2020-style profile uses none of it):
                       type; a value may itself be a launch placeholder
                       (``"{cpu_per_gpu}"``, shown in the name without braces).
                       ``matrix`` and ``name`` are inherited like other keys.
-                      Duplicate job names are an error.
+                      Duplicate job names are an error, and so are more than 1,024
+                      jobs from one matrix or 10,000 from the whole profile.
 ``tags``              ``[tag, ...]``: what ``--select``/``--exclude`` match.
 ``group``             a name ``--select`` matches (default: the matrix entry a
                       job was expanded from, else the job's own name).
@@ -57,7 +58,9 @@ Job keys:
                       "processes": P, "devices_per_process": k (multi-process)}``.
 ``prepare``           shell commands run once before the test; placeholders
                       ``{dataroot}``, ``{outdir}``, ``{python}``, ``{milarun}``.
-``exec_prefix``       argv put in front of the test command, e.g. ``["nocache"]``.
+``exec_prefix``       argv put in front of the test command, e.g. ``["nocache"]``; its
+                      arguments (not the program) may hold the launch placeholders,
+                      filled like ``arguments``; an unknown one is an error.
 ``timeout``           seconds, > 0 and at most 7 days (default 1800).
 ``launcher``          ``"python"`` (default) or ``"torchrun"`` (one process per device).
 ``description``       free text.
@@ -98,6 +101,11 @@ CGROUP_FIELDS = ("device", "CUDA_VISIBLE_DEVICES")
 LANGUAGE_KEYS = ("inherits", "matrix", "name", "tags", "group", "enabled")
 #: Most jobs one matrix may expand into.
 MAX_MATRIX_JOBS = 1024
+#: Most jobs a whole profile may make, its includes' counted (each is validated, and a
+#: 5 KB profile of matrices would otherwise make 100,000 of them: minutes and 200 MB).
+MAX_JOBS = 10_000
+#: Longest ``inherits`` chain (entries, the job itself counted).
+MAX_INHERITS_DEPTH = 64
 #: Most files one profile may read, its includes' includes counted each time they are
 #: included (a diamond twice), and the deepest chain of includes.
 MAX_INCLUDE_FILES = 256
@@ -158,9 +166,10 @@ class Job:
 
     @property
     def placeholders(self):
-        """Sorted names of the launch placeholders its arguments use, e.g. ``["n_gpu"]``."""
+        """Sorted names of the launch placeholders its arguments and ``exec_prefix`` use,
+        e.g. ``["n_gpu"]``."""
         used = set()
-        for value in self.arguments.values():
+        for value in [*self.arguments.values(), *self.exec_prefix]:
             if isinstance(value, str):
                 used |= template_fields(value)
         return sorted(used)
@@ -180,11 +189,15 @@ class Job:
                 out.append(flag)
             elif value is False:
                 continue
-            elif isinstance(value, str) and values is not None:
-                out += [flag, value.format(**values)]
+            elif isinstance(value, str):
+                out += [flag, _fill(value, values)]
             else:
                 out += [flag, str(value)]
         return out
+
+    def prefix(self, values=None):
+        """``exec_prefix`` as argv, its strings filled as :meth:`argv` fills arguments."""
+        return [_fill(item, values) for item in self.exec_prefix]
 
     def matches(self, token):
         """True when ``token`` is the job's name, its group or one of its tags."""
@@ -201,6 +214,12 @@ class Job:
         if self.group != self.name:
             out["group"] = self.group
         return out
+
+
+def _fill(text, values):
+    """Template ``text`` filled with a launch's placeholder ``values`` (``{{`` becomes
+    ``{``); as written when ``values`` is None. :func:`validate_job` checked it fills."""
+    return text if values is None else text.format(**values)
 
 
 def deep_merge(base, over):
@@ -356,7 +375,7 @@ def _schema_error(path, data, ref, job=None, origin=None):
     raise _err(path, where, key_path(keys), message)
 
 
-def validate_job(path, name, d, origin=None):
+def validate_job(path, name, d, origin=None, experiments=None):
     """Check one merged job definition; raise ``ProfileError`` on the first problem.
 
     The schema (``milarun/schemas/profile.schema.json#/$defs/job``) checks
@@ -368,6 +387,8 @@ def validate_job(path, name, d, origin=None):
         origin: ``f(keys) -> (path, where)``: the file and the words (``"job 'a'"``)
             that name where the key at ``keys`` (a list) was written; default
             ``path`` and ``job '<name>'``.
+        experiments: ``{spec: problem}`` of the experiments already checked (one
+            profile's jobs share a few; each check parses the module's source).
     """
     origin = origin or (lambda keys: (path, f"job {name!r}"))
 
@@ -376,16 +397,25 @@ def validate_job(path, name, d, origin=None):
         return _err(where_path, where, key_path(keys), message)
 
     _schema_error(path, d, "profile#/$defs/job", job=name, origin=origin)
-    problem = check_experiment(d["experiment"])
-    if problem:
-        raise fail(["experiment"], problem)
-    for flag, value in d.get("arguments", {}).items():
-        if isinstance(value, str):
-            problem = check_template(value, EXAMPLE_VALUES)
-            if problem:
-                if problem.startswith("unknown placeholder"):
-                    problem += f" (known: {', '.join(LAUNCH_FIELDS)})"
-                raise fail(["arguments", flag], problem)
+    experiments = {} if experiments is None else experiments
+    spec = d["experiment"]
+    if spec not in experiments:
+        experiments[spec] = check_experiment(spec)
+    if experiments[spec]:
+        raise fail(["experiment"], experiments[spec])
+    launch_strings = [(["arguments", flag], value) for flag, value
+                      in d.get("arguments", {}).items() if isinstance(value, str)]
+    launch_strings += [(["exec_prefix", i], value)
+                       for i, value in enumerate(d.get("exec_prefix", []))]
+    for keys, value in launch_strings:
+        if keys == ["exec_prefix", 0] and ("{" in value or "}" in value):
+            # the launcher checks the program is installed before any launch fills it
+            raise fail(keys, f"the program {value!r} cannot hold a placeholder or brace")
+        problem = check_template(value, EXAMPLE_VALUES)
+        if problem:
+            if problem.startswith("unknown placeholder"):
+                problem += f" (known: {', '.join(LAUNCH_FIELDS)})"
+            raise fail(keys, problem)
     scheme = d.get("partition_scheme", {})
     launcher = d.get("launcher", "python")
     problem = plantypes.plan_type(scheme.get("type", "per-gpu")).check(scheme, launcher)
@@ -430,6 +460,23 @@ def _has(data, keys):
     return True
 
 
+def _real(path, referrer=None, inc=None):
+    """``path`` with its symlinks resolved (the include cycle check compares these).
+
+    Raises:
+        ProfileError: a symlink loop (or an unreadable link) on the way; names
+            ``path``, or ``referrer`` and its ``include`` entry ``inc``.
+    """
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as exc:  # Python < 3.13 raises RuntimeError on a loop
+        why = getattr(exc, "strerror", None) or "symlink loop"
+        if referrer is None:
+            raise ProfileError(f"cannot read profile ({why})", path=path)
+        raise ProfileError(f"key 'include': cannot read {inc!r} ({why}: {path})",
+                           path=referrer)
+
+
 def _read(path, stack, files):
     """``{entry: [_Layer, ...]}`` of profile ``path``, the layers of its includes first.
 
@@ -442,7 +489,7 @@ def _read(path, stack, files):
     entries = {}
     for inc in data.get("include", []):
         target = Path(os.path.normpath(path.parent / inc))
-        real = target.resolve()
+        real = _real(target, path, inc)
         if real in stack:
             chain = " → ".join(p.name for p in stack[stack.index(real):] + [real])
             raise ProfileError(f"key 'include': include cycle {chain}", path=path)
@@ -465,21 +512,30 @@ def _read(path, stack, files):
 
 
 class _Profile:
-    """The entries of a profile and its includes, and how they resolve into jobs."""
+    """The entries of a profile and its includes, and how they resolve into jobs.
+
+    Each entry is merged, chained and resolved once (memoised), so resolving is
+    linear in the profile's size: a chain of n entries costs n merges, not n².
+    Results are shared: callers must not change them.
+    """
 
     def __init__(self, path, entries):
         self.path = path
         self.entries = entries
+        self._merged, self._chains, self._resolved, self._experiments = {}, {}, {}, {}
+        self._matrices = {}
 
     def merged(self, name):
         """Entry ``name``'s layers deep-merged (a template may be a non-object)."""
-        out = {}
-        for layer in self.entries[name]:
-            if isinstance(layer.data, dict) and isinstance(out, dict):
-                out = deep_merge(out, layer.data)
-            else:
-                out = layer.data
-        return out
+        if name not in self._merged:
+            out = {}
+            for layer in self.entries[name]:
+                if isinstance(layer.data, dict) and isinstance(out, dict):
+                    out = deep_merge(out, layer.data)
+                else:
+                    out = layer.data
+            self._merged[name] = out
+        return self._merged[name]
 
     def where_set(self, name, key):
         """The file of the last layer of entry ``name`` that sets ``key``."""
@@ -492,14 +548,28 @@ class _Profile:
         """Entry names from ``name``'s root ancestor down to ``name`` (``inherits``).
 
         Raises:
-            ProfileError: an unknown parent, a cycle, ``"*"`` or a non-object as a parent.
+            ProfileError: an unknown parent, a cycle, ``"*"`` or a non-object as a
+                parent, or a chain of more than :data:`MAX_INHERITS_DEPTH` entries.
         """
         seen = [name]
         while True:
             cur = seen[-1]
             parent = self.merged(cur).get("inherits")
-            if parent is None:
-                return seen[::-1]
+            if cur in self._chains or parent is None:
+                # a known chain (memoised) or the root: every entry walked gets its chain
+                full = self._chains.get(cur, [cur]) + seen[-2::-1]
+                if len(full) > MAX_INHERITS_DEPTH:
+                    shown = " → ".join(full[::-1][:3] + ["…", full[0]])
+                    raise _err(self.where_set(name, "inherits"), _label(name), "inherits",
+                               f"a chain of {len(full)} entries ({shown}); at most "
+                               f"{MAX_INHERITS_DEPTH}")
+                for i in range(len(full)):
+                    self._chains.setdefault(full[i], full[:i + 1])
+                return full
+            if len(seen) > MAX_INHERITS_DEPTH:
+                shown = " → ".join(seen[:3] + ["…", seen[-1]])
+                raise _err(self.where_set(name, "inherits"), _label(name), "inherits",
+                           f"a chain of more than {MAX_INHERITS_DEPTH} entries ({shown})")
             shown = " → ".join(seen + [parent])
             path = self.where_set(cur, "inherits")
             if parent in seen:
@@ -515,26 +585,87 @@ class _Profile:
                            f"entry {parent!r} is not an object (chain {shown})")
             seen.append(parent)
 
+    def layers(self, name):
+        """The layers entry ``name`` resolves from: ``"*"``'s, then its chain's objects."""
+        return self.entries.get("*", []) + [layer for e in self.chain(name)
+                                            for layer in self.entries[e]
+                                            if isinstance(layer.data, dict)]
+
+    def resolved(self, name):
+        """``"*"`` and the layers of ``name``'s chain, deep-merged in order (memoised:
+        an entry's own layers are merged onto its parent's resolved definition)."""
+        if name not in self._resolved:
+            chain = self.chain(name)
+            if len(chain) > 1:
+                out = self.resolved(chain[-2])  # depth <= MAX_INHERITS_DEPTH
+            else:
+                out = {}
+                for layer in self.entries.get("*", []):
+                    out = deep_merge(out, layer.data)
+            for layer in self.entries[name]:
+                if isinstance(layer.data, dict):
+                    out = deep_merge(out, layer.data)  # a copy: the parent's is untouched
+            self._resolved[name] = out
+        return self._resolved[name]
+
+    def matrix(self, name):
+        """The ``matrix`` :meth:`resolved` gives entry ``name`` (or None), merged from its
+        chain's ``matrix`` keys alone (memoised): counting jobs copies nothing else."""
+        if name not in self._matrices:
+            chain = self.chain(name)
+            out = self.matrix(chain[-2]) if len(chain) > 1 else None
+            for layer in self.entries[name]:
+                if isinstance(layer.data, dict) and "matrix" in layer.data:
+                    new = layer.data["matrix"]
+                    out = (deep_merge(out, new) if isinstance(out, dict) and isinstance(new, dict)
+                           else copy.deepcopy(new))
+            self._matrices[name] = out
+        return self._matrices[name]
+
+    def count(self, name):
+        """How many jobs entry ``name`` makes: its matrix's points, else 1 (before any
+        is made; a matrix over :data:`MAX_MATRIX_JOBS` counts 0: :meth:`points` refuses it)."""
+        matrix = self.matrix(name)
+        if not isinstance(matrix, dict):
+            return 1
+        count = math.prod(len(v) if isinstance(v, list) else 1 for v in matrix.values())
+        return count if count <= MAX_MATRIX_JOBS else 0
+
     def jobs(self, suite):
-        """Every job, in file order (includes first; a matrix expands in place)."""
+        """Every job, in file order (includes first; a matrix expands in place).
+
+        Raises:
+            ProfileError: a bad entry, or more than :data:`MAX_JOBS` jobs in all
+                (counted before any is made).
+        """
         star = self.entries.get("*", [])
         if star:
             for key in ("inherits", "matrix", "name", "enabled"):
                 if key in self.merged("*"):
                     raise _err(self.where_set("*", key), "job '*'", key,
                                "not allowed in the defaults")
-        jobs, made_by = [], {}
+        names = []
         for name in self.entries:
             if name == "*" or name.startswith("_"):
                 continue
-            layers = star + [layer for e in self.chain(name) for layer in self.entries[e]
-                             if isinstance(layer.data, dict)]
-            resolved = {}
-            for layer in layers:
-                resolved = deep_merge(resolved, layer.data)
-            if self.merged(name).get("enabled", True) is False:
-                continue  # the entry's own key: a job inheriting it runs
-            for job in self.expand(name, resolved, layers, suite):
+            self.chain(name)  # a disabled entry's chain is checked too
+            # "enabled" is the entry's own key: a job inheriting a disabled entry runs
+            if self.merged(name).get("enabled", True) is not False:
+                names.append(name)
+        total = 0
+        for name in names:
+            total += self.count(name)
+            if total > MAX_JOBS:
+                has_matrix = self.matrix(name) is not None
+                path = (self.origin(self.layers(name), name, name)(["matrix"])[0]
+                        if has_matrix else self.entries[name][-1].path)
+                raise _err(path, f"job {name!r}", "matrix" if has_matrix else None,
+                           f"the profile makes more than {MAX_JOBS} jobs ({total} with this "
+                           "entry's)")
+        jobs, made_by = [], {}
+        for name in names:
+            layers = self.layers(name)
+            for job in self.expand(name, self.resolved(name), layers, suite):
                 if job.name in made_by:
                     raise _err(self.where_set(name, "name"), f"job {name!r}", "name",
                                f"makes job {job.name!r} again (already made by entry "
@@ -577,7 +708,7 @@ class _Profile:
             if values and isinstance(d.get("arguments"), dict):
                 d["arguments"] = {k: _fill_matrix(v, values) for k, v in d["arguments"].items()}
             origin = self.origin(layers, name, job_name)
-            validate_job(self.path, job_name, d, origin)
+            validate_job(self.path, job_name, d, origin, self._experiments)
             part = d.get("partition_scheme", {})
             cg = part.get("cgroup")
             out.append(Job(
@@ -641,7 +772,7 @@ def profile_files(path):
     """
     path = Path(path)
     files = []
-    _read(path, [path.resolve()], files)
+    _read(path, [_real(path)], files)
     return files
 
 
@@ -696,7 +827,7 @@ def load_profile(path, names=None, select=None, exclude=None):
             unknown name; one line naming the file, the entry and the key.
     """
     path = Path(path)
-    entries = _read(path, [path.resolve()], [])
+    entries = _read(path, [_real(path)], [])
     suite = path.stem
     found = first_error(suite, "common#/$defs/job_name")
     if found:

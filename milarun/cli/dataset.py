@@ -38,7 +38,10 @@ def dataset_table(dataroot=None):
 
 @tooled
 def command(rest):
-    """Prepare datasets in their real on-disk formats (generated, deterministic)."""
+    """Prepare datasets in their real on-disk formats (generated, deterministic).
+
+    Two builds of one dataset take turns (a lock file, DATAROOT/.NAME.lock); a dataset
+    is stamped complete only once its build succeeded."""
     # Datasets to prepare (see --list-datasets)
     # [positional: *]
     names: Option
@@ -49,9 +52,9 @@ def command(rest):
     size: Option = default("tiny")
     # Random seed of the generated data
     seed: Option & int = default(0)
-    # Override the number of items (images, ratings...) where the builder has one
+    # Override the number of items (images...) where the builder has one: 1 to 10,000,000
     count: Option & int = default(None)
-    # Override the image size (pixels) where the builder has one
+    # Override the image size where the builder has one: 16 to 4096 pixels
     image_size: Option & int = default(None)
     # List the known datasets, their size presets and what DATAROOT holds, with sizes on disk
     list_datasets: Option & bool = default(False)

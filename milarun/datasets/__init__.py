@@ -13,16 +13,24 @@ Each builder module defines:
 interrupt: it writes into ``<name>.partial/``, then writes a ``.complete``
 stamp (name, size, seed, builder version) and renames the folder to
 ``<name>/``. A later call skips a dataset whose stamp matches, and rebuilds
-one whose stamp is missing or differs (a half-written build).
+one whose stamp is missing or differs (a half-written build). Two builds of
+one dataset (two shells, two nodes on a shared dataroot) take turns on a lock
+file ``<dataroot>/.<name>.lock``: the second waits, then finds the first's
+build complete. A failed build (read-only or full disk) is one ``SetupError``
+line and leaves no stamp.
 """
 
+import contextlib
+import errno
+import fcntl
 import importlib
 import json
+import os
 import shutil
 import time
 from pathlib import Path
 
-from ..errors import MilarunError
+from ..errors import MilarunError, SetupError
 from ..jsonfile import read_json
 
 #: Largest build stamp read (bytes); a stamp is a few hundred.
@@ -42,6 +50,12 @@ BUILDERS = {
 }
 
 STAMP = ".complete"
+
+#: Bounds of ``--count`` (items) and ``--image-size`` (pixels): an empty dataset is
+#: no dataset, and a typo's extra zeros would fill the disk for hours.
+OVERRIDE_BOUNDS = {"count": (1, 10_000_000), "image_size": (16, 4096)}
+#: Seconds a build waits for another build of the same dataset (``.<name>.lock``).
+LOCK_TIMEOUT_S = 3600.0
 
 #: About how much a ``--size standard`` build takes on disk (MB), measured on the
 #: development VM (README, "Datasets"); ``--list-datasets`` shows it.
@@ -79,7 +93,8 @@ def resolve_params(name, size, overrides=None):
     """The builder parameters for ``size`` with ``overrides`` applied.
 
     Raises:
-        MilarunError: unknown dataset, size, or parameter.
+        MilarunError: unknown dataset, size, or parameter, or a value out of
+            :data:`OVERRIDE_BOUNDS` (or not an integer).
     """
     mod = _builder(name)
     if size not in mod.SIZES:
@@ -91,6 +106,10 @@ def resolve_params(name, size, overrides=None):
         if key not in params:
             raise MilarunError(f"dataset {name}: no parameter {key!r}; "
                                f"known: {', '.join(sorted(params)) or 'none'}")
+        low, high = OVERRIDE_BOUNDS.get(key, (1, 10_000_000))
+        if type(value) is not int or not low <= value <= high:
+            raise MilarunError(f"dataset {name}: --{key.replace('_', '-')} must be an integer "
+                               f"from {low} to {high:,}, not {value!r}")
         params[key] = value
     return mod, params
 
@@ -143,34 +162,99 @@ def built(dataroot, name):
     return preset, disk_mib(folder)
 
 
-def prepare(name, dataroot, size="tiny", seed=0, overrides=None, log=print):
+@contextlib.contextmanager
+def _build_lock(dataroot, name, log, timeout):
+    """Hold ``<dataroot>/.<name>.lock`` (``flock``) for one build of ``name``.
+
+    The file is opened with ``O_NOFOLLOW`` (a planted symlink is refused, not
+    followed) and never deleted (deleting it would let a third build lock a new
+    file while the second holds the old one). Another build holding it: one log
+    line, then a wait of at most ``timeout`` seconds.
+
+    Raises:
+        SetupError: still held after ``timeout`` s.
+        OSError: the lock file cannot be opened (the caller words it).
+    """
+    path = Path(dataroot) / f".{name}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = None
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if deadline is None:
+                    deadline = time.monotonic() + timeout
+                    log(f"milarun: dataset {name}: another build holds {path}; waiting for it "
+                        f"(at most {timeout:g} s)")
+                elif time.monotonic() >= deadline:
+                    raise SetupError(f"dataset {name}: another build still holds {path} after "
+                                     f"{timeout:g} s; run this again once it ends")
+                time.sleep(min(0.2, timeout))
+        yield
+    finally:
+        os.close(fd)   # releases the lock
+
+
+def prepare(name, dataroot, size="tiny", seed=0, overrides=None, log=print,
+            lock_timeout=None):
     """Build dataset ``name`` under ``dataroot`` unless a matching build exists.
+
+    The build runs under the dataset's lock (see :func:`_build_lock`); the
+    ``.complete`` stamp is written only once the builder returned, so a failed
+    build is rebuilt next time, never used.
 
     Args:
         overrides: builder parameters that replace the size preset's values.
+        lock_timeout: seconds to wait for another build of ``name`` (default
+            :data:`LOCK_TIMEOUT_S`).
 
     Returns:
         the dataset folder (Path).
 
     Raises:
-        MilarunError: unknown name, size or parameter.
+        MilarunError: unknown name, size or parameter, or parameters the builder
+            refuses.
+        SetupError: ``dataroot`` is not a folder or cannot be written (read-only,
+            full, a symlinked lock file), or another build held the lock too long.
     """
     mod, params = resolve_params(name, size, overrides)
-    final = dataset_dir(dataroot, name)
-    if is_complete(dataroot, name, size, seed, overrides):
-        log(f"milarun: dataset {name} ({size}) is complete in {final}, skipped")
-        return final
+    root = Path(dataroot)
+    final = dataset_dir(root, name)
     partial = final.with_name(final.name + ".partial")
-    if partial.exists():
-        shutil.rmtree(partial)
-    if final.exists():
-        log(f"milarun: dataset {name} in {final} is incomplete or of another size; rebuilding")
-    partial.mkdir(parents=True)
-    t0 = time.perf_counter()
-    mod.build(partial, params, seed)
-    (partial / STAMP).write_text(json.dumps(_stamp(name, params, seed, mod)))
-    if final.exists():
-        shutil.rmtree(final)
-    partial.rename(final)
+    if root.exists() and not root.is_dir():
+        raise SetupError("the dataroot is not a folder", path=root)
+    timeout = LOCK_TIMEOUT_S if lock_timeout is None else lock_timeout
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with _build_lock(root, name, log, timeout):
+            if is_complete(root, name, size, seed, overrides):
+                log(f"milarun: dataset {name} ({size}) is complete in {final}, skipped")
+                return final
+            if partial.exists():
+                shutil.rmtree(partial)
+            if final.exists():
+                log(f"milarun: dataset {name} in {final} is incomplete or of another size; "
+                    "rebuilding")
+            partial.mkdir()
+            t0 = time.perf_counter()
+            try:
+                mod.build(partial, params, seed)
+                (partial / STAMP).write_text(json.dumps(_stamp(name, params, seed, mod)))
+            except BaseException:
+                shutil.rmtree(partial, ignore_errors=True)  # a full disk gets its space back
+                raise
+            if final.exists():
+                shutil.rmtree(final)
+            partial.rename(final)
+    except OSError as exc:
+        where = exc.filename or root
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.ELOOP:
+            why = "a symlink where milarun writes (refused, not followed)"
+        raise SetupError(f"dataset {name}: cannot build in {root}: {why} ({where})") from exc
+    except ValueError as exc:   # parameters the builder refuses (fake_imagenet classes)
+        raise MilarunError(f"dataset {name}: {exc}") from exc
     log(f"milarun: dataset {name} ({size}) built in {final} in {time.perf_counter() - t0:.1f} s")
     return final
