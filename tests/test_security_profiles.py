@@ -123,6 +123,29 @@ def test_a_trailing_newline_in_a_matrix_axis_or_include_is_one_line(tmp_path):
 
 # --- profiles: bounds on total work ----------------------------------------------------
 
+@pytest.mark.parametrize("option", [("--time", "10:00\n"), ("--partition", "gpu\n"),
+                                    ("--account", "acme\n")])
+def test_a_trailing_newline_in_a_slurm_option_is_refused(option):
+    from milarun.cli.slurm import check_options
+
+    flag, value = option
+    kwargs = {"partition": None, "time": None, "account": None}
+    kwargs[flag[2:]] = value
+    with pytest.raises(SetupError, match=flag):
+        check_options(1, None, **kwargs)
+    kwargs[flag[2:]] = value.strip()
+    check_options(1, None, **kwargs)       # the same value without the newline is fine
+
+
+def test_when_the_two_schema_engines_disagree_the_document_is_refused(monkeypatch):
+    from milarun import jsonfile
+
+    # The fast engine refuses, jsonschema finds nothing: fail closed, never "valid".
+    monkeypatch.setattr(jsonfile, "_accepts", lambda schema: (lambda value: False))
+    found = jsonfile.first_error("gpu", "common#/$defs/name")
+    assert found is not None and "schema" in found[1]
+
+
 def big_profile(entries):
     """``entries`` entries of a 1,024-point matrix each: 100 of them are 5,120 bytes."""
     d = {"*": {"experiment": TOY},

@@ -12,8 +12,8 @@ from ..errors import SetupError
 from ..outfile import write_atomic
 
 #: What ``--time``, ``--partition`` and ``--account`` may hold (Slurm's own forms).
-_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
-_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}")  # fullmatch: "$" would let a final newline in
+_SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 #: Characters an sbatch directive cannot carry unquoted (and ``%``, which Slurm expands).
@@ -69,11 +69,11 @@ def check_options(nodes, gpus_per_node, partition, time, account):
         raise SetupError(f"--nodes must be between 1 and 4096, not {nodes}")
     if gpus_per_node is not None and not 1 <= gpus_per_node <= 1024:
         raise SetupError(f"--gpus-per-node must be between 1 and 1024, not {gpus_per_node}")
-    if time is not None and not _TIME.match(time):
+    if time is not None and not _TIME.fullmatch(time):
         raise SetupError(f"--time {time!r} is not a Slurm time (minutes, MM:SS, HH:MM:SS or "
                          "D-HH:MM:SS)")
     for flag, value in (("--partition", partition), ("--account", account)):
-        if value is not None and not _SLURM_NAME.match(value):
+        if value is not None and not _SLURM_NAME.fullmatch(value):
             raise SetupError(f"{flag} {value!r} is not a Slurm name (letters, digits, "
                              "'_', '.', '-')")
 
