@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from .errors import SetupError
+from .terminal import one_line, terminal_safe
 
 
 def _writable_ancestor(path):
@@ -124,8 +125,9 @@ def show(jobs_, waves, devs, cluster, repeat, sid, dataroot, outdir, stream=None
                         line = template.format(**fields)
                     except (KeyError, IndexError, ValueError) as exc:
                         line = f"{template}  (bad placeholder: {exc})"
-                    print(f"# prepare: {line}", file=out)
-            print(lch.describe(), file=out)
+                    print(terminal_safe(one_line(f"# prepare: {line}")), file=out)
+            # a profile's strings may hold escape sequences: shown, never acted on
+            print(terminal_safe(lch.describe()), file=out)
 
 
 def report(errors, cluster, stream=None):

@@ -171,8 +171,8 @@ def load_results(directory, warn=None):
 def warn_skipped(skipped, stream=None):
     """Write one warning line per skipped file: ``milarun: warning: skipped <file>: <key>:
     <message>`` (control characters of a file name or message shown escaped:
-    :func:`milarun.report.text.terminal_safe`)."""
-    from .report.text import terminal_safe
+    :func:`milarun.terminal.terminal_safe`)."""
+    from .terminal import terminal_safe
 
     stream = stream or sys.stderr
     for path, exc in skipped:

@@ -21,7 +21,7 @@ from milarun import stats
 from milarun.cli import main
 from milarun.cli.report import run_report
 from milarun.report import build_report, load_weights, render_text
-from milarun.report.text import terminal_safe
+from milarun.terminal import terminal_safe
 from milarun.summary import normalize_summary, summarize_dir
 
 ROOT = Path(__file__).parent.parent
@@ -207,6 +207,17 @@ def test_an_escape_sequence_in_an_error_message_is_shown_escaped(tmp_path):
     assert "\x1b" not in text and "\x9b" not in text and "\u202e" not in text
     assert "oom-killed: \\x1b[2J\\x1b[32mSCORE 9999" in text
     assert "cpu: Xeon\\u202e\\x9b31m" in text
+
+
+def test_a_newline_in_a_one_line_field_cannot_forge_a_report_line(tmp_path):
+    # found by the hostile review: "h\nscore: 99999.00" printed a score line of its own
+    def hostile(record):
+        record["host"]["hostname"] = "h\nscore: 99999.00"
+    folder = results_copy(tmp_path, change=hostile)
+    code, text, warn = report_of(folder)
+    assert code == 0
+    assert not any(line.startswith("score: 99999") for line in text.splitlines())
+    assert "h\\nscore: 99999.00" in text
 
 
 def test_a_control_character_in_a_skipped_file_name_is_shown_escaped(tmp_path):

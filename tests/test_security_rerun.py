@@ -241,3 +241,82 @@ def test_no_home_means_no_registry_not_one_in_the_current_folder(tmp_path, monke
     monkeypatch.delenv(trust.ENV)
     assert trust.remember(b"x") is False and list(tmp_path.iterdir()) == []
     assert trust.written_here(b"x")[0] is False
+
+
+# Found by the hostile review of the first fix.
+
+@pytest.mark.parametrize("where", ["argv", "dataroot"])
+def test_option_values_are_never_evaluated(tmp_path, capfd, where):
+    # coleo evaluates ":module:code" for every option not typed str; milarun.options
+    # takes every value literally, for the workloads' options and milarun's own
+    marker = tmp_path / "evaluated"
+    payload = f":os:system('touch {marker}') or 0.01"
+    argv = (["--max-count", "2", "--warmup", "0", "--step-seconds", payload]
+            if where == "argv" else FAST)
+    path = foreign_record(tmp_path, argv=argv)
+    if where == "dataroot":
+        rec = json.loads(path.read_text())
+        rec["dataroot"] = payload
+        path.write_text(json.dumps(rec))
+    code, io = run_cli(["rerun", str(path), "--yes", "-o", str(tmp_path / "o.json")], capfd)
+    assert not marker.exists()
+    if where == "argv":      # a float option: the value is not a number
+        assert code != 0 and "invalid float value" in io.err
+    else:                    # an untyped option: the value is the text itself
+        assert code == 0, io.err
+        assert json.loads((tmp_path / "o.json").read_text())["dataroot"] == payload
+
+
+def test_a_cgroup_path_that_climbs_out_is_not_entered():
+    from milarun.cli.rerun import student_cgroup
+    record = {"device": "0", "host": {"cgroup": "cpu:../../../../tmp/x"},
+              "job": {"partition_scheme": {"cgroup": "cpu:../../../../tmp/x"}}}
+    spec, why = student_cgroup(record)
+    assert spec is None and "not a plain controllers:group name" in why
+
+
+def test_cgroup_lines_show_escape_sequences_escaped():
+    from milarun.cli.rerun import student_cgroup
+    record = {"device": "0", "host": {"cgroup": "/\x1b]0;pwned\x07\x1b[1A"},
+              "job": {"partition_scheme": {"cgroup": "cpu:/\x1b[2J\x1b[8mALL-GOOD"}}}
+    spec, why = student_cgroup(record)
+    assert spec is None and "\x1b" not in why and "\\x1b" in why
+    record["job"]["partition_scheme"]["cgroup"] = "cpu:student{device}"
+    spec, why = student_cgroup(record)
+    assert spec is None and "\x1b" not in why and "\x07" not in why
+
+
+def test_a_nul_or_an_oversized_command_is_one_line(tmp_path, capsys):
+    path = foreign_record(tmp_path, argv=FAST + ["a\0b"])
+    code, io = run_cli(["rerun", str(path), "--yes"], capsys)
+    assert code == 2 and "Traceback" not in io.err
+    assert io.err.splitlines()[-1].startswith(f"milarun: error: {path}: its command")
+    # each argument within the schema's bound, together past the kernel's (E2BIG)
+    path = foreign_record(tmp_path, argv=FAST + ["--x" + "a" * 65000] * 40)
+    code, io = run_cli(["rerun", str(path), "--yes", "--no-cgexec"], capsys)
+    assert code == 2 and "Traceback" not in io.err
+    assert io.err.splitlines()[-1].startswith(f"milarun: error: {path}: cannot start the command")
+
+
+@pytest.mark.parametrize("out", ["/dev/full", "afile/x"])
+def test_run_refuses_an_output_it_cannot_write_before_training(tmp_path, capsys, monkeypatch,
+                                                             out):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    code, io = run_cli(["run", CRAWL, "-o", out, "--"] + FAST, capsys)
+    assert code == 2 and "Traceback" not in io.err
+    assert io.err.strip().splitlines() == [
+        f"milarun: error: -o {out}: {out.split('/x')[0]} is not a folder; the result could "
+        "not be written"]
+    assert os.stat("/dev/full").st_mode & 0o170000 == 0o020000   # still a device
+
+
+def test_slurm_output_folder_is_not_a_symlink(tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "so").mkdir()
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "so" / "logs").symlink_to(tmp_path / "victim")
+    code, io = run_cli(["slurm", "profiles/cpu.json", "-o", str(tmp_path / "so"),
+                        "-d", str(tmp_path / "data")], capsys)
+    assert code == 2 and "is a symbolic link" in io.err
+    assert list((tmp_path / "victim").iterdir()) == []

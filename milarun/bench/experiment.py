@@ -9,12 +9,13 @@ import sys
 import time
 import traceback
 
-from coleo import make_cli, tooled
+from coleo import tooled
 
 from .. import hostfacts, isolation, validation
 from ..barrier import ENV_PREFIX
 from ..errors import MilarunError, ResultFormatError
 from ..jsonfile import check
+from ..options import make_cli
 from ..results.journal import Journal
 from ..results.schema import new_result
 from ..results.store import journal_path, result_filename, write_result

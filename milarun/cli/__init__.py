@@ -9,7 +9,7 @@ import argparse
 import inspect
 import sys
 
-from coleo import make_cli
+from ..options import make_cli
 
 from ..errors import MilarunError
 from . import dataset, devices, jobs, profile, report, rerun, run, slurm, summary

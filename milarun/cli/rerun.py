@@ -43,6 +43,8 @@ _FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za
 #: Starts the child without the current folder on ``sys.path`` (``-P``, Python 3.11;
 #: 3.10 has only ``-I``, which also ignores ``PYTHONPATH`` and ``PYTHON*`` variables).
 SAFE_PATH = "-P" if sys.version_info >= (3, 11) else "-I"
+#: A student cgroup a rerun enters: ``controllers:group/path`` of plain names.
+_CGROUP_SPEC = re.compile(r"[a-z_]+(,[a-z_]+)*:/?[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*/?")
 
 
 @tooled
@@ -151,16 +153,21 @@ def student_cgroup(record):
     # only {device}: a record's "{device:>999999999}" would take the memory
     if (not isinstance(template, str) or len(template) > 256
             or re.search(r"[{}]", template.replace("{device}", ""))):
-        return None, f"its cgroup template {template!r} does not expand"
+        return None, f"its cgroup template {_word(template)} does not expand"
     try:
         spec = template.format(device=record.get("device"))
         group = spec.split(":", 1)[1].strip("/")
     except (KeyError, IndexError, ValueError):
-        return None, f"its cgroup template {template!r} does not expand"
+        return None, f"its cgroup template {_word(template)} does not expand"
+    # a plain group path: "../../tmp/x" would make cgexec write a pid into any "tasks" file
+    if not _CGROUP_SPEC.fullmatch(spec) or any(p in (".", "..") for p in group.split("/")):
+        return None, f"its cgroup {_word(spec)} is not a plain controllers:group name"
     ran_in = (record.get("host") or {}).get("cgroup") or ""
+    if not isinstance(ran_in, str):
+        ran_in = ""
     if not any(part.rsplit(":", 1)[-1].strip("/") == group for part in ran_in.split(",")):
         return None, (f"the original ran outside its student cgroup {spec} (in "
-                      f"{ran_in or 'an unknown cgroup'}; --no-cgexec?)")
+                      f"{_word(ran_in) if ran_in else 'an unknown cgroup'}; --no-cgexec?)")
     if shutil.which("cgexec") is None:
         return None, f"cgexec is not installed (package cgroup-tools) to enter {spec}"
     if isolation.missing_groups([spec]):
@@ -169,7 +176,7 @@ def student_cgroup(record):
     return spec, None
 
 
-def rerun_command(record, extra_args=(), out=None, python=None, function=None):
+def rerun_command(record, extra_args=(), out=None, python=None, function=None, path=None):
     """Rebuild ``(argv, env)`` from a result record: function, argv, environ,
     dataroot and name, with ``extra_args`` appended.
 
@@ -191,6 +198,11 @@ def rerun_command(record, extra_args=(), out=None, python=None, function=None):
     argv += ["--experiment-name", record["name"], "--job-id", record.get("job_id", "0.0"),
              "--extra", json.dumps(extra, sort_keys=True), "--"]
     argv += list(call.get("argv", [])) + list(extra_args)
+    for arg in argv:   # the OS cannot pass a NUL (ValueError deep in subprocess)
+        if not isinstance(arg, str) or "\0" in arg:
+            raise ResultFormatError("its command (call.argv, dataroot or name) holds an "
+                                    f"argument with a NUL character: {_word(str(arg)[:80])}",
+                                    path=path)
     from ..barrier import without_barrier
 
     # a rerun runs alone: the start barrier a launcher's FAIL record names is gone
@@ -199,22 +211,18 @@ def rerun_command(record, extra_args=(), out=None, python=None, function=None):
 
 
 def _read_record(path):
-    """``(record, raw)``: the record at ``path`` and the very bytes it was parsed from
-    (the ones :func:`milarun.results.trust.written_here` checks).
+    """``(record, raw)``: the record at ``path`` and the very bytes it was parsed,
+    migrated and validated from (the ones :func:`milarun.results.trust.written_here`
+    checks): the file is read once, so a swap between a check and a use cannot
+    slip an unchecked record in.
 
     Raises:
         ResultFormatError: as :func:`milarun.results.store.load_result`.
     """
-    from ..jsonfile import MAX_BYTES, parse_json
+    from ..jsonfile import parse_json, read_bytes
     from ..results.schema import migrate
-    from ..results.store import load_result
 
-    load_result(path)  # every error with the reader's message
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise ResultFormatError(f"cannot read file ({exc.strerror})", path=path)
+    raw = read_bytes(path, error_cls=ResultFormatError)
     return migrate(parse_json(raw, path=path), path=path), raw
 
 
@@ -238,7 +246,7 @@ def rerun(path, extra_args, out=None, dry_run=False, use_cgexec=True, yes=False,
 
     record, raw = _read_record(path)
     argv, env = rerun_command(record, extra_args, out, function=check_function(
-        record, function, path=path))
+        record, function, path=path), path=path)
     if use_cgexec:
         spec, why = student_cgroup(record)
         if spec is not None:
@@ -261,4 +269,7 @@ def rerun(path, extra_args, out=None, dry_run=False, use_cgexec=True, yes=False,
     if not ours and not yes:
         raise MilarunError(f"not run: {why}; read the command above and pass --yes to run it",
                            path=path)
-    return subprocess.call(argv, env=env)
+    try:
+        return subprocess.call(argv, env=env)
+    except (OSError, ValueError) as exc:   # E2BIG: the record's argv is too long
+        raise MilarunError(f"cannot start the command: {exc}", path=path) from None

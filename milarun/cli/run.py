@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 from coleo import Option, default, tooled
 
@@ -58,6 +59,29 @@ def command(rest):
                           name=experiment_name, job_id=job_id, extra=extra)
 
 
+def check_out(out):
+    """Refuse, before any training, an ``-o`` that cannot take the record, so a run
+    is not measured for nothing: a ``.json`` target that is not a regular file
+    (a device, FIFO, symlink, folder), or a folder path whose nearest existing
+    part is not a folder (``-o /dev/full``, ``-o afile/x``).
+
+    Raises:
+        MilarunError: (``UnsafeFileError`` for the target) one line naming ``out``.
+    """
+    from ..outfile import check_target
+
+    if out is None:
+        return
+    out = Path(out)
+    if out.suffix == ".json":
+        check_target(out)
+    part = out.parent if out.suffix == ".json" else out
+    while not os.path.lexists(part) and part != part.parent:
+        part = part.parent
+    if not os.path.isdir(part):
+        raise MilarunError(f"-o {out}: {part} is not a folder; the result could not be written")
+
+
 def run_experiment(function, argv, out=None, dataroot=None, name=None,
                    job_id="0.0", extra=None):
     """Resolve ``function``, build an Experiment and run it; returns the exit code."""
@@ -68,6 +92,7 @@ def run_experiment(function, argv, out=None, dataroot=None, name=None,
 
     from_environment()  # die with the launcher, even as a torchrun rank
     fn = resolve_function(function)
+    check_out(out)
     if extra is not None and not isinstance(extra, dict):
         try:
             extra = json.loads(extra)

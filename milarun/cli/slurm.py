@@ -9,7 +9,7 @@ from pathlib import Path
 from coleo import Option, default, tooled
 
 from ..errors import SetupError
-from ..outfile import write_atomic
+from ..outfile import UnsafeFileError, own_dir, write_atomic
 
 #: What ``--time``, ``--partition`` and ``--account`` may hold (Slurm's own forms).
 _TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}")  # fullmatch: "$" would let a final newline in
@@ -187,9 +187,11 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
     script = sbatch_script(profile, dataroot, outdir, nodes, gpus_per_node, partition, time,
                            account, jobs_args, extra_args)
     try:
-        (outdir / "logs").mkdir(parents=True, exist_ok=True)
+        own_dir(outdir / "logs")    # Slurm writes its output there: never through a link
         path = outdir / "milarun.sbatch"
         write_atomic(path, script, durable=False)   # never through a symlink
+    except UnsafeFileError:
+        raise
     except OSError as exc:
         raise SetupError(f"cannot write the sbatch script: {exc.strerror}", path=outdir)
     try:

@@ -76,9 +76,9 @@ def flag_line(flag):
 
 def diff_line(diff):
     """One host fact that differs from the baseline's (the facts are a vendor's strings:
-    terminal controls shown escaped, :func:`milarun.report.text.terminal_safe`, since
+    terminal controls shown escaped, :func:`milarun.terminal.terminal_safe`, since
     ``make_report`` prints this line as a warning)."""
-    from .text import terminal_safe
+    from ..terminal import terminal_safe
 
     words, ours, base = diff
     return terminal_safe(f"{words}: {ours} (baseline: {base})")

@@ -7,27 +7,8 @@ or draw a fake score.
 """
 
 import math
-import re
 
-
-#: What a terminal acts on instead of showing: C0 controls but the newline (ESC, CR,
-#: backspace, tab...), DEL, C1 controls (CSI is U+009B), and the bidirectional
-#: overrides, embeddings and isolates (U+202A-U+202E, U+2066-U+2069, with the marks
-#: U+200E, U+200F and U+061C) that reorder what is shown ("Trojan Source",
-#: CVE-2021-42574).
-_TERMINAL_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f"
-                               "\u202a-\u202e\u2066-\u2069]")
-
-
-def _escape(match):
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code <= 0xff else f"\\u{code:04x}"
-
-
-def terminal_safe(text):
-    """``text`` with every terminal control character shown as its Python escape
-    (ESC as the four characters ``\\x1b``, U+202E as ``\\u202e``); newlines kept."""
-    return _TERMINAL_CONTROL.sub(_escape, text)
+from ..terminal import one_line, terminal_safe
 
 
 def fmt_num(value, spec=".2f"):
@@ -485,16 +466,16 @@ def render_text(report):
     if report.inputs is not None:
         items = header_items(report.inputs)
         width = max(len(label) for label, _ in items) + 1
-        lines += [f"{label + ':':{width}} {text}" for label, text in items]
+        lines += [f"{label + ':':{width}} {one_line(text)}" for label, text in items]
     elif report.date:
         lines.append(f"results date: {report.date}")
     for h in report.hosts:
         names = h.get("gpus") or []
         gpus = ", ".join(f"{names.count(n)} x {n}" for n in sorted(set(names))) or "none"
-        lines.append(f"host: {h.get('hostname')} | cpu: {h.get('cpu_model')} | "
-                     f"gpus: {gpus} | torch {h.get('torch')} | cuda {h.get('cuda')}")
+        lines.append(one_line(f"host: {h.get('hostname')} | cpu: {h.get('cpu_model')} | "
+                              f"gpus: {gpus} | torch {h.get('torch')} | cuda {h.get('cuda')}"))
     from .checks import header_lines, text_lines as check_lines
-    lines.extend(header_lines(report))
+    lines.extend(map(one_line, header_lines(report)))
     lines.append("")
     if report.rows:
         lines.append(table_frame(report).to_string())
@@ -525,10 +506,10 @@ def render_text(report):
         from .io import text_lines
         lines.append("")
         lines.extend(text_lines(table))
-    lines.extend(check_lines(report))
+    lines.extend(map(one_line, check_lines(report)))
     if report.anomalies:
         lines.append("")
-        lines.extend(anomaly_lines(report))
+        lines.extend(map(one_line, anomaly_lines(report)))
     if report.failures:
         lines.append("")
         lines.append("failures:")
