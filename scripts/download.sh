@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare every dataset the standard profile needs, in its real on-disk format.
-# Nothing is downloaded: the data are generated deterministically (see README).
+# Nothing is downloaded: the data are generated deterministically (see docs/workloads.md, "Datasets").
 #
 #   scripts/download.sh -d DATAROOT [--size standard|tiny]
 set -euo pipefail

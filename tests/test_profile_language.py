@@ -537,8 +537,8 @@ def test_milarun_profile_output_loads_to_the_same_jobs(tmp_path, path):
                                                                       sort_keys=True)
 
 
-def test_the_readme_example_is_the_tender_fixture():
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_example_is_the_tender_fixture():
+    text = (ROOT / "docs" / "profiles.md").read_text()
     section = text[text.index("## Writing a tender's profile"):]
     block = section[section.index("```json") + len("```json"):]
     block = block[:block.index("```")]

@@ -97,7 +97,7 @@ def command(rest):
     timeout: Option & float = default(None)
     # Print every command that would run, with its env and cgroup, and run nothing
     dry_run: Option & bool = default(False)
-    # System file (JSON) of the nodes to run on over ssh (see README, "Several nodes")
+    # System file (JSON) of the nodes to run on over ssh (see docs/multinode.md)
     system: Option = default(None)
     # Inside a Slurm allocation, run on this host only instead of on every node
     single_node: Option & bool = default(False)

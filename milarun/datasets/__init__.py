@@ -58,7 +58,7 @@ OVERRIDE_BOUNDS = {"count": (1, 10_000_000), "image_size": (16, 4096)}
 LOCK_TIMEOUT_S = 3600.0
 
 #: About how much a ``--size standard`` build takes on disk (MB), measured on the
-#: development VM (README, "Datasets"); ``--list-datasets`` shows it.
+#: development VM (docs/workloads.md, "Datasets"); ``--list-datasets`` shows it.
 STANDARD_MB = {"fake_imagenet": 550, "coco": 330, "movielens": 100, "wmt16": 58, "mnist": 55,
                "wikitext2": 11, "bsds500": 20}
 
