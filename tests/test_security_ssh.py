@@ -103,9 +103,10 @@ def test_dry_run_over_ssh_shows_the_placeholder_fed_on_stdin(tmp_path, capsys):
 # --- end to end, with an ``ssh`` that runs the remote command here -----------------------
 
 FAKE_SSH = """#!/bin/sh
-# ssh as the launcher calls it (options, "--", host, one remote command string), run locally
-while [ "$1" != "--" ]; do shift; done
-exec sh -c "$3"
+# ssh as the launcher calls it (options, "--", host, one remote command string), run locally;
+# no exec: like ssh, it stays for the whole run with its command line on show
+remote=$(while [ "$1" != "--" ]; do shift; done; printf '%s' "$3")
+sh -c "$remote"
 """
 
 # The remote payload: its environment's secret, and every command line on this host that
