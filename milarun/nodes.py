@@ -22,8 +22,9 @@ every user of a host (``ps``), so it stays in the local process's environment
 (srun ``--export=ALL`` passes it on) and, over ssh, travels as one line on the
 agent's standard input that a small remote ``sh`` reads and exports
 (:data:`READ_SECRET`; :meth:`Cluster.stdin` says what the launcher writes there,
-and :mod:`milarun.fanout` writes it to each of its agents). Remote nodes must have milarun installed at the same path and
-see the results folder (checked by :func:`probe_argv` before anything runs).
+and :mod:`milarun.fanout` writes it to each of its agents). Remote nodes must
+have milarun installed at the same path and see the results folder (checked by
+:func:`probe_argv` before anything runs).
 
 No torch here.
 """
