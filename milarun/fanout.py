@@ -11,10 +11,17 @@ agent. The exit status is the first failing agent's (``ssh`` returns 255 when
 its connection failed or dropped: then the line ``milarun.fanout: node-lost
 <agent index>`` goes to stderr), or 0 when all succeeded.
 
+The start barrier's secret comes in this process's environment
+(``MILARUN_BARRIER_SECRET``; never in its argv, which ``ps`` shows to every
+user) and goes to each agent's stdin as one line, then EOF: the remote command
+reads it from there (``milarun.nodes.READ_SECRET``). Without it, agents get
+/dev/null.
+
 No torch here.
 """
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,6 +29,7 @@ import threading
 import time
 
 from . import supervise
+from .barrier import ENV_SECRET
 
 #: Seconds between SIGTERM and SIGKILL for the remaining agents.
 GRACE_S = 10.0
@@ -45,14 +53,30 @@ def _signal_all(procs, sig):
                 pass
 
 
-def run(agents, grace=GRACE_S):
-    """Run ``agents`` (list of argv lists) at once; return the exit status (see module doc)."""
+def _feed(proc, text):
+    """Write ``text`` to ``proc``'s stdin and close it; an agent that already ended
+    (its pipe broken) is left to report its own failure."""
+    try:
+        proc.stdin.write(text.encode())
+        proc.stdin.close()
+    except OSError:
+        pass
+
+
+def run(agents, grace=GRACE_S, secret=None):
+    """Run ``agents`` (list of argv lists) at once; return the exit status (see module doc).
+
+    ``secret``: the barrier secret (str) each agent reads as one line on stdin, or None
+    (stdin is /dev/null)."""
     procs = []
     threads = []
     for argv in agents:
-        p = subprocess.Popen(supervise.supervised_argv(argv), stdin=subprocess.DEVNULL,
+        p = subprocess.Popen(supervise.supervised_argv(argv),
+                             stdin=subprocess.DEVNULL if secret is None else subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         procs.append(p)
+        if secret is not None:  # a pipe buffer holds one line: this never blocks
+            _feed(p, secret + "\n")
         for src, dst in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
             t = threading.Thread(target=_pump, args=(src, dst), daemon=True)
             t.start()
@@ -100,7 +124,7 @@ def main(argv=None):
     except (IndexError, ValueError) as exc:
         sys.stderr.write(f"milarun.fanout: error: {exc}\n")
         return 2
-    return run(agents)
+    return run(agents, secret=os.environ.get(ENV_SECRET))
 
 
 if __name__ == "__main__":

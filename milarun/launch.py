@@ -205,15 +205,23 @@ class _Child:
         env[supervise.ENV] = str(os.getpid())
         self.t0 = time.time()  # for the record
         self.m0 = time.monotonic()  # for the watchdog: immune to clock steps
+        feed = self.launch.stdin
         try:
             self.proc = subprocess.Popen(supervise.supervised_argv(self.launch.argv), env=env,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL if feed is None
+                                         else subprocess.PIPE, start_new_session=True)
         except (OSError, ValueError) as exc:  # ValueError: a NUL byte in an argument
             why = exc.strerror if isinstance(exc, OSError) else exc
             self.start_error = f"cannot start {self.launch.argv[0]!r}: {why}"
             self.tail.append(self.start_error)
             return
+        if feed is not None:  # one line fits a pipe's buffer: this never blocks
+            try:
+                self.proc.stdin.write(feed.encode())
+                self.proc.stdin.close()
+            except OSError:  # already ended: its status and output say why
+                pass
         for pipe, keep in ((self.proc.stdout, False), (self.proc.stderr, True)):
             t = threading.Thread(target=self._pump, args=(pipe, keep), daemon=True)
             t.start()

@@ -17,8 +17,14 @@ an argv on some of its nodes:
 
 Environment variables reach the remote side as ``env K=V`` in front of the
 command (ssh passes none, and Slurm would overwrite ``CUDA_VISIBLE_DEVICES``
-with its own). Remote nodes must have milarun installed at the same path and
-see the results folder (checked by :func:`probe_argv` before anything runs).
+with its own), except the start barrier's secret: a command line is readable by
+every user of a host (``ps``), so it stays in the local process's environment
+(srun ``--export=ALL`` passes it on) and, over ssh, travels as one line on the
+agent's standard input that a small remote ``sh`` reads and exports
+(:data:`READ_SECRET`; :meth:`Cluster.stdin` says what the launcher writes there,
+and :mod:`milarun.fanout` writes it to each of its agents). Remote nodes must
+have milarun installed at the same path and see the results folder (checked by
+:func:`probe_argv` before anything runs).
 
 No torch here.
 """
@@ -44,6 +50,13 @@ SSH_LOST = 255
 #: ssh options: no prompt ever; a dead peer is noticed within about 30 s.
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15",
                "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3")
+
+#: The remote ``sh -c`` script in front of an ssh launch that has a barrier secret: it reads
+#: the secret as one line on stdin (never an argv: ``ps`` shows those to everyone), exports
+#: it and execs the command (stdin then /dev/null: nothing else arrives there). No line (the
+#: local side wrote none): exit 2, saying why, rather than meet the barrier without it.
+READ_SECRET = (f'IFS= read -r {ENV_SECRET} || {{ echo "milarun: no barrier secret on stdin" >&2; '
+               f'exit 2; }}; export {ENV_SECRET}; exec "$@" </dev/null')
 
 # Patterns of srun's messages when a node of the step is lost.
 _SLURM_LOST = re.compile(r"Node failure|node .* not responding|launch failed on node|NODE_FAIL",
@@ -113,17 +126,20 @@ class Cluster:
         """``(argv, env)`` that run ``argv`` with ``env`` once on each node of ``names``.
 
         ``env`` stays the local process's environment for ``local``; for
-        ``slurm`` and ``ssh`` it moves into the command line (``env K=V``).
+        ``slurm`` and ``ssh`` it moves into the command line (``env K=V``), all
+        but the barrier secret, which stays in the returned env: srun passes it
+        on; over ssh the remote side reads it on stdin (:data:`READ_SECRET`),
+        where :meth:`stdin` or :mod:`milarun.fanout` writes it.
         ``tag`` names the Slurm step (``--job-name``).
         """
         if self.kind == "local":
             return list(argv), dict(env)
         # remote ranks die with their torchrun agent (see milarun.supervise)
         env = dict(env, MILARUN_PDEATHSIG="1")
-        # the start barrier's secret stays out of srun's command line (``ps`` shows it to
-        # every user); srun --export=ALL hands srun's own environment on
+        # the start barrier's secret stays out of every command line (``ps`` shows them to
+        # every user); srun --export=ALL hands srun's own environment on, ssh its stdin
         secret = {}
-        if self.kind == "slurm" and ENV_SECRET in env:
+        if ENV_SECRET in env:
             secret[ENV_SECRET] = env.pop(ENV_SECRET)
         inner = ["env"] + [f"{k}={v}" for k, v in sorted(env.items())] + list(argv)
         if self.kind == "slurm":
@@ -135,10 +151,22 @@ class Cluster:
                 head.append(f"--job-name={tag}")
             return head + inner, secret
         # each agent learns which node it is (its record's per-node facts name it)
-        agents = [ssh_argv(self.node(n), ["env", f"MILARUN_NODE={n}"] + inner) for n in names]
+        read = ["sh", "-c", READ_SECRET, "milarun-secret"] if secret else []
+        agents = [ssh_argv(self.node(n), read + ["env", f"MILARUN_NODE={n}"] + inner)
+                  for n in names]
         if len(agents) == 1:
-            return agents[0], {}
-        return [self.python, "-m", "milarun.fanout", json.dumps(agents)], {}
+            return agents[0], secret
+        return [self.python, "-m", "milarun.fanout", json.dumps(agents)], secret
+
+    def stdin(self, argv, env):
+        """What the launcher writes to the standard input of ``argv`` run with ``env`` (an
+        :meth:`on_nodes` result) before closing it: the barrier secret and a newline for a
+        single ssh agent, which hands it to the remote :data:`READ_SECRET`; None otherwise
+        (stdin is then /dev/null; :mod:`milarun.fanout` feeds its own agents from ``env``).
+        """
+        if self.kind == "ssh" and argv[:1] == ["ssh"] and ENV_SECRET in env:
+            return env[ENV_SECRET] + "\n"
+        return None
 
     def failure_reason(self, returncode, tail):
         """``node-lost`` when the transport says a node went away, else None.

@@ -109,6 +109,13 @@ class Launch:
         return journal_path(self.result_path)
 
     @property
+    def stdin(self):
+        """Text the launcher writes to the process's stdin before closing it, or None
+        (/dev/null): the barrier secret of an ssh launch, which must stay out of every
+        argv (``nodes.Cluster.stdin``)."""
+        return None if self.cluster is None else self.cluster.stdin(self.argv, self.env)
+
+    @property
     def key(self):
         """``(name, run, device)``: what identifies a launch across sessions (``--resume``)."""
         return (self.name, self.run, self.device)
