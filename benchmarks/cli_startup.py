@@ -7,8 +7,8 @@ reference), ``milarun --help``, ``milarun --version`` and ``milarun COMMAND
 
 ``--compare DIR``: also time the milarun package found in DIR (a folder holding
 a ``milarun/`` package, e.g. ``git archive BASE milarun | tar -x -C DIR``, put
-first on ``PYTHONPATH``), interleaved run by run with this tree's, so that both
-columns see the same load on a noisy machine.
+first on ``PYTHONPATH``), interleaved run by run with the one this Python has
+installed, so that both columns see the same load on a noisy machine.
 """
 
 import os
@@ -17,16 +17,14 @@ import subprocess
 import sys
 import time
 
-#: Every command of ``milarun`` (kept in step with ``milarun.cli.COMMANDS``).
-COMMANDS = ("run", "jobs", "profile", "slurm", "rerun", "dataset", "devices", "summary",
-            "report")
+from milarun.cli import COMMANDS
 
 
 def once(argv, env):
     """Wall time of one run of ``argv``, in seconds."""
     t0 = time.perf_counter()
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
-                   env=env)
+                   env=env, cwd="/")   # not a tree's folder: ``-m`` puts the cwd first
     return time.perf_counter() - t0
 
 
@@ -40,7 +38,7 @@ def main():
     repeats = int(args[0]) if args else 10
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    trees = [("this tree", env)]
+    trees = [("installed", env)]
     if compare:
         trees.insert(0, ("--compare", dict(env, PYTHONPATH=compare)))
     milarun = [sys.executable, "-m", "milarun"]
