@@ -8,7 +8,6 @@ from pathlib import Path
 
 from ..errors import SetupError
 from .options import flag, option, positional
-from ..outfile import write_atomic
 
 #: What ``--time``, ``--partition`` and ``--account`` may hold (Slurm's own forms).
 _TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}")  # fullmatch: "$" would let a final newline in
@@ -132,6 +131,7 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
     Raises:
         MilarunError: bad profile or options, no dataroot, sbatch missing or refusing.
     """
+    from ..outfile import write_atomic   # here: tempfile costs milarun --help ~5 ms
     from ..profile import load_profile
     from .jobs import check_bounds, default_outdir, resolve_dataroot
 
