@@ -1,9 +1,10 @@
 """Time ``milarun --help`` and every command's ``--help`` (target: at most 100 ms each).
 
 Usage: ``.venv/bin/python benchmarks/cli_startup.py [REPEATS] [--compare DIR]``.
-Prints the median and max wall time, in ms, of ``python -c pass`` (for
-reference), ``milarun --help``, ``milarun --version`` and ``milarun COMMAND
---help`` for every command, over REPEATS runs (default 10).
+Prints the median and max wall time, and the median CPU time (user + system,
+which a loaded machine inflates far less than the wall time), in ms, of
+``python -c pass`` (for reference), ``milarun --help``, ``milarun --version``
+and ``milarun COMMAND --help`` for every command, over REPEATS runs (default 10).
 
 ``--compare DIR``: also time the milarun package found in DIR (a folder holding
 a ``milarun/`` package, e.g. ``git archive BASE milarun | tar -x -C DIR``, put
@@ -12,6 +13,7 @@ installed, so that both columns see the same load on a noisy machine.
 """
 
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -20,12 +22,17 @@ import time
 from milarun.cli import COMMANDS
 
 
+def _cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def once(argv, env):
-    """Wall time of one run of ``argv``, in seconds."""
-    t0 = time.perf_counter()
+    """(wall time, CPU time) of one run of ``argv``, in seconds."""
+    t0, c0 = time.perf_counter(), _cpu()
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
                    env=env, cwd="/")   # not a tree's folder: ``-m`` puts the cwd first
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _cpu() - c0
 
 
 def main():
@@ -46,14 +53,16 @@ def main():
               ("milarun --help", milarun + ["--help"]),
               ("milarun --version", milarun + ["--version"])]
              + [(f"milarun {c} --help", milarun + [c, "--help"]) for c in COMMANDS])
-    header = "".join(f"   {name:>22s}" for name, _ in trees)
-    print(f"{'':24s}{header}\n{'':24s}" + "   median ms   max ms" * len(trees))
+    header = "".join(f"   {name:>31s}" for name, _ in trees)
+    print(f"{'':24s}{header}\n{'':24s}" + "   median ms   max ms   cpu ms" * len(trees))
     for label, argv in cases:
         times = {name: [] for name, _ in trees}
         for _ in range(repeats):
             for name, tree_env in trees:   # interleaved: both see the same load
                 times[name].append(once(argv, tree_env))
-        cols = "".join(f"   {statistics.median(t) * 1000:9.0f} {max(t) * 1000:8.0f}"
+        cols = "".join(f"   {statistics.median(w for w, _ in t) * 1000:9.0f} "
+                       f"{max(w for w, _ in t) * 1000:8.0f} "
+                       f"{statistics.median(c for _, c in t) * 1000:8.0f}"
                        for t in times.values())
         print(f"{label:24s}{cols}", flush=True)
 
