@@ -79,6 +79,7 @@ def command(opts, rest):
     the accelerators the host has whatever its drivers. Exit 2 when the host has
     accelerators that no backend sees (unless --cpu-slots)."""
     cpu_slots = opts.cpu_slots
+
     from .jobs import check_bounds
 
     check_bounds(1, cpu_slots, None)   # --cpu-slots in 1..cores, as milarun jobs says
