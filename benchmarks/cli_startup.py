@@ -1,32 +1,70 @@
-"""Time ``milarun --help`` (target: under 1 s, because the parent never imports torch).
+"""Time ``milarun --help`` and every command's ``--help`` (target: at most 100 ms each).
 
-Usage: ``.venv/bin/python benchmarks/cli_startup.py [REPEATS]``. Prints the
-median and max wall time of ``milarun --help`` and ``milarun jobs --help``
-over REPEATS runs (default 10), plus ``python -c pass`` for reference.
+Usage: ``.venv/bin/python benchmarks/cli_startup.py [REPEATS] [--compare DIR]``.
+Prints the median and max wall time, and the median CPU time (user + system,
+which a loaded machine inflates far less than the wall time), in ms, of
+``python -c pass`` (for reference), ``milarun --help``, ``milarun --version``
+and ``milarun COMMAND --help`` for every command, over REPEATS runs (default 10).
+
+``--compare DIR``: also time the milarun package found in DIR (a folder holding
+a ``milarun/`` package, e.g. ``git archive BASE milarun | tar -x -C DIR``, put
+first on ``PYTHONPATH``), interleaved run by run with the one this Python has
+installed, so that both columns see the same load on a noisy machine.
 """
 
+import os
+import resource
 import statistics
 import subprocess
 import sys
 import time
 
+from milarun.cli import COMMANDS
 
-def timed(argv, repeats):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), max(times)
+
+def _cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def once(argv, env):
+    """(wall time, CPU time) of one run of ``argv``, in seconds."""
+    t0, c0 = time.perf_counter(), _cpu()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+                   env=env, cwd="/")   # not a tree's folder: ``-m`` puts the cwd first
+    return time.perf_counter() - t0, _cpu() - c0
 
 
 def main():
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 10
-    for label, argv in [("python -c pass", [sys.executable, "-c", "pass"]),
-                        ("milarun --help", [sys.executable, "-m", "milarun", "--help"]),
-                        ("milarun jobs --help", [sys.executable, "-m", "milarun", "jobs", "--help"])]:
-        med, worst = timed(argv, repeats)
-        print(f"{label:22s} median {med * 1000:6.0f} ms   max {worst * 1000:6.0f} ms")
+    args = sys.argv[1:]
+    compare = None
+    if "--compare" in args:
+        i = args.index("--compare")
+        compare = os.path.abspath(args[i + 1])
+        del args[i:i + 2]
+    repeats = int(args[0]) if args else 10
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    trees = [("installed", env)]
+    if compare:
+        trees.insert(0, ("--compare", dict(env, PYTHONPATH=compare)))
+    milarun = [sys.executable, "-m", "milarun"]
+    cases = ([("python -c pass", [sys.executable, "-c", "pass"]),
+              ("milarun --help", milarun + ["--help"]),
+              ("milarun --version", milarun + ["--version"])]
+             + [(f"milarun {c} --help", milarun + [c, "--help"]) for c in COMMANDS])
+    header = "".join(f"   {name:>31s}" for name, _ in trees)
+    print(f"{'':24s}{header}\n{'':24s}" + "   median ms   max ms   cpu ms" * len(trees))
+    for label, argv in cases:
+        times = {name: [] for name, _ in trees}
+        for _ in range(repeats):
+            for name, tree_env in trees:   # interleaved: both see the same load
+                times[name].append(once(argv, tree_env))
+        cols = "".join(f"   {statistics.median(w for w, _ in t) * 1000:9.0f} "
+                       f"{max(w for w, _ in t) * 1000:8.0f} "
+                       f"{statistics.median(c for _, c in t) * 1000:8.0f}"
+                       for t in times.values())
+        print(f"{label:24s}{cols}", flush=True)
 
 
 if __name__ == "__main__":

@@ -96,6 +96,44 @@ def test_help_is_fast_and_does_not_import_torch():
     assert out.stdout.split() == ["False", "False"]
 
 
+#: What ``--help`` must not import: torch, coleo and what it pulls in (ptera, giving,
+#: reactivex and asyncio, varname, codefind, which walks every code object), and
+#: the report's and numbers' libraries. It costs hundreds of ms before any help shows.
+HEAVY = ("torch", "coleo", "ptera", "giving", "reactivex", "asyncio", "varname", "codefind",
+         "numpy", "pandas", "jinja2", "matplotlib", "jsonschema")
+
+
+@pytest.mark.parametrize("command", [None, "run", "jobs", "profile", "slurm", "rerun",
+                                     "dataset", "devices", "summary", "report"])
+def test_help_imports_nothing_heavy_and_only_its_command(command):
+    from milarun.cli import COMMANDS
+    assert command is None or command in COMMANDS
+    argv = ["--help"] if command is None else [command, "--help"]
+    code = ("import json, sys\nfrom milarun.cli import main\n"
+            f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+            "print(json.dumps(sorted(sys.modules)), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    modules = set(json.loads(out.stderr.splitlines()[-1]))
+    assert out.stdout.startswith("usage: milarun")
+    assert not {m.split(".")[0] for m in modules} & set(HEAVY)
+    commands = {m.split(".")[2] for m in modules if m.startswith("milarun.cli.")} - {"options"}
+    assert commands == (set(COMMANDS) if command is None else {command})
+
+
+def test_version_prints_the_package_version(capsys):
+    from importlib.metadata import version
+
+    import milarun
+    code, io = run_cli(["--version"], capsys)
+    assert code == 0 and io.err == ""
+    assert io.out == f"milarun {milarun.__version__}\n"
+    assert milarun.__version__ == version("milarun")   # the records carry __version__
+    proc = subprocess.run([sys.executable, "-m", "milarun", "--version"], capture_output=True,
+                          text=True)
+    assert (proc.returncode, proc.stdout) == (0, f"milarun {milarun.__version__}\n")
+
+
 def test_run_then_rerun_with_extra_args(tmp_path):
     first = tmp_path / "first.json"
     subprocess.run([sys.executable, "-m", "milarun", "run", "milarun.models.toy_reg:main",

@@ -2,9 +2,8 @@
 
 import os
 
-from coleo import Option, default, tooled
-
 from ..errors import SetupError
+from .options import flag, option, positional
 
 
 def dataset_table(dataroot=None):
@@ -36,33 +35,32 @@ def dataset_table(dataroot=None):
     return "\n".join(lines) + "\n"
 
 
-@tooled
-def command(rest):
+OPTIONS = (
+    positional("names", "Datasets to prepare (see --list-datasets)", nargs="*"),
+    option("dataroot", "Dataset root (default: $MILARUN_DATAROOT)", aliases=("-d",)),
+    option("size", "Size preset: tiny (tests, CPU) or standard (GPU runs)", default="tiny"),
+    option("seed", "Random seed of the generated data", type=int, default=0),
+    option("count", "Override the number of items (images...) where the builder has one: "
+           "1 to 10,000,000", type=int),
+    option("image_size", "Override the image size where the builder has one: 16 to 4096 "
+           "pixels", type=int),
+    flag("list_datasets", "List the known datasets, their size presets and what DATAROOT "
+         "holds, with sizes on disk"),
+)
+
+
+def command(opts, rest):
     """Prepare datasets in their real on-disk formats (generated, deterministic).
 
     Two builds of one dataset take turns (a lock file, DATAROOT/.NAME.lock); a dataset
     is stamped complete only once its build succeeded."""
-    # Datasets to prepare (see --list-datasets)
-    # [positional: *]
-    names: Option
-    # Dataset root (default: $MILARUN_DATAROOT)
-    # [alias: -d]
-    dataroot: Option = default(None)
-    # Size preset: tiny (tests, CPU) or standard (GPU runs)
-    size: Option = default("tiny")
-    # Random seed of the generated data
-    seed: Option & int = default(0)
-    # Override the number of items (images...) where the builder has one: 1 to 10,000,000
-    count: Option & int = default(None)
-    # Override the image size where the builder has one: 16 to 4096 pixels
-    image_size: Option & int = default(None)
-    # List the known datasets, their size presets and what DATAROOT holds, with sizes on disk
-    list_datasets: Option & bool = default(False)
+    names, size, seed = opts.names, opts.size, opts.seed
+    count, image_size = opts.count, opts.image_size
 
     from .. import datasets
 
-    dataroot = dataroot or os.environ.get("MILARUN_DATAROOT")
-    if list_datasets or not names:
+    dataroot = opts.dataroot or os.environ.get("MILARUN_DATAROOT")
+    if opts.list_datasets or not names:
         print(dataset_table(dataroot), end="")
         return 0
     if not dataroot:

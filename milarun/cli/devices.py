@@ -3,7 +3,7 @@
 import json
 import sys
 
-from coleo import Option, default, tooled
+from .options import flag, option
 
 
 def inventory(cpu_slots=None, root="/", options=None):
@@ -66,27 +66,27 @@ def render(inv):
     return lines
 
 
-@tooled
-def command(rest):
+OPTIONS = (
+    flag("json_", "Print the inventory as JSON", flags=("--json",)),
+    flag("count", "Print only the number of GPUs (none: the --cpu-slots value, else 0)"),
+    option("cpu_slots", "CPU slots to report when no GPU backend sees a device", type=int),
+)
+
+
+def command(opts, rest):
     """Print the devices milarun would test, their backend, driver and runtime, their
     memory, PCI bus id, NUMA node and local CPUs (what the student cgroups use), and
     the accelerators the host has whatever its drivers. Exit 2 when the host has
     accelerators that no backend sees (unless --cpu-slots)."""
-    # Print the inventory as JSON
-    # [options: --json]
-    json_: Option & bool = default(False)
-    # Print only the number of GPUs (none: the --cpu-slots value, else 0)
-    count: Option & bool = default(False)
-    # CPU slots to report when no GPU backend sees a device
-    cpu_slots: Option & int = default(None)
+    cpu_slots = opts.cpu_slots
 
     from .jobs import check_bounds
 
     check_bounds(1, cpu_slots, None)   # --cpu-slots in 1..cores, as milarun jobs says
     inv = inventory(cpu_slots)
-    if count:
+    if opts.count:
         print(len(inv["devices"]) or (cpu_slots or 0))
-    elif json_:
+    elif opts.json_:
         json.dump(inv, sys.stdout, indent=1)
         print()
     else:

@@ -8,9 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
-from coleo import Option, default, tooled
-
 from ..errors import SetupError
+from .options import flag, option, positional
 
 #: Bounds of the numeric options (a typo must not mean a week-long or endless run).
 MAX_REPEAT = 1000
@@ -59,66 +58,53 @@ def check_bounds(repeat, cpu_slots, timeout, join_timeout=None, barrier_timeout=
                              f"not {value}")
 
 
-@tooled
-def command(rest):
+OPTIONS = (
+    positional("profile", "The job profile (JSON)"),
+    option("dataroot", "Dataset root (default: $MILARUN_DATAROOT)", aliases=("-d",)),
+    option("out", "Results directory (default: $MILARUN_OUTROOT/results-<date>); must not hold "
+           "an earlier session", aliases=("-o",)),
+    option("resume", "Resume the session in this results directory: run only the launches "
+           "with no successful record"),
+    option("name", "Run only these tests", nargs="+"),
+    option("select", "Run only the tests with one of these names, groups or tags", nargs="+"),
+    option("exclude", "Leave out the tests with one of these names, groups or tags",
+           nargs="+"),
+    option("repeat", "Number of times to run the suite (1 to 1000)", type=int, default=1),
+    flag("no_cgexec", "Do not wrap tests in their student cgroups"),
+    option("cpu_slots", "On a host without GPUs: number of CPU slots (students) to split the "
+           "host into", type=int),
+    option("timeout", "Timeout of each test in seconds (overrides the profile; at most 7 days)",
+           type=float),
+    flag("dry_run", "Print every command that would run, with its env and cgroup, and run "
+         "nothing"),
+    option("system", "System file (JSON) of the nodes to run on over ssh (see README, "
+           "\"Several nodes\")"),
+    flag("single_node", "Inside a Slurm allocation, run on this host only instead of on every "
+         "node"),
+    option("rdzv_port", "TCP port of the c10d rendezvous on the main node (multi-node tests; "
+           "default: a free one)", type=int),
+    option("join_timeout", "Seconds every node has to join a multi-node test's rendezvous "
+           "(default 120)", type=float),
+    option("barrier_timeout", "Seconds a process of a concurrent test waits at the start "
+           "barrier for the others to finish their set-up (default 600; then it fails with "
+           "barrier-timeout)", type=float),
+)
+
+
+def command(opts, rest):
     """Run every test of a job profile: one process per device, each in its student cgroup.
 
     Arguments after ``--`` are appended to every test's own arguments (for
     example ``-- --max-count 100``). ``--verbose`` shows tracebacks and every
     line the tests print.
     """
-    # The job profile (JSON)
-    # [positional]
-    profile: Option
-    # Dataset root (default: $MILARUN_DATAROOT)
-    # [alias: -d]
-    dataroot: Option = default(None)
-    # Results directory (default: $MILARUN_OUTROOT/results-<date>); must not hold an earlier session
-    # [alias: -o]
-    out: Option = default(None)
-    # Resume the session in this results directory: run only the launches with no successful record
-    resume: Option = default(None)
-    # Run only these tests
-    # [nargs: +]
-    name: Option = default(None)
-    # Run only the tests with one of these names, groups or tags
-    # [nargs: +]
-    select: Option = default(None)
-    # Leave out the tests with one of these names, groups or tags
-    # [nargs: +]
-    exclude: Option = default(None)
-    # Number of times to run the suite (1 to 1000)
-    repeat: Option & int = default(1)
-    # Do not wrap tests in their student cgroups
-    no_cgexec: Option & bool = default(False)
-    # On a host without GPUs: number of CPU slots (students) to split the host into
-    cpu_slots: Option & int = default(None)
-    # Timeout of each test in seconds (overrides the profile; at most 7 days)
-    timeout: Option & float = default(None)
-    # Print every command that would run, with its env and cgroup, and run nothing
-    dry_run: Option & bool = default(False)
-    # System file (JSON) of the nodes to run on over ssh (see docs/multinode.md)
-    system: Option = default(None)
-    # Inside a Slurm allocation, run on this host only instead of on every node
-    single_node: Option & bool = default(False)
-    # TCP port of the c10d rendezvous on the main node (multi-node tests; default: a free one)
-    rdzv_port: Option & int = default(None)
-    # Seconds every node has to join a multi-node test's rendezvous (default 120)
-    join_timeout: Option & float = default(None)
-    # Seconds a process of a concurrent test waits at the start barrier for the others
-    # to finish their set-up (default 600; then it fails with barrier-timeout)
-    barrier_timeout: Option & float = default(None)
-
-    return jobs(profile, rest, dataroot=dataroot, out=out, resume=resume, names=name,
-                repeat=repeat, no_cgexec=no_cgexec, cpu_slots=cpu_slots, timeout=timeout,
-                dry_run=dry_run, verbose=_verbose(), system=system, single_node=single_node,
-                rdzv_port=rdzv_port, join_timeout=join_timeout,
-                barrier_timeout=barrier_timeout, select=select, exclude=exclude)
-
-
-def _verbose():
-    from .. import cli  # set by cli.main from --verbose
-    return cli.VERBOSE
+    return jobs(opts.profile, rest, dataroot=opts.dataroot, out=opts.out, resume=opts.resume,
+                names=opts.name, repeat=opts.repeat, no_cgexec=opts.no_cgexec,
+                cpu_slots=opts.cpu_slots, timeout=opts.timeout, dry_run=opts.dry_run,
+                verbose=opts.verbose, system=opts.system, single_node=opts.single_node,
+                rdzv_port=opts.rdzv_port, join_timeout=opts.join_timeout,
+                barrier_timeout=opts.barrier_timeout, select=opts.select,
+                exclude=opts.exclude)
 
 
 def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, repeat=1,

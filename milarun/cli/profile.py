@@ -3,29 +3,25 @@
 import json
 import sys
 
-from coleo import Option, default, tooled
+from .options import option, positional
 
 
-@tooled
-def command(rest):
+OPTIONS = (
+    positional("profile", "The job profile (JSON)"),
+    option("name", "Only these tests", nargs="+"),
+    option("select", "Only the tests with one of these names, groups or tags", nargs="+"),
+    option("exclude", "Leave out the tests with one of these names, groups or tags",
+           nargs="+"),
+)
+
+
+def command(opts, rest):
     """Print a profile's jobs fully resolved (includes, "*" defaults, inherits and matrix
     applied) as JSON: a plain profile that loads to the same jobs. Launch placeholders
     such as {cpu_per_gpu} stay as written: the plan fills them per launch (see
     ``milarun jobs --dry-run``)."""
-    # The job profile (JSON)
-    # [positional]
-    profile: Option
-    # Only these tests
-    # [nargs: +]
-    name: Option = default(None)
-    # Only the tests with one of these names, groups or tags
-    # [nargs: +]
-    select: Option = default(None)
-    # Leave out the tests with one of these names, groups or tags
-    # [nargs: +]
-    exclude: Option = default(None)
-
-    return print_profile(profile, names=name, select=select, exclude=exclude)
+    return print_profile(opts.profile, names=opts.name, select=opts.select,
+                         exclude=opts.exclude)
 
 
 def resolved_profile(profile, names=None, select=None, exclude=None):

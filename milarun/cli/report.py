@@ -6,53 +6,42 @@ command runs, so ``milarun --help`` stays fast.
 
 import sys
 
-from coleo import Option, default, tooled
+from .options import flag, option, positional
 
 
-@tooled
-def command(rest):
+OPTIONS = (
+    positional("results", "Results directory, or a summary JSON file"),
+    option("weights", "Weights file: {\"suite.test\": {\"weight\": w}} (default: the shipped "
+           "weights of the results' profile, e.g. weights/cpu.json for results of "
+           "profiles/cpu.json; else every test weighs 1)"),
+    flag("unweighted", "Every test weighs 1, even for results of a shipped profile"),
+    option("compare", "Baseline summary to compare with (ours or the 2020 flat format)"),
+    option("price", "Price of one node in dollars: adds RPP = price / score and price / node "
+           "score (the one to quote in a tender: see docs/report.md)", type=float),
+    flag("compare_gpus", "Add per-GPU comparison tables (rate / best GPU of the test)"),
+    flag("compare_nodes", "Compare each node's throughput with the median of the other nodes, "
+         "per test, and flag the slow and the failed nodes"),
+    option("node_threshold", "Percentage below the other nodes' median that makes a node "
+           "SLOW, 0 to 100 (default 5; implies --compare-nodes)", type=float),
+    flag("penalize_variance", "Leave the variance factor (1 - std/mean) out of perf_adj",
+         negate=True),
+    option("title", "Title of the report"),
+    option("html", "Also write a self-contained HTML report to this file"),
+    flag("strict", "Exit with status 1 when a weighted test is missing or has perf_adj 0"),
+    option("throughput", "Throughput scored for tests run as concurrent processes: effective "
+           "(over the interval when all were in steady state) or own (each one's own "
+           "steady state, the 2020 rule)", default="effective"),
+)
+
+
+def command(opts, rest):
     """Print the report table and score of a results directory or summary file."""
-    # Results directory, or a summary JSON file
-    # [positional]
-    results: Option
-    # Weights file: {"suite.test": {"weight": w}} (default: the shipped weights of the
-    # results' profile, e.g. weights/cpu.json for results of profiles/cpu.json; else
-    # every test weighs 1)
-    weights: Option = default(None)
-    # Every test weighs 1, even for results of a shipped profile
-    unweighted: Option & bool = default(False)
-    # Baseline summary to compare with (ours or the 2020 flat format)
-    compare: Option = default(None)
-    # Price of one node in dollars: adds RPP = price / score and price / node score
-    # (the one to quote in a tender: see docs/report.md)
-    price: Option & float = default(None)
-    # Add per-GPU comparison tables (rate / best GPU of the test)
-    compare_gpus: Option & bool = default(False)
-    # Compare each node's throughput with the median of the other nodes, per test,
-    # and flag the slow and the failed nodes
-    compare_nodes: Option & bool = default(False)
-    # Percentage below the other nodes' median that makes a node SLOW, 0 to 100
-    # (default 5; implies --compare-nodes)
-    node_threshold: Option & float = default(None)
-    # Leave the variance factor (1 - std/mean) out of perf_adj
-    # [negate]
-    penalize_variance: Option & bool = default(True)
-    # Title of the report
-    title: Option = default(None)
-    # Also write a self-contained HTML report to this file
-    html: Option = default(None)
-    # Exit with status 1 when a weighted test is missing or has perf_adj 0
-    strict: Option & bool = default(False)
-    # Throughput scored for tests run as concurrent processes: effective (over the
-    # interval when all were in steady state) or own (each one's own steady state,
-    # the 2020 rule)
-    throughput: Option = default("effective")
-
-    return run_report(results, weights=weights, compare=compare, price=price,
-                      compare_gpus=compare_gpus, penalize_variance=penalize_variance,
-                      title=title, html=html, strict=strict, compare_nodes=compare_nodes,
-                      node_threshold=node_threshold, throughput=throughput,
-                      unweighted=unweighted)
+    return run_report(opts.results, weights=opts.weights, compare=opts.compare,
+                      price=opts.price, compare_gpus=opts.compare_gpus,
+                      penalize_variance=opts.penalize_variance, title=opts.title,
+                      html=opts.html, strict=opts.strict, compare_nodes=opts.compare_nodes,
+                      node_threshold=opts.node_threshold, throughput=opts.throughput,
+                      unweighted=opts.unweighted)
 
 
 def run_report(results, strict=False, stdout=None, warn=None, **options):

@@ -17,9 +17,8 @@ import shlex
 import subprocess
 import sys
 
-from coleo import Option, default, tooled
-
 from ..errors import MilarunError, ResultFormatError
+from .options import flag, option, positional
 
 #: The variables a rerun takes from a record's ``environ``: those milarun sets for
 #: a launch (device visibility of :mod:`milarun.accel`, the plan's ``MILARUN_*``
@@ -47,8 +46,18 @@ SAFE_PATH = "-P" if sys.version_info >= (3, 11) else "-I"
 _CGROUP_SPEC = re.compile(r"[a-z_]+(,[a-z_]+)*:/?[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*/?")
 
 
-@tooled
-def command(rest):
+OPTIONS = (
+    positional("result", "The result file to replay"),
+    option("out", "Result directory or .json file (default: print to stdout)", aliases=("-o",)),
+    flag("dry_run", "Print the command and do not run it"),
+    flag("no_cgexec", "Do not run in the original's student cgroup"),
+    flag("yes", "Run a record this host's milarun did not write (read the printed command "
+         "first)"),
+    option("function", "Run this module:function instead of the record's call.function"),
+)
+
+
+def command(opts, rest):
     """Replay the exact command of a result file, with ARGS appended, in the
     original's student cgroup when it exists here (or say why not).
 
@@ -56,23 +65,8 @@ def command(rest):
     A record that this host's milarun did not write (a vendor's, an older
     milarun's, or one changed since) is run only with --yes; without it the
     command is printed and the exit status is 2."""
-    # The result file to replay
-    # [positional]
-    result: Option
-    # Result directory or .json file (default: print to stdout)
-    # [alias: -o]
-    out: Option = default(None)
-    # Print the command and do not run it
-    dry_run: Option & bool = default(False)
-    # Do not run in the original's student cgroup
-    no_cgexec: Option & bool = default(False)
-    # Run a record this host's milarun did not write (read the printed command first)
-    yes: Option & bool = default(False)
-    # Run this module:function instead of the record's call.function
-    function: Option = default(None)
-
-    return rerun(result, rest, out=out, dry_run=dry_run, use_cgexec=not no_cgexec,
-                 yes=yes, function=function)
+    return rerun(opts.result, rest, out=opts.out, dry_run=opts.dry_run,
+                 use_cgexec=not opts.no_cgexec, yes=opts.yes, function=opts.function)
 
 
 def _word(text):

@@ -4,9 +4,8 @@ import json
 import os
 from pathlib import Path
 
-from coleo import Option, default, tooled
-
 from ..errors import MilarunError
+from .options import option, positional
 
 
 def resolve_function(spec):
@@ -36,27 +35,21 @@ def resolve_function(spec):
     return fn
 
 
-@tooled
-def command(rest):
-    """Run one experiment in this process and write its result."""
-    # The experiment to run, as module:function
-    # [positional]
-    function: Option
-    # Result directory, or a file ending in .json (default: print to stdout)
-    # [alias: -o]
-    out: Option = default(None)
-    # Dataset root (default: $MILARUN_DATAROOT)
-    # [alias: -d]
-    dataroot: Option = default(None)
-    # Name of the experiment, suite.job (default: run.<module>)
-    experiment_name: Option = default(None)
-    # Job id, run.device
-    job_id: Option = default("0.0")
-    # JSON object of extra fields for the result
-    extra: Option = default(None)
+OPTIONS = (
+    positional("function", "The experiment to run, as module:function"),
+    option("out", "Result directory, or a file ending in .json (default: print to stdout)",
+           aliases=("-o",)),
+    option("dataroot", "Dataset root (default: $MILARUN_DATAROOT)", aliases=("-d",)),
+    option("experiment_name", "Name of the experiment, suite.job (default: run.<module>)"),
+    option("job_id", "Job id, run.device", default="0.0"),
+    option("extra", "JSON object of extra fields for the result"),
+)
 
-    return run_experiment(function, rest, out=out, dataroot=dataroot,
-                          name=experiment_name, job_id=job_id, extra=extra)
+
+def command(opts, rest):
+    """Run one experiment in this process and write its result."""
+    return run_experiment(opts.function, rest, out=opts.out, dataroot=opts.dataroot,
+                          name=opts.experiment_name, job_id=opts.job_id, extra=opts.extra)
 
 
 def check_out(out):

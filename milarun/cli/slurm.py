@@ -6,10 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from coleo import Option, default, tooled
-
 from ..errors import SetupError
-from ..outfile import UnsafeFileError, own_dir, write_atomic
+from .options import flag, option, positional
 
 #: What ``--time``, ``--partition`` and ``--account`` may hold (Slurm's own forms).
 _TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}")  # fullmatch: "$" would let a final newline in
@@ -78,8 +76,36 @@ def check_options(nodes, gpus_per_node, partition, time, account):
                              "'_', '.', '-')")
 
 
-@tooled
-def command(rest):
+OPTIONS = (
+    positional("profile", "The job profile (JSON)"),
+    option("dataroot", "Dataset root on a filesystem every node sees (default: "
+           "$MILARUN_DATAROOT)", aliases=("-d",)),
+    option("out", "Results directory on a filesystem every node sees (default: "
+           "$MILARUN_OUTROOT/results-<date>)", aliases=("-o",)),
+    option("nodes", "Number of nodes to allocate (1 to 4096)", type=int, default=1),
+    option("gpus_per_node", "GPUs to allocate on each node (sbatch --gpus-per-node)", type=int),
+    option("partition", "Slurm partition"),
+    option("time", "Time limit (Slurm format, e.g. 2:00:00)"),
+    option("account", "Slurm account"),
+    option("cpu_slots", "On CPU nodes: CPU slots (students) per node (passed to milarun jobs)",
+           type=int),
+    option("name", "Run only these tests (passed to milarun jobs)", nargs="+"),
+    option("select", "Run only the tests with one of these names, groups or tags (passed to "
+           "milarun jobs)", nargs="+"),
+    option("exclude", "Leave out the tests with one of these names, groups or tags (passed to "
+           "milarun jobs)", nargs="+"),
+    flag("no_cgexec", "Do not wrap tests in their student cgroups (passed to milarun jobs)"),
+    option("repeat", "Number of times to run the suite (passed to milarun jobs)", type=int),
+    option("timeout", "Timeout of each test in seconds (passed to milarun jobs)", type=float),
+    option("join_timeout", "Seconds every node has to join a multi-node rendezvous (passed to "
+           "milarun jobs)", type=float),
+    option("barrier_timeout", "Seconds a process of a concurrent test waits at the start "
+           "barrier (passed to milarun jobs)", type=float),
+    flag("dry_run", "Print the sbatch script and submit nothing"),
+)
+
+
+def command(opts, rest):
     """Write an sbatch script that runs ``milarun jobs PROFILE`` on Slurm nodes, and submit it.
 
     Inside the allocation every test starts with ``srun`` on the allocation's
@@ -87,54 +113,13 @@ def command(rest):
     them. Arguments after ``--`` are appended to every test's own arguments.
     Prints the Slurm job id and the results folder.
     """
-    # The job profile (JSON)
-    # [positional]
-    profile: Option
-    # Dataset root on a filesystem every node sees (default: $MILARUN_DATAROOT)
-    # [alias: -d]
-    dataroot: Option = default(None)
-    # Results directory on a filesystem every node sees (default: $MILARUN_OUTROOT/results-<date>)
-    # [alias: -o]
-    out: Option = default(None)
-    # Number of nodes to allocate (1 to 4096)
-    nodes: Option & int = default(1)
-    # GPUs to allocate on each node (sbatch --gpus-per-node)
-    gpus_per_node: Option & int = default(None)
-    # Slurm partition
-    partition: Option = default(None)
-    # Time limit (Slurm format, e.g. 2:00:00)
-    time: Option = default(None)
-    # Slurm account
-    account: Option = default(None)
-    # On CPU nodes: CPU slots (students) per node (passed to milarun jobs)
-    cpu_slots: Option & int = default(None)
-    # Run only these tests (passed to milarun jobs)
-    # [nargs: +]
-    name: Option = default(None)
-    # Run only the tests with one of these names, groups or tags (passed to milarun jobs)
-    # [nargs: +]
-    select: Option = default(None)
-    # Leave out the tests with one of these names, groups or tags (passed to milarun jobs)
-    # [nargs: +]
-    exclude: Option = default(None)
-    # Do not wrap tests in their student cgroups (passed to milarun jobs)
-    no_cgexec: Option & bool = default(False)
-    # Number of times to run the suite (passed to milarun jobs)
-    repeat: Option & int = default(None)
-    # Timeout of each test in seconds (passed to milarun jobs)
-    timeout: Option & float = default(None)
-    # Seconds every node has to join a multi-node rendezvous (passed to milarun jobs)
-    join_timeout: Option & float = default(None)
-    # Seconds a process of a concurrent test waits at the start barrier (passed to milarun jobs)
-    barrier_timeout: Option & float = default(None)
-    # Print the sbatch script and submit nothing
-    dry_run: Option & bool = default(False)
-
-    return slurm(profile, rest, dataroot=dataroot, out=out, nodes=nodes,
-                 gpus_per_node=gpus_per_node, partition=partition, time=time, account=account,
-                 cpu_slots=cpu_slots, names=name, no_cgexec=no_cgexec, repeat=repeat,
-                 timeout=timeout, join_timeout=join_timeout, dry_run=dry_run,
-                 barrier_timeout=barrier_timeout, select=select, exclude=exclude)
+    return slurm(opts.profile, rest, dataroot=opts.dataroot, out=opts.out, nodes=opts.nodes,
+                 gpus_per_node=opts.gpus_per_node, partition=opts.partition, time=opts.time,
+                 account=opts.account, cpu_slots=opts.cpu_slots, names=opts.name,
+                 no_cgexec=opts.no_cgexec, repeat=opts.repeat, timeout=opts.timeout,
+                 join_timeout=opts.join_timeout, dry_run=opts.dry_run,
+                 barrier_timeout=opts.barrier_timeout, select=opts.select,
+                 exclude=opts.exclude)
 
 
 def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=None,
@@ -146,6 +131,8 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
     Raises:
         MilarunError: bad profile or options, no dataroot, sbatch missing or refusing.
     """
+    # here: tempfile costs milarun --help ~5 ms
+    from ..outfile import UnsafeFileError, own_dir, write_atomic
     from ..profile import load_profile
     from .jobs import check_bounds, default_outdir, resolve_dataroot
 

@@ -7,22 +7,19 @@ Heavy modules (pandas, matplotlib, jinja2) are never imported here, so
 import json
 import sys
 
-from coleo import Option, default, tooled
-
 from ..errors import MilarunError
+from .options import option, positional
 
 
-@tooled
-def command(rest):
+OPTIONS = (
+    positional("results", "The results directory"),
+    option("out", "Output file (default: print the JSON on stdout)", aliases=("-o",)),
+)
+
+
+def command(opts, rest):
     """Summarize a results directory (versioned JSON; also usable as a baseline)."""
-    # The results directory
-    # [positional]
-    results: Option
-    # Output file (default: print the JSON on stdout)
-    # [alias: -o]
-    out: Option = default(None)
-
-    return run_summary(results, out)
+    return run_summary(opts.results, opts.out)
 
 
 def run_summary(results, out=None, warn=None):
