@@ -186,7 +186,7 @@ def test_sbatch_script_symlink_is_not_written_through(tmp_path):
     out.mkdir()
     victim = write(tmp_path / "victim.txt", "KEEP\n")
     (out / "milarun.sbatch").symlink_to(victim)
-    with pytest.raises(SetupError, match="cannot write the sbatch script: is a symbolic link"):
+    with pytest.raises(SetupError, match="milarun.sbatch: is a symbolic link"):
         slurm_cli.slurm(str(ROOT / "profiles/cpu.json"), [], dataroot=str(tmp_path / "d"),
                         out=str(out), sbatch="/nonexistent/sbatch")
     assert victim.read_text() == "KEEP\n"
