@@ -17,6 +17,8 @@ sample whose end is before its start, makes :func:`steady_state` raise
 float's 1.8e308, and no ratio divides by a rate below 10^-9.
 """
 
+import contextlib
+import contextvars
 import math
 
 #: Length of the steady-state window, in seconds of training time.
@@ -66,6 +68,29 @@ def _column(samples, key):
     return values
 
 
+#: The steady states already computed inside :func:`steady_states_once`:
+#: ``{id(samples): (samples, result)}``, or None outside it.
+_ONCE = contextvars.ContextVar("milarun_steady_states", default=None)
+
+
+@contextlib.contextmanager
+def steady_states_once():
+    """Inside this block, :func:`steady_state` of one samples list (the same list
+    object, default window and tail) is computed once and reused.
+
+    The summary and the HTML report look at each result's steady state from
+    several places (validation, the summary, the anomaly flags, the concurrent
+    waves, the plots); this keeps one computation per result without writing it
+    into the record. The lists must not change inside the block (the readers
+    only read). A sample list that raises is not remembered: it raises again.
+    """
+    token = _ONCE.set({})
+    try:
+        yield
+    finally:
+        _ONCE.reset(token)
+
+
 def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
     """Return ``(rate, chosen, note)``: the steady-state throughput of one result.
 
@@ -112,12 +137,44 @@ def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
             non-numeric one, a sample ends before it starts, or the rate is out
             of range (:func:`check_rate`).
     """
+    once = _ONCE.get()
+    if once is not None and window == STEADY_WINDOW_S and tail == STEADY_TAIL_S:
+        known = once.get(id(samples))
+        if known is not None and known[0] is samples:
+            rate, chosen, note = known[1]
+            return rate, list(chosen), note
+        result = _steady_state(samples, window, tail)
+        # the list is held, so its id cannot be reused by another one meanwhile
+        once[id(samples)] = (samples, result)
+        return result[0], list(result[1]), result[2]
+    return _steady_state(samples, window, tail)
+
+
+#: Types of the numbers a parsed JSON document holds (bool is not one).
+_NUMBER_TYPES = frozenset((int, float))
+
+
+def _first_backwards(samples):
+    """Index of the first sample whose ``end`` is before its ``start`` (both finite
+    numbers), or None. Raises AttributeError when a sample is not a dict."""
+    starts = [s.get("start") for s in samples]
+    ends = [s.get("end") for s in samples]
+    if set(map(type, starts)) <= _NUMBER_TYPES and set(map(type, ends)) <= _NUMBER_TYPES:
+        # all numbers (the usual case): compare first, check finiteness on the few
+        # candidates only (an infinite bound is not a backwards sample)
+        candidates = (i for i, (a, b) in enumerate(zip(starts, ends)) if b < a)
+    else:
+        candidates = range(len(samples))
+    return next((i for i in candidates if finite(starts[i]) and finite(ends[i])
+                 and ends[i] < starts[i]), None)
+
+
+def _steady_state(samples, window, tail):
+    """:func:`steady_state` itself, computed."""
     try:
         steady = [s for s in samples
                   if not s.get("warmup", False) and not s.get("profiled", False)]
-        backwards = next((i for i, s in enumerate(samples)
-                          if finite(s.get("start")) and finite(s.get("end"))
-                          and s["end"] < s["start"]), None)
+        backwards = _first_backwards(samples)
     except AttributeError:
         raise ValueError("a sample is not an object")
     if backwards is not None:
