@@ -94,27 +94,6 @@ def _depth(raw):
     return depth
 
 
-def _written_keys(raw):
-    """How many keys valid JSON ``raw`` (bytes) writes: its colons outside strings."""
-    if b"\\" in raw:
-        raw = _ESCAPE.sub(b"", raw)
-    return _STRING.sub(b"", raw).count(b":")
-
-
-def _key_count(value):
-    """How many keys the objects of parsed JSON ``value`` hold, nested ones included."""
-    if type(value) is dict:
-        count, values = len(value), value.values()
-    elif type(value) is list:
-        count, values = 0, value
-    else:
-        return 0
-    for v in values:
-        if type(v) is dict or type(v) is list:
-            count += _key_count(v)
-    return count
-
-
 def _may_overflow(raw):
     """True when ``raw`` may hold a number beyond a float's range: an exponent of
     three digits or more, or 300 digits in a row (a cheap, conservative test, so
@@ -198,20 +177,10 @@ def parse_json(raw, path=None, error_cls=ResultFormatError):
         raise error_cls(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
                         path=path)
     too_deep = f"nested deeper than {MAX_DEPTH} levels"
-    parse_float = _float if _may_overflow(raw) else float
     try:
-        try:
-            # The C parser alone (a pairs hook doubles the cost); a duplicate key is
-            # then seen as fewer keys parsed than written.
-            data = json.loads(text, parse_constant=_constant, parse_float=parse_float)
-            clean = _key_count(data) == _written_keys(raw)
-        except (ValueError, RecursionError):
-            clean = False
-        if not clean:
-            # Parse again with the hook, which names the first problem in the text.
-            data = json.loads(text, parse_constant=_constant, parse_float=parse_float,
-                              object_pairs_hook=_pairs)
-            raise _Reject("duplicate key")   # fail closed: the counts differ
+        data = json.loads(text, parse_constant=_constant,
+                          parse_float=_float if _may_overflow(raw) else float,
+                          object_pairs_hook=_pairs)
     except json.JSONDecodeError as exc:
         raise error_cls(f"invalid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
                         path=path)
