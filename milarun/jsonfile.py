@@ -355,19 +355,145 @@ def _has_nan(value):
     return False
 
 
+# --- long arrays of flat objects, checked by columns ---------------------------------
+#
+# fastjsonschema checks a rate sample in ~30 Python steps; a record holds hundreds of
+# them. An array whose items are flat objects of typed scalars (rate samples, GPU
+# readings) is checked a column at a time instead (the types of a column, then its
+# least and greatest value), all in C loops. Whatever this cannot vouch for goes
+# through the compiled per-item check, so the answer is always fastjsonschema's.
+
+#: Python types of each JSON Schema type, as parsed JSON holds them (no bool in
+#: "number"; a float in an "integer" column is left to the per-item check).
+_COLUMN_TYPES = {"number": (int, float), "integer": (int,), "boolean": (bool,),
+                 "string": (str,), "null": (type(None),)}
+#: Keywords that say nothing about the value.
+_NOTES = frozenset(("$comment", "x-message", "x-missing", "description", "title"))
+_NUMBERS = frozenset((int, float))
+
+
+def _column_rule(prop):
+    """``(types, minimum, maximum, max_length)`` of a property schema made only of
+    ``type`` (scalars), ``minimum``, ``maximum`` and ``maxLength``; else None."""
+    if not isinstance(prop, dict) or set(prop) - _NOTES - {"type", "minimum", "maximum",
+                                                            "maxLength"}:
+        return None
+    names = prop.get("type")
+    names = [names] if isinstance(names, str) else names
+    if not isinstance(names, list) or not names or any(n not in _COLUMN_TYPES for n in names):
+        return None
+    bounds = [prop.get(k) for k in ("minimum", "maximum")]
+    if any(b is not None and type(b) not in (int, float) for b in bounds):
+        return None
+    length = prop.get("maxLength")
+    if length is not None and type(length) is not int:
+        return None
+    return (frozenset(t for n in names for t in _COLUMN_TYPES[n]), *bounds, length)
+
+
+def _column_checker(items):
+    """A predicate ``list -> bool`` that is True only when every element follows
+    ``items`` (a flat object schema: ``type: object``, ``required``, ``properties``
+    of :func:`_column_rule`), or None for any other schema. False means "not
+    vouched for", not "invalid". An element with a key outside ``properties`` is
+    not vouched for."""
+    if (not isinstance(items, dict) or items.get("type") != "object"
+            or set(items) - _NOTES - {"type", "required", "properties",
+                                      "additionalProperties"}
+            or not isinstance(items.get("properties"), dict)):
+        return None
+    rules = {k: _column_rule(p) for k, p in items["properties"].items()}
+    required = items.get("required", [])
+    if None in rules.values() or not isinstance(required, list):
+        return None
+    known, required = frozenset(rules), frozenset(required)
+
+    def check(array):
+        if set(map(type, array)) != {dict}:
+            return not array
+        # key tuples hash faster than key sets; the items share one or two orders
+        shapes = set(map(frozenset, set(map(tuple, array))))
+        if not all(required <= keys <= known for keys in shapes):
+            return False
+        everywhere = frozenset.intersection(*shapes)
+        for key, (types, low, high, length) in rules.items():
+            if key in everywhere:
+                column = [d[key] for d in array]
+            elif any(key in keys for keys in shapes):
+                column = [d[key] for d in array if key in d]
+            else:
+                continue
+            seen = set(map(type, column))
+            if not seen <= types:
+                return False
+            if low is not None or high is not None:
+                numbers = (column if seen <= _NUMBERS
+                           else [v for v in column if type(v) in _NUMBERS])
+                # a NaN makes min/max give NaN or skip it: the test then fails or
+                # holds for the other values (the NaN walk has the last word)
+                if numbers and ((low is not None and not min(numbers) >= low)
+                                or (high is not None and not max(numbers) <= high)):
+                    return False
+            if length is not None and str in seen:
+                if max(len(v) for v in column if type(v) is str) > length:
+                    return False
+        return True
+
+    return check
+
+
+def _split_columns(schema):
+    """``(schema', arrays)``: ``schema`` without the ``items`` of the arrays that
+    :func:`_column_checker` can check, and those arrays as ``(keys, checker, items)``:
+    the property names that lead to the array from the document's root, its
+    checker and its items schema. Only arrays reached through ``properties``
+    (which always apply) are taken."""
+    arrays = []
+
+    def walk(node, keys):
+        if not isinstance(node, dict):
+            return node
+        if (node.get("type") == "array" and "prefixItems" not in node
+                and _column_checker(node.get("items")) is not None):
+            arrays.append((keys, _column_checker(node["items"]), node["items"]))
+            return {k: v for k, v in node.items() if k != "items"}
+        if isinstance(node.get("properties"), dict):
+            node = {**node, "properties": {k: walk(v, keys + (k,))
+                                           for k, v in node["properties"].items()}}
+        return node
+
+    return walk(schema, ()), arrays
+
+
 def _accepts(schema):
-    """The predicate ``value -> bool`` "``schema`` (inlined) accepts ``value``",
-    compiled by fastjsonschema once per schema object."""
+    """The predicate ``(value, nan_free=False) -> bool`` "``schema`` (inlined) accepts
+    ``value``", compiled by fastjsonschema once per schema object. ``nan_free``: the
+    caller knows ``value`` holds no NaN (see :func:`first_error`)."""
     entry = _fast_cache.get(id(schema))
     if entry is None:
         import fastjsonschema
 
         # Our Draft 2020-12 schemas use only keywords with the same meaning in
         # draft 7 (fastjsonschema's default); inlined, they hold no $ref.
-        validate = fastjsonschema.compile(_fast_schema(schema), use_default=False,
-                                          detailed_exceptions=False)
+        fast = _fast_schema(schema)
+        rest, arrays = _split_columns(fast)
+        whole = fastjsonschema.compile(rest, use_default=False, detailed_exceptions=False)
+        arrays = [(keys, check, fastjsonschema.compile(items, use_default=False,
+                                                       detailed_exceptions=False))
+                  for keys, check, items in arrays]
 
-        def accepts(value):
+        def validate(value):
+            """fastjsonschema's check of ``value`` against ``fast``, long arrays by column."""
+            whole(value)
+            for keys, check, item in arrays:
+                array = value
+                for key in keys:
+                    array = array.get(key) if isinstance(array, dict) else None
+                if isinstance(array, (list, tuple)) and not check(array):
+                    for element in array:
+                        item(element)
+
+        def accepts(value, nan_free=False):
             try:
                 validate(value)
             except fastjsonschema.JsonSchemaValueException:
@@ -375,7 +501,7 @@ def _accepts(schema):
             except TypeError:       # e.g. a non-str key of an in-memory dict
                 pass
             else:
-                if not _has_nan(value):
+                if nan_free or not _has_nan(value):
                     return True
             # NaN passes every bound. Files cannot hold one (parse_json), but
             # in-memory documents can (write_summary checks before finite_json):
@@ -392,15 +518,20 @@ def accepts(data, ref):
     return _accepts(_inlined(ref))(data)
 
 
-def first_error(data, ref):
+def first_error(data, ref, nan_free=False):
     """Check ``data`` against schema ``ref`` (see :func:`validator`).
+
+    ``nan_free``: True when ``data`` cannot hold a NaN, because it comes from
+    :func:`parse_json` (which refuses NaN and infinities) or was made finite by
+    the writer; the second walk that looks for one is then skipped (it is most
+    of the cost of checking a large valid document). Every other check is the same.
 
     Returns:
         None when valid, else ``(key_path, message)``: ``key_path`` is the list
         of keys and indices to the offending value (a missing or unknown key
         included) and ``message`` one human line.
     """
-    if _accepts(_inlined(ref))(data):
+    if _accepts(_inlined(ref))(data, nan_free):
         return None     # valid: jsonschema is not even imported
     from jsonschema.exceptions import best_match
 
@@ -428,15 +559,17 @@ def _depth_of_key(error):
     return len(error.absolute_path) + named_key
 
 
-def check(data, ref, path=None, error_cls=ResultFormatError, key_prefix=None):
+def check(data, ref, path=None, error_cls=ResultFormatError, key_prefix=None,
+          nan_free=False):
     """Validate ``data`` against schema ``ref``; return ``data`` when valid.
+    ``nan_free``: as for :func:`first_error`.
 
     Raises:
         error_cls: one line ``<path>: <key.path>: <message>`` for the most
             relevant error (``key_prefix``, e.g. a group name, is put in
             front of the key path).
     """
-    found = first_error(data, ref)
+    found = first_error(data, ref, nan_free)
     if found is None:
         return data
     keys, message = found

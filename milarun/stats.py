@@ -17,7 +17,10 @@ sample whose end is before its start, makes :func:`steady_state` raise
 float's 1.8e308, and no ratio divides by a rate below 10^-9.
 """
 
+import contextlib
+import contextvars
 import math
+import operator
 
 #: Length of the steady-state window, in seconds of training time.
 STEADY_WINDOW_S = 10.0
@@ -55,15 +58,42 @@ def finite(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+#: Types of the numbers a parsed JSON document holds (bool is not one).
+_NUMBER_TYPES = frozenset((int, float))
+
+
 def _column(samples, key):
-    """The ``key`` field of every sample, checked to be numbers (one pass, no calls)."""
+    """The ``key`` field of every sample, checked to be numbers (C loops only)."""
     try:
         values = [s[key] for s in samples]
     except (KeyError, TypeError):
         raise ValueError(f"a sample has no {key!r}")
-    if not all(type(v) is float or type(v) is int for v in values):
+    if not set(map(type, values)) <= _NUMBER_TYPES:
         raise ValueError(f"a sample's {key!r} is not a number")
     return values
+
+
+#: The steady states already computed inside :func:`steady_states_once`:
+#: ``{id(samples): (samples, result)}``, or None outside it.
+_ONCE = contextvars.ContextVar("milarun_steady_states", default=None)
+
+
+@contextlib.contextmanager
+def steady_states_once():
+    """Inside this block, :func:`steady_state` of one samples list (the same list
+    object, default window and tail) is computed once and reused.
+
+    The summary and the HTML report look at each result's steady state from
+    several places (validation, the summary, the anomaly flags, the concurrent
+    waves, the plots); this keeps one computation per result without writing it
+    into the record. The lists must not change inside the block (the readers
+    only read). A sample list that raises is not remembered: it raises again.
+    """
+    token = _ONCE.set({})
+    try:
+        yield
+    finally:
+        _ONCE.reset(token)
 
 
 def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
@@ -112,12 +142,42 @@ def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
             non-numeric one, a sample ends before it starts, or the rate is out
             of range (:func:`check_rate`).
     """
+    once = _ONCE.get()
+    if once is not None and window == STEADY_WINDOW_S and tail == STEADY_TAIL_S:
+        known = once.get(id(samples))
+        if known is not None and known[0] is samples:
+            rate, chosen, note = known[1]
+            return rate, list(chosen), note
+        result = _steady_state(samples, window, tail)
+        # the list is held, so its id cannot be reused by another one meanwhile
+        once[id(samples)] = (samples, result)
+        return result[0], list(result[1]), result[2]
+    return _steady_state(samples, window, tail)
+
+
+def _first_backwards(samples):
+    """Index of the first sample whose ``end`` is before its ``start`` (both finite
+    numbers), or None. Raises AttributeError when a sample is not a dict."""
+    starts = [s.get("start") for s in samples]
+    ends = [s.get("end") for s in samples]
+    if set(map(type, starts)) <= _NUMBER_TYPES and set(map(type, ends)) <= _NUMBER_TYPES:
+        # all numbers (the usual case): compare in C first, check finiteness on the
+        # few candidates only (an infinite bound is not a backwards sample)
+        if not any(map(operator.lt, ends, starts)):
+            return None
+        candidates = (i for i, (a, b) in enumerate(zip(starts, ends)) if b < a)
+    else:
+        candidates = range(len(samples))
+    return next((i for i in candidates if finite(starts[i]) and finite(ends[i])
+                 and ends[i] < starts[i]), None)
+
+
+def _steady_state(samples, window, tail):
+    """:func:`steady_state` itself, computed."""
     try:
         steady = [s for s in samples
                   if not s.get("warmup", False) and not s.get("profiled", False)]
-        backwards = next((i for i, s in enumerate(samples)
-                          if finite(s.get("start")) and finite(s.get("end"))
-                          and s["end"] < s["start"]), None)
+        backwards = _first_backwards(samples)
     except AttributeError:
         raise ValueError("a sample is not an object")
     if backwards is not None:
@@ -126,33 +186,33 @@ def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
                          f"start {s['start']!r}")
     if not steady:
         return None, [], NONE
-    spans = list(zip(_column(steady, "start"), _column(steady, "end"),
-                     _column(steady, "count"), steady))
-    last_end = max(end for _, end, _, _ in spans)
-    hi = last_end - tail
+    starts, ends, counts = (_column(steady, "start"), _column(steady, "end"),
+                            _column(steady, "count"))
+    everyone = range(len(steady))
+    hi = max(ends) - tail
     lo = hi - window
-    first_start = min(start for start, _, _, _ in spans)
-    if first_start <= lo:
-        chosen = [sp for sp in spans if sp[0] >= lo and sp[1] <= hi]
+    if min(starts) <= lo:
+        chosen = [i for i, start, end in zip(everyone, starts, ends) if start >= lo and end <= hi]
         note = FULL
     else:
-        chosen = [sp for sp in spans if sp[1] <= hi]
+        chosen = [i for i, end in zip(everyone, ends) if end <= hi]
         note = SHORT
         if not chosen:
-            chosen = spans
+            chosen = everyone
     if not chosen:
         # Full window but no sample inside it (samples longer than the window).
-        chosen = [sp for sp in spans if sp[1] <= hi] or spans
+        chosen = [i for i, end in zip(everyone, ends) if end <= hi] or everyone
         note = SHORT
-    duration = sum(end - start for start, end, _, _ in chosen)
+    # summed in sample order, as always: the same floats to the last bit
+    duration = sum(ends[i] - starts[i] for i in chosen)
     if duration <= 0:
         return None, [], NONE
-    items = sum(count for _, _, count, _ in chosen)
+    items = sum(counts[i] for i in chosen)
     try:
         rate = items / duration
     except OverflowError:   # an int count beyond a float
         rate = math.inf
-    return check_rate(rate), [sp[3] for sp in chosen], note
+    return check_rate(rate), [steady[i] for i in chosen], note
 
 
 def describe(values):

@@ -209,6 +209,8 @@ def _host_gpus(host):
             for i, g in enumerate(host.get("gpus") or []) if isinstance(g, dict)}
 
 
+# validation, the summary, the flags and the waves share each result's steady state
+@stats.steady_states_once()
 def summarize(records, skipped=(), warn=None):
     """Group result records by test and compute their statistics.
 

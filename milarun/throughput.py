@@ -72,7 +72,7 @@ def _num(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def steady_span(samples, tail=stats.STEADY_TAIL_S):
+def steady_span(samples, tail=stats.STEADY_TAIL_S, note=None):
     """``(lo, hi)``: the time (s, the samples' clock) a result was in its steady state.
 
     From the start of its first non-warm-up sample to the end of its last
@@ -80,10 +80,14 @@ def steady_span(samples, tail=stats.STEADY_TAIL_S):
     sample; the final second is left out as in :func:`milarun.stats.steady_state`);
     when that leaves nothing, to ``T``. None without a non-warm-up sample.
 
+    ``note``: the note of :func:`milarun.stats.steady_state` of ``samples`` when
+    the caller has computed it (and so checked the samples); else it is computed.
+
     Raises:
         ValueError: a malformed sample (as :func:`milarun.stats.steady_state`).
     """
-    _, _, note = stats.steady_state(samples)  # validates the samples
+    if note is None:
+        _, _, note = stats.steady_state(samples)  # validates the samples
     if note == stats.NONE:
         return None
     steady = [s for s in samples if not s.get("warmup", False)]
@@ -167,9 +171,9 @@ def wave(members, min_overlap=MIN_OVERLAP):
     """
     own, spans = {}, {}
     for m in members:
-        rate, _, _ = stats.steady_state(m["samples"])
+        rate, _, note = stats.steady_state(m["samples"])
         own[m["label"]] = rate
-        span = steady_span(m["samples"])
+        span = steady_span(m["samples"], note=note)
         if m["anchor"] is None:
             raise ValueError(f"process {m['label']!r} has no start time")
         spans[m["label"]] = None if span is None else (m["anchor"] + span[0],

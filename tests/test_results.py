@@ -72,3 +72,68 @@ def test_iter_results_yields_errors_for_corrupt_files(tmp_path):
     assert len(found) == 2
     err = found[tmp_path / "trunc.json"]
     assert isinstance(err, ResultFormatError) and "invalid JSON" in str(err)
+
+
+def _accepted_per_item(record):
+    """fastjsonschema's answer with every sample checked on its own (no columns)."""
+    import fastjsonschema
+
+    from milarun import jsonfile
+
+    check = fastjsonschema.compile(jsonfile._fast_schema(jsonfile._inlined("result")),
+                                   use_default=False, detailed_exceptions=False)
+    try:
+        check(record)
+    except fastjsonschema.JsonSchemaValueException:
+        return False
+    return True
+
+
+def test_sample_columns_give_the_per_item_answer():
+    # the samples and GPU readings are checked by column (milarun.jsonfile); any
+    # value the columns cannot vouch for goes through the per-item check
+    import copy
+    import random
+
+    from milarun.jsonfile import accepts
+
+    rec = new_result("s.t")
+    rec["timings"]["train"]["samples"] = [
+        {"start": 0.5 * i, "end": 0.5 * i + 0.5, "count": 10, "rate": 20.0, "warmup": i < 2}
+        for i in range(12)]
+    rec["gpu_monitor"] = {"available": True, "reason": None, "interval": 1.0, "samples": [
+        {"t": float(i), "device": 0, "load": 50.0, "memory_mib": 10.0, "power": 100.0}
+        for i in range(6)]}
+    values = [None, True, False, -1, -1.0, 0, 2.5, 3.0, 1e9, 1e9 + 1, 1e13, 1e16, 2**60,
+              "x", [], {}, float("inf")]
+    keys = ["start", "end", "count", "rate", "warmup", "profiled", "loss", "extra", "t",
+            "device", "load", "error"]
+    rng = random.Random(0)
+    answers = set()
+    for _ in range(300):
+        r = copy.deepcopy(rec)
+        array = rng.choice([r["timings"]["train"]["samples"], r["gpu_monitor"]["samples"]])
+        i = rng.randrange(len(array))
+        if rng.random() < 0.8:
+            array[i][rng.choice(keys)] = rng.choice(values)
+        elif rng.random() < 0.5:
+            del array[i][rng.choice(sorted(array[i]))]
+        else:
+            array[i] = rng.choice(values)
+        answer = accepts(r, "result")
+        assert answer == _accepted_per_item(r), array[i]
+        answers.add(answer)
+    assert answers == {True, False}
+
+
+def test_a_bad_sample_is_named_by_its_index(tmp_path):
+    rec = new_result("s.t")
+    rec["timings"]["train"]["samples"] = [
+        {"start": 0.0, "end": 1.0, "count": 1, "rate": 1.0, "warmup": False}] * 3
+    rec["timings"]["train"]["samples"][2] = {**rec["timings"]["train"]["samples"][2],
+                                             "rate": -5}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(rec))
+    with pytest.raises(ResultFormatError, match=r"timings\.train\.samples\.2\.rate: must be "
+                                                r">= 0, not -5"):
+        load_result(path)

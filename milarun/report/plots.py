@@ -62,6 +62,8 @@ class Plotter:
             self.fig.savefig(buf, format="svg", metadata={"Date": None})
         return _XML_HEAD.sub("", buf.getvalue(), count=1)
 
+    # the flags and the band share each result's steady state
+    @stats.steady_states_once()
     def throughput(self, records):
         """Return ``(svg, legend, marks)``: throughput over time for one test, one line
         per device.

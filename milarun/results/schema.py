@@ -188,10 +188,12 @@ _MIGRATIONS = {
 }
 
 
-def migrate(record, path=None):
+def migrate(record, path=None, parsed=False):
     """Bring ``record`` up to FORMAT_VERSION through the migration chain, then validate it.
 
     The input is never modified: an old record is copied before its steps run.
+    ``parsed``: ``record`` comes from :func:`milarun.jsonfile.parse_json` (see
+    :func:`validate`).
 
     Raises:
         ResultFormatError: not a record, a version newer than ours or unknown,
@@ -220,18 +222,21 @@ def migrate(record, path=None):
             raise ResultFormatError(f"cannot migrate from format version {version} "
                                     f"({exc.__class__.__name__}: {exc})"[:200], path=path)
         version = rec["version"]
-    return validate(rec, path)
+    return validate(rec, path, parsed=parsed)
 
 
-def validate(record, path=None):
+def validate(record, path=None, parsed=False):
     """Check a current-version record against ``result.schema.json``; return it.
 
     The writer calls this before writing, so a record that would not read
-    back is never written.
+    back is never written. ``parsed``: ``record`` comes from
+    :func:`milarun.jsonfile.parse_json` or :func:`milarun.results.store.finite_json`,
+    so it holds no NaN and the walk that looks for one is skipped (the schema
+    check is the same).
 
     Raises:
         ResultFormatError: one line ``<path>: <key.path>: <message>`` for the
             most relevant problem (e.g. ``timings.train.samples.3.rate: must be
             >= 0, not -5``).
     """
-    return check(record, "result", path=path, error_cls=ResultFormatError)
+    return check(record, "result", path=path, error_cls=ResultFormatError, nan_free=parsed)

@@ -124,7 +124,7 @@ def write_result(record, out):
     """
     from . import trust
 
-    validate(finite_json(record))
+    validate(finite_json(record), parsed=True)
     out = Path(out)
     if out.suffix == ".json":
         path = out
@@ -147,7 +147,7 @@ def load_result(path):
             deep, or not a valid result record; the message names the file and
             the key.
     """
-    return migrate(read_json(path, error_cls=ResultFormatError), path=path)
+    return migrate(read_json(path, error_cls=ResultFormatError), path=path, parsed=True)
 
 
 def inside(root, path):
