@@ -141,7 +141,7 @@ def test_when_the_two_schema_engines_disagree_the_document_is_refused(monkeypatc
     from milarun import jsonfile
 
     # The fast engine refuses, jsonschema finds nothing: fail closed, never "valid".
-    monkeypatch.setattr(jsonfile, "_accepts", lambda schema: (lambda value: False))
+    monkeypatch.setattr(jsonfile, "_accepts", lambda schema: (lambda value, *rest: False))
     found = jsonfile.first_error("gpu", "common#/$defs/name")
     assert found is not None and "schema" in found[1]
 
