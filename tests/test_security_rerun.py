@@ -247,7 +247,7 @@ def test_no_home_means_no_registry_not_one_in_the_current_folder(tmp_path, monke
 
 @pytest.mark.parametrize("where", ["argv", "dataroot"])
 def test_option_values_are_never_evaluated(tmp_path, capfd, where):
-    # coleo evaluates ":module:code" for every option not typed str; milarun.options
+    # coleo evaluates ":module:code" for every option not typed str; milarun.bench.literal_options
     # takes every value literally, for the workloads' options and milarun's own
     marker = tmp_path / "evaluated"
     payload = f":os:system('touch {marker}') or 0.01"

@@ -15,7 +15,7 @@ from .. import hostfacts, isolation, validation
 from ..barrier import ENV_PREFIX
 from ..errors import MilarunError, ResultFormatError
 from ..jsonfile import check
-from ..options import make_cli
+from .literal_options import make_cli
 from ..results.journal import Journal
 from ..results.schema import new_result
 from ..results.store import journal_path, result_filename, write_result

@@ -6,8 +6,8 @@ coleo turns an option value of the form ``:module:code`` into
 ``call.argv`` or ``dataroot``, replayed by ``milarun rerun``, or a profile's
 ``arguments``, would then run whatever Python a vendor wrote. milarun never
 uses that feature: every value is a string converted by its declared type
-(``int``, ``float``, ...), nothing else. Both command-line entry points (the
-``milarun`` commands and the workloads' options) take ``make_cli`` from here.
+(``int``, ``float``, ...), nothing else. The workloads' options (the only CLI
+milarun still builds with coleo) take ``make_cli`` from here.
 """
 
 import coleo.cli as _coleo_cli
