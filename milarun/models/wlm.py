@@ -87,6 +87,26 @@ class BPTTBatches:
             yield data[i:i + n], data[i + 1:i + 1 + n]
 
 
+def cpu_bf16_lstm_supported(torch):
+    """Whether this CPU can run a bf16 LSTM under autocast (bool).
+
+    PyTorch runs a CPU LSTM through oneDNN, whose bf16 LSTM needs AVX-512: on
+    an AVX2-only CPU (e.g. AMD Zen 1-3) the first step raises "could not create
+    a primitive descriptor". The probe runs one forward pass of a 1-unit LSTM.
+    """
+    rnn = torch.nn.LSTM(1, 1)
+    try:
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+            rnn(torch.zeros(1, 1, 1))
+    except RuntimeError:
+        return False
+    return True
+
+
+BF16_LSTM_REFUSED = ("--precision bf16 with --model LSTM needs a CPU whose oneDNN runs bf16 "
+                     "LSTMs (AVX-512); this one does not: use GRU or fp32")
+
+
 def _detach(h):
     if isinstance(h, tuple):
         return tuple(x.detach() for x in h)
@@ -122,6 +142,10 @@ def train(exp):
 
     device = init_torch(exp)
     autocast = set_precision(device, precision)
+    if (device.type == "cpu" and precision == "bf16" and model == "LSTM"
+            and not cpu_bf16_lstm_supported(torch)):
+        # Refused before training: the failure record then names the cause, not oneDNN's text.
+        raise ValueError(BF16_LSTM_REFUSED)
     corpus = Corpus(require(exp.dataroot, "wikitext2"), splits=("train",))
     ntokens = len(corpus.dictionary)
     ids = torch.from_numpy(corpus.train)
