@@ -216,9 +216,20 @@ def run_script(tmp_path, *args, timeout=240):
 
 
 def test_cpu_run_writes_its_figures_and_skips_the_cuda_only_checks(tmp_path):
+    """One CPU run of every check. Its lite pass runs toy_reg of profiles/lite.json (its
+    counts overridden by the short arguments) and two fault workloads beside it, one that
+    passes and one that crashes: that FAIL must fail the lite check, the overall verdict
+    and the exit status."""
+    profile = tmp_path / "lite-plus.json"
+    profile.write_text(json.dumps({
+        "include": [str(ROOT / "profiles" / "lite.json")],
+        "ok": {"experiment": "milarun.models.faults:crawl",
+               "arguments": {"--step-seconds": 0.01, "--per-step": 1}},
+        "boom": {"experiment": "milarun.models.faults:crash"}}))
     (tmp_path / "data").mkdir()
     proc, report = run_script(
-        tmp_path, "-d", str(tmp_path / "data"), "--lite-name", "toy_reg",
+        tmp_path, "-d", str(tmp_path / "data"), "--lite-profile", str(profile),
+        "--lite-name", "toy_reg", "ok", "boom",
         "--cgroup-experiment", "milarun.models.faults:crawl", "--rate-pairs", "2")
     assert report is not None, proc.stderr
     assert report["version"] == 1 and report["device"] == "cpu"
@@ -244,41 +255,36 @@ def test_cpu_run_writes_its_figures_and_skips_the_cuda_only_checks(tmp_path):
     assert checks["nvml"]["verdict"] == "SKIP" and "NVIDIA" in checks["nvml"]["parts"][0]["reason"]
     assert checks["ddp"]["verdict"] == "SKIP"
     assert all("NCCL" in p["reason"] for p in checks["ddp"]["parts"])
-    # lite: toy_reg of profiles/lite.json, its counts overridden by the short arguments
+    # lite: one verdict per test, from its record
     lite = {p["name"]: p for p in checks["lite"]["parts"]}
+    assert set(lite) == {"toy_reg", "ok", "boom", "milarun jobs"}
     assert lite["toy_reg"]["verdict"] == "PASS", lite
     assert lite["toy_reg"]["figures"]["records"] == 1
-    assert lite["milarun jobs"]["verdict"] == "PASS"
+    assert lite["toy_reg"]["figures"]["items_s"][0] > 0
+    assert lite["ok"]["verdict"] == "PASS"
+    assert lite["boom"]["verdict"] == "FAIL" and "deliberate crash" in lite["boom"]["reason"]
+    assert lite["milarun jobs"]["verdict"] == "FAIL" and lite["milarun jobs"]["figure"] == 1
+    assert checks["lite"]["verdict"] == "FAIL"
     # cgroups: PASS in student0 where this host has it, else SKIP with the dry run's line
     wave = checks["cgroups"]["parts"][0]
     assert wave["verdict"] in ("PASS", "SKIP"), wave
     if wave["verdict"] == "PASS":
-        assert wave["figures"]["cgroups"][0].find("student0") >= 0
+        assert "student0" in wave["figures"]["cgroups"][0]
     else:
         assert wave["reason"].startswith("milarun jobs --dry-run refuses")
-    assert report["verdict"] in ("PASS", "SKIP")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines[-1].startswith(f"gpu_check: {report['verdict']}")
-    assert any(line.startswith("SKIP  nvml") for line in lines)
-
-
-def test_a_failing_lite_test_fails_the_check_and_the_exit_status(tmp_path):
-    profile = tmp_path / "tiny.json"
-    fast = {"--step-seconds": 0.01, "--per-step": 1}
-    profile.write_text(json.dumps({
-        "ok": {"experiment": "milarun.models.faults:crawl", "arguments": fast},
-        "boom": {"experiment": "milarun.models.faults:crash"}}))
-    (tmp_path / "data").mkdir()
-    proc, report = run_script(tmp_path, "--only", "lite,nvml", "-d", str(tmp_path / "data"),
-                              "--lite-profile", str(profile))
+    # one FAIL anywhere: the overall verdict and the exit status
+    assert report["verdict"] == "FAIL"
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    lite = {p["name"]: p for p in report["checks"]["lite"]["parts"]}
-    assert lite["ok"]["verdict"] == "PASS"
-    assert lite["boom"]["verdict"] == "FAIL" and "crash" in lite["boom"]["reason"]
-    assert report["checks"]["lite"]["verdict"] == "FAIL" and report["verdict"] == "FAIL"
-    assert set(report["checks"]) == {"lite", "nvml"}       # --only
-    assert "FAIL  lite" in proc.stdout
+    lines = proc.stdout.splitlines()
+    assert lines[-1].startswith("gpu_check: FAIL")
+    assert "SKIP  nvml" in proc.stdout and "FAIL  lite" in proc.stdout
+    assert any(line.strip().startswith("FAIL  boom") for line in lines)
+
+
+def test_only_and_skip_pick_the_checks(tmp_path):
+    proc, report = run_script(tmp_path, "--only", "nvml,ddp,rate", "--skip", "rate")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert list(report["checks"]) == ["nvml", "ddp"] and report["verdict"] == "SKIP"
 
 
 def test_ddp_and_fsdp_steps_over_gloo(tmp_path):
