@@ -102,6 +102,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -394,7 +395,12 @@ def check_matmul(args, T, work, state):
             "--device", T.device.type, "--size", str(size), "--precisions", ",".join(precisions),
             "--max-count", "1", "--min-steady", str(args.matmul_steady), "--warmup", "2",
             "--sample-duration", "0.5"]
-    proc = milarun_cli(argv, timeout=300)
+    env = {}
+    if cuda:      # the GPU of the bare loop (cuda:0 here), numbered as NVML numbers it
+        spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+        env = {"CUDA_VISIBLE_DEVICES": spec.split(",")[0].strip() if spec else "0",
+               "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    proc = milarun_cli(argv, timeout=300, env=env)
     after = {p: bare_tflops(T, p, size, seconds) for p in precisions}
     parts = []
     rec = None
@@ -492,16 +498,20 @@ def check_nvml(args, T, state):
             False, inv.get("backend"), "backend nvidia with devices",
             f"milarun sees backend {inv.get('backend')!r}: {inv.get('tried')}")))
     ntorch = torch.cuda.device_count()
-    for d in devices:
+    # milarun lists the visible GPUs in CUDA_VISIBLE_DEVICES order, which is torch's
+    # (CUDA_DEVICE_ORDER=PCI_BUS_ID): its k-th device is cuda:k, whatever its NVML index
+    nvml_of = {}                                  # torch index -> NVML index
+    for k, d in enumerate(devices):
         idx = d["index"]
         h = nv.nvmlDeviceGetHandleByIndex(idx)
         nv_uuid = _uuid(nv.nvmlDeviceGetUUID(h))
         nv_bdf = _bdf(nv.nvmlDeviceGetPciInfo(h).busId)
-        if idx >= ntorch:
+        if k >= ntorch:
             parts.append(_part(f"gpu{idx} identity", verdict_bool(
                 False, None, "torch sees it", f"torch sees {ntorch} device(s)")))
             continue
-        props = torch.cuda.get_device_properties(idx)
+        nvml_of[k] = idx
+        props = torch.cuda.get_device_properties(k)
         t_uuid = _uuid(props.uuid)
         t_bdf = (props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
         same = (nv_uuid == _uuid(d.get("uuid") or "") == t_uuid
@@ -509,57 +519,69 @@ def check_nvml(args, T, state):
         parts.append(_part(f"gpu{idx} identity", verdict_bool(
             same, d.get("pci_bus_id"), "UUID and PCI bus id agree: NVML, milarun, torch",
             f"NVML {nv_uuid} {nv_bdf}, milarun {d.get('uuid')} {d.get('pci_bus_id')}, "
-            f"torch cuda:{idx} {t_uuid} {t_bdf}"),
-            nvml_uuid=nv_uuid, torch_uuid=t_uuid, milarun_uuid=d.get("uuid")))
-    # readings under load: a fp16 matmul on every torch device
+            f"torch cuda:{k} {t_uuid} {t_bdf}"),
+            nvml_uuid=nv_uuid, torch_uuid=t_uuid, milarun_uuid=d.get("uuid"), torch_index=k))
+    # readings under load: a fp16 matmul on every torch device, NVML read by a thread
+    # (pynvml's ctypes calls release the GIL, so the load keeps being queued meanwhile)
     count = ntorch
-    handles = {i: nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)}
+    handles = {nvml_of.get(k, k): nv.nvmlDeviceGetHandleByIndex(nvml_of.get(k, k))
+               for k in range(count)}
     size = args.nvml_size
     mats = []
-    for i in range(count):
-        dev = torch.device("cuda", i)
+    for k in range(count):
+        dev = torch.device("cuda", k)
         a = torch.randn(size, size, device=dev, dtype=torch.float16)
         mats.append((dev, a, torch.empty_like(a)))
-    series = {i: {"t": [], "p": [], "e": [], "sm": [], "mem": []} for i in range(count)}
-
-    def sample():
-        for i, h in handles.items():
-            s = series[i]
-            s["t"].append(time.perf_counter())
-            s["p"].append(nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
-            s["e"].append(nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0)
-            s["sm"].append(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
-            s["mem"].append(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
-
-    warm = 2.0
-    t0 = time.perf_counter()
-    next_sample = t0 + warm
+    series = {i: {"t": [], "p": [], "e": [], "sm": [], "mem": []} for i in handles}
     errors = []
-    while time.perf_counter() - t0 < warm + args.nvml_seconds:
-        for dev, a, c in mats:
-            for _ in range(4):
-                torch.matmul(a, a, out=c)
-        for dev, _, _ in mats:                    # at most 4 matmuls queued per GPU
-            torch.cuda.synchronize(dev)
-        if time.perf_counter() >= next_sample:
+    stop = threading.Event()
+
+    def sampler():
+        while not stop.wait(args.nvml_interval):
             try:
-                sample()
+                for i, h in handles.items():
+                    s = series[i]
+                    t = time.perf_counter()
+                    p = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+                    e = nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
+                    sm = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
+                    mem = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)
+                    for key, v in zip(("t", "p", "e", "sm", "mem"), (t, p, e, sm, mem)):
+                        s[key].append(v)
             except Exception as exc:          # an NVML error is a finding, not a crash
                 errors.append(f"{exc.__class__.__name__}: {exc}")
-                break
-            next_sample += args.nvml_interval
-    del mats
+                return
+
+    warm = 2.0                                    # load first, then sample
+    t0 = time.perf_counter()
+    thread = None
+    try:
+        while time.perf_counter() - t0 < warm + args.nvml_seconds and not errors:
+            if thread is None and time.perf_counter() - t0 >= warm:
+                thread = threading.Thread(target=sampler, daemon=True)
+                thread.start()
+            for dev, a, c in mats:
+                for _ in range(4):
+                    torch.matmul(a, a, out=c)
+            for dev, _, _ in mats:                # at most 4 matmuls queued per GPU
+                torch.cuda.synchronize(dev)
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join()
+        del mats
     if errors:
         parts.append(_part("readings", verdict_bool(False, None, "NVML readings", errors[0])))
-    for i in range(count):
-        h = handles[i]
+    for i, h in handles.items():
         s = series[i]
+        n = min(len(s[k]) for k in s)             # an error may cut a row short
+        s = {k: v[:n] for k, v in s.items()}
         try:
             limit = nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
         except Exception:
             limit = None
         sub, figs = energy_parts([t - t0 for t in s["t"]], s["p"], s["e"], limit) \
-            if s["t"] else ([verdict_bool(False, None, "readings", "no reading")], {})
+            if n else ([verdict_bool(False, None, "readings", "no reading")] * 3, {})
         for name, v in zip(("power", "energy monotonic", "energy vs power"), sub):
             parts.append(_part(f"gpu{i} {name}", v, **(figs if name == "energy vs power" else {})))
         try:
