@@ -79,7 +79,8 @@ Checks (``--only`` / ``--skip`` take their names, comma-separated):
     (``cpuset,memory:student{device}``, as the shipped profiles):
     ``milarun jobs --dry-run`` first; when it refuses (no student cgroups, no
     cgexec) the check is SKIP with its line. Else PASS when every device's
-    record is a success and names its own ``student<device>`` cgroup.
+    record is a success and names its own ``student<device>`` cgroup
+    (``--cgroup-experiment`` swaps the workload; the tests use a torch-free one).
 
 Usage::
 
@@ -390,6 +391,8 @@ def check_matmul(args, T, work, state):
         precisions = args.matmul_precisions.split(",")
     seconds = args.matmul_seconds
     before = {p: bare_tflops(T, p, size, seconds) for p in precisions}
+    if cuda:
+        T.torch.cuda.empty_cache()      # leave the child the memory this process cached
     out = Path(work) / "matmul.json"
     argv = ["run", "milarun.models.matmul:main", "-o", str(out), "--",
             "--device", T.device.type, "--size", str(size), "--precisions", ",".join(precisions),
@@ -655,10 +658,13 @@ def check_lite(args, T, work):
     for job in jobs:
         mine = [r for r in records if r.get("job_name") == job]
         failed = [r for r in mine if not r["success"]]
-        rates = [steady_rate(r.get("timings", {}).get("train", {}).get("samples", []))
-                 for r in mine]
+        rates = [steady_rate(((r.get("timings") or {}).get("train") or {}).get("samples")
+                             or []) for r in mine]
         if not mine:
-            v = verdict_bool(False, 0, "every record says success", "no record written")
+            said = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if job in ln]
+            v = verdict_bool(False, 0, "every record says success",
+                             "no record written" + (f"; milarun jobs said: {said[-1]}"
+                                                    if said else ""))
         else:
             why = "; ".join(f"{r['job_id']}: {(r.get('error') or {}).get('reason')}: "
                             f"{str((r.get('error') or {}).get('message'))[:200]}"

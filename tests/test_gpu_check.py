@@ -215,6 +215,7 @@ def run_script(tmp_path, *args, timeout=240):
     return proc, report
 
 
+@pytest.mark.slow
 def test_cpu_run_writes_its_figures_and_skips_the_cuda_only_checks(tmp_path):
     """One CPU run of every check. Its lite pass runs toy_reg of profiles/lite.json (its
     counts overridden by the short arguments) and a fault workload beside it that crashes:
@@ -283,6 +284,7 @@ def test_only_and_skip_pick_the_checks(tmp_path):
     assert list(report["checks"]) == ["nvml", "ddp"] and report["verdict"] == "SKIP"
 
 
+@pytest.mark.slow
 def test_ddp_and_fsdp_steps_over_gloo(tmp_path):
     """The ddp check's torchrun worker (the NCCL path's code, over gloo on 2 CPU ranks)."""
     proc, report = run_script(tmp_path, "--only", "ddp", "--cpu-dist")
