@@ -335,17 +335,17 @@ def check_rate(args, T):
                 got["inst"], got["steady"], got["windows"] = instrumented_rate(
                     T, step, steps, batch, window)
         pairs.append(got)
-    ratios = [p["inst"] / p["bare"] for p in pairs if _positive(p["inst"]) and _positive(p["bare"])]
+    ratios = [p["inst"] / p["bare"] for p in pairs
+              if _positive(p["inst"]) and _positive(p["bare"])]
     ratio = statistics.median(ratios) if ratios else None
-    v = verdict_within(ratio, 1.0, RATE_TOLERANCE, "instrumented/bare") if ratio \
-        else verdict_within(None, 1.0, RATE_TOLERANCE, "instrumented/bare")
+    v = verdict_within(ratio, 1.0, RATE_TOLERANCE, "instrumented/bare")
     figures = {"width": width, "batch": batch, "depth": 4, "steps": steps, "step_s": step_s,
                "sample_duration_s": window,
                "pairs": [{"instrumented_items_s": p["inst"], "bare_items_s": p["bare"],
                           "instrumented_steady_items_s": p["steady"],
                           "windows": p["windows"]} for p in pairs],
                "ratios": ratios}
-    return [_part("instrumented/bare", on_cpu(v, T.device.type), **figures)]
+    return [_part("instrumented/bare", on_cpu(v, "cuda" if cuda else T.device.type), **figures)]
 
 
 # --------------------------------------------------------------------------- matmul
@@ -395,7 +395,8 @@ def check_matmul(args, T, work, state):
         T.torch.cuda.empty_cache()      # leave the child the memory this process cached
     out = Path(work) / "matmul.json"
     argv = ["run", "milarun.models.matmul:main", "-o", str(out), "--",
-            "--device", T.device.type, "--size", str(size), "--precisions", ",".join(precisions),
+            "--device", "cuda" if cuda else T.device.type, "--size", str(size),
+            "--precisions", ",".join(precisions),
             "--max-count", "1", "--min-steady", str(args.matmul_steady), "--warmup", "2",
             "--sample-duration", "0.5"]
     env = {}
@@ -422,7 +423,8 @@ def check_matmul(args, T, work, state):
         ref = (before[p] + after[p]) / 2
         got = rec.get("metrics", {}).get(f"tflops_{p}")
         v = verdict_at_least(got, ref, MATMUL_MIN_RATIO, f"{p} milarun/bare")
-        parts.append(_part(p, on_cpu(v, T.device.type), size=size, milarun_tflops=got,
+        parts.append(_part(p, on_cpu(v, "cuda" if cuda else T.device.type), size=size,
+                           milarun_tflops=got,
                            bare_tflops_before=before[p], bare_tflops_after=after[p],
                            bare_tflops=ref))
     return parts

@@ -205,6 +205,88 @@ def test_nvml_check_with_fakes_fails_a_slow_counter_and_swapped_gpus(gc, monkeyp
     assert gc.combine(list(parts.values())) == "FAIL"
 
 
+# --------------------------------------------------------------------------- CUDA paths, faked
+
+class FakeEvent:
+    """torch.cuda.Event on the host clock: record() reads perf_counter, elapsed_time in ms."""
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1000.0
+
+
+class CudaOnCpuTorch:
+    """Real torch (CPU tensors) whose ``cuda`` namespace is a fake with events."""
+
+    def __init__(self):
+        import torch
+
+        self._torch = torch
+        self.cuda = types.SimpleNamespace(Event=FakeEvent, synchronize=lambda dev=None: None,
+                                          empty_cache=lambda: None)
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+
+def fake_cuda_T():
+    import torch
+
+    return types.SimpleNamespace(cuda=True, device=torch.device("cpu"), torch=CudaOnCpuTorch(),
+                                 sync=lambda: None)
+
+
+def test_rate_check_on_the_cuda_path_gives_a_verdict(gc):
+    """The CUDA branch (CudaEventTimer, events turned into seconds) with fake events: a
+    PASS or a FAIL (the noise of a shared CPU decides which), never a SKIP."""
+    args = gc.parse(["--rate-seconds", "0.2", "--rate-pairs", "2", "--rate-width", "16"])
+    (part,) = gc.check_rate(args, fake_cuda_T())
+    assert part["verdict"] in ("PASS", "FAIL") and part["figure"] > 0
+    assert part["figures"]["batch"] == 2048 and part["figures"]["width"] == 16
+    for pair in part["figures"]["pairs"]:
+        assert pair["windows"] >= 2 and pair["instrumented_items_s"] > 0
+
+
+def test_matmul_check_on_the_cuda_path_reads_the_record(gc, monkeypatch, tmp_path):
+    """Four precisions on the CUDA path, milarun's record faked at 3x the bare loop for fp16
+    (PASS: faster is fine) and 1/1000 of it for bf16 (FAIL; far from the CPU's noise); the
+    child runs on the bare loop's GPU."""
+    seen = {}
+
+    def fake_cli(argv, timeout, env=None):
+        seen["argv"], seen["env"] = argv, env
+        out = Path(argv[argv.index("-o") + 1])
+        bare = {p: gc.bare_tflops(T, p, 32, 0.05) for p in gc.PRECISIONS}
+        scale = {"fp32": 1.0, "tf32": 1.0, "fp16": 3.0, "bf16": 0.001}
+        out.write_text(json.dumps({"success": True, "metrics": {
+            f"tflops_{p}": bare[p] * scale[p] for p in gc.PRECISIONS}}))
+        return types.SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    T = fake_cuda_T()
+    monkeypatch.setattr(gc, "milarun_cli", fake_cli)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    args = gc.parse(["--matmul-size", "32", "--matmul-seconds", "0.05", "--matmul-steady", "1"])
+    state = {}
+    parts = {p["name"]: p for p in gc.check_matmul(args, T, tmp_path, state)}
+    assert list(parts) == list(gc.PRECISIONS)
+    assert parts["fp16"]["verdict"] == "PASS"           # faster than bare: fine
+    assert parts["bf16"]["verdict"] == "FAIL" and "below 0.97" in parts["bf16"]["reason"]
+    assert seen["env"] == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert seen["argv"][seen["argv"].index("--device") + 1] == "cuda"
+    assert state["matmul_record"]["success"]
+
+
 # --------------------------------------------------------------------------- the script on CPU
 
 def run_script(tmp_path, *args, timeout=240):
