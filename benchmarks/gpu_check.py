@@ -2,7 +2,8 @@
 
 **Status: written against the real torch 2.13 and nvidia-ml-py APIs, but it has
 not yet run on a GPU**; only its CPU mode (``--device cpu``) has run, in
-``tests/test_gpu_check.py``.
+``tests/test_gpu_check.py``, and its CUDA branches against fakes (fake CUDA
+events, a fake NVML, fake torch device properties).
 
 Each check ends in PASS, FAIL or SKIP, with its figure, its target and, for a
 SKIP or a FAIL, the reason. ``--out FILE`` writes every figure as one JSON file;
