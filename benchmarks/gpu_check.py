@@ -281,6 +281,23 @@ def mlp_step(T, width, batch, depth=4):
     return step
 
 
+def repeats_for(T, work, seconds, least=3):
+    """How many calls of ``work()`` last about ``seconds``: timed (synchronize +
+    perf_counter) over 1, 2, 4, … calls until a tenth of ``seconds`` has passed, so one
+    call that happened to be fast (or slow) does not set the count."""
+    k = 1
+    while True:
+        T.sync()
+        t0 = time.perf_counter()
+        for _ in range(k):
+            work()
+        T.sync()
+        dt = time.perf_counter() - t0
+        if dt >= seconds / 10 or k >= 1 << 20:
+            return max(least, math.ceil(k * seconds / max(dt, 1e-9))), dt / k
+        k *= 2
+
+
 def bare_rate(T, step, steps, batch):
     """Items/s of ``steps`` steps timed with synchronize + perf_counter."""
     T.sync()
@@ -317,13 +334,7 @@ def check_rate(args, T):
     step = mlp_step(T, width, batch)
     for _ in range(5):                                   # warm-up: kernels, allocator
         step()
-    T.sync()
-    t0 = time.perf_counter()
-    for _ in range(5):
-        step()
-    T.sync()
-    step_s = (time.perf_counter() - t0) / 5
-    steps = max(20, math.ceil(args.rate_seconds / step_s))
+    steps, step_s = repeats_for(T, step, args.rate_seconds, least=20)
     window = min(0.5, args.rate_seconds / 8)
     pairs = []
     for i in range(args.rate_pairs):
@@ -368,11 +379,7 @@ def bare_tflops(T, precision, size, seconds):
     try:
         for _ in range(3):
             torch.matmul(a, b, out=c)
-        T.sync()
-        t0 = time.perf_counter()
-        torch.matmul(a, b, out=c)
-        T.sync()
-        n = max(3, math.ceil(seconds / max(time.perf_counter() - t0, 1e-6)))
+        n, _ = repeats_for(T, lambda: torch.matmul(a, b, out=c), seconds)
         T.sync()
         t0 = time.perf_counter()
         for _ in range(n):

@@ -240,6 +240,18 @@ class CudaOnCpuTorch:
         return getattr(self._torch, name)
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread, as the script's CPU mode: two threads of tiny matmuls on a
+    loaded 2-core host spin for milliseconds each."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def fake_cuda_T():
     import torch
 
@@ -247,7 +259,7 @@ def fake_cuda_T():
                                  sync=lambda: None)
 
 
-def test_rate_check_on_the_cuda_path_gives_a_verdict(gc):
+def test_rate_check_on_the_cuda_path_gives_a_verdict(gc, one_thread):
     """The CUDA branch (CudaEventTimer, events turned into seconds) with fake events: a
     PASS or a FAIL (the noise of a shared CPU decides which), never a SKIP."""
     args = gc.parse(["--rate-seconds", "0.2", "--rate-pairs", "2", "--rate-width", "16"])
@@ -258,7 +270,7 @@ def test_rate_check_on_the_cuda_path_gives_a_verdict(gc):
         assert pair["windows"] >= 2 and pair["instrumented_items_s"] > 0
 
 
-def test_matmul_check_on_the_cuda_path_reads_the_record(gc, monkeypatch, tmp_path):
+def test_matmul_check_on_the_cuda_path_reads_the_record(gc, monkeypatch, tmp_path, one_thread):
     """Four precisions on the CUDA path, milarun's record faked at 3x the bare loop for fp16
     (PASS: faster is fine) and 1/1000 of it for bf16 (FAIL; far from the CPU's noise); the
     child runs on the bare loop's GPU."""
