@@ -225,21 +225,51 @@ class NvidiaBackend(Backend):
                 "runtime_name": "CUDA"}
 
     def read(self, device):
-        """Memory in MiB and temperature in °C (NVML errors raise); load in %, power in W
-        (mW / 1000) and energy in J (mJ / 1000) where the GPU supports them."""
+        """A :class:`Reading`: memory used in MiB (bytes / 2**20), temperature in °C,
+        load in %, power in W (mW / 1000) and energy in J (mJ / 1000).
+
+        Each reading is taken on its own: one that raises (``NotSupported`` on some
+        boards and vGPU guests, ``nvmlDeviceGetTemperature``, deprecated and due to go
+        in CUDA 14) or that this pynvml lacks is left out, and the others, the energy
+        counter included, are kept. A MIG instance's reading holds its memory and its
+        GPU's temperature only (module docstring).
+
+        Raises:
+            the first NVML error, when every reading failed (the monitor then records
+            an error row).
+        """
         nv = self._init()
         h, parent, mig = device.handle
-        used = nv.nvmlDeviceGetMemoryInfo(h).used / 2**20
-        temperature = nv.nvmlDeviceGetTemperature(parent, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+        errors = []
+
+        def get(name, *args):
+            fn = getattr(nv, name, None)
+            if fn is None:
+                return None
+            try:
+                return fn(*args)
+            except Exception as exc:
+                errors.append(exc)
+                return None
+
+        memory = get("nvmlDeviceGetMemoryInfo", h)
+        used = getattr(memory, "used", None)
+        used = None if used is None else used / 2**20
+        temperature = get("nvmlDeviceGetTemperature", parent,
+                          getattr(nv, "NVML_TEMPERATURE_GPU", 0))
         if mig:
-            return Reading(memory_mib=used, temperature=temperature)
-        # NotSupported on some boards and vGPU guests: left out, not an error row
-        energy = _call(nv, "nvmlDeviceGetTotalEnergyConsumption", h)
-        util = _call(nv, "nvmlDeviceGetUtilizationRates", h)
-        power = _call(nv, "nvmlDeviceGetPowerUsage", h)
-        return Reading(load=getattr(util, "gpu", None), memory_mib=used,
-                       temperature=temperature, power=None if power is None else power / 1000.0,
-                       energy=None if energy is None else energy / 1000.0)
+            reading = Reading(memory_mib=used, temperature=temperature)
+        else:
+            energy = get("nvmlDeviceGetTotalEnergyConsumption", h)
+            util = get("nvmlDeviceGetUtilizationRates", h)
+            power = get("nvmlDeviceGetPowerUsage", h)
+            reading = Reading(load=getattr(util, "gpu", None), memory_mib=used,
+                              temperature=temperature,
+                              power=None if power is None else power / 1000.0,
+                              energy=None if energy is None else energy / 1000.0)
+        if errors and all(v is None for v in vars(reading).values()):
+            raise errors[0]
+        return reading
 
     def facts(self, device):
         from ..hostfacts import gpu_facts
