@@ -218,17 +218,19 @@ class NvidiaBackend(Backend):
             else:
                 found.append(("mig",) + migs[key])
         empty = [i for i, inst in enumerate(per_gpu) if inst == []]
+        why = []
         if not found and empty:
-            self.reason = (f"GPU {', '.join(map(str, empty))} in MIG mode with no MIG instance "
-                           "(create some: nvidia-smi mig -cgi … -C, or turn MIG mode off)")
-        elif count and not entries and not skipped:   # the user's choice: say so
-            self.reason = (f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
-                           f"hides every GPU ({count} on the host)")
-        if skipped:   # said whether or not other GPUs were found (milarun devices shows it)
-            self.reason = "; ".join(
-                f"GPU {i} skipped, it cannot be opened ({why}): a device cgroup, a container "
+            why.append(f"GPU {', '.join(map(str, empty))} in MIG mode with no MIG instance "
+                       "(create some: nvidia-smi mig -cgi … -C, or turn MIG mode off)")
+        elif count > len(skipped) and not entries:   # the user's choice: say so
+            why.append(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
+                       f"hides every GPU ({count} on the host)")
+        # said whether or not other GPUs were found (milarun devices shows it)
+        why += [f"GPU {i} skipped, it cannot be opened ({err}): a device cgroup, a container "
                 f"or the permissions of /dev/nvidia{i} keep it from this user"
-                for i, why in sorted(skipped.items()))
+                for i, err in sorted(skipped.items())]
+        if why:
+            self.reason = "; ".join(why)
         mig_mode = any(kind == "mig" for kind, _, _ in found)
         out = []
         for n, (kind, gpu, h) in enumerate(found):
