@@ -129,15 +129,24 @@ def max_over_ranks(n, device):
 
 
 def agree_on_counts(exp, world):
-    """Make the ranks agree on every raise of the count target (``--min-steady``).
+    """Make the ranks take every stop decision together (``--min-steady``).
 
     The rate logger (``exp.rate``, created by ``dataloop``/``iteration_wrapper``)
-    may raise its count target from the rate this rank measured; every rank
-    must take the same target or one would wait forever in the gradient
-    all-reduce, so the raise is reduced with MAX. A no-op in a world of one.
+    decides at its count target whether to go on; every rank must decide the
+    same, on the same step, or one would wait forever in the gradient
+    all-reduce while another stops. So at that step every rank all-reduces
+    its shortfall (items) with MAX, and all extend iff the result is > 0, by
+    that many items (:meth:`RateLogger._extend`).
+
+    Only rank 0 times: its samples are the record's. The other ranks'
+    loggers :meth:`~milarun.bench.rate.RateLogger.follow` (no device sync at
+    window boundaries, a shortfall vote of 0), unless ``--profile-trace``
+    needs their windows. A no-op in a world of one.
     """
     if world.size > 1:
         exp.rate.agree = lambda extra: max_over_ranks(extra, world.device)
+        if world.rank != 0 and exp.rate.tracer is None:
+            exp.rate.follow()
 
 
 __all__ = ["World", "process_group", "max_over_ranks", "agree_on_counts"]
