@@ -19,6 +19,9 @@ class FakeExp:
     def gather_hosts(self):
         return None
 
+    def gather_monitors(self):
+        return None
+
 
 @pytest.fixture
 def fake_dist(monkeypatch):
@@ -114,3 +117,31 @@ def test_only_rank_0_times_its_windows():
         assert exp.rate.agree is not None
         assert isinstance(exp.rate.timer, PerfCounterTimer) is follows
         assert exp.rate.votes is not follows
+
+
+@pytest.mark.parametrize("local_rank,started", [("1", False), ("0", True), (None, True)])
+def test_only_local_rank_0_samples_the_nodes_gpus(monkeypatch, local_rank, started):
+    # Item 12: every torchrun rank sampled all of the node's GPUs; only LOCAL_RANK 0 does
+    # now (a per-GPU launch has no LOCAL_RANK: it samples its own GPU).
+    from milarun.bench import experiment
+
+    starts = []
+
+    class Fake:
+        def __init__(self, **kw):
+            pass
+
+        def start(self):
+            starts.append(self)
+            return self
+
+    monkeypatch.setattr(experiment, "GPUMonitor", Fake)
+    monkeypatch.setattr(experiment, "HostLoadMonitor", Fake)
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    exp = experiment.Experiment("s.t")
+    exp.options = {"no_instrument": False, "monitor_interval": 1.0}
+    exp.start_monitor()
+    assert bool(starts) is started

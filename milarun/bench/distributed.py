@@ -83,7 +83,8 @@ def process_group(exp, device, backend="auto"):
     start barrier's (``--barrier-timeout``), during which the other ranks wait
     in a collective for rank 0.
 
-    On leaving without an error, every rank meets at a barrier (so no rank
+    On leaving without an error, every node's GPU readings go to rank 0
+    (:meth:`Experiment.gather_monitors`), every rank meets at a barrier (so no rank
     closes its connections while another still has work in flight), then the
     group is destroyed; after an error it is destroyed at once, as the other
     ranks may never reach a barrier.
@@ -132,6 +133,7 @@ def process_group(exp, device, backend="auto"):
         exp.gather_hosts()
         exp.metrics.update({"world_size": size, "backend": backend, "rank": rank})
         yield World(size, rank, local_rank, local_size, backend, device)
+        exp.gather_monitors()
         dist.barrier()
     finally:
         dist.destroy_process_group()
