@@ -35,6 +35,7 @@ def fake_dist(monkeypatch):
     monkeypatch.setattr(dist, "destroy_process_group", lambda: None)
     monkeypatch.setattr(dist, "barrier", lambda: None)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.update(set_device=device))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     threads = torch.get_num_threads()
     yield calls
     torch.set_num_threads(threads)
@@ -145,3 +146,19 @@ def test_only_local_rank_0_samples_the_nodes_gpus(monkeypatch, local_rank, start
     exp.options = {"no_instrument": False, "monitor_interval": 1.0}
     exp.start_monitor()
     assert bool(starts) is started
+
+
+def test_several_mig_instances_in_one_whole_node_test_are_refused_with_one_line(monkeypatch,
+                                                                                 fake_dist):
+    # Item 12: CUDA shows a process one MIG instance; rank 1 would die on set_device.
+    import torch
+
+    from milarun.bench.setup import WrongDevice
+
+    _torchrun_env(monkeypatch, local_rank=1, local_size=2,
+                  CUDA_VISIBLE_DEVICES="MIG-aaaa,MIG-bbbb")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(WrongDevice, match="2 MIG instances cannot work"):
+        with distributed.process_group(FakeExp(), torch.device("cuda")):
+            pass
+    assert "set_device" not in fake_dist and "backend" not in fake_dist

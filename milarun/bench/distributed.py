@@ -109,6 +109,7 @@ def process_group(exp, device, backend="auto"):
     torch.set_num_threads(threads)
     exp.result["host"]["threads"] = threads
     if device.type == "cuda":
+        check_local_device(torch, local_rank)
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         exp.device = device
@@ -137,6 +138,31 @@ def process_group(exp, device, backend="auto"):
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def check_local_device(torch, local_rank, environ=None):
+    """Check that this rank's GPU, ``cuda:LOCAL_RANK``, exists.
+
+    Raises:
+        WrongDevice: it does not; with several MIG instances in
+            ``CUDA_VISIBLE_DEVICES`` the one line says why (CUDA gives a process
+            one MIG instance, the first listed, so a whole-node test cannot
+            spread its ranks over MIG instances: run them as per-GPU tests).
+    """
+    from .setup import WrongDevice
+
+    environ = os.environ if environ is None else environ
+    count = torch.cuda.device_count()
+    if local_rank < count:
+        return
+    visible = [v for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    migs = [v for v in visible if v.strip().startswith("MIG-")]
+    if len(migs) > 1:
+        raise WrongDevice(f"a whole-node test over {len(migs)} MIG instances cannot work: CUDA "
+                          "gives a process one MIG instance, so LOCAL_RANK "
+                          f"{local_rank} has no GPU; run MIG instances as a per-gpu test")
+    raise WrongDevice(f"LOCAL_RANK {local_rank} has no GPU: torch sees {count} "
+                      f"(CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES')!r})")
 
 
 def rank_threads(cpuset_threads, local_size):
