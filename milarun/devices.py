@@ -90,7 +90,9 @@ def from_accelerators(backend, found, cores=None):
 
 def find_gpus(backends=GPU_BACKENDS, options=None):
     """``(Devices or None, {backend: why it saw nothing})``: the first backend with
-    visible devices. ``options``: per backend name, keyword arguments (tests)."""
+    visible devices; its own entry, when it has one, says which devices it skipped
+    and why (an NVIDIA GPU that cannot be opened). ``options``: per backend name,
+    keyword arguments (tests)."""
     reasons = {}
     for name in backends:
         try:
@@ -100,6 +102,8 @@ def find_gpus(backends=GPU_BACKENDS, options=None):
             reasons[name] = f"{exc.__class__.__name__}: {exc}"
             continue
         if found:
+            if getattr(backend, "reason", None):   # devices it skipped
+                reasons[name] = backend.reason
             return from_accelerators(name, found), reasons
         reasons[name] = getattr(backend, "reason", None) or "no visible device"
     return None, reasons

@@ -20,6 +20,13 @@ mean power is ``P = sum over its GPUs of E / (b - a)`` (W), its energy per
 item ``J/item = P / rate`` (``rate`` the steady-state throughput, items/s)
 and ``items/J = rate / P``.
 
+A record of a job over several nodes (``multi-node``, ``node-progression``)
+sums over every node's GPUs: its monitor readings carry ``"node"`` (gathered to
+rank 0, :func:`milarun.bench.monitor.merge_node_monitors`), and a record whose
+readings do not cover each of its nodes (``gpu_monitor.nodes_sampled`` short of
+its node count, or a record from before the gathering) has no energy, with the
+reason, never one node's energy over every node's items.
+
 A node's power in a test is the sum of its results' powers in one run
 (the per-GPU processes run at once), averaged over runs; its J/item is the
 energy of its results over their items.
@@ -90,6 +97,30 @@ def device_energy(readings, a, b):
     return None
 
 
+def record_nodes(record):
+    """Nodes one record's rate was measured over: its ``node_count``, or the nodes its
+    ``distributed`` job gathered, whichever is larger (1 without either)."""
+    count = record.get("node_count")
+    count = count if isinstance(count, int) and not isinstance(count, bool) else 1
+    names = (record.get("distributed") or {}).get("node_names")
+    return max(1, count, len(names) if isinstance(names, list) else 0)
+
+
+def _nodes_missing(record, monitor):
+    """Why a multi-node record's readings do not cover all of its nodes, or None."""
+    nodes = record_nodes(record)
+    if nodes <= 1:
+        return None
+    sampled = monitor.get("nodes_sampled")
+    sampled = sampled if isinstance(sampled, int) and not isinstance(sampled, bool) else 1
+    if sampled >= nodes:
+        return None
+    gaps = monitor.get("node_gaps")
+    return (f"GPU readings of {sampled} of the job's {nodes} nodes only"
+            + (f" ({gaps})" if isinstance(gaps, str) and gaps else "")
+            + ": the energy of the others is unknown")
+
+
 def result_energy(record):
     """Power and energy of one successful result over its steady state.
 
@@ -97,7 +128,9 @@ def result_energy(record):
     "rate", "source", "gpus"}`` (``energy_j`` and ``items`` over the chosen
     samples' duration; ``source`` ``"counter"``, ``"power"`` or ``"mixed"``;
     ``gpus`` the number of GPUs summed), or ``{"reason": why}`` when not
-    available: no GPU monitor, no steady state, or readings that do not cover it.
+    available: no GPU monitor, no steady state, readings that do not cover it, or
+    (a record over several nodes) readings that miss a node. ``gpus`` counts every
+    node's GPUs; ``power_w`` is the job's, summed over them (W).
     """
     monitor = record.get("gpu_monitor") or {}
     if not monitor.get("available"):
@@ -108,17 +141,22 @@ def result_energy(record):
         return {"reason": "malformed samples"}
     if not rate or a is None or b <= a:
         return {"reason": "no steady state"}
+    missing = _nodes_missing(record, monitor)
+    if missing:
+        return {"reason": missing}
     by_device = defaultdict(list)
     for r in monitor.get("samples") or []:
         if isinstance(r, dict) and isinstance(r.get("device"), int):
-            by_device[r["device"]].append(r)
+            node = r.get("node", 0)
+            by_device[(node if isinstance(node, int) else -1, r["device"])].append(r)
     if not by_device:
         return {"reason": "no GPU monitor readings"}
     power, sources = 0.0, set()
-    for dev, readings in sorted(by_device.items()):
+    for (node, dev), readings in sorted(by_device.items()):
         got = device_energy(readings, a, b)
         if got is None:
-            return {"reason": f"GPU {dev}: the readings do not cover the steady state"}
+            where = f"node {node} GPU {dev}" if node else f"GPU {dev}"
+            return {"reason": f"{where}: the readings do not cover the steady state"}
         joules, seconds, source = got
         power += joules / seconds
         sources.add(source)

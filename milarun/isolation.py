@@ -157,7 +157,7 @@ def oom_kill_count(spec):
     return None
 
 
-def split_students(n, cpus, total_memory_bytes, gpu_cpus=None, numa_nodes=None):
+def split_students(n, cpus, total_memory_bytes, gpu_cpus=None, numa_nodes=None, cores=None):
     """Plan ``n`` student slices: equal, mutually exclusive cpusets and equal memory.
 
     Args:
@@ -165,13 +165,22 @@ def split_students(n, cpus, total_memory_bytes, gpu_cpus=None, numa_nodes=None):
         cpus: sorted list of usable CPU ids.
         total_memory_bytes: RAM to share (bytes).
         gpu_cpus: optional list, per student, of the CPU ids local to that
-            GPU (NVML's CPU affinity). Students then take cores from their own
-            NUMA node first.
+            GPU (NVML's CPU affinity: its NUMA node's CPUs, SMT siblings
+            included). Students then take cores from their own NUMA node first.
         numa_nodes: optional dict cpu id → NUMA node id.
+        cores: optional list of physical cores, each a list of the CPU ids
+            that are its SMT siblings (:func:`cpu_cores`); None: every CPU is
+            a core of its own.
 
     Returns:
         list of dicts ``{"student": i, "cpus": [...], "mems": [...], "memory_bytes": int}``.
-        Each student gets ``len(cpus) // n`` cores (at least 1).
+        Each student gets whole physical cores, never a sibling of another
+        student's core, and the same number of them: ``k // n`` of the ``k``
+        cores with a given number of usable CPUs, for each such number (all
+        of them on a host whose cores are alike; the rest stay unused).
+        Without SMT that is ``len(cpus) // n`` CPUs each (at least 1). When
+        there are fewer whole cores than students, CPUs are shared out one
+        by one instead (siblings then go to different students).
 
     Raises:
         ValueError: fewer CPUs than students.
@@ -180,19 +189,87 @@ def split_students(n, cpus, total_memory_bytes, gpu_cpus=None, numa_nodes=None):
         raise ValueError("need at least one student")
     if len(cpus) < n:
         raise ValueError(f"{len(cpus)} CPUs cannot be split into {n} exclusive students")
-    per = len(cpus) // n
-    free = list(cpus)
+    units = _physical_cores(cpus, cores)
+    quota = _core_quota(units, n)
+    if not quota:   # fewer whole cores than students: share out CPUs, not cores
+        units = [(c,) for c in sorted(cpus)]
+        quota = _core_quota(units, n)
+    free = list(units)
     plan = []
     for i in range(n):
-        local = [c for c in (gpu_cpus[i] if gpu_cpus else []) if c in free]
-        chosen = (local + [c for c in free if c not in local])[:per]
-        for c in chosen:
-            free.remove(c)
-        chosen.sort()
+        local = set(gpu_cpus[i]) if gpu_cpus else set()
+        # cores local to this student's GPU first, then the others, each in CPU order
+        order = [u for u in free if local & set(u)] + [u for u in free if not local & set(u)]
+        chosen = _take(order, quota)
+        for u in chosen:
+            free.remove(u)
+        chosen = sorted(c for u in chosen for c in u)
         mems = sorted({numa_nodes.get(c, 0) for c in chosen}) if numa_nodes else [0]
         plan.append({"student": i, "cpus": chosen, "mems": mems,
                      "memory_bytes": total_memory_bytes // n})
     return plan
+
+
+def _physical_cores(cpus, cores=None):
+    """``cpus`` grouped by physical core: a list of tuples of CPU ids (each tuple one
+    core's SMT siblings among ``cpus``), sorted by their lowest CPU id. ``cores``: lists
+    of sibling CPU ids (:func:`cpu_cores`); a CPU of ``cpus`` in none is a core of its own."""
+    allowed = set(cpus)
+    out, seen = [], set()
+    for core in cores or ():
+        unit = tuple(sorted(set(core) & allowed - seen))
+        if unit:
+            out.append(unit)
+            seen.update(unit)
+    out += [(c,) for c in sorted(allowed - seen)]
+    return sorted(out)
+
+
+def _core_quota(units, n):
+    """``{size: count}``: how many cores of each size (usable CPUs per core) each of ``n``
+    equal shares of ``units`` gets; ``{}`` when a share would get none."""
+    sizes = {}
+    for u in units:
+        sizes[len(u)] = sizes.get(len(u), 0) + 1
+    return {size: count // n for size, count in sizes.items() if count // n}
+
+
+def _take(order, quota):
+    """The first cores of ``order`` that fill ``quota`` (``{size: count}``)."""
+    left = dict(quota)
+    out = []
+    for u in order:
+        if left.get(len(u), 0) > 0:
+            out.append(u)
+            left[len(u)] -= 1
+    return out
+
+
+def cpu_cores(cpus=None, root="/"):
+    """The physical cores of this host: a list of lists of CPU ids, each one core's SMT
+    siblings (``/sys/devices/system/cpu/cpuN/topology/thread_siblings_list``, else
+    ``core_cpus_list``), sorted by lowest CPU id. ``cpus``: the CPU ids to look up
+    (default: every CPU sysfs lists); one whose topology is unreadable is a core of its
+    own. ``root``: where sysfs is (tests give a fake tree)."""
+    base = Path(root) / "sys/devices/system/cpu"
+    if cpus is None:
+        cpus = sorted(int(p.name[3:]) for p in base.glob("cpu[0-9]*") if p.name[3:].isdigit())
+    out, seen = [], set()
+    for c in sorted(cpus):
+        if c in seen:
+            continue
+        text = None
+        for name in ("thread_siblings_list", "core_cpus_list"):
+            text = _read(base / f"cpu{c}" / "topology" / name)
+            if text:
+                break
+        try:
+            core = sorted(set(parse_cpus(text)) | {c}) if text else [c]
+        except ValueError:
+            core = [c]
+        out.append(core)
+        seen.update(core)
+    return sorted(out)
 
 
 def format_cpus(cpus):
@@ -209,10 +286,11 @@ def format_cpus(cpus):
     return ",".join(out)
 
 
-def numa_nodes_of_cpus():
-    """Map cpu id → NUMA node from ``/sys/devices/system/node``; ``{}`` when absent."""
+def numa_nodes_of_cpus(root="/"):
+    """Map cpu id → NUMA node from ``/sys/devices/system/node`` (under ``root``: tests give
+    a fake tree); ``{}`` when absent."""
     out = {}
-    base = Path("/sys/devices/system/node")
+    base = Path(root) / "sys/devices/system/node"
     for node in sorted(base.glob("node[0-9]*")):
         text = _read(node / "cpulist")
         if not text:
@@ -233,29 +311,35 @@ def numactl_argv(cpus):
             f"--physcpubind={format_cpus(cpus)}"]
 
 
-def slot_cpus(n, cpus=None):
-    """The cores of each of ``n`` CPU slots: ``cpus`` (default: this process's
-    affinity) split as the student cgroups split them (:func:`split_students`)."""
+def slot_cpus(n, cpus=None, cores=None):
+    """The CPU ids of each of ``n`` CPU slots: ``cpus`` (default: this process's
+    affinity) split as the student cgroups split them (:func:`split_students`: whole
+    physical cores, ``cores`` as there; default: this host's, :func:`cpu_cores`)."""
     cpus = sorted(os.sched_getaffinity(0)) if cpus is None else sorted(cpus)
-    return [s["cpus"] for s in split_students(n, cpus, 0)]
+    cores = cpu_cores(cpus) if cores is None else cores
+    return [s["cpus"] for s in split_students(n, cpus, 0, cores=cores)]
 
 
-def process_cpus(groups, affinity, cpus):
+def process_cpus(groups, affinity, cpus, cores=None):
     """Exclusive cores for each process of a multi-process test.
 
     Args:
         groups: per process, the positions (in ``affinity``) of its devices.
         affinity: per device, the CPU ids local to it (NVML's CPU affinity of a
-            GPU: the cores of the NUMA node it is attached to; a CPU slot's
-            cores); an empty list when unknown.
+            GPU: the CPUs of the NUMA node it is attached to, SMT siblings
+            included; a CPU slot's CPUs); an empty list when unknown.
         cpus: the CPU ids processes may use (sorted list).
+        cores: the physical cores, each a list of SMT sibling CPU ids
+            (:func:`cpu_cores`); default: this host's.
 
     Returns:
-        per process, a sorted list of CPU ids. A process takes the cores local
-        to its devices; processes whose devices are local to the same cores
-        (two processes on one NUMA node) split them evenly, so none is
-        over-subscribed. When a device's affinity is unknown, or leaves a
-        process no core, ``cpus`` is split evenly across all processes instead.
+        per process, a sorted list of CPU ids. A process takes the CPUs local
+        to its devices; processes whose devices are local to the same CPUs
+        (two processes on one NUMA node) split them evenly by whole physical
+        cores (:func:`split_students`), so none is over-subscribed and no two
+        share a core's SMT siblings. When a device's affinity is unknown, or
+        leaves a process no CPU, ``cpus`` is split evenly across all processes
+        instead.
 
     Raises:
         ValueError: fewer ``cpus`` than processes.
@@ -263,6 +347,7 @@ def process_cpus(groups, affinity, cpus):
     n = len(groups)
     if len(cpus) < n:
         raise ValueError(f"{len(cpus)} CPUs cannot be split into {n} exclusive processes")
+    cores = cpu_cores(cpus) if cores is None else cores
     allowed = set(cpus)
     local = []
     for group in groups:
@@ -270,17 +355,15 @@ def process_cpus(groups, affinity, cpus):
         for d in group:
             mine |= set(affinity[d] if d < len(affinity) else ())
         local.append(tuple(sorted(mine & allowed)))
-    if not all(local):
-        return [s["cpus"] for s in split_students(n, sorted(cpus), 0)]
     sharing = {}
-    for p, cores in enumerate(local):
-        sharing.setdefault(cores, []).append(p)
+    for p, mine in enumerate(local):
+        sharing.setdefault(mine, []).append(p)
+    if not all(local) or any(len(mine) < len(procs) for mine, procs in sharing.items()):
+        return [s["cpus"] for s in split_students(n, sorted(cpus), 0, cores=cores)]
     out = [None] * n
-    for cores, procs in sharing.items():
-        per = max(1, len(cores) // len(procs))
-        for i, p in enumerate(procs):
-            chunk = list(cores[i * per:(i + 1) * per]) or list(cores[-per:])
-            out[p] = sorted(chunk)
+    for mine, procs in sharing.items():
+        for p, share in zip(procs, split_students(len(procs), list(mine), 0, cores=cores)):
+            out[p] = share["cpus"]
     return out
 
 
@@ -307,7 +390,8 @@ def student_plan(n, memory_bytes=None):
 
     Uses the CPUs in the root cpuset, the host RAM (or ``memory_bytes``),
     each device's local CPUs from its backend (:mod:`milarun.accel`: students
-    take cores local to their GPU's NUMA node) and the NUMA layout from sysfs.
+    take cores local to their GPU's NUMA node), and the NUMA layout and the
+    physical cores (SMT siblings, :func:`cpu_cores`) from sysfs.
     """
     import psutil
 
@@ -317,7 +401,8 @@ def student_plan(n, memory_bytes=None):
     total = memory_bytes or psutil.virtual_memory().total
     gpus, _ = find_gpus()
     affinity = gpus.affinity[:n] if gpus is not None and len(gpus) >= n else None
-    return split_students(n, cpus, total, gpu_cpus=affinity, numa_nodes=numa_nodes_of_cpus())
+    return split_students(n, cpus, total, gpu_cpus=affinity, numa_nodes=numa_nodes_of_cpus(),
+                          cores=cpu_cores(cpus))
 
 
 def host_cpus():

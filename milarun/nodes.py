@@ -37,7 +37,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .barrier import ENV_SECRET
@@ -324,10 +324,24 @@ def discover(devices, system=None, single_node=False, environ=None):
     if system is not None:
         if single_node:
             raise SetupError("--system and --single-node contradict each other; give one")
-        return load_system(system, devices)
+        return load_system(system, portable(devices))
     if environ.get("SLURM_JOB_ID") and not single_node:
-        return slurm_cluster(devices, environ)
+        return slurm_cluster(portable(devices), environ)
     return local_cluster(devices)
+
+
+def portable(devices):
+    """``devices`` as every node of a cluster can be given them: this host's GPU UUIDs
+    (``GPU-…``) name no GPU on another node, so each device whose accelerator has a
+    :attr:`~milarun.accel.base.Accelerator.portable_id` (a whole NVIDIA GPU: CUDA's
+    index, in PCI order) is given by it instead. Nodes are assumed alike."""
+    found = {a.index: a for a in getattr(devices, "accelerators", None) or ()}
+    if not any(a.portable_id for a in found.values()):
+        return devices
+    visible = devices.visible_ids(devices.indices)
+    visible = [found[i].portable_id if i in found and found[i].portable_id else v
+               for i, v in zip(devices.indices, visible)]
+    return replace(devices, visible=visible)
 
 
 def probe_argv(cluster, name, path):

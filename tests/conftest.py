@@ -27,6 +27,17 @@ def cgroup_skip(reason):
     pytest.skip(reason)
 
 
+@pytest.fixture(autouse=True)
+def no_smt_siblings(monkeypatch):
+    """Plans pin processes to whole physical cores of this host (``isolation.cpu_cores``
+    reads its SMT siblings from sysfs): in tests every CPU is a core of its own, so
+    expected CPU lists do not depend on the test host. A fake sysfs ``root`` still reads
+    the fake tree (tests/test_smt_split.py)."""
+    real = isolation.cpu_cores
+    monkeypatch.setattr(isolation, "cpu_cores", lambda cpus=None, root="/": (
+        real(cpus, root) if str(root) != "/" or cpus is None else [[c] for c in sorted(cpus)]))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def written_registry(tmp_path_factory):
     """The registry of records written (milarun.results.trust) for the whole session,

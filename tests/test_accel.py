@@ -151,16 +151,19 @@ def test_mig_instances_are_devices_with_their_uuids_and_their_gpus_cpus(monkeypa
 
 
 def test_without_mig_devices_keep_nvml_indices(monkeypatch):
+    # the index is NVML's; a child is given its GPU by UUID (NVML's and CUDA's indices
+    # can differ), and another node by CUDA's index (portable_id)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     found = NvidiaBackend(pynvml=fake_nvml(mig_on=())).discover()
-    assert [(a.index, a.visible_id) for a in found] == [(1, "1"), (0, "0")]
+    assert [(a.index, a.visible_id, a.portable_id) for a in found] == \
+        [(1, "GPU-1bb", "1"), (0, "GPU-0bb", "0")]
 
 
 @pytest.mark.parametrize("spec,expected", [
     ("MIG-12aa", [(0, "MIG-12aa")]),      # a MIG UUID names that instance only
     ("MIG-12", [(0, "MIG-12aa")]),        # a unique prefix, as CUDA accepts
     ("MIG-1", []),                        # ambiguous prefix: hides everything after
-    ("0,MIG-zz,MIG-10aa", [(0, "0")]),   # an invalid entry hides the rest (no MIG left)
+    ("0,MIG-zz,MIG-10aa", [(0, "GPU-0bb")]),   # an invalid entry hides the rest (no MIG)
 ])
 def test_cuda_visible_devices_with_mig_uuids(monkeypatch, spec, expected):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spec)
@@ -423,7 +426,8 @@ def test_a_gpu_in_mig_mode_without_instances_is_no_device(monkeypatch):
         return nv
 
     backend = NvidiaBackend(pynvml=no_instances((1,)))
-    assert [(a.index, a.visible_id, a.parent) for a in backend.discover()] == [(0, "0", None)]
+    assert [(a.index, a.visible_id, a.parent) for a in backend.discover()] == \
+        [(0, "GPU-0bb", None)]
     backend = NvidiaBackend(pynvml=no_instances((0, 1)))
     assert backend.discover() == []
     assert "MIG mode" in backend.reason and "no MIG instance" in backend.reason

@@ -202,3 +202,55 @@ def test_the_monitor_thread_on_a_fake_nvml(monkeypatch):
     e = energy.result_energy(rec)
     # the counter is read in whole mJ: 1 mJ over ~0.1 s is 0.01 W
     assert e["power_w"] == pytest.approx(400.0, rel=1e-3)
+
+
+def _two_node_record(nodes_sampled=2, node_rows=(0, 1)):
+    """A multi-node record (2 nodes x 1 GPU, both GPU 0), rank 0's monitor merged with
+    node 1's: 300 W on node 0, 500 W on node 1."""
+    rec = gpu_record(watts=300.0)
+    rec.pop("node", None)
+    rec["nodes"], rec["node_count"] = ["n1", "n2"], 2
+    rows = []
+    for node, watts in ((0, 300.0), (1, 500.0)):
+        if node not in node_rows:
+            continue
+        rows += [{"t": 0.5 * k, "device": 0, "node": node, "power": watts,
+                  "energy": watts * 0.5 * k} for k in range(45)]
+    rec["gpu_monitor"]["samples"] = rows
+    if nodes_sampled is not None:
+        rec["gpu_monitor"].update({"nodes": 2, "nodes_sampled": nodes_sampled,
+                                   "node_gaps": None if nodes_sampled == 2 else "n2: no GPU"})
+    return validate(rec)
+
+
+def test_a_multi_node_record_sums_every_nodes_gpus():
+    # Issue 22, item 1: node 1's GPU 0 is not node 0's GPU 0; J/item is the job's.
+    e = energy.result_energy(_two_node_record())
+    assert e["power_w"] == pytest.approx(800.0) and e["gpus"] == 2
+    assert e["j_per_item"] == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("sampled,rows", [(None, (0,)), (1, (0,))])
+def test_a_multi_node_record_missing_a_nodes_readings_has_no_energy(sampled, rows):
+    # Before the gathering, only node 0's GPUs were read: J/item would be 2x too low.
+    e = energy.result_energy(_two_node_record(nodes_sampled=sampled, node_rows=rows))
+    assert "power_w" not in e
+    assert "1 of the job's 2 nodes" in e["reason"]
+
+
+def test_merge_node_monitors_moves_each_nodes_readings_onto_rank_0s_clock():
+    from milarun.bench.monitor import merge_node_monitors
+
+    mon = lambda t, watts: {"available": True, "reason": None, "interval": 1.0,  # noqa: E731
+                            "samples": [{"t": t, "device": 0, "power": watts}]}
+    merged = merge_node_monitors([
+        {"node": "a", "clock": 50.0, "monitor": mon(10.0, 300.0)},
+        {"node": "b", "clock": 20.0, "monitor": mon(-20.0, 500.0)},   # its origin was later
+        {"node": "c", "clock": 9.0, "monitor": {"available": False, "reason": "NVML unavailable",
+                                                "interval": 1.0, "samples": []}},
+    ], clock=50.0)
+    assert merged["available"] is True and merged["interval"] == 1.0
+    assert merged["samples"] == [{"t": 10.0, "device": 0, "power": 300.0, "node": 0},
+                                 {"t": 10.0, "device": 0, "power": 500.0, "node": 1}]
+    assert (merged["nodes"], merged["nodes_sampled"]) == (3, 2)
+    assert merged["node_gaps"] == "c: NVML unavailable"

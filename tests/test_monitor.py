@@ -178,7 +178,7 @@ def test_children_use_the_pci_bus_order_of_nvml(monkeypatch):
               partition="per-gpu")
     (wave,) = plan_job(job, devices.discover(), 0, "/out")
     assert [(lch.env["CUDA_VISIBLE_DEVICES"], lch.env["CUDA_DEVICE_ORDER"]) for lch in wave] \
-        == [("0", "PCI_BUS_ID"), ("1", "PCI_BUS_ID")]
+        == [("GPU-0aaa-0", "PCI_BUS_ID"), ("GPU-1aaa-1", "PCI_BUS_ID")]
 
 
 def test_host_facts_list_only_the_visible_gpus(monkeypatch):

@@ -227,3 +227,56 @@ def test_agree_sets_the_same_target_on_every_rank():
 def test_bad_min_steady():
     with pytest.raises(ValueError):
         RateLogger(min_steady=-1)
+
+
+def test_every_rank_votes_at_the_count_target_and_follows_the_agreed_extension():
+    # Issue 22, item 3: the rank whose own steady state is long enough must still take
+    # part in the agreement (voting 0) and extend when another rank is short.
+    clock = FakeClock()
+    votes = []
+
+    def agree(extra):        # all_reduce(MAX) with a peer that is 30 items short
+        votes.append(extra)
+        return max(extra, 30) if len(votes) == 1 else extra
+
+    logger = RateLogger(sample_duration=0.5, max_count=40, warmup=1, host_clock=clock,
+                        timer=CountingTimer(clock), min_steady=2.0, agree=agree)
+    for step in logger.steps():
+        clock.t += 0.1       # 40 steps = 4 s: 3.5 s of steady state, past the floor
+        step.set_count(1)
+    assert votes[0] == 0             # this rank was not short, but it voted
+    assert logger.total == 40 + 30   # and took the peer's extension
+    assert votes[1:] == [0]          # at the new target: voted again, no one short
+
+
+def test_no_extension_when_every_rank_votes_zero():
+    clock = FakeClock()
+    votes = []
+    logger = RateLogger(sample_duration=0.5, max_count=40, warmup=1, host_clock=clock,
+                        timer=CountingTimer(clock), min_steady=2.0,
+                        agree=lambda extra: votes.append(extra) or extra)
+    for step in logger.steps():
+        clock.t += 0.1
+        step.set_count(1)
+    assert votes == [0] and logger.total == 40
+
+
+def test_a_follower_rank_votes_zero_and_never_times_a_window():
+    clock = FakeClock()
+    timer = CountingTimer(clock)
+    votes = []
+
+    def agree(extra):        # rank 0 (the timing rank) asks for 25 more items, once
+        votes.append(extra)
+        return 25 if len(votes) == 1 else 0
+
+    logger = RateLogger(sample_duration=0.5, max_count=40, warmup=1, host_clock=clock,
+                        timer=timer, min_steady=60.0, agree=agree)
+    logger.follow()
+    for step in logger.steps():
+        clock.t += 0.1
+        step.set_count(1)
+    assert votes == [0, 0]             # short of 60 s by its own clock, yet it votes 0
+    assert logger.total == 65
+    assert timer.syncs == 0            # the device timer is never synchronized on
+    assert len(logger.samples) <= 2    # no periodic windows (one for the first vote, one at the end)

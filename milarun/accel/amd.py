@@ -15,9 +15,16 @@ amdsmi's processor order, which, like ROCr's, follows the KFD topology (PCI
 order); the child checks the PCI bus id of the device it got against the one
 it was given (``MILARUN_PCI_BUS_ID``, reason ``wrong-device``).
 
-Units: memory from bytes to MiB, power in W (``current_socket_power``, else
-``average_socket_power``), temperature in °C (edge sensor, else hotspot),
-energy from ``energy_accumulator × counter_resolution`` (µJ) to J.
+Units: memory from bytes to MiB, power in W (``socket_power``, else
+``current_socket_power``, else ``average_socket_power``), temperature in °C
+(edge sensor, else hotspot), energy from ``energy_accumulator ×
+counter_resolution`` (µJ) to J.
+
+**Missing values.** amdsmi answers ``"N/A"`` for a counter a GPU lacks, and
+recent ROCm releases fill an unsupported struct member with its type's maximum
+(``0xFFFF``, ``0xFFFFFFFF`` = 4294967295): a power reading of 4294967295 W is
+"not supported", not a reading. Load (%), temperature (°C) and power (W) of
+0xFFFF or more are therefore left out (:func:`_sane`), like ``"N/A"``.
 """
 
 import os
@@ -38,6 +45,24 @@ def _num(value):
     """``value`` when it is a number, else None (amdsmi answers ``"N/A"`` for a counter
     the GPU lacks, which would make a record fail its schema)."""
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+#: The smallest "unsupported" sentinel amdsmi fills a field with (UINT16_MAX); no load (%),
+#: temperature (°C) or power (W) of a real GPU reaches it.
+SENTINEL = 0xFFFF
+
+#: ``amdsmi_get_power_info`` keys of the socket's power (W), best first: ``socket_power``
+#: is the one recent amdsmi fills on every GPU; the others are older names, or kept at
+#: 0 / UINT32_MAX where unsupported.
+POWER_KEYS = ("socket_power", "current_socket_power", "average_socket_power")
+
+
+def _sane(value):
+    """``value`` when it is a number in ``[0, SENTINEL)``, else None: a load in %, a
+    temperature in °C or a power in W of 0xFFFF or more is amdsmi's "not supported"
+    (UINT16_MAX, UINT32_MAX, UINT64_MAX), never a reading."""
+    value = _num(value)
+    return value if value is not None and 0 <= value < SENTINEL else None
 
 
 def _enum(smi, enum, *names):
@@ -133,8 +158,11 @@ class AMDBackend(Backend):
         return {"driver": driver, "runtime": rocm, "runtime_name": "ROCm"}
 
     def read(self, device):
-        """A :class:`Reading`; a counter amdsmi does not support is left out. Raises
-        amdsmi's error when it answers none of them."""
+        """A :class:`Reading`: load in % (``gfx_activity``), memory used in MiB,
+        temperature in °C, power in W (:data:`POWER_KEYS`, the first in ``(0, 0xFFFF)``)
+        and energy in J. A counter amdsmi does not support (an error, ``"N/A"``, or a
+        value of 0xFFFF or more) is left out. Raises amdsmi's error when it answers none
+        of them."""
         smi = self._init()
         h = device.handle
         try:
@@ -144,23 +172,24 @@ class AMDBackend(Backend):
             activity, failed = None, exc
         used = _try(smi.amdsmi_get_gpu_memory_usage, h, _enum(smi, "AmdSmiMemoryType", "VRAM"))
         power = _try(smi.amdsmi_get_power_info, h) or {}
-        watts = next((power[k] for k in ("current_socket_power", "average_socket_power")
-                      if isinstance(power.get(k), (int, float)) and power[k] > 0), None)
+        # W; 0 and UINT32_MAX mean "not supported" (module docstring)
+        watts = next((power[k] for k in POWER_KEYS if (_sane(power.get(k)) or 0) > 0), None)
         temp = None
         metric = _enum(smi, "AmdSmiTemperatureMetric", "CURRENT")
         for sensor in ("EDGE", "HOTSPOT"):
             kind = _enum(smi, "AmdSmiTemperatureType", sensor)
             temp = _try(smi.amdsmi_get_temp_metric, h, kind, metric) if kind is not None else None
-            if isinstance(temp, (int, float)):
+            temp = _sane(temp)
+            if temp is not None:
                 break
         count = _try(smi.amdsmi_get_energy_count, h) or {}
         acc = count.get("energy_accumulator", count.get("power"))
         res = count.get("counter_resolution")
         energy = acc * res / 1e6 if isinstance(acc, (int, float)) and \
             isinstance(res, (int, float)) else None
-        reading = Reading(load=_num((activity or {}).get("gfx_activity")),
+        reading = Reading(load=_sane((activity or {}).get("gfx_activity")),
                           memory_mib=None if not isinstance(used, int) else used / 2**20,
-                          temperature=temp if isinstance(temp, (int, float)) else None,
+                          temperature=temp,
                           power=watts, energy=energy)
         if failed is not None and all(v is None for v in vars(reading).values()):
             raise failed
@@ -169,7 +198,9 @@ class AMDBackend(Backend):
     def facts(self, device):
         smi = self._smi
         power = _try(smi.amdsmi_get_power_info, device.handle) or {} if smi else {}
-        cap = _num(power.get("power_limit"))
+        cap = _num(power.get("power_limit"))   # W, or µW on older amdsmi
+        if cap is not None and cap in (0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF):
+            cap = None   # "not supported" (module docstring)
         return {"power_limit_w": cap / 1e6 if cap is not None and cap > 1e4 else cap}
 
 

@@ -22,7 +22,8 @@ class Accelerator:
         index: the backend's index for it (NVML / amdsmi / DRM order); the
             launcher's device label and the student number follow it.
         visible_id: what the visibility variable is set to so that this is the
-            child's only device: an index ``"3"``, or a MIG UUID ``"MIG-…"``.
+            child's only device: an index ``"3"``, or a UUID (``"GPU-…"`` for a
+            whole NVIDIA GPU, ``"MIG-…"`` for a MIG instance).
         name: marketing name, e.g. ``"NVIDIA H100 80GB HBM3"``.
         uuid: the vendor's UUID, None when not exposed.
         pci_bus_id: ``"0000:3b:00.0"`` (lower case, domain included), None if unknown.
@@ -32,6 +33,10 @@ class Accelerator:
         parent: for a MIG instance, the ``index`` of its GPU; else None.
         handle: the backend's own handle (NVML handle, amdsmi processor handle,
             sysfs path); opaque to everyone else and never serialised.
+        portable_id: the visibility value that names the same device on another,
+            alike node (a UUID names one host's device only): the runtime's index
+            of a whole NVIDIA GPU; None when it is ``visible_id`` or there is none
+            (a MIG instance).
     """
 
     index: int
@@ -44,6 +49,7 @@ class Accelerator:
     numa_node: int = None
     parent: int = None
     handle: object = field(default=None, repr=False, compare=False)
+    portable_id: str = None
 
 
 @dataclass

@@ -1,9 +1,16 @@
 """NVIDIA GPUs and MIG instances through NVML (``nvidia-ml-py``). No torch.
 
-GPU indices are NVML's, which follow the PCI bus order. CUDA numbers GPUs
-fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so every child gets
-that too: ``CUDA_VISIBLE_DEVICES=i`` then names the GPU that NVML, the monitor
-and the student cgroup's CPU affinity call ``i``.
+GPU indices are NVML's, which follow the PCI bus order. A child is given its
+GPU by UUID (``CUDA_VISIBLE_DEVICES=GPU-…``), never by index: NVML's count
+includes GPUs this process may not open (``NVMLError_NoPermission`` under a
+device cgroup, a container or file permissions on ``/dev/nvidiaN``), which
+CUDA does not count, so NVML's index ``i`` and CUDA's index ``i`` can name
+different GPUs; a UUID names the same one for both. Such GPUs are skipped,
+with the reason (:attr:`NvidiaBackend.reason`, shown by ``milarun devices``).
+Every child also gets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (CUDA numbers GPUs
+fastest first otherwise), so that a GPU's index on another, alike node
+(:attr:`~milarun.accel.base.Accelerator.portable_id`: its rank among the GPUs
+CUDA sees) means the same GPU there.
 
 **MIG.** A GPU in MIG mode is not a device: each of its MIG instances is, with
 its ``MIG-…`` UUID as the visibility value (CUDA runs a process on one MIG
@@ -39,40 +46,44 @@ def _call(nv, name, *args):
         return None
 
 
-def visible_indices(count, spec=None, uuid_of=None):
+def visible_indices(count, spec=None, uuid_of=None, openable=None):
     """The GPU indices (PCI bus order) that ``CUDA_VISIBLE_DEVICES`` leaves visible.
 
     Args:
         count: number of GPUs on the host.
         spec: the variable's value; by default ``os.environ``'s. Unset: all.
-        uuid_of: ``f(index) -> "GPU-…"`` to resolve UUID entries; without it
-            a UUID entry counts as invalid.
+        uuid_of: ``f(index) -> "GPU-…"`` (None for a GPU it cannot name) to
+            resolve UUID entries; without it a UUID entry counts as invalid.
+        openable: the indices of the GPUs this process can open (default: all).
+            An index entry counts among these, as CUDA counts only the GPUs it
+            can open (a job's device cgroup, with Slurm's ``0..k-1``).
 
     Returns:
         list of indices in the order given. As CUDA does, an entry that is
         not a valid index or a unique UUID prefix hides itself and every
         entry after it. (MIG entries: :meth:`NvidiaBackend.discover`.)
     """
-    return [i for kind, i in _resolve(count, spec, uuid_of, {}) if kind == "gpu"]
+    return [i for kind, i in _resolve(count, spec, uuid_of, {}, openable) if kind == "gpu"]
 
 
-def _resolve(count, spec, uuid_of, migs):
+def _resolve(count, spec, uuid_of, migs, openable=None):
     """``[("gpu", index) | ("mig", uuid)]`` that ``spec`` names; ``migs`` maps every MIG
-    UUID of the host to its GPU index."""
+    UUID of the host to its GPU index; ``openable`` as :func:`visible_indices`'."""
+    order = list(range(count)) if openable is None else list(openable)
     if spec is None:
         spec = os.environ.get("CUDA_VISIBLE_DEVICES")
     if spec is None:
-        return [("gpu", i) for i in range(count)]
+        return [("gpu", i) for i in order]
     uuids = None
     out = []
     for tok in (t.strip() for t in spec.split(",")):
         entry = None
-        if tok.isdigit() and int(tok) < count:
-            entry = ("gpu", int(tok))
+        if tok.isdigit() and int(tok) < len(order):
+            entry = ("gpu", order[int(tok)])
         elif tok.startswith("GPU-") and uuid_of is not None:
             if uuids is None:
                 uuids = [uuid_of(i) for i in range(count)]
-            found = [i for i, u in enumerate(uuids) if u.startswith(tok)]
+            found = [i for i, u in enumerate(uuids) if u and u.startswith(tok)]
             entry = ("gpu", found[0]) if len(found) == 1 else None
         elif tok.startswith("MIG-"):
             found = [u for u in migs if u.startswith(tok)]
@@ -83,13 +94,29 @@ def _resolve(count, spec, uuid_of, migs):
     return out
 
 
+def nvml_handles(pynvml):
+    """``(handles, skipped)``: the NVML handle of every GPU by index (None for one that
+    cannot be opened) and ``{index: why}`` for those. NVML's count includes GPUs whose
+    handle raises ``NVMLError_NoPermission`` (a device cgroup, a container, the
+    permissions of ``/dev/nvidiaN``): one of them must not hide the others."""
+    handles, skipped = [], {}
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        try:
+            handles.append(pynvml.nvmlDeviceGetHandleByIndex(i))
+        except Exception as exc:
+            handles.append(None)
+            skipped[i] = f"{exc.__class__.__name__}: {exc}"
+    return handles, skipped
+
+
 def nvml_visible(pynvml):
-    """``(indices, handles)``: the visible GPUs' indices (``visible_indices``)
-    and NVML handles of every GPU, by index. ``pynvml`` must be initialised."""
-    count = pynvml.nvmlDeviceGetCount()
-    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-    indices = visible_indices(count,
-                              uuid_of=lambda i: nvml_str(pynvml.nvmlDeviceGetUUID(handles[i])))
+    """``(indices, handles)``: the visible GPUs' indices (``visible_indices``, without
+    those that cannot be opened) and NVML handles of every GPU, by index (None for one
+    that cannot be opened, :func:`nvml_handles`). ``pynvml`` must be initialised."""
+    handles, skipped = nvml_handles(pynvml)
+    indices = visible_indices(len(handles), uuid_of=lambda i: None if handles[i] is None else
+                              nvml_str(pynvml.nvmlDeviceGetUUID(handles[i])),
+                              openable=[i for i, h in enumerate(handles) if h is not None])
     return indices, handles
 
 
@@ -163,17 +190,24 @@ class NvidiaBackend(Backend):
             return []
 
     def _discover(self, nv):
-        count = nv.nvmlDeviceGetCount()
-        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        handles, skipped = nvml_handles(nv)
+        count = len(handles)
         migs = {}   # MIG uuid -> (GPU index, handle)
         per_gpu = []
         for i, h in enumerate(handles):
-            instances = _mig_handles(nv, h)
+            instances = None if h is None else _mig_handles(nv, h)
             per_gpu.append(instances)
             for m in instances or ():
                 migs[nvml_str(nv.nvmlDeviceGetUUID(m))] = (i, m)
-        entries = _resolve(count, None,
-                           lambda i: nvml_str(nv.nvmlDeviceGetUUID(handles[i])), migs)
+        uuids = [None if h is None else nvml_str(_call(nv, "nvmlDeviceGetUUID", h))
+                 for h in handles]
+        # a GPU this process cannot open is skipped, never the others (module docstring)
+        entries = _resolve(count, None, lambda i: uuids[i], migs,
+                           [i for i, h in enumerate(handles) if h is not None])
+        # CUDA's index of a whole GPU: its rank among the GPUs CUDA sees (those that open,
+        # outside MIG mode), in PCI order (CUDA_DEVICE_ORDER=PCI_BUS_ID)
+        cuda_index = {i: n for n, i in enumerate(
+            i for i in range(count) if handles[i] is not None and per_gpu[i] is None)}
         ncpus = os.cpu_count() or 1
         found = []
         for kind, key in entries:
@@ -184,12 +218,19 @@ class NvidiaBackend(Backend):
             else:
                 found.append(("mig",) + migs[key])
         empty = [i for i, inst in enumerate(per_gpu) if inst == []]
+        why = []
         if not found and empty:
-            self.reason = (f"GPU {', '.join(map(str, empty))} in MIG mode with no MIG instance "
-                           "(create some: nvidia-smi mig -cgi … -C, or turn MIG mode off)")
-        elif count and not entries:   # the user's choice, not a missing driver: say so
-            self.reason = (f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
-                           f"hides every GPU ({count} on the host)")
+            why.append(f"GPU {', '.join(map(str, empty))} in MIG mode with no MIG instance "
+                       "(create some: nvidia-smi mig -cgi … -C, or turn MIG mode off)")
+        elif count > len(skipped) and not entries:   # the user's choice: say so
+            why.append(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
+                       f"hides every GPU ({count} on the host)")
+        # said whether or not other GPUs were found (milarun devices shows it)
+        why += [f"GPU {i} skipped, it cannot be opened ({err}): a device cgroup, a container "
+                f"or the permissions of /dev/nvidia{i} keep it from this user"
+                for i, err in sorted(skipped.items())]
+        if why:
+            self.reason = "; ".join(why)
         mig_mode = any(kind == "mig" for kind, _, _ in found)
         out = []
         for n, (kind, gpu, h) in enumerate(found):
@@ -199,9 +240,12 @@ class NvidiaBackend(Backend):
             uuid = nvml_str(_call(nv, "nvmlDeviceGetUUID", h))
             memory = _call(nv, "nvmlDeviceGetMemoryInfo", h)
             cpus = _nvml_cpus(nv, parent, ncpus) or local_cpus(bdf, self.root)
+            whole = kind == "gpu"
             out.append(Accelerator(
                 index=n if mig_mode else gpu,
-                visible_id=(uuid if mig_mode else str(gpu)),
+                # by UUID: NVML's and CUDA's indices can differ (module docstring)
+                visible_id=uuid or str(gpu),
+                portable_id=str(cuda_index[gpu]) if whole else None,
                 name=nvml_str(_call(nv, "nvmlDeviceGetName", h)) or "NVIDIA GPU",
                 uuid=uuid, pci_bus_id=bdf,
                 memory_mib=None if memory is None else memory.total / 2**20,
@@ -211,7 +255,7 @@ class NvidiaBackend(Backend):
         return out
 
     def child_env(self, visible):
-        # CUDA's indices = NVML's (module docstring)
+        # GPU-/MIG- UUIDs here; indices (portable_id) for other nodes (module docstring)
         return {"CUDA_VISIBLE_DEVICES": ",".join(visible), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
     def versions(self):
@@ -225,21 +269,51 @@ class NvidiaBackend(Backend):
                 "runtime_name": "CUDA"}
 
     def read(self, device):
-        """Memory in MiB and temperature in °C (NVML errors raise); load in %, power in W
-        (mW / 1000) and energy in J (mJ / 1000) where the GPU supports them."""
+        """A :class:`Reading`: memory used in MiB (bytes / 2**20), temperature in °C,
+        load in %, power in W (mW / 1000) and energy in J (mJ / 1000).
+
+        Each reading is taken on its own: one that raises (``NotSupported`` on some
+        boards and vGPU guests, ``nvmlDeviceGetTemperature``, deprecated and due to go
+        in CUDA 14) or that this pynvml lacks is left out, and the others, the energy
+        counter included, are kept. A MIG instance's reading holds its memory and its
+        GPU's temperature only (module docstring).
+
+        Raises:
+            the first NVML error, when every reading failed (the monitor then records
+            an error row).
+        """
         nv = self._init()
         h, parent, mig = device.handle
-        used = nv.nvmlDeviceGetMemoryInfo(h).used / 2**20
-        temperature = nv.nvmlDeviceGetTemperature(parent, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+        errors = []
+
+        def get(name, *args):
+            fn = getattr(nv, name, None)
+            if fn is None:
+                return None
+            try:
+                return fn(*args)
+            except Exception as exc:
+                errors.append(exc)
+                return None
+
+        memory = get("nvmlDeviceGetMemoryInfo", h)
+        used = getattr(memory, "used", None)
+        used = None if used is None else used / 2**20
+        temperature = get("nvmlDeviceGetTemperature", parent,
+                          getattr(nv, "NVML_TEMPERATURE_GPU", 0))
         if mig:
-            return Reading(memory_mib=used, temperature=temperature)
-        # NotSupported on some boards and vGPU guests: left out, not an error row
-        energy = _call(nv, "nvmlDeviceGetTotalEnergyConsumption", h)
-        util = _call(nv, "nvmlDeviceGetUtilizationRates", h)
-        power = _call(nv, "nvmlDeviceGetPowerUsage", h)
-        return Reading(load=getattr(util, "gpu", None), memory_mib=used,
-                       temperature=temperature, power=None if power is None else power / 1000.0,
-                       energy=None if energy is None else energy / 1000.0)
+            reading = Reading(memory_mib=used, temperature=temperature)
+        else:
+            energy = get("nvmlDeviceGetTotalEnergyConsumption", h)
+            util = get("nvmlDeviceGetUtilizationRates", h)
+            power = get("nvmlDeviceGetPowerUsage", h)
+            reading = Reading(load=getattr(util, "gpu", None), memory_mib=used,
+                              temperature=temperature,
+                              power=None if power is None else power / 1000.0,
+                              energy=None if energy is None else energy / 1000.0)
+        if errors and all(v is None for v in vars(reading).values()):
+            raise errors[0]
+        return reading
 
     def facts(self, device):
         from ..hostfacts import gpu_facts

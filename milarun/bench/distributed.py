@@ -18,9 +18,21 @@ is the same. Only rank 0 writes the result (``Experiment.write``).
 """
 
 import contextlib
+import datetime
 import os
 import socket
 from dataclasses import dataclass
+
+from .. import barrier
+
+#: Seconds of torch's own default process-group timeout (``torch.distributed``:
+#: 10 min for NCCL, 30 min for the others); a group gets at least this much.
+DEFAULT_PG_TIMEOUT_S = {"nccl": 600.0}
+DEFAULT_OTHER_PG_TIMEOUT_S = 1800.0
+#: Seconds of margin above the start barrier's timeout: the other ranks wait in a
+#: collective (:func:`milarun.bench.sync._rank_barrier`) while rank 0 waits at the
+#: launcher's barrier, and must not be timed out first.
+BARRIER_MARGIN_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -59,13 +71,20 @@ def process_group(exp, device, backend="auto"):
     """Join the job's process group for the ``with`` body, then leave it cleanly.
 
     On CUDA, the rank's device becomes ``cuda:LOCAL_RANK`` (also
-    ``exp.device``); on the CPU, the ranks of a node share its threads
-    (``torch.get_num_threads() // LOCAL_WORLD_SIZE`` each, recorded as
-    ``host.threads``). Once the group exists, :meth:`Experiment.gather_hosts`
+    ``exp.device``), given to ``init_process_group`` as ``device_id`` (NCCL
+    binds the group to it at once). On every device type the ranks of a node
+    share its CPUs: :func:`rank_threads` intra-op threads each (the cpuset
+    ``init_torch`` counted, divided by ``LOCAL_WORLD_SIZE``), recorded as
+    ``host.threads``. Once the group exists, :meth:`Experiment.gather_hosts`
     records the job (every rank calls it here, as a collective must be), and
     ``world_size``, ``backend`` and ``rank`` go to the result's metrics.
 
-    On leaving without an error, every rank meets at a barrier (so no rank
+    The group's timeout is :func:`group_timeout_s`: never shorter than the
+    start barrier's (``--barrier-timeout``), during which the other ranks wait
+    in a collective for rank 0.
+
+    On leaving without an error, every node's GPU readings go to rank 0
+    (:meth:`Experiment.gather_monitors`), every rank meets at a barrier (so no rank
     closes its connections while another still has work in flight), then the
     group is destroyed; after an error it is destroyed at once, as the other
     ranks may never reach a barrier.
@@ -86,14 +105,14 @@ def process_group(exp, device, backend="auto"):
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
     local_size = _env_int("LOCAL_WORLD_SIZE", size)
+    threads = rank_threads(torch.get_num_threads(), local_size)
+    torch.set_num_threads(threads)
+    exp.result["host"]["threads"] = threads
     if device.type == "cuda":
+        check_local_device(torch, local_rank)
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         exp.device = device
-    else:
-        threads = max(1, torch.get_num_threads() // max(1, local_size))
-        torch.set_num_threads(threads)
-        exp.result["host"]["threads"] = threads
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
     # DDP's first construction imports torch.distributed.nn.functional, whose
@@ -104,18 +123,75 @@ def process_group(exp, device, backend="auto"):
     # be gone (a rank aborted there with "terminate called without an active
     # exception"). Imported now, the defaults are None.
     import torch.distributed.nn  # noqa: F401
+    timeout = datetime.timedelta(seconds=group_timeout_s(backend))
+    extra = {"device_id": device} if backend == "nccl" else {}
     if "MASTER_ADDR" in os.environ:
-        dist.init_process_group(backend, rank=rank, world_size=size)
+        dist.init_process_group(backend, rank=rank, world_size=size, timeout=timeout, **extra)
     else:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
-                                rank=0, world_size=1)
+                                rank=0, world_size=1, timeout=timeout, **extra)
     try:
         exp.gather_hosts()
         exp.metrics.update({"world_size": size, "backend": backend, "rank": rank})
         yield World(size, rank, local_rank, local_size, backend, device)
+        exp.gather_monitors()
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def check_local_device(torch, local_rank, environ=None):
+    """Check that this rank's GPU, ``cuda:LOCAL_RANK``, exists.
+
+    Raises:
+        WrongDevice: it does not; with several MIG instances in
+            ``CUDA_VISIBLE_DEVICES`` the one line says why (CUDA gives a process
+            one MIG instance, the first listed, so a whole-node test cannot
+            spread its ranks over MIG instances: run them as per-GPU tests).
+    """
+    from .setup import WrongDevice
+
+    environ = os.environ if environ is None else environ
+    count = torch.cuda.device_count()
+    if local_rank < count:
+        return
+    visible = [v for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    migs = [v for v in visible if v.strip().startswith("MIG-")]
+    if len(migs) > 1:
+        raise WrongDevice(f"a whole-node test over {len(migs)} MIG instances cannot work: CUDA "
+                          "gives a process one MIG instance, so LOCAL_RANK "
+                          f"{local_rank} has no GPU; run MIG instances as a per-gpu test")
+    raise WrongDevice(f"LOCAL_RANK {local_rank} has no GPU: torch sees {count} "
+                      f"(CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES')!r})")
+
+
+def rank_threads(cpuset_threads, local_size):
+    """Intra-op threads of one rank (threads): ``cpuset_threads // local_size``, at least 1.
+
+    ``cpuset_threads`` is the size of the cpuset the job runs in (``init_torch``
+    set that many) and ``local_size`` the ranks on this node (``LOCAL_WORLD_SIZE``).
+    The same rule on CUDA as on the CPU: 8 GPU ranks on 64 cores get 8 threads
+    each, so together they use the node's cores once, as 8 per-GPU students of 8
+    cores would. torchrun's default ``OMP_NUM_THREADS=1`` is overridden (as
+    ``init_torch`` overrides it for every test): one thread per rank would
+    starve the ranks' CPU-side work (data loading in the main process, the
+    optimizer of a CPU model) on a node with cores to spare.
+    """
+    return max(1, int(cpuset_threads) // max(1, int(local_size)))
+
+
+def group_timeout_s(backend, environ=None):
+    """Seconds of the process group's timeout: torch's default for ``backend``, or the
+    start barrier's timeout (``$MILARUN_BARRIER_TIMEOUT``, set from ``milarun jobs
+    --barrier-timeout``) plus :data:`BARRIER_MARGIN_S` when that is longer."""
+    base = DEFAULT_PG_TIMEOUT_S.get(backend, DEFAULT_OTHER_PG_TIMEOUT_S)
+    try:
+        config = barrier.from_environment(environ)
+    except ValueError:
+        config = None   # malformed: sync.synchronize says so with one line
+    if config is None:
+        return base
+    return max(base, config["timeout"] + BARRIER_MARGIN_S)
 
 
 def max_over_ranks(n, device):
@@ -129,15 +205,25 @@ def max_over_ranks(n, device):
 
 
 def agree_on_counts(exp, world):
-    """Make the ranks agree on every raise of the count target (``--min-steady``).
+    """Make the ranks take every stop decision together (``--min-steady``).
 
     The rate logger (``exp.rate``, created by ``dataloop``/``iteration_wrapper``)
-    may raise its count target from the rate this rank measured; every rank
-    must take the same target or one would wait forever in the gradient
-    all-reduce, so the raise is reduced with MAX. A no-op in a world of one.
+    decides at its count target whether to go on; every rank must decide the
+    same, on the same step, or one would wait forever in the gradient
+    all-reduce while another stops. So at that step every rank all-reduces
+    its shortfall (items) with MAX, and all extend iff the result is > 0, by
+    that many items (:meth:`RateLogger._extend`).
+
+    Only rank 0 times: its samples are the record's. The other ranks'
+    loggers :meth:`~milarun.bench.rate.RateLogger.follow` (no device sync at
+    window boundaries, a shortfall vote of 0), unless ``--profile-trace``
+    needs their windows. A no-op in a world of one.
     """
     if world.size > 1:
         exp.rate.agree = lambda extra: max_over_ranks(extra, world.device)
+        if world.rank != 0 and exp.rate.tracer is None:
+            exp.rate.follow()
 
 
-__all__ = ["World", "process_group", "max_over_ranks", "agree_on_counts"]
+__all__ = ["World", "process_group", "max_over_ranks", "agree_on_counts", "rank_threads",
+           "group_timeout_s"]

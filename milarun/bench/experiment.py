@@ -206,6 +206,7 @@ class Experiment:
         self.origin = time.perf_counter()
         self.arguments = {}
         self._monitor_holder = []
+        self._gathered_monitor = None
         self._host_load = None
         self.journal = None
 
@@ -280,6 +281,53 @@ class Experiment:
             if self.journal is not None:
                 self.journal.write("distributed", **info)
         return info
+
+    def gather_monitors(self):
+        """Bring every node's GPU readings to rank 0: a collective.
+
+        Every rank calls it once, at the end of a torchrun job, while the group
+        is up (:func:`milarun.bench.distributed.process_group` does, after the
+        training body). Each node's ``LOCAL_RANK`` 0 stops its monitor (a last
+        reading, so the energy covers the run); every rank meets at a barrier
+        and reads its sample clock; the nodes' records and clocks are gathered
+        with ``all_gather_object`` and rank 0 merges them
+        (:func:`milarun.bench.monitor.merge_node_monitors`) into the record's
+        ``gpu_monitor``.
+
+        Returns:
+            the merged record on rank 0, else None (other ranks; outside
+            torchrun or without a process group, where nothing is gathered).
+        """
+        if "WORLD_SIZE" not in os.environ:
+            return None
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        from .monitor import merge_node_monitors
+
+        lead = os.environ.get("LOCAL_RANK", "0") == "0"
+        if lead:
+            for monitor in self._monitor_holder:
+                monitor.stop()
+        dist.barrier()
+        clock = time.perf_counter() - self.origin
+        mine = None
+        if lead:
+            record = (self._monitor_holder[0].record() if self._monitor_holder else
+                      {"available": False, "reason": "not started", "interval": None,
+                       "samples": []})
+            mine = {"node": _node_name(self.result.get("node")), "clock": clock,
+                    "monitor": record}
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        if dist.get_rank() != 0:
+            return None
+        entries = [entry for entry in gathered if entry is not None]
+        if not entries or gathered[0] is None:
+            return None
+        self._gathered_monitor = merge_node_monitors(entries, clock)
+        return self._gathered_monitor
 
     def attach_rate(self, logger):
         """Make ``logger`` the run's rate logger and stream its samples to the journal.
@@ -356,6 +404,8 @@ class Experiment:
             for monitor in self._monitor_holder:
                 monitor.stop()
                 res["gpu_monitor"] = monitor.record()
+            if self._gathered_monitor is not None:   # every node's, on rank 0
+                res["gpu_monitor"] = self._gathered_monitor
             if self._host_load is not None:
                 self._host_load.stop()
                 res["host_load"] = self._host_load.record()
@@ -371,7 +421,10 @@ class Experiment:
             res["peak_memory_mib"] = peak_memory_mib(self.device)
         if res["error"] and res["error"].get("traceback"):
             print(res["error"]["traceback"], file=sys.stderr)
-        reason = validation.apply(res)   # nan-loss, no-steady-state: a FAIL record
+        # nan-loss, no-steady-state: a FAIL record. Only the record's writer checks: the
+        # other ranks of a torchrun job time no windows (RateLogger.follow), and their
+        # samples are in no record.
+        reason = validation.apply(res) if os.environ.get("RANK", "0") == "0" else None
         if reason:
             print(f"milarun: {reason}: {res['error']['message']}", file=sys.stderr)
         self.write()
@@ -379,8 +432,15 @@ class Experiment:
 
     def start_monitor(self):
         """Start the NVML monitor and the host-load sampler (called by the loops
-        when training starts)."""
+        when training starts).
+
+        Under torchrun only each node's ``LOCAL_RANK`` 0 starts them: both sample
+        the whole node, and the other ranks' readings would be the same GPUs
+        and CPUs again (:meth:`gather_monitors` brings each node's to rank 0).
+        """
         if self._monitor_holder or self.options["no_instrument"]:
+            return
+        if os.environ.get("LOCAL_RANK", "0") != "0":
             return
         on_reading = on_load = None
         if self.journal is not None:

@@ -6,6 +6,11 @@ from the device's energy counter where it has one); a value the backend cannot
 read is left out. The backend is the one the launcher named
 (``$MILARUN_BACKEND``), else NVIDIA's. Without the library or without GPUs it
 records ``available: false`` with the reason and does nothing.
+
+Under torchrun only each node's ``LOCAL_RANK`` 0 runs a monitor (the others
+would sample the same GPUs); at the end of a job the nodes' records are
+gathered to rank 0 and merged by :func:`merge_node_monitors`, so a multi-node
+record holds the readings of every node's GPUs.
 """
 
 import os
@@ -107,3 +112,40 @@ class GPUMonitor:
     def record(self):
         return {"available": self.available, "reason": self.reason,
                 "interval": self.interval, "samples": self.samples}
+
+
+def merge_node_monitors(entries, clock):
+    """One ``gpu_monitor`` record from every node's, for rank 0 of a torchrun job.
+
+    Args:
+        entries: one ``{"node": name, "clock": s, "monitor": record}`` per node, in
+            node-rank order (rank 0's node first): ``monitor`` is that node's
+            ``GPUMonitor.record()``, ``clock`` the node's own reading of its
+            sample clock (s since its experiment's origin) right after a barrier
+            every rank met.
+        clock: rank 0's reading of its sample clock after that barrier (s).
+
+    Returns:
+        rank 0's record with the readings of every node whose monitor ran, each
+        row given ``"node"`` (its node rank) and its ``t`` moved onto rank 0's
+        clock (``t + clock - entry["clock"]``: the barrier is the common instant,
+        good to its exit skew, milliseconds against a 1 s interval), plus
+        ``"nodes"`` (nodes in the job), ``"nodes_sampled"`` (nodes whose
+        readings are in) and ``"node_gaps"`` (why the others are not, or None).
+        :func:`milarun.energy.result_energy` sums the power over every node's
+        GPUs and refuses a record whose readings miss a node.
+    """
+    first = dict(entries[0]["monitor"])
+    samples, gaps, sampled = [], [], 0
+    for rank, entry in enumerate(entries):
+        monitor = entry["monitor"]
+        if not monitor.get("available"):
+            gaps.append(f"{entry['node']}: {monitor.get('reason') or 'no readings'}")
+            continue
+        sampled += 1
+        shift = clock - entry["clock"]
+        for row in monitor.get("samples") or []:
+            samples.append({**row, "t": row["t"] + shift, "node": rank})
+    first.update({"samples": samples, "nodes": len(entries), "nodes_sampled": sampled,
+                  "node_gaps": "; ".join(gaps) or None})
+    return first

@@ -11,7 +11,8 @@ Stopping: training stops once ``max_count`` items were processed. With
 windows after warm-up) covers at least ``min_steady`` seconds, so a fast
 machine still gives a long enough steady state. The decision is taken only
 when the count target is reached, which is the same step on every rank of a
-data-parallel run, so ranks can agree on the new target (``agree``).
+data-parallel run, and there it is collective (``agree``): every rank gives
+its shortfall, and all extend iff the largest is > 0, by that many items.
 
 GPU timing: a timer mark (a CUDA event) is recorded when a window closes,
 right after its last step was queued, and the same mark opens the next
@@ -98,9 +99,11 @@ class RateLogger:
         origin: host-clock time that sample ``start``/``end`` are relative to.
         min_steady: seconds of steady state to reach before stopping, even
             past ``max_count`` (0: stop at ``max_count``).
-        agree: optional ``f(extra_items) -> extra_items`` called when the
-            count target is raised; data-parallel runs reduce it with MAX so
-            that every rank stops on the same step.
+        agree: optional ``f(shortfall_items) -> items`` called on every rank
+            each time the count target is reached (with ``min_steady`` > 0),
+            with this rank's shortfall (items, 0 when its steady state is long
+            enough); data-parallel runs reduce it with MAX, and all ranks
+            extend iff the result is > 0, so every rank stops on the same step.
         on_sample: optional ``f(sample)`` called with each closed sample
             (the experiment streams it to the launch's journal).
         before_start: optional ``f()`` called once by :meth:`loop` and
@@ -148,6 +151,7 @@ class RateLogger:
         self._last_values = None
         self.window_flags = {}
         self.tracer = None
+        self.votes = True
 
     def done(self):
         """True once ``max_count`` items were processed (``max_count`` may
@@ -191,13 +195,47 @@ class RateLogger:
     def _extend(self, now):
         """Raise ``max_count`` if the steady state is shorter than ``min_steady``.
 
-        The missing seconds (plus any warm-up windows still to come) are turned
-        into items at the latest measured rate, with a 2% margin; this runs
-        again whenever the new target is reached, so a slower rate later only
-        means another extension. Returns True if the target was raised.
+        Called when the count target is reached, which is the same step on
+        every rank of a data-parallel run. The missing seconds (plus any
+        warm-up windows still to come) are turned into items at the latest
+        measured rate, with a 2% margin (the *shortfall*, in items; 0 when the
+        steady state is long enough). With ``agree``, the decision itself is
+        collective: every rank passes its shortfall, even 0, to ``agree``
+        (an all-reduce with MAX), and every rank extends iff the agreed value
+        is > 0, by that many items. So no rank can enter the all-reduce while
+        another stops (mismatched collectives hang DDP), whatever each
+        rank's own clock says. This runs again whenever the new target is
+        reached, so a slower rate later only means another extension.
+        Returns True if the target was raised.
         """
         if not self.min_steady or self.max_count is None:
             return False
+        extra = self._shortfall(now) if self.votes else 0
+        if self.agree is not None:
+            extra = int(self.agree(extra))
+        if extra <= 0:
+            return False
+        self.max_count = self.total + extra
+        return True
+
+    def follow(self):
+        """Make this a follower rank's logger: it only counts items and takes part
+        in the stop decision.
+
+        In a data-parallel run only rank 0's samples go into the record, and
+        the ranks step in lockstep (the gradient all-reduce), so the other
+        ranks need not time: a follower times on the host clock (no device
+        sync), closes no window of its own (``sample_duration`` infinite: one
+        window over the whole run, its loss read once), and votes a shortfall
+        of 0 in ``agree``, so the stop decision is rank 0's, taken from its
+        device-timed windows. Call it before the first step.
+        """
+        self.timer = PerfCounterTimer(self.host_clock)
+        self.sample_duration = math.inf
+        self.votes = False
+
+    def _shortfall(self, now):
+        """Items still needed for ``min_steady`` seconds of steady state (0: none)."""
         if not self.samples:
             # No window measured yet; on a GPU the host clock has only seen
             # the launches, so close one (one sync) to get a real rate.
@@ -208,7 +246,7 @@ class RateLogger:
         if len(self.samples) >= self.warmup and not self.window_flags.get("profiled"):
             steady_s += open_s  # the open window is a steady one
         if steady_s >= self.min_steady:
-            return False
+            return 0
         rate = self.samples[-1]["rate"] if self.samples else 0.0
         missing = max(0, self.warmup - len(self.samples)) * self.sample_duration
         seconds = self.min_steady - steady_s + missing
@@ -216,11 +254,7 @@ class RateLogger:
             extra = math.ceil(rate * seconds * 1.02)
         else:
             extra = self.total  # no usable rate yet: double the count
-        extra = max(1, extra)
-        if self.agree is not None:
-            extra = int(self.agree(extra))
-        self.max_count = self.total + extra
-        return True
+        return max(1, extra)
 
     def _close_window(self, now):
         if self._window_count == 0:

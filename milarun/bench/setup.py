@@ -128,7 +128,9 @@ def check_device(torch, environ=None):
 def set_precision(device, precision):
     """Configure matmul precision and return an autocast context for ``precision``.
 
-    ``fp32``: strict fp32 (TF32 off). ``tf32``: TF32 matmuls and convolutions.
+    ``fp32``: strict fp32: TF32 off for matmuls and for cuDNN convolutions (PyTorch's
+    default leaves cuDNN's on; docs/measurement.md says why). ``tf32``: TF32 matmuls and
+    convolutions.
     ``fp16`` / ``bf16``: ``torch.autocast`` to that dtype (CPU autocast
     supports bf16 and fp16 on recent torch).
 

@@ -10,7 +10,7 @@ def inventory(cpu_slots=None, root="/", options=None):
     """What ``milarun devices`` prints, as a dict: ``{"backend", "vendor", "driver",
     "runtime", "runtime_name", "devices": [{"index", "visible", "name", "memory_mib",
     "pci_bus_id", "numa_node", "cpus", "parent", "uuid"}], "cpu_slots", "probe": {vendor:
-    [what]}, "tried": {backend: why it saw nothing}}``.
+    [what]}, "tried": {backend: why it saw nothing, or which devices it skipped and why}}``.
 
     Raises:
         SetupError: the host has accelerators that no backend sees, without ``cpu_slots``
@@ -21,7 +21,9 @@ def inventory(cpu_slots=None, root="/", options=None):
     from ..devices import discover, find_gpus
 
     devs = discover(cpu_slots, root=root, options=options)
-    _, tried = find_gpus(options=options) if devs.kind == "cpu" else (None, {})
+    _, tried = find_gpus(options=options)
+    if devs.kind != "cpu":   # the backend in use: only what it skipped, if anything
+        tried = {k: v for k, v in tried.items() if k == devs.backend}
     out = {"backend": devs.backend, "probe": probe.found(root), "tried": tried}
     record = accel.get(devs.backend, **(options or {}).get(devs.backend, {})) \
         .accelerator_record()
