@@ -96,7 +96,7 @@ def journal_cost(workdir, lines=20000):
     """Seconds to append and flush one sample line to a journal (best of 5)."""
     import time
 
-    from milarun.results.journal import Journal
+    from milarun.formats.journal import Journal
 
     sample = {"start": 1.25, "end": 1.75, "count": 4096, "rate": 8192.0, "warmup": False}
     best = float("inf")

@@ -6,9 +6,9 @@ summarized and scored by the report's code (:func:`milarun.report.build_report`,
 with ``--weights`` when given), and for each test's perf (mean steady-state
 throughput, items/s), for the score and for the node score the script gives the
 mean over the K runs and the coefficient of variation ``cv = std / mean``
-(sample std, divisor K - 1: :func:`milarun.stats.describe` and
-:func:`milarun.stats.cv`). It also gives the mean of each run's own 95 %
-confidence half-width of the score (:mod:`milarun.confidence`), to set the noise one
+(sample std, divisor K - 1: :func:`milarun.measure.stats.describe` and
+:func:`milarun.measure.stats.cv`). It also gives the mean of each run's own 95 %
+confidence half-width of the score (:mod:`milarun.measure.confidence`), to set the noise one
 run predicts against the spread the K runs show.
 
 Two diagnostics say which part of the noise milarun could still remove:
@@ -82,7 +82,7 @@ def run_profile(profile, k, outroot, dataroot=None, jobs_args=(), stream=sys.std
 
 def _spread(values):
     """``{values, mean, std, cv}`` over the runs (cv None with fewer than 2 values)."""
-    from milarun import stats
+    from milarun.measure import stats
 
     d = stats.describe(values)
     return {"values": list(values), "mean": d["mean"], "std": d["std"],
@@ -92,7 +92,7 @@ def _spread(values):
 def _window_se(samples):
     """Relative standard error of one result's steady-state rate from its chosen
     windows: ``cv(window rates) / sqrt(n)``; None with fewer than 2 windows."""
-    from milarun import stats
+    from milarun.measure import stats
 
     _, chosen, _ = stats.steady_state(samples)
     rates = [s["count"] / (s["end"] - s["start"]) for s in chosen if s["end"] > s["start"]]
@@ -104,7 +104,7 @@ def _window_se(samples):
 def within_noise(records):
     """``{group: median relative standard error of a result's rate}`` over every
     successful result with samples among ``records`` (see the module docstring)."""
-    from milarun.summary import group_name
+    from milarun.analysis.summary import group_name
 
     out = {}
     for record in records:
@@ -184,8 +184,8 @@ RULES = {
 
 @contextlib.contextmanager
 def steady_rule(name):
-    """Within the block, :func:`milarun.stats.steady_state` is rule ``name`` of :data:`RULES`."""
-    from milarun import stats
+    """Within the block, :func:`milarun.measure.stats.steady_state` is rule ``name`` of :data:`RULES`."""
+    from milarun.measure import stats
 
     original = stats.steady_state
     stats.steady_state = RULES[name](original)
@@ -217,7 +217,7 @@ def analyze(dirs, weights=None, warn=None, throughput="effective"):
     run has no rate for the test, left out of mean, std and cv).
     """
     from milarun.report import build_report, load_weights
-    from milarun.summary import summarize_dir
+    from milarun.analysis.summary import summarize_dir
 
     weights_map = load_weights(weights) if weights else None
     per_test, scores, node_scores, halves, records = {}, [], [], [], []

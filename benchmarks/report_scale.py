@@ -71,7 +71,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     from milarun.report import build_report, check_weights, render_html, render_text
-    from milarun.summary import summarize_dir
+    from milarun.analysis.summary import summarize_dir
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

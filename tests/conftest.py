@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from milarun import isolation
+from milarun.host import isolation
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,7 +40,7 @@ def no_smt_siblings(monkeypatch):
 
 @pytest.fixture(scope="session", autouse=True)
 def written_registry(tmp_path_factory):
-    """The registry of records written (milarun.results.trust) for the whole session,
+    """The registry of records written (milarun.formats.trust) for the whole session,
     children included: tests never add to the real ~/.config/milarun."""
     path = tmp_path_factory.mktemp("trust") / "written.sha256"
     old = os.environ.get("MILARUN_WRITTEN")

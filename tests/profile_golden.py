@@ -14,10 +14,10 @@ import os
 import shlex
 import sys
 
-from milarun.devices import Devices
-from milarun.nodes import local_cluster
-from milarun.plan import plan_suite
-from milarun.profile import load_profile
+from milarun.host.devices import Devices
+from milarun.plan.nodes import local_cluster
+from milarun.plan.launches import plan_suite
+from milarun.profile.language import load_profile
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "profiles_resolved")
 

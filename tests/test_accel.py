@@ -1,4 +1,4 @@
-"""Device backends (milarun.accel) against fakes: NVML with MIG, a fake amdsmi module, fake
+"""Device backends (milarun.host.accel) against fakes: NVML with MIG, a fake amdsmi module, fake
 sysfs DRM/PCI trees and /dev entries. None of this ran on AMD, Intel or MIG hardware."""
 
 import json
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from milarun import accel, devices
-from milarun.accel import probe
-from milarun.accel.amd import AMDBackend
-from milarun.accel.intel import IntelBackend
-from milarun.accel.nvidia import NvidiaBackend
+from milarun.host import accel, devices
+from milarun.host.accel import probe
+from milarun.host.accel.amd import AMDBackend
+from milarun.host.accel.intel import IntelBackend
+from milarun.host.accel.nvidia import NvidiaBackend
 from milarun.bench.setup import WrongDevice, check_device
 from milarun.errors import SetupError
 
@@ -185,8 +185,8 @@ def test_mig_telemetry_leaves_out_what_belongs_to_the_whole_gpu(monkeypatch):
 
 
 def test_a_mig_child_gets_its_uuid_and_the_backend(monkeypatch):
-    from milarun.plan import plan_job
-    from milarun.profile import Job
+    from milarun.plan.launches import plan_job
+    from milarun.profile.language import Job
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -451,7 +451,7 @@ def test_nvml_counters_a_board_does_not_support_leave_out_only_themselves(monkey
 def test_amdsmi_not_available_values_never_reach_a_record(tmp_path, monkeypatch):
     # amdsmi answers "N/A" (not an exception) for counters a GPU lacks (0xFFFF, max uint)
     from milarun.bench.monitor import FIELDS
-    from milarun.results.schema import new_result, validate
+    from milarun.formats.record import new_result, validate
 
     monkeypatch.delenv("ROCR_VISIBLE_DEVICES", raising=False)
     smi = fake_amdsmi(1)
@@ -545,8 +545,8 @@ def test_devices_command_help_names_its_flags():
 def test_a_cpu_slot_child_never_picks_a_gpu_left_visible(monkeypatch):
     # an Intel GPU with torch's XPU build: ZE_AFFINITY_MASK="" hides nothing
     from milarun.bench.setup import init_torch
-    from milarun.plan import plan_job
-    from milarun.profile import Job
+    from milarun.plan.launches import plan_job
+    from milarun.profile.language import Job
 
     job = Job(name="t", suite="s", experiment="milarun.models.toy_reg:main", partition="per-gpu")
     (wave,) = plan_job(job, devices.Devices("cpu", [0, 1]), 0, "/out")

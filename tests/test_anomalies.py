@@ -1,4 +1,4 @@
-"""Anomaly rules (milarun.anomalies) on recorded samples with planted stalls and slow phases,
+"""Anomaly rules (milarun.measure.anomalies) on recorded samples with planted stalls and slow phases,
 and the flags in the summary."""
 
 import copy
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from milarun import anomalies, stats
-from milarun.summary import summarize
+from milarun.measure import anomalies, stats
+from milarun.analysis.summary import summarize
 
 RECORDED = Path(__file__).parent / "fixtures" / "recorded" / "cpu.scaling.timings.json"
 
@@ -157,7 +157,7 @@ def test_noise_dips_are_not_flagged(rec):
 
 
 def test_no_steady_state_is_a_failure_not_an_anomaly(rec):
-    # milarun.validation owns it: the summary judges the record failed (no-steady-state)
+    # milarun.measure.validation owns it: the summary judges the record failed (no-steady-state)
     for s in samples(rec):
         s["warmup"] = True
     assert kinds(rec) == []
@@ -220,7 +220,7 @@ def test_summary_holds_the_flags_with_their_files(rec):
     assert all("spans" not in f and "index" not in f for f in flags)
     assert summary["provenance"]["milarun"] == ["0.1.0"]
     assert summary["provenance"]["suites"] == ["cpu"]
-    from milarun.summary import check_summary, normalize_summary
+    from milarun.analysis.summary import check_summary, normalize_summary
     check_summary(summary)
     assert normalize_summary(json.loads(json.dumps(summary)))["tests"]["cpu.scaling"][
         "anomalies"] == flags
@@ -237,7 +237,7 @@ def test_interrupted_launches_get_no_flag(rec):
 def test_the_cpu_profile_declares_the_steady_state_it_meets():
     """profiles/cpu.json declares --min-steady 3 for every test: the logger trains until
     each has 3 s of steady state, so the short-steady rule holds it to 3 s, not 11 s."""
-    from milarun.profile import load_profile
+    from milarun.profile.language import load_profile
 
     root = Path(__file__).parent.parent
     for job in load_profile(root / "profiles" / "cpu.json"):

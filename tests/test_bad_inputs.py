@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from milarun import jsonfile
+from milarun.formats import jsonfile
 from milarun.cli import main
-from milarun.results import schema as result_schema
+from milarun.formats import record as result_schema
 
 FIX = Path(__file__).parent / "fixtures"
 RESULTS = FIX / "results"
@@ -425,7 +425,7 @@ def test_documented_result_fields_are_the_schema_fields():
 
 
 def test_new_result_and_fixtures_validate():
-    from milarun.results.schema import new_result, validate
+    from milarun.formats.record import new_result, validate
     validate(new_result("s.t"))
     for path in RESULTS.glob("standard.*.json"):
         if not any(k in path.name for k in ("broken", "future", "xss")):
@@ -434,7 +434,7 @@ def test_new_result_and_fixtures_validate():
 
 def test_writer_check_rejects_what_json_cannot_carry():
     from milarun.errors import ResultFormatError
-    from milarun.results.schema import new_result, validate
+    from milarun.formats.record import new_result, validate
     rec = new_result("s.t")
     rec["metrics"]["loss"] = float("nan")
     with pytest.raises(ResultFormatError) as exc:
@@ -445,7 +445,7 @@ def test_writer_check_rejects_what_json_cannot_carry():
 
 def test_schemas_ship_inside_the_package():
     from importlib import resources
-    folder = resources.files("milarun") / "schemas"
+    folder = resources.files("milarun.formats") / "schemas"
     assert sorted(p.name for p in folder.iterdir() if p.name.endswith(".json")) == sorted(
         f"{n}.schema.json" for n in jsonfile.SCHEMAS)
 

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from milarun import isolation
+from milarun.host import isolation
 from milarun.cli import main
 
 TEST = {"experiment": "milarun.models.toy_reg:main",
@@ -124,7 +124,7 @@ def test_placeholders_are_expanded_and_long_values_summarized(profile, env, caps
 
 
 def test_job_summary_skips_braces_inside_strings():
-    from milarun.plan import _shorten_job
+    from milarun.plan.launches import _shorten_job
     word = ("'{\"device\": \"0\", \"job\": {\"prepare\": [\"echo {a} \\\"}\\\"\"], "
             "\"x\": {\"y\": 1}}, \"run\": 0}'")
     assert _shorten_job(word) == '\'{"device": "0", "job": {…}, "run": 0}\''

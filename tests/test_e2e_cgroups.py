@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MEMORY, ROOT, cgroup_skip  # noqa: F401 (students: conftest)
-from milarun import isolation
+from milarun.host import isolation
 
 pytestmark = [pytest.mark.cgroup]
 

@@ -1,4 +1,4 @@
-"""Power and energy per item (milarun.energy) against known counters: hand-made monitor
+"""Power and energy per item (milarun.measure.energy) against known counters: hand-made monitor
 readings, and the real GPU monitor reading a fake NVML (no GPU here); the summary's
 ``energy``, the report's W, J/item, items/J columns and perf/W; "not available" on CPU."""
 
@@ -8,9 +8,9 @@ import types
 
 import pytest
 
-from milarun import energy
-from milarun.results.schema import new_result, validate
-from milarun.summary import check_summary, normalize_summary, summarize
+from milarun.measure import energy
+from milarun.formats.record import new_result, validate
+from milarun.analysis.summary import check_summary, normalize_summary, summarize
 
 
 def steady_samples(rate=100.0, n=20, t0=1.0):

@@ -10,8 +10,8 @@ import pytest
 from test_accel import fake_amdsmi
 from test_monitor import fake_pynvml
 
-from milarun.accel.amd import AMDBackend
-from milarun.accel.nvidia import NvidiaBackend
+from milarun.host.accel.amd import AMDBackend
+from milarun.host.accel.nvidia import NvidiaBackend
 from milarun.bench.monitor import GPUMonitor
 
 UINT32_MAX = 0xFFFFFFFF

@@ -1,4 +1,4 @@
-"""Host facts (milarun.hostfacts): sysfs and NVML facts from fakes, milarun's version and
+"""Host facts (milarun.host.facts): sysfs and NVML facts from fakes, milarun's version and
 commit, the facts in a real record, in the summary and the report header, and the
 ``--compare`` warning when they differ from the baseline's."""
 
@@ -11,7 +11,7 @@ import types
 import pytest
 
 from conftest import ROOT
-from milarun import hostfacts, isolation
+from milarun.host import facts as hostfacts, isolation
 
 
 def _write(path, text):
@@ -137,8 +137,8 @@ def test_a_real_record_holds_the_host_facts_and_the_host_load(tmp_path):
 
 
 def summary_with(facts, cpus=4):
-    from milarun.results.schema import new_result
-    from milarun.summary import summarize
+    from milarun.formats.record import new_result
+    from milarun.analysis.summary import summarize
     recs = []
     for dev in (0, 1):
         rec = new_result("s.t", f"0.{dev}", device=str(dev), devices=[dev])
@@ -160,7 +160,7 @@ FACTS = {"milarun_version": "0.1.0", "milarun_commit": "a" * 40, "milarun_dirty"
 
 
 def test_the_summary_keeps_the_facts_per_host():
-    from milarun.summary import check_summary, normalize_summary
+    from milarun.analysis.summary import check_summary, normalize_summary
     summary = summary_with(FACTS)
     check_summary(summary)
     (host,) = summary["hosts"]
@@ -174,7 +174,7 @@ def test_the_summary_keeps_the_facts_per_host():
 
 def test_the_report_header_shows_the_facts():
     from milarun.report import build_report, render_html, render_text
-    from milarun.summary import normalize_summary
+    from milarun.analysis.summary import normalize_summary
     report = build_report(normalize_summary(summary_with(FACTS)))
     text = render_text(report)
     assert ("host facts (h): milarun 0.1.0 (aaaaaaaaaaaa) | kernel 6.8.0 | CPU governor "
@@ -185,13 +185,13 @@ def test_the_report_header_shows_the_facts():
 
 def test_compare_warns_when_facts_differ_from_the_baseline(tmp_path):
     from milarun.report import make_report
-    from milarun.summary import write_summary
+    from milarun.analysis.summary import write_summary
     base = tmp_path / "base.json"
     write_summary(summary_with({**FACTS, "cpu_governor": "powersave", "kernel": None}, cpus=8),
                   base)
     results = tmp_path / "results"
-    from milarun.results.schema import new_result
-    from milarun.results.store import write_result
+    from milarun.formats.record import new_result
+    from milarun.formats.store import write_result
     for dev in (0, 1):
         rec = new_result("s.t", f"0.{dev}", device=str(dev), devices=[dev])
         rec["host"] = {"hostname": "h", "cpu_model": "cpu", "cpuset": list(range(4 + dev)),
@@ -220,7 +220,7 @@ def test_compare_warns_when_facts_differ_from_the_baseline(tmp_path):
 
 def test_the_accelerator_record_reaches_the_header_and_compare():
     from milarun.report import build_report, render_text
-    from milarun.summary import normalize_summary
+    from milarun.analysis.summary import normalize_summary
     amd = {"backend": "amd", "vendor": "AMD", "driver": "6.7.0", "runtime": "6.2.1",
            "runtime_name": "ROCm"}
     nvidia = {"backend": "nvidia", "vendor": "NVIDIA", "driver": "550.54", "runtime": "12.4",

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from conftest import SMOKE_ARGS, build_tiny, run_model, steady_samples
-from milarun import stats
+from milarun.measure import stats
 from milarun.bench.rate import RateLogger
 from milarun.bench.trace import ProfileTrace
 from milarun.datasets import prepare, resolve_params
-from milarun.results.schema import new_result, validate
-from milarun.results.store import iter_results, write_result
+from milarun.formats.record import new_result, validate
+from milarun.formats.store import iter_results, write_result
 
 
 @pytest.fixture(scope="session")
@@ -286,9 +286,9 @@ def test_profile_trace_reaches_the_child_through_jobs_and_rerun(tmp_path):
     """The option is a test argument: ``milarun jobs P -- --profile-trace DIR`` appends it to
     every test's command, and a rerun of the record replays it."""
     from milarun.cli.rerun import rerun_command
-    from milarun.devices import Devices
-    from milarun.plan import plan_job
-    from milarun.profile import load_profile
+    from milarun.host.devices import Devices
+    from milarun.plan.launches import plan_job
+    from milarun.profile.language import load_profile
 
     profile = tmp_path / "p.json"
     profile.write_text(json.dumps({"t": {"experiment": "milarun.models.toy_reg:main",
@@ -337,7 +337,7 @@ def io_results(tmp_path):
 
 def test_io_tables_pair_traverse_and_train_per_workers(io_results):
     from milarun.report.io import io_tables
-    from milarun.summary import summarize_dir
+    from milarun.analysis.summary import summarize_dir
 
     summary, records = summarize_dir(io_results)
     tables = io_tables(summary, records)
@@ -353,7 +353,7 @@ def test_io_tables_pair_traverse_and_train_per_workers(io_results):
 
 def test_io_tables_skip_other_tests_and_missing_modes(tmp_path):
     from milarun.report.io import io_tables
-    from milarun.summary import summarize
+    from milarun.analysis.summary import summarize
 
     other = io_record("train", "x", 1, 5.0)
     other["call"]["function"] = "milarun.models.convnet:main"
@@ -402,7 +402,7 @@ def test_report_without_io_tests_has_no_io_section(tmp_path):
 
 
 def test_profiled_spans_stay_out_of_the_effective_throughput():
-    from milarun import throughput
+    from milarun.measure import throughput
 
     def sample(start, end, rate, **flags):
         return {"start": start, "end": end, "count": rate * (end - start), "rate": rate,
@@ -428,7 +428,7 @@ def test_profiled_spans_stay_out_of_the_effective_throughput():
     ("io-seed", "w", [0, 32, 64, 128, 256], "--workers")])
 def test_io_profiles_sweep_workers_mode_and_dataset(name, axis, values, flag):
     from conftest import ROOT
-    from milarun.profile import load_profile
+    from milarun.profile.language import load_profile
 
     jobs = load_profile(ROOT / "profiles" / f"{name}.json")
     # the two modes of one workers value run one after the other (drift hits both alike)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from milarun import isolation
+from milarun.host import isolation
 
 
 def test_split_students_even_exclusive():

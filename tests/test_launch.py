@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from milarun import launch as launch_mod
-from milarun.launch import (Interrupted, StopRequest, SuiteAborted, fail_reason, run_suite,
+from milarun.launcher import launch as launch_mod
+from milarun.launcher.launch import (Interrupted, StopRequest, SuiteAborted, fail_reason, run_suite,
                             run_wave, tally)
-from milarun.plan import Launch
-from milarun.profile import Job
-from milarun.results.journal import Journal
+from milarun.plan.launches import Launch
+from milarun.profile.language import Job
+from milarun.formats.journal import Journal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAMP = "20261122-000000-000000"
@@ -47,7 +47,7 @@ def record(outcome):
     return json.loads(outcome.result_path.read_text())
 
 
-WRITE_OK = ("import sys; from milarun.results import new_result, write_result; "
+WRITE_OK = ("import sys; from milarun.formats.record import new_result; from milarun.formats.store import write_result; "
             "r=new_result('t.job','0.0'); r['success']={ok}; "
             "r['timings']['train']['samples']=[{{'start':0.0,'end':1.0,'count':5,'rate':5.0,"
             "'warmup':False}}]; write_result(r, sys.argv[1]); sys.exit({rc})")
@@ -291,7 +291,7 @@ def test_a_record_that_cannot_be_written_stops_the_suite(tmp_path, monkeypatch):
 
 
 def test_journal_survives_a_truncated_line(tmp_path):
-    from milarun.results.journal import read_journal
+    from milarun.formats.journal import read_journal
     j = Journal(tmp_path / "j.jsonl")
     j.write("start", pid=1, start=10.0)
     j.write("sample", start=0.0, end=1.0, count=3, rate=3.0, warmup=True)
@@ -305,7 +305,7 @@ def test_journal_survives_a_truncated_line(tmp_path):
 
 
 def test_journal_keeps_only_well_formed_host_load_readings(tmp_path):
-    from milarun.results.journal import read_journal
+    from milarun.formats.journal import read_journal
     j = Journal(tmp_path / "j.jsonl")
     row = {"t": 3.0, "dt": 1.0, "busy": 1.5, "suite": 1.2, "outside": 0.3}
     j.write("host_load", **row)

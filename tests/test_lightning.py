@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import ROOT, SMOKE_ARGS, build_tiny, steady_samples
-from milarun.results.schema import validate
+from milarun.formats.record import validate
 
 pytest.importorskip("lightning")
 

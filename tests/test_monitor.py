@@ -142,20 +142,20 @@ def test_cuda_event_timer_measures_device_time_with_one_sync_per_window():
     ("0,0", [0]),
 ])
 def test_visible_indices_follow_cuda_rules(spec, expect):
-    from milarun.devices import visible_indices
+    from milarun.host.devices import visible_indices
 
     assert visible_indices(4, spec=spec, uuid_of=lambda i: f"GPU-{i}aaa-{i}") == expect
 
 
 def test_every_gpu_is_visible_when_the_variable_is_unset(monkeypatch):
-    from milarun.devices import visible_indices
+    from milarun.host.devices import visible_indices
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert visible_indices(3) == [0, 1, 2]
 
 
 def test_discovery_honours_cuda_visible_devices(monkeypatch):
-    from milarun import devices
+    from milarun.host import devices
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=4))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-2aaa,1")
@@ -168,9 +168,9 @@ def test_discovery_honours_cuda_visible_devices(monkeypatch):
 
 
 def test_children_use_the_pci_bus_order_of_nvml(monkeypatch):
-    from milarun import devices
-    from milarun.plan import plan_job
-    from milarun.profile import Job
+    from milarun.host import devices
+    from milarun.plan.launches import plan_job
+    from milarun.profile.language import Job
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=2))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

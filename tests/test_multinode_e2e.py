@@ -92,7 +92,7 @@ def test_milarun_slurm_runs_every_plan_type_across_two_nodes(slurm_cluster, stud
     assert ddp["nodes"] == ["node1", "node2"]
     assert ddp["distributed"]["rendezvous"]["backend"] == "c10d"
     # node-progression: 1x1, 1x2, 2x1, 2x2, grouped by shape
-    from milarun.summary import summarize_dir
+    from milarun.analysis.summary import summarize_dir
     summary, _ = summarize_dir(out)
     groups = sorted(g for g in summary["tests"] if g.startswith("cluster-cpu.scaling."))
     assert groups == ["cluster-cpu.scaling.1x1", "cluster-cpu.scaling.1x2",

@@ -4,11 +4,11 @@ a node that never joins the rendezvous each end as a FAIL record with their reas
 import json
 import socket
 
-from milarun import nodes
-from milarun.devices import Devices
-from milarun.launch import run_wave
-from milarun.plan import plan_job
-from milarun.profile import Job
+from milarun.plan import nodes
+from milarun.host.devices import Devices
+from milarun.launcher.launch import run_wave
+from milarun.plan.launches import plan_job
+from milarun.profile.language import Job
 
 
 def free_port():
@@ -110,7 +110,7 @@ def test_a_process_whose_parent_died_while_it_started_exits_at_once():
     # an orphan that nobody supervises: it notices its parent changed and leaves.
     import subprocess
     import sys
-    code = ("from milarun import supervise; "
+    code = ("from milarun.host import supervise; "
             "supervise.set_parent_death_signal(launcher_pid=1, parent_at_start=-5); "
             "print('still here')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -11,12 +11,13 @@ import time
 import pytest
 from test_monitor import fake_pynvml
 
-from milarun import devices, nodes
-from milarun.accel.nvidia import NvidiaBackend, nvml_visible
+from milarun.host import devices
+from milarun.plan import nodes
+from milarun.host.accel.nvidia import NvidiaBackend, nvml_visible
 from milarun.bench.monitor import GPUMonitor
 from milarun.cli.devices import inventory, render
-from milarun.plan import plan_job
-from milarun.profile import Job
+from milarun.plan.launches import plan_job
+from milarun.profile.language import Job
 
 
 class NVMLError_NoPermission(Exception):   # noqa: N801 (pynvml's class name)

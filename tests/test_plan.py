@@ -2,9 +2,9 @@
 
 import json
 
-from milarun.devices import Devices
-from milarun.plan import plan_job, plan_suite
-from milarun.profile import Job
+from milarun.host.devices import Devices
+from milarun.plan.launches import plan_job, plan_suite
+from milarun.profile.language import Job
 
 PY = "/py"
 
@@ -110,7 +110,7 @@ def test_suite_repeats_every_job_in_order():
 def test_dry_run_prints_commands_and_starts_nothing(tmp_path, capsys, monkeypatch):
     import pytest
 
-    from milarun import isolation
+    from milarun.host import isolation
     from milarun.cli import main
     monkeypatch.setattr(isolation, "missing_groups", lambda specs: [])   # as if they existed
     profile = tmp_path / "p.json"

@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from milarun import nodes, plantypes
+from milarun.plan import nodes, types as plantypes
 from milarun.cli import main
-from milarun.devices import Devices
+from milarun.host.devices import Devices
 from milarun.errors import SetupError
-from milarun.jsonfile import load_schema
-from milarun.plan import plan_job
-from milarun.profile import Job
+from milarun.formats.jsonfile import load_schema
+from milarun.plan.launches import plan_job
+from milarun.profile.language import Job
 
 PY = "/py"
 
@@ -135,7 +135,7 @@ def test_node_progression_takes_the_profiles_lists_and_skips_what_the_cluster_la
 def test_ssh_cluster_runs_each_node_through_batchmode_ssh_and_fans_out():
     (wave,) = plan_job(job("multi-node"), ssh(), 0, "/o", "/d", python=PY)
     (lch,) = wave
-    assert lch.argv[:3] == [PY, "-m", "milarun.fanout"]
+    assert lch.argv[:3] == [PY, "-m", "milarun.launcher.fanout"]
     agents = json.loads(lch.argv[3])
     assert len(agents) == 2
     first = agents[0]
@@ -295,24 +295,24 @@ def test_dry_run_with_a_system_file_shows_the_ssh_commands(tmp_path, capsys):
 def test_fanout_ends_every_agent_when_one_fails_and_says_node_lost():
     agents = [[sys.executable, "-c", "import time; time.sleep(60)"],
               [sys.executable, "-c", "import sys; sys.exit(255)"]]
-    done = subprocess.run([sys.executable, "-m", "milarun.fanout", json.dumps(agents)],
+    done = subprocess.run([sys.executable, "-m", "milarun.launcher.fanout", json.dumps(agents)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 255
-    assert "milarun.fanout: node-lost 1" in done.stderr
+    assert "milarun.launcher.fanout: node-lost 1" in done.stderr
 
 
 def test_fanout_passes_when_every_agent_passes():
     agents = [[sys.executable, "-c", "print('a')"], [sys.executable, "-c", "print('b')"]]
-    done = subprocess.run([sys.executable, "-m", "milarun.fanout", json.dumps(agents)],
+    done = subprocess.run([sys.executable, "-m", "milarun.launcher.fanout", json.dumps(agents)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     assert sorted(done.stdout.split()) == ["a", "b"]
 
 
 def test_fanout_refuses_a_malformed_list():
-    done = subprocess.run([sys.executable, "-m", "milarun.fanout", '[["ok"], 3]'],
+    done = subprocess.run([sys.executable, "-m", "milarun.launcher.fanout", '[["ok"], 3]'],
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "milarun.fanout: error" in done.stderr
+    assert done.returncode == 2 and "milarun.launcher.fanout: error" in done.stderr
 
 
 @pytest.mark.parametrize("tail,launcher,reason", [
@@ -324,15 +324,15 @@ def test_fanout_refuses_a_malformed_list():
     (["ChildFailedError"], "python", None),
 ])
 def test_distributed_failures_are_named(tail, launcher, reason):
-    from milarun.launch import distributed_reason
-    from milarun.plan import Launch
+    from milarun.launcher.launch import distributed_reason
+    from milarun.plan.launches import Launch
     lch = Launch("s.j", None, 0, "0", [0], ["x"], {}, cluster=slurm(), launcher=launcher)
     assert distributed_reason(lch, 1, tail) == reason
 
 
 def test_ssh_status_255_is_a_lost_node():
-    from milarun.launch import distributed_reason
-    from milarun.plan import Launch
+    from milarun.launcher.launch import distributed_reason
+    from milarun.plan.launches import Launch
     lch = Launch("s.j", None, 0, "0", [0], ["ssh"], {}, cluster=ssh())
     assert distributed_reason(lch, 255, []) == "node-lost"
     assert distributed_reason(lch, 1, []) is None
@@ -433,9 +433,9 @@ def test_system_file_paths_are_relative_to_the_file(tmp_path, monkeypatch):
 ])
 def test_a_rank_0_record_of_a_failed_distributed_job_gets_the_job_reason(
         tmp_path, own_reason, tail, done, reason):
-    from milarun.launch import conclude
-    from milarun.results.schema import new_result
-    from milarun.results.store import write_result
+    from milarun.launcher.launch import conclude
+    from milarun.formats.record import new_result
+    from milarun.formats.store import write_result
 
     (wave,) = plan_job(job("multi-node"), slurm(), 0, tmp_path, "/d", python=PY)
     lch = wave[0]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from milarun.cli import main
-from milarun.profile import deep_merge, load_profile
+from milarun.profile.language import deep_merge, load_profile
 
 OK = {"experiment": "milarun.models.toy_reg:main"}
 KNOWN = ("arguments, description, enabled, exec_prefix, experiment, group, inherits, launcher, "
@@ -116,7 +116,7 @@ def test_deep_merge_does_not_alias():
 
 
 def test_arguments_render_flags():
-    from milarun.profile import Job
+    from milarun.profile.language import Job
     job = Job("s", "a", "m:f", arguments={"--batch-size": 8, "amp": True, "--no": False,
                                           "lr": 0.5})
     assert job.argv() == ["--batch-size", "8", "--amp", "--lr", "0.5"]
@@ -126,7 +126,7 @@ def test_validation_does_not_import_torch(tmp_path):
     import subprocess
     import sys
     path = _write(tmp_path, {"a": {"experiment": "milarun.models.toy_reg:main"}})
-    code = ("import sys; from milarun.profile import load_profile; "
+    code = ("import sys; from milarun.profile.language import load_profile; "
             f"load_profile({str(path)!r}); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

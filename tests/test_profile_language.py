@@ -8,11 +8,11 @@ import pytest
 
 from conftest import ROOT
 from milarun.cli import main
-from milarun.devices import Devices
+from milarun.host.devices import Devices
 from milarun.errors import ProfileError, SetupError
-from milarun.nodes import Cluster, Node
-from milarun.plan import placeholder_values, plan_job
-from milarun.profile import load_profile, profile_files
+from milarun.plan.nodes import Cluster, Node
+from milarun.plan.launches import placeholder_values, plan_job
+from milarun.profile.language import load_profile, profile_files
 
 import profile_golden
 
@@ -97,7 +97,7 @@ def test_includes_that_fan_out_or_nest_too_deep_are_one_error_not_a_hang(tmp_pat
 
 
 def test_resume_digest_covers_the_included_files(tmp_path):
-    from milarun.session import profile_digest
+    from milarun.launcher.session import profile_digest
     base = write(tmp_path, "base.json", {"x": {"experiment": TOY}})
     top = write(tmp_path, "top.json", {"include": ["base.json"]})
     before = profile_digest(top)
@@ -290,8 +290,8 @@ def test_no_dataroot_for_a_dataroot_placeholder(tmp_path):
 
 def test_fail_record_and_rerun_carry_the_placeholders(tmp_path):
     from milarun.cli.rerun import rerun_command
-    from milarun.launch import base_record
-    from milarun.results.schema import validate
+    from milarun.launcher.launch import base_record
+    from milarun.formats.record import validate
     (job,) = load_profile(write(tmp_path, "p.json", {
         "a": {"experiment": TOY, "arguments": {"--workers": "{cpu_per_gpu}"}}}))
     (wave,) = plan_job(job, GPUS, 0, tmp_path, "/d", python=PY)
@@ -329,7 +329,7 @@ def test_the_2020_standard_profile_shape_loads_and_plans(capsys, monkeypatch, tm
     scaling = plan_job(jobs[-1], GPUS, 0, "/out", "/data", python=PY)
     assert [w[0].group for w in scaling] == ["legacy2020.scaling.1", "legacy2020.scaling.2"]
     # a dry run checks what a real run checks: here, as if the student cgroups existed
-    monkeypatch.setattr("milarun.isolation.missing_groups", lambda specs: [])
+    monkeypatch.setattr("milarun.host.isolation.missing_groups", lambda specs: [])
     with pytest.raises(SystemExit) as exc:
         main(["jobs", str(path), "--dry-run", "--cpu-slots", "1", "--name", "vae",
               "-d", str(tmp_path), "-o", str(tmp_path / "out")])
@@ -551,7 +551,7 @@ def test_discovery_gives_the_facts_placeholders_need(monkeypatch):
 
     from test_monitor import fake_pynvml
 
-    from milarun import devices, isolation
+    from milarun.host import devices, isolation
     monkeypatch.setattr(isolation, "host_cpus", lambda: list(range(12)))
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=3))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
@@ -575,7 +575,7 @@ def test_a_run_records_its_placeholders(tmp_path, capsys):
         main(["jobs", str(path), "--no-cgexec", "--cpu-slots", "1", "-d", str(tmp_path),
               "-o", str(out)])
     assert exc.value.code == 0, capsys.readouterr()
-    from milarun.isolation import host_cpus
+    from milarun.host.isolation import host_cpus
     (result,) = out.glob("p.a.J0.0.*.json")
     rec = json.loads(result.read_text())
     cores = len(host_cpus())

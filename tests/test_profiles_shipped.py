@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT
 from milarun.bench.setup import PRECISIONS
-from milarun.profile import EXAMPLE_VALUES, load_profile
+from milarun.profile.language import EXAMPLE_VALUES, load_profile
 
 STANDARD_TESTS = ["toy_reg", "toy_lstm", "vae", "loader", "convnet", "convnet_fp16", "reso",
                   "fast_style", "dcgan", "wlm", "wlmfp16", "translator", "ssd", "recom", "cart",
@@ -120,7 +120,7 @@ BASELINES = sorted((ROOT / "baselines").glob("*/*.json"))
 @pytest.mark.parametrize("path", BASELINES, ids=[p.stem for p in BASELINES])
 def test_committed_baselines_read_and_match_their_profile(path):
     # baselines/<profile>/<machine>.json: a summary of that profile, with its HTML report
-    from milarun.summary import read_summary
+    from milarun.analysis.summary import read_summary
 
     summary = read_summary(path)
     profile = path.parent.name

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from milarun.progress import (SuiteProgress, clean_line, decide_live, estimate_seconds,
+from milarun.launcher.progress import (SuiteProgress, clean_line, decide_live, estimate_seconds,
                               format_duration)
 
 ESC = "\x1b"
@@ -77,7 +77,7 @@ def test_estimate_ignores_bad_values():
 
 def test_progress_and_estimate_do_not_import_torch():
     code = ("import sys; from types import SimpleNamespace as N; "
-            "from milarun.progress import estimate_seconds as e; "
+            "from milarun.launcher.progress import estimate_seconds as e; "
             "print(e(N(arguments={}, timeout=10.0)), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from milarun import stats
+from milarun.measure import stats
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "repeatability.py"

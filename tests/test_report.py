@@ -13,7 +13,7 @@ from milarun.cli import main
 from milarun.cli.report import run_report
 from milarun.errors import ResultFormatError
 from milarun.report import build_report, check_weights, load_weights, render_text
-from milarun.summary import normalize_summary, read_summary, summarize_dir
+from milarun.analysis.summary import normalize_summary, read_summary, summarize_dir
 
 ROOT = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures"
@@ -262,8 +262,8 @@ def test_shipped_weights_are_valid(name):
 
 def test_no_steady_state_is_not_called_every_run_failed():
     from milarun.report.table import zero_reason
-    from milarun.results.schema import new_result
-    from milarun.summary import summarize
+    from milarun.formats.record import new_result
+    from milarun.analysis.summary import summarize
 
     rec = new_result("standard.tiny", "0.0")
     rec["success"] = True

@@ -12,9 +12,9 @@ import pytest
 from milarun.cli import main
 from milarun.cli.report import run_report
 from milarun.report import build_report, render_text
-from milarun.results.schema import new_result
-from milarun.results.store import write_result
-from milarun.summary import normalize_summary, read_summary, summarize, summarize_dir
+from milarun.formats.record import new_result
+from milarun.formats.store import write_result
+from milarun.analysis.summary import normalize_summary, read_summary, summarize, summarize_dir
 
 FIX = Path(__file__).parent / "fixtures"
 

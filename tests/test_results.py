@@ -6,8 +6,8 @@ import re
 import pytest
 
 from milarun.errors import ResultFormatError
-from milarun.results.schema import FORMAT_VERSION, migrate, new_result
-from milarun.results.store import iter_results, load_result, result_filename, write_result
+from milarun.formats.record import FORMAT_VERSION, migrate, new_result
+from milarun.formats.store import iter_results, load_result, result_filename, write_result
 
 
 def test_round_trip(tmp_path):
@@ -78,7 +78,7 @@ def _accepted_per_item(record):
     """fastjsonschema's answer with every sample checked on its own (no columns)."""
     import fastjsonschema
 
-    from milarun import jsonfile
+    from milarun.formats import jsonfile
 
     check = fastjsonschema.compile(jsonfile._fast_schema(jsonfile._inlined("result")),
                                    use_default=False, detailed_exceptions=False)
@@ -90,12 +90,12 @@ def _accepted_per_item(record):
 
 
 def test_sample_columns_give_the_per_item_answer():
-    # the samples and GPU readings are checked by column (milarun.jsonfile); any
+    # the samples and GPU readings are checked by column (milarun.formats.jsonfile); any
     # value the columns cannot vouch for goes through the per-item check
     import copy
     import random
 
-    from milarun.jsonfile import accepts
+    from milarun.formats.jsonfile import accepts
 
     rec = new_result("s.t")
     rec["timings"]["train"]["samples"] = [

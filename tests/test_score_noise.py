@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from milarun import confidence, stats
+from milarun.measure import confidence, stats
 from milarun.cli.report import run_report
 from milarun.report import build_report, render_html, render_text
-from milarun.results.schema import new_result
-from milarun.summary import normalize_summary, read_summary, summarize
+from milarun.formats.record import new_result
+from milarun.analysis.summary import normalize_summary, read_summary, summarize
 
 FIX = Path(__file__).parent / "fixtures"
 BASE2020 = FIX / "baseline2020.json"
@@ -304,7 +304,7 @@ def test_score_ratio_interval():
 
 
 def test_cli_and_html_show_node_score_and_intervals(tmp_path):
-    from milarun.summary import write_summary
+    from milarun.analysis.summary import write_summary
 
     path = tmp_path / "s.json"
     write_summary(node_of(4), path)
@@ -344,13 +344,13 @@ def test_extreme_but_valid_numbers_give_n_a_or_a_scaled_answer_never_a_traceback
 
 
 def test_a_baseline_with_huge_numbers_reports_n_a(tmp_path):
-    from milarun.summary import write_summary
+    from milarun.analysis.summary import write_summary
 
     from milarun.errors import ResultFormatError
 
     conv = entry("s.conv", {"0": [1.0, 2.0]})
     conv["train"].update(mean=1e308, std=1e308, max=1e308)
-    # the schema bounds rates at 1e12 items/s (milarun.stats.MAX_RATE): refused on read
+    # the schema bounds rates at 1e12 items/s (milarun.measure.stats.MAX_RATE): refused on read
     with pytest.raises(ResultFormatError, match="tests.s.conv.train.max: must be <= 1e"):
         make_summary(conv)
     # the extremes it allows (1e12 and 1e-9 items/s) still give no inf

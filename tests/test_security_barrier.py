@@ -16,11 +16,11 @@ import time
 
 import pytest
 
-from milarun import barrier as barrier_mod
-from milarun.barrier import REFUSED, BarrierServer, BarrierTimeout, wait
+from milarun.formats import barrier as barrier_mod
+from milarun.formats.barrier import REFUSED, BarrierServer, BarrierTimeout, wait
 from milarun.cli import jobs as jobs_mod
-from milarun.devices import Devices
-from milarun.nodes import Cluster, Node
+from milarun.host.devices import Devices
+from milarun.plan.nodes import Cluster, Node
 
 SECRET = "0123456789abcdef0123456789abcdef"
 
@@ -219,7 +219,7 @@ def test_pending_connections_time_out():
 
 _EMFILE_SCRIPT = textwrap.dedent("""
     import errno, resource, socket, sys, threading, time
-    from milarun.barrier import BarrierServer, wait
+    from milarun.formats.barrier import BarrierServer, wait
 
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
     logged = []
@@ -264,9 +264,9 @@ def test_no_file_descriptor_left_does_not_stop_the_barrier():
 
 def test_the_secret_reaches_the_child_but_not_its_record_nor_a_rerun():
     from milarun.bench.experiment import rerun_environ
-    from milarun.launch import base_record
-    from milarun.plan import plan_job
-    from milarun.profile import Job
+    from milarun.launcher.launch import base_record
+    from milarun.plan.launches import plan_job
+    from milarun.profile.language import Job
 
     job = Job("s", "crawl", "milarun.models.faults:crawl", partition="per-gpu",
               definition={"partition_scheme": {"type": "per-gpu"}})

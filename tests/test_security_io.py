@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from milarun.outfile import UnsafeFileError, open_append, write_atomic
+from milarun.formats.outfile import UnsafeFileError, open_append, write_atomic
 from test_bad_inputs import GOOD_RESULT, OK_JOB, RESULTS, cli, deep, write
 
 #: Seconds a command may take before it counts as hanging.
@@ -149,8 +149,8 @@ def test_meta_folder_symlinked_outside_is_refused(tmp_path, capsys):
 
 
 def test_log_and_journal_symlinks_are_not_appended_to(tmp_path):
-    from milarun.launch import run_prepare
-    from milarun.results.journal import Journal
+    from milarun.launcher.launch import run_prepare
+    from milarun.formats.journal import Journal
     victim = write(tmp_path / "victim.txt", "KEEP\n")
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -166,7 +166,7 @@ def test_log_and_journal_symlinks_are_not_appended_to(tmp_path):
 
 
 def test_launch_log_symlink_is_not_appended_to(tmp_path):
-    from milarun import launch as launch_mod
+    from milarun.launcher import launch as launch_mod
     from test_launch import launch
     victim = write(tmp_path / "victim.txt", "KEEP\n")
     lch = launch(tmp_path, "print('APPENDED')")

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from milarun import stats
+from milarun.measure import stats
 from milarun.cli import main
 from milarun.cli.report import run_report
 from milarun.report import build_report, load_weights, render_text
-from milarun.terminal import terminal_safe
-from milarun.summary import normalize_summary, summarize_dir
+from milarun.formats.terminal import terminal_safe
+from milarun.analysis.summary import normalize_summary, summarize_dir
 
 ROOT = Path(__file__).parent.parent
 RESULTS = Path(__file__).parent / "fixtures" / "results"
@@ -244,9 +244,9 @@ def test_terminal_safe_keeps_ordinary_text():
 # --- energy ---------------------------------------------------------------------------
 
 def test_energy_readings_out_of_range_give_no_energy_not_inf():
-    from milarun import energy
-    from milarun.results.schema import new_result, validate
-    from milarun.summary import check_summary, summarize
+    from milarun.measure import energy
+    from milarun.formats.record import new_result, validate
+    from milarun.analysis.summary import check_summary, summarize
 
     rec = new_result("s.t", "0.0", device="0", devices=[0], run=0, partition="per-gpu")
     rec["timings"]["train"]["samples"] = [

@@ -18,16 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from milarun import datasets, nodes, profile
+from milarun import datasets
+from milarun.plan import nodes
+from milarun.profile import language as profile
 from milarun.cli import main
-from milarun.devices import Devices
+from milarun.host.devices import Devices
 from milarun.errors import ProfileError, SetupError
-from milarun.plan import plan_job
-from milarun.profile import load_profile
+from milarun.plan.launches import plan_job
+from milarun.profile.language import load_profile
 
 TOY = "milarun.models.toy_reg:main"
 GPUS = Devices("gpu", [0, 1], cores=16, memory_mib=[81559.0, 40960.0])
-SCHEMAS = Path(profile.__file__).parent / "schemas"
+SCHEMAS = Path(profile.__file__).parent.parent / "formats" / "schemas"
 
 
 def cli(args, capsys):
@@ -138,7 +140,7 @@ def test_a_trailing_newline_in_a_slurm_option_is_refused(option):
 
 
 def test_when_the_two_schema_engines_disagree_the_document_is_refused(monkeypatch):
-    from milarun import jsonfile
+    from milarun.formats import jsonfile
 
     # The fast engine refuses, jsonschema finds nothing: fail closed, never "valid".
     monkeypatch.setattr(jsonfile, "_accepts", lambda schema: (lambda value, *rest: False))

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from milarun import launch as launch_mod
-from milarun.launch import SuiteAborted, run_suite, tally
-from milarun.results.store import load_result
+from milarun.launcher import launch as launch_mod
+from milarun.launcher.launch import SuiteAborted, run_suite, tally
+from milarun.formats.store import load_result
 
 from test_launch import launch, writer
 
@@ -175,8 +175,8 @@ def test_a_background_process_that_ignores_sigterm_is_killed(tmp_path):
 # --- --resume counts only this folder's own records of the planned job ---------------------
 
 def test_resume_ignores_foreign_and_mismatched_successful_records(tmp_path):
-    from milarun.results.store import result_filename, write_result
-    from milarun.session import SESSION_ID_FORMAT
+    from milarun.formats.store import result_filename, write_result
+    from milarun.launcher.session import SESSION_ID_FORMAT
     from test_faults import run_jobs, write_profile
     import datetime
 
@@ -215,9 +215,9 @@ def test_resume_ignores_foreign_and_mismatched_successful_records(tmp_path):
 
 
 def test_successful_keys_takes_only_records_named_by_the_folder_sessions(tmp_path):
-    from milarun.results.schema import new_result
-    from milarun.results.store import result_filename, write_result
-    from milarun.session import session_times, successful_keys
+    from milarun.formats.record import new_result
+    from milarun.formats.store import result_filename, write_result
+    from milarun.launcher.session import session_times, successful_keys
 
     saved = {"sessions": [{"id": "20261122-000000-000000"}, {"id": 5}, "junk",
                           {"id": "../../etc"}]}

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from milarun import hostfacts
+from milarun.host import facts as hostfacts
 from milarun.cli import main
 from milarun.cli.rerun import SAFE_PATH, record_environ, rerun_command
-from milarun.results import trust
+from milarun.formats import trust
 
 CRAWL = "milarun.models.faults:crawl"
 FAST = ["--max-count", "2", "--step-seconds", "0.01", "--warmup", "0"]
@@ -28,7 +28,7 @@ def run_cli(argv, capsys):
 
 def foreign_record(folder, function=CRAWL, environ=None, argv=FAST):
     """A valid record, as a vendor's folder would hold it (never written by milarun here)."""
-    from milarun.results.schema import new_result
+    from milarun.formats.record import new_result
     rec = new_result("vendor.crawl", "0.0")
     rec["call"] = {"function": function, "argv": list(argv), "arguments": {}}
     rec["environ"] = dict(environ or {})

@@ -14,13 +14,13 @@ import sys
 
 import pytest
 
-from milarun import nodes
-from milarun.barrier import ENV_SECRET
+from milarun.plan import nodes
+from milarun.formats.barrier import ENV_SECRET
 from milarun.cli import main
-from milarun.devices import Devices
-from milarun.launch import _Child
-from milarun.plan import Launch, plan_job
-from milarun.profile import Job
+from milarun.host.devices import Devices
+from milarun.launcher.launch import _Child
+from milarun.plan.launches import Launch, plan_job
+from milarun.profile.language import Job
 
 
 def ssh_cluster(n):
@@ -32,7 +32,7 @@ def ssh_cluster(n):
 def words(argv):
     """Every argv word, the fanout's agents' words included."""
     out = list(argv)
-    if argv[1:3] == ["-m", "milarun.fanout"]:
+    if argv[1:3] == ["-m", "milarun.launcher.fanout"]:
         out += [w for agent in json.loads(argv[3]) for w in agent]
     return out
 
@@ -50,7 +50,7 @@ def test_on_nodes_over_ssh_keeps_the_secret_out_of_every_argv(n):
     if n == 1:
         assert argv[0] == "ssh" and cluster.stdin(argv, env) == secret + "\n"
     else:  # the fanout feeds its agents itself, from its environment
-        assert argv[1:3] == ["-m", "milarun.fanout"] and cluster.stdin(argv, env) is None
+        assert argv[1:3] == ["-m", "milarun.launcher.fanout"] and cluster.stdin(argv, env) is None
     for agent in ([argv] if n == 1 else json.loads(argv[3])):
         assert nodes.READ_SECRET in agent[-1]
 

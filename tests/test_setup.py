@@ -5,7 +5,7 @@ import types
 import pytest
 
 from milarun.bench.setup import init_torch, set_precision
-from milarun.isolation import current_cpuset
+from milarun.host.isolation import current_cpuset
 
 
 def _exp(device):

@@ -14,8 +14,8 @@ import pytest
 from conftest import ROOT, SMOKE_ARGS, build_tiny, run_model, steady_samples
 from milarun.bench.experiment import Experiment, _torchrun_rendezvous, host_facts
 from milarun.errors import MilarunError, ResultFormatError
-from milarun.results.journal import Journal, read_journal
-from milarun.results.schema import validate
+from milarun.formats.journal import Journal, read_journal
+from milarun.formats.record import validate
 
 # resnet18 on 32 px crops, 4 images per rank: a step is a few tens of ms on one core.
 DDP_ARGS = [*SMOKE_ARGS, "--arch", "resnet18", "--batch-size", "4", "--image-size", "32",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from milarun import isolation
+from milarun.host import isolation
 
 
 def fake_host(root, sockets, per_socket, smt, numbering="split"):
@@ -135,8 +135,8 @@ def test_processes_sharing_a_numa_node_split_it_by_whole_cores(tmp_path, numberi
 
 
 def test_student_plan_uses_the_hosts_cores(tmp_path, monkeypatch):
-    # what scripts/cgroup_setup.sh applies (python -m milarun.isolation N)
-    from milarun import devices
+    # what scripts/cgroup_setup.sh applies (python -m milarun.host.isolation N)
+    from milarun.host import devices
     cpus, core_of, socket_of = fake_host(tmp_path, 2, 8, 2)
     gpus = devices.Devices("gpu", list(range(4)), affinity=gpu_affinity(4, 2, socket_of))
     real = isolation.cpu_cores

@@ -1,10 +1,10 @@
-"""Formula tests for milarun.stats, against values computed by hand."""
+"""Formula tests for milarun.measure.stats, against values computed by hand."""
 
 import math
 
 import pytest
 
-from milarun import stats
+from milarun.measure import stats
 
 
 def sample(start, end, count, warmup=False):

@@ -9,7 +9,7 @@ import pytest
 
 from milarun.cli import main
 from milarun.errors import ResultFormatError
-from milarun.summary import normalize_summary, read_summary, summarize, summarize_dir
+from milarun.analysis.summary import normalize_summary, read_summary, summarize, summarize_dir
 
 FIX = Path(__file__).parent / "fixtures"
 RESULTS = FIX / "results"

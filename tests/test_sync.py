@@ -1,5 +1,5 @@
-"""Synchronized starts (milarun.barrier, bench.sync), own / effective / adjusted throughput
-(milarun.throughput) and the multi-process plan type, on CPU."""
+"""Synchronized starts (milarun.formats.barrier, bench.sync), own / effective / adjusted throughput
+(milarun.measure.throughput) and the multi-process plan type, on CPU."""
 
 import json
 import os
@@ -9,17 +9,18 @@ import time
 
 import pytest
 
-from milarun import barrier as barrier_mod
-from milarun import plantypes, throughput
-from milarun.barrier import BarrierServer, BarrierTimeout, wait
-from milarun.devices import Devices
-from milarun.jsonfile import load_schema
-from milarun.launch import check_ready, run_wave
-from milarun.nodes import Cluster, Node
-from milarun.plan import plan_job
-from milarun.profile import Job
+from milarun.formats import barrier as barrier_mod
+from milarun.plan import types as plantypes
+from milarun.measure import throughput
+from milarun.formats.barrier import BarrierServer, BarrierTimeout, wait
+from milarun.host.devices import Devices
+from milarun.formats.jsonfile import load_schema
+from milarun.launcher.launch import check_ready, run_wave
+from milarun.plan.nodes import Cluster, Node
+from milarun.plan.launches import plan_job
+from milarun.profile.language import Job
 from milarun.report import build_report, render_text
-from milarun.summary import normalize_summary, summarize
+from milarun.analysis.summary import normalize_summary, summarize
 
 STAMP = "20261122-000000-000000"
 #: The barriers' secret here (a session draws its own: secrets.token_hex).
@@ -263,7 +264,7 @@ def test_anchor_prefers_the_barrier_then_origin_then_start():
 
 
 def record(device, run, start, samples, released=None):
-    from milarun.results.schema import new_result
+    from milarun.formats.record import new_result
     rec = new_result("s.t", f"{run}.{device}", device=device, devices=[int(device)], run=run,
                      partition="per-gpu")
     rec["success"] = True
@@ -306,7 +307,7 @@ def test_summary_and_report_use_effective_and_keep_the_2020_rule_with_own():
 
 def test_2020_baseline_scores_are_the_same_under_both_rules():
     from pathlib import Path
-    from milarun.summary import read_summary
+    from milarun.analysis.summary import read_summary
     base = read_summary(Path(__file__).parent / "fixtures" / "baseline2020.json")
     a, b = build_report(base), build_report(base, throughput="own")
     assert a.score == b.score and a.score is not None
@@ -385,7 +386,7 @@ def test_multi_process_on_cpu_slots_and_fewer_devices(monkeypatch):
 
 
 def test_process_cpus_without_affinity_splits_the_host():
-    from milarun.isolation import process_cpus
+    from milarun.host.isolation import process_cpus
     assert process_cpus([[0], [1]], [[], []], [0, 1, 2, 3]) == [[0, 1], [2, 3]]
     with pytest.raises(ValueError):
         process_cpus([[0], [1]], [[], []], [0])
@@ -404,7 +405,7 @@ def test_rerun_of_a_launchers_fail_record_does_not_wait_at_the_old_barrier(monke
     # a child killed before writing its record leaves the launcher's FAIL record, whose
     # environ is the launch's: the rerun must not wait 600 s at a long-gone barrier
     from milarun.cli.rerun import rerun_command
-    from milarun.launch import base_record
+    from milarun.launcher.launch import base_record
 
     monkeypatch.setenv("MILARUN_BARRIER", "127.0.0.1:9")  # leaked into the user's shell
     (wave,) = plan_job(crawl_job(), Devices("cpu", [0, 1]), 0, "/o", use_cgexec=False,

@@ -1,4 +1,4 @@
-"""Validation (milarun.validation): failing checks (nan-loss, no-steady-state) on hand-made
+"""Validation (milarun.measure.validation): failing checks (nan-loss, no-steady-state) on hand-made
 records, on records written before the checks, and from real tiny child runs; flags with
 thresholds from a profile; the summary and the report showing them."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from milarun import validation
-from milarun.profile import load_profile
-from milarun.results.schema import new_result, validate
-from milarun.results.store import write_result
-from milarun.summary import check_summary, normalize_summary, summarize
+from milarun.measure import validation
+from milarun.profile.language import load_profile
+from milarun.formats.record import new_result, validate
+from milarun.formats.store import write_result
+from milarun.analysis.summary import check_summary, normalize_summary, summarize
 
 
 def samples(n=20, rate=100.0, warmup=2, dt=1.0, loss=None):
@@ -130,7 +130,7 @@ def test_records_written_before_the_checks_fail_in_the_summary(tmp_path):
         write_result(rec, tmp_path)
     names = sorted(p.name for p in tmp_path.iterdir())
     assert not any(".FAIL." in n for n in names)
-    from milarun.summary import summarize_dir
+    from milarun.analysis.summary import summarize_dir
     summary, _ = summarize_dir(tmp_path)
     t = summary["tests"]["s.t"]
     assert (t["n"], t["failures"], t["failure_reasons"]) == (2, 1, {"nan-loss": 1})

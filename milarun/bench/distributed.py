@@ -23,7 +23,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from .. import barrier
+from ..formats import barrier
 
 #: Seconds of torch's own default process-group timeout (``torch.distributed``:
 #: 10 min for NCCL, 30 min for the others); a group gets at least this much.

@@ -11,14 +11,15 @@ import traceback
 
 from coleo import tooled
 
-from .. import hostfacts, isolation, validation
-from ..barrier import ENV_PREFIX
+from ..host import facts as hostfacts, isolation
+from ..measure import validation
+from ..formats.barrier import ENV_PREFIX
 from ..errors import MilarunError, ResultFormatError
-from ..jsonfile import check
+from ..formats.jsonfile import check
 from .literal_options import make_cli
-from ..results.journal import Journal
-from ..results.schema import new_result
-from ..results.store import journal_path, result_filename, write_result
+from ..formats.journal import Journal
+from ..formats.record import new_result
+from ..formats.store import journal_path, result_filename, write_result
 from .hostload import HostLoadMonitor
 from .monitor import GPUMonitor
 from .options import common_options
@@ -31,7 +32,7 @@ RERUN_ENV_PREFIXES = ("MILARUN_", "CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH_",
 
 # ...except the start barrier of the session's wave: a rerun runs alone (the
 # barrier it met is in ``timings.barrier``); nor where this user's registry of
-# written records lies (milarun.results.trust).
+# written records lies (milarun.formats.trust).
 NOT_RERUN_PREFIXES = (ENV_PREFIX, "MILARUN_WRITTEN")
 
 
@@ -61,10 +62,10 @@ def host_facts():
     None when unlimited), cgroup (path), total_memory_mib, python, torch,
     cuda, gpus [{index, name, driver, memory_total_mib, uuid, pci_bus_id, parent
     (MIG: its GPU), and the backend's facts, for NVIDIA those of
-    :func:`milarun.hostfacts.gpu_facts`}], accelerator (backend, vendor, driver,
-    runtime, runtime_name: :meth:`milarun.accel.base.Backend.accelerator_record`;
+    :func:`milarun.host.facts.gpu_facts`}], accelerator (backend, vendor, driver,
+    runtime, runtime_name: :meth:`milarun.host.accel.base.Backend.accelerator_record`;
     absent on CPU slots), and the facts of
-    :func:`milarun.hostfacts.host_extras` (milarun version and commit,
+    :func:`milarun.host.facts.host_extras` (milarun version and commit,
     kernel, CPU governor and boost, cgroup CPU quota).
     """
     import psutil
@@ -97,7 +98,7 @@ def host_facts():
 def _gpus():
     """``(host.gpus, host.accelerator)`` from the launcher's backend (``$MILARUN_BACKEND``,
     else the first backend that sees a device); ``([], None)`` on CPU slots."""
-    from .. import accel
+    from ..host import accel
 
     name = os.environ.get("MILARUN_BACKEND")
     names = [name] if name else ["nvidia", "amd", "intel"]
@@ -369,7 +370,7 @@ class Experiment:
         """
         res = self.result
         res["call"].update({"function": function, "argv": list(argv)})
-        # a test with no loss by nature says so (see milarun.validation)
+        # a test with no loss by nature says so (see milarun.measure.validation)
         no_loss = getattr(sys.modules.get(getattr(fn, "__module__", None)), "NO_LOSS", None)
         if isinstance(no_loss, str):
             res["no_loss"] = no_loss
@@ -377,7 +378,7 @@ class Experiment:
         res["host"] = host_facts()
         start = time.time()
         # origin: the Unix time of the samples' zero (self.origin), for lining up
-        # the samples of concurrent processes (milarun.throughput)
+        # the samples of concurrent processes (milarun.measure.throughput)
         origin = start - (time.perf_counter() - self.origin)
         res["timings"]["program"] = {"start": start, "origin": max(0.0, origin)}
         res["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
@@ -449,7 +450,7 @@ class Experiment:
         mon = GPUMonitor(interval=self.options["monitor_interval"], origin=self.origin,
                          on_reading=on_reading)
         self._monitor_holder.append(mon.start())
-        # who else uses the host's CPUs (milarun.validation flags it)
+        # who else uses the host's CPUs (milarun.measure.validation flags it)
         self._host_load = HostLoadMonitor(interval=self.options["monitor_interval"],
                                           origin=self.origin, on_reading=on_load).start()
 

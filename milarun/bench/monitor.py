@@ -1,4 +1,4 @@
-"""GPU telemetry through the device backend (:mod:`milarun.accel`) in a background thread.
+"""GPU telemetry through the device backend (:mod:`milarun.host.accel`) in a background thread.
 
 Every ``interval`` seconds it records, per visible GPU: load (%), memory used
 (MiB), temperature (°C), power (W) and energy since the monitor started (J,
@@ -17,7 +17,7 @@ import os
 import threading
 import time
 
-from .. import accel
+from ..host import accel
 
 #: Reading fields, in the order a sample row has them.
 FIELDS = ("load", "memory_mib", "temperature", "power")
@@ -132,7 +132,7 @@ def merge_node_monitors(entries, clock):
         good to its exit skew, milliseconds against a 1 s interval), plus
         ``"nodes"`` (nodes in the job), ``"nodes_sampled"`` (nodes whose
         readings are in) and ``"node_gaps"`` (why the others are not, or None).
-        :func:`milarun.energy.result_energy` sums the power over every node's
+        :func:`milarun.measure.energy.result_energy` sums the power over every node's
         GPUs and refuses a record whose readings miss a node.
     """
     first = dict(entries[0]["monitor"])

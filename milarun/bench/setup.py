@@ -4,7 +4,7 @@ import contextlib
 import os
 import random
 
-from ..isolation import current_cpuset
+from ..host.isolation import current_cpuset
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 

@@ -9,7 +9,7 @@ the other launches of the wave, then every rank of the job meets at a
 ``torch.distributed`` barrier, so the whole job starts its timed loop at once.
 
 What it records (``timings.barrier`` of the result, and a ``barrier`` line in
-the journal): see :func:`milarun.barrier.wait`, plus ``released_at``, the
+the journal): see :func:`milarun.formats.barrier.wait`, plus ``released_at``, the
 release in seconds since the experiment's origin (the zero of the sample
 times), which places this process's samples on the server's clock.
 """
@@ -17,7 +17,7 @@ times), which places this process's samples on the server's clock.
 import os
 import time
 
-from .. import barrier
+from ..formats import barrier
 
 
 def synchronize(exp, environ=None):

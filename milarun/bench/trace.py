@@ -8,7 +8,7 @@ N``. Then the window is cut again, the profiler stops and writes its trace
 (``export_chrome_trace``), and a new window opens. So:
 
 * the samples closed while the profiler records carry ``"profiled": true``
-  and :func:`milarun.stats.steady_state` leaves them out, like warm-up;
+  and :func:`milarun.measure.stats.steady_state` leaves them out, like warm-up;
 * starting the profiler and writing the trace fall between two windows, in
   no sample, so the samples outside the profiled steps measure what they
   would without ``--profile-trace``;
@@ -17,7 +17,7 @@ N``. Then the window is cut again, the profiler stops and writes its trace
   span (s since program start).
 
 The trace lands in ``DIR`` (relative: inside the folder of the record, see
-:func:`milarun.results.store.trace_path`) as ``<record stem>.trace.json``;
+:func:`milarun.formats.store.trace_path`) as ``<record stem>.trace.json``;
 under torchrun each rank writes its own (``.rank<R>.trace.json`` for ranks
 other than 0) and rank 0's record links its own. Open it in Perfetto
 (ui.perfetto.dev) or ``chrome://tracing``.
@@ -26,7 +26,7 @@ other than 0) and rank 0's record links its own. Open it in Perfetto
 import os
 from pathlib import Path
 
-from ..results.store import result_filename, trace_path
+from ..formats.store import result_filename, trace_path
 
 #: Bounds of ``--profile-steps`` (a trace of thousands of steps is gigabytes).
 MAX_STEPS = 1000
@@ -150,7 +150,7 @@ class ProfileTrace:
         try:
             self._prof.stop()
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            from ..outfile import check_target
+            from ..formats.outfile import check_target
             check_target(self.path)     # torch writes through symlinks: refuse one, or a FIFO
             self._prof.export_chrome_trace(str(self.path))
         except Exception as exc:   # a failed trace must not fail the measurement

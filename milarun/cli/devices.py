@@ -14,11 +14,11 @@ def inventory(cpu_slots=None, root="/", options=None):
 
     Raises:
         SetupError: the host has accelerators that no backend sees, without ``cpu_slots``
-            (:func:`milarun.devices.discover`).
+            (:func:`milarun.host.devices.discover`).
     """
-    from .. import accel
-    from ..accel import probe
-    from ..devices import discover, find_gpus
+    from ..host import accel
+    from ..host.accel import probe
+    from ..host.devices import discover, find_gpus
 
     devs = discover(cpu_slots, root=root, options=options)
     _, tried = find_gpus(options=options)
@@ -39,7 +39,7 @@ def inventory(cpu_slots=None, root="/", options=None):
 
 def render(inv):
     """``inventory()`` as text lines."""
-    from ..isolation import format_cpus
+    from ..host.isolation import format_cpus
 
     lines = []
     if inv["backend"] == "cpu":
@@ -61,7 +61,7 @@ def render(inv):
                          + (f"; {where}" if where else ""))
     for name, why in sorted(inv["tried"].items()):
         lines.append(f"  {name}: {why}")
-    from ..accel.probe import describe
+    from ..host.accel.probe import describe
 
     lines.append("accelerators on the host (whatever the drivers): "
                  + (describe(inv["probe"]) or "none"))

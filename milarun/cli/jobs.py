@@ -120,12 +120,12 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
         MilarunError: bad profile, options, dataroot or results folder
             (nothing is launched).
     """
-    from .. import devices as devices_mod
-    from .. import nodes as nodes_mod
-    from ..launch import check_ready, say
-    from ..plan import RDZV_PORT, plan_suite
-    from ..plantypes import JOIN_TIMEOUT_S
-    from ..profile import load_profile
+    from ..host import devices as devices_mod
+    from ..plan import nodes as nodes_mod
+    from ..launcher.launch import check_ready, say
+    from ..plan.launches import RDZV_PORT, plan_suite
+    from ..plan.types import JOIN_TIMEOUT_S
+    from ..profile.language import load_profile
 
     jobs_ = load_profile(profile, names, select, exclude)
     if select or exclude:  # --resume compares the tests chosen, whatever chose them
@@ -149,12 +149,12 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
         for note in job.plan_type.notes(job, cluster):
             say(f"milarun: {job.full_name}: {note}")
     outdir = resume or out or default_outdir()
-    from ..barrier import BARRIER_TIMEOUT_S, join_address
+    from ..formats.barrier import BARRIER_TIMEOUT_S, join_address
     barrier_timeout = barrier_timeout or BARRIER_TIMEOUT_S
     if dry_run:
         # the real run's checks, all of them, without writing; then the same exit status
-        from .. import dryrun
-        from ..session import new_session_id
+        from ..launcher import dryrun
+        from ..launcher.session import new_session_id
         sid, when = new_session_id()
         probe = plan_suite(jobs_, cluster, repeat, outdir or ".", dataroot=dataroot, **plan_opts)
         errors, shown_root, shown_out = dryrun.checks(probe, dataroot, outdir, resume is not None,
@@ -176,7 +176,7 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     # Plan once to check cgroups and programs before touching the folder.
     check_ready(plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, **plan_opts),
                 use_cgexec=not no_cgexec)
-    from .. import session
+    from ..launcher import session
 
     session.check_outdir(outdir)
     nodes_mod.check_shared_outdir(cluster, outdir)
@@ -212,7 +212,7 @@ def skip_done(waves, done, foreign):
     the launch reruns.
 
     Args:
-        done, foreign: as :func:`milarun.session.successful_keys` gives them.
+        done, foreign: as :func:`milarun.launcher.session.successful_keys` gives them.
 
     Returns:
         ``(waves, skipped, ignored)``: the waves left, the set of launch keys
@@ -323,7 +323,7 @@ def _is_this_host(address):
 
 
 def start_barrier(cluster):
-    """The :class:`milarun.barrier.BarrierServer` of a session, as a context manager
+    """The :class:`milarun.formats.barrier.BarrierServer` of a session, as a context manager
     that starts it, and at its end says how many strangers (connections without the
     session's secret) it refused; a null context (None) when :func:`_barrier_host`
     gives none, after a warning that concurrent tests start unsynchronized.
@@ -333,8 +333,8 @@ def start_barrier(cluster):
     """
     import contextlib
 
-    from ..barrier import BarrierServer
-    from ..launch import say
+    from ..formats.barrier import BarrierServer
+    from ..launcher.launch import say
 
     where = _barrier_host(cluster)
     if where is None:
@@ -364,9 +364,9 @@ def start_barrier(cluster):
 
 def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, cluster=None,
          barrier=None, ignored=()):
-    from ..launch import (Interrupted, StopRequest, SuiteAborted, run_suite, say,
+    from ..launcher.launch import (Interrupted, StopRequest, SuiteAborted, run_suite, say,
                           stop_on_signals, tally)
-    from ..progress import SuiteProgress
+    from ..launcher.progress import SuiteProgress
 
     launches = [lch for wave in waves for lch in wave]
     where = (f" × {len(cluster.nodes)} nodes ({', '.join(n.name for n in cluster.nodes)}, "

@@ -29,12 +29,12 @@ def resolved_profile(profile, names=None, select=None, exclude=None):
 
     Its first entry, ``"_resolved_from"`` (a template, so loading ignores it),
     gives the suite and the files read; then one entry per job
-    (:meth:`milarun.profile.Job.as_entry`), in profile order.
+    (:meth:`milarun.profile.language.Job.as_entry`), in profile order.
 
     Raises:
-        ProfileError: as :func:`milarun.profile.load_profile`.
+        ProfileError: as :func:`milarun.profile.language.load_profile`.
     """
-    from ..profile import load_profile, profile_files
+    from ..profile.language import load_profile, profile_files
 
     jobs = load_profile(profile, names, select, exclude)
     out = {"_resolved_from": {"suite": jobs[0].suite,

@@ -57,7 +57,7 @@ def run_report(results, strict=False, stdout=None, warn=None, **options):
     """
     from ..report import make_report
     from ..report.table import check_price
-    from ..terminal import terminal_safe
+    from ..formats.terminal import terminal_safe
 
     stdout = stdout or sys.stdout
     warn = warn or sys.stderr

@@ -7,7 +7,7 @@ workload (``milarun.models.<name>:<function>``) or the one the user names with
 sets (:data:`RERUN_ENV`), with plain values; starts the child with ``-P`` so
 neither the current folder nor the results folder is on its ``sys.path``; shows
 the exact command and environment, and runs a record this host's milarun did
-not write (:mod:`milarun.results.trust`) only with ``--yes``.
+not write (:mod:`milarun.formats.trust`) only with ``--yes``.
 """
 
 import json
@@ -21,7 +21,7 @@ from ..errors import MilarunError, ResultFormatError
 from .options import flag, option, positional
 
 #: The variables a rerun takes from a record's ``environ``: those milarun sets for
-#: a launch (device visibility of :mod:`milarun.accel`, the plan's ``MILARUN_*``
+#: a launch (device visibility of :mod:`milarun.host.accel`, the plan's ``MILARUN_*``
 #: labels and pinning, the backend) and plain threading knobs. Everything else
 #: (``LD_PRELOAD``, ``PYTHONPATH``, ``GIT_*``, ``NCCL_*`` plug-ins, ``TORCH_*``,
 #: the start barrier, ``MILARUN_WRITTEN``, ``MILARUN_PDEATHSIG`` ...) is dropped
@@ -139,7 +139,7 @@ def student_cgroup(record):
     """
     import shutil
 
-    from .. import isolation
+    from ..host import isolation
 
     template = ((record.get("job") or {}).get("partition_scheme") or {}).get("cgroup")
     if not template:
@@ -197,7 +197,7 @@ def rerun_command(record, extra_args=(), out=None, python=None, function=None, p
             raise ResultFormatError("its command (call.argv, dataroot or name) holds an "
                                     f"argument with a NUL character: {_word(str(arg)[:80])}",
                                     path=path)
-    from ..barrier import without_barrier
+    from ..formats.barrier import without_barrier
 
     # a rerun runs alone: the start barrier a launcher's FAIL record names is gone
     env = without_barrier({**os.environ, **record_environ(record)[0]})
@@ -206,15 +206,15 @@ def rerun_command(record, extra_args=(), out=None, python=None, function=None, p
 
 def _read_record(path):
     """``(record, raw)``: the record at ``path`` and the very bytes it was parsed,
-    migrated and validated from (the ones :func:`milarun.results.trust.written_here`
+    migrated and validated from (the ones :func:`milarun.formats.trust.written_here`
     checks): the file is read once, so a swap between a check and a use cannot
     slip an unchecked record in.
 
     Raises:
-        ResultFormatError: as :func:`milarun.results.store.load_result`.
+        ResultFormatError: as :func:`milarun.formats.store.load_result`.
     """
-    from ..jsonfile import parse_json, read_bytes
-    from ..results.schema import migrate
+    from ..formats.jsonfile import parse_json, read_bytes
+    from ..formats.record import migrate
 
     raw = read_bytes(path, error_cls=ResultFormatError)
     return migrate(parse_json(raw, path=path), path=path), raw
@@ -235,8 +235,8 @@ def rerun(path, extra_args, out=None, dry_run=False, use_cgexec=True, yes=False,
         MilarunError: (exit 2, nothing run) the record was not written by this
             host's milarun and ``yes`` is False.
     """
-    from ..isolation import wrap
-    from ..results import trust
+    from ..host.isolation import wrap
+    from ..formats import trust
 
     record, raw = _read_record(path)
     argv, env = rerun_command(record, extra_args, out, function=check_function(

@@ -61,7 +61,7 @@ def check_out(out):
     Raises:
         MilarunError: (``UnsafeFileError`` for the target) one line naming ``out``.
     """
-    from ..outfile import check_target
+    from ..formats.outfile import check_target
 
     if out is None:
         return
@@ -80,8 +80,8 @@ def run_experiment(function, argv, out=None, dataroot=None, name=None,
     """Resolve ``function``, build an Experiment and run it; returns the exit code."""
     from ..bench.experiment import Experiment
     from ..errors import ResultFormatError
-    from ..results.schema import validate
-    from ..supervise import from_environment
+    from ..formats.record import validate
+    from ..host.supervise import from_environment
 
     from_environment()  # die with the launcher, even as a torchrun rank
     fn = resolve_function(function)

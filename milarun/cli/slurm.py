@@ -132,8 +132,8 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
         MilarunError: bad profile or options, no dataroot, sbatch missing or refusing.
     """
     # here: tempfile costs milarun --help ~5 ms
-    from ..outfile import UnsafeFileError, own_dir, write_atomic
-    from ..profile import load_profile
+    from ..formats.outfile import UnsafeFileError, own_dir, write_atomic
+    from ..profile.language import load_profile
     from .jobs import check_bounds, default_outdir, resolve_dataroot
 
     load_profile(profile, names, select, exclude)

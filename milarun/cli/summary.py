@@ -28,7 +28,7 @@ def run_summary(results, out=None, warn=None):
     Skipped files are listed on ``warn`` (default: stderr).
     """
     warn = warn or sys.stderr
-    from ..summary import check_summary, summarize_dir, write_summary
+    from ..analysis.summary import check_summary, summarize_dir, write_summary
 
     summary, _ = summarize_dir(results, warn=warn)
     if out:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from ..errors import MilarunError, SetupError
-from ..jsonfile import read_json
+from ..formats.jsonfile import read_json
 
 #: Largest build stamp read (bytes); a stamp is a few hundred.
 MAX_STAMP_BYTES = 2**20

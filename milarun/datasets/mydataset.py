@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MilarunError
-from ..jsonfile import read_json
+from ..formats.jsonfile import read_json
 
 VERSION = 1
 FORMAT = "milarun-mydataset"

@@ -28,7 +28,7 @@ from coleo import Option, default, tooled
 from ..bench import dataloop, grad_scaler, init_torch, set_precision
 from ..bench.distributed import agree_on_counts, process_group
 from ..datasets import require
-from ..isolation import current_cpuset
+from ..host.isolation import current_cpuset
 from .convnet import build_model
 from .loader import image_loader
 

@@ -1,6 +1,6 @@
 """infer: inference throughput of one process over all of its devices (DLBS's multi-process benchmark).
 
-The workload of the ``multi-process`` plan type (:mod:`milarun.plantypes`):
+The workload of the ``multi-process`` plan type (:mod:`milarun.plan.types`):
 P processes per node, each owning k devices and pinned to the cores of their
 NUMA node, all started together. This module is one of those processes. It
 runs a network in ``torch.inference_mode`` on each of its k devices at once,
@@ -29,7 +29,7 @@ completed items per second of host time over all k devices. On CPU slots a
 
 Items are images (or sequences). ``metrics.items_device<i>`` are the items each
 device completed. The process's own and effective throughput and its wave's
-adjusted total come from the summary (:mod:`milarun.throughput`).
+adjusted total come from the summary (:mod:`milarun.measure.throughput`).
 
 Needs the ``fake_imagenet`` dataset unless ``--synthetic`` or ``--model encoder``.
 """
@@ -48,7 +48,7 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 #: Pre-decoded batches cycled by ``--synthetic`` (per process).
 SYNTHETIC_BATCHES = 8
 
-#: No loss by nature (milarun.validation's NaN check does not apply): inference trains nothing.
+#: No loss by nature (milarun.measure.validation's NaN check does not apply): inference trains nothing.
 NO_LOSS = "inference: nothing is trained"
 #: Seconds between two checks of the workers while the main thread waits.
 _WAIT_S = 0.5
@@ -240,7 +240,7 @@ def own_devices(exp, torch):
 def infer(exp):
     import torch
 
-    from ..isolation import current_cpuset
+    from ..host.isolation import current_cpuset
 
     # Network: a torchvision classifier (resnet50, resnet18, ...) or encoder
     model: Option = default("resnet50")

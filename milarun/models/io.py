@@ -41,7 +41,7 @@ from coleo import Option, default, tooled
 from ..bench import dataloop, init_torch
 from ..bench.setup import dataloader_workers
 from ..datasets import require
-from ..isolation import current_cpuset
+from ..host.isolation import current_cpuset
 
 MODES = ("traverse", "train")
 DATASETS = ("fashion_mnist", "mydataset")

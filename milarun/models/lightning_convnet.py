@@ -36,7 +36,7 @@ from ..bench import init_torch, rate_logger, set_precision
 from ..bench.distributed import World, agree_on_counts
 from ..bench.rate import Step
 from ..datasets import require
-from ..isolation import current_cpuset
+from ..host.isolation import current_cpuset
 from .convnet import build_model
 from .loader import image_loader
 

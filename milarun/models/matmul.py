@@ -31,7 +31,7 @@ from coleo import Option, default, tooled
 from ..bench import init_torch, iteration_wrapper
 from ..bench.setup import PRECISIONS
 
-#: No loss by nature (milarun.validation's NaN check does not apply): nothing is trained.
+#: No loss by nature (milarun.measure.validation's NaN check does not apply): nothing is trained.
 NO_LOSS = "matmul multiplies matrices; nothing is trained"
 
 

@@ -41,7 +41,7 @@ def load_source(source, warn=None):
         ResultFormatError: missing path, or a file that is not a summary.
     """
     from ..errors import ResultFormatError
-    from ..summary import read_summary, summarize_dir
+    from ..analysis.summary import read_summary, summarize_dir
 
     warn = warn or sys.stderr
     path = Path(source)
@@ -131,7 +131,7 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     """
     import datetime
 
-    from ..summary import read_summary
+    from ..analysis.summary import read_summary
     from .table import NODE_THRESHOLD_PCT, check_node_threshold
 
     if node_threshold is not None:
@@ -179,7 +179,7 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
 
 
 def write_text(path, text):
-    """Write ``text`` to ``path`` atomically (:func:`milarun.outfile.write_atomic`:
+    """Write ``text`` to ``path`` atomically (:func:`milarun.formats.outfile.write_atomic`:
     temporary file in the same folder, rename; never through a symlink nor over a
     FIFO, device or folder).
 
@@ -188,7 +188,7 @@ def write_text(path, text):
             (one line naming it).
     """
     from ..errors import MilarunError
-    from ..outfile import UnsafeFileError, write_atomic
+    from ..formats.outfile import UnsafeFileError, write_atomic
 
     try:
         return write_atomic(path, text, durable=False)

@@ -8,16 +8,16 @@ checks already made their results failures in the summary).
 * Columns ``W``, ``J/item`` and ``items/J`` (only when a test has energy
   readings): the mean power of a result over its steady state (W, per
   process: per GPU for per-GPU tests), and the test's energy over its items
-  (:mod:`milarun.energy`).
+  (:mod:`milarun.measure.energy`).
 * ``perf/W`` = the weighted geometric mean of ``items/J`` (items/s per W)
   over the scored tests that have it, with the score's weights: the score's
   formula applied to energy efficiency.
-* Host facts (:mod:`milarun.hostfacts`): shown under each host in the
+* Host facts (:mod:`milarun.host.facts`): shown under each host in the
   header; with ``--compare``, every fact recorded on both sides that differs
   from the baseline's is a warning.
 """
 
-from .. import hostfacts
+from ..host import facts as hostfacts
 from .text import fmt_num
 
 #: The energy columns, in order.
@@ -76,9 +76,9 @@ def flag_line(flag):
 
 def diff_line(diff):
     """One host fact that differs from the baseline's (the facts are a vendor's strings:
-    terminal controls shown escaped, :func:`milarun.terminal.terminal_safe`, since
+    terminal controls shown escaped, :func:`milarun.formats.terminal.terminal_safe`, since
     ``make_report`` prints this line as a warning)."""
-    from ..terminal import terminal_safe
+    from ..formats.terminal import terminal_safe
 
     words, ours, base = diff
     return terminal_safe(f"{words}: {ours} (baseline: {base})")

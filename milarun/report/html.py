@@ -8,7 +8,7 @@ markup.
 from collections import defaultdict
 from pathlib import Path
 
-from ..results.store import inside
+from ..formats.store import inside
 from .text import (GPU_ONE_RUN, NOISE_HEADER, anomalies_by_test, cell, concurrent_note,
                    fmt_interval, fmt_num, fmt_pct, header_items, node_flag, node_header,
                    node_verdict, noise_cell, noise_columns, nothing_to_compare, overlap_line,
@@ -78,7 +78,7 @@ def trace_links(records, results_dir, html_path=None):
     import os
     from urllib.parse import quote
 
-    from ..summary import group_name
+    from ..analysis.summary import group_name
 
     links = defaultdict(list)
     if results_dir is None:
@@ -125,11 +125,11 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
     plotter = None
     by_group = defaultdict(list)
     if records:
-        from ..summary import group_name
+        from ..analysis.summary import group_name
         for item in records:
             rec = item[1] if isinstance(item, tuple) else item
             by_group[group_name(rec)].append(rec)
-    from ..anomalies import sentences, short_kinds
+    from ..measure.anomalies import sentences, short_kinds
 
     flags = {test: sentences(fl) for test, fl in anomalies_by_test(report)}
     plots = []

@@ -22,7 +22,7 @@ import io as _io
 import re
 from collections import defaultdict
 
-from ..summary import group_name
+from ..analysis.summary import group_name
 
 EXPERIMENT = "milarun.models.io:main"
 _NAME = re.compile(r"^io-(traverse|train)-([A-Za-z0-9_]+)-w(\d+)$")
@@ -47,7 +47,7 @@ def io_tables(summary, records=None):
     """The study's tables, one per dataset (sorted by name).
 
     Args:
-        summary: a summary (:func:`milarun.summary.summarize`).
+        summary: a summary (:func:`milarun.analysis.summary.summarize`).
         records: the result records (or ``(path, record)`` pairs), or None.
 
     Returns:

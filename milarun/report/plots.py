@@ -7,8 +7,8 @@ matplotlib XML-escapes any text it writes, so the SVG is safe to inline.
 import io
 import re
 
-from .. import anomalies, stats
-from ..summary import device_key
+from ..measure import anomalies, stats
+from ..analysis.summary import device_key
 
 #: Colour of what the anomaly rules flagged on a plot (slow windows, stalls).
 FLAG_COLOUR = "#d62728"
@@ -73,8 +73,8 @@ class Plotter:
         or ``stall`` flag, else the lowest-numbered one: sample midpoint in s since
         program start vs. rate in items/s, warm-up samples dotted. Under each
         line a wide pale band of the same colour covers the samples chosen by
-        :func:`milarun.stats.steady_state` (its steady-state window). The
-        anomaly flags of the drawn runs (:func:`milarun.anomalies.result_flags`)
+        :func:`milarun.measure.stats.steady_state` (its steady-state window). The
+        anomaly flags of the drawn runs (:func:`milarun.measure.anomalies.result_flags`)
         are marked in :data:`FLAG_COLOUR`: a cross on each slow window, a
         shaded span over each stall.
 

@@ -2,7 +2,7 @@
 
 This is the only place the score formula is applied. Units: ``perf``,
 ``perf_adj`` and the baseline columns are steady-state throughputs in items/s
-(the mean over a test's results of :func:`milarun.stats.steady_state`);
+(the mean over a test's results of :func:`milarun.measure.stats.steady_state`);
 ``std`` is a fraction (std/mean); ``price`` is in dollars.
 
 Rules, in the order the report applies them:
@@ -12,15 +12,15 @@ Rules, in the order the report applies them:
   result the variance is unknown: std% is shown as ``unknown (n=1)`` and
   counts as 0 in ``perf_adj``.
 * ``perf_adj = perf * (1 - std%) * (1 - fail/n)``, or ``perf * (1 - fail/n)``
-  with ``penalize_variance=False`` (:func:`milarun.stats.perf_adj`). The
+  with ``penalize_variance=False`` (:func:`milarun.measure.stats.perf_adj`). The
   baseline's adjusted perf uses the same rule.
 * Weights: a test's weight is ``weights[group]``; for a gpu-progression group
   ``suite.job.<k>`` (or node-progression group ``suite.job.<n>x<g>``) without
   its own entry, ``weights["suite.job"]`` applies to each one present
-  (the plan type's rule, :mod:`milarun.plantypes`). Without a weights file every test weighs
+  (the plan type's rule, :mod:`milarun.plan.types`). Without a weights file every test weighs
   1. With one, tests it does not name weigh 0 (shown, not scored).
 * Score = weighted geometric mean of ``perf_adj`` over tests with weight > 0
-  and ``perf_adj`` > 0 (:func:`milarun.stats.weighted_geomean`:
+  and ``perf_adj`` > 0 (:func:`milarun.measure.stats.weighted_geomean`:
   ``exp(sum(w log x) / sum(w))``, computed in log space, as in the 2020
   milarun report and Fleming & Wallace, CACM 1986). A weighted
   test with no results is *missing*; a weighted test whose ``perf_adj`` is 0
@@ -28,7 +28,7 @@ Rules, in the order the report applies them:
   successful result reached a steady state). Both are left out of the score,
   listed, and the score is marked incomplete (never NaN, never ``-inf``).
 * Anomalies: the flags the summary holds (``tests[g].anomalies``, rules in
-  :mod:`milarun.anomalies`) are listed beside their test; they do not change
+  :mod:`milarun.measure.anomalies`) are listed beside their test; they do not change
   the score.
 * Failure rate = ``sum(fail) / sum(n)`` over every test shown; PASS when at
   most 1 %.
@@ -56,7 +56,7 @@ Rules, in the order the report applies them:
   weights; a scored test with no node throughput, e.g. from a 2020 summary
   whose plan types are unknown, is left out and listed). With ``price``,
   ``node_rpp = price / node score`` (dollars per node-score point).
-* Noise (:mod:`milarun.confidence`, level 95 %): each test's ``ci`` is the
+* Noise (:mod:`milarun.measure.confidence`, level 95 %): each test's ``ci`` is the
   Student t interval of ``perf`` from ``train``'s n, mean and std; the score's
   (and the node score's) interval propagates those through the geometric mean
   (delta method, Welch-Satterthwaite df), perf_adj's factors taken as fixed.
@@ -70,7 +70,7 @@ Rules, in the order the report applies them:
   ``effective`` (the default), a test whose every scored result belongs to a
   concurrent wave with a common steady-state interval (the summary's
   ``effective.n`` equals ``train.n``) takes ``perf`` and ``std%`` from its
-  effective throughputs (:mod:`milarun.throughput`: each process's rate over
+  effective throughputs (:mod:`milarun.measure.throughput`: each process's rate over
   the interval when all processes of its wave were in steady state); every
   other test, and every test with ``own``, takes them from its own
   steady-state rates (``train``), the 2020 rule. A 2020 summary has no
@@ -78,7 +78,7 @@ Rules, in the order the report applies them:
   (``own``, ``effective``); the table shows an ``own`` column beside ``perf``
   when some test is scored on its effective throughput. A test whose
   concurrent processes' steady states overlap by less than
-  :data:`milarun.throughput.MIN_OVERLAP` of their length is listed in
+  :data:`milarun.measure.throughput.MIN_OVERLAP` of their length is listed in
   ``Report.overlap``.
 * Validation flags, the energy columns (``W``, ``J/item``, ``items/J``),
   ``perf/W`` and the host facts: :mod:`milarun.report.checks`.
@@ -108,10 +108,11 @@ import statistics
 
 from dataclasses import dataclass, field
 
-from .. import confidence, plantypes, stats
+from ..measure import confidence, stats
+from ..plan import types as plantypes
 from ..errors import MilarunError
-from ..summary import device_key, node_key
-from ..jsonfile import check, read_json
+from ..analysis.summary import device_key, node_key
+from ..formats.jsonfile import check, read_json
 
 #: Failure rate (fraction) at or under which the run passes.
 PASS_FAILURE_RATE = 0.01
@@ -140,7 +141,7 @@ def load_weights(path):
 
 
 def check_weights(data, path=None):
-    """Check a weights mapping against ``milarun/schemas/weights.schema.json``
+    """Check a weights mapping against ``milarun/formats/schemas/weights.schema.json``
     (names like ``suite.test``, finite weights >= 0) and return ``{name: float}``.
 
     Raises:
@@ -153,7 +154,7 @@ def check_weights(data, path=None):
 def weight_for(group, weights, partition=None):
     """Return ``(weight, key)`` of summary group ``group`` or ``(None, None)``.
 
-    The group's plan type decides (:func:`milarun.plantypes.weight_for`): a
+    The group's plan type decides (:func:`milarun.plan.types.weight_for`): a
     gpu-progression group ``suite.job.<k>`` or a node-progression group
     ``suite.job.<n>x<g>`` falls back to the ``suite.job`` entry (every rule is
     tried when the partition is unknown, as in 2020 summaries).
@@ -260,7 +261,7 @@ def finite_or_warn(report, value, what):
 
 
 def geomean_or_warn(report, values, weights, what):
-    """:func:`milarun.stats.weighted_geomean` of ``values``, or None with a warning in
+    """:func:`milarun.measure.stats.weighted_geomean` of ``values``, or None with a warning in
     ``report`` when it is out of range or its inputs are refused."""
     try:
         value = stats.weighted_geomean(values, weights)
@@ -295,7 +296,7 @@ class _Warnings:
 
 def _log_ratio(report, ours, base, weights):
     """Score / baseline score over the same tests: ``exp(log geomean(ours) - log
-    geomean(base))`` (both :func:`milarun.stats.weighted_log_mean`), None with a warning
+    geomean(base))`` (both :func:`milarun.measure.stats.weighted_log_mean`), None with a warning
     when it is out of range."""
     try:
         a = stats.weighted_log_mean(ours, weights)
@@ -334,7 +335,7 @@ def perf_basis(t, throughput="effective"):
 def build_report(summary, weights=None, baseline=None, price=None, penalize_variance=True,
                  compare_gpus=False, title=None, compare_nodes=False,
                  node_threshold=NODE_THRESHOLD_PCT, throughput="effective"):
-    """Build a :class:`Report` from a normalized summary (see :mod:`milarun.summary`).
+    """Build a :class:`Report` from a normalized summary (see :mod:`milarun.analysis.summary`).
 
     ``weights`` is ``{name: w}`` (from :func:`load_weights`) or ``None``;
     ``baseline`` a normalized summary or ``None``; ``price`` in dollars;
@@ -453,17 +454,17 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
 
 def concurrent_tables(tests, min_overlap=None):
     """The tests with concurrent waves (the summary's fields from
-    :func:`milarun.throughput.summarize_waves`).
+    :func:`milarun.measure.throughput.summarize_waves`).
 
     Returns ``(overlap, concurrent)``: ``overlap`` lists ``(test, fraction)`` for
     the tests whose smallest wave overlap is below ``min_overlap`` (default
-    :data:`milarun.throughput.MIN_OVERLAP`); ``concurrent`` has one entry per
+    :data:`milarun.measure.throughput.MIN_OVERLAP`); ``concurrent`` has one entry per
     test with an effective throughput: ``{"test", "devices": [{"device", "own",
     "effective"}] (mean items/s of each process), "adjusted": mean per-wave
     adjusted throughput (items/s), "overlap": fraction, "skew_s": s or None,
     "waves", "synchronized"}``.
     """
-    from ..throughput import MIN_OVERLAP
+    from ..measure.throughput import MIN_OVERLAP
 
     min_overlap = MIN_OVERLAP if min_overlap is None else min_overlap
     overlap, concurrent = [], []
@@ -491,7 +492,7 @@ def zero_reason(test):
     """Why a test (a normalized summary entry) has no ``perf_adj``, in words.
 
     ``"no steady state in 2 result(s): <the record's message>"`` when every
-    failure is ``no-steady-state`` (:mod:`milarun.validation`: the results ran,
+    failure is ``no-steady-state`` (:mod:`milarun.measure.validation`: the results ran,
     but no rate was measured); ``"every run failed (timeout x2)"`` with the
     recorded reasons otherwise; the clamp when the rates have a std% of 100 %
     or more; ``"no results"`` (and how many launches were interrupted) when
@@ -659,7 +660,7 @@ def node_throughput(t, basis="own"):
     ``basis`` (from :func:`perf_basis`) picks own or effective rates, so a node's
     throughput is measured the way the test's ``perf`` is.
 
-    The group's plan type (:attr:`milarun.plantypes.PlanType.rate_of`) says what one
+    The group's plan type (:attr:`milarun.plan.types.PlanType.rate_of`) says what one
     record's rate measures:
 
     * ``"device"`` (per-gpu): the sum of the devices' mean rates (``pergpu``) over
@@ -710,7 +711,7 @@ def _few(rows, key="sample"):
 
 def _no_interval(few):
     """Why a score has no interval: the tests with fewer than 2 results, else spreads
-    too wide for finite bounds (:mod:`milarun.confidence` returns None for both)."""
+    too wide for finite bounds (:mod:`milarun.measure.confidence` returns None for both)."""
     if few:
         return "fewer than 2 results in " + ", ".join(few)
     return "the spread of the results is too wide for finite bounds"

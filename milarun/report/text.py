@@ -8,7 +8,7 @@ or draw a fake score.
 
 import math
 
-from ..terminal import one_line, terminal_safe
+from ..formats.terminal import one_line, terminal_safe
 
 
 def fmt_num(value, spec=".2f"):
@@ -50,7 +50,7 @@ def table_frame(report):
     an ``anomalies`` column (the kinds of its flags) ends it when a test has flags."""
     import pandas as pd
 
-    from ..anomalies import short_kinds
+    from ..measure.anomalies import short_kinds
 
     columns = list(report.columns)
     data = {c: [cell(r, c) for r in report.rows] for c in columns}
@@ -165,7 +165,7 @@ def _out_of_range(report, what):
 def overlap_line(overlap):
     """The flag line of the tests whose concurrent processes' steady states overlap too
     little (``Report.overlap``: ``[(test, fraction)]``)."""
-    from ..throughput import MIN_OVERLAP
+    from ..measure.throughput import MIN_OVERLAP
 
     return (f"steady states of concurrent processes overlap by less than "
             f"{MIN_OVERLAP * 100:.0f}% of their length: "
@@ -203,7 +203,7 @@ def concurrent_lines(entries):
             "effective = items in the interval when every process of the wave was in steady "
             "state / its length", frame.to_string(), *[concurrent_note(e) for e in entries]]
 def fmt_interval(ci, spec=".2f"):
-    """``lo to hi`` of a :data:`milarun.confidence.Interval`, or ``n/a`` (variance unknown)."""
+    """``lo to hi`` of a :data:`milarun.measure.confidence.Interval`, or ``n/a`` (variance unknown)."""
     return "n/a" if ci is None else f"{format(ci.lo, spec)} to {format(ci.hi, spec)}"
 
 
@@ -444,7 +444,7 @@ def scaling_lines(table):
 
 def anomaly_lines(report):
     """The anomalies section: a heading naming the rules, then one line per flag."""
-    from ..anomalies import sentences
+    from ..measure.anomalies import sentences
 
     lines = ["anomalies (rules: docs/report.md, section Anomalies):"]
     for test, flags in anomalies_by_test(report):

@@ -1,0 +1,2 @@
+"""File formats: the strict JSON reader, the schemas, the result record, store and
+journal, the barrier's wire format. The lowest layer above ``errors``."""

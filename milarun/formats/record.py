@@ -1,0 +1,242 @@
+"""The result record: one JSON object per run × device.
+
+Format history (append a line and a migration step for every change):
+
+* version 1 (2026-11): first format.
+* version 1, extended (issue 9, multi-node): optional ``node``, ``nodes``,
+  ``node_count``, ``gpus_per_node`` and ``distributed``; ``partition`` may
+  also be ``njobs``, ``multi-node`` or ``node-progression``; ``error.reason``
+  may also be ``rendezvous-timeout``, ``rank-failed`` or ``node-lost``. The
+  version stays 1: every new field is optional, so older version-1 records
+  still validate and need no migration (older readers reject the new values).
+* version 1, extended (issue 10, synchronized starts): optional
+  ``timings.program.origin`` (Unix time of the samples' zero) and
+  ``timings.barrier`` (the start barrier the process met); ``partition`` may
+  also be ``multi-process``; ``error.reason`` may also be ``barrier-timeout``.
+  Optional again: older records validate as they are.
+* version 1, extended (issue 11, profile language): optional ``placeholders``
+  (the launch's placeholder values). Optional, so the version stays 1.
+* version 1, extended (issue 11, profile traces): optional ``profile_trace``
+  and the sample flag ``profiled``; no migration (optional fields).
+* version 1, extended (issue 10, validation and host facts): optional
+  ``no_loss`` and ``host_load``; ``host`` may hold the facts of
+  :mod:`milarun.host.facts` (milarun version and commit, kernel, CPU governor,
+  boost, cgroup CPU quota; per GPU power limits, clocks, persistence and
+  ECC); samples may hold ``loss``; ``error.reason`` may also be ``nan-loss``
+  or ``no-steady-state``. Optional again: the version stays 1.
+
+The declared schema is ``milarun/formats/schemas/result.schema.json``: every record
+read or written is checked against it (:func:`validate`). Numbers are finite;
+rates, counts, durations and sample times non-negative; names (``name``,
+``suite``, ``job_name``, ``job_id``, ``device``) use letters, digits, ``_``,
+``-`` and ``.`` between them (no path separator, no newline); strings and lists
+are bounded (at most 1,000,000 samples). Unknown top-level fields are errors.
+
+Fields of a version-1 record (all times in seconds; rates in items/s;
+tests/test_bad_inputs.py checks that this list and the schema agree):
+
+``version``        int, FORMAT_VERSION.
+``name``           ``"suite.job"``, e.g. ``"cpu.toy_reg"``.
+``suite``, ``job_name``  the two halves of ``name``.
+``job_id``         ``"{run}.{device}"``, e.g. ``"0.1"``.
+``run``            repeat index (int).
+``device``         device label used in the file name: ``"0"``, ``"0-3"`` or ``"all"``.
+``devices``        list of device indices the process was given (ints).
+``device_count``   ``len(devices)`` (gpu-progression groups by it).
+``partition``      the plan type: ``"normal"``, ``"per-gpu"``, ``"gpu-progression"``,
+                   ``"njobs"``, ``"multi-node"``, ``"node-progression"`` or
+                   ``"multi-process"``.
+``node``           optional: the node (host) name the launch ran on, a safe name.
+``nodes``          optional: the node names the launch spanned (``[node]`` on one node).
+``node_count``     optional: ``len(nodes)``, >= 1.
+``gpus_per_node``  optional: devices per node the launch used, >= 1.
+``call``           ``{"function": "mod:fn", "argv": [...], "arguments": {opt: value}}``.
+``job``            the resolved job definition from the profile (or ``{}``).
+``placeholders``   optional: ``{name: value}`` the plan filled the job's argument
+                   placeholders with for this launch (``{"cpu_per_gpu": 8}``).
+``dataroot``       dataset root the child used.
+``environ``        the subset of the environment needed to rerun.
+``host``           ``hostname, cpu_model, cpu_count, cpuset (list of ints),
+                   memory_limit_mib (float or None), cgroup (str), gpus
+                   [{index, name, driver, memory_total_mib}], python, torch, cuda``,
+                   and optionally the facts of :mod:`milarun.host.facts`.
+``timings``        ``{"program": {"start", "end", "duration"},
+                   "train": {"sample_duration", "warmup", "count",
+                   "samples": [{"start", "end", "count", "rate", "warmup",
+                   "loss" (optional: the loss at the window's end)}]}}``;
+                   ``start``/``end`` of samples are seconds since program start;
+                   program start/end are Unix time. Optional:
+                   ``program.origin``, the Unix time of the samples' zero
+                   (the experiment's creation, shortly before ``start``);
+                   ``barrier``, the start barrier of a concurrent wave:
+                   ``{"address", "wave", "label", "parties", "arrived_count",
+                   "arrived", "released" (Unix times, own clock),
+                   "server_release" (the launcher's clock), "released_at" (s
+                   since the samples' zero), "wait_s", "timeout_s"}``
+                   (``released`` null when it timed out).
+``metrics``        free-form scalars, e.g. ``{"loss": 0.12}``.
+``gpu_monitor``    ``{"available": bool, "reason": str|None, "interval": s,
+                   "samples": [{"t", "device", "load", "memory_mib",
+                   "temperature", "power", "energy"}]}`` (load in %,
+                   temperature in °C, power in W, energy in J since start).
+``peak_memory_mib`` peak accelerator memory (MiB) or peak RSS on CPU.
+``success``        bool.
+``error``          ``None`` or ``{"reason": one of FAIL_REASONS, "type", "message",
+                   "traceback", "returncode", "signal", "stderr_tail"}``; a FAIL
+                   record the launcher filled from the journal may add
+                   ``"journal_dropped"``: the journal lines left out (malformed
+                   or out-of-range values, see ``milarun.formats.journal``).
+``started``, ``finished``  optional ISO-8601 UTC times the child started and ended.
+``written_by``     optional: ``"launcher"`` for a FAIL record written by the parent
+                   (or ``"child"``).
+``distributed``    optional, written by rank 0 of a torchrun job:
+                   ``{"world_size": ranks, "backend": "nccl"|"gloo"|...,
+                   "rendezvous": {"backend": "c10d"|"static", "endpoint":
+                   "host:port"|None, "id": str|None}, "master": "addr:port",
+                   "node_names": [one per node], "hosts": [one ``host`` dict per
+                   node]}`` (nodes in node-rank order; ``world_size`` and
+                   ``backend`` required).
+``profile_trace``  optional, with ``--profile-trace DIR``: ``{"path": the Chrome
+                   trace (relative to the record's folder, or absolute; None if
+                   no step was profiled), "steps": profiled steps, "activities":
+                   ["cpu", "cuda"], "start", "end": s since program start,
+                   "note": why nothing or less was profiled, or None}``. The
+                   samples of those steps carry ``"profiled": true`` and stay
+                   out of the steady state (:func:`milarun.measure.stats.steady_state`).
+``no_loss``        optional: why the test has no loss by nature (its module's
+                   ``NO_LOSS``); the NaN-loss check does not apply.
+``host_load``      optional: ``{"available", "reason", "interval", "cpu_count",
+                   "suite_root": "launcher"|"torchrun-agent"|"self"|"given",
+                   "samples": [{"t", "dt", "busy", "suite", "outside", "steal"}]}``
+                   (:mod:`milarun.bench.hostload`: host CPU use per interval, in
+                   cores; ``outside`` is what processes outside the suite used).
+"""
+
+import copy
+
+from ..errors import ResultFormatError
+from .jsonfile import check
+
+FORMAT_VERSION = 1
+
+#: Values of ``error.reason``: the test raised (``error``), the kernel OOM
+#: killer, the launcher's timeout, a signal, an interrupted suite, a
+#: successful record followed by a non-zero exit or a hang; for distributed
+#: launches, a node that did not join the rendezvous in time, a rank that died,
+#: a node whose connection (ssh, srun step) dropped; and the failing checks of
+#: :mod:`milarun.measure.validation` (a NaN or infinite loss, no steady state); a
+#: child whose torch cannot use the device it was given (``wrong-device``). The
+#: schema's enum must agree (tested).
+FAIL_REASONS = ("error", "oom-killed", "timeout", "signal", "interrupted",
+                "exit-after-result", "rendezvous-timeout", "rank-failed", "node-lost",
+                "barrier-timeout", "nan-loss", "no-steady-state", "wrong-device")
+
+
+def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
+               partition="normal", node=None, nodes=None, gpus_per_node=None):
+    """Return an empty version-1 record for experiment ``name`` (``suite.job``).
+
+    ``node``, ``nodes`` (``node_count`` is their number) and ``gpus_per_node``
+    are set only when given (not None).
+    """
+    suite, _, job_name = name.partition(".")
+    rec = {
+        "version": FORMAT_VERSION,
+        "name": name,
+        "suite": suite,
+        "job_name": job_name or suite,
+        "job_id": job_id,
+        "run": run,
+        "device": str(device),
+        "devices": list(devices),
+        "device_count": len(devices),
+        "partition": partition,
+        "call": {"function": None, "argv": [], "arguments": {}},
+        "job": {},
+        "dataroot": None,
+        "environ": {},
+        "host": {},
+        "timings": {"program": {}, "train": {"sample_duration": None,
+                                             "warmup": 0, "count": 0,
+                                             "samples": []}},
+        "metrics": {},
+        "gpu_monitor": {"available": False, "reason": "not started",
+                        "interval": None, "samples": []},
+        "peak_memory_mib": None,
+        "success": False,
+        "error": None,
+    }
+    if node is not None:
+        rec["node"] = node
+    if isinstance(nodes, (list, tuple)):
+        rec["nodes"] = list(nodes)
+        rec["node_count"] = len(rec["nodes"])
+    elif nodes is not None:
+        rec["nodes"] = nodes  # not a list: validation says so
+    if gpus_per_node is not None:
+        rec["gpus_per_node"] = gpus_per_node
+    return rec
+
+
+# Each step takes a record of version v and returns one of version v + 1.
+_MIGRATIONS = {
+    # 0: the unversioned layout of early prototypes, which had "train" at the top level
+    0: lambda r: {**{k: v for k, v in r.items() if k != "train"},
+                  "version": 1,
+                  "timings": {**r.get("timings", {}),
+                              "train": r.get("train", {"samples": []})}},
+}
+
+
+def migrate(record, path=None, parsed=False):
+    """Bring ``record`` up to FORMAT_VERSION through the migration chain, then validate it.
+
+    The input is never modified: an old record is copied before its steps run.
+    ``parsed``: ``record`` comes from :func:`milarun.formats.jsonfile.parse_json` (see
+    :func:`validate`).
+
+    Raises:
+        ResultFormatError: not a record, a version newer than ours or unknown,
+            or (after migration) anything :func:`validate` rejects.
+    """
+    if not isinstance(record, dict) or not ("version" in record or "name" in record):
+        raise ResultFormatError("not a result record (no 'version' or 'name' key)", path=path)
+    version = record.get("version", 0)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ResultFormatError(f"bad format version {version!r}"[:80], path=path,
+                                key="version")
+    if version > FORMAT_VERSION:
+        raise ResultFormatError(
+            f"format version {version} is newer than this milarun ({FORMAT_VERSION})",
+            path=path, key="version")
+    # Current records are returned as they are; only old ones are copied and rewritten.
+    rec = record if version == FORMAT_VERSION else copy.deepcopy(record)
+    while version < FORMAT_VERSION:
+        step = _MIGRATIONS.get(version)
+        if step is None:
+            raise ResultFormatError(f"unknown format version {version}", path=path, key="version")
+        try:
+            rec = step(rec)
+        except (TypeError, AttributeError, KeyError, ValueError) as exc:
+            # old files are not validated before their steps run
+            raise ResultFormatError(f"cannot migrate from format version {version} "
+                                    f"({exc.__class__.__name__}: {exc})"[:200], path=path)
+        version = rec["version"]
+    return validate(rec, path, parsed=parsed)
+
+
+def validate(record, path=None, parsed=False):
+    """Check a current-version record against ``result.schema.json``; return it.
+
+    The writer calls this before writing, so a record that would not read
+    back is never written. ``parsed``: ``record`` comes from
+    :func:`milarun.formats.jsonfile.parse_json` or :func:`milarun.formats.store.finite_json`,
+    so it holds no NaN and the walk that looks for one is skipped (the schema
+    check is the same).
+
+    Raises:
+        ResultFormatError: one line ``<path>: <key.path>: <message>`` for the
+            most relevant problem (e.g. ``timings.train.samples.3.rate: must be
+            >= 0, not -5``).
+    """
+    return check(record, "result", path=path, error_cls=ResultFormatError, nan_free=parsed)

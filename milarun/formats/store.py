@@ -1,0 +1,200 @@
+"""Result files on disk: naming, atomic writes, iteration.
+
+File name: ``{suite}.{job}.J{run}.{device}[.FAIL].{UTC %Y%m%d-%H%M%S-%f}.json``.
+Under ``milarun jobs`` the time is the session's start (the plan names every
+path before anything runs); the journal of a launch is
+``{same stem}.journal.jsonl`` beside it.
+
+Writes are atomic and durable (:func:`milarun.formats.outfile.write_atomic`: a
+temporary ``.tmp-*`` file in the same folder, fsynced, renamed over the
+target, then the folder is fsynced; never through a symlink nor over a FIFO,
+device or folder). JSON is
+written without NaN or Infinity (non-finite numbers become ``null``).
+"""
+
+import datetime
+import json
+import math
+import time
+from pathlib import Path
+
+from ..errors import ResultFormatError
+from .jsonfile import read_json
+from .outfile import TMP_PREFIX, write_atomic
+from .record import migrate, validate
+
+
+def result_filename(name, run, device, success, when=None):
+    """Return the file name for a result of test ``name`` (``suite.job``).
+
+    ``when`` is a UTC ``datetime`` (now by default).
+    """
+    when = when or datetime.datetime.now(datetime.timezone.utc)
+    stamp = when.strftime("%Y%m%d-%H%M%S-%f")
+    fail = "" if success else ".FAIL"
+    return f"{name}.J{run}.{device}{fail}.{stamp}.json"
+
+
+def journal_path(result_path):
+    """The journal (JSON Lines) beside a result path: ``x.json`` → ``x.journal.jsonl``."""
+    path = Path(result_path)
+    stem = path.name[:-5] if path.name.endswith(".json") else path.name
+    return path.with_name(stem + ".journal.jsonl")
+
+
+#: Suffix of the Chrome traces of ``--profile-trace``: JSON, but not records
+#: (:func:`iter_results` passes them by).
+TRACE_SUFFIX = ".trace.json"
+
+
+def trace_path(result_path, folder, rank=None):
+    """Where ``--profile-trace folder`` puts the trace of the record at ``result_path``:
+    ``folder/<record stem>.trace.json`` (``.rank<R>.trace.json`` for a rank other than 0).
+
+    A relative ``folder`` is inside the record's folder, so a results folder
+    carries its traces along.
+    """
+    path = Path(result_path)
+    stem = path.name[:-5] if path.name.endswith(".json") else path.name
+    if rank:
+        stem += f".rank{rank}"
+    return path.parent / Path(folder) / (stem + TRACE_SUFFIX)
+
+
+def finite_json(data):
+    """A copy of ``data`` (dicts, lists, scalars) with NaN and ±Infinity replaced by None."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite_json(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [finite_json(v) for v in data]
+    return data
+
+
+def json_text(data):
+    """``data`` as the JSON text the writers put on disk (indented, no NaN)."""
+    return json.dumps(finite_json(data), indent=1, default=str, allow_nan=False)
+
+
+def write_json_atomic(path, data, text=None):
+    """Write ``data`` as JSON to ``path`` with :func:`milarun.formats.outfile.write_atomic`
+    (temporary file, fsync, rename, fsync of the folder; never through a symlink
+    nor over a FIFO, device or folder). Non-finite numbers are written as ``null``.
+    ``text``: the exact text to write, when the caller made it already
+    (:func:`json_text` of ``data``).
+
+    Raises:
+        UnsafeFileError: ``path`` is not a regular file (a ``SetupError`` and an
+            ``OSError``); nothing is written.
+        OSError: the folder cannot be written (full disk, read-only); no
+            temporary file is left behind and an existing ``path`` is intact.
+    """
+    text = json_text(data) if text is None else text
+    return write_atomic(path, text)
+
+
+def remove_stale_tmp(directory, older_than=60.0):
+    """Delete ``.tmp-*`` files of interrupted writes in ``directory`` (not recursive)
+    that are older than ``older_than`` seconds; returns the names removed."""
+    removed = []
+    now = time.time()
+    for path in Path(directory).glob(TMP_PREFIX + "*"):
+        try:
+            if now - path.stat().st_mtime > older_than:
+                path.unlink()
+                removed.append(path.name)
+        except OSError:
+            pass
+    return removed
+
+
+def write_result(record, out):
+    """Validate ``record`` and write it to ``out``; return the path written.
+
+    The one writer of result records, for the child and for the launcher's
+    FAIL path. ``out`` is a directory (the standard file name is used) or
+    a path ending in ``.json`` (written exactly there). The digest of the bytes
+    written goes to this host's registry (:mod:`milarun.formats.trust`), so
+    ``milarun rerun`` knows the record as its own.
+
+    Raises:
+        ResultFormatError: the record does not follow the schema.
+        OSError: the file cannot be written (see :func:`write_json_atomic`).
+    """
+    from . import trust
+
+    validate(finite_json(record), parsed=True)
+    out = Path(out)
+    if out.suffix == ".json":
+        path = out
+    else:
+        path = out / result_filename(record["name"], record.get("run", 0),
+                                     record.get("device", "0"), record["success"])
+    text = json_text(record)
+    write_json_atomic(path, record, text=text)
+    # the bytes written, not read back: a folder others can write cannot swap them in
+    trust.remember(text.encode("utf-8"))
+    return path
+
+
+def load_result(path):
+    """Read (strictly, see :func:`milarun.formats.jsonfile.read_json`), migrate and validate one
+    result file; return the record.
+
+    Raises:
+        ResultFormatError: unreadable, not UTF-8, not JSON, too large or too
+            deep, or not a valid result record; the message names the file and
+            the key.
+    """
+    return migrate(read_json(path, error_cls=ResultFormatError), path=path, parsed=True)
+
+
+def inside(root, path):
+    """``path`` resolved (symlinks followed) if it is a file inside folder ``root``
+    (resolved too), else None: nothing outside a results folder is read through
+    a link in it (records, logs, traces)."""
+    try:
+        root = Path(root).resolve(strict=True)
+        path = Path(path).resolve(strict=True)
+    except (OSError, RuntimeError):   # missing, or a symlink loop
+        return None
+    return path if path.is_relative_to(root) and path.is_file() else None
+
+
+def iter_results(directory):
+    """Yield ``(path, record_or_error)`` for every result file under ``directory``.
+
+    Files are ``*.json`` under ``directory`` and its sub-folders, sorted by
+    path; hidden folders (``.name``) and hidden files are not looked at, nor
+    are ``*.jsonl`` journals nor ``*.trace.json`` profiler traces. A file that
+    cannot be read as a result yields its ``ResultFormatError`` instead of a
+    record, so callers can skip it with a warning; so does a stale temporary
+    file (``.tmp-*``, left by a writer that died), and a symlink to a file
+    outside ``directory`` (see :func:`inside`), which is not read: a vendor's
+    folder cannot have a file of the buyer's scored, or a FIFO block the reader.
+    """
+    directory = Path(directory)
+    for path in sorted(directory.rglob("*.json*")):
+        parts = path.relative_to(directory).parts
+        if any(p.startswith(".") for p in parts[:-1]):
+            continue
+        link = path.is_symlink()
+        if not (link or path.is_file()):
+            continue
+        stale = path.name.startswith(TMP_PREFIX)
+        if not stale and (path.name.startswith(".") or path.suffix != ".json"
+                          or path.name.endswith(TRACE_SUFFIX)):
+            continue
+        if link and inside(directory, path) is None:
+            yield path, ResultFormatError("a symbolic link to outside the results folder "
+                                          "(or a broken one); not read", path=path)
+            continue
+        if stale:
+            yield path, ResultFormatError("stale temporary file (a writer died before its "
+                                          "rename); not a result", path=path)
+            continue
+        try:
+            yield path, load_result(path)
+        except ResultFormatError as exc:
+            yield path, exc

@@ -1,0 +1,2 @@
+"""The machine: device backends (``accel``), devices, cgroups and CPU lists, host
+facts, parent-death supervision."""

@@ -1,0 +1,2 @@
+"""Pure numbers, no I/O: steady state, intervals, effective throughput, energy,
+validation flags, anomalies."""

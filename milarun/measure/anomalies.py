@@ -1,0 +1,320 @@
+"""Anomaly flags: the rules that say a result, or a result among its group, looks wrong.
+
+Pure: samples and rates in, flags out; no I/O, nothing heavy imported. The
+summary stores the flags (``tests[GROUP].anomalies``), the report prints them
+and the HTML draws them; :func:`describe` is the one sentence all of them show.
+
+Rules within one result (its ``timings.train.samples``; times in s since
+program start, rates in items/s):
+
+* ``slow-windows``: non-warm-up windows, outside the final ``tail`` second
+  (its stopping artefacts are expected), whose rate is under ``WINDOW_FLOOR``
+  (half) of the result's reference rate: the larger of the median of its
+  steady-state windows (the samples :func:`milarun.measure.stats.steady_state` chose)
+  and the best rate it sustained, the highest running median of
+  ``RUN_WINDOWS`` (5) consecutive non-warm-up windows (Tukey's running median,
+  "Exploratory Data Analysis", 1977, ch. 7: robust to isolated spikes, as a
+  block is high only when most of its windows are). They are flagged when
+  they add up to ``WINDOW_MIN_S`` (1 s), so one short dip on a shared host is
+  not. Why not ``median - k * MAD`` of the steady-state windows (the modified
+  z-score of Iglewicz and Hoaglin, 1993), which the outlier rule below uses:
+  when the steady-state window straddles a slow and a fast regime (the case
+  of issue 13: 19 items/s for 70 s, then 1300 items/s, and a last 10 s window
+  holding both), the MAD is as large as the median and that rule flags
+  nothing; and on a steady run whose MAD is 1 % it flags a dip of 5 %.
+* ``stall``: a stretch with no window closing longer than ``max(STALL_FACTOR
+  * median window duration, STALL_MIN_S)``: one window that lasted that long,
+  a gap between two windows, or, for a failed result, the time from its last
+  window to its end.
+* ``short-steady``: the non-warm-up windows of a successful result last less
+  than its rule: the ``--min-steady`` seconds the test declared
+  (``timings.train.min_steady``; the logger then trains until it has them),
+  or, when it declared none, the ``window + tail`` seconds (11 s) of the 2020
+  steady-state rule.
+A result with no steady state at all is not an anomaly but a failure
+(``no-steady-state``, :mod:`milarun.measure.validation`): the child and the summary
+judge it so, and ``milarun run``/``rerun`` say it and exit 1.
+
+Rule across the results of a group (:func:`group_flags`):
+
+* ``outlier``: a result whose steady-state rate is below (or, with 3 other
+  results or more, above) the median of the OTHER results of its group by
+  more than ``max(K_MAD * MAD_SCALE * MAD_others, GROUP_FLOOR *
+  median_others)``. ``MAD_SCALE * MAD`` (median absolute deviation) estimates
+  the standard deviation of normal data without being pulled by the outliers,
+  so the first term is the modified z-score rule of Iglewicz and Hoaglin
+  (1993, "How to Detect and Handle Outliers", ASQC), ``|0.6745 (x - median) /
+  MAD| > 3.5``; see also Leys et al. (2013), "Detecting outliers: do not use
+  standard deviation around the mean, use absolute deviation around the
+  median", J. Exp. Soc. Psychology 49(4). The second term (20 %) keeps noise
+  quiet: two CPU slots of one test on the shared 2-core VM differ by up to
+  about 20 % in ordinary runs. Leave-one-out, as the node comparison of the
+  report: with two results, each is held to the other (only the slower one is
+  flagged; two results cannot tell which is odd, and the slow one is what
+  costs); the MAD term needs 3 other results.
+"""
+
+import math
+import statistics
+
+from . import stats
+
+#: Cut-off of the modified z-score (Iglewicz and Hoaglin, 1993).
+K_MAD = 3.5
+#: ``MAD_SCALE * MAD`` estimates sigma for normal data (1 / Phi^-1(3/4)).
+MAD_SCALE = 1.4826
+#: A slow window runs under this fraction of the reference rate ("far below").
+WINDOW_FLOOR = 0.5
+#: Consecutive windows of the running median that gives the best sustained rate.
+RUN_WINDOWS = 5
+#: Slow windows are flagged only when they add up to this many seconds (one short
+#: dip on a shared host is noise, not an anomaly).
+WINDOW_MIN_S = 1.0
+#: An outlier result is also at least this fraction away from the median of the others.
+GROUP_FLOOR = 0.20
+#: Non-warm-up windows needed before the ``slow-windows`` rule says anything.
+MIN_WINDOWS = 5
+#: A stall lasts more than this many median window durations...
+STALL_FACTOR = 10.0
+#: ...and more than this many seconds.
+STALL_MIN_S = 2.0
+
+KINDS = ("slow-windows", "stall", "short-steady", "outlier")
+
+
+def _mad(values, center):
+    return statistics.median(abs(v - center) for v in values)
+
+
+def reference_rate(steady, chosen):
+    """``(reference, median, best)`` of the ``slow-windows`` rule, in items/s: the
+    median of the steady-state windows ``chosen``, the best sustained rate (the
+    highest running median of :data:`RUN_WINDOWS` consecutive windows of
+    ``steady``, the non-warm-up windows in time order), and the larger of the two.
+    None when there are fewer than :data:`MIN_WINDOWS` windows."""
+    if len(steady) < max(MIN_WINDOWS, RUN_WINDOWS):
+        return None
+    rates = [s["rate"] for s in steady]
+    best = max(statistics.median(rates[i:i + RUN_WINDOWS])
+               for i in range(len(rates) - RUN_WINDOWS + 1))
+    med = statistics.median(s["rate"] for s in chosen) if chosen else best
+    return max(med, best), med, best
+
+
+def required_steady(train):
+    """Seconds of steady state a result's rule asks for, and the rule's name.
+
+    ``train`` is the result's ``timings.train``. Returns ``(seconds,
+    "min-steady")`` when the test declared ``min_steady`` > 0, else
+    ``(STEADY_WINDOW_S + STEADY_TAIL_S, "window")``.
+    """
+    declared = train.get("min_steady") if isinstance(train, dict) else None
+    if isinstance(declared, (int, float)) and not isinstance(declared, bool) and declared > 0:
+        return float(declared), "min-steady"
+    return stats.STEADY_WINDOW_S + stats.STEADY_TAIL_S, "window"
+
+
+def stall_threshold(samples):
+    """Seconds without a window closing that make a stall (see the module doc)."""
+    steady = [s for s in samples if not s.get("warmup")] or samples
+    durations = [s["end"] - s["start"] for s in steady]
+    typical = statistics.median(durations) if durations else 0.0
+    return max(STALL_FACTOR * typical, STALL_MIN_S)
+
+
+def result_flags(record, steady=None):
+    """The flags of one result record (a dict), as a list of dicts.
+
+    ``steady`` is ``(rate, chosen)`` of :func:`milarun.measure.stats.steady_state` of its
+    samples when the caller has it already (the summary does); else it is computed.
+
+    Every flag has ``kind`` (one of :data:`KINDS`) and the result's
+    ``device`` and ``run``; the rest depends on the kind:
+
+    * ``slow-windows``: ``windows`` (how many), ``seconds`` (their total
+      duration), ``in_steady`` (how many lie in the steady-state samples, and
+      so lowered the rate), ``first`` and ``last`` (start of the first, end of
+      the last, s), ``lowest``, ``median`` and ``threshold`` (items/s),
+      ``spans`` (``[[start, end], ...]`` of each window, s);
+    * ``stall``: ``start``, ``end`` and ``seconds`` of the longest stall,
+      ``count`` (stalls in the result), ``threshold`` (s), ``at_end`` (True:
+      no window closed from ``start`` until a failed result ended),
+      ``spans`` (every stall);
+    * ``short-steady``: ``steady_s`` and ``required_s`` (s), ``rule``
+      (``"min-steady"`` or ``"window"``).
+
+    A result whose samples are malformed gets no flag (the summary skips it).
+    """
+    timings = record.get("timings") if isinstance(record.get("timings"), dict) else {}
+    train = timings.get("train") if isinstance(timings.get("train"), dict) else {}
+    samples = train.get("samples") or []
+    where = {"device": str(record.get("device", "")), "run": record.get("run")}
+    if steady is None:
+        try:
+            rate, chosen, _ = stats.steady_state(samples)
+        except ValueError:
+            return []
+    else:
+        rate, chosen = steady
+    samples = sorted(samples, key=lambda s: s["start"])
+    steady = [s for s in samples if not s.get("warmup")]
+    success = record.get("success") is True
+    flags = []
+    if success and rate is not None:
+        need, rule = required_steady(train)
+        have = sum(s["end"] - s["start"] for s in steady)
+        if have + 1e-9 < need:
+            flags.append({"kind": "short-steady", **where, "steady_s": have,
+                          "required_s": need, "rule": rule})
+    end = max((s["end"] for s in samples), default=0.0) - stats.STEADY_TAIL_S
+    body = [s for s in steady if s["end"] <= end]
+    rates = [s["rate"] for s in body]
+    # the reference is at most the fastest window: no window under half of that, no flag
+    ref = (reference_rate(body, chosen)
+           if rates and min(rates) < WINDOW_FLOOR * max(rates) else None)
+    if ref is not None:
+        reference, med, best = ref
+        threshold = WINDOW_FLOOR * reference
+        ids = {id(s) for s in chosen}
+        low = [s for s in body if s["rate"] < threshold]
+        if low and sum(s["end"] - s["start"] for s in low) >= WINDOW_MIN_S:
+            flags.append({"kind": "slow-windows", **where, "windows": len(low),
+                          "seconds": sum(s["end"] - s["start"] for s in low),
+                          "in_steady": sum(1 for s in low if id(s) in ids),
+                          "first": low[0]["start"], "last": low[-1]["end"],
+                          "lowest": min(s["rate"] for s in low), "median": med,
+                          "best": best, "threshold": threshold,
+                          "spans": [[s["start"], s["end"]] for s in low]})
+    if samples:
+        limit = stall_threshold(samples)
+        spans = []
+        for prev, cur in zip([None] + samples, samples):
+            if prev is not None and cur["start"] - prev["end"] > limit:
+                spans.append((prev["end"], cur["start"]))
+            if cur["end"] - cur["start"] > limit:
+                spans.append((cur["start"], cur["end"]))
+        at_end = False
+        duration = (timings.get("program") or {}).get("duration")
+        last = samples[-1]["end"]
+        if (not success and isinstance(duration, (int, float)) and math.isfinite(duration)
+                and duration - last > limit):
+            spans.append((last, float(duration)))
+            at_end = True
+        if spans:
+            start, stop = max(spans, key=lambda sp: sp[1] - sp[0])
+            flags.append({"kind": "stall", **where, "start": start, "end": stop,
+                          "seconds": stop - start, "count": len(spans), "threshold": limit,
+                          "at_end": at_end and stop == spans[-1][1],
+                          "spans": [list(sp) for sp in spans]})
+    return flags
+
+
+def group_flags(results):
+    """``outlier`` flags of a group: ``results`` are ``(device, run, rate)`` triples
+    (rate in items/s; the successful results with a steady-state rate).
+
+    Each flag has ``kind`` ``"outlier"``, ``device``, ``run``, ``rate``, ``ref``
+    (the median of the other results, items/s), ``ratio`` (``rate / ref``),
+    ``direction`` (``"low"`` or ``"high"``), ``others`` (how many other
+    results) and ``index`` (the result's position in ``results``). Fewer than 2
+    results: no flag.
+    """
+    flags = []
+    if len(results) < 2:
+        return flags
+    for i, (device, run, rate) in enumerate(results):
+        others = [r for j, (_, _, r) in enumerate(results) if j != i]
+        ref = statistics.median(others)
+        if not ref > 0:
+            continue
+        spread = K_MAD * MAD_SCALE * _mad(others, ref) if len(others) >= 3 else 0.0
+        margin = max(spread, GROUP_FLOOR * ref)
+        direction = None
+        if rate < ref - margin:
+            direction = "low"
+        elif len(others) >= 3 and rate > ref + margin:
+            direction = "high"
+        if direction:
+            flags.append({"kind": "outlier", "device": str(device), "run": run,
+                          "rate": rate, "ref": ref, "ratio": rate / ref,
+                          "direction": direction, "others": len(others), "index": i})
+    return flags
+
+
+def _who(flag):
+    run = flag.get("run")
+    node = f"node {flag['node']} " if flag.get("node") else ""
+    return f"{node}device {flag.get('device')}" + (f" run {run}" if run is not None else "")
+
+
+def describe(flag):
+    """One sentence for a flag (shared by the text report, the HTML and ``milarun run``)."""
+    kind = flag.get("kind")
+    who = _who(flag)
+    if kind == "slow-windows":
+        where = (f"{flag['in_steady']} of them in the steady-state samples, lowering the rate"
+                 if flag.get("in_steady") else "none in the steady-state samples")
+        best = flag.get("best")
+        ref = (f"the best sustained rate {best:.4g} items/s (steady-state median "
+               f"{flag['median']:.4g})" if best is not None and best > flag["median"]
+               else f"the steady-state median {flag['median']:.4g} items/s")
+        return (f"{who}: {flag['windows']} window(s), {flag['seconds']:.1f} s from "
+                f"t={flag['first']:.1f} to {flag['last']:.1f} s, under half of {ref}; "
+                f"lowest {flag['lowest']:.4g}; {where}")
+    if kind == "stall":
+        more = f" ({flag['count']} stalls)" if flag.get("count", 1) > 1 else ""
+        end = " until it ended" if flag.get("at_end") else ""
+        return (f"{who}: no window closed for {flag['seconds']:.1f} s, from t="
+                f"{flag['start']:.1f} to {flag['end']:.1f} s{end}{more}; a stall is over "
+                f"{flag['threshold']:.1f} s")
+    if kind == "short-steady":
+        rule = ("the test declared (--min-steady)" if flag.get("rule") == "min-steady"
+                else "of the steady-state rule (10 s window + 1 s tail; the test declared "
+                     "no --min-steady)")
+        return (f"{who}: {flag['steady_s']:.1f} s of steady state, less than the "
+                f"{flag['required_s']:g} s {rule}")
+    if kind == "outlier":
+        pct = abs(1 - flag["ratio"]) * 100
+        side = "below" if flag.get("direction") == "low" else "above"
+        ref = ("the other result of the test" if flag.get("others") == 1
+               else f"the median of the {flag.get('others')} other results of the test")
+        return (f"{who}: {flag['rate']:.4g} items/s, {pct:.0f}% {side} {ref} "
+                f"({flag['ref']:.4g})")
+    return f"{who}: {kind}"
+
+
+def sentences(flags):
+    """``[(kind, sentence)]`` for a test's flags: :func:`describe` of each, except
+    that the ``short-steady`` flags of one rule become one sentence (a run on 8
+    GPUs would otherwise repeat it 8 times)."""
+    out, short = [], {}
+    for flag in flags:
+        if flag.get("kind") == "short-steady":
+            short.setdefault((flag.get("required_s"), flag.get("rule")), []).append(flag)
+    done = set()
+    for flag in flags:
+        key = (flag.get("required_s"), flag.get("rule"))
+        if flag.get("kind") != "short-steady" or len(short[key]) == 1:
+            out.append((flag.get("kind"), describe(flag)))
+        elif key not in done:
+            done.add(key)
+            group = short[key]
+            have = [f["steady_s"] for f in group]
+            who = ", ".join(_who(f) for f in group)
+            rule = describe(group[0]).split(", less than ", 1)[1]
+            span = (f"{min(have):.1f}" if f"{min(have):.1f}" == f"{max(have):.1f}"
+                    else f"{min(have):.1f} to {max(have):.1f}")
+            out.append(("short-steady", f"{len(group)} results ({who}): {span} s of steady "
+                                        f"state, less than {rule}"))
+    return out
+
+
+#: Short words for the text table's ``anomalies`` column, in :data:`KINDS` order.
+SHORT = {"slow-windows": "slow", "stall": "stall", "short-steady": "short",
+         "outlier": "outlier"}
+
+
+def short_kinds(flags):
+    """The kinds present in ``flags`` as short words (``"slow stall"``), in a fixed order."""
+    kinds = {f.get("kind") for f in flags}
+    return " ".join(SHORT[k] for k in KINDS if k in kinds)

@@ -1,0 +1,1 @@
+"""From jobs to launches: plan types (one registry), launches, nodes."""

@@ -1,0 +1,1 @@
+"""The job record and the profile language (include, inherits, matrix, placeholders)."""
