@@ -3,7 +3,21 @@
 Every bad input (profile, job name, dataroot, result file, weights, baseline)
 raises one of these. The CLI prints ``milarun: error: <message>`` and exits
 with ``exit_code``; the traceback is shown only with ``--verbose``.
+
+:func:`say` prints one line to stderr for the launcher's side (the launch loop, the
+barrier server, the CLI): the lowest layer, so that every layer above may use it.
 """
+
+import sys
+
+
+def say(text, stream=None):
+    """Print one line to ``stream`` (stderr); never raises (a closed SSH session gives EIO)."""
+    stream = stream or sys.stderr
+    try:
+        print(text, file=stream, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 class MilarunError(Exception):

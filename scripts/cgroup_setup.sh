@@ -72,7 +72,7 @@ if [ -n "$memory" ]; then
 fi
 
 # Placement is computed in Python (NVML GPU affinity, NUMA nodes): one line per student.
-plan=$(cd "$here" && "$PY" -m milarun.host.isolation "$students" $([ -n "$mem_bytes" ] && echo $((mem_bytes * students))))
+plan=$(cd "$here" && "$PY" -m milarun.host.students "$students" $([ -n "$mem_bytes" ] && echo $((mem_bytes * students))))
 
 # Groups beyond the new count would overlap the new cpusets: drop them first.
 for g in $(existing); do

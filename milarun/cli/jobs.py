@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ..errors import SetupError
+from ..errors import SetupError, say
 from .options import flag, option, positional
 
 #: Bounds of the numeric options (a typo must not mean a week-long or endless run).
@@ -23,17 +23,6 @@ def default_outdir():
         return None
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     return str(Path(root) / f"results-{stamp}")
-
-
-def resolve_dataroot(dataroot):
-    """``-d`` or ``$MILARUN_DATAROOT``; raises SetupError when neither names a folder."""
-    dataroot = dataroot or os.environ.get("MILARUN_DATAROOT")
-    if not dataroot:
-        raise SetupError("no dataroot: pass -d DATAROOT or set $MILARUN_DATAROOT")
-    if not Path(dataroot).is_dir():
-        raise SetupError(f"dataroot {dataroot} does not exist: create it (mkdir -p) and "
-                         f"prepare the data with scripts/download.sh -d {dataroot}")
-    return str(Path(dataroot).resolve())
 
 
 def check_bounds(repeat, cpu_slots, timeout, join_timeout=None, barrier_timeout=None):
@@ -120,9 +109,14 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
         MilarunError: bad profile, options, dataroot or results folder
             (nothing is launched).
     """
+    # lazy, for start-up: `milarun --help` imports every cli module, `milarun jobs` needs these
+    from ..formats.barrier import BARRIER_TIMEOUT_S, join_address
     from ..host import devices as devices_mod
+    from ..launcher import dryrun, session
+    from ..launcher.dryrun import resolve_dataroot
+    from ..launcher.launch import check_ready
+    from ..launcher.session import new_session_id
     from ..plan import nodes as nodes_mod
-    from ..launcher.launch import check_ready, say
     from ..plan.launches import RDZV_PORT, plan_suite
     from ..plan.types import JOIN_TIMEOUT_S
     from ..profile.language import load_profile
@@ -149,12 +143,9 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
         for note in job.plan_type.notes(job, cluster):
             say(f"milarun: {job.full_name}: {note}")
     outdir = resume or out or default_outdir()
-    from ..formats.barrier import BARRIER_TIMEOUT_S, join_address
     barrier_timeout = barrier_timeout or BARRIER_TIMEOUT_S
     if dry_run:
         # the real run's checks, all of them, without writing; then the same exit status
-        from ..launcher import dryrun
-        from ..launcher.session import new_session_id
         sid, when = new_session_id()
         probe = plan_suite(jobs_, cluster, repeat, outdir or ".", dataroot=dataroot, **plan_opts)
         errors, shown_root, shown_out = dryrun.checks(probe, dataroot, outdir, resume is not None,
@@ -176,8 +167,6 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     # Plan once to check cgroups and programs before touching the folder.
     check_ready(plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, **plan_opts),
                 use_cgexec=not no_cgexec)
-    from ..launcher import session
-
     session.check_outdir(outdir)
     nodes_mod.check_shared_outdir(cluster, outdir)
     current = session.invocation(profile, jobs_[0].suite, names, repeat, cpu_slots, no_cgexec,
@@ -333,8 +322,7 @@ def start_barrier(cluster):
     """
     import contextlib
 
-    from ..formats.barrier import BarrierServer
-    from ..launcher.launch import say
+    from ..formats.barrier import BarrierServer  # lazy, for start-up (see jobs)
 
     where = _barrier_host(cluster)
     if where is None:
@@ -364,8 +352,9 @@ def start_barrier(cluster):
 
 def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, cluster=None,
          barrier=None, ignored=()):
-    from ..launcher.launch import (Interrupted, StopRequest, SuiteAborted, run_suite, say,
-                          stop_on_signals, tally)
+    # lazy, for start-up (see jobs)
+    from ..launcher.launch import (Interrupted, StopRequest, SuiteAborted, run_suite,
+                                   stop_on_signals, tally)
     from ..launcher.progress import SuiteProgress
 
     launches = [lch for wave in waves for lch in wave]

@@ -53,6 +53,8 @@ import socket
 import threading
 import time
 
+from ..errors import say
+
 #: Environment variables the plan gives each process of a concurrent wave.
 ENV_ADDRESS = "MILARUN_BARRIER"            # "host:port" of the launcher's server
 ENV_WAVE = "MILARUN_BARRIER_WAVE"          # the wave's id
@@ -357,8 +359,6 @@ class BarrierServer:
 
 
 def _stderr_line(line):
-    from ..launcher.launch import say  # the launcher's side only (launch imports this module)
-
     say(line)
 
 

@@ -4,7 +4,8 @@ Read side (used inside the child): ``current_cpuset``, ``current_cgroup``,
 ``current_memory_limit_mib``, ``current_cpu_quota``.
 
 Parent side: ``cgroup_version``, ``split_students`` (the cpuset/memory plan
-that ``scripts/cgroup_setup.sh`` applies), ``missing_groups``,
+that ``scripts/cgroup_setup.sh`` applies, through :mod:`milarun.host.students`),
+``missing_groups``,
 ``oom_kill_count``, ``process_cpus`` (the cores of each process of a
 multi-process test) and ``wrap`` (the cgexec/numactl/exec-prefix argv).
 """
@@ -385,26 +386,6 @@ def wrap(argv, cgroup=None, exec_prefix=(), use_cgexec=True, cpus=None):
     return out
 
 
-def student_plan(n, memory_bytes=None):
-    """The split ``scripts/cgroup_setup.sh`` applies on this host, for ``n`` students.
-
-    Uses the CPUs in the root cpuset, the host RAM (or ``memory_bytes``),
-    each device's local CPUs from its backend (:mod:`milarun.host.accel`: students
-    take cores local to their GPU's NUMA node), and the NUMA layout and the
-    physical cores (SMT siblings, :func:`cpu_cores`) from sysfs.
-    """
-    import psutil
-
-    from .devices import find_gpus
-
-    cpus = host_cpus()
-    total = memory_bytes or psutil.virtual_memory().total
-    gpus, _ = find_gpus()
-    affinity = gpus.affinity[:n] if gpus is not None and len(gpus) >= n else None
-    return split_students(n, cpus, total, gpu_cpus=affinity, numa_nodes=numa_nodes_of_cpus(),
-                          cores=cpu_cores(cpus))
-
-
 def host_cpus():
     """The CPU ids the students split: the root cpuset's, else this process's affinity."""
     root_cpus = _read(CGROOT / "cpuset" / "cpuset.cpus") or _read(CGROOT / "cpuset.cpus.effective")
@@ -420,20 +401,3 @@ def parse_cpus(text):
         lo, _, hi = part.partition("-")
         out += range(int(lo), int(hi or lo) + 1)
     return out
-
-
-def _print_plan(argv=None):
-    """``python -m milarun.host.isolation N [MEMORY_BYTES]``: one line per student:
-    ``student<i> <cpus> <mems> <memory bytes>``."""
-    import sys
-
-    args = sys.argv[1:] if argv is None else argv
-    n = int(args[0])
-    mem = int(args[1]) if len(args) > 1 else None
-    for s in student_plan(n, mem):
-        print(f"student{s['student']} {format_cpus(s['cpus'])} "
-              f"{','.join(map(str, s['mems']))} {s['memory_bytes']}")
-
-
-if __name__ == "__main__":
-    _print_plan()

@@ -1,7 +1,7 @@
 """``milarun jobs --dry-run``: print the plan, then make every check of a real run that
 changes nothing, and fail on the same errors.
 
-A real run stops at its first problem (:func:`milarun.cli.jobs.jobs`): no dataroot, no
+A real run stops at its first problem (``milarun jobs``): no dataroot, no
 results folder (or one holding an earlier session), missing student cgroups or
 ``cgexec``, a missing exec prefix program. A dry run prints the whole plan with the
 values a real run would use (the dataroot and results folder resolved, the ``prepare``
@@ -18,6 +18,19 @@ from pathlib import Path
 
 from ..errors import SetupError
 from ..formats.terminal import one_line, terminal_safe
+from .launch import check_ready, prepare_fields
+from .session import MIN_FREE_MIB, check_meta, read_session
+
+
+def resolve_dataroot(dataroot):
+    """``-d`` or ``$MILARUN_DATAROOT``; raises SetupError when neither names a folder."""
+    dataroot = dataroot or os.environ.get("MILARUN_DATAROOT")
+    if not dataroot:
+        raise SetupError("no dataroot: pass -d DATAROOT or set $MILARUN_DATAROOT")
+    if not Path(dataroot).is_dir():
+        raise SetupError(f"dataroot {dataroot} does not exist: create it (mkdir -p) and "
+                         f"prepare the data with scripts/download.sh -d {dataroot}")
+    return str(Path(dataroot).resolve())
 
 
 def _writable_ancestor(path):
@@ -33,8 +46,6 @@ def check_outdir(outdir, resume):
     """The checks of :func:`milarun.launcher.session.check_outdir` and
     :func:`milarun.launcher.session.open_session` that do not write. Returns a list of
     :class:`SetupError` (empty when the folder would do)."""
-    from .session import MIN_FREE_MIB, check_meta, read_session
-
     errors = []
     path = Path(outdir)
     if resume and not path.is_dir():
@@ -75,9 +86,6 @@ def checks(waves, dataroot, outdir, resume=False, use_cgexec=True):
     values the plan should show (resolved when they are valid, as given
     otherwise, or a ``$VARIABLE`` placeholder when missing).
     """
-    from ..cli.jobs import resolve_dataroot
-    from .launch import check_ready
-
     errors = []
     try:
         shown_root = resolve_dataroot(dataroot)
@@ -106,8 +114,6 @@ def checks(waves, dataroot, outdir, resume=False, use_cgexec=True):
 def show(jobs_, waves, devs, cluster, repeat, sid, dataroot, outdir, stream=None):
     """Print the plan: a header, each test's ``prepare`` lines with their placeholders
     expanded, and every launch (:meth:`milarun.plan.launches.Launch.describe`)."""
-    from .launch import prepare_fields
-
     out = stream or sys.stdout
     fields = prepare_fields(dataroot, outdir)
     print(f"# session {sid}: the stamp a real run would put in every file name", file=out)

@@ -38,6 +38,7 @@ import collections
 import errno
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -52,7 +53,7 @@ from ..host import isolation, supervise
 from ..formats.barrier import without_secret
 from ..formats.journal import read_journal
 from ..formats.record import new_result
-from ..errors import ResultFormatError
+from ..errors import ResultFormatError, SetupError, say
 from ..formats.outfile import open_append, own_dir
 from ..formats.store import load_result, write_result
 
@@ -137,15 +138,6 @@ def stop_on_signals(stop):
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-
-
-def say(text, stream=None):
-    """Print one line to ``stream`` (stderr); never raises (a closed SSH session gives EIO)."""
-    stream = stream or sys.stderr
-    try:
-        print(text, file=stream, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 @dataclass
@@ -748,10 +740,6 @@ def check_ready(waves, use_cgexec=True):
         SetupError: naming the missing cgroups (with the command that creates
             them) or the missing program.
     """
-    import shutil
-
-    from ..errors import SetupError
-
     launches = [lch for wave in waves for lch in wave]
     groups = sorted({lch.cgroup for lch in launches if lch.cgroup})
     if groups and use_cgexec:

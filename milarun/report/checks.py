@@ -18,7 +18,7 @@ checks already made their results failures in the summary).
 """
 
 from ..host import facts as hostfacts
-from .text import fmt_num
+from .formatting import fmt_num, geomean_or_warn
 
 #: The energy columns, in order.
 ENERGY_COLUMNS = ("W", "J/item", "items/J")
@@ -44,7 +44,6 @@ def add_checks(report, summary, baseline=None):
         report.columns += list(ENERGY_COLUMNS)
     scored = [r for r in report.rows if r["counted"] and r.get("items/J")]
     report.perf_per_watt_tests = len(scored)
-    from .table import geomean_or_warn
     report.perf_per_watt = geomean_or_warn(report, [r["items/J"] for r in scored],
                                            [r["weight"] for r in scored], "perf/W")
     for group, t in tests.items():

@@ -9,8 +9,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..formats.store import inside
+from .formatting import fmt_num, fmt_pct
 from .text import (GPU_ONE_RUN, NOISE_HEADER, anomalies_by_test, cell, concurrent_note,
-                   fmt_interval, fmt_num, fmt_pct, header_items, node_flag, node_header,
+                   fmt_interval, header_items, node_flag, node_header,
                    node_verdict, noise_cell, noise_columns, nothing_to_compare, overlap_line,
                    held_note, one_run_note, ratio_verdict, scaling_cell, scaling_note)
 

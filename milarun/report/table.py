@@ -113,6 +113,7 @@ from ..plan import types as plantypes
 from ..errors import MilarunError
 from ..analysis.summary import device_key, node_key
 from ..formats.jsonfile import check, read_json
+from .formatting import finite_or_warn, geomean_or_warn
 
 #: Failure rate (fraction) at or under which the run passes.
 PASS_FAILURE_RATE = 0.01
@@ -247,27 +248,6 @@ def _ratio(a, b, report=None, what="a ratio"):
         value = a / b
     except OverflowError:   # an int beyond a float
         value = math.inf
-    return finite_or_warn(report, value, what)
-
-
-def finite_or_warn(report, value, what):
-    """``value``, or None (shown "n/a") when it is not a finite number, with a line
-    naming ``what`` added to ``report.warnings`` (``report`` None: no line)."""
-    if value is None or stats.finite(value):
-        return value
-    if report is not None:
-        report.warnings.append(f"{what} is out of range ({value!r}): shown as n/a")
-    return None
-
-
-def geomean_or_warn(report, values, weights, what):
-    """:func:`milarun.measure.stats.weighted_geomean` of ``values``, or None with a warning in
-    ``report`` when it is out of range or its inputs are refused."""
-    try:
-        value = stats.weighted_geomean(values, weights)
-    except ValueError as exc:
-        report.warnings.append(f"{what}: {exc}: shown as n/a")
-        return None
     return finite_or_warn(report, value, what)
 
 

@@ -9,18 +9,7 @@ or draw a fake score.
 import math
 
 from ..formats.terminal import one_line, terminal_safe
-
-
-def fmt_num(value, spec=".2f"):
-    """Format a number, or ``-`` for ``None``."""
-    if value is None:
-        return "-"
-    return format(value, spec)
-
-
-def fmt_pct(value):
-    """Format a fraction as a percentage with two decimals."""
-    return "-" if value is None else f"{value * 100:.2f}%"
+from .formatting import fmt_num, fmt_pct
 
 
 #: The std% cell of a test with one successful result.
