@@ -118,13 +118,15 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from ..measure import anomalies, energy, stats, throughput, validation
-from ..host import facts as hostfacts
-from ..plan import types as plantypes
-from ..measure.stats import finite
-from ..errors import ResultFormatError
+from ..errors import ResultFormatError, SetupError
 from ..formats.jsonfile import check, first_error, key_path, read_json
 from ..formats.store import iter_results, write_json_atomic
+from ..formats.terminal import terminal_safe
+from ..host import facts as hostfacts
+from ..launcher.session import read_session
+from ..measure import anomalies, energy, stats, throughput, validation
+from ..measure.stats import finite
+from ..plan import types as plantypes
 
 SUMMARY_FORMAT = "milarun-summary"
 SUMMARY_VERSION = 1
@@ -174,8 +176,6 @@ def warn_skipped(skipped, stream=None):
     """Write one warning line per skipped file: ``milarun: warning: skipped <file>: <key>:
     <message>`` (control characters of a file name or message shown escaped:
     :func:`milarun.formats.terminal.terminal_safe`)."""
-    from ..formats.terminal import terminal_safe
-
     stream = stream or sys.stderr
     for path, exc in skipped:
         print(terminal_safe(f"milarun: warning: skipped {exc if str(exc) else path}"),
@@ -444,9 +444,6 @@ def summarize_dir(directory, warn=None):
     The summary's ``provenance`` names the folder, and the profile its
     ``.milarun/session.json`` was started with (when it has a readable one).
     """
-    from ..errors import SetupError
-    from ..launcher.session import read_session
-
     records, skipped = load_results(directory, warn=warn)
     summary = summarize(records, skipped, warn=warn)
     prov = summary["provenance"]

@@ -11,18 +11,20 @@ import traceback
 
 from coleo import tooled
 
-from ..host import facts as hostfacts, isolation
-from ..measure import validation
-from ..formats.barrier import ENV_PREFIX
 from ..errors import MilarunError, ResultFormatError
-from ..formats.jsonfile import check
-from .literal_options import make_cli
+from ..formats.barrier import ENV_PREFIX
 from ..formats.journal import Journal
+from ..formats.jsonfile import check
 from ..formats.record import new_result
 from ..formats.store import journal_path, result_filename, write_result
+from ..host import accel, facts as hostfacts, isolation
+from ..measure import validation
 from .hostload import HostLoadMonitor
+from .literal_options import make_cli
 from .monitor import GPUMonitor
 from .options import common_options
+from .setup import peak_memory_mib
+from .sync import synchronize
 
 # Variables that change what a rerun does; everything else is left out of results.
 RERUN_ENV_PREFIXES = ("MILARUN_", "CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH_",
@@ -98,8 +100,6 @@ def host_facts():
 def _gpus():
     """``(host.gpus, host.accelerator)`` from the launcher's backend (``$MILARUN_BACKEND``,
     else the first backend that sees a device); ``([], None)`` on CPU slots."""
-    from ..host import accel
-
     name = os.environ.get("MILARUN_BACKEND")
     names = [name] if name else ["nvidia", "amd", "intel"]
     for n in names:
@@ -336,8 +336,6 @@ class Experiment:
         The logger's loops wait at the wave's start barrier before their first
         window (:func:`milarun.bench.sync.synchronize`; no wait when launched alone).
         """
-        from .sync import synchronize
-
         self.rate = logger
         logger.before_start = lambda: synchronize(self)
         if self.journal is not None:
@@ -418,7 +416,6 @@ class Experiment:
             res["metrics"].update(self.rate.metrics)
         res["metrics"].update(self.metrics)
         if self.device is not None:
-            from .setup import peak_memory_mib
             res["peak_memory_mib"] = peak_memory_mib(self.device)
         if res["error"] and res["error"].get("traceback"):
             print(res["error"]["traceback"], file=sys.stderr)

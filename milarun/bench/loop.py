@@ -3,6 +3,7 @@
 import time
 
 from .rate import CudaEventTimer, PerfCounterTimer, RateLogger, Step, _to_float
+from .trace import ProfileTrace
 
 
 class _BareLogger(RateLogger):
@@ -63,7 +64,6 @@ def rate_logger(exp):
                             timer=timer, origin=exp.origin,
                             min_steady=opts["min_steady"])
     if tracing:
-        from .trace import ProfileTrace
         logger.tracer = ProfileTrace(exp, tracing, opts["profile_steps"])
     exp.attach_rate(logger)
     exp.start_monitor()

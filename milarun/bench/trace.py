@@ -26,6 +26,7 @@ other than 0) and rank 0's record links its own. Open it in Perfetto
 import os
 from pathlib import Path
 
+from ..formats.outfile import check_target
 from ..formats.store import result_filename, trace_path
 
 #: Bounds of ``--profile-steps`` (a trace of thousands of steps is gigabytes).
@@ -150,7 +151,6 @@ class ProfileTrace:
         try:
             self._prof.stop()
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            from ..formats.outfile import check_target
             check_target(self.path)     # torch writes through symlinks: refuse one, or a FIFO
             self._prof.export_chrome_trace(str(self.path))
         except Exception as exc:   # a failed trace must not fail the measurement

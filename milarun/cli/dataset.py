@@ -9,7 +9,7 @@ from .options import flag, option, positional
 def dataset_table(dataroot=None):
     """``--list-datasets``: a table (dataset, about how much a standard build takes on
     disk, what ``dataroot`` holds and its size on disk), then each dataset's presets."""
-    from .. import datasets
+    from .. import datasets  # lazy, for start-up (numpy, the builders)
 
     names = sorted(datasets.BUILDERS)
     where = f"in {dataroot}" if dataroot else "in DATAROOT (-d)"
@@ -57,7 +57,7 @@ def command(opts, rest):
     names, size, seed = opts.names, opts.size, opts.seed
     count, image_size = opts.count, opts.image_size
 
-    from .. import datasets
+    from .. import datasets  # lazy, for start-up (numpy, the builders)
 
     dataroot = opts.dataroot or os.environ.get("MILARUN_DATAROOT")
     if opts.list_datasets or not names:

@@ -16,6 +16,7 @@ def inventory(cpu_slots=None, root="/", options=None):
         SetupError: the host has accelerators that no backend sees, without ``cpu_slots``
             (:func:`milarun.host.devices.discover`).
     """
+    # lazy, for start-up: `milarun --help` imports every cli module
     from ..host import accel
     from ..host.accel import probe
     from ..host.devices import discover, find_gpus
@@ -39,7 +40,7 @@ def inventory(cpu_slots=None, root="/", options=None):
 
 def render(inv):
     """``inventory()`` as text lines."""
-    from ..host.isolation import format_cpus
+    from ..host.isolation import format_cpus  # lazy, for start-up
 
     lines = []
     if inv["backend"] == "cpu":
@@ -61,7 +62,7 @@ def render(inv):
                          + (f"; {where}" if where else ""))
     for name, why in sorted(inv["tried"].items()):
         lines.append(f"  {name}: {why}")
-    from ..host.accel.probe import describe
+    from ..host.accel.probe import describe  # lazy, for start-up
 
     lines.append("accelerators on the host (whatever the drivers): "
                  + (describe(inv["probe"]) or "none"))
@@ -82,7 +83,7 @@ def command(opts, rest):
     accelerators that no backend sees (unless --cpu-slots)."""
     cpu_slots = opts.cpu_slots
 
-    from .jobs import check_bounds
+    from .jobs import check_bounds  # lazy: `milarun devices --help` loads only this command
 
     check_bounds(1, cpu_slots, None)   # --cpu-slots in 1..cores, as milarun jobs says
     inv = inventory(cpu_slots)

@@ -34,6 +34,7 @@ def resolved_profile(profile, names=None, select=None, exclude=None):
     Raises:
         ProfileError: as :func:`milarun.profile.language.load_profile`.
     """
+    # lazy, for start-up: `milarun --help` imports every cli module
     from ..profile.language import load_profile, profile_files
 
     jobs = load_profile(profile, names, select, exclude)

@@ -55,9 +55,10 @@ def run_report(results, strict=False, stdout=None, warn=None, **options):
         MilarunError: ``price`` is not a finite number > 0 (checked before anything
             is read), or a bad input (see :func:`milarun.report.make_report`).
     """
+    # lazy, for start-up: `milarun --help` imports every cli module (the report: pandas)
+    from ..formats.terminal import terminal_safe
     from ..report import make_report
     from ..report.table import check_price
-    from ..formats.terminal import terminal_safe
 
     stdout = stdout or sys.stdout
     warn = warn or sys.stderr

@@ -139,7 +139,7 @@ def student_cgroup(record):
     """
     import shutil
 
-    from ..host import isolation
+    from ..host import isolation  # lazy, for start-up
 
     template = ((record.get("job") or {}).get("partition_scheme") or {}).get("cgroup")
     if not template:
@@ -197,7 +197,7 @@ def rerun_command(record, extra_args=(), out=None, python=None, function=None, p
             raise ResultFormatError("its command (call.argv, dataroot or name) holds an "
                                     f"argument with a NUL character: {_word(str(arg)[:80])}",
                                     path=path)
-    from ..formats.barrier import without_barrier
+    from ..formats.barrier import without_barrier  # lazy, for start-up
 
     # a rerun runs alone: the start barrier a launcher's FAIL record names is gone
     env = without_barrier({**os.environ, **record_environ(record)[0]})
@@ -213,6 +213,7 @@ def _read_record(path):
     Raises:
         ResultFormatError: as :func:`milarun.formats.store.load_result`.
     """
+    # lazy, for start-up: `milarun --help` imports every cli module
     from ..formats.jsonfile import parse_json, read_bytes
     from ..formats.record import migrate
 
@@ -235,8 +236,9 @@ def rerun(path, extra_args, out=None, dry_run=False, use_cgexec=True, yes=False,
         MilarunError: (exit 2, nothing run) the record was not written by this
             host's milarun and ``yes`` is False.
     """
-    from ..host.isolation import wrap
+    # lazy, for start-up: `milarun --help` imports every cli module
     from ..formats import trust
+    from ..host.isolation import wrap
 
     record, raw = _read_record(path)
     argv, env = rerun_command(record, extra_args, out, function=check_function(

@@ -4,7 +4,7 @@ import json
 import os
 from pathlib import Path
 
-from ..errors import MilarunError
+from ..errors import MilarunError, ResultFormatError
 from .options import option, positional
 
 
@@ -61,7 +61,7 @@ def check_out(out):
     Raises:
         MilarunError: (``UnsafeFileError`` for the target) one line naming ``out``.
     """
-    from ..formats.outfile import check_target
+    from ..formats.outfile import check_target  # lazy, for start-up (tempfile)
 
     if out is None:
         return
@@ -78,8 +78,8 @@ def check_out(out):
 def run_experiment(function, argv, out=None, dataroot=None, name=None,
                    job_id="0.0", extra=None):
     """Resolve ``function``, build an Experiment and run it; returns the exit code."""
+    # lazy, for start-up: `milarun --help` imports every cli module (bench: the child side)
     from ..bench.experiment import Experiment
-    from ..errors import ResultFormatError
     from ..formats.record import validate
     from ..host.supervise import from_environment
 

@@ -131,10 +131,11 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
     Raises:
         MilarunError: bad profile or options, no dataroot, sbatch missing or refusing.
     """
-    # here: tempfile costs milarun --help ~5 ms
+    # lazy, for start-up: tempfile costs milarun --help ~5 ms
     from ..formats.outfile import UnsafeFileError, own_dir, write_atomic
     from ..profile.language import load_profile
-    from .jobs import check_bounds, default_outdir, resolve_dataroot
+    from ..launcher.dryrun import resolve_dataroot
+    from .jobs import check_bounds, default_outdir
 
     load_profile(profile, names, select, exclude)
     check_options(nodes, gpus_per_node, partition, time, account)

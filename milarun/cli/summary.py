@@ -28,6 +28,7 @@ def run_summary(results, out=None, warn=None):
     Skipped files are listed on ``warn`` (default: stderr).
     """
     warn = warn or sys.stderr
+    # lazy, for start-up: `milarun --help` imports every cli module
     from ..analysis.summary import check_summary, summarize_dir, write_summary
 
     summary, _ = summarize_dir(results, warn=warn)

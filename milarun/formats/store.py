@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ..errors import ResultFormatError
+from . import trust
 from .jsonfile import read_json
 from .outfile import TMP_PREFIX, write_atomic
 from .record import migrate, validate
@@ -122,8 +123,6 @@ def write_result(record, out):
         ResultFormatError: the record does not follow the schema.
         OSError: the file cannot be written (see :func:`write_json_atomic`).
     """
-    from . import trust
-
     validate(finite_json(record), parsed=True)
     out = Path(out)
     if out.suffix == ".json":

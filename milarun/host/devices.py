@@ -8,10 +8,12 @@ run on the CPU, unless ``--cpu-slots`` asks for CPU slots on purpose.
 
 from dataclasses import dataclass, field
 
-from . import accel
+from ..errors import SetupError
+from . import accel, isolation
+from .accel import probe
 # NVML helpers live with the NVIDIA backend; named here for older importers
 from .accel.nvidia import nvml_str, nvml_visible, visible_indices  # noqa: F401
-from ..errors import SetupError
+from .accel.probe import describe
 
 GPU_BACKENDS = ("nvidia", "amd", "intel")
 
@@ -118,8 +120,6 @@ def nvml_gpus():
 
 def silent_fallback_error(seen, reasons):
     """The one line that stops a run on a host whose accelerators no backend sees."""
-    from .accel.probe import describe
-
     why = "; ".join(f"{name}: {reasons[name]}" for name in GPU_BACKENDS
                     if name in reasons and accel.VENDOR_OF[name] in seen)
     return (f"this host has accelerators ({describe(seen)}) but milarun sees none of them"
@@ -140,10 +140,7 @@ def discover(cpu_slots=None, root="/", options=None):
     """
     import psutil
 
-    from .accel import probe
-    from .isolation import host_cpus
-
-    cores = len(host_cpus())
+    cores = len(isolation.host_cpus())
     gpus, reasons = find_gpus(options=options)
     if gpus is not None:
         gpus.cores = cores

@@ -13,6 +13,8 @@ import shutil
 import signal
 import subprocess
 
+from .. import PARENT_AT_START
+
 #: Environment variable the launcher sets for its children.
 ENV = "MILARUN_PDEATHSIG"
 _PR_SET_PDEATHSIG = 1
@@ -68,8 +70,6 @@ def set_parent_death_signal(sig=signal.SIGKILL, launcher_pid=None, parent_at_sta
 
 def from_environment():
     """Call :func:`set_parent_death_signal` when the launcher asked for it."""
-    from .. import PARENT_AT_START
-
     value = os.environ.get(ENV, "")
     if value.isdigit():
         set_parent_death_signal(launcher_pid=int(value), parent_at_start=PARENT_AT_START)

@@ -26,7 +26,8 @@ from pathlib import Path
 from ..errors import ProfileError, SetupError
 from ..formats.jsonfile import read_bytes, read_json
 from ..formats.outfile import UnsafeFileError, check_target, open_regular, own_dir
-from ..formats.store import iter_results, remove_stale_tmp, write_json_atomic
+from ..formats.store import iter_results, remove_stale_tmp, result_filename, write_json_atomic
+from ..profile.language import profile_files
 
 SESSION_FORMAT = "milarun-session"
 SESSION_VERSION = 1
@@ -149,8 +150,6 @@ def new_session_id(now=None):
 def profile_digest(path):
     """SHA-256 (hex) of the profile file's bytes; for a profile that includes others,
     of the digests of all its files in turn (an edited included file shows)."""
-    from ..profile.language import profile_files
-
     def read(f):    # bounded, and never a FIFO (see read_bytes)
         return read_bytes(f, error_cls=ProfileError, what="profile")
 
@@ -262,8 +261,6 @@ def successful_keys(outdir, sessions):
         records' contents) to the list of ``(path, job definition)`` of its
         records; ``foreign`` is a list of ``(path, why)``.
     """
-    from ..formats.store import result_filename
-
     outdir = Path(outdir)
     done, foreign = {}, []
     for path, rec in iter_results(outdir):

@@ -18,8 +18,8 @@ Data: ``<dataroot>/fake_imagenet/train/<class>/*.jpg``
 
 from coleo import Option, default, tooled
 
-from ..bench import (data_loader, dataloop, grad_scaler, init_torch,
-                     set_precision)
+from ..bench import data_loader, dataloop, grad_scaler, init_torch, set_precision
+from ..datasets import require
 
 IMAGE_SIZE = 64
 
@@ -85,8 +85,6 @@ def train(exp):
     import torch
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
-
-    from ..datasets import require
 
     # Images per batch
     batch_size: Option & int = default(64)

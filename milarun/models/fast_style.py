@@ -25,8 +25,8 @@ Data: ``<dataroot>/fake_imagenet/train/<class>/*.jpg``
 
 from coleo import Option, default, tooled
 
-from ..bench import (data_loader, dataloop, grad_scaler, init_torch,
-                     set_precision)
+from ..bench import data_loader, dataloop, grad_scaler, init_torch, set_precision
+from ..datasets import require
 
 # Indices in torchvision's vgg16().features after which relu1_2, relu2_2,
 # relu3_3 and relu4_3 are computed.
@@ -142,8 +142,6 @@ def train(exp):
     import torchvision.transforms as T
     from PIL import Image
     from torchvision.datasets import ImageFolder
-
-    from ..datasets import require
 
     # Content images per batch
     batch_size: Option & int = default(4)

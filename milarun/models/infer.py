@@ -39,9 +39,10 @@ import threading
 
 from coleo import Option, default, tooled
 
-from ..bench import init_torch, rate_logger
+from ..bench import data_loader, init_torch, rate_logger
 from ..bench.rate import PerfCounterTimer
 from ..datasets import require
+from ..host.isolation import current_cpuset
 
 #: ``--precision`` values and their torch dtypes (names).
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -110,8 +111,6 @@ def _eval_loader(folder, image_size, batch_size, workers, device):
     """Images of ``fake_imagenet``'s train split, decoded as for evaluation (resize,
     centre crop, normalize) by ``DataLoader`` workers."""
     from torchvision import datasets, transforms
-
-    from ..bench import data_loader
 
     root = folder / "train"
     if not root.is_dir():
@@ -239,8 +238,6 @@ def own_devices(exp, torch):
 @tooled
 def infer(exp):
     import torch
-
-    from ..host.isolation import current_cpuset
 
     # Network: a torchvision classifier (resnet50, resnet18, ...) or encoder
     model: Option = default("resnet50")

@@ -41,6 +41,7 @@ from coleo import Option, default, tooled
 from ..bench import dataloop, init_torch
 from ..bench.setup import dataloader_workers
 from ..datasets import require
+from ..datasets.mydataset import MyDataset
 from ..host.isolation import current_cpuset
 
 MODES = ("traverse", "train")
@@ -78,8 +79,6 @@ def open_dataset(dataroot, name):
         return datasets.FashionMNIST(str(folder), train=True, download=False,
                                      transform=transforms.ToTensor())
     if name == "mydataset":
-        from ..datasets.mydataset import MyDataset
-
         return MyDataset(require(dataroot, "mydataset"))
     raise ValueError(f"--dataset must be one of {', '.join(DATASETS)}, not {name!r}")
 

@@ -17,8 +17,9 @@ Data: ``<dataroot>/bsds500/BSR/BSDS500/data/images/train/*.jpg``
 
 from coleo import Option, default, tooled
 
-from ..bench import (data_loader, dataloop, grad_scaler, init_torch,
-                     set_precision)
+from ..bench import data_loader, dataloop, grad_scaler, init_torch, set_precision
+from ..datasets import require
+from ..datasets.bsds500 import images_dir
 
 
 def main(exp, argv):
@@ -78,9 +79,6 @@ def espcn(upscale, features=64, channels=3):
 @tooled
 def train(exp):
     import torch
-
-    from ..datasets import require
-    from ..datasets.bsds500 import images_dir
 
     # Patches per batch
     batch_size: Option & int = default(64)

@@ -20,8 +20,8 @@ Data: ``<dataroot>/coco/train2017/*.jpg`` and
 
 from coleo import Option, default, tooled
 
-from ..bench import (data_loader, dataloop, grad_scaler, init_torch,
-                     set_precision)
+from ..bench import data_loader, dataloop, grad_scaler, init_torch, set_precision
+from ..datasets import require
 
 SIZE = 300
 
@@ -86,8 +86,6 @@ def train(exp):
     import torch
     from torchvision.datasets import CocoDetection
     from torchvision.models.detection import ssd300_vgg16
-
-    from ..datasets import require
 
     # Images per batch
     batch_size: Option & int = default(32)

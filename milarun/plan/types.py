@@ -35,6 +35,9 @@ import os
 import re
 from dataclasses import dataclass
 
+from ..errors import SetupError
+from ..host.isolation import process_cpus, slot_cpus
+
 #: ``torchrun --rdzv-conf join_timeout``: seconds a node waits for the others
 #: to join before the job fails with ``rendezvous-timeout``.
 JOIN_TIMEOUT_S = 120
@@ -224,7 +227,6 @@ class NodeProgression(_Steps):
         kept, skipped = self.shapes(job, cluster)
         have = f"{len(cluster.nodes)} node(s) × {len(cluster.devices.indices)} device(s)"
         if not kept:
-            from ..errors import SetupError
             raise SetupError(f"{job.full_name}: no step of its node-progression fits this "
                              f"cluster ({have}); partition_scheme asks for "
                              f"{', '.join(f'{n}x{g}' for n, g in skipped)}")
@@ -294,8 +296,6 @@ class MultiProcess(PlanType):
         return []
 
     def expand(self, job, cluster):
-        from ..host.isolation import process_cpus, slot_cpus
-
         devs = cluster.devices
         idx = list(devs.indices)
         procs, k = self.shape(job, cluster)
@@ -307,7 +307,6 @@ class MultiProcess(PlanType):
         try:
             cores = process_cpus(groups, affinity, host)
         except ValueError as exc:
-            from ..errors import SetupError
             raise SetupError(f"{job.full_name}: {exc}") from None
         return [[Slot((node.name,), tuple(idx[i] for i in group),
                       _on(cluster, node.name, _range_label([idx[i] for i in group])),

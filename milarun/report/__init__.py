@@ -10,7 +10,17 @@
 import sys
 from pathlib import Path
 
-from .table import Report, build_report, check_weights, load_weights, weight_for
+from .. import __version__
+from ..analysis.summary import read_summary, summarize_dir
+from ..errors import MilarunError, ResultFormatError
+from ..formats.outfile import UnsafeFileError, write_atomic
+from .checks import diff_line
+from .html import render_html as _render_html
+from .io import io_tables
+from .table import (
+    NODE_THRESHOLD_PCT, Report, build_report, check_node_threshold, check_throughput,
+    check_weights, load_weights, weight_for)
+from .text import render_text as _render_text
 
 __all__ = ["Report", "build_report", "check_weights", "load_weights", "weight_for",
            "load_source", "make_report", "render_text", "render_html", "shipped_weights",
@@ -19,15 +29,13 @@ __all__ = ["Report", "build_report", "check_weights", "load_weights", "weight_fo
 
 def render_text(report):
     """Plain-text report (see :func:`milarun.report.text.render_text`)."""
-    from .text import render_text as _render
-    return _render(report)
+    return _render_text(report)
 
 
 def render_html(report, records=None, results_dir=None, generated=None, html_path=None):
     """HTML report (see :func:`milarun.report.html.render_html`)."""
-    from .html import render_html as _render
-    return _render(report, records=records, results_dir=results_dir, generated=generated,
-                   html_path=html_path)
+    return _render_html(report, records=records, results_dir=results_dir,
+                        generated=generated, html_path=html_path)
 
 
 def load_source(source, warn=None):
@@ -40,9 +48,6 @@ def load_source(source, warn=None):
     Raises:
         ResultFormatError: missing path, or a file that is not a summary.
     """
-    from ..errors import ResultFormatError
-    from ..analysis.summary import read_summary, summarize_dir
-
     warn = warn or sys.stderr
     path = Path(source)
     if path.is_dir():
@@ -85,8 +90,6 @@ def inputs_of(source, summary, records, weights, weights_default, compare, price
     ``weights_default`` is True when ``weights`` is the shipped file of the
     results' profile, picked because no ``--weights`` was given.
     """
-    from .. import __version__
-
     prov = summary.get("provenance") or {}
     return {
         "source": shown_path(source),
@@ -131,17 +134,12 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     """
     import datetime
 
-    from ..analysis.summary import read_summary
-    from .table import NODE_THRESHOLD_PCT, check_node_threshold
-
     if node_threshold is not None:
         node_threshold = check_node_threshold(node_threshold)
         compare_nodes = True
     else:
         node_threshold = NODE_THRESHOLD_PCT
 
-    from ..errors import MilarunError
-    from .table import check_throughput
     throughput = check_throughput(throughput)
 
     if weights and unweighted:
@@ -161,11 +159,9 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
                           penalize_variance=penalize_variance, compare_gpus=compare_gpus,
                           title=title, compare_nodes=compare_nodes,
                           node_threshold=node_threshold, throughput=throughput)
-    from .io import io_tables
     report.io = io_tables(summary, records)
     report.inputs = inputs_of(source, summary, records, weights, weights_default, compare,
                               price)
-    from .checks import diff_line
     for diff in report.host_diffs:
         print(f"milarun: warning: {compare}: host fact differs from the baseline's: "
               f"{diff_line(diff)}", file=warn or sys.stderr)
@@ -187,9 +183,6 @@ def write_text(path, text):
         MilarunError: ``path`` is not a regular file, or cannot be written
             (one line naming it).
     """
-    from ..errors import MilarunError
-    from ..formats.outfile import UnsafeFileError, write_atomic
-
     try:
         return write_atomic(path, text, durable=False)
     except UnsafeFileError:

@@ -17,6 +17,7 @@ checks already made their results failures in the summary).
   from the baseline's is a warning.
 """
 
+from ..formats.terminal import terminal_safe
 from ..host import facts as hostfacts
 from .formatting import fmt_num, geomean_or_warn
 
@@ -77,8 +78,6 @@ def diff_line(diff):
     """One host fact that differs from the baseline's (the facts are a vendor's strings:
     terminal controls shown escaped, :func:`milarun.formats.terminal.terminal_safe`, since
     ``make_report`` prints this line as a warning)."""
-    from ..formats.terminal import terminal_safe
-
     words, ours, base = diff
     return terminal_safe(f"{words}: {ours} (baseline: {base})")
 

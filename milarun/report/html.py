@@ -8,12 +8,17 @@ markup.
 from collections import defaultdict
 from pathlib import Path
 
+from ..analysis.summary import group_name
 from ..formats.store import inside
+from ..measure.anomalies import sentences, short_kinds
+from .checks import diff_line, energy_plot_rows, perf_per_watt_line
 from .formatting import fmt_num, fmt_pct
-from .text import (GPU_ONE_RUN, NOISE_HEADER, anomalies_by_test, cell, concurrent_note,
-                   fmt_interval, header_items, node_flag, node_header,
-                   node_verdict, noise_cell, noise_columns, nothing_to_compare, overlap_line,
-                   held_note, one_run_note, ratio_verdict, scaling_cell, scaling_note)
+from .io import plot_svg
+from .plots import FLAG_COLOUR, Plotter
+from .text import (
+    GPU_ONE_RUN, NOISE_HEADER, anomalies_by_test, cell, concurrent_note, fmt_interval,
+    header_items, held_note, node_flag, node_header, node_verdict, noise_cell, noise_columns,
+    nothing_to_compare, one_run_note, overlap_line, ratio_verdict, scaling_cell, scaling_note)
 
 #: Lines of log shown per failure.
 LOG_TAIL_LINES = 40
@@ -79,8 +84,6 @@ def trace_links(records, results_dir, html_path=None):
     import os
     from urllib.parse import quote
 
-    from ..analysis.summary import group_name
-
     links = defaultdict(list)
     if results_dir is None:
         return links
@@ -121,16 +124,12 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
     """
     from markupsafe import Markup
 
-    from .plots import FLAG_COLOUR, Plotter
-
     plotter = None
     by_group = defaultdict(list)
     if records:
-        from ..analysis.summary import group_name
         for item in records:
             rec = item[1] if isinstance(item, tuple) else item
             by_group[group_name(rec)].append(rec)
-    from ..measure.anomalies import sentences, short_kinds
 
     flags = {test: sentences(fl) for test, fl in anomalies_by_test(report)}
     plots = []
@@ -206,7 +205,6 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
     overlap = overlap_line(report.overlap) if getattr(report, "overlap", None) else None
     io_study = []
     for tab in report.io:
-        from .io import plot_svg
         svg = plot_svg(tab)
         io_study.append({**tab, "svg": Markup(svg) if svg else None})
 
@@ -215,7 +213,6 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
         text, source = log_tail(results_dir, f)
         failures.append({**f, "tail": text, "tail_source": source})
 
-    from .checks import diff_line, energy_plot_rows, perf_per_watt_line
     energy_rows = energy_plot_rows(report)
     energy_svg = None
     if energy_rows:

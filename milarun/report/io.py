@@ -23,6 +23,7 @@ import re
 from collections import defaultdict
 
 from ..analysis.summary import group_name
+from .plots import _XML_HEAD, _short_number
 
 EXPERIMENT = "milarun.models.io:main"
 _NAME = re.compile(r"^io-(traverse|train)-([A-Za-z0-9_]+)-w(\d+)$")
@@ -122,8 +123,6 @@ def plot_svg(table):
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
-
-    from .plots import _XML_HEAD, _short_number
 
     xs = list(range(len(rows)))
     labels = [str(r["workers"]) for r in rows]

@@ -108,11 +108,13 @@ import statistics
 
 from dataclasses import dataclass, field
 
-from ..measure import confidence, stats
-from ..plan import types as plantypes
-from ..errors import MilarunError
 from ..analysis.summary import device_key, node_key
+from ..errors import MilarunError
 from ..formats.jsonfile import check, read_json
+from ..measure import confidence, stats
+from ..measure.throughput import MIN_OVERLAP
+from ..plan import types as plantypes
+from .checks import add_checks
 from .formatting import finite_or_warn, geomean_or_warn
 
 #: Failure rate (fraction) at or under which the run passes.
@@ -426,7 +428,6 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
     for group, t in tests.items():
         for f in t.get("failed", []):
             report.failures.append({"test": group, "name": t.get("name", group), **f})
-    from .checks import add_checks
     add_checks(report, summary, baseline)
     return report
 
@@ -444,8 +445,6 @@ def concurrent_tables(tests, min_overlap=None):
     adjusted throughput (items/s), "overlap": fraction, "skew_s": s or None,
     "waves", "synchronized"}``.
     """
-    from ..measure.throughput import MIN_OVERLAP
-
     min_overlap = MIN_OVERLAP if min_overlap is None else min_overlap
     overlap, concurrent = [], []
     for group, t in tests.items():

@@ -9,7 +9,11 @@ or draw a fake score.
 import math
 
 from ..formats.terminal import one_line, terminal_safe
+from ..measure.anomalies import sentences, short_kinds
+from ..measure.throughput import MIN_OVERLAP
+from .checks import header_lines, perf_per_watt_line, text_lines as check_lines
 from .formatting import fmt_num, fmt_pct
+from .io import text_lines
 
 
 #: The std% cell of a test with one successful result.
@@ -38,8 +42,6 @@ def table_frame(report):
     """The report table as a pandas DataFrame of formatted strings, indexed by test;
     an ``anomalies`` column (the kinds of its flags) ends it when a test has flags."""
     import pandas as pd
-
-    from ..measure.anomalies import short_kinds
 
     columns = list(report.columns)
     data = {c: [cell(r, c) for r in report.rows] for c in columns}
@@ -124,7 +126,6 @@ def score_lines(report):
     if report.price is not None:
         lines.append(f"price: ${report.price:,.2f}")
         lines.append(f"RPP (price / score): {fmt_num(report.rpp)}")
-    from .checks import perf_per_watt_line
     lines.append(perf_per_watt_line(report))
     if report.overlap:
         lines.append(overlap_line(report.overlap))
@@ -154,8 +155,6 @@ def _out_of_range(report, what):
 def overlap_line(overlap):
     """The flag line of the tests whose concurrent processes' steady states overlap too
     little (``Report.overlap``: ``[(test, fraction)]``)."""
-    from ..measure.throughput import MIN_OVERLAP
-
     return (f"steady states of concurrent processes overlap by less than "
             f"{MIN_OVERLAP * 100:.0f}% of their length: "
             + ", ".join(f"{test} ({frac * 100:.0f}%)" for test, frac in overlap))
@@ -433,8 +432,6 @@ def scaling_lines(table):
 
 def anomaly_lines(report):
     """The anomalies section: a heading naming the rules, then one line per flag."""
-    from ..measure.anomalies import sentences
-
     lines = ["anomalies (rules: docs/report.md, section Anomalies):"]
     for test, flags in anomalies_by_test(report):
         lines += [f"  {test} {kind}: {text}" for kind, text in sentences(flags)]
@@ -463,7 +460,6 @@ def render_text(report):
         gpus = ", ".join(f"{names.count(n)} x {n}" for n in sorted(set(names))) or "none"
         lines.append(one_line(f"host: {h.get('hostname')} | cpu: {h.get('cpu_model')} | "
                               f"gpus: {gpus} | torch {h.get('torch')} | cuda {h.get('cuda')}"))
-    from .checks import header_lines, text_lines as check_lines
     lines.extend(map(one_line, header_lines(report)))
     lines.append("")
     if report.rows:
@@ -492,7 +488,6 @@ def render_text(report):
         lines.append("")
         lines.extend(concurrent_lines(report.concurrent))
     for table in report.io:
-        from .io import text_lines
         lines.append("")
         lines.extend(text_lines(table))
     lines.extend(map(one_line, check_lines(report)))

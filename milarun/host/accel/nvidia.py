@@ -25,6 +25,7 @@ instance.
 
 import os
 
+from ..facts import gpu_facts
 from .base import Accelerator, Backend, Reading
 from .sysfs import local_cpus, normalize_bdf, numa_node
 
@@ -316,8 +317,6 @@ class NvidiaBackend(Backend):
         return reading
 
     def facts(self, device):
-        from ..facts import gpu_facts
-
         try:
             return gpu_facts(self._init(), device.handle[1])
         except Exception:

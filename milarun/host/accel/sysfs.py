@@ -7,6 +7,8 @@ under a temporary folder.
 import os
 from pathlib import Path
 
+from ..isolation import parse_cpus
+
 #: PCI class codes (the top 16 bits of ``class``) of GPUs and accelerators:
 #: VGA-compatible, 3D controller, other display controller, processing accelerator.
 GPU_CLASSES = (0x0300, 0x0302, 0x0380, 0x1200)
@@ -47,8 +49,6 @@ def pci_device(bdf, root="/"):
 
 def local_cpus(bdf, root="/"):
     """CPU ids local to the PCI device (``local_cpulist``), ``[]`` when unknown."""
-    from ..isolation import parse_cpus
-
     text = read_text(pci_device(bdf, root) / "local_cpulist") if bdf else None
     try:
         return parse_cpus(text) if text else []
