@@ -24,6 +24,7 @@ import socket
 from dataclasses import dataclass
 
 from ..formats import barrier
+from .setup import WrongDevice
 
 #: Seconds of torch's own default process-group timeout (``torch.distributed``:
 #: 10 min for NCCL, 30 min for the others); a group gets at least this much.
@@ -149,8 +150,6 @@ def check_local_device(torch, local_rank, environ=None):
             one MIG instance, the first listed, so a whole-node test cannot
             spread its ranks over MIG instances: run them as per-GPU tests).
     """
-    from .setup import WrongDevice
-
     environ = os.environ if environ is None else environ
     count = torch.cuda.device_count()
     if local_rank < count:

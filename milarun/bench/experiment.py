@@ -21,7 +21,7 @@ from ..host import accel, facts as hostfacts, isolation
 from ..measure import validation
 from .hostload import HostLoadMonitor
 from .literal_options import make_cli
-from .monitor import GPUMonitor
+from .monitor import GPUMonitor, merge_node_monitors
 from .options import common_options
 from .setup import peak_memory_mib
 from .sync import synchronize
@@ -305,8 +305,6 @@ class Experiment:
 
         if not (dist.is_available() and dist.is_initialized()):
             return None
-        from .monitor import merge_node_monitors
-
         lead = os.environ.get("LOCAL_RANK", "0") == "0"
         if lead:
             for monitor in self._monitor_holder:
