@@ -109,7 +109,7 @@ FIXUPS = (
      'resources.files("milarun.formats") / "schemas"'),
     ("tests/test_security_profiles.py", 'Path(profile.__file__).parent / "schemas"',
      'Path(profile.__file__).parent.parent / "formats" / "schemas"'),
-    ("tests/test_launch.py", "from milarun.results import new_result, write_result;",
+    ("tests/test_launch.py", "from milarun.formats import new_result, write_result;",
      "from milarun.formats.record import new_result; "
      "from milarun.formats.store import write_result;"),
 )
