@@ -173,11 +173,15 @@ def sub_dotted(text):
 
 def sub_path(text):
     def one(m):
-        path = m.group(0)
-        py = path.endswith(".py")
-        dotted = path.removesuffix(".py").replace("/", ".")
-        new = new_name(dotted)
-        return new.replace(".", "/") + (".py" if py else "") if new != dotted else path
+        parts = m.group(0).split("/")
+        for i in range(len(parts), 1, -1):
+            head = ".".join(parts[:i - 1] + [parts[i - 1].removesuffix(".py")])
+            if head in MAP:
+                py = ".py" if parts[i - 1].endswith(".py") else ""
+                return "/".join(MAP[head].split(".") + parts[i:]) + py
+        if parts[1] == "results":
+            return "/".join(["milarun", "formats"] + parts[2:])
+        return m.group(0)
     return PATH.sub(one, text)
 
 
