@@ -1,8 +1,9 @@
 """Regroup ``milarun/`` into layers (issue 21, section 1): move the modules, rewrite the imports.
 
-Run from the repository root, on a clean tree that still has the old layout::
+Run inside the repository, on a clean tree that still has the old layout (from this branch,
+or from anywhere: ``git show layers:scripts/dev/relayer.py > /tmp/relayer.py``)::
 
-    .venv/bin/python scripts/dev/relayer.py        # git mv + rewrite, nothing committed
+    python3 scripts/dev/relayer.py        # git mv + rewrite, nothing committed
     git add -A && git commit -m "Move the modules into layers (scripts/dev/relayer.py)"
 
 It is mechanical and deterministic, so it can be run again on a newer ``main``:
@@ -19,21 +20,28 @@ It is mechanical and deterministic, so it can be run again on a newer ``main``:
 4. writes each new package's ``__init__.py`` (a docstring) and removes
    ``milarun/results/__init__.py`` (its re-exports had one user, a test's code string);
 5. applies :data:`FIXUPS`, literal edits that a rename cannot find (the schema folder's
-   resource path, a test's code string); each must match, else the script stops.
+   resource path, the package folder of host/facts.py, ``from milarun import x`` inside a
+   test's code string); each must match, else the script stops.
 
-Manual steps, each its own commit after the script's one (cherry-pick them onto the result of a
-new run; resolve conflicts by hand where the newer main changed the same lines):
+Manual steps, each its own commit on branch ``layers`` after the script's one; to re-apply on
+a newer main, run the script there, commit, then ``git cherry-pick`` those commits (they
+applied cleanly on the main of 26 Nov 2026, 05:20 UTC; resolve by hand where a newer main
+changed the same lines):
 
-- break the three cycles: ``student_plan`` (and ``python -m``'s ``_print_plan``) from
-  host/isolation.py into host/students.py (``scripts/cgroup_setup.sh`` calls
-  ``-m milarun.host.students``); ``resolve_dataroot`` from cli/jobs.py into
-  launcher/dryrun.py; ``say`` from launcher/launch.py into errors.py; ``fmt_num``,
-  ``fmt_pct``, ``finite_or_warn``, ``geomean_or_warn`` into report/formatting.py;
-- hoist the in-function imports between milarun modules, and comment each one that stays;
-- ``.importlinter``, ``tests/test_architecture.py``, import-linter in pyproject.toml's dev
-  extra and in requirements.lock;
-- the documents that name modules without the ``milarun.`` / ``milarun/`` prefix
-  (docs/development.md's layout line, docs/architecture.md).
+1. break the three cycles: ``student_plan`` (and the ``python -m`` entry) from
+   host/isolation.py into host/students.py (``scripts/cgroup_setup.sh`` calls
+   ``-m milarun.host.students``); ``resolve_dataroot`` from cli/jobs.py into
+   launcher/dryrun.py (cli/jobs.py and cli/slurm.py import it from there); ``say`` from
+   launcher/launch.py into errors.py; ``fmt_num``, ``fmt_pct``, ``finite_or_warn`` and
+   ``geomean_or_warn`` into report/formatting.py;
+2. ``.importlinter``, ``tests/test_architecture.py``, import-linter in pyproject.toml's dev
+   extra and in requirements.lock (``uv pip compile`` as in docs/setup.md, with the old lock
+   in place so that the other pins stay);
+3. hoist the imports between milarun modules out of functions, and comment each one that
+   stays (``scripts/dev/count_imports.py list`` lists them; a module of the newer main
+   may add some: ``tests/test_architecture.py`` names each one to hoist or comment);
+4. the documents that name modules without the ``milarun.`` / ``milarun/`` prefix
+   (docs/development.md's layout line), docs/architecture.md and its line in docs/README.md.
 """
 
 import ast
@@ -112,6 +120,11 @@ FIXUPS = (
     ("tests/test_launch.py", "from milarun.formats import new_result, write_result;",
      "from milarun.formats.record import new_result; "
      "from milarun.formats.store import write_result;"),
+    ("tests/test_multinode_faults.py", '"from milarun import supervise; "',
+     '"from milarun.host import supervise; "'),
+    # the package folder, one level up from the module now
+    ("milarun/host/facts.py", "root = Path(package_dir or Path(__file__).resolve().parent).parent",
+     "root = Path(package_dir or Path(__file__).resolve().parents[1]).parent"),
 )
 
 #: Where to rewrite: (folder or file, suffixes).
@@ -119,7 +132,9 @@ TARGETS = (("milarun", (".py", ".json")), ("tests", (".py",)), ("benchmarks", ("
            ("scripts", (".py", ".sh")), ("docs", (".md",)), ("README.md", ("",)),
            ("pyproject.toml", ("",)), (".ci", ("",)))
 
-ROOT = Path(__file__).resolve().parents[2]
+#: The repository the script runs in (the current folder's), wherever the script file lies.
+ROOT = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], check=True,
+                           capture_output=True, text=True).stdout.strip())
 SELF = Path(__file__).resolve()
 
 
