@@ -235,14 +235,17 @@ def test_interrupted_launches_get_no_flag(rec):
 
 
 def test_the_cpu_profile_declares_the_steady_state_it_meets():
-    """profiles/cpu.json declares --min-steady 3 for every test: the logger trains until
-    each has 3 s of steady state, so the short-steady rule holds it to 3 s, not 11 s."""
+    """profiles/cpu.json declares --min-steady of at least 3 s for every test (the last
+    value on the command line wins; the time-bounded bf16 tests ask for more): the logger
+    trains until each has that much steady state, so the short-steady rule holds it to
+    that, not 11 s."""
     from milarun.profile.language import load_profile
 
     root = Path(__file__).parent.parent
     for job in load_profile(root / "profiles" / "cpu.json"):
         argv = job.argv()
-        assert argv[argv.index("--min-steady") + 1] == "3", job.full_name
+        last = len(argv) - 1 - argv[::-1].index("--min-steady")
+        assert float(argv[last + 1]) >= 3, job.full_name
     rec = json.loads(RECORDED.read_text())
     rec["timings"]["train"]["min_steady"] = 3.0
     assert anomalies.required_steady(rec["timings"]["train"]) == (3.0, "min-steady")
