@@ -123,10 +123,14 @@ def _model_class(torch):
             return self.drop(self.embed(x) * self.scale + self.pe[:x.size(1)])
 
         def forward(self, src, tgt_in):
+            # tgt_is_causal=True says the mask is causal: without it, every forward of
+            # nn.TransformerDecoder compares the mask with a fresh causal one and reads
+            # the answer on the host (bool(tensor)), a device sync per step.
             mask = self.transformer.generate_square_subsequent_mask(
                 tgt_in.size(1), device=src.device, dtype=torch.bool)
             src_pad = src == self.pad
             out = self.transformer(self.embed_pos(src), self.embed_pos(tgt_in), tgt_mask=mask,
+                                   tgt_is_causal=True,
                                    src_key_padding_mask=src_pad,
                                    tgt_key_padding_mask=tgt_in == self.pad,
                                    memory_key_padding_mask=src_pad)
