@@ -106,24 +106,22 @@ def test_fp16_scaled_step_with_a_fused_optimizer_makes_no_host_sync(monkeypatch,
     assert counts["fused"] == 0 and counts["plain"] >= 3, counts
 
 
-def test_scaler_is_on_for_fp16_on_cuda_and_xpu_only():
+def test_scaler_is_on_for_fp16_on_cuda_and_xpu_only(monkeypatch):
     from milarun.bench.step import MixedPrecisionStep
 
-    class Dev:   # set_precision only reads .type for the autocast context
-        def __init__(self, type):
-            self.type = type
+    asked = []
 
-    assert not MixedPrecisionStep(torch.device("cpu"), "fp16").scaler.is_enabled()
-    assert not MixedPrecisionStep(torch.device("cpu"), "bf16").scaler.is_enabled()
-    import warnings
-    with warnings.catch_warnings():   # no CUDA/XPU here: GradScaler warns and disables itself
-        warnings.simplefilter("ignore")
-        for kind in ("cuda", "xpu"):
-            mp = MixedPrecisionStep(Dev(kind), "fp32", enabled_scaler=None)
-            assert mp.scaler._enabled is False
-    # the decision itself, without building a scaler that torch would switch off here
-    from milarun.bench import step
-    assert step.SCALER_DEVICE_TYPES == ("cuda", "xpu")
+    class Scaler:
+        def __init__(self, device_type, enabled):
+            asked.append((device_type, enabled))
+
+    monkeypatch.setattr(torch.amp, "GradScaler", Scaler)
+    for kind in ("cuda", "xpu", "cpu"):
+        for precision in ("fp32", "tf32", "fp16", "bf16"):
+            MixedPrecisionStep(torch.device(kind), precision)
+    on = {(kind, p) for (kind, enabled), p in zip(asked, ["fp32", "tf32", "fp16", "bf16"] * 3)
+          if enabled}
+    assert on == {("cuda", "fp16"), ("xpu", "fp16")}
 
 
 def test_no_workload_builds_an_optimizer_or_a_scaler_by_hand():
