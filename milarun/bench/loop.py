@@ -66,8 +66,9 @@ def rate_logger(exp):
     """Create ``exp.rate`` from the common options and the experiment's device.
 
     On CUDA the timer is ``CudaEventTimer``, on an Intel XPU ``XpuEventTimer``
-    (one sync per window each), else ``PerfCounterTimer`` (:func:`device_timer`). Starts the GPU monitor. With ``--profile-trace`` the
-    logger gets a :class:`milarun.bench.trace.ProfileTrace`.
+    (one sync per window each), else ``PerfCounterTimer`` (:func:`device_timer`).
+    Starts the GPU monitor. With ``--profile-trace`` the logger gets a
+    :class:`milarun.bench.trace.ProfileTrace`.
 
     Raises:
         ValueError: ``--profile-trace`` with ``--no-instrument`` (the trace
