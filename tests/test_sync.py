@@ -525,7 +525,24 @@ class _FakeCuda:
         class Stream:
             def synchronize(self):
                 log.append(("synchronize", str(device)))
+
+            def wait_event(self, event):
+                log.append(("wait_event", str(device)))
         return Stream()
+
+    def Event(self):
+        log = self.log
+
+        class Event:
+            def record(self, stream=None):
+                pass
+
+            def query(self):
+                return False   # never done until waited for: the worker must wait itself
+
+            def synchronize(self):
+                log.append(("event.synchronize",))
+        return Event()
 
     def stream(self, s):
         import contextlib
@@ -544,6 +561,8 @@ class _FakeDevice:
 
 
 class _FakeBatch:
+    dtype = "float16"   # cast before pinning, as infer's loader and --synthetic do
+
     def __init__(self, n, log):
         self.n, self.log = n, log
 
@@ -576,7 +595,7 @@ class _FakeModel:
         self.log.append(("infer", str(self.device)))
 
 
-def test_workers_run_one_stream_per_gpu_and_count_completed_items():
+def test_workers_run_double_buffered_streams_per_gpu_and_count_completed_items():
     # The CUDA path cannot run on this machine: a fake torch.cuda checks its logic.
     import contextlib
     import types
@@ -593,9 +612,13 @@ def test_workers_run_one_stream_per_gpu_and_count_completed_items():
     pool.close()
     assert pool.completed() == 24 and pool.counts == [12, 12]
     assert sorted(e[2] for e in log if e[0] == "set_device") == ["cuda:0", "cuda:1"]
-    assert sum(e[0] == "synchronize" for e in log) == 6  # each batch waited for before it counts
+    # no stream is waited for; a batch counts once its done event is (here: always waited for)
+    assert not any(e[0] == "synchronize" for e in log)
+    assert sum(e[0] == "event.synchronize" for e in log) == 6
+    assert sum(e[0] == "wait_event" for e in log) == 6   # compute waits for each copy, on the device
     assert {e[1] for e in log if e[0] == "infer"} == {"cuda:0", "cuda:1"}
-    assert all(e[2] == "float16" and e[3] for e in log if e[0] == "to")
+    # one non-blocking copy per batch, already in the inference dtype: no cast on the device
+    assert [e[2:] for e in log if e[0] == "to"] == [(None, True)] * 6
     assert not any(e[0] == "threads" for e in log)  # intra-op threads are for CPU devices
 
 

@@ -6,6 +6,39 @@ from .rate import CudaEventTimer, PerfCounterTimer, RateLogger, Step, _to_float
 from .trace import ProfileTrace
 
 
+class XpuEventTimer(CudaEventTimer):
+    """Intel GPU time from ``torch.xpu.Event``: one event per window boundary, one sync
+    per window (``elapsed`` waits for the window's end event), as
+    :class:`CudaEventTimer` does on CUDA. Seconds."""
+
+    def mark(self):
+        ev = self.torch.xpu.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+
+def device_timer(torch, device):
+    """The window timer for ``device``: CUDA or XPU events on those GPUs (they time the
+    device's work, not its queueing), the host clock elsewhere."""
+    kind = getattr(device, "type", None)
+    if kind == "cuda":
+        return CudaEventTimer(torch, device)
+    if kind == "xpu":
+        return XpuEventTimer(torch, device)
+    return PerfCounterTimer()
+
+
+def device_sync(torch, device):
+    """``f()`` that waits for the queued work of ``device`` (CUDA or XPU), or None on
+    the CPU (nothing is queued there)."""
+    kind = getattr(device, "type", None)
+    if kind == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if kind == "xpu":
+        return lambda: torch.xpu.synchronize(device)
+    return None
+
+
 class _BareLogger(RateLogger):
     """Counts items with no sample windows: used by ``--no-instrument`` to
     measure the instrumentation's own cost. Records one sample for the run."""
@@ -33,9 +66,10 @@ class _BareLogger(RateLogger):
 def rate_logger(exp):
     """Create ``exp.rate`` from the common options and the experiment's device.
 
-    On CUDA the timer is ``CudaEventTimer`` (one sync per window), else
-    ``PerfCounterTimer``. Starts the GPU monitor. With ``--profile-trace`` the
-    logger gets a :class:`milarun.bench.trace.ProfileTrace`.
+    On CUDA the timer is ``CudaEventTimer``, on an Intel XPU ``XpuEventTimer``
+    (one sync per window each), else ``PerfCounterTimer`` (:func:`device_timer`).
+    Starts the GPU monitor. With ``--profile-trace`` the logger gets a
+    :class:`milarun.bench.trace.ProfileTrace`.
 
     Raises:
         ValueError: ``--profile-trace`` with ``--no-instrument`` (the trace
@@ -47,18 +81,13 @@ def rate_logger(exp):
     if tracing and opts["no_instrument"]:
         raise ValueError("--profile-trace needs the rate logger's windows: "
                          "leave out --no-instrument")
+    import torch
+
     if opts["no_instrument"]:
         logger = _BareLogger(max_count=opts["max_count"], warmup=0, origin=exp.origin)
-        logger._sync = None
-        if device is not None and device.type == "cuda":
-            import torch
-            logger._sync = lambda: torch.cuda.synchronize(device)
+        logger._sync = device_sync(torch, device)
     else:
-        if device is not None and device.type == "cuda":
-            import torch
-            timer = CudaEventTimer(torch, device)
-        else:
-            timer = PerfCounterTimer()
+        timer = device_timer(torch, device)
         logger = RateLogger(sample_duration=opts["sample_duration"],
                             max_count=opts["max_count"], warmup=opts["warmup"],
                             timer=timer, origin=exp.origin,
@@ -82,4 +111,5 @@ def iteration_wrapper(exp):
     return rate_logger(exp).steps()
 
 
-__all__ = ["dataloop", "iteration_wrapper", "rate_logger", "Step"]
+__all__ = ["dataloop", "iteration_wrapper", "rate_logger", "Step", "XpuEventTimer",
+           "device_timer", "device_sync"]

@@ -17,6 +17,7 @@ Stresses: single-thread CPU speed, Python and PyTorch per-call overhead. An
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
+from ..bench.step import make_optimizer
 
 
 def main(exp, argv):
@@ -65,7 +66,7 @@ def train(exp):
     policy = torch.nn.Linear(hidden, n_act)
     value = torch.nn.Linear(hidden, 1)
     params = list(body.parameters()) + list(policy.parameters()) + list(value.parameters())
-    optimizer = torch.optim.Adam(params, lr=lr)
+    optimizer = make_optimizer(torch, "Adam", params, device, lr=lr)
     seed = exp.options["seed"]
     episode_returns = []
 

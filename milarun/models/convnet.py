@@ -14,7 +14,8 @@ Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 
 from coleo import Option, default, tooled
 
-from ..bench import dataloop, grad_scaler, init_torch, set_precision
+from ..bench import dataloop, init_torch
+from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 from .loader import image_loader
 
@@ -59,14 +60,15 @@ def train(exp):
     workers: Option & int = default(-1)
 
     device = init_torch(exp)
-    autocast = set_precision(device, precision)
-    scaler = grad_scaler(device, precision)
+    mp = MixedPrecisionStep(device, precision)
+    autocast = mp.autocast
     folder = require(exp.dataroot, "fake_imagenet")
     loader, dataset = image_loader(folder, "train", image_size, batch_size, workers, device)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model = build_model(arch, len(dataset.classes)).to(device, memory_format=memory_format)
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+    optimizer = make_optimizer(torch, "SGD", model.parameters(), device,
+                               lr=lr, momentum=0.9, weight_decay=1e-4)
     criterion = torch.nn.CrossEntropyLoss()
 
     for step, (x, y) in dataloop(exp, loader):
@@ -75,8 +77,6 @@ def train(exp):
         with autocast:
             loss = criterion(model(x), y)
         optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        mp(loss, optimizer)
         step.set_count(len(x))
         step.log(loss=loss)

@@ -18,7 +18,8 @@ Data: ``<dataroot>/fake_imagenet/train/<class>/*.jpg``
 
 from coleo import Option, default, tooled
 
-from ..bench import data_loader, dataloop, grad_scaler, init_torch, set_precision
+from ..bench import data_loader, dataloop, init_torch
+from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 
 IMAGE_SIZE = 64
@@ -104,7 +105,8 @@ def train(exp):
     precision: Option = default("fp32")
 
     device = init_torch(exp)
-    autocast = set_precision(device, precision)
+    mp = MixedPrecisionStep(device, precision)
+    autocast = mp.autocast
 
     root = require(exp.dataroot, "fake_imagenet") / "train"
     transform = T.Compose([
@@ -118,9 +120,8 @@ def train(exp):
     net_d = discriminator(ndf).to(device)
     net_g.apply(_init_weights)
     net_d.apply(_init_weights)
-    opt_g = torch.optim.Adam(net_g.parameters(), lr=lr, betas=(beta1, 0.999))
-    opt_d = torch.optim.Adam(net_d.parameters(), lr=lr, betas=(beta1, 0.999))
-    scaler = grad_scaler(device, precision)
+    opt_g = make_optimizer(torch, "Adam", net_g.parameters(), device, lr=lr, betas=(beta1, 0.999))
+    opt_d = make_optimizer(torch, "Adam", net_d.parameters(), device, lr=lr, betas=(beta1, 0.999))
     criterion = torch.nn.BCEWithLogitsLoss()
     ones = torch.ones(batch_size, device=device)
     zeros = torch.zeros(batch_size, device=device)
@@ -136,16 +137,14 @@ def train(exp):
             loss_d = (criterion(net_d(real).float(), ones[:n])
                       + criterion(net_d(fake.detach()).float(), zeros[:n]))
         opt_d.zero_grad(set_to_none=True)
-        scaler.scale(loss_d).backward()
-        scaler.step(opt_d)
+        mp.backward(loss_d)
+        mp.step(opt_d)
 
         # Generator: make the discriminator answer 1 on generated images.
         with autocast:
             loss_g = criterion(net_d(fake).float(), ones[:n])
         opt_g.zero_grad(set_to_none=True)
-        scaler.scale(loss_g).backward()
-        scaler.step(opt_g)
-        scaler.update()
+        mp(loss_g, opt_g)
 
         step.set_count(n)
         step.log(loss=loss_g.detach(), loss_d=loss_d.detach())

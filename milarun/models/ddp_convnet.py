@@ -25,7 +25,9 @@ Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 
 from coleo import Option, default, tooled
 
-from ..bench import dataloop, grad_scaler, init_torch, set_precision
+from ..bench import dataloop, init_torch
+from ..bench.step import MixedPrecisionStep, make_optimizer
+from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
 from ..bench.distributed import agree_on_counts, process_group
 from ..datasets import require
 from ..host.isolation import current_cpuset
@@ -75,6 +77,7 @@ def train(exp):
     backend: Option = default("auto")
 
     device = init_torch(exp)
+    refuse_xpu(device, "ddp_convnet", DDP_NOT_WIRED)
     folder = require(exp.dataroot, "fake_imagenet")
     with process_group(exp, device, backend) as world:
         exp.metrics["global_batch"] = batch_size * world.size
@@ -90,8 +93,8 @@ def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, chan
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     device = world.device
-    autocast = set_precision(device, precision)
-    scaler = grad_scaler(device, precision)
+    mp = MixedPrecisionStep(device, precision)
+    autocast = mp.autocast
     loader, dataset = image_loader(folder, "train", image_size, batch_size, workers, device,
                                    shard=(world.rank, world.size), seed=exp.options["seed"])
     if len(loader) == 0:
@@ -102,7 +105,8 @@ def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, chan
     model = build_model(arch, len(dataset.classes)).to(device, memory_format=memory_format)
     ddp = DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
     ddp.train()
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+    optimizer = make_optimizer(torch, "SGD", ddp.parameters(), device,
+                               lr=lr, momentum=0.9, weight_decay=1e-4)
     criterion = torch.nn.CrossEntropyLoss()
 
     # Every rank has the same number of batches per epoch (DistributedSampler
@@ -115,8 +119,6 @@ def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, chan
         with autocast:
             loss = criterion(ddp(x), y)
         optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        mp(loss, optimizer)
         step.set_count(len(x) * world.size)
         step.log(loss=loss.detach())

@@ -25,7 +25,8 @@ Data: ``<dataroot>/fake_imagenet/train/<class>/*.jpg``
 
 from coleo import Option, default, tooled
 
-from ..bench import data_loader, dataloop, grad_scaler, init_torch, set_precision
+from ..bench import data_loader, dataloop, init_torch
+from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 
 # Indices in torchvision's vgg16().features after which relu1_2, relu2_2,
@@ -163,7 +164,8 @@ def train(exp):
     precision: Option = default("fp32")
 
     device = init_torch(exp)
-    autocast = set_precision(device, precision)
+    mp = MixedPrecisionStep(device, precision)
+    autocast = mp.autocast
 
     root = require(exp.dataroot, "fake_imagenet") / "train"
     transform = T.Compose([
@@ -175,8 +177,7 @@ def train(exp):
     TransformerNet, VGGFeatures = _modules()
     model = TransformerNet(width, res_blocks).to(device)
     vgg = VGGFeatures().to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    scaler = grad_scaler(device, precision)
+    optimizer = make_optimizer(torch, "Adam", model.parameters(), device, lr=lr)
     mse = torch.nn.MSELoss()
 
     # The style image: the first file of the data set, at the training size.
@@ -198,9 +199,7 @@ def train(exp):
                              for fy, g in zip(feats_y, style_grams))
             loss = content_loss + style_weight * style_loss
         optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        mp(loss, optimizer)
         step.set_count(n)
         step.log(loss=loss.detach(), content_loss=content_loss.detach(),
                  style_loss=style_loss.detach())

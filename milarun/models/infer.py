@@ -18,14 +18,24 @@ request queue):
   ``--synthetic``, come from a few pre-decoded tensors made once (the network
   alone counts). The encoder's token ids are always synthetic.
 
-One worker thread per device owns a replica of the network (on a GPU with its
-own CUDA stream: the input's copy and the inference of one device overlap the
-others'); the main thread takes batches from the loader and hands each to the
-next device's queue (``--inflight`` batches per device at most). A step of the
-rate logger counts the items whose inference *completed* during it (a GPU
-worker synchronizes its stream before it reports a batch), so the throughput is
-completed items per second of host time over all k devices. On CPU slots a
-"device" is a worker thread using its share of the process's cores.
+One worker thread per device owns a replica of the network; the main thread
+takes batches from the loader and hands each to the next device's queue
+(``--inflight`` batches per device at most). On a GPU (CUDA or XPU) the worker
+double-buffers (:class:`Pipeline`): each batch's host→device copy goes on a copy
+stream, the inference waits for it with an event on a compute stream, and the
+worker takes the next batch without waiting, so the copy of batch i+1 overlaps
+the inference of batch i; it waits only for the oldest batch once
+:data:`PIPELINE_DEPTH` are in flight (or when it has nothing else to do). A
+step of the rate logger counts the items whose inference *completed* during it
+(a batch completes when its compute event has), so the throughput is completed
+items per second of host time over all k devices. On CPU slots a "device" is a
+worker thread using its share of the process's cores.
+
+Inputs travel small: images are cast to the inference dtype before they are
+pinned (in the loader's workers, or once for ``--synthetic``), so fp16/bf16
+batches cross the bus at half the bytes of fp32. At fp16/bf16 on a GPU the
+image classifiers run ``channels_last`` (weights and inputs, the layout of the
+tensor-core convolutions); ``metrics.channels_last`` says whether they did.
 
 Items are images (or sequences). ``metrics.items_device<i>`` are the items each
 device completed. The process's own and effective throughput and its wave's
@@ -34,6 +44,7 @@ adjusted total come from the summary (:mod:`milarun.measure.throughput`).
 Needs the ``fake_imagenet`` dataset unless ``--synthetic`` or ``--model encoder``.
 """
 
+import collections
 import queue
 import threading
 
@@ -53,6 +64,10 @@ SYNTHETIC_BATCHES = 8
 NO_LOSS = "inference: nothing is trained"
 #: Seconds between two checks of the workers while the main thread waits.
 _WAIT_S = 0.5
+#: Batches a GPU worker keeps in flight (copying or computing) before it waits for the oldest.
+PIPELINE_DEPTH = 2
+#: Device types whose workers run the double-buffered :class:`Pipeline`.
+ACCELERATORS = ("cuda", "xpu")
 
 
 def main(exp, argv):
@@ -107,20 +122,137 @@ class _Cycle:
         return iter(self.batches)
 
 
-def _eval_loader(folder, image_size, batch_size, workers, device):
+class Cast:
+    """A picklable transform: ``tensor.to(dtype)`` (``DataLoader`` workers run it)."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __call__(self, x):
+        return x.to(self.dtype)
+
+
+def _eval_loader(folder, image_size, batch_size, workers, device, dtype=None):
     """Images of ``fake_imagenet``'s train split, decoded as for evaluation (resize,
-    centre crop, normalize) by ``DataLoader`` workers."""
+    centre crop, normalize) by ``DataLoader`` workers, then cast to ``dtype`` (None:
+    float32) by the same workers, before the loader pins them."""
     from torchvision import datasets, transforms
 
     root = folder / "train"
     if not root.is_dir():
         raise FileNotFoundError(f"no train/ folder in {folder}; rebuild the dataset")
-    tf = transforms.Compose([
-        transforms.Resize(image_size), transforms.CenterCrop(image_size),
-        transforms.ToTensor(),
-        transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
-    return data_loader(datasets.ImageFolder(str(root), transform=tf), batch_size, workers,
-                       device)
+    steps = [transforms.Resize(image_size), transforms.CenterCrop(image_size),
+             transforms.ToTensor(),
+             transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])]
+    if dtype is not None:
+        steps.append(Cast(dtype))
+    return data_loader(datasets.ImageFolder(str(root), transform=transforms.Compose(steps)),
+                       batch_size, workers, device)
+
+
+def accelerator_api(torch, device):
+    """``torch.cuda`` or ``torch.xpu`` for a GPU ``device`` (their Stream, Event and
+    stream APIs are the same), None on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda
+    if device.type == "xpu":
+        return torch.xpu
+    return None
+
+
+class Pipeline:
+    """Double-buffered inference on one GPU: the copy of the next batch overlaps
+    the inference of this one, and nothing waits for the device per batch.
+
+    :meth:`submit` queues a batch's host→device copy on the copy stream, records
+    an event there, makes the compute stream wait for that event (on the device,
+    not the host) and queues the inference on the compute stream, followed by a
+    *done* event. :meth:`finished` collects the batches whose done event has
+    completed, oldest first; with ``block`` it waits for the oldest one (its
+    event, not a whole stream). A batch's host and device tensors are kept until
+    it is done, so neither is freed or reused while the device still reads it.
+
+    Args:
+        api: ``torch.cuda`` or ``torch.xpu`` (``Stream``, ``Event``, ``stream``).
+        device: the ``torch.device``.
+        model: the replica on ``device``.
+        prepare: ``f(device tensor) -> model input``, run on the compute stream
+            (dtype cast, ``channels_last``).
+    """
+
+    def __init__(self, api, device, model, prepare):
+        self.api = api
+        self.device = device
+        self.model = model
+        self.prepare = prepare
+        self.copy_stream = api.Stream(device)
+        self.compute_stream = api.Stream(device)
+        self.inflight = collections.deque()   # (done event, items, host tensor, device tensor)
+
+    def __len__(self):
+        """Batches queued and not yet collected by :meth:`finished`."""
+        return len(self.inflight)
+
+    def submit(self, x):
+        """Queue the copy and the inference of host batch ``x``; returns at once."""
+        api = self.api
+        with api.stream(self.copy_stream):
+            xd = x.to(self.device, non_blocking=True)
+            copied = api.Event()
+            copied.record(self.copy_stream)
+        self.compute_stream.wait_event(copied)
+        with api.stream(self.compute_stream):
+            self.model(self.prepare(xd))
+            done = api.Event()
+            done.record(self.compute_stream)
+        self.inflight.append((done, len(x), x, xd))
+
+    def finished(self, block=False):
+        """Items of the batches completed since the last call (oldest first).
+
+        Args:
+            block: wait for the oldest batch in flight (``Event.synchronize``) if it
+                is not done yet; then collect every batch done after it.
+        """
+        items = 0
+        while self.inflight:
+            done = self.inflight[0][0]
+            if not done.query():
+                if not block:
+                    break
+                done.synchronize()
+                block = False
+            items += self.inflight.popleft()[1]
+        return items
+
+
+def run_pipeline(pipeline, inputs, report, depth=PIPELINE_DEPTH):
+    """A GPU worker's loop: feed ``pipeline`` from queue ``inputs`` until a None.
+
+    Takes the next batch without waiting while batches are in flight; waits for
+    the oldest batch only when ``depth`` are in flight or no batch is queued, and
+    reports completed items (``report(n)``, n > 0) as soon as it sees them.
+    """
+    def collect(block):
+        n = pipeline.finished(block=block)
+        if n:
+            report(n)
+
+    while True:
+        if len(pipeline) >= depth:
+            collect(block=True)
+            continue
+        try:
+            x = inputs.get_nowait() if len(pipeline) else inputs.get()
+        except queue.Empty:
+            collect(block=True)
+            continue
+        if x is None:
+            while len(pipeline):
+                collect(block=True)
+            return
+        pipeline.submit(x)
+        collect(block=False)
 
 
 class Workers:
@@ -132,9 +264,11 @@ class Workers:
         dtype: the ``torch`` dtype of the weights and inputs.
         inflight: batches queued per device at most.
         threads: intra-op threads per worker (CPU devices).
+        channels_last: replicas and image inputs in ``torch.channels_last``.
     """
 
-    def __init__(self, torch, model, devices, dtype, inflight=2, threads=1):
+    def __init__(self, torch, model, devices, dtype, inflight=2, threads=1,
+                 channels_last=False):
         import copy
 
         self.torch = torch
@@ -144,7 +278,10 @@ class Workers:
         self.counts = [0] * len(devices)
         self.errors = []
         self.next = 0
+        self.memory_format = torch.channels_last if channels_last else None
         replicas = [copy.deepcopy(model).to(device=d, dtype=dtype).eval() for d in devices]
+        if self.memory_format is not None:
+            replicas = [r.to(memory_format=self.memory_format) for r in replicas]
         self.threads = [threading.Thread(target=self._run, args=(i, replicas[i], dtype),
                                          daemon=True, name=f"infer-{d}")
                         for i, d in enumerate(devices)]
@@ -153,27 +290,28 @@ class Workers:
         for t in self.threads:
             t.start()
 
+    def _report(self, i, n):
+        self.counts[i] += n
+        self.done.put(n)
+
     def _run(self, i, model, dtype):
         torch = self.torch
         device = self.devices[i]
+        fmt = self.memory_format
         try:
-            stream = None
-            if device.type == "cuda":
-                torch.cuda.set_device(device)
-                stream = torch.cuda.Stream(device)
+            api = accelerator_api(torch, device)
             with torch.inference_mode():
+                if api is not None:
+                    api.set_device(device)
+                    pipe = Pipeline(api, device, model, lambda xd: _prepare(xd, dtype, fmt))
+                    run_pipeline(pipe, self.inputs[i], lambda n: self._report(i, n))
+                    return
                 while True:
                     x = self.inputs[i].get()
                     if x is None:
                         return
-                    if stream is not None:
-                        with torch.cuda.stream(stream):
-                            model(_to(x, device, dtype))
-                        stream.synchronize()
-                    else:
-                        model(_to(x, device, dtype))
-                    self.counts[i] += len(x)
-                    self.done.put(len(x))
+                    model(_prepare(_to(x, device, dtype), dtype, fmt))
+                    self._report(i, len(x))
         except BaseException as exc:  # reported to the main thread, which raises it
             self.errors.append(exc)
             self.done.put(0)
@@ -227,12 +365,34 @@ def _to(x, device, dtype):
     return x.to(device=device, non_blocking=True)
 
 
+def _prepare(x, dtype, memory_format):
+    """The model's input from a batch on its device: images in ``dtype`` (a no-op when
+    they were cast before pinning) and ``memory_format`` (None: as they are); token
+    ids as they are."""
+    if not x.is_floating_point():
+        return x
+    if x.dtype != dtype:
+        x = x.to(dtype)
+    if memory_format is not None and x.dim() == 4:
+        x = x.contiguous(memory_format=memory_format)
+    return x
+
+
 def own_devices(exp, torch):
-    """This process's devices: every GPU it sees (the plan's ``CUDA_VISIBLE_DEVICES``),
-    or on the CPU one per device the launcher gave it (CPU slots), at least one."""
-    if exp.device.type == "cuda":
-        return [torch.device(f"cuda:{i}") for i in range(torch.cuda.device_count())]
+    """This process's devices: every GPU it sees (CUDA: the plan's
+    ``CUDA_VISIBLE_DEVICES``; XPU: ``ZE_AFFINITY_MASK``), or on the CPU one per device
+    the launcher gave it (CPU slots), at least one."""
+    api = accelerator_api(torch, exp.device)
+    if api is not None:
+        kind = exp.device.type
+        return [torch.device(f"{kind}:{i}") for i in range(api.device_count())]
     return [torch.device("cpu")] * max(1, len(exp.result.get("devices") or [0]))
+
+
+def use_channels_last(model, precision, device):
+    """Whether the replicas run ``channels_last``: image classifiers at fp16/bf16 on a
+    GPU (CUDA, XPU), where tensor-core convolutions want NHWC."""
+    return model != "encoder" and precision in ("fp16", "bf16") and device.type in ACCELERATORS
 
 
 @tooled
@@ -271,17 +431,21 @@ def infer(exp):
         batches = _Cycle([torch.randint(vocab, (batch_size, seq_len))
                           for _ in range(SYNTHETIC_BATCHES)])
     elif synthetic:
-        pin = device.type == "cuda"
-        made = [torch.randn(batch_size, 3, image_size, image_size) for _ in range(SYNTHETIC_BATCHES)]
+        # cast, then pin: the bus carries the inference dtype, not float32
+        pin = device.type in ACCELERATORS
+        made = [torch.randn(batch_size, 3, image_size, image_size).to(dtype)
+                for _ in range(SYNTHETIC_BATCHES)]
         batches = _Cycle([b.pin_memory() if pin else b for b in made])
     else:
         folder = require(exp.dataroot, "fake_imagenet")
-        loader = _eval_loader(folder, image_size, batch_size, workers, device)
+        loader = _eval_loader(folder, image_size, batch_size, workers, device, dtype=dtype)
         batches = _Images(loader)
     cores = max(1, len(current_cpuset()))
+    channels_last = use_channels_last(model, precision, device)
     pool = Workers(torch, net, devices, dtype, inflight=inflight,
-                   threads=max(1, cores // len(devices)))
+                   threads=max(1, cores // len(devices)), channels_last=channels_last)
     exp.result["host"]["inference_devices"] = len(devices)
+    exp.metrics["channels_last"] = channels_last
     logger = rate_logger(exp)
     # the workers' streams are not the main thread's: time completions on the host clock
     logger.timer = PerfCounterTimer()

@@ -39,6 +39,7 @@ shuffled and the last partial batch is dropped. Items are samples (images).
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
+from ..bench.step import make_optimizer
 from ..bench.setup import dataloader_workers
 from ..datasets import require
 from ..datasets.mydataset import MyDataset
@@ -161,7 +162,7 @@ def train(exp):
     sample, _ = data[0]
     model = build_model(channels=sample.shape[0]).to(device)
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    optimizer = make_optimizer(torch, "SGD", model.parameters(), device, lr=lr, momentum=0.9)
     criterion = torch.nn.CrossEntropyLoss()
     for step, (x, y) in dataloop(exp, loader):
         x = x.to(device, non_blocking=pin)

@@ -35,6 +35,8 @@ from coleo import Option, default, tooled
 from ..bench import init_torch, rate_logger, set_precision
 from ..bench.distributed import World, agree_on_counts
 from ..bench.rate import Step
+from ..bench.step import make_optimizer
+from ..bench.xpu import LIGHTNING_NOT_WIRED, refuse_xpu
 from ..datasets import require
 from ..host.isolation import current_cpuset
 from .convnet import build_model
@@ -93,6 +95,7 @@ def train(exp):
         raise ValueError(f"--precision must be one of {', '.join(PRECISION)}, not {precision!r}")
     lightning = _lightning()
     device = init_torch(exp)
+    refuse_xpu(device, "lightning_convnet", LIGHTNING_NOT_WIRED)
     exp.result["host"]["lightning"] = lightning.__version__
     set_precision(device, "tf32" if precision == "tf32" else "fp32")
     folder = require(exp.dataroot, "fake_imagenet")
@@ -136,7 +139,10 @@ def _fit(exp, lightning, loader, model, device, precision, lr, backend, size, lo
             return self.criterion(self.model(x), y)
 
         def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+            # fused on CUDA (bench/step.py): Lightning's 16-mixed scaler then skips its
+            # per-step found_inf.item()
+            return make_optimizer(torch, "SGD", self.parameters(), self.device, lr=lr,
+                                  momentum=0.9, weight_decay=1e-4)
 
     trainer = lightning.Trainer(
         accelerator="cuda" if device.type == "cuda" else "cpu", devices=local_size,

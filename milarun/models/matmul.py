@@ -1,6 +1,6 @@
 """matmul: dense matrix-multiply throughput (TFLOP/s) in fp32, tf32, fp16 and bf16.
 
-Multiplies square ``--size`` × ``--size`` matrices (8192 on CUDA, 512 on the
+Multiplies square ``--size`` × ``--size`` matrices (8192 on a GPU, 512 on the
 CPU by default) into a preallocated output, once per precision of
 ``--precisions`` in every training step ("round"). ``tf32`` is fp32 data
 with TF32 tensor-core matmuls allowed; ``fp16``/``bf16`` are half-precision
@@ -12,7 +12,7 @@ How throughput is reported:
   ``len(precisions)`` items), so the run's throughput is matmuls/s over the
   mix, comparable between machines that run the same precision list;
 * each precision's matmul is also timed on its own, inside the same loop:
-  CUDA events around it on the GPU (read later, without a per-step sync:
+  CUDA (or XPU) events around it on the GPU (read later, without a per-step sync:
   finished events are drained as they complete, the rest after the loop),
   ``perf_counter`` on the CPU where a matmul is synchronous. Only rounds
   after the warm-up sample windows count. ``metrics.tflops_<precision>`` is
@@ -31,6 +31,9 @@ from coleo import Option, default, tooled
 from ..bench import init_torch, iteration_wrapper
 from ..bench.setup import PRECISIONS
 
+#: ``--precisions auto`` per device type (TF32 is a CUDA tensor-core mode; elsewhere: fp32,bf16).
+AUTO_PRECISIONS = {"cuda": "fp32,tf32,fp16,bf16", "xpu": "fp32,fp16,bf16"}
+
 #: No loss by nature (milarun.measure.validation's NaN check does not apply): nothing is trained.
 NO_LOSS = "matmul multiplies matrices; nothing is trained"
 
@@ -44,25 +47,29 @@ def main(exp, argv):
 
 
 class _Timings:
-    """Per-precision accumulated matmul time, from events or host clock."""
+    """Per-precision accumulated matmul time (seconds), from the GPU's events
+    (``torch.cuda.Event`` or ``torch.xpu.Event``) or the host clock on the CPU."""
 
     def __init__(self, torch, device):
         self.torch = torch
-        self.cuda = device.type == "cuda"
+        # the GPU's event API (torch.cuda or torch.xpu): its matmuls are asynchronous
+        self.events = {"cuda": getattr(torch, "cuda", None),
+                       "xpu": getattr(torch, "xpu", None)}.get(device.type)
+        self.cuda = self.events is not None
         self.seconds = collections.defaultdict(float)
         self.count = collections.Counter()
         self.pending = collections.deque()
 
     def start(self):
         if self.cuda:
-            ev = self.torch.cuda.Event(enable_timing=True)
+            ev = self.events.Event(enable_timing=True)
             ev.record()
             return ev
         return time.perf_counter()
 
     def stop(self, name, start, counted):
         if self.cuda:
-            ev = self.torch.cuda.Event(enable_timing=True)
+            ev = self.events.Event(enable_timing=True)
             ev.record()
             if counted:
                 self.pending.append((name, start, ev))
@@ -99,20 +106,20 @@ def _set_tf32(torch, on):
 def train(exp):
     import torch
 
-    # Side of the square matrices (0: 8192 on CUDA, 512 on the CPU)
+    # Side of the square matrices (0: 8192 on a GPU, 512 on the CPU)
     size: Option & int = default(0)
-    # Comma-separated precisions among fp32,tf32,fp16,bf16 (auto: all four on CUDA, fp32,bf16 on the CPU)
+    # Comma-separated precisions among fp32,tf32,fp16,bf16 (auto: all four on CUDA, fp32,fp16,bf16 on XPU, fp32,bf16 on CPU)
     precisions: Option = default("auto")
 
     device = init_torch(exp)
     if precisions == "auto":
-        precisions = "fp32,tf32,fp16,bf16" if device.type == "cuda" else "fp32,bf16"
+        precisions = AUTO_PRECISIONS.get(device.type, "fp32,bf16")
     names = [p.strip() for p in str(precisions).split(",") if p.strip()]
     bad = [p for p in names if p not in PRECISIONS]
     if not names or bad:
         raise ValueError(f"--precisions must list some of {', '.join(PRECISIONS)}; got {precisions!r}")
     if size <= 0:
-        size = 8192 if device.type == "cuda" else 512
+        size = 512 if device.type == "cpu" else 8192
     gen = torch.Generator(device=device)
     gen.manual_seed(exp.options["seed"])
     mats = {p: _setup(torch, p, size, device, gen) for p in names}

@@ -20,7 +20,8 @@ of one environment copy); a training step is one PPO iteration of
 
 from coleo import Option, default, tooled
 
-from ..bench import grad_scaler, init_torch, iteration_wrapper, set_precision
+from ..bench import init_torch, iteration_wrapper
+from ..bench.step import MixedPrecisionStep, make_optimizer
 
 
 def main(exp, argv):
@@ -96,15 +97,15 @@ def train(exp):
     precision: Option = default("fp32")
 
     device = init_torch(exp)
-    autocast = set_precision(device, precision)
+    mp = MixedPrecisionStep(device, precision)
+    autocast = mp.autocast
     seed = exp.options["seed"]
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_name) for _ in range(num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
     agent = _agent_class(torch)(n_obs, n_act, hidden).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5)
-    scaler = grad_scaler(device, precision)
+    optimizer = make_optimizer(torch, "Adam", agent.parameters(), device, lr=lr, eps=1e-5)
 
     T, N = num_steps, num_envs
     obs_buf = torch.zeros((T, N, n_obs), device=device)
@@ -165,11 +166,7 @@ def train(exp):
                 vloss = 0.5 * ((v - b_ret[idx]) ** 2).mean()
                 loss = pg + vf_coef * vloss - ent_coef * ent.mean()
                 optimizer.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(agent.parameters(), max_grad_norm)
-                scaler.step(optimizer)
-                scaler.update()
+                mp(loss, optimizer, clip_norm=max_grad_norm, params=agent.parameters())
         step.set_count(batch)
         step.log(loss=loss.detach())
     envs.close()

@@ -19,7 +19,8 @@ An **item is one training example** (a positive or a negative pair).
 
 from coleo import Option, default, tooled
 
-from ..bench import dataloop, grad_scaler, init_torch, set_precision
+from ..bench import dataloop, init_torch
+from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 from ..datasets.movielens import load_ratings
 
@@ -131,7 +132,8 @@ def train(exp):
     precision: Option = default("fp32")
 
     device = init_torch(exp)
-    autocast = set_precision(device, precision)
+    mp = MixedPrecisionStep(device, precision)
+    autocast = mp.autocast
     widths = [int(w) for w in str(layers).split(",") if w.strip()]
     if not widths or widths[0] % 2:
         raise ValueError("--layers must start with an even width, e.g. 256,256,128,64")
@@ -145,8 +147,8 @@ def train(exp):
                                    device, gen)
 
     net = _model_class(torch)(n_users, n_items, factors, widths, dropout).to(device)
-    optimizer = torch.optim.Adam(net.parameters(), lr=lr, betas=(0.25, 0.5), eps=1e-8)
-    scaler = grad_scaler(device, precision)
+    optimizer = make_optimizer(torch, "Adam", net.parameters(), device,
+                               lr=lr, betas=(0.25, 0.5), eps=1e-8)
     criterion = torch.nn.BCEWithLogitsLoss()
     net.train()
     exp.metrics.update({"users": n_users, "movies": n_items, "train_ratings": int(users.numel())})
@@ -156,8 +158,6 @@ def train(exp):
         with autocast:
             logits = net(u, i)
             loss = criterion(logits.float(), y)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        mp(loss, optimizer)
         step.set_count(y.numel())
         step.log(loss=loss.detach())

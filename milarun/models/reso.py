@@ -17,7 +17,8 @@ Data: ``<dataroot>/bsds500/BSR/BSDS500/data/images/train/*.jpg``
 
 from coleo import Option, default, tooled
 
-from ..bench import data_loader, dataloop, grad_scaler, init_torch, set_precision
+from ..bench import data_loader, dataloop, init_torch
+from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 from ..datasets.bsds500 import images_dir
 
@@ -98,7 +99,8 @@ def train(exp):
     precision: Option = default("fp32")
 
     device = init_torch(exp)
-    autocast = set_precision(device, precision)
+    mp = MixedPrecisionStep(device, precision)
+    autocast = mp.autocast
     if upscale < 1 or crop_size < upscale:
         raise ValueError("--upscale must be >= 1 and --crop-size >= --upscale")
     crop = crop_size - crop_size % upscale
@@ -111,8 +113,7 @@ def train(exp):
     loader = data_loader(dataset, batch_size, workers, device)
 
     model = espcn(upscale, features).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    scaler = grad_scaler(device, precision)
+    optimizer = make_optimizer(torch, "Adam", model.parameters(), device, lr=lr)
     criterion = torch.nn.MSELoss()
 
     for step, (lr_img, hr_img) in dataloop(exp, loader):
@@ -122,8 +123,6 @@ def train(exp):
             out = model(lr_img)
             loss = criterion(out.float(), hr_img)
         optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        mp(loss, optimizer)
         step.set_count(len(hr_img))
         step.log(loss=loss.detach())

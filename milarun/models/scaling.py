@@ -27,7 +27,9 @@ counts ``batch_size × world_size``, so rank 0's throughput is the whole job's.
 
 from coleo import Option, default, tooled
 
-from ..bench import grad_scaler, init_torch, iteration_wrapper, set_precision
+from ..bench import init_torch, iteration_wrapper
+from ..bench.step import MixedPrecisionStep, make_optimizer
+from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
 from ..bench.distributed import agree_on_counts, process_group
 
 
@@ -93,6 +95,7 @@ def train(exp):
     precision: Option = default("fp32")
 
     device = init_torch(exp)
+    refuse_xpu(device, "scaling", DDP_NOT_WIRED)
     with process_group(exp, device, backend) as world:
         exp.metrics["global_batch"] = batch_size * world.size
         _train(exp, torch, world, batch_size, width, blocks, image_size, classes, lr,
@@ -104,15 +107,15 @@ def _train(exp, torch, world, batch_size, width, blocks, image_size, classes, lr
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     device = world.device
-    autocast = set_precision(device, precision)
+    mp = MixedPrecisionStep(device, precision)
+    autocast = mp.autocast
     net = _model(torch, width, blocks, classes).to(device)
     if device.type == "cuda":
         net = net.to(memory_format=torch.channels_last)
         ddp = DDP(net, device_ids=[device.index])
     else:
         ddp = DDP(net)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
-    scaler = grad_scaler(device, precision)
+    optimizer = make_optimizer(torch, "SGD", ddp.parameters(), device, lr=lr, momentum=0.9)
     criterion = torch.nn.CrossEntropyLoss()
     # A pool of random batches made on the device, different on each rank.
     gen = torch.Generator(device=device)
@@ -132,8 +135,6 @@ def _train(exp, torch, world, batch_size, width, blocks, image_size, classes, lr
         optimizer.zero_grad(set_to_none=True)
         with autocast:
             loss = criterion(ddp(x), y)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        mp(loss, optimizer)
         step.set_count(batch_size * world.size)
         step.log(loss=loss.detach())

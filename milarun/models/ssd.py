@@ -20,7 +20,8 @@ Data: ``<dataroot>/coco/train2017/*.jpg`` and
 
 from coleo import Option, default, tooled
 
-from ..bench import data_loader, dataloop, grad_scaler, init_torch, set_precision
+from ..bench import data_loader, dataloop, init_torch
+from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 
 SIZE = 300
@@ -103,7 +104,8 @@ def train(exp):
     precision: Option = default("fp32")
 
     device = init_torch(exp)
-    autocast = set_precision(device, precision)
+    mp = MixedPrecisionStep(device, precision)
+    autocast = mp.autocast
 
     root = require(exp.dataroot, "coco")
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
@@ -121,8 +123,8 @@ def train(exp):
                          num_classes=num_classes).to(device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    scaler = grad_scaler(device, precision)
+    optimizer = make_optimizer(torch, "SGD", params, device,
+                               lr=lr, momentum=momentum, weight_decay=weight_decay)
 
     for step, (images, targets) in dataloop(exp, loader):
         images = [img.to(device, non_blocking=True) for img in images]
@@ -132,8 +134,6 @@ def train(exp):
             losses = model(images, targets)
             loss = sum(v.float() for v in losses.values())
         optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        mp(loss, optimizer)
         step.set_count(len(images))
         step.log(loss=loss.detach(), **{k: v.detach() for k, v in losses.items()})

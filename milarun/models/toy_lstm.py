@@ -14,6 +14,7 @@ import math
 from coleo import Option, default, tooled
 
 from ..bench import init_torch, iteration_wrapper
+from ..bench.step import make_optimizer
 
 
 def main(exp, argv):
@@ -68,7 +69,7 @@ def train(exp):
     device = init_torch(exp)
 
     model = build_model(hidden_size, layers).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = make_optimizer(torch, "Adam", model.parameters(), device, lr=lr)
     loss_fn = torch.nn.MSELoss()
 
     for step in iteration_wrapper(exp):

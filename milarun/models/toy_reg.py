@@ -8,6 +8,7 @@ kernel-launch overhead and small matmuls; items are examples.
 from coleo import Option, default, tooled
 
 from ..bench import init_torch, iteration_wrapper
+from ..bench.step import make_optimizer
 
 
 def main(exp, argv):
@@ -30,7 +31,7 @@ def train(exp):
     w_target = torch.randn(poly_degree, 1, device=device) * 5
     b_target = torch.randn(1, device=device) * 5
     model = torch.nn.Linear(poly_degree, 1).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer = make_optimizer(torch, "SGD", model.parameters(), device, lr=lr)
     powers = torch.arange(1, poly_degree + 1, device=device)
 
     for step in iteration_wrapper(exp):

@@ -22,7 +22,8 @@ import math
 
 from coleo import Option, default, tooled
 
-from ..bench import data_loader, dataloop, grad_scaler, init_torch, set_precision
+from ..bench import data_loader, dataloop, init_torch
+from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 from ..datasets.wmt16 import ParallelCorpus
 
@@ -123,10 +124,14 @@ def _model_class(torch):
             return self.drop(self.embed(x) * self.scale + self.pe[:x.size(1)])
 
         def forward(self, src, tgt_in):
+            # tgt_is_causal=True says the mask is causal: without it, every forward of
+            # nn.TransformerDecoder compares the mask with a fresh causal one and reads
+            # the answer on the host (bool(tensor)), a device sync per step.
             mask = self.transformer.generate_square_subsequent_mask(
                 tgt_in.size(1), device=src.device, dtype=torch.bool)
             src_pad = src == self.pad
             out = self.transformer(self.embed_pos(src), self.embed_pos(tgt_in), tgt_mask=mask,
+                                   tgt_is_causal=True,
                                    src_key_padding_mask=src_pad,
                                    tgt_key_padding_mask=tgt_in == self.pad,
                                    memory_key_padding_mask=src_pad)
@@ -165,7 +170,8 @@ def train(exp):
     precision: Option = default("fp32")
 
     device = init_torch(exp)
-    autocast = set_precision(device, precision)
+    mp = MixedPrecisionStep(device, precision)
+    autocast = mp.autocast
     corpus = ParallelCorpus(require(exp.dataroot, "wmt16"), "train", max_len=max_len)
     if len(corpus) == 0:
         raise ValueError("no training pair is shorter than --max-len")
@@ -176,10 +182,10 @@ def train(exp):
 
     net = _model_class(torch)(len(vocab), d_model, nhead, layers, ff, dropout, vocab.pad,
                               max_len=max_len + 2).to(device)
-    optimizer = torch.optim.Adam(net.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
+    optimizer = make_optimizer(torch, "Adam", net.parameters(), device,
+                               lr=lr, betas=(0.9, 0.98), eps=1e-9)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / lr_warmup, math.sqrt(lr_warmup / (s + 1))))
-    scaler = grad_scaler(device, precision)
     criterion = torch.nn.CrossEntropyLoss(ignore_index=vocab.pad, label_smoothing=label_smoothing)
     net.train()
     exp.metrics.update({"vocab": len(vocab), "train_pairs": len(corpus), "workers": loader.num_workers})
@@ -191,9 +197,7 @@ def train(exp):
         with autocast:
             logits = net(src, tin)
             loss = criterion(logits.float().view(-1, logits.size(-1)), tout.view(-1))
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        mp(loss, optimizer)
         schedule.step()
         step.set_count(ntok)
         step.log(loss=loss.detach())

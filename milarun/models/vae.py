@@ -13,6 +13,7 @@ Needs the ``mnist`` dataset (``milarun dataset mnist``).
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, dataloop, init_torch
+from ..bench.step import make_optimizer
 from ..datasets import require
 
 
@@ -72,7 +73,7 @@ def train(exp):
                              transform=transforms.ToTensor())
     loader = data_loader(dataset, batch_size, workers, device)
     model = build_model(latent).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = make_optimizer(torch, "Adam", model.parameters(), device, lr=lr)
 
     for step, (x, _) in dataloop(exp, loader):
         x = x.to(device, non_blocking=True)

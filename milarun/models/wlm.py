@@ -17,7 +17,8 @@ the CPU. An **item is one token** (``batch_size × seq_len`` per step).
 
 from coleo import Option, default, tooled
 
-from ..bench import dataloop, grad_scaler, init_torch, set_precision
+from ..bench import dataloop, init_torch
+from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 from ..datasets.wikitext2 import Corpus
 
@@ -141,7 +142,8 @@ def train(exp):
     precision: Option = default("fp32")
 
     device = init_torch(exp)
-    autocast = set_precision(device, precision)
+    mp = MixedPrecisionStep(device, precision)
+    autocast = mp.autocast
     if (device.type == "cpu" and precision == "bf16" and model == "LSTM"
             and not cpu_bf16_lstm_supported(torch)):
         # Refused before training: the failure record then names the cause, not oneDNN's text.
@@ -155,8 +157,7 @@ def train(exp):
     data = ids[:nbatch * batch_size].view(batch_size, -1).t().contiguous().to(device)
 
     net = _model_class(torch)(model, ntokens, emsize, nhid, nlayers, dropout, tied).to(device)
-    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
-    scaler = grad_scaler(device, precision)
+    optimizer = make_optimizer(torch, "SGD", net.parameters(), device, lr=lr)
     criterion = torch.nn.CrossEntropyLoss()
     net.train()
     hidden = net.init_hidden(batch_size, device)
@@ -168,10 +169,6 @@ def train(exp):
         with autocast:
             out, hidden = net(x, hidden)
             loss = criterion(out.view(-1, ntokens).float(), y.reshape(-1))
-        scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
-        scaler.step(optimizer)
-        scaler.update()
+        mp(loss, optimizer, clip_norm=clip, params=net.parameters())
         step.set_count(y.numel())
         step.log(loss=loss.detach())

@@ -1,0 +1,112 @@
+"""One training step for every workload: autocast, the gradient scaler and fused optimizers.
+
+A workload builds its optimizer with :func:`make_optimizer` and one
+:class:`MixedPrecisionStep`, and writes its step as::
+
+    mp = MixedPrecisionStep(device, precision)      # also sets TF32 (set_precision)
+    optimizer = make_optimizer(torch, "SGD", net.parameters(), device, lr=lr, momentum=0.9)
+    for step, batch in dataloop(exp, loader):
+        optimizer.zero_grad(set_to_none=True)
+        with mp.autocast:
+            loss = ...
+        mp(loss, optimizer)                          # backward, (unscale, clip,) step, update
+
+Why fused optimizers: with fp16 the gradient scaler must skip the step when
+a gradient overflowed. For an ordinary optimizer it learns that with
+``found_inf.item()`` (``torch/amp/grad_scaler.py``, ``_maybe_opt_step``): the
+host waits for the device every step, so the next step's kernels are not
+queued while this one runs. A fused optimizer (``fused=True``) takes the scale
+and the overflow flag as tensors and skips the update on the device
+(``_step_supports_amp_scaling``): no host sync. Fused kernels also apply the
+whole update in one launch per parameter group, the fastest form torch has.
+
+Where: on CUDA and XPU (:data:`FUSED_DEVICE_TYPES`). torch 2.13 also has
+fused SGD/Adam/AdamW on the CPU, but milarun keeps torch's default there: the
+scaler is off on the CPU (nothing to save), and the CPU profile's numbers stay
+comparable with records made before.
+"""
+
+from .setup import set_precision
+
+#: Device types whose optimizers are built with ``fused=True``.
+FUSED_DEVICE_TYPES = ("cuda", "xpu")
+#: Device types on which ``--precision fp16`` turns the gradient scaler on.
+SCALER_DEVICE_TYPES = ("cuda", "xpu")
+
+
+def make_optimizer(torch, name, params, device, **kwargs):
+    """``torch.optim.<name>(params, **kwargs)``, fused on the devices that have fused kernels.
+
+    Args:
+        torch: the torch module.
+        name: ``"SGD"``, ``"Adam"`` or ``"AdamW"`` (any ``torch.optim`` class
+            that takes ``fused``).
+        params: parameters or parameter groups.
+        device: the ``torch.device`` the parameters live on; ``fused=True`` is
+            added when its type is in :data:`FUSED_DEVICE_TYPES`.
+        kwargs: the optimizer's own arguments (learning rate, momentum, ...).
+
+    Returns:
+        the optimizer.
+    """
+    cls = getattr(torch.optim, name)
+    if getattr(device, "type", device) in FUSED_DEVICE_TYPES:
+        kwargs = {**kwargs, "fused": True}
+    return cls(params, **kwargs)
+
+
+class MixedPrecisionStep:
+    """Autocast, gradient scaling and the optimizer step of ``--precision``.
+
+    Args:
+        device: the ``torch.device`` of the model.
+        precision: ``fp32``, ``tf32``, ``fp16`` or ``bf16``
+            (:func:`milarun.bench.setup.set_precision` sets the matmul
+            precision and gives the autocast context).
+        enabled_scaler: force the gradient scaler on or off (tests); None: on
+            for fp16 on :data:`SCALER_DEVICE_TYPES`.
+
+    Attributes:
+        autocast: the context manager to run the forward pass and the loss in.
+        scaler: the ``torch.amp.GradScaler`` (disabled: a pass-through).
+    """
+
+    def __init__(self, device, precision, enabled_scaler=None):
+        import torch
+
+        self.torch = torch
+        self.autocast = set_precision(device, precision)
+        if enabled_scaler is None:
+            enabled_scaler = precision == "fp16" and device.type in SCALER_DEVICE_TYPES
+        self.scaler = torch.amp.GradScaler(device.type, enabled=enabled_scaler)
+
+    def backward(self, loss):
+        """Back-propagate ``loss`` (scaled when the scaler is on)."""
+        self.scaler.scale(loss).backward()
+
+    def step(self, optimizer, clip_norm=None, params=None):
+        """Step ``optimizer`` on the gradients of :meth:`backward`; call :meth:`update` after.
+
+        Args:
+            optimizer: the optimizer.
+            clip_norm: clip the gradients' total 2-norm to this value first
+                (``clip_grad_norm_``, on unscaled gradients); None: no clipping.
+            params: the parameters to clip (required with ``clip_norm``).
+        """
+        if clip_norm is not None:
+            self.scaler.unscale_(optimizer)
+            self.torch.nn.utils.clip_grad_norm_(params, clip_norm)
+        self.scaler.step(optimizer)
+
+    def update(self):
+        """Update the scale, once per iteration after every optimizer's :meth:`step`."""
+        self.scaler.update()
+
+    def __call__(self, loss, optimizer, clip_norm=None, params=None):
+        """:meth:`backward`, :meth:`step` and :meth:`update` for one loss and one optimizer."""
+        self.backward(loss)
+        self.step(optimizer, clip_norm=clip_norm, params=params)
+        self.update()
+
+
+__all__ = ["FUSED_DEVICE_TYPES", "SCALER_DEVICE_TYPES", "make_optimizer", "MixedPrecisionStep"]
