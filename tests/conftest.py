@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from milarun.host import isolation
+from milarun.host import students as students_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,8 +35,10 @@ def no_smt_siblings(monkeypatch):
     expected CPU lists do not depend on the test host. A fake sysfs ``root`` still reads
     the fake tree (tests/test_smt_split.py)."""
     real = isolation.cpu_cores
-    monkeypatch.setattr(isolation, "cpu_cores", lambda cpus=None, root="/": (
-        real(cpus, root) if str(root) != "/" or cpus is None else [[c] for c in sorted(cpus)]))
+    fake = lambda cpus=None, root="/": (  # noqa: E731
+        real(cpus, root) if str(root) != "/" or cpus is None else [[c] for c in sorted(cpus)])
+    monkeypatch.setattr(isolation, "cpu_cores", fake)
+    monkeypatch.setattr(students_module, "cpu_cores", fake)   # imported by name there
 
 
 @pytest.fixture(scope="session", autouse=True)

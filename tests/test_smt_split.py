@@ -135,17 +135,17 @@ def test_processes_sharing_a_numa_node_split_it_by_whole_cores(tmp_path, numberi
 
 
 def test_student_plan_uses_the_hosts_cores(tmp_path, monkeypatch):
-    # what scripts/cgroup_setup.sh applies (python -m milarun.host.isolation N)
-    from milarun.host import devices
+    # what scripts/cgroup_setup.sh applies (python -m milarun.host.students N)
+    from milarun.host import devices, students
     cpus, core_of, socket_of = fake_host(tmp_path, 2, 8, 2)
     gpus = devices.Devices("gpu", list(range(4)), affinity=gpu_affinity(4, 2, socket_of))
     real = isolation.cpu_cores
-    monkeypatch.setattr(isolation, "host_cpus", lambda: cpus)
-    monkeypatch.setattr(isolation, "cpu_cores", lambda c=None, root="/": real(c, tmp_path))
-    monkeypatch.setattr(isolation, "numa_nodes_of_cpus",
+    monkeypatch.setattr(students, "host_cpus", lambda: cpus)
+    monkeypatch.setattr(students, "cpu_cores", lambda c=None, root="/": real(c, tmp_path))
+    monkeypatch.setattr(students, "numa_nodes_of_cpus",
                         lambda root="/": {c: socket_of[c] for c in cpus})
-    monkeypatch.setattr(devices, "find_gpus", lambda *a, **k: (gpus, {}))
-    plan = isolation.student_plan(4, 4 * 2**30)
+    monkeypatch.setattr(students, "find_gpus", lambda *a, **k: (gpus, {}))
+    plan = students.student_plan(4, 4 * 2**30)
     assert [isolation.format_cpus(s["cpus"]) for s in plan] == \
         ["0-3,16-19", "4-7,20-23", "8-11,24-27", "12-15,28-31"]
     assert [s["mems"] for s in plan] == [[0], [0], [1], [1]]
