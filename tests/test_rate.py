@@ -119,6 +119,24 @@ def test_min_steady_extends_past_max_count():
     assert summary["count"] == logger.total
 
 
+def test_max_count_1_with_an_instant_first_step_does_not_extend_for_hours():
+    # the data loop's first batch is fetched before the first window opens, so with
+    # --max-count 1 the first step can take ~0 s: its rate (millions of items/s) must
+    # not size the extension; the run still ends right after its steady state
+    clock = FakeClock()
+    logger = RateLogger(sample_duration=0.25, max_count=1, warmup=2, host_clock=clock,
+                        timer=CountingTimer(clock), min_steady=2.0)
+    first = True
+    for step in logger.steps():
+        clock.t += 1e-6 if first else 0.05     # then 32 items every 0.05 s: 640 items/s
+        first = False
+        step.set_count(32)
+        assert clock.t - 100.0 < 60, "the extension was sized from the instant first step"
+    steady_s = sum(s["end"] - s["start"] for s in logger.samples if not s["warmup"])
+    assert 2.0 <= steady_s < 2.0 + 0.25 + 0.05
+    assert clock.t - 100.0 < 4
+
+
 def test_min_steady_is_a_floor_not_a_cap():
     clock = FakeClock()
     logger = RateLogger(sample_duration=0.5, max_count=1000, warmup=1, host_clock=clock,

@@ -247,7 +247,12 @@ class RateLogger:
             steady_s += open_s  # the open window is a steady one
         if steady_s >= self.min_steady:
             return 0
-        rate = self.samples[-1]["rate"] if self.samples else 0.0
+        # The rate of a window shorter than half a sample window is no estimate: the
+        # window closed early above may hold one step whose batch was fetched before it
+        # opened (the data loop's first batch), which gives millions of items/s and an
+        # extension of hours. Without a full window the count doubles instead.
+        full = [s for s in self.samples if s["end"] - s["start"] >= self.sample_duration / 2]
+        rate = full[-1]["rate"] if full else 0.0
         missing = max(0, self.warmup - len(self.samples)) * self.sample_duration
         seconds = self.min_steady - steady_s + missing
         if math.isfinite(rate) and rate > 0:
