@@ -23,9 +23,8 @@ Typical model::
 from .experiment import Experiment
 from .loop import dataloop, iteration_wrapper, rate_logger
 from .rate import RateLogger
-from .setup import (data_loader, dataloader_workers, grad_scaler, init_torch,
-                    peak_memory_mib, set_precision, synchronize)
+from .setup import data_loader, dataloader_workers, init_torch, peak_memory_mib, set_precision
 
 __all__ = ["Experiment", "dataloop", "iteration_wrapper", "rate_logger", "RateLogger",
-           "init_torch", "set_precision", "grad_scaler", "synchronize",
+           "init_torch", "set_precision",
            "peak_memory_mib", "dataloader_workers", "data_loader"]

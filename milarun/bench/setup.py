@@ -151,21 +151,6 @@ def set_precision(device, precision):
     return contextlib.nullcontext()
 
 
-def grad_scaler(device, precision):
-    """A ``torch.amp.GradScaler``, enabled only for fp16 on CUDA."""
-    import torch
-
-    return torch.amp.GradScaler(device.type, enabled=(precision == "fp16" and device.type == "cuda"))
-
-
-def synchronize(device):
-    """Wait for queued work on ``device`` (no-op on CPU)."""
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def peak_memory_mib(device):
     """Peak accelerator memory (MiB) on CUDA or XPU, else the process's peak RSS (MiB)."""
     import torch
