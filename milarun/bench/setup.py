@@ -189,5 +189,5 @@ def data_loader(dataset, batch_size, workers, device, **kwargs):
         pin_memory=device.type == "cuda", **kwargs)
 
 
-__all__ = ["init_torch", "set_precision", "grad_scaler", "synchronize",
+__all__ = ["init_torch", "set_precision",
            "peak_memory_mib", "dataloader_workers", "data_loader", "PRECISIONS"]
