@@ -1,0 +1,93 @@
+"""Model FLOPs of a transformer language model and the device's datasheet peak: TFLOP/s and MFU.
+
+Pure functions, no I/O: the LLM workloads call them in the child, and the
+report may call them again on a record's metrics.
+
+Model FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B "Model FLOPs
+utilization"; the same estimate as torchtitan's and Megatron-LM's)::
+
+    training:  6·N + 12·L·d·T        (forward 2N + 4LdT, backward twice that)
+    LoRA:      4·N + 6·N_a + 12·L·d·T (frozen base: no weight gradients, 2N fewer)
+    inference: 2·N + 4·L·d·T
+
+``N`` counts the parameters of the matrix multiplications (every linear layer
+with the output projection; the input embedding is a lookup and does not
+count), ``N_a`` the trainable adapter parameters, ``L`` the layers, ``d`` the
+model width (heads × head size) and ``T`` the context length (the sequence
+length in training, the tokens attended to in decoding). As in PaLM, the
+attention term counts the whole ``T × T`` score matrix, not the causal half:
+MFU figures then compare with the field's.
+
+MFU = achieved model FLOP/s ÷ the device's dense peak for the precision
+(:data:`PEAK_TFLOPS`); activation recomputation does not count as model
+FLOPs, so checkpointing lowers MFU as it should.
+"""
+
+#: Dense (no structured sparsity) peak TFLOP/s per device, by precision, from the vendors'
+#: datasheets: NVIDIA H100 and H200 Tensor Core GPU datasheets (SXM; PCIe and NVL
+#: columns), NVIDIA A100 datasheet, NVIDIA L40S datasheet, NVIDIA HGX B200 figures (per
+#: GPU, half the sparse figure), AMD Instinct MI300X and MI250X data sheets (matrix
+#: cores). The first pattern found in the device's name (case-insensitive) wins, so the
+#: more specific names come first. "fp32" is the non-tensor-core figure.
+PEAK_TFLOPS = (
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0, "fp8": 1513.0}),
+    ("H100 NVL", {"bf16": 835.0, "fp16": 835.0, "tf32": 417.5, "fp32": 60.0, "fp8": 1670.0}),
+    ("H100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9, "fp8": 1978.9}),
+    ("H200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9, "fp8": 1978.9}),
+    ("B200", {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1125.0, "fp32": 75.0, "fp8": 4500.0}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("L40S", {"bf16": 362.1, "fp16": 362.1, "tf32": 183.0, "fp32": 91.6, "fp8": 733.0}),
+    ("MI300X", {"bf16": 1307.4, "fp16": 1307.4, "tf32": 653.7, "fp32": 163.4, "fp8": 2614.9}),
+    ("MI250X", {"bf16": 383.0, "fp16": 383.0, "fp32": 95.7}),
+)
+
+
+def peak_tflops(device_name, precision):
+    """Datasheet dense peak (TFLOP/s) of ``device_name`` at ``precision``, or None.
+
+    ``precision`` is a milarun ``--precision`` name; ``fp16``/``bf16`` mean
+    autocast, whose matrix multiplications run at that type's rate. None when
+    the device is not in :data:`PEAK_TFLOPS` (CPUs among them) or has no
+    figure for the precision: the record then says MFU is unknown.
+    """
+    if not isinstance(device_name, str):
+        return None
+    name = device_name.lower()
+    for pattern, peaks in PEAK_TFLOPS:
+        if pattern.lower() in name:
+            return peaks.get(precision)
+    return None
+
+
+def flops_per_token(matmul_params, layers, width, context, mode="train", adapter_params=0):
+    """Model FLOPs per token (see the module's docstring for the formula and its source).
+
+    Args:
+        matmul_params: parameters of the linear layers, output projection included (N).
+        layers: transformer blocks (L).
+        width: model width, heads × head size (d).
+        context: tokens attended to (T): the sequence length in training.
+        mode: ``"train"``, ``"lora"`` or ``"inference"``.
+        adapter_params: trainable adapter parameters (``"lora"`` only).
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    attention = 4 * layers * width * context
+    if mode == "train":
+        return 6 * matmul_params + 3 * attention
+    if mode == "lora":
+        return 4 * matmul_params + 6 * adapter_params + 3 * attention
+    if mode == "inference":
+        return 2 * matmul_params + attention
+    raise ValueError(f"mode must be train, lora or inference, not {mode!r}")
+
+
+def mfu(tokens_per_s, flops_per_tok, peak):
+    """``(achieved TFLOP/s, MFU)``: model FLOP/s in TFLOP/s and its fraction of ``peak``
+    (TFLOP/s, per device: pass the per-device throughput). MFU is None without a peak."""
+    achieved = tokens_per_s * flops_per_tok / 1e12
+    return achieved, (achieved / peak if peak else None)
+
+
+__all__ = ["PEAK_TFLOPS", "peak_tflops", "flops_per_token", "mfu"]

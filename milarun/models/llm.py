@@ -1,0 +1,140 @@
+"""What the LLM workloads share: Llama shapes, the model from a config, token batches, MFU.
+
+Models come from ``transformers``' ``LlamaConfig`` / ``LlamaForCausalLM``
+with random initialisation (nothing is downloaded): RMSNorm, rotary position
+embeddings, SwiGLU MLPs, grouped-query attention, attention through PyTorch's
+``scaled_dot_product_attention`` (``attn_implementation="sdpa"``: flash or
+memory-efficient kernels on GPUs). The vocabulary is the ``llm_corpus``
+tokenizer's (32,768 in the standard build, 1,024 in the tiny one), not Llama
+3's 128,256, so the 8B shape has 7.5B parameters with it.
+
+Shapes (:data:`SHAPES`) are Llama 3's published ones: ``1b`` is Llama 3.2 1B,
+``8b`` Llama 3.1 8B, ``70b`` Llama 3.1 70B; ``tiny`` and ``tiny-gqa`` are for
+CPU tests. Memory per GPU for training with AdamW (fp32 master weights and
+two moments: 16 bytes a parameter, before activations): 1B ~20 GB, 8B
+~120 GB (so FSDP over a node: ~15 GB a GPU on 8), 70B ~1.1 TB (FSDP over
+nodes: ~35 GB a GPU on 32). Serving in bf16 needs 2 bytes a parameter plus
+the KV cache (8B: 16 GB; 70B: 140 GB, hence tensor parallelism over a node).
+"""
+
+import os
+
+from ..measure.mfu import flops_per_token, mfu, peak_tflops
+from ..measure.stats import steady_state
+
+#: name → (hidden size, MLP size, layers, attention heads, key-value heads, tied embeddings)
+SHAPES = {
+    "tiny": (64, 176, 2, 4, 2, False),
+    "tiny-gqa": (128, 352, 2, 8, 2, False),
+    "1b": (2048, 8192, 16, 32, 8, True),
+    "8b": (4096, 14336, 32, 32, 8, False),
+    "70b": (8192, 28672, 80, 64, 8, False),
+}
+
+
+def check_shape(shape, seq_len=None):
+    """Refuse an unknown shape or a sequence length it cannot take (ValueError, one line)."""
+    if shape not in SHAPES:
+        raise ValueError(f"--shape must be one of {', '.join(SHAPES)}, not {shape!r}")
+    if seq_len is not None and not 1 <= seq_len <= 131_072:
+        raise ValueError(f"--seq-len must be from 1 to 131072 (Llama 3.1's context), "
+                         f"not {seq_len}")
+
+
+def llama_config(shape, vocab_size, max_positions):
+    """The ``LlamaConfig`` of ``shape`` with this vocabulary and context (tokens)."""
+    from transformers import LlamaConfig
+
+    check_shape(shape)
+    hidden, mlp, layers, heads, kv_heads, tied = SHAPES[shape]
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=mlp,
+                       num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+                       rope_theta=500_000.0, tie_word_embeddings=tied,
+                       attn_implementation="sdpa", use_cache=False)
+
+
+def build_model(torch, config, device=None, dtype=None):
+    """A random-initialised ``LlamaForCausalLM`` of ``config`` (seeded by ``init_torch``).
+
+    Built on the meta device first when ``device`` is a GPU, then materialised
+    there: an 8B model is not built in host memory first.
+    """
+    from transformers import LlamaForCausalLM
+
+    if device is not None and device.type != "cpu":
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    else:
+        model = LlamaForCausalLM(config)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model
+
+
+def matmul_params(torch, model):
+    """Parameters of the model's linear layers, output projection included (``N`` of
+    :func:`milarun.measure.mfu.flops_per_token`); under FSDP, the full (unsharded) count."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            w = module.weight
+            total += w.numel() if not hasattr(w, "full_tensor") else w.shape.numel()
+    return total
+
+
+def token_dataset(torch, shards, seq_len):
+    """A map-style ``Dataset`` of ``(input_ids, labels)`` pairs of ``seq_len`` tokens
+    (int64), packed from the memory-mapped shards (:class:`TokenShards`)."""
+    windows = shards.sequences(seq_len)
+
+    class Windows(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(windows)
+
+        def __getitem__(self, i):
+            ids = torch.from_numpy(shards.window(*windows[i], seq_len))
+            return ids[:-1], ids[1:]
+
+    return Windows()
+
+
+def device_name(torch, device):
+    """The accelerator's marketing name (``torch.cuda.get_device_name``), or None on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "xpu":
+        return torch.xpu.get_device_name(device)
+    return None
+
+
+def record_flops(exp, flops_tok, name, precision, world_size=1):
+    """Record ``flops_per_token``, the device's peak and, from the steady state of the
+    samples measured so far, ``tflops`` (achieved TFLOP/s per device) and ``mfu``.
+
+    Throughput counts the tokens of every rank (global), so the per-device rate
+    is ``rate / world_size``. Without a steady state (a failed run), only the
+    constants are recorded.
+    """
+    peak = peak_tflops(name, precision)
+    exp.metrics.update({"flops_per_token": float(flops_tok), "device_name": name,
+                        "peak_tflops": peak})
+    if exp.rate is None:
+        return
+    try:
+        rate, _, _ = steady_state(exp.rate.samples)
+    except ValueError:
+        rate = None
+    if rate:
+        achieved, frac = mfu(rate / world_size, flops_tok, peak)
+        exp.metrics["tflops"] = achieved
+        exp.metrics["mfu"] = frac
+
+
+def env_world_size():
+    """``WORLD_SIZE`` of torchrun's environment (1 alone)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+__all__ = ["SHAPES", "check_shape", "llama_config", "build_model", "matmul_params",
+           "token_dataset", "device_name", "record_flops", "flops_per_token"]

@@ -1,0 +1,212 @@
+"""llm_pretrain: causal-LM pre-training of a Llama-architecture model from token shards.
+
+One process per GPU (plan type ``per-gpu``: the ``1b`` shape on every GPU at
+once), or one job over the GPUs of a node (``njobs``) or of several nodes
+(``multi-node``, ``node-progression``) under torchrun, where the model is
+sharded with PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``, one
+unit per transformer block plus the root): parameters, gradients and AdamW
+states are split over the ranks, each block's parameters are all-gathered
+before its forward and backward and its gradients reduce-scattered after.
+With ``--hsdp-replicas R`` (R > 1) the ranks form an ``R × (world / R)``
+device mesh: sharded within a group, replicated across groups (hybrid
+sharding, HSDP: all-gathers stay inside a node, only the gradient all-reduce
+crosses the network).
+
+Mixed precision as the field runs it: bf16 parameters and compute with fp32
+gradient reduction and fp32 master weights (FSDP2's ``MixedPrecisionPolicy``;
+``torch.autocast`` without FSDP). AdamW is fused on CUDA and XPU
+(:func:`milarun.bench.step.make_optimizer`). ``--activation-checkpointing``
+recomputes each block's activations in the backward pass (transformers'
+gradient checkpointing); ``--compile`` compiles each block with
+``torch.compile`` before sharding (torchtitan's way).
+
+Data: ``llm_corpus`` (``milarun dataset llm_corpus``): pre-tokenized shards
+read through ``numpy.memmap`` by a ``DataLoader``, packed into sequences of
+``--seq-len`` tokens; each rank reads its own share (``DistributedSampler``).
+
+An **item is one token** of the global batch: each micro-batch counts
+``batch_size × seq_len × world_size``. Metrics: ``flops_per_token`` (6N plus
+the attention term, :mod:`milarun.measure.mfu`), ``tflops`` (achieved model
+TFLOP/s per device over the steady state), ``mfu`` (fraction of the device's
+datasheet peak, None for devices without one), the shape's parameter count,
+and ``peak_memory_mib`` in the record. Stresses: tensor-core FLOPs
+(matmuls), HBM bandwidth (norms, activations), and under FSDP the
+all-gather / reduce-scatter bandwidth of NVLink and the network.
+"""
+
+import contextlib
+
+from coleo import Option, default, tooled
+
+from ..bench import data_loader, dataloop, init_torch
+from ..bench.distributed import agree_on_counts, process_group
+from ..bench.step import MixedPrecisionStep, make_optimizer
+from ..datasets import require
+from ..datasets.llm_corpus import TokenShards
+from .llm import (build_model, check_shape, device_name, flops_per_token, llama_config,
+                  matmul_params, record_flops, token_dataset)
+
+FSDP_FP16_REFUSED = ("--precision fp16 with FSDP needs a sharded gradient scaler; "
+                     "use bf16 (what the field pre-trains in) or fp32")
+
+
+def main(exp, argv):
+    """Entry point: ``milarun run milarun.models.llm_pretrain:main -d DATAROOT -- ARGS``,
+    or under torchrun for FSDP. Needs dataset ``llm_corpus``. Items are tokens."""
+    exp.cli(train, argv)
+
+
+def shard_model(torch, model, world, precision, replicas=1):
+    """Apply FSDP2 to ``model`` over ``world``: one unit per block, then the root.
+
+    Args:
+        replicas: R > 1: hybrid sharding over an ``R × (size / R)`` mesh.
+
+    Returns:
+        whether autocast is still needed (False: the policy casts).
+
+    Raises:
+        ValueError: ``replicas`` does not divide the world size, or fp16.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if precision == "fp16":
+        raise ValueError(FSDP_FP16_REFUSED)
+    if replicas < 1 or world.size % replicas:
+        raise ValueError(f"--hsdp-replicas {replicas} does not divide the world size "
+                         f"{world.size}")
+    kind = world.device.type
+    if replicas > 1:
+        mesh = init_device_mesh(kind, (replicas, world.size // replicas),
+                                mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(kind, (world.size,))
+    policy = MixedPrecisionPolicy()
+    if precision == "bf16":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.model.layers:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return False
+
+
+@tooled
+def train(exp):
+    # Model shape: tiny, tiny-gqa, 1b, 8b or 70b (milarun.models.llm.SHAPES)
+    shape: Option = default("1b")
+    # Tokens per sequence
+    seq_len: Option & int = default(2048)
+    # Sequences per micro-batch on each rank
+    batch_size: Option & int = default(4)
+    # Micro-batches per optimizer step (gradient accumulation)
+    grad_accum: Option & int = default(1)
+    # Arithmetic: bf16 (default), fp32, tf32; fp16 only without FSDP
+    precision: Option = default("bf16")
+    # Peak learning rate (AdamW, betas 0.9/0.95, weight decay 0.1)
+    lr: Option & float = default(3e-4)
+    # Recompute each block's activations in the backward pass
+    activation_checkpointing: Option & bool = default(False)
+    # Compile each transformer block with torch.compile
+    compile: Option & bool = default(False)
+    # Hybrid sharding: replicate over this many groups of ranks (1: plain FSDP)
+    hsdp_replicas: Option & int = default(1)
+    # Shard with FSDP2 when the world has more than one rank (else DDP)
+    fsdp: Option & bool = default(True)
+    # DataLoader workers per rank (-1: the rank's share of the cpuset, minus one)
+    workers: Option & int = default(1)
+    # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
+    backend: Option = default("auto")
+
+    check_shape(shape, seq_len)
+    if batch_size < 1 or grad_accum < 1:
+        raise ValueError("--batch-size and --grad-accum must be at least 1")
+    shards = TokenShards(require(exp.dataroot, "llm_corpus"))
+    device = init_torch(exp)
+    with process_group(exp, device, backend) as world:
+        _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision, lr,
+               activation_checkpointing, compile, hsdp_replicas, fsdp, workers)
+
+
+def _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision, lr,
+           checkpointing, compiled, replicas, fsdp, workers):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    device = world.device
+    config = llama_config(shape, shards.vocab_size, seq_len)
+    model = build_model(torch, config, device)
+    n_matmul = matmul_params(torch, model)
+    exp.metrics.update({"shape": shape, "params": sum(p.numel() for p in model.parameters()),
+                        "seq_len": seq_len, "world_size": world.size,
+                        "global_batch_tokens": batch_size * seq_len * grad_accum * world.size})
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if compiled:
+        for block in model.model.layers:
+            block.compile()
+    mp = MixedPrecisionStep(device, precision)
+    autocast = mp.autocast
+    sharded = world.size > 1 and fsdp
+    if sharded:
+        shard_model(torch, model, world, precision, replicas)
+        autocast = contextlib.nullcontext()
+        net = model
+    elif world.size > 1:
+        net = DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
+    else:
+        net = model
+    # What this rank holds: under FSDP its shard of every parameter (a test checks it).
+    exp.metrics["params_local"] = sum(
+        (p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
+    exp.metrics["parallelism"] = ("hsdp" if replicas > 1 else "fsdp") if sharded else (
+        "ddp" if world.size > 1 else "none")
+    net.train()
+    optimizer = make_optimizer(torch, "AdamW", model.parameters(), device, lr=lr,
+                               betas=(0.9, 0.95), weight_decay=0.1)
+    dataset = token_dataset(torch, shards, seq_len)
+    sampler = torch.utils.data.DistributedSampler(
+        dataset, num_replicas=world.size, rank=world.rank, shuffle=True,
+        seed=exp.options["seed"], drop_last=True)
+    loader = data_loader(dataset, batch_size, workers, device, sampler=sampler, shuffle=False)
+    if len(loader) == 0:
+        raise ValueError(f"{shards.folder}: {len(dataset)} sequences of {seq_len} tokens give "
+                         f"no batch of {batch_size} per rank over {world.size} ranks; lower "
+                         f"--batch-size or --seq-len, or build a larger llm_corpus")
+    flops_tok = flops_per_token(n_matmul, config.num_hidden_layers, config.hidden_size,
+                                seq_len, "train")
+    epochs = _Epochs(loader)
+    steps = dataloop(exp, epochs)
+    agree_on_counts(exp, world)
+    micro = 0
+    try:
+        for step, (x, y) in steps:
+            x = x.to(device, non_blocking=True)
+            y = y.to(device, non_blocking=True)
+            with autocast:
+                logits = net(input_ids=x).logits
+                loss = torch.nn.functional.cross_entropy(
+                    logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+            micro += 1
+            mp.backward(loss / grad_accum)
+            if micro % grad_accum == 0:
+                mp.step(optimizer, clip_norm=1.0, params=model.parameters())
+                mp.update()
+                optimizer.zero_grad(set_to_none=True)
+            step.set_count(x.numel() * world.size)
+            step.log(loss=loss.detach())
+    finally:
+        record_flops(exp, flops_tok, device_name(torch, device), precision, world.size)
+
+
+class _Epochs:
+    """The loader as an iterable whose every pass is a new shuffle of each rank's share."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.epoch = 0
+
+    def __iter__(self):
+        self.loader.sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        return iter(self.loader)
