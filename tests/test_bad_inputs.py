@@ -277,7 +277,7 @@ BAD_RESULTS = [
                             "devices, distributed, environ, error, finished, gpu_monitor, "
                             "gpus_per_node, host, host_load, job, job_id, job_name, metrics, "
                             "name, no_loss, node, node_count, nodes, partition, peak_memory_mib, "
-                            "placeholders, profile_trace, run, started, "
+                            "placeholders, profile_trace, run, serving, started, "
                             "success, suite, timings, version, written_by)"),
     ([1, 2], "not a result record (no 'version' or 'name' key)"),
     ('{"version": 1, "name": "s.t", "version": 1}', "invalid JSON: duplicate key 'version'"),

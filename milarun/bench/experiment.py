@@ -397,6 +397,8 @@ class Experiment:
                             "message": str(exc), "traceback": traceback.format_exc()}
             if isinstance(exc, KeyboardInterrupt):
                 res["error"]["reason"] = "interrupted"
+            elif exc.__class__.__name__ == "OutOfMemoryError":   # torch's, on any device
+                res["error"]["reason"] = "oom"
         finally:
             for monitor in self._monitor_holder:
                 monitor.stop()

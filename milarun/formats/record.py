@@ -18,6 +18,8 @@ Format history (append a line and a migration step for every change):
   (the launch's placeholder values). Optional, so the version stays 1.
 * version 1, extended (issue 11, profile traces): optional ``profile_trace``
   and the sample flag ``profiled``; no migration (optional fields).
+* version 1, extended (issue 23, LLM workloads): optional ``serving``;
+  ``error.reason`` may also be ``oom``. No migration (optional fields).
 * version 1, extended (issue 10, validation and host facts): optional
   ``no_loss`` and ``host_load``; ``host`` may hold the facts of
   :mod:`milarun.host.facts` (milarun version and commit, kernel, CPU governor,
@@ -110,6 +112,12 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
                    "samples": [{"t", "dt", "busy", "suite", "outside", "steal"}]}``
                    (:mod:`milarun.bench.hostload`: host CPU use per interval, in
                    cores; ``outside`` is what processes outside the suite used).
+``serving``        optional (serving tests, ``llm_serve``): one entry per concurrency
+                   level, the measured one first: ``{"concurrency", "requests",
+                   "ttft_p50_s", ..., "tpot_p99_s", "ttft_mean_s", "tpot_mean_s",
+                   "prefill_tokens_per_s", "decode_tokens_per_s",
+                   "output_tokens_per_s", "goodput_requests_per_s",
+                   "goodput_fraction"}`` (:mod:`milarun.measure.latency`).
 """
 
 import copy
@@ -125,11 +133,12 @@ FORMAT_VERSION = 1
 #: launches, a node that did not join the rendezvous in time, a rank that died,
 #: a node whose connection (ssh, srun step) dropped; and the failing checks of
 #: :mod:`milarun.measure.validation` (a NaN or infinite loss, no steady state); a
-#: child whose torch cannot use the device it was given (``wrong-device``). The
+#: child whose torch cannot use the device it was given (``wrong-device``); a child
+#: whose device memory ran out (``oom``: torch's ``OutOfMemoryError``, samples kept). The
 #: schema's enum must agree (tested).
 FAIL_REASONS = ("error", "oom-killed", "timeout", "signal", "interrupted",
                 "exit-after-result", "rendezvous-timeout", "rank-failed", "node-lost",
-                "barrier-timeout", "nan-loss", "no-steady-state", "wrong-device")
+                "barrier-timeout", "nan-loss", "no-steady-state", "wrong-device", "oom")
 
 
 def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,

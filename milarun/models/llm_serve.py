@@ -1,0 +1,249 @@
+"""llm_serve: LLM serving-style generation: prefill and decode tokens/s, TTFT, TPOT, goodput.
+
+A Llama-architecture model (``--shape``, random weights in ``--precision``,
+bf16 by default) generates ``--output-len`` tokens for static batches of
+requests with ``transformers``' ``generate`` and its static KV cache
+(``cache_implementation="static"``: fixed-shape tensors, so ``--compile``'s
+``torch.compile(mode="reduce-overhead")`` can capture the decoding step in
+CUDA graphs, transformers' documented way to serve fast). Greedy decoding,
+exactly ``--output-len`` tokens per request (end-of-text suppressed), so
+every batch does the same work.
+
+Prompts come from ``llm_corpus`` (``prompts/``, tokenized offline): a fixed
+``--prompt-len``, or ``--prompt-len 0`` for the dataset's mixed, heavy-tailed
+lengths (left-padded within a batch, with an attention mask).
+
+Measured: the rate logger counts **output tokens** (an item is one generated
+token of any request), so the score is output tokens/s at the profile's
+concurrency (``--batch-size`` requests per batch). Each batch is also timed
+token by token (a streamer that waits for the device at every token, as a
+server streaming tokens must): TTFT, TPOT, prefill and decode tokens/s and
+goodput under ``--ttft-slo`` / ``--tpot-slo`` (:mod:`milarun.measure.latency`).
+After the measured level, ``--sweep`` runs other concurrency levels (one
+unrecorded batch, then ``--sweep-batches`` timed ones each). The record's
+``serving`` list holds one entry per level; ``metrics`` repeats the measured
+level's figures.
+
+Under torchrun (an ``njobs`` test) the model is split with tensor
+parallelism over the node's ranks (``torch.distributed.tensor.parallel``:
+query/key/value and gate/up projections column-wise, output and down
+projections row-wise, Megatron-LM's layout): the 70B shape over 8 GPUs.
+Every rank runs the same batches; rank 0 writes the record.
+
+Stresses: HBM bandwidth (decode reads every weight and the KV cache per
+token), tensor-core FLOPs at prefill, host overhead at small batch (what
+CUDA graphs remove), and NVLink all-reduces under tensor parallelism.
+"""
+
+import time
+
+from coleo import Option, default, tooled
+
+from ..bench import dataloop, init_torch
+from ..bench.distributed import agree_on_counts, process_group
+from ..bench.loop import device_sync
+from ..datasets import require
+from ..datasets.llm_corpus import TokenShards
+from ..measure.latency import batch_latency, serving_level
+from .llm import build_model, check_shape, device_name, flops_per_token, llama_config, \
+    matmul_params, record_flops
+
+NO_LOSS = "serving: nothing is trained"
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def main(exp, argv):
+    """Entry point: ``milarun run milarun.models.llm_serve:main -d DATAROOT -- ARGS``,
+    or under torchrun for tensor parallelism. Needs ``llm_corpus``. Items are output tokens."""
+    exp.cli(serve, argv)
+
+
+def tensor_parallel(torch, model, world):
+    """Split ``model``'s blocks over ``world``'s ranks (Megatron-LM's column/row layout).
+
+    Raises:
+        ValueError: the heads or key-value heads do not divide among the ranks.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    cfg = model.config
+    if cfg.num_attention_heads % world.size or cfg.num_key_value_heads % world.size:
+        raise ValueError(f"tensor parallelism over {world.size} ranks needs heads "
+                         f"({cfg.num_attention_heads}) and key-value heads "
+                         f"({cfg.num_key_value_heads}) divisible by {world.size}")
+    mesh = init_device_mesh(world.device.type, (world.size,))
+    plan = {}
+    for i in range(len(model.model.layers)):
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                     "mlp.gate_proj", "mlp.up_proj"):
+            plan[f"model.layers.{i}.{name}"] = ColwiseParallel()
+        for name in ("self_attn.o_proj", "mlp.down_proj"):
+            plan[f"model.layers.{i}.{name}"] = RowwiseParallel()
+    parallelize_module(model, mesh, plan)
+
+
+def _streamer():
+    from transformers.generation.streamers import BaseStreamer
+
+    class TokenClock(BaseStreamer):
+        """Times each generated token (after the prompt, which ``generate`` puts first)."""
+
+        def __init__(self, sync):
+            self.sync = sync
+            self.times = []
+            self.prompt_seen = False
+
+        def put(self, value):
+            if not self.prompt_seen:
+                self.prompt_seen = True
+                return
+            if self.sync is not None:
+                self.sync()
+            self.times.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    return TokenClock
+
+
+def prompt_batch(torch, rows, lengths, start, n, pad_id):
+    """``(input_ids, attention_mask, prompt tokens)``: requests ``start .. start+n`` (cycling
+    over the prompts), each cut to its length and left-padded to the longest."""
+    idx = [(start + k) % len(rows) for k in range(n)]
+    lens = [int(lengths[i]) for i in idx]
+    width = max(lens)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for k, (i, m) in enumerate(zip(idx, lens)):
+        ids[k, width - m:] = torch.from_numpy(rows[i, :m])
+        mask[k, width - m:] = 1
+    return ids, mask, sum(lens)
+
+
+class Batches:
+    """Endless prompt batches of ``n`` requests (an iterable for ``dataloop``)."""
+
+    def __init__(self, torch, rows, lengths, n, pad_id):
+        self.args = (torch, rows, lengths)
+        self.n, self.pad_id = n, pad_id
+
+    def __iter__(self):
+        start = 0
+        while True:
+            yield prompt_batch(*self.args, start, self.n, self.pad_id)
+            start += self.n
+
+
+@tooled
+def serve(exp):
+    # Model shape: tiny, tiny-gqa, 1b, 8b or 70b (milarun.models.llm.SHAPES)
+    shape: Option = default("8b")
+    # Requests per batch at the measured level (the concurrency the score uses)
+    batch_size: Option & int = default(32)
+    # Prompt tokens per request (0: the dataset's mixed length distribution)
+    prompt_len: Option & int = default(1024)
+    # Tokens generated per request
+    output_len: Option & int = default(256)
+    # Other concurrency levels to time after the measured one, e.g. 1,8,64 (empty: none)
+    sweep: Option = default("")
+    # Timed batches per sweep level
+    sweep_batches: Option & int = default(3)
+    # Latency bound on the time to first token, in ms (goodput)
+    ttft_slo: Option & float = default(2000.0)
+    # Latency bound on the time per output token, in ms (goodput)
+    tpot_slo: Option & float = default(100.0)
+    # Weights and compute: bf16, fp16 or fp32
+    precision: Option = default("bf16")
+    # Compile the model's forward (torch.compile, mode reduce-overhead: CUDA graphs)
+    compile: Option & bool = default(False)
+    # Process-group backend under torchrun: auto (nccl on CUDA, gloo on CPU), nccl or gloo
+    backend: Option = default("auto")
+
+    check_shape(shape)
+    if precision not in DTYPES:
+        raise ValueError(f"--precision must be one of {', '.join(DTYPES)}, not {precision!r}")
+    if batch_size < 1 or output_len < 1 or prompt_len < 0 or sweep_batches < 1:
+        raise ValueError("--batch-size, --output-len and --sweep-batches must be at least 1, "
+                         "--prompt-len at least 0")
+    try:
+        levels = [int(x) for x in sweep.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--sweep must be comma-separated integers, not {sweep!r}") from None
+    if any(n < 1 for n in levels):
+        raise ValueError("--sweep levels must be at least 1")
+    shards = TokenShards(require(exp.dataroot, "llm_corpus"))
+    rows, mixed = shards.prompts()
+    if prompt_len > rows.shape[1]:
+        raise ValueError(f"--prompt-len {prompt_len} is longer than the dataset's prompts "
+                         f"({rows.shape[1]} tokens)")
+    device = init_torch(exp)
+    with process_group(exp, device, backend) as world:
+        _serve(exp, world, shards, rows, mixed, shape, batch_size, prompt_len, output_len,
+               levels, sweep_batches, ttft_slo / 1e3, tpot_slo / 1e3, precision, compile)
+
+
+def _serve(exp, world, shards, rows, mixed, shape, batch_size, prompt_len, output_len, levels,
+           sweep_batches, ttft_slo_s, tpot_slo_s, precision, compiled):
+    import numpy as np
+    import torch
+
+    device = world.device
+    lengths = mixed if prompt_len == 0 else np.full(len(rows), prompt_len, dtype=np.int64)
+    context = int(lengths.max()) + output_len
+    config = llama_config(shape, shards.vocab_size, context)
+    config.use_cache = True
+    model = build_model(torch, config, device, dtype=getattr(torch, DTYPES[precision])).eval()
+    n_matmul = matmul_params(torch, model)
+    if world.size > 1:
+        tensor_parallel(torch, model, world)
+    if compiled:
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    exp.metrics.update({"shape": shape, "world_size": world.size, "concurrency": batch_size,
+                        "output_len": output_len, "prompt_len": prompt_len,
+                        "parallelism": "tensor" if world.size > 1 else "none"})
+    clock = _streamer()
+    sync = device_sync(torch, device)
+    pad = shards.eos_id
+
+    def generate(ids, mask, n_prompt):
+        ids, mask = ids.to(device), mask.to(device)
+        timer = clock(sync)
+        if sync is not None:
+            sync()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=output_len,
+                           min_new_tokens=output_len, do_sample=False, streamer=timer,
+                           cache_implementation="static", pad_token_id=pad)
+        if len(timer.times) != output_len:
+            raise RuntimeError(f"generate produced {len(timer.times)} tokens, not {output_len}")
+        b = batch_latency(t0, timer.times[0], timer.times[-1], n_prompt, len(ids), output_len)
+        b.update(requests=len(ids), prompt_tokens=n_prompt, output_tokens=output_len)
+        return b
+
+    measured = []
+    steps = dataloop(exp, Batches(torch, rows, lengths, batch_size, pad))
+    agree_on_counts(exp, world)
+    for step, (ids, mask, n_prompt) in steps:
+        measured.append(generate(ids, mask, n_prompt))
+        step.set_count(len(ids) * output_len)
+    # The first batches compile, capture graphs and fill caches: not serving latency.
+    kept = measured[2:] or measured[-1:]
+    serving = [serving_level(batch_size, kept, ttft_slo_s, tpot_slo_s)]
+    for n in levels:
+        generate(*prompt_batch(torch, rows, lengths, 0, n, pad))   # warm-up, not recorded
+        timed = [generate(*prompt_batch(torch, rows, lengths, (k + 1) * n, n, pad))
+                 for k in range(sweep_batches)]
+        serving.append(serving_level(n, timed, ttft_slo_s, tpot_slo_s))
+    exp.result["serving"] = serving
+    for key, value in serving[0].items():
+        if key not in ("concurrency", "requests"):
+            exp.metrics[key] = value
+    exp.metrics["ttft_slo_s"], exp.metrics["tpot_slo_s"] = ttft_slo_s, tpot_slo_s
+    record_flops(exp, flops_per_token(n_matmul, config.num_hidden_layers, config.hidden_size,
+                                      int(lengths.mean()) + output_len // 2, "inference"),
+                 device_name(torch, device), precision, world.size)

@@ -1,0 +1,228 @@
+"""LLM workloads (issue 23) on CPU: the llm_corpus dataset and its checks, the FLOPs and
+latency formulas, llm_pretrain alone and FSDP2 over 2 gloo ranks (each rank holds its
+shard), llm_lora (only adapters get gradients), llm_serve alone and tensor-parallel over
+2 ranks (TTFT/TPOT consistent with the record's own counts and times)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, SMOKE_ARGS, build_tiny, run_model, steady_samples
+from milarun.datasets.llm_corpus import TokenShards
+from milarun.formats.record import validate
+from milarun.measure.latency import batch_latency, percentile, serving_level
+from milarun.measure.mfu import flops_per_token, mfu, peak_tflops
+
+TINY = ["--device", "cpu", "--shape", "tiny", "--precision", "fp32"]
+TRAIN = [*SMOKE_ARGS, *TINY, "--seq-len", "32", "--batch-size", "4", "--workers", "0"]
+SERVE = [*SMOKE_ARGS, *TINY, "--batch-size", "2", "--prompt-len", "16", "--output-len", "6"]
+
+
+@pytest.fixture(scope="module")
+def root(tiny_dataroot):
+    return build_tiny(tiny_dataroot, "llm_corpus")
+
+
+# --- dataset -------------------------------------------------------------------------
+
+def test_llm_corpus_shards_read_back_and_decode(root):
+    from tokenizers import Tokenizer
+
+    shards = TokenShards(root / "llm_corpus")
+    meta = json.loads((root / "llm_corpus" / "meta.json").read_text())
+    assert shards.vocab_size == meta["vocab_size"] == 1024
+    assert shards.dtype == np.uint16 and shards.tokens == meta["tokens"] > 50_000
+    tok = Tokenizer.from_file(str(root / "llm_corpus" / "tokenizer.json"))
+    assert tok.token_to_id("<|endoftext|>") == shards.eos_id
+    for i, s in enumerate(meta["shards"]):
+        offsets = np.load(root / "llm_corpus" / s["idx"])
+        data = shards.shards[i]
+        # every document ends with the end-of-text id, and nothing else is one
+        assert np.all(data[offsets[1:] - 1] == shards.eos_id)
+        assert int((data == shards.eos_id).sum()) == len(offsets) - 1
+        text = tok.decode(data[offsets[0]:offsets[1] - 1].tolist())
+        assert text.endswith(".") and len(text.split()) >= 50
+    rows, lengths = shards.prompts()
+    assert rows.shape == (32, 64) and lengths.min() >= 8 and lengths.max() <= 64
+    assert len(set(lengths.tolist())) > 5          # a distribution, not one length
+    windows = shards.sequences(32)
+    x = shards.window(*windows[-1], 32)
+    assert x.shape == (33,) and x.max() < shards.vocab_size
+
+
+def _copy(root, tmp_path):
+    import shutil
+    dst = tmp_path / "llm_corpus"
+    shutil.copytree(root / "llm_corpus", dst)
+    return dst
+
+
+def test_llm_corpus_refuses_a_shard_that_does_not_match_its_index(root, tmp_path):
+    folder = _copy(root, tmp_path)
+    shard = folder / "train" / "shard-00001.bin"
+    shard.write_bytes(shard.read_bytes()[:-2])      # one token short
+    with pytest.raises(ValueError, match=f"^{shard}: .* bytes, but meta.json says"):
+        TokenShards(folder)
+    folder = _copy(root, tmp_path / "b")
+    idx = folder / "train" / "shard-00000.idx.npy"
+    offsets = np.load(idx)
+    offsets[-1] += 7
+    np.save(idx, offsets)
+    with pytest.raises(ValueError, match=f"^{idx}: the document offsets do not match"):
+        TokenShards(folder)
+    folder = _copy(root, tmp_path / "c")
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="tokenizer.json: the tokenizer is missing"):
+        TokenShards(folder)
+
+
+# --- formulas --------------------------------------------------------------------------
+
+def test_flops_per_token_and_peaks():
+    # Llama 3.1 8B at 4k context: 6N + 12·L·d·T (PaLM appendix B)
+    n, layers, d, t = 7_000_000_000, 32, 4096, 4096
+    assert flops_per_token(n, layers, d, t) == 6 * n + 12 * layers * d * t
+    assert flops_per_token(n, layers, d, t, "inference") == 2 * n + 4 * layers * d * t
+    assert flops_per_token(n, layers, d, t, "lora", adapter_params=10) == \
+        4 * n + 60 + 12 * layers * d * t
+    with pytest.raises(ValueError):
+        flops_per_token(n, layers, d, t, "pretend")
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
+    assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0   # not the SXM figure
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "tf32") == 156.0
+    assert peak_tflops("AMD EPYC 7601", "bf16") is None and peak_tflops(None, "bf16") is None
+    achieved, frac = mfu(10_000, 6e9, 100.0)
+    assert achieved == pytest.approx(60.0) and frac == pytest.approx(0.6)
+    assert mfu(10_000, 6e9, None)[1] is None
+
+
+def test_latency_definitions():
+    b = batch_latency(10.0, 10.5, 12.5, prompt_tokens=400, requests=4, output_tokens=5)
+    assert b["ttft_s"] == 0.5 and b["tpot_s"] == 0.5            # 2 s over 4 tokens after the first
+    assert b["prefill_tokens_per_s"] == 800 and b["decode_tokens_per_s"] == 8
+    assert b["output_tokens_per_s"] == 20 / 2.5
+    with pytest.raises(ValueError):
+        batch_latency(1.0, 0.5, 2.0, 1, 1, 1)
+    assert percentile([3, 1, 2, 4], 50) == 2 and percentile([3, 1, 2, 4], 99) == 4
+    assert percentile([], 50) is None
+    fast = dict(b, requests=4, prompt_tokens=400, output_tokens=5)
+    slow = dict(batch_latency(0.0, 3.0, 5.0, 400, 4, 5), requests=4, prompt_tokens=400,
+                output_tokens=5)
+    level = serving_level(4, [fast, slow], ttft_slo_s=2.0, tpot_slo_s=1.0)
+    assert level["requests"] == 8 and level["goodput_fraction"] == 0.5
+    assert level["goodput_requests_per_s"] == pytest.approx(4 / 7.5)
+    assert level["ttft_p50_s"] == 0.5 and level["ttft_p99_s"] == 3.0
+
+
+# --- workloads -------------------------------------------------------------------------
+
+def test_llm_pretrain_trains_on_the_shards(root, tmp_path):
+    res = run_model("milarun.models.llm_pretrain:main", [*TRAIN, "--max-count", "1200"],
+                    root, tmp_path)
+    assert res["success"], res["error"]
+    m = res["metrics"]
+    assert m["parallelism"] == "none" and m["params_local"] == m["params"]
+    assert m["flops_per_token"] > 6 * 100_000 and m["mfu"] is None    # no peak for a CPU
+    rate = sum(s["count"] for s in steady_samples(res)) / sum(
+        s["end"] - s["start"] for s in steady_samples(res))
+    assert m["tflops"] == pytest.approx(rate * m["flops_per_token"] / 1e12, rel=0.5)
+    losses = [s["loss"] for s in res["timings"]["train"]["samples"] if "loss" in s]
+    assert losses and all(math.isfinite(x) for x in losses)
+
+
+def test_llm_pretrain_refuses_bad_options(root, tmp_path):
+    res = run_model("milarun.models.llm_pretrain:main", [*TRAIN, "--shape", "3b"], root,
+                    tmp_path)
+    assert not res["success"] and "--shape must be one of tiny" in res["error"]["message"]
+    res = run_model("milarun.models.llm_pretrain:main", [*TRAIN, "--seq-len", "200000"], root,
+                    tmp_path)
+    assert not res["success"] and "--seq-len must be from 1" in res["error"]["message"]
+
+
+def test_llm_lora_trains_only_the_adapters(root, tmp_path):
+    res = run_model("milarun.models.llm_lora:main", [*TRAIN, "--rank", "4", "--max-count", "600"],
+                    root, tmp_path)
+    assert res["success"], res["error"]
+    m = res["metrics"]
+    assert m["grad_params_non_adapter"] == 0
+    assert 0 < m["trainable_params"] < m["params"] / 10
+
+
+def _check_level(level, output_len):
+    c = level["concurrency"]
+    # decode tokens/s is the batch's tokens after the first over its decoding time, and
+    # TPOT that time per token: their product is the concurrency
+    assert level["decode_tokens_per_s"] * level["tpot_mean_s"] == pytest.approx(c, rel=1e-6)
+    assert level["ttft_p50_s"] <= level["ttft_p90_s"] <= level["ttft_p99_s"]
+    assert level["tpot_p50_s"] <= level["tpot_p90_s"] <= level["tpot_p99_s"]
+    # output tokens/s includes the prefill: below the decode-only rate × (out / (out - 1))
+    assert level["output_tokens_per_s"] <= level["decode_tokens_per_s"] * output_len / (
+        output_len - 1)
+    assert 0 <= level["goodput_fraction"] <= 1
+
+
+def test_llm_serve_records_ttft_and_tpot(root, tmp_path):
+    res = run_model("milarun.models.llm_serve:main",
+                    [*SERVE, "--max-count", "60", "--sweep", "1,3", "--sweep-batches", "2"],
+                    root, tmp_path)
+    assert res["success"], res["error"]
+    validate({k: v for k, v in res.items() if k != "_exit_code"})
+    serving = res["serving"]
+    assert [lv["concurrency"] for lv in serving] == [2, 1, 3]
+    assert [lv["requests"] for lv in serving[1:]] == [2, 6]
+    for level in serving:
+        _check_level(level, 6)
+    # the rate logger counts output tokens: 2 requests × 6 tokens a step
+    assert res["timings"]["train"]["count"] % 12 == 0
+    assert res["metrics"]["tpot_p50_s"] == serving[0]["tpot_p50_s"]
+
+
+def test_llm_serve_mixed_prompt_lengths(root, tmp_path):
+    res = run_model("milarun.models.llm_serve:main",
+                    [*SERVE, "--prompt-len", "0", "--max-count", "24"], root, tmp_path)
+    assert res["success"], res["error"]
+    res = run_model("milarun.models.llm_serve:main", [*SERVE, "--prompt-len", "65"], root,
+                    tmp_path)
+    assert not res["success"] and "longer than the dataset's prompts" in res["error"]["message"]
+
+
+# --- two gloo ranks under torchrun ----------------------------------------------------
+
+def _torchrun(function, out, argv, dataroot):
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    extra = {"run": 0, "device": "all", "devices": [0, 1], "partition": "njobs"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", "-m", "milarun", "run", function, "-o", str(out), "--experiment-name",
+           "t.llm", "--job-id", "0.all", "--extra", json.dumps(extra), "-d", str(dataroot),
+           "--", *argv]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    validate(res)
+    assert res["success"], res["error"]
+    return res
+
+
+def test_llm_pretrain_fsdp_over_two_ranks_shards_the_parameters(root, tmp_path):
+    res = _torchrun("milarun.models.llm_pretrain:main", tmp_path / "r.json",
+                    [*TRAIN, "--max-count", "600"], root)
+    m = res["metrics"]
+    assert m["parallelism"] == "fsdp" and m["world_size"] == 2
+    # FSDP2 splits every parameter's first dimension over the ranks: rank 0 holds half
+    # (the larger half when a dimension is odd), not the whole model
+    assert m["params"] / 2 <= m["params_local"] < 0.55 * m["params"]
+    assert res["timings"]["train"]["count"] % (4 * 32 * 2) == 0   # global tokens per step
+
+
+def test_llm_serve_tensor_parallel_over_two_ranks(root, tmp_path):
+    res = _torchrun("milarun.models.llm_serve:main", tmp_path / "r.json",
+                    [*SERVE, "--max-count", "36"], root)
+    assert res["metrics"]["parallelism"] == "tensor" and res["metrics"]["world_size"] == 2
+    _check_level(res["serving"][0], 6)
