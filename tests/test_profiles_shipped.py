@@ -18,6 +18,10 @@ STANDARD_TESTS = ["toy_reg", "toy_lstm", "vae", "loader", "convnet", "convnet_fp
 #: the cpu profile (torch and torchvision import on one pinned core each).
 INFERENCE_TESTS = ["infer_resnet50", "infer_encoder"]
 WITH_INFERENCE = ["standard", "lite"]
+#: The LLM section (issue 23): every GPU profile; the cpu profile has no tensor-parallel
+#: serving (a 2-rank TP test adds little on CPU slots that the 2-rank FSDP one lacks).
+LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_serve", "llm_serve_tp"]
+CPU_LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_serve"]
 PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.json"))
 #: The cluster profiles hold only what several nodes add (one test per plan type across nodes).
 CLUSTER_PROFILES = ["cluster", "cluster-cpu"]
@@ -36,7 +40,7 @@ def test_standard_dry_run_lists_every_test(tmp_path):
     out = proc.stdout
     listed = {line.split()[1].split(".")[1] for line in out.splitlines()
               if line.startswith("# standard.")}
-    assert listed == set(STANDARD_TESTS + INFERENCE_TESTS)
+    assert listed == set(STANDARD_TESTS + INFERENCE_TESTS + LLM_TESTS)
 
 
 @pytest.mark.parametrize("name", PROFILES)
@@ -52,6 +56,7 @@ def test_profile_validates_and_weights_match(name):
         assert {j.experiment for j in jobs} == {"milarun.models.io:main"}
     else:
         extra = INFERENCE_TESTS if name in WITH_INFERENCE else []
+        extra = extra + (CPU_LLM_TESTS if name == "cpu" else LLM_TESTS)
         assert sorted(j.name for j in jobs) == sorted(STANDARD_TESTS + extra)
     for job in jobs:
         if job.name in INFERENCE_TESTS:

@@ -6,7 +6,9 @@ embeddings, SwiGLU MLPs, grouped-query attention, attention through PyTorch's
 ``scaled_dot_product_attention`` (``attn_implementation="sdpa"``: flash or
 memory-efficient kernels on GPUs). The vocabulary is the ``llm_corpus``
 tokenizer's (32,768 in the standard build, 1,024 in the tiny one), not Llama
-3's 128,256, so the 8B shape has 7.5B parameters with it.
+3's 128,256, so the 8B shape has 7.5B parameters with it. ``150m`` (GPT-2
+small's width and depth with Llama's blocks, ~130M parameters) is for GPUs
+of 5-10 GB (profiles ``5gb``, ``10gb``).
 
 Shapes (:data:`SHAPES`) are Llama 3's published ones: ``1b`` is Llama 3.2 1B,
 ``8b`` Llama 3.1 8B, ``70b`` Llama 3.1 70B; ``tiny`` and ``tiny-gqa`` are for
@@ -26,6 +28,7 @@ from ..measure.stats import steady_state
 SHAPES = {
     "tiny": (64, 176, 2, 4, 2, False),
     "tiny-gqa": (128, 352, 2, 8, 2, False),
+    "150m": (768, 2048, 12, 12, 4, False),
     "1b": (2048, 8192, 16, 32, 8, True),
     "8b": (4096, 14336, 32, 32, 8, False),
     "70b": (8192, 28672, 80, 64, 8, False),

@@ -7,7 +7,7 @@ sharded with PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``, one
 unit per transformer block plus the root): parameters, gradients and AdamW
 states are split over the ranks, each block's parameters are all-gathered
 before its forward and backward and its gradients reduce-scattered after.
-With ``--hsdp-replicas R`` (R > 1) the ranks form an ``R × (world / R)``
+With ``--hsdp-replicas R`` (R > 1; 0 for one per node) the ranks form an ``R × (world / R)``
 device mesh: sharded within a group, replicated across groups (hybrid
 sharding, HSDP: all-gathers stay inside a node, only the gradient all-reduce
 crosses the network).
@@ -109,7 +109,7 @@ def train(exp):
     activation_checkpointing: Option & bool = default(False)
     # Compile each transformer block with torch.compile
     compile: Option & bool = default(False)
-    # Hybrid sharding: replicate over this many groups of ranks (1: plain FSDP)
+    # Hybrid sharding: replicate over this many groups of ranks (1: plain FSDP; 0: one per node)
     hsdp_replicas: Option & int = default(1)
     # Shard with FSDP2 when the world has more than one rank (else DDP)
     fsdp: Option & bool = default(True)
@@ -148,6 +148,8 @@ def _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision
     mp = MixedPrecisionStep(device, precision)
     autocast = mp.autocast
     sharded = world.size > 1 and fsdp
+    if replicas == 0:   # one replica per node: shard inside nodes only
+        replicas = world.size // world.local_size
     if sharded:
         shard_model(torch, model, world, precision, replicas)
         autocast = contextlib.nullcontext()
