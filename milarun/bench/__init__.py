@@ -4,14 +4,16 @@ Typical model::
 
     from coleo import Option, default, tooled
     from milarun.bench import dataloop, init_torch
+    from milarun.bench.options import lr_option
 
     def main(exp, argv):
         exp.cli(train, argv)
 
     @tooled
     def train(exp):
-        # Batch size
-        batch_size: Option & int = default(64)
+        # Width of the hidden layer
+        hidden: Option & int = default(64)
+        lr = lr_option(default=0.01)   # --lr, shared (bench/options.py)
         device = init_torch(exp)
         ...
         for step, (x, y) in dataloop(exp, loader):

@@ -1,6 +1,38 @@
-"""Options every experiment accepts (declared with coleo)."""
+"""Options every experiment accepts, and the options many workloads share (declared with coleo).
+
+:func:`common_options` holds the options every experiment accepts (``milarun.bench``
+adds them to each workload's command line). The other functions declare one option
+each that several workloads take, with one help text and one rule, and the workload's
+own default::
+
+    from coleo import Option, default, tooled
+    from milarun.bench.options import (batch_size_option, lr_option, precision_option,
+                                       workers_option)
+
+    @tooled
+    def train(exp):
+        # Width of the hidden layers (the workload's own options, as before)
+        hidden: Option & int = default(512)
+        batch_size = batch_size_option(default=64)   # --batch-size
+        lr = lr_option(default=1e-3)                 # --lr
+        precision = precision_option(default="fp32") # --precision, checked here
+        workers = workers_option(default=-1)         # --workers (-1: see below)
+
+Each helper is a coleo-tooled function: coleo finds its option because the workload's
+tooled function names it (import it by name, as above, not as ``options.lr_option``),
+and ``--lr 0.5`` on the command line replaces the default wherever the helper is
+called. Called outside a coleo CLI, a helper returns its default (and
+:func:`precision_option` still checks it).
+"""
 
 from coleo import Option, default, tooled
+
+#: ``--precision`` of a training workload (``milarun.bench.setup.set_precision``,
+#: ``milarun.bench.step.MixedPrecisionStep``).
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+#: ``--precision`` of an inference workload: weights and inputs cast to that dtype
+#: (no TF32 mode: an fp32 inference is strict fp32).
+INFERENCE_PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 @tooled
@@ -43,3 +75,65 @@ def common_options():
         "profile_trace": profile_trace,
         "profile_steps": profile_steps,
     }
+
+
+# The helpers below take their default as an argument named ``default``, which hides
+# coleo's ``default()`` inside them: an Option's value is its plain default there
+# (coleo's ``default(x)`` is ``x``).
+
+
+@tooled
+def lr_option(default):
+    """``--lr``: the learning rate (float), ``default`` unless given."""
+    # Learning rate of the optimizer (with a schedule: its peak or initial value)
+    lr: Option & float = default
+    return lr
+
+
+@tooled
+def batch_size_option(default):
+    """``--batch-size``: the examples per batch (int), ``default`` unless given."""
+    # Examples per batch: images, patches, sequences, sentence pairs... (per rank under DDP, per device for inference)
+    batch_size: Option & int = default
+    return batch_size
+
+
+@tooled
+def workers_option(default=-1):
+    """``--workers``: the ``DataLoader`` worker processes (int), ``default`` unless given.
+
+    Returned as given: a negative value means "this process's share of the student's
+    cpuset, minus one" (one process: :func:`milarun.bench.setup.dataloader_workers`;
+    a DDP rank: the node's cpuset divided by its ranks, minus one), which the workload
+    resolves where it builds its loader.
+    """
+    # DataLoader worker processes (-1: this process's share of the student's cpuset, minus one; 0: load in the main process)
+    workers: Option & int = default
+    return workers
+
+
+@tooled
+def precision_option(default="fp32", choices=PRECISIONS):
+    """``--precision``, checked against ``choices``.
+
+    Args:
+        default: the workload's default precision.
+        choices: :data:`PRECISIONS` for training (the default),
+            :data:`INFERENCE_PRECISIONS` for inference.
+
+    Returns:
+        the precision name, one of ``choices``.
+
+    Raises:
+        ValueError: the precision is not one of ``choices`` (the run's failure
+            record says so).
+    """
+    # Arithmetic: fp32, tf32 (TF32 matmuls and convolutions), fp16 (autocast, plus a gradient scaler on CUDA and XPU) or bf16 (autocast); inference takes fp32, fp16 or bf16 (weights and inputs cast)
+    precision: Option = default
+    if precision not in choices:
+        raise ValueError(f"--precision must be one of {', '.join(choices)}, not {precision!r}")
+    return precision
+
+
+__all__ = ["common_options", "lr_option", "batch_size_option", "workers_option",
+           "precision_option", "PRECISIONS", "INFERENCE_PRECISIONS"]

@@ -5,8 +5,7 @@ import os
 import random
 
 from ..host.isolation import current_cpuset
-
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+from .options import PRECISIONS  # the choices of --precision live with the option
 
 
 def init_torch(exp):

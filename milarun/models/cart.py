@@ -17,6 +17,7 @@ Stresses: single-thread CPU speed, Python and PyTorch per-call overhead. An
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
+from ..bench.options import lr_option
 from ..bench.step import make_optimizer
 
 
@@ -49,8 +50,7 @@ def train(exp):
     hidden: Option & int = default(128)
     # Discount factor
     gamma: Option & float = default(0.99)
-    # Learning rate (Adam)
-    lr: Option & float = default(3e-3)
+    lr = lr_option(default=3e-3)
     # Weight of the value loss
     value_coef: Option & float = default(0.5)
     # Plain REINFORCE with normalised returns instead of actor-critic

@@ -15,6 +15,7 @@ Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
+from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 from .loader import image_loader
@@ -46,18 +47,14 @@ def train(exp):
 
     # torchvision model name (resnet18, resnet50, resnet152, vgg16, ...)
     arch: Option = default("resnet18")
-    # Images per batch
-    batch_size: Option & int = default(256)
+    batch_size = batch_size_option(default=256)
     # Side of the random crops fed to the network, in pixels
     image_size: Option & int = default(224)
-    # Arithmetic: fp32, tf32, fp16 (autocast + grad scaler) or bf16 (autocast)
-    precision: Option = default("fp32")
-    # Learning rate (SGD with momentum 0.9)
-    lr: Option & float = default(0.1)
+    precision = precision_option(default="fp32")
+    lr = lr_option(default=0.1)
     # Use the channels-last memory format for the model and the batches
     channels_last: Option & bool = default(False)
-    # DataLoader worker processes (-1: the student's cpuset size minus one)
-    workers: Option & int = default(-1)
+    workers = workers_option(default=-1)
 
     device = init_torch(exp)
     mp = MixedPrecisionStep(device, precision)

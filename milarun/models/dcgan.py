@@ -19,6 +19,7 @@ Data: ``<dataroot>/fake_imagenet/train/<class>/*.jpg``
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, dataloop, init_torch
+from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 
@@ -87,22 +88,18 @@ def train(exp):
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
 
-    # Images per batch
-    batch_size: Option & int = default(64)
+    batch_size = batch_size_option(default=64)
     # Size of the latent noise vector
     nz: Option & int = default(100)
     # Feature maps of the generator's last layer
     ngf: Option & int = default(64)
     # Feature maps of the discriminator's first layer
     ndf: Option & int = default(64)
-    # Learning rate (Adam, both networks)
-    lr: Option & float = default(0.0002)
+    lr = lr_option(default=0.0002)
     # Adam beta1
     beta1: Option & float = default(0.5)
-    # Data loader worker processes (-1: one per core of the cpuset, minus one)
-    workers: Option & int = default(-1)
-    # Numeric precision: fp32, tf32, fp16 or bf16
-    precision: Option = default("fp32")
+    workers = workers_option(default=-1)
+    precision = precision_option(default="fp32")
 
     device = init_torch(exp)
     mp = MixedPrecisionStep(device, precision)

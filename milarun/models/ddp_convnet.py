@@ -26,6 +26,7 @@ Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
+from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
 from ..bench.distributed import agree_on_counts, process_group
@@ -61,18 +62,14 @@ class _Epochs:
 def train(exp):
     # torchvision model name (resnet50, resnet18, resnet152, ...)
     arch: Option = default("resnet50")
-    # Images per batch on each rank
-    batch_size: Option & int = default(128)
+    batch_size = batch_size_option(default=128)  # per rank
     # Side of the random crops fed to the network, in pixels
     image_size: Option & int = default(224)
-    # Arithmetic: fp32, tf32, fp16 (autocast + grad scaler) or bf16 (autocast)
-    precision: Option = default("fp32")
-    # Learning rate (SGD with momentum 0.9)
-    lr: Option & float = default(0.1)
+    precision = precision_option(default="fp32")
+    lr = lr_option(default=0.1)
     # Use the channels-last memory format for the model and the batches
     channels_last: Option & bool = default(False)
-    # DataLoader workers per rank (-1: the rank's share of the cpuset, minus one)
-    workers: Option & int = default(-1)
+    workers = workers_option(default=-1)
     # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
     backend: Option = default("auto")
 

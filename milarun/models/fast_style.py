@@ -26,6 +26,7 @@ Data: ``<dataroot>/fake_imagenet/train/<class>/*.jpg``
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, dataloop, init_torch
+from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 
@@ -144,8 +145,7 @@ def train(exp):
     from PIL import Image
     from torchvision.datasets import ImageFolder
 
-    # Content images per batch
-    batch_size: Option & int = default(4)
+    batch_size = batch_size_option(default=4)
     # Side of the (square) training images, in pixels
     image_size: Option & int = default(256)
     # Channels of the transformer network's first layer (x2, x4 after downsampling)
@@ -156,12 +156,9 @@ def train(exp):
     content_weight: Option & float = default(1e5)
     # Weight of the style loss
     style_weight: Option & float = default(1e10)
-    # Learning rate (Adam)
-    lr: Option & float = default(0.001)
-    # Data loader worker processes (-1: one per core of the cpuset, minus one)
-    workers: Option & int = default(-1)
-    # Numeric precision: fp32, tf32, fp16 or bf16
-    precision: Option = default("fp32")
+    lr = lr_option(default=0.001)
+    workers = workers_option(default=-1)
+    precision = precision_option(default="fp32")
 
     device = init_torch(exp)
     mp = MixedPrecisionStep(device, precision)

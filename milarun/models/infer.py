@@ -51,6 +51,8 @@ import threading
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, init_torch, rate_logger
+from ..bench.options import (INFERENCE_PRECISIONS, batch_size_option, precision_option,
+                             workers_option)
 from ..bench.rate import PerfCounterTimer
 from ..datasets import require
 from ..host.isolation import current_cpuset
@@ -401,16 +403,13 @@ def infer(exp):
 
     # Network: a torchvision classifier (resnet50, resnet18, ...) or encoder
     model: Option = default("resnet50")
-    # Items per batch, per device
-    batch_size: Option & int = default(64)
+    batch_size = batch_size_option(default=64)  # per device
     # Side of the images fed to the network, in pixels
     image_size: Option & int = default(224)
-    # Arithmetic of the weights and inputs: fp32, fp16 or bf16
-    precision: Option = default("fp32")
+    precision = precision_option(default="fp32", choices=INFERENCE_PRECISIONS)
     # Pre-decoded random tensors instead of JPEGs decoded by a DataLoader
     synthetic: Option & bool = default(False)
-    # DataLoader worker processes (-1: the process's cores minus one)
-    workers: Option & int = default(-1)
+    workers = workers_option(default=-1)
     # Batches queued per device at most
     inflight: Option & int = default(2)
     # Encoder: tokens per sequence
@@ -421,8 +420,6 @@ def infer(exp):
     heads: Option & int = default(12)
     vocab: Option & int = default(30522)
 
-    if precision not in DTYPES:
-        raise ValueError(f"--precision must be one of {', '.join(DTYPES)}, not {precision!r}")
     device = init_torch(exp)
     dtype = getattr(torch, DTYPES[precision])
     devices = own_devices(exp, torch)

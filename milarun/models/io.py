@@ -39,6 +39,7 @@ shuffled and the last partial batch is dropped. Items are samples (images).
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
+from ..bench.options import batch_size_option, lr_option, workers_option
 from ..bench.step import make_optimizer
 from ..bench.setup import dataloader_workers
 from ..datasets import require
@@ -113,10 +114,8 @@ def train(exp):
     mode: Option = default("train")
     # fashion_mnist (idx files, torchvision) or mydataset (one .npy file per sample)
     dataset: Option = default("fashion_mnist")
-    # Samples per batch
-    batch_size: Option & int = default(64)
-    # DataLoader worker processes (0: load in the main process; -1: the cpuset size minus one)
-    workers: Option & int = default(0)
+    batch_size = batch_size_option(default=64)
+    workers = workers_option(default=0)
     # Workers as a percentage of --cores (overrides --workers; 0 means no worker)
     workers_pct: Option & float = default(None)
     # Cores the --workers-pct values scale with (default: the student's cpuset size)
@@ -127,8 +126,7 @@ def train(exp):
     prefetch_factor: Option & int = default(2)
     # Keep the worker processes alive from one epoch to the next (workers > 0 only)
     persistent_workers: Option & bool = default(False)
-    # Learning rate (SGD with momentum 0.9; train mode)
-    lr: Option & float = default(0.01)
+    lr = lr_option(default=0.01)
 
     if mode not in MODES:
         raise ValueError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")

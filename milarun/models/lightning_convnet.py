@@ -34,6 +34,7 @@ from coleo import Option, default, tooled
 
 from ..bench import init_torch, rate_logger, set_precision
 from ..bench.distributed import World, agree_on_counts
+from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.rate import Step
 from ..bench.step import make_optimizer
 from ..bench.xpu import LIGHTNING_NOT_WIRED, refuse_xpu
@@ -78,21 +79,15 @@ def cluster_environment(environ=None):
 def train(exp):
     # torchvision model name (resnet50, resnet18, resnet152, ...)
     arch: Option = default("resnet50")
-    # Images per batch on each rank
-    batch_size: Option & int = default(128)
+    batch_size = batch_size_option(default=128)  # per rank
     # Side of the random crops fed to the network, in pixels
     image_size: Option & int = default(224)
-    # Arithmetic: fp32, tf32, fp16 (16-mixed) or bf16 (bf16-mixed)
-    precision: Option = default("fp32")
-    # Learning rate (SGD with momentum 0.9)
-    lr: Option & float = default(0.1)
-    # DataLoader workers per rank (-1: the rank's share of the cpuset, minus one)
-    workers: Option & int = default(-1)
+    precision = precision_option(default="fp32")  # Lightning's name: PRECISION[precision]
+    lr = lr_option(default=0.1)
+    workers = workers_option(default=-1)
     # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
     backend: Option = default("auto")
 
-    if precision not in PRECISION:
-        raise ValueError(f"--precision must be one of {', '.join(PRECISION)}, not {precision!r}")
     lightning = _lightning()
     device = init_torch(exp)
     refuse_xpu(device, "lightning_convnet", LIGHTNING_NOT_WIRED)

@@ -14,6 +14,7 @@ Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, dataloop, init_torch
+from ..bench.options import batch_size_option, workers_option
 from ..datasets import require
 
 #: No loss by nature (milarun.measure.validation's NaN check does not apply): no model.
@@ -75,12 +76,10 @@ def image_loader(folder, split, image_size, batch_size, workers, device, shard=N
 
 @tooled
 def train(exp):
-    # Images per batch
-    batch_size: Option & int = default(256)
+    batch_size = batch_size_option(default=256)
     # Side of the random crops, in pixels
     image_size: Option & int = default(224)
-    # DataLoader worker processes (-1: the student's cpuset size minus one)
-    workers: Option & int = default(-1)
+    workers = workers_option(default=-1)
 
     device = init_torch(exp)
     folder = require(exp.dataroot, "fake_imagenet")

@@ -21,6 +21,7 @@ of one environment copy); a training step is one PPO iteration of
 from coleo import Option, default, tooled
 
 from ..bench import init_torch, iteration_wrapper
+from ..bench.options import lr_option, precision_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 
 
@@ -75,8 +76,7 @@ def train(exp):
     num_steps: Option & int = default(128)
     # Hidden units of the actor and critic MLPs
     hidden: Option & int = default(64)
-    # Learning rate (Adam)
-    lr: Option & float = default(2.5e-4)
+    lr = lr_option(default=2.5e-4)
     # Discount factor
     gamma: Option & float = default(0.99)
     # GAE lambda
@@ -93,8 +93,7 @@ def train(exp):
     vf_coef: Option & float = default(0.5)
     # Gradient clipping norm
     max_grad_norm: Option & float = default(0.5)
-    # Numeric precision: fp32, tf32, fp16 or bf16 (autocast)
-    precision: Option = default("fp32")
+    precision = precision_option(default="fp32")
 
     device = init_torch(exp)
     mp = MixedPrecisionStep(device, precision)

@@ -20,6 +20,7 @@ An **item is one training example** (a positive or a negative pair).
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
+from ..bench.options import batch_size_option, lr_option, precision_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 from ..datasets.movielens import load_ratings
@@ -116,8 +117,7 @@ def _model_class(torch):
 def train(exp):
     import torch
 
-    # Examples (positives and negatives) per batch
-    batch_size: Option & int = default(65536)
+    batch_size = batch_size_option(default=65536)
     # Size of the GMF embeddings
     factors: Option & int = default(64)
     # MLP layer widths, comma separated (the first is the concatenated embedding size)
@@ -126,10 +126,8 @@ def train(exp):
     negatives: Option & int = default(4)
     # Dropout in the MLP
     dropout: Option & float = default(0.0)
-    # Learning rate (Adam)
-    lr: Option & float = default(0.0045)
-    # Numeric precision: fp32, tf32, fp16 or bf16 (autocast)
-    precision: Option = default("fp32")
+    lr = lr_option(default=0.0045)
+    precision = precision_option(default="fp32")
 
     device = init_torch(exp)
     mp = MixedPrecisionStep(device, precision)

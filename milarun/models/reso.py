@@ -18,6 +18,7 @@ Data: ``<dataroot>/bsds500/BSR/BSDS500/data/images/train/*.jpg``
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, dataloop, init_torch
+from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 from ..datasets.bsds500 import images_dir
@@ -81,22 +82,18 @@ def espcn(upscale, features=64, channels=3):
 def train(exp):
     import torch
 
-    # Patches per batch
-    batch_size: Option & int = default(64)
+    batch_size = batch_size_option(default=64)
     # Side of the high-resolution patch, in pixels (rounded down to a multiple of --upscale)
     crop_size: Option & int = default(128)
     # Upscaling factor
     upscale: Option & int = default(2)
     # Channels of the first convolution (the second has half as many)
     features: Option & int = default(64)
-    # Learning rate (Adam)
-    lr: Option & float = default(0.001)
+    lr = lr_option(default=0.001)
     # Times each image is visited per epoch (one random patch each time)
     patches_per_image: Option & int = default(8)
-    # Data loader worker processes (-1: one per core of the cpuset, minus one)
-    workers: Option & int = default(-1)
-    # Numeric precision: fp32, tf32, fp16 or bf16
-    precision: Option = default("fp32")
+    workers = workers_option(default=-1)
+    precision = precision_option(default="fp32")
 
     device = init_torch(exp)
     mp = MixedPrecisionStep(device, precision)

@@ -28,6 +28,7 @@ counts ``batch_size × world_size``, so rank 0's throughput is the whole job's.
 from coleo import Option, default, tooled
 
 from ..bench import init_torch, iteration_wrapper
+from ..bench.options import batch_size_option, lr_option, precision_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
 from ..bench.distributed import agree_on_counts, process_group
@@ -77,8 +78,7 @@ def _model(torch, width, blocks, classes):
 def train(exp):
     import torch
 
-    # Examples per batch on each rank
-    batch_size: Option & int = default(128)
+    batch_size = batch_size_option(default=128)  # per rank
     # Channels of the first stage (doubled at each of the four stages)
     width: Option & int = default(64)
     # Residual blocks per stage
@@ -87,12 +87,10 @@ def train(exp):
     image_size: Option & int = default(64)
     # Number of classes
     classes: Option & int = default(1000)
-    # Learning rate (SGD with momentum)
-    lr: Option & float = default(0.05)
+    lr = lr_option(default=0.05)
     # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
     backend: Option = default("auto")
-    # Numeric precision: fp32, tf32, fp16 or bf16 (autocast)
-    precision: Option = default("fp32")
+    precision = precision_option(default="fp32")
 
     device = init_torch(exp)
     refuse_xpu(device, "scaling", DDP_NOT_WIRED)

@@ -21,6 +21,7 @@ Data: ``<dataroot>/coco/train2017/*.jpg`` and
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, dataloop, init_torch
+from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 
@@ -88,20 +89,16 @@ def train(exp):
     from torchvision.datasets import CocoDetection
     from torchvision.models.detection import ssd300_vgg16
 
-    # Images per batch
-    batch_size: Option & int = default(32)
+    batch_size = batch_size_option(default=32)
     # Number of classes, background included (COCO: 80 + 1)
     num_classes: Option & int = default(81)
-    # Learning rate (SGD)
-    lr: Option & float = default(0.002)
+    lr = lr_option(default=0.002)
     # SGD momentum
     momentum: Option & float = default(0.9)
     # Weight decay
     weight_decay: Option & float = default(0.0005)
-    # Data loader worker processes (-1: one per core of the cpuset, minus one)
-    workers: Option & int = default(-1)
-    # Numeric precision: fp32, tf32, fp16 or bf16
-    precision: Option = default("fp32")
+    workers = workers_option(default=-1)
+    precision = precision_option(default="fp32")
 
     device = init_torch(exp)
     mp = MixedPrecisionStep(device, precision)

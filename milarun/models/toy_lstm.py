@@ -14,6 +14,7 @@ import math
 from coleo import Option, default, tooled
 
 from ..bench import init_torch, iteration_wrapper
+from ..bench.options import batch_size_option, lr_option
 from ..bench.step import make_optimizer
 
 
@@ -55,16 +56,14 @@ def build_model(hidden_size, layers):
 def train(exp):
     import torch
 
-    # Sequences per batch
-    batch_size: Option & int = default(256)
+    batch_size = batch_size_option(default=256)
     # Time steps per sequence
     seq_len: Option & int = default(128)
     # LSTM hidden units per layer
     hidden_size: Option & int = default(256)
     # Stacked LSTM layers
     layers: Option & int = default(2)
-    # Learning rate (Adam)
-    lr: Option & float = default(1e-3)
+    lr = lr_option(default=1e-3)
 
     device = init_torch(exp)
 

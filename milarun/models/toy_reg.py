@@ -8,6 +8,7 @@ kernel-launch overhead and small matmuls; items are examples.
 from coleo import Option, default, tooled
 
 from ..bench import init_torch, iteration_wrapper
+from ..bench.options import batch_size_option, lr_option
 from ..bench.step import make_optimizer
 
 
@@ -22,10 +23,8 @@ def train(exp):
 
     # Degree of the polynomial to fit
     poly_degree: Option & int = default(4)
-    # Examples per batch
-    batch_size: Option & int = default(64)
-    # Learning rate
-    lr: Option & float = default(0.1)
+    batch_size = batch_size_option(default=64)
+    lr = lr_option(default=0.1)
 
     device = init_torch(exp)
     w_target = torch.randn(poly_degree, 1, device=device) * 5

@@ -23,6 +23,7 @@ import math
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, dataloop, init_torch
+from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 from ..datasets.wmt16 import ParallelCorpus
@@ -144,8 +145,7 @@ def _model_class(torch):
 def train(exp):
     import torch
 
-    # Sentence pairs per batch
-    batch_size: Option & int = default(64)
+    batch_size = batch_size_option(default=64)
     # Model width (embedding and attention size)
     d_model: Option & int = default(512)
     # Attention heads
@@ -158,16 +158,13 @@ def train(exp):
     dropout: Option & float = default(0.1)
     # Label smoothing of the cross-entropy
     label_smoothing: Option & float = default(0.1)
-    # Peak learning rate (Adam, inverse square-root schedule)
-    lr: Option & float = default(5e-4)
+    lr = lr_option(default=5e-4)  # the peak of the inverse square-root schedule (Adam)
     # Warm-up steps of the learning-rate schedule
     lr_warmup: Option & int = default(4000)
     # Longest sentence kept, in subword tokens (longer pairs are dropped)
     max_len: Option & int = default(80)
-    # DataLoader worker processes (-1: student cores minus one)
-    workers: Option & int = default(-1)
-    # Numeric precision: fp32, tf32, fp16 or bf16 (autocast)
-    precision: Option = default("fp32")
+    workers = workers_option(default=-1)
+    precision = precision_option(default="fp32")
 
     device = init_torch(exp)
     mp = MixedPrecisionStep(device, precision)

@@ -13,6 +13,7 @@ Needs the ``mnist`` dataset (``milarun dataset mnist``).
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, dataloop, init_torch
+from ..bench.options import batch_size_option, lr_option, workers_option
 from ..bench.step import make_optimizer
 from ..datasets import require
 
@@ -58,14 +59,11 @@ def train(exp):
     import torch
     from torchvision import datasets, transforms
 
-    # Images per batch
-    batch_size: Option & int = default(128)
+    batch_size = batch_size_option(default=128)
     # Size of the latent code
     latent: Option & int = default(20)
-    # Learning rate (Adam)
-    lr: Option & float = default(1e-3)
-    # DataLoader worker processes (-1: the student's cpuset size minus one)
-    workers: Option & int = default(-1)
+    lr = lr_option(default=1e-3)
+    workers = workers_option(default=-1)
 
     device = init_torch(exp)
     folder = require(exp.dataroot, "mnist")

@@ -18,6 +18,7 @@ the CPU. An **item is one token** (``batch_size × seq_len`` per step).
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
+from ..bench.options import batch_size_option, lr_option, precision_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 from ..datasets.wikitext2 import Corpus
@@ -126,20 +127,17 @@ def train(exp):
     nhid: Option & int = default(200)
     # Number of recurrent layers
     nlayers: Option & int = default(2)
-    # Initial learning rate (plain SGD, as in the example)
-    lr: Option & float = default(20.0)
+    lr = lr_option(default=20.0)  # plain SGD, as in the example
     # Gradient clipping norm
     clip: Option & float = default(0.25)
     # Sequence length of truncated back-propagation through time
     bptt: Option & int = default(35)
-    # Number of parallel token streams (batch columns)
-    batch_size: Option & int = default(20)
+    batch_size = batch_size_option(default=20)  # parallel token streams (batch columns)
     # Dropout applied to embeddings and RNN outputs
     dropout: Option & float = default(0.2)
     # Tie the decoder weights to the embedding (needs nhid == emsize)
     tied: Option & bool = default(False)
-    # Numeric precision: fp32, tf32, fp16 or bf16 (autocast)
-    precision: Option = default("fp32")
+    precision = precision_option(default="fp32")
 
     device = init_torch(exp)
     mp = MixedPrecisionStep(device, precision)
