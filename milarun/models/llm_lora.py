@@ -28,6 +28,7 @@ import contextlib
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, dataloop, init_torch
+from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
@@ -70,27 +71,20 @@ def train(exp):
     rank: Option & int = default(16)
     # Tokens per sequence
     seq_len: Option & int = default(2048)
-    # Sequences per batch on each rank
-    batch_size: Option & int = default(2)
-    # Base weights and autocast: bf16 (default), fp16 or fp32/tf32
-    precision: Option = default("bf16")
-    # Learning rate of the adapters (AdamW)
-    lr: Option & float = default(2e-4)
+    batch_size = batch_size_option(default=2)   # sequences per batch, per rank
+    precision = precision_option(default="bf16")   # base weights and autocast
+    lr = lr_option(default=2e-4)   # the adapters' (AdamW)
     # Recompute each block's activations in the backward pass
     activation_checkpointing: Option & bool = default(False)
-    # DataLoader workers per rank (-1: the rank's share of the cpuset, minus one)
-    workers: Option & int = default(1)
+    workers = workers_option(default=1)
     # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
     backend: Option = default("auto")
 
     check_shape(shape, seq_len)
     if rank < 1 or batch_size < 1:
         raise ValueError("--rank and --batch-size must be at least 1")
-    if precision not in _BASE_DTYPES:
-        raise ValueError(f"--precision must be one of {', '.join(_BASE_DTYPES)}, "
-                         f"not {precision!r}")
-    shards = TokenShards(require(exp.dataroot, "llm_corpus"))
     device = init_torch(exp)
+    shards = TokenShards(require(exp.dataroot, "llm_corpus"))
     with process_group(exp, device, backend) as world:
         _train(exp, world, shards, shape, rank, seq_len, batch_size, precision, lr,
                activation_checkpointing, workers)

@@ -39,6 +39,7 @@ import contextlib
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, dataloop, init_torch
+from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
@@ -97,14 +98,11 @@ def train(exp):
     shape: Option = default("1b")
     # Tokens per sequence
     seq_len: Option & int = default(2048)
-    # Sequences per micro-batch on each rank
-    batch_size: Option & int = default(4)
+    batch_size = batch_size_option(default=4)   # sequences per micro-batch, per rank
     # Micro-batches per optimizer step (gradient accumulation)
     grad_accum: Option & int = default(1)
-    # Arithmetic: bf16 (default), fp32, tf32; fp16 only without FSDP
-    precision: Option = default("bf16")
-    # Peak learning rate (AdamW, betas 0.9/0.95, weight decay 0.1)
-    lr: Option & float = default(3e-4)
+    precision = precision_option(default="bf16")   # fp16 only without FSDP
+    lr = lr_option(default=3e-4)   # peak; AdamW, betas 0.9/0.95, weight decay 0.1
     # Recompute each block's activations in the backward pass
     activation_checkpointing: Option & bool = default(False)
     # Compile each transformer block with torch.compile
@@ -113,16 +111,15 @@ def train(exp):
     hsdp_replicas: Option & int = default(1)
     # Shard with FSDP2 when the world has more than one rank (else DDP)
     fsdp: Option & bool = default(True)
-    # DataLoader workers per rank (-1: the rank's share of the cpuset, minus one)
-    workers: Option & int = default(1)
+    workers = workers_option(default=1)
     # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
     backend: Option = default("auto")
 
     check_shape(shape, seq_len)
     if batch_size < 1 or grad_accum < 1:
         raise ValueError("--batch-size and --grad-accum must be at least 1")
-    shards = TokenShards(require(exp.dataroot, "llm_corpus"))
     device = init_torch(exp)
+    shards = TokenShards(require(exp.dataroot, "llm_corpus"))
     with process_group(exp, device, backend) as world:
         _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision, lr,
                activation_checkpointing, compile, hsdp_replicas, fsdp, workers)

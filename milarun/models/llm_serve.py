@@ -40,6 +40,7 @@ import time
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
+from ..bench.options import INFERENCE_PRECISIONS, batch_size_option, precision_option
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.loop import device_sync
 from ..datasets import require
@@ -142,8 +143,7 @@ class Batches:
 def serve(exp):
     # Model shape: tiny, tiny-gqa, 1b, 8b or 70b (milarun.models.llm.SHAPES)
     shape: Option = default("8b")
-    # Requests per batch at the measured level (the concurrency the score uses)
-    batch_size: Option & int = default(32)
+    batch_size = batch_size_option(default=32)   # requests per batch at the measured level
     # Prompt tokens per request (0: the dataset's mixed length distribution)
     prompt_len: Option & int = default(1024)
     # Tokens generated per request
@@ -156,16 +156,13 @@ def serve(exp):
     ttft_slo: Option & float = default(2000.0)
     # Latency bound on the time per output token, in ms (goodput)
     tpot_slo: Option & float = default(100.0)
-    # Weights and compute: bf16, fp16 or fp32
-    precision: Option = default("bf16")
+    precision = precision_option(default="bf16", choices=INFERENCE_PRECISIONS)
     # Compile the model's forward (torch.compile, mode reduce-overhead: CUDA graphs)
     compile: Option & bool = default(False)
     # Process-group backend under torchrun: auto (nccl on CUDA, gloo on CPU), nccl or gloo
     backend: Option = default("auto")
 
     check_shape(shape)
-    if precision not in DTYPES:
-        raise ValueError(f"--precision must be one of {', '.join(DTYPES)}, not {precision!r}")
     if batch_size < 1 or output_len < 1 or prompt_len < 0 or sweep_batches < 1:
         raise ValueError("--batch-size, --output-len and --sweep-batches must be at least 1, "
                          "--prompt-len at least 0")
@@ -175,12 +172,12 @@ def serve(exp):
         raise ValueError(f"--sweep must be comma-separated integers, not {sweep!r}") from None
     if any(n < 1 for n in levels):
         raise ValueError("--sweep levels must be at least 1")
+    device = init_torch(exp)
     shards = TokenShards(require(exp.dataroot, "llm_corpus"))
     rows, mixed = shards.prompts()
     if prompt_len > rows.shape[1]:
         raise ValueError(f"--prompt-len {prompt_len} is longer than the dataset's prompts "
                          f"({rows.shape[1]} tokens)")
-    device = init_torch(exp)
     with process_group(exp, device, backend) as world:
         _serve(exp, world, shards, rows, mixed, shape, batch_size, prompt_len, output_len,
                levels, sweep_batches, ttft_slo / 1e3, tpot_slo / 1e3, precision, compile)
