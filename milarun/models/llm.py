@@ -6,8 +6,8 @@ embeddings, SwiGLU MLPs, grouped-query attention, attention through PyTorch's
 ``scaled_dot_product_attention`` (``attn_implementation="sdpa"``: flash or
 memory-efficient kernels on GPUs). The vocabulary is the ``llm_corpus``
 tokenizer's (32,768 in the standard build, 1,024 in the tiny one), not Llama
-3's 128,256, so the 8B shape has 7.5B parameters with it. ``150m`` (GPT-2
-small's width and depth with Llama's blocks, ~130M parameters) is for GPUs
+3's 128,256, so the 8B shape has 7.2B parameters with it. ``150m`` (GPT-2
+small's width and depth with Llama's blocks, 126M parameters) is for GPUs
 of 5-10 GB (profiles ``5gb``, ``10gb``).
 
 Shapes (:data:`SHAPES`) are Llama 3's published ones: ``1b`` is Llama 3.2 1B,

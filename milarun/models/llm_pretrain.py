@@ -109,8 +109,8 @@ def train(exp):
     compile: Option & bool = default(False)
     # Hybrid sharding: replicate over this many groups of ranks (1: plain FSDP; 0: one per node)
     hsdp_replicas: Option & int = default(1)
-    # Shard with FSDP2 when the world has more than one rank (else DDP)
-    fsdp: Option & bool = default(True)
+    # Replicate the model with DDP instead of sharding it with FSDP2 (worlds of 2+ ranks)
+    ddp: Option & bool = default(False)
     workers = workers_option(default=1)
     # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
     backend: Option = default("auto")
@@ -122,7 +122,7 @@ def train(exp):
     shards = TokenShards(require(exp.dataroot, "llm_corpus"))
     with process_group(exp, device, backend) as world:
         _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision, lr,
-               activation_checkpointing, compile, hsdp_replicas, fsdp, workers)
+               activation_checkpointing, compile, hsdp_replicas, not ddp, workers)
 
 
 def _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision, lr,
