@@ -75,6 +75,18 @@ def test_llm_corpus_refuses_a_shard_that_does_not_match_its_index(root, tmp_path
     np.save(idx, offsets)
     with pytest.raises(ValueError, match=f"^{idx}: the document offsets do not match"):
         TokenShards(folder)
+    folder = _copy(root, tmp_path / "d")
+    shard = folder / "train" / "shard-00000.bin"
+    data = np.fromfile(shard, dtype=np.uint16)
+    data[5] = 1024                                  # one id past the vocabulary
+    data.tofile(shard)
+    with pytest.raises(ValueError, match=f"^{shard}: holds token ids >= the vocabulary"):
+        TokenShards(folder)
+    folder = _copy(root, tmp_path / "e")
+    lengths = folder / "prompts" / "lengths.npy"
+    np.save(lengths, np.full(32, 65))               # longer than the prompts
+    with pytest.raises(ValueError, match=f"^{lengths}: prompt lengths must be from 1 to 64"):
+        TokenShards(folder).prompts()
     folder = _copy(root, tmp_path / "c")
     (folder / "tokenizer.json").unlink()
     with pytest.raises(ValueError, match="tokenizer.json: the tokenizer is missing"):

@@ -209,6 +209,8 @@ class TokenShards:
         self.vocab_size = meta["vocab_size"]
         self.eos_id = meta["eos_id"]
         self.dtype = np.dtype(meta["dtype"])
+        _need(self.vocab_size <= np.iinfo(self.dtype).max + 1, path,
+              f"key 'vocab_size' {self.vocab_size} does not fit {meta['dtype']} ids")
         tok = folder / meta.get("tokenizer", "tokenizer.json")
         _need(tok.is_file(), tok, "the tokenizer is missing; rebuild: milarun dataset llm_corpus")
         self.shards = []
@@ -238,7 +240,11 @@ class TokenShards:
               f"the document offsets do not match the shard's {s['tokens']} tokens")
         if s["tokens"] == 0:
             return np.zeros(0, dtype=self.dtype)
-        return np.memmap(bin_path, dtype=self.dtype, mode="r")
+        data = np.memmap(bin_path, dtype=self.dtype, mode="r")
+        # an id past the vocabulary would index outside the embedding on the device
+        _need(int(data.max()) < self.vocab_size, bin_path,
+              f"holds token ids >= the vocabulary size {self.vocab_size}")
+        return data
 
     def sequences(self, seq_len):
         """Fixed-length training windows: ``(shard, start)`` pairs, each covering
@@ -281,5 +287,10 @@ class TokenShards:
               f"expected {want} bytes for {p['count']} prompts of {p['max_tokens']} tokens")
         rows = np.fromfile(bin_path, dtype=self.dtype).astype(np.int64)
         lengths = np.load(len_path, allow_pickle=False)
-        _need(lengths.shape == (p["count"],), len_path, f"expected {p['count']} lengths")
+        _need(lengths.shape == (p["count"],) and lengths.dtype.kind in "iu", len_path,
+              f"expected {p['count']} integer lengths")
+        _need(bool(np.all((lengths >= 1) & (lengths <= p["max_tokens"]))), len_path,
+              f"prompt lengths must be from 1 to {p['max_tokens']}")
+        _need(int(rows.max(initial=0)) < self.vocab_size, bin_path,
+              f"holds token ids >= the vocabulary size {self.vocab_size}")
         return rows.reshape(p["count"], p["max_tokens"]), lengths.astype(np.int64)
