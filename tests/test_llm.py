@@ -246,3 +246,37 @@ def test_llm_pretrain_hybrid_sharding_replicates_across_groups(root, tmp_path):
                     [*TRAIN, "--max-count", "256", "--hsdp-replicas", "2"], root)
     m = res["metrics"]
     assert m["parallelism"] == "hsdp" and m["params_local"] == m["params"]
+
+
+# --- summary and report ----------------------------------------------------------------
+
+def _rec(tflops, mfu, serving=None):
+    rec = {"metrics": {"flops_per_token": 6e9, "tflops": tflops, "mfu": mfu,
+                       "peak_tflops": 989.4}}
+    if serving is not None:
+        rec["serving"] = serving
+    return rec
+
+
+def test_llm_figures_aggregate_runs_and_levels():
+    from milarun.analysis.llm import llm_figures
+    from milarun.report.llm import llm_rows, text_lines
+
+    assert llm_figures([{"metrics": {"loss": 1.0}}]) is None        # not an LLM test
+    level = {"concurrency": 8, "requests": 8, "tpot_p50_s": 0.02, "ttft_p50_s": 0.3,
+             "output_tokens_per_s": 400.0, "goodput_fraction": 1.0}
+    figs = llm_figures([_rec(400.0, 0.4, [level, dict(level, concurrency=1, requests=3)]),
+                        _rec(500.0, 0.5, [dict(level, tpot_p50_s=0.04)]),
+                        _rec(float("nan"), True)])                  # hostile values: ignored
+    assert figs["tflops"]["n"] == 2 and figs["tflops"]["mean"] == 450.0
+    assert figs["mfu"]["mean"] == pytest.approx(0.45)
+    assert [lv["concurrency"] for lv in figs["serving"]] == [1, 8]
+    eight = figs["serving"][1]
+    assert eight["requests"] == 16 and eight["tpot_p50_s"] == pytest.approx(0.03)   # median
+    rows = llm_rows({"standard.llm_serve": {"train": {"mean": 1234.0}, "llm": figs},
+                     "standard.convnet": {"train": {"mean": 5.0}}})
+    assert [r["test"] for r in rows] == ["standard.llm_serve"]
+    assert rows[0]["mfu_pct"] == pytest.approx(45.0)
+    text = "\n".join(text_lines(rows))
+    assert "45.0%" in text and "serving standard.llm_serve" in text
+    assert "TPOT p50 (ms)" in text and "30.0" in text
