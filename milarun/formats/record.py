@@ -115,7 +115,7 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
 import copy
 
 from ..errors import ResultFormatError
-from .jsonfile import check
+from .jsonfile import check, load_schema
 
 FORMAT_VERSION = 1
 
@@ -125,11 +125,9 @@ FORMAT_VERSION = 1
 #: launches, a node that did not join the rendezvous in time, a rank that died,
 #: a node whose connection (ssh, srun step) dropped; and the failing checks of
 #: :mod:`milarun.measure.validation` (a NaN or infinite loss, no steady state); a
-#: child whose torch cannot use the device it was given (``wrong-device``). The
-#: schema's enum must agree (tested).
-FAIL_REASONS = ("error", "oom-killed", "timeout", "signal", "interrupted",
-                "exit-after-result", "rendezvous-timeout", "rank-failed", "node-lost",
-                "barrier-timeout", "nan-loss", "no-steady-state", "wrong-device")
+#: child whose torch cannot use the device it was given (``wrong-device``). Read
+#: from the enum of ``error.reason`` in ``result.schema.json``, the one list.
+FAIL_REASONS = tuple(load_schema("result")["$defs"]["error"]["properties"]["reason"]["enum"])
 
 
 def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,

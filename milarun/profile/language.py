@@ -86,9 +86,12 @@ from pathlib import Path
 
 from ..plan import types as plantypes
 from ..errors import ProfileError
-from ..formats.jsonfile import first_error, key_path, read_json
+from ..formats.jsonfile import first_error, key_path, load_schema, read_json
 
 DEFAULT_TIMEOUT = 1800.0
+#: The longest timeout (s) of a test: the ``maximum`` of a job's ``timeout`` in
+#: ``profile.schema.json`` (7 days), which ``milarun jobs --timeout`` also obeys.
+MAX_TIMEOUT_S = float(load_schema("profile")["$defs"]["job"]["properties"]["timeout"]["maximum"])
 PREPARE_FIELDS = {"dataroot", "outdir", "python", "milarun"}
 #: Placeholders an argument value may hold; the plan fills them for each launch.
 LAUNCH_FIELDS = ("arch", "cpu_per_gpu", "dataroot", "gpu_memory_gb", "n_gpu", "outdir")
