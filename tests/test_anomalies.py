@@ -157,7 +157,7 @@ def test_noise_dips_are_not_flagged(rec):
 
 
 def test_no_steady_state_is_a_failure_not_an_anomaly(rec):
-    # milarun.measure.validation owns it: the summary judges the record failed (no-steady-state)
+    # milarun.measure.plausibility owns it: the summary judges the record failed (no-steady-state)
     for s in samples(rec):
         s["warmup"] = True
     assert kinds(rec) == []

@@ -32,7 +32,7 @@ def record(name, rate, *, device="0", devices=(0,), partition="per-gpu", run=0,
     """A successful record whose steady-state rate is exactly ``rate`` items/s
     (20 one-second samples, the first a warm-up); ``fields`` are top-level extras."""
     rec = new_result(name, f"{run}.{device}", device=device, devices=list(devices), run=run,
-                     partition=partition)
+                     plan_type=partition)
     rec["success"] = True
     rec["timings"]["program"] = {"start": 1.0e9, "end": 1.0e9 + 21, "duration": 21.0}
     rec["timings"]["train"]["samples"] = [

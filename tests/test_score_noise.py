@@ -192,7 +192,7 @@ def test_a_dead_gpu_costs_the_node_once():
 def record(name, rate, device, host, partition="per-gpu", **fields):
     """A successful record whose steady-state rate is ``rate`` items/s."""
     rec = new_result(name, f"0.{device}", device=device, devices=[0], run=0,
-                     partition=partition)
+                     plan_type=partition)
     rec["success"] = True
     rec["timings"]["program"] = {"start": 1.0e9, "end": 1.0e9 + 21, "duration": 21.0}
     rec["timings"]["train"]["samples"] = [

@@ -248,7 +248,7 @@ def test_energy_readings_out_of_range_give_no_energy_not_inf():
     from milarun.formats.record import new_result, validate
     from milarun.analysis.summary import check_summary, summarize
 
-    rec = new_result("s.t", "0.0", device="0", devices=[0], run=0, partition="per-gpu")
+    rec = new_result("s.t", "0.0", device="0", devices=[0], run=0, plan_type="per-gpu")
     rec["timings"]["train"]["samples"] = [
         {"start": 1.0 + i, "end": 2.0 + i, "count": 100.0, "rate": 100.0, "warmup": i < 2}
         for i in range(20)]

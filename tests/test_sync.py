@@ -266,7 +266,7 @@ def test_anchor_prefers_the_barrier_then_origin_then_start():
 def record(device, run, start, samples, released=None):
     from milarun.formats.record import new_result
     rec = new_result("s.t", f"{run}.{device}", device=device, devices=[int(device)], run=run,
-                     partition="per-gpu")
+                     plan_type="per-gpu")
     rec["success"] = True
     rec["timings"]["program"] = {"start": start, "end": start + 30, "duration": 30.0}
     rec["timings"]["train"]["samples"] = samples
@@ -324,7 +324,7 @@ def mp_job(processes=2, k=None, experiment="milarun.models.infer:main", argument
     if k:
         scheme["devices_per_process"] = k
     return Job("s", "infer", experiment, arguments=arguments or {"--batch-size": 8},
-               partition="multi-process", definition={"partition_scheme": scheme})
+               plan_type="multi-process", definition={"partition_scheme": scheme})
 
 
 def gpus8():
@@ -433,7 +433,7 @@ def crawl_job():
     return Job("s", "crawl", "milarun.models.faults:crawl",
                arguments={"--step-seconds": 0.01, "--max-count": 120, "--sample-duration": 0.1,
                           "--warmup": 2},
-               partition="per-gpu", definition={"partition_scheme": {"type": "per-gpu"}})
+               plan_type="per-gpu", definition={"partition_scheme": {"type": "per-gpu"}})
 
 
 def test_two_processes_start_their_timed_loops_together(tmp_path):

@@ -89,8 +89,8 @@ were added without changing the version: they are optional, a summary without
 them is still version 1 and reads as before (``pernode``, ``pernode_failures``
 and ``anomalies`` are then empty, ``failed[].node`` is null).
 
-Validation (:mod:`milarun.measure.validation`): every record goes through
-:func:`milarun.measure.validation.judge` first, so a successful record with a NaN
+Validation (:mod:`milarun.measure.plausibility`): every record goes through
+:func:`milarun.measure.plausibility.judge` first, so a successful record with a NaN
 loss or no steady state counts as a failure (``nan-loss``,
 ``no-steady-state``) whenever it was written. ``validation_flags`` lists the
 flags of the group's successful results (GPU load or memory below the job's
@@ -124,7 +124,7 @@ from ..formats.store import iter_results, write_json_atomic
 from ..formats.terminal import terminal_safe
 from ..host import facts as hostfacts
 from ..launcher.session import read_session
-from ..measure import anomalies, energy, stats, throughput, validation
+from ..measure import anomalies, energy, plausibility, stats, throughput
 from ..measure.stats import finite
 from ..plan import types as plantypes
 
@@ -231,7 +231,7 @@ def summarize(records, skipped=(), warn=None):
     for item in records:
         path, rec = item if isinstance(item, tuple) else (None, item)
         try:
-            rec = validation.judge(rec)  # records written before the checks existed too
+            rec = plausibility.judge(rec)  # records written before the checks existed too
             samples = rec["timings"].get("train", {}).get("samples", [])
             rate, chosen, note = stats.steady_state(samples)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -414,10 +414,10 @@ def _summarize_group(gname, items):
 
 
 def _checks(items):
-    """The validation flags and the energy of a group (:mod:`milarun.measure.validation`,
+    """The validation flags and the energy of a group (:mod:`milarun.measure.plausibility`,
     :mod:`milarun.measure.energy`), each only when there is one."""
     out = {}
-    flags = validation.summary_flags(items, node_of)
+    flags = plausibility.summary_flags(items, node_of)
     if flags:
         out["validation_flags"] = flags
     power = energy.summarize_energy(items, node_of)

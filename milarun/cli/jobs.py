@@ -143,7 +143,7 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     plan_opts = dict(extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout,
                      rdzv_port=rdzv_port, join_timeout=join_timeout or JOIN_TIMEOUT_S)
     for job in jobs_:
-        for note in job.plan_type.notes(job, cluster):
+        for note in job.kind.notes(job, cluster):
             say(f"milarun: {job.full_name}: {note}")
     outdir = resume or out or default_outdir()
     barrier_timeout = barrier_timeout or BARRIER_TIMEOUT_S

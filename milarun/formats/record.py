@@ -124,15 +124,17 @@ FORMAT_VERSION = 1
 #: successful record followed by a non-zero exit or a hang; for distributed
 #: launches, a node that did not join the rendezvous in time, a rank that died,
 #: a node whose connection (ssh, srun step) dropped; and the failing checks of
-#: :mod:`milarun.measure.validation` (a NaN or infinite loss, no steady state); a
+#: :mod:`milarun.measure.plausibility` (a NaN or infinite loss, no steady state); a
 #: child whose torch cannot use the device it was given (``wrong-device``). Read
 #: from the enum of ``error.reason`` in ``result.schema.json``, the one list.
 FAIL_REASONS = tuple(load_schema("result")["$defs"]["error"]["properties"]["reason"]["enum"])
 
 
 def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
-               partition="normal", node=None, nodes=None, gpus_per_node=None):
+               plan_type="normal", node=None, nodes=None, gpus_per_node=None):
     """Return an empty version-1 record for experiment ``name`` (``suite.job``).
+
+    ``plan_type`` is the plan type's name, the record's ``partition``.
 
     ``node``, ``nodes`` (``node_count`` is their number) and ``gpus_per_node``
     are set only when given (not None).
@@ -148,7 +150,7 @@ def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
         "device": str(device),
         "devices": list(devices),
         "device_count": len(devices),
-        "partition": partition,
+        "partition": plan_type,
         "call": {"function": None, "argv": [], "arguments": {}},
         "job": {},
         "dataroot": None,

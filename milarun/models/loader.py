@@ -16,7 +16,7 @@ from coleo import Option, default, tooled
 from ..bench import data_loader, dataloop, init_torch
 from ..datasets import require
 
-#: No loss by nature (milarun.measure.validation's NaN check does not apply): no model.
+#: No loss by nature (milarun.measure.plausibility's NaN check does not apply): no model.
 NO_LOSS = "loader measures the input pipeline alone; there is no model"
 
 

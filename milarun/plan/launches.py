@@ -213,7 +213,7 @@ def child_argv(job, run, label, devices, out, dataroot, test_argv, python=None,
     """
     python = python or sys.executable
     fields = {"run": run, "device": label, "devices": devices,
-              "partition": job.partition, "job": job.definition}
+              "partition": job.plan_type, "job": job.definition}
     fields.update(extra or {})
     if launcher == "torchrun":
         head = [python, "-m", "torch.distributed.run", "--standalone",
@@ -364,7 +364,7 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
                       cpus=cpus, placeholders=values or None)
 
     waves = []
-    for i, wave in enumerate(job.plan_type.expand(job, cluster)):
+    for i, wave in enumerate(job.kind.expand(job, cluster)):
         wave_id = None
         if barrier is not None and len(wave) > 1 and all(s.concurrent for s in wave):
             wave_id = f"{job.full_name}.J{run}.w{i}.{when:%Y%m%d-%H%M%S}"

@@ -343,20 +343,22 @@ def plan_type(name):
 
 
 def group_name(record):
-    """The summary group of a result record (``suite.job`` when its partition is unknown)."""
+    """The summary group of a result record (``suite.job`` when its plan type, the record's
+    ``partition``, is unknown)."""
     kind = TYPES.get(record.get("partition"))
     return kind.group(record) if kind else record["name"]
 
 
-def weight_for(group, weights, partition=None):
+def weight_for(group, weights, plan_type=None):
     """``(weight, key)`` of summary group ``group``, or ``(None, None)``.
 
-    ``partition`` None (a 2020 summary does not say) tries every type's rule.
+    ``plan_type`` (the name; a summary's ``partition``) None (a 2020 summary does not
+    say) tries every type's rule.
     """
-    if partition is None:
+    if plan_type is None:
         kinds = list(TYPES.values())
     else:
-        kinds = [TYPES.get(partition, TYPES["per-gpu"])]
+        kinds = [TYPES.get(plan_type, TYPES["per-gpu"])]
     for kind in kinds:
         key = kind.weight_key(group, weights)
         if key is not None:
