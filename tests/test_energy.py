@@ -10,7 +10,8 @@ import pytest
 
 from milarun.measure import energy
 from milarun.formats.record import new_result, validate
-from milarun.analysis.summary import check_summary, normalize_summary, summarize
+from milarun.analysis.summary import summarize
+from milarun.formats.summary import check_summary, normalize_summary
 
 
 def steady_samples(rate=100.0, n=20, t0=1.0):

@@ -17,7 +17,8 @@ from milarun.measure import plausibility
 from milarun.profile.language import load_profile
 from milarun.formats.record import new_result, validate
 from milarun.formats.store import write_result
-from milarun.analysis.summary import check_summary, normalize_summary, summarize
+from milarun.analysis.summary import summarize
+from milarun.formats.summary import check_summary, normalize_summary
 
 
 def samples(n=20, rate=100.0, warmup=2, dt=1.0, loss=None):

@@ -120,7 +120,7 @@ BASELINES = sorted((ROOT / "baselines").glob("*/*.json"))
 @pytest.mark.parametrize("path", BASELINES, ids=[p.stem for p in BASELINES])
 def test_committed_baselines_read_and_match_their_profile(path):
     # baselines/<profile>/<machine>.json: a summary of that profile, with its HTML report
-    from milarun.analysis.summary import read_summary
+    from milarun.formats.summary import read_summary
 
     summary = read_summary(path)
     profile = path.parent.name

@@ -14,7 +14,8 @@ from milarun.cli.report import run_report
 from milarun.report import build_report, render_text
 from milarun.formats.record import new_result
 from milarun.formats.store import write_result
-from milarun.analysis.summary import normalize_summary, read_summary, summarize, summarize_dir
+from milarun.analysis.summary import summarize, summarize_dir
+from milarun.formats.summary import normalize_summary, read_summary
 
 FIX = Path(__file__).parent / "fixtures"
 

@@ -20,7 +20,8 @@ from milarun.plan.nodes import Cluster, Node
 from milarun.plan.launches import plan_job
 from milarun.profile.language import Job
 from milarun.report import build_report, render_text
-from milarun.analysis.summary import normalize_summary, summarize
+from milarun.analysis.summary import summarize
+from milarun.formats.summary import normalize_summary
 
 STAMP = "20261122-000000-000000"
 #: The barriers' secret here (a session draws its own: secrets.token_hex).
@@ -307,7 +308,7 @@ def test_summary_and_report_use_effective_and_keep_the_2020_rule_with_own():
 
 def test_2020_baseline_scores_are_the_same_under_both_rules():
     from pathlib import Path
-    from milarun.analysis.summary import read_summary
+    from milarun.formats.summary import read_summary
     base = read_summary(Path(__file__).parent / "fixtures" / "baseline2020.json")
     a, b = build_report(base), build_report(base, throughput="own")
     assert a.score == b.score and a.score is not None

@@ -112,10 +112,9 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
                    cores; ``outside`` is what processes outside the suite used).
 """
 
-import copy
-
 from ..errors import ResultFormatError
 from .jsonfile import check, load_schema
+from .versioned import Migration, VersionedFormat
 
 FORMAT_VERSION = 1
 
@@ -178,14 +177,14 @@ def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
     return rec
 
 
-# Each step takes a record of version v and returns one of version v + 1.
-_MIGRATIONS = {
+#: The record's versions and migrations (:mod:`milarun.formats.versioned`).
+RESULT_FORMAT = VersionedFormat(FORMAT_VERSION, {
     # 0: the unversioned layout of early prototypes, which had "train" at the top level
-    0: lambda r: {**{k: v for k, v in r.items() if k != "train"},
-                  "version": 1,
-                  "timings": {**r.get("timings", {}),
-                              "train": r.get("train", {"samples": []})}},
-}
+    0: Migration(lambda r: {**{k: v for k, v in r.items() if k != "train"},
+                            "version": 1,
+                            "timings": {**r.get("timings", {}),
+                                        "train": r.get("train", {"samples": []})}}),
+})
 
 
 def migrate(record, path=None, parsed=False):
@@ -201,27 +200,8 @@ def migrate(record, path=None, parsed=False):
     """
     if not isinstance(record, dict) or not ("version" in record or "name" in record):
         raise ResultFormatError("not a result record (no 'version' or 'name' key)", path=path)
-    version = record.get("version", 0)
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise ResultFormatError(f"bad format version {version!r}"[:80], path=path,
-                                key="version")
-    if version > FORMAT_VERSION:
-        raise ResultFormatError(
-            f"format version {version} is newer than this milarun ({FORMAT_VERSION})",
-            path=path, key="version")
     # Current records are returned as they are; only old ones are copied and rewritten.
-    rec = record if version == FORMAT_VERSION else copy.deepcopy(record)
-    while version < FORMAT_VERSION:
-        step = _MIGRATIONS.get(version)
-        if step is None:
-            raise ResultFormatError(f"unknown format version {version}", path=path, key="version")
-        try:
-            rec = step(rec)
-        except (TypeError, AttributeError, KeyError, ValueError) as exc:
-            # old files are not validated before their steps run
-            raise ResultFormatError(f"cannot migrate from format version {version} "
-                                    f"({exc.__class__.__name__}: {exc})"[:200], path=path)
-        version = rec["version"]
+    rec = RESULT_FORMAT.upgrade(record, RESULT_FORMAT.version_of(record, path, default=0), path)
     return validate(rec, path, parsed=parsed)
 
 
