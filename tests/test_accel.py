@@ -192,7 +192,7 @@ def test_a_mig_child_gets_its_uuid_and_the_backend(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     found = devices.discover()
     assert found.kind == "gpu" and found.backend == "nvidia" and found.indices == [0, 1, 2]
-    job = Job(name="t", suite="s", experiment="milarun.models.toy_reg:main", partition="per-gpu")
+    job = Job(name="t", suite="s", experiment="milarun.models.toy_reg:main", plan_type="per-gpu")
     (wave,) = plan_job(job, found, 0, "/out")
     envs = [lch.env for lch in wave]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["GPU-0bb", "MIG-10aa", "MIG-12aa"]
@@ -548,7 +548,7 @@ def test_a_cpu_slot_child_never_picks_a_gpu_left_visible(monkeypatch):
     from milarun.plan.launches import plan_job
     from milarun.profile.language import Job
 
-    job = Job(name="t", suite="s", experiment="milarun.models.toy_reg:main", partition="per-gpu")
+    job = Job(name="t", suite="s", experiment="milarun.models.toy_reg:main", plan_type="per-gpu")
     (wave,) = plan_job(job, devices.Devices("cpu", [0, 1]), 0, "/out")
     env = wave[0].env
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["MILARUN_BACKEND"] == "cpu"

@@ -157,7 +157,7 @@ def test_noise_dips_are_not_flagged(rec):
 
 
 def test_no_steady_state_is_a_failure_not_an_anomaly(rec):
-    # milarun.measure.validation owns it: the summary judges the record failed (no-steady-state)
+    # milarun.measure.plausibility owns it: the summary judges the record failed (no-steady-state)
     for s in samples(rec):
         s["warmup"] = True
     assert kinds(rec) == []
@@ -220,7 +220,7 @@ def test_summary_holds_the_flags_with_their_files(rec):
     assert all("spans" not in f and "index" not in f for f in flags)
     assert summary["provenance"]["milarun"] == ["0.1.0"]
     assert summary["provenance"]["suites"] == ["cpu"]
-    from milarun.analysis.summary import check_summary, normalize_summary
+    from milarun.formats.summary import check_summary, normalize_summary
     check_summary(summary)
     assert normalize_summary(json.loads(json.dumps(summary)))["tests"]["cpu.scaling"][
         "anomalies"] == flags

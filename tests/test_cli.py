@@ -176,7 +176,7 @@ def test_run_refuses_a_bad_experiment_name_before_training(tmp_path, capsys):
 
 def test_run_and_rerun_say_when_the_result_has_no_steady_state(tmp_path):
     # 2 steps of 0.01 s: one window, a warm-up one; no steady-state sample. The record
-    # is a failure (milarun.measure.validation), said on stderr, and the exit status is 1.
+    # is a failure (milarun.measure.plausibility), said on stderr, and the exit status is 1.
     first = tmp_path / "first.json"
     proc = subprocess.run([sys.executable, "-m", "milarun", "run", "milarun.models.faults:crawl",
                            "-o", str(first), "--experiment-name", "cli.crawl", "--",
@@ -192,7 +192,7 @@ def test_run_and_rerun_say_when_the_result_has_no_steady_state(tmp_path):
 
 def _cgroup_record(tmp_path, host_cgroup):
     from milarun.formats.record import new_result
-    rec = new_result("cpu.toy", "0.1", device="1", devices=[1], partition="per-gpu")
+    rec = new_result("cpu.toy", "0.1", device="1", devices=[1], plan_type="per-gpu")
     rec["call"]["function"] = "milarun.models.toy_reg:main"
     rec["job"] = {"partition_scheme": {"type": "per-gpu", "cgroup": "cpuset,memory:student{device}"}}
     rec["host"] = {"hostname": "h", "cgroup": host_cgroup}

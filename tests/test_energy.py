@@ -10,7 +10,8 @@ import pytest
 
 from milarun.measure import energy
 from milarun.formats.record import new_result, validate
-from milarun.analysis.summary import check_summary, normalize_summary, summarize
+from milarun.analysis.summary import summarize
+from milarun.formats.summary import check_summary, normalize_summary
 
 
 def steady_samples(rate=100.0, n=20, t0=1.0):
@@ -22,7 +23,7 @@ def steady_samples(rate=100.0, n=20, t0=1.0):
 def gpu_record(device=0, run=0, watts=300.0, rate=100.0, counter=True, node="n1",
                readings=None):
     rec = new_result("s.t", f"{run}.{device}", device=str(device), devices=[device], run=run,
-                     partition="per-gpu", node=node, nodes=[node])
+                     plan_type="per-gpu", node=node, nodes=[node])
     rec["timings"]["train"]["samples"] = steady_samples(rate)
     rec["timings"]["program"] = {"start": 1.7e9, "end": 1.7e9 + 25, "duration": 25.0}
     rec["metrics"] = {"loss": 0.1}

@@ -160,7 +160,7 @@ FACTS = {"milarun_version": "0.1.0", "milarun_commit": "a" * 40, "milarun_dirty"
 
 
 def test_the_summary_keeps_the_facts_per_host():
-    from milarun.analysis.summary import check_summary, normalize_summary
+    from milarun.formats.summary import check_summary, normalize_summary
     summary = summary_with(FACTS)
     check_summary(summary)
     (host,) = summary["hosts"]
@@ -174,7 +174,7 @@ def test_the_summary_keeps_the_facts_per_host():
 
 def test_the_report_header_shows_the_facts():
     from milarun.report import build_report, render_html, render_text
-    from milarun.analysis.summary import normalize_summary
+    from milarun.formats.summary import normalize_summary
     report = build_report(normalize_summary(summary_with(FACTS)))
     text = render_text(report)
     assert ("host facts (h): milarun 0.1.0 (aaaaaaaaaaaa) | kernel 6.8.0 | CPU governor "
@@ -185,7 +185,7 @@ def test_the_report_header_shows_the_facts():
 
 def test_compare_warns_when_facts_differ_from_the_baseline(tmp_path):
     from milarun.report import make_report
-    from milarun.analysis.summary import write_summary
+    from milarun.formats.summary import write_summary
     base = tmp_path / "base.json"
     write_summary(summary_with({**FACTS, "cpu_governor": "powersave", "kernel": None}, cpus=8),
                   base)
@@ -220,7 +220,7 @@ def test_compare_warns_when_facts_differ_from_the_baseline(tmp_path):
 
 def test_the_accelerator_record_reaches_the_header_and_compare():
     from milarun.report import build_report, render_text
-    from milarun.analysis.summary import normalize_summary
+    from milarun.formats.summary import normalize_summary
     amd = {"backend": "amd", "vendor": "AMD", "driver": "6.7.0", "runtime": "6.2.1",
            "runtime_name": "ROCm"}
     nvidia = {"backend": "nvidia", "vendor": "NVIDIA", "driver": "550.54", "runtime": "12.4",

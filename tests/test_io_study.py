@@ -441,7 +441,7 @@ def test_io_profiles_sweep_workers_mode_and_dataset(name, axis, values, flag):
         assert argv[argv.index("--mode") + 1] == mode
         assert argv[argv.index("--dataset") + 1] == dataset
         assert argv[argv.index(flag) + 1] == value
-        assert "io" in job.tags and job.partition == "per-gpu"
+        assert "io" in job.tags and job.plan_type == "per-gpu"
         if name == "io":   # scaled to the student's cores, filled per launch
             assert job.placeholders == ["cpu_per_gpu"]
             assert argv[argv.index("--cores") + 1] == "16"

@@ -23,7 +23,7 @@ STAMP = "20261122-000000-000000"
 
 def launch(tmp_path, code=None, name="t.job", device="0", timeout=30.0, prepare=(),
            argv=None):
-    job = Job("t", name.split(".")[1], "m:f", partition="per-gpu", prepare=list(prepare),
+    job = Job("t", name.split(".")[1], "m:f", plan_type="per-gpu", prepare=list(prepare),
               definition={"experiment": "m:f"})
     result = tmp_path / f"{name}.J0.{device}.{STAMP}.json"
     lch = Launch(name=name, job=job, run=0, device=device, devices=[0],

@@ -175,7 +175,7 @@ def test_children_use_the_pci_bus_order_of_nvml(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=2))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     job = Job(name="t", suite="s", experiment="milarun.models.toy_reg:main",
-              partition="per-gpu")
+              plan_type="per-gpu")
     (wave,) = plan_job(job, devices.discover(), 0, "/out")
     assert [(lch.env["CUDA_VISIBLE_DEVICES"], lch.env["CUDA_DEVICE_ORDER"]) for lch in wave] \
         == [("GPU-0aaa-0", "PCI_BUS_ID"), ("GPU-1aaa-1", "PCI_BUS_ID")]

@@ -19,7 +19,7 @@ def free_port():
 
 def fault_job(partition, function, arguments):
     return Job("faults", function, f"milarun.models.faults:{function}", arguments=arguments,
-               partition=partition, launcher="torchrun", timeout=120,
+               plan_type=partition, launcher="torchrun", timeout=120,
                definition={"partition_scheme": {"type": partition}})
 
 
@@ -80,7 +80,7 @@ def test_a_rank_killed_mid_ddp_is_rank_failed_even_when_rank_0_writes_its_error(
     job = Job("faults", "ddp", "milarun.models.scaling:main",
               arguments={"--width": 8, "--blocks": 1, "--image-size": 16, "--batch-size": 8,
                          "--max-count": 100000000, "--sample-duration": 0.2, "--warmup": 0},
-              partition="njobs", launcher="torchrun", timeout=120,
+              plan_type="njobs", launcher="torchrun", timeout=120,
               definition={"partition_scheme": {"type": "njobs"}})
     (wave,) = plan_job(job, Devices("cpu", [0, 1]), 0, tmp_path, tmp_path)
     outcomes = []

@@ -77,7 +77,7 @@ def test_every_gpu_denied_says_why(monkeypatch):
 
 def test_children_get_their_gpu_by_uuid_and_its_monitor_finds_it(host, monkeypatch):
     job = Job(name="t", suite="s", experiment="milarun.models.toy_reg:main",
-              partition="per-gpu")
+              plan_type="per-gpu")
     (wave,) = plan_job(job, devices.discover(), 0, "/out")
     assert [(lch.device, lch.env["CUDA_VISIBLE_DEVICES"], lch.env["CUDA_DEVICE_ORDER"])
             for lch in wave] == [("0", "GPU-0aaa-0", "PCI_BUS_ID"),

@@ -11,7 +11,7 @@ PY = "/py"
 
 def job(partition, cgroup="cpuset,memory:student{device}", **kw):
     return Job("std", "vae", "milarun.models.vae:main", arguments={"--batch-size": 32},
-               partition=partition, cgroup=cgroup, definition={"d": 1}, **kw)
+               plan_type=partition, cgroup=cgroup, definition={"d": 1}, **kw)
 
 
 def extra(run, label, devices, partition):
@@ -44,7 +44,7 @@ def test_the_plan_names_every_path_with_the_session_stamp():
     from pathlib import Path
 
     when = datetime.datetime(2026, 11, 22, 1, 2, 3, 456789, tzinfo=datetime.timezone.utc)
-    prog = Job("std", "ddp", "milarun.models.vae:main", partition="gpu-progression")
+    prog = Job("std", "ddp", "milarun.models.vae:main", plan_type="gpu-progression")
     waves = plan_suite([job("per-gpu"), prog], Devices("gpu", [0, 1]), 1,
                        "/out", python=PY, session=when)
     launches = [lch for w in waves for lch in w]
@@ -101,7 +101,7 @@ def test_normal_one_launch_on_all_devices():
 
 
 def test_suite_repeats_every_job_in_order():
-    jobs = [job("per-gpu"), Job("std", "toy", "m:f", partition="normal")]
+    jobs = [job("per-gpu"), Job("std", "toy", "m:f", plan_type="normal")]
     waves = plan_suite(jobs, Devices("cpu", [0]), 2, "/o", dataroot="/d", python=PY)
     assert [(w[0].name, w[0].run) for w in waves] == [
         ("std.vae", 0), ("std.toy", 0), ("std.vae", 1), ("std.toy", 1)]

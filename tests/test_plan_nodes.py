@@ -21,7 +21,7 @@ PY = "/py"
 def job(partition, launcher="python", scheme=None, cgroup="cpuset,memory:student{device}"):
     definition = {"partition_scheme": dict(scheme or {}, type=partition)}
     return Job("std", "ddp", "milarun.models.scaling:main", arguments={"--batch-size": 8},
-               partition=partition, cgroup=cgroup, launcher=launcher, definition=definition)
+               plan_type=partition, cgroup=cgroup, launcher=launcher, definition=definition)
 
 
 def slurm(n=2, devices=(0, 1), kind="gpu"):
@@ -440,7 +440,7 @@ def test_a_rank_0_record_of_a_failed_distributed_job_gets_the_job_reason(
     (wave,) = plan_job(job("multi-node"), slurm(), 0, tmp_path, "/d", python=PY)
     lch = wave[0]
     rec = new_result(lch.name, lch.job_id, device=lch.device, devices=lch.devices,
-                     partition="multi-node")
+                     plan_type="multi-node")
     rec["error"] = {"reason": own_reason, "type": "RuntimeError", "message": "m"}
     if done:
         rec["distributed"] = {"world_size": 4, "backend": "gloo"}

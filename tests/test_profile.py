@@ -102,7 +102,7 @@ def test_deep_merge_keeps_cgroup_template(tmp_path):
         "_ignored": {"anything": True},
     })
     (job,) = load_profile(path)
-    assert job.partition == "normal"
+    assert job.plan_type == "normal"
     assert job.cgroup == "cpuset,memory:student{device}"
     assert job.arguments == {"--seed": 1, "--batch-size": 8}
     assert job.suite == "bad" and job.full_name == "bad.a"

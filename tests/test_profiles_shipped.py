@@ -54,7 +54,7 @@ def test_profile_validates_and_weights_match(name):
     weighted = {k for k in weights if not k.startswith("_")}
     assert weighted == {j.full_name for j in jobs}
     if name in CLUSTER_PROFILES:
-        kinds = {j.partition for j in jobs}
+        kinds = {j.plan_type for j in jobs}
         assert {"per-gpu", "njobs", "multi-node", "node-progression"} <= kinds
     elif name in STUDY_PROFILES:
         assert {j.experiment for j in jobs} == {"milarun.models.io:main"}
@@ -67,7 +67,7 @@ def test_profile_validates_and_weights_match(name):
         assert sorted(j.name for j in jobs) == sorted(expected)
     for job in jobs:
         if job.name in INFERENCE_TESTS:
-            assert job.partition == "multi-process" and weights[job.full_name]["weight"] > 0
+            assert job.plan_type == "multi-process" and weights[job.full_name]["weight"] > 0
 
 
 def test_cpu_profile_prepares_its_own_data():
@@ -132,7 +132,7 @@ BASELINES = sorted((ROOT / "baselines").glob("*/*.json"))
 @pytest.mark.parametrize("path", BASELINES, ids=[p.stem for p in BASELINES])
 def test_committed_baselines_read_and_match_their_profile(path):
     # baselines/<profile>/<machine>.json: a summary of that profile, with its HTML report
-    from milarun.analysis.summary import read_summary
+    from milarun.formats.summary import read_summary
 
     summary = read_summary(path)
     profile = path.parent.name

@@ -13,7 +13,8 @@ from milarun.cli import main
 from milarun.cli.report import run_report
 from milarun.errors import ResultFormatError
 from milarun.report import build_report, check_weights, load_weights, render_text
-from milarun.analysis.summary import normalize_summary, read_summary, summarize_dir
+from milarun.analysis.summary import summarize_dir
+from milarun.formats.summary import normalize_summary, read_summary
 
 ROOT = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures"

@@ -14,7 +14,8 @@ from milarun.cli.report import run_report
 from milarun.report import build_report, render_text
 from milarun.formats.record import new_result
 from milarun.formats.store import write_result
-from milarun.analysis.summary import normalize_summary, read_summary, summarize, summarize_dir
+from milarun.analysis.summary import summarize, summarize_dir
+from milarun.formats.summary import normalize_summary, read_summary
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -32,7 +33,7 @@ def record(name, rate, *, device="0", devices=(0,), partition="per-gpu", run=0,
     """A successful record whose steady-state rate is exactly ``rate`` items/s
     (20 one-second samples, the first a warm-up); ``fields`` are top-level extras."""
     rec = new_result(name, f"{run}.{device}", device=device, devices=list(devices), run=run,
-                     partition=partition)
+                     plan_type=partition)
     rec["success"] = True
     rec["timings"]["program"] = {"start": 1.0e9, "end": 1.0e9 + 21, "duration": 21.0}
     rec["timings"]["train"]["samples"] = [

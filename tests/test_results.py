@@ -11,7 +11,7 @@ from milarun.formats.store import iter_results, load_result, result_filename, wr
 
 
 def test_round_trip(tmp_path):
-    rec = new_result("cpu.vae", "2.1", device="1", devices=[1], run=2, partition="per-gpu")
+    rec = new_result("cpu.vae", "2.1", device="1", devices=[1], run=2, plan_type="per-gpu")
     rec["timings"]["train"]["samples"] = [{"start": 0, "end": 0.5, "count": 10, "rate": 20.0,
                                             "warmup": True}]
     rec["success"] = True

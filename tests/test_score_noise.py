@@ -11,7 +11,8 @@ from milarun.measure import confidence, stats
 from milarun.cli.report import run_report
 from milarun.report import build_report, render_html, render_text
 from milarun.formats.record import new_result
-from milarun.analysis.summary import normalize_summary, read_summary, summarize
+from milarun.analysis.summary import summarize
+from milarun.formats.summary import normalize_summary, read_summary
 
 FIX = Path(__file__).parent / "fixtures"
 BASE2020 = FIX / "baseline2020.json"
@@ -192,7 +193,7 @@ def test_a_dead_gpu_costs_the_node_once():
 def record(name, rate, device, host, partition="per-gpu", **fields):
     """A successful record whose steady-state rate is ``rate`` items/s."""
     rec = new_result(name, f"0.{device}", device=device, devices=[0], run=0,
-                     partition=partition)
+                     plan_type=partition)
     rec["success"] = True
     rec["timings"]["program"] = {"start": 1.0e9, "end": 1.0e9 + 21, "duration": 21.0}
     rec["timings"]["train"]["samples"] = [
@@ -304,7 +305,7 @@ def test_score_ratio_interval():
 
 
 def test_cli_and_html_show_node_score_and_intervals(tmp_path):
-    from milarun.analysis.summary import write_summary
+    from milarun.formats.summary import write_summary
 
     path = tmp_path / "s.json"
     write_summary(node_of(4), path)
@@ -344,7 +345,7 @@ def test_extreme_but_valid_numbers_give_n_a_or_a_scaled_answer_never_a_traceback
 
 
 def test_a_baseline_with_huge_numbers_reports_n_a(tmp_path):
-    from milarun.analysis.summary import write_summary
+    from milarun.formats.summary import write_summary
 
     from milarun.errors import ResultFormatError
 

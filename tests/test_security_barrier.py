@@ -268,7 +268,7 @@ def test_the_secret_reaches_the_child_but_not_its_record_nor_a_rerun():
     from milarun.plan.launches import plan_job
     from milarun.profile.language import Job
 
-    job = Job("s", "crawl", "milarun.models.faults:crawl", partition="per-gpu",
+    job = Job("s", "crawl", "milarun.models.faults:crawl", plan_type="per-gpu",
               definition={"partition_scheme": {"type": "per-gpu"}})
     (wave,) = plan_job(job, Devices("cpu", [0, 1]), 0, "/o", use_cgexec=False,
                        python="python", barrier={"address": "127.0.0.1:4000", "timeout": 60,

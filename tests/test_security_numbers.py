@@ -22,7 +22,8 @@ from milarun.cli import main
 from milarun.cli.report import run_report
 from milarun.report import build_report, load_weights, render_text
 from milarun.formats.terminal import terminal_safe
-from milarun.analysis.summary import normalize_summary, summarize_dir
+from milarun.analysis.summary import summarize_dir
+from milarun.formats.summary import normalize_summary
 
 ROOT = Path(__file__).parent.parent
 RESULTS = Path(__file__).parent / "fixtures" / "results"
@@ -246,9 +247,10 @@ def test_terminal_safe_keeps_ordinary_text():
 def test_energy_readings_out_of_range_give_no_energy_not_inf():
     from milarun.measure import energy
     from milarun.formats.record import new_result, validate
-    from milarun.analysis.summary import check_summary, summarize
+    from milarun.analysis.summary import summarize
+    from milarun.formats.summary import check_summary
 
-    rec = new_result("s.t", "0.0", device="0", devices=[0], run=0, partition="per-gpu")
+    rec = new_result("s.t", "0.0", device="0", devices=[0], run=0, plan_type="per-gpu")
     rec["timings"]["train"]["samples"] = [
         {"start": 1.0 + i, "end": 2.0 + i, "count": 100.0, "rate": 100.0, "warmup": i < 2}
         for i in range(20)]

@@ -64,7 +64,7 @@ def test_without_a_secret_nothing_reads_stdin():
 
 def test_a_planned_ssh_wave_feeds_the_secret_on_stdin():
     secret = secrets.token_hex(16)
-    job = Job("s", "crawl", "milarun.models.faults:crawl", partition="per-gpu",
+    job = Job("s", "crawl", "milarun.models.faults:crawl", plan_type="per-gpu",
               definition={"partition_scheme": {"type": "per-gpu"}})
     (wave,) = plan_job(job, ssh_cluster(2), 0, "/o", python="python",
                        barrier={"address": "host1:4000", "timeout": 60, "secret": secret})

@@ -6,7 +6,7 @@ from milarun.analysis.summary import summarize
 
 def result(device, cpuset, limit):
     rec = new_result("s.t", f"0.{device}", device=str(device), devices=[device],
-                     partition="per-gpu")
+                     plan_type="per-gpu")
     rec["success"] = True
     rec["timings"]["train"]["samples"] = [
         {"start": i, "end": i + 1, "count": 10, "rate": 10.0, "warmup": i == 0} for i in range(5)]

@@ -20,7 +20,8 @@ from milarun.plan.nodes import Cluster, Node
 from milarun.plan.launches import plan_job
 from milarun.profile.language import Job
 from milarun.report import build_report, render_text
-from milarun.analysis.summary import normalize_summary, summarize
+from milarun.analysis.summary import summarize
+from milarun.formats.summary import normalize_summary
 
 STAMP = "20261122-000000-000000"
 #: The barriers' secret here (a session draws its own: secrets.token_hex).
@@ -266,7 +267,7 @@ def test_anchor_prefers_the_barrier_then_origin_then_start():
 def record(device, run, start, samples, released=None):
     from milarun.formats.record import new_result
     rec = new_result("s.t", f"{run}.{device}", device=device, devices=[int(device)], run=run,
-                     partition="per-gpu")
+                     plan_type="per-gpu")
     rec["success"] = True
     rec["timings"]["program"] = {"start": start, "end": start + 30, "duration": 30.0}
     rec["timings"]["train"]["samples"] = samples
@@ -307,7 +308,7 @@ def test_summary_and_report_use_effective_and_keep_the_2020_rule_with_own():
 
 def test_2020_baseline_scores_are_the_same_under_both_rules():
     from pathlib import Path
-    from milarun.analysis.summary import read_summary
+    from milarun.formats.summary import read_summary
     base = read_summary(Path(__file__).parent / "fixtures" / "baseline2020.json")
     a, b = build_report(base), build_report(base, throughput="own")
     assert a.score == b.score and a.score is not None
@@ -324,7 +325,7 @@ def mp_job(processes=2, k=None, experiment="milarun.models.infer:main", argument
     if k:
         scheme["devices_per_process"] = k
     return Job("s", "infer", experiment, arguments=arguments or {"--batch-size": 8},
-               partition="multi-process", definition={"partition_scheme": scheme})
+               plan_type="multi-process", definition={"partition_scheme": scheme})
 
 
 def gpus8():
@@ -433,7 +434,7 @@ def crawl_job():
     return Job("s", "crawl", "milarun.models.faults:crawl",
                arguments={"--step-seconds": 0.01, "--max-count": 120, "--sample-duration": 0.1,
                           "--warmup": 2},
-               partition="per-gpu", definition={"partition_scheme": {"type": "per-gpu"}})
+               plan_type="per-gpu", definition={"partition_scheme": {"type": "per-gpu"}})
 
 
 def test_two_processes_start_their_timed_loops_together(tmp_path):

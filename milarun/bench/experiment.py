@@ -18,7 +18,7 @@ from ..formats.jsonfile import check
 from ..formats.record import new_result
 from ..formats.store import journal_path, result_filename, write_result
 from ..host import accel, facts as hostfacts, isolation
-from ..measure import validation
+from ..measure import plausibility
 from .hostload import HostLoadMonitor
 from .literal_options import make_cli
 from .monitor import GPUMonitor, merge_node_monitors
@@ -187,7 +187,7 @@ class Experiment:
         device = extra.get("device", job_id.split(".", 1)[1] if "." in job_id else "0")
         self.result = new_result(name, job_id, device=device,
                                  devices=extra.get("devices", [0]), run=run,
-                                 partition=extra.get("partition", "normal"),
+                                 plan_type=extra.get("partition", "normal"),
                                  node=extra.get("node"), nodes=extra.get("nodes"),
                                  gpus_per_node=extra.get("gpus_per_node"))
         for key in ("job", "partition", "node_count", "placeholders"):
@@ -366,7 +366,7 @@ class Experiment:
         """
         res = self.result
         res["call"].update({"function": function, "argv": list(argv)})
-        # a test with no loss by nature says so (see milarun.measure.validation)
+        # a test with no loss by nature says so (see milarun.measure.plausibility)
         no_loss = getattr(sys.modules.get(getattr(fn, "__module__", None)), "NO_LOSS", None)
         if isinstance(no_loss, str):
             res["no_loss"] = no_loss
@@ -422,7 +422,7 @@ class Experiment:
         # nan-loss, no-steady-state: a FAIL record. Only the record's writer checks: the
         # other ranks of a torchrun job time no windows (RateLogger.follow), and their
         # samples are in no record.
-        reason = validation.apply(res) if os.environ.get("RANK", "0") == "0" else None
+        reason = plausibility.apply(res) if os.environ.get("RANK", "0") == "0" else None
         if reason:
             print(f"milarun: {reason}: {res['error']['message']}", file=sys.stderr)
         self.write()
@@ -447,7 +447,7 @@ class Experiment:
         mon = GPUMonitor(interval=self.options["monitor_interval"], origin=self.origin,
                          on_reading=on_reading)
         self._monitor_holder.append(mon.start())
-        # who else uses the host's CPUs (milarun.measure.validation flags it)
+        # who else uses the host's CPUs (milarun.measure.plausibility flags it)
         self._host_load = HostLoadMonitor(interval=self.options["monitor_interval"],
                                           origin=self.origin, on_reading=on_load).start()
 

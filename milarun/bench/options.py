@@ -1,11 +1,14 @@
 """Options every experiment accepts, and the options many workloads share (declared with coleo).
 
 :func:`common_options` holds the options every experiment accepts (``milarun.bench``
-adds them to each workload's command line). The other functions declare one option
+adds them to each workload's command line; their defaults are those of the child
+protocol, :data:`milarun.formats.child.COMMON_DEFAULTS`). The other functions declare one option
 each that several workloads take, with one help text and one rule, and the workload's
 own default::
 
     from coleo import Option, default, tooled
+
+from ..formats.child import COMMON_DEFAULTS as _DEFAULTS
     from milarun.bench.options import (batch_size_option, lr_option, precision_option,
                                        workers_option)
 
@@ -44,25 +47,25 @@ def common_options():
     ``no_instrument``, ``profile_trace`` (folder or None), ``profile_steps`` (steps).
     """
     # Stop after this many items (examples) have been processed
-    max_count: Option & int = default(1000)
+    max_count: Option & int = default(_DEFAULTS["max_count"])
     # Keep training past max-count until the steady state lasts this many seconds (0: off; not with --no-instrument)
-    min_steady: Option & float = default(0.0)
+    min_steady: Option & float = default(_DEFAULTS["min_steady"])
     # Length of one sample window, in seconds
-    sample_duration: Option & float = default(0.5)
+    sample_duration: Option & float = default(_DEFAULTS["sample_duration"])
     # Number of leading sample windows flagged as warm-up
-    warmup: Option & int = default(3)
+    warmup: Option & int = default(_DEFAULTS["warmup"])
     # Random seed
-    seed: Option & int = default(1234)
+    seed: Option & int = default(_DEFAULTS["seed"])
     # Device: auto (cuda, else xpu, when available), cpu, cuda or xpu
-    device: Option = default("auto")
+    device: Option = default(_DEFAULTS["device"])
     # Seconds between two GPU telemetry readings
-    monitor_interval: Option & float = default(1.0)
+    monitor_interval: Option & float = default(_DEFAULTS["monitor_interval"])
     # Disable the rate logger's windows and the GPU monitor (for overhead checks)
-    no_instrument: Option & bool = default(False)
+    no_instrument: Option & bool = default(_DEFAULTS["no_instrument"])
     # Write a torch.profiler Chrome trace of a few steady-state steps into this folder (relative: inside the results folder); those samples leave the steady state
-    profile_trace: Option = default(None)
+    profile_trace: Option = default(_DEFAULTS["profile_trace"])
     # Steps that --profile-trace records (1 to 1000)
-    profile_steps: Option & int = default(10)
+    profile_steps: Option & int = default(_DEFAULTS["profile_steps"])
     return {
         "max_count": max_count,
         "min_steady": min_steady,

@@ -11,9 +11,9 @@ from pathlib import Path
 from ..errors import SetupError, say
 from .options import flag, option, positional
 
-#: Bounds of the numeric options (a typo must not mean a week-long or endless run).
+#: Bounds of the numeric options (a typo must not mean a week-long or endless run); the
+#: timeouts' is the profile schema's (``profile.language.MAX_TIMEOUT_S``).
 MAX_REPEAT = 1000
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 def default_outdir():
@@ -32,8 +32,11 @@ def check_bounds(repeat, cpu_slots, timeout, join_timeout=None, barrier_timeout=
     Raises:
         SetupError: repeat not in 1..MAX_REPEAT; cpu_slots not in 1..cores;
             timeout, join_timeout or barrier_timeout not finite or not in
-            (0, MAX_TIMEOUT_S].
+            (0, MAX_TIMEOUT_S] (the profile schema's bound, 7 days).
     """
+    # lazy, for start-up: `milarun --help` imports every cli module (the profile schema)
+    from ..profile.language import MAX_TIMEOUT_S
+
     if not 1 <= repeat <= MAX_REPEAT:
         raise SetupError(f"--repeat must be between 1 and {MAX_REPEAT}, not {repeat}")
     cores = os.cpu_count() or 1
@@ -140,7 +143,7 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     plan_opts = dict(extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout,
                      rdzv_port=rdzv_port, join_timeout=join_timeout or JOIN_TIMEOUT_S)
     for job in jobs_:
-        for note in job.plan_type.notes(job, cluster):
+        for note in job.kind.notes(job, cluster):
             say(f"milarun: {job.full_name}: {note}")
     outdir = resume or out or default_outdir()
     barrier_timeout = barrier_timeout or BARRIER_TIMEOUT_S

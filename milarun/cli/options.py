@@ -68,3 +68,26 @@ def add_options(parser, specs):
                                 nargs=s.nargs, help=s.help,
                                 metavar="NUM" if s.type in (int, float) else "VALUE")
     return parser
+
+
+def as_argv(specs, values):
+    """The arguments that give ``values`` (``{name: value}``, in that order) to a command
+    whose options are ``specs``: what its parser reads back into the same values. A flag
+    when true (a negated one when false), an option when its value is not None (nor an
+    empty list), with its first spelling: ``--name``, then its value (a float as ``%g``)
+    or its values; a positional as its value."""
+    by_name = {s.name: s for s in specs}
+    argv = []
+    for name, value in values.items():
+        s = by_name[name]
+        if s.kind == "flag":
+            argv += [s.flags[0]] if value else []
+        elif s.kind == "negate":
+            argv += [] if value else [s.flags[0]]
+        elif value is None or (s.nargs and not value):
+            continue
+        else:
+            words = [f"{v:g}" if isinstance(v, float) else str(v)
+                     for v in (value if s.nargs else [value])]
+            argv += words if s.kind == "positional" else [s.flags[0]] + words
+    return argv

@@ -10,7 +10,6 @@ the exact command and environment, and runs a record this host's milarun did
 not write (:mod:`milarun.formats.trust`) only with ``--yes``.
 """
 
-import json
 import os
 import re
 import shlex
@@ -18,6 +17,7 @@ import subprocess
 import sys
 
 from ..errors import MilarunError, ResultFormatError
+from ..formats import child
 from .options import flag, option, positional
 
 #: The variables a rerun takes from a record's ``environ``: those milarun sets for
@@ -30,8 +30,7 @@ RERUN_ENV = frozenset({
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "ROCR_VISIBLE_DEVICES",
     "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "ZE_FLAT_DEVICE_HIERARCHY",
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONHASHSEED",
-    "MILARUN_DEVICE", "MILARUN_RUN", "MILARUN_CPUS", "MILARUN_PCI_BUS_ID",
-    "MILARUN_BACKEND", "MILARUN_NODE",
+    *child.ENV_LAUNCH,
 })
 #: A value kept: device lists, UUIDs (``MIG-GPU-…/1/0``), PCI ids, CPU lists,
 #: numbers, names; at most 1024 characters, no space, quote or control character.
@@ -181,17 +180,12 @@ def rerun_command(record, extra_args=(), out=None, python=None, function=None, p
     """
     python = python or sys.executable
     call = record.get("call") or {}
-    argv = [python, SAFE_PATH, "-m", "milarun", "run", check_function(record, function)]
-    if out:
-        argv += ["-o", str(out)]
-    if record.get("dataroot"):
-        argv += ["-d", record["dataroot"]]
-    extra = {k: record[k] for k in ("run", "device", "devices", "partition", "job", "node",
-                                    "nodes", "node_count", "gpus_per_node", "placeholders")
-             if k in record}
-    argv += ["--experiment-name", record["name"], "--job-id", record.get("job_id", "0.0"),
-             "--extra", json.dumps(extra, sort_keys=True), "--"]
-    argv += list(call.get("argv", [])) + list(extra_args)
+    extra = {k: record[k] for k in child.RERUN_FIELDS if k in record}
+    argv = child.child_argv([python, SAFE_PATH, *child.RUN_MODULE],
+                            check_function(record, function), out=str(out) if out else None,
+                            dataroot=record.get("dataroot") or None, name=record["name"],
+                            job_id=record.get("job_id", "0.0"), extra=extra,
+                            test_argv=list(call.get("argv", [])) + list(extra_args))
     for arg in argv:   # the OS cannot pass a NUL (ValueError deep in subprocess)
         if not isinstance(arg, str) or "\0" in arg:
             raise ResultFormatError("its command (call.argv, dataroot or name) holds an "

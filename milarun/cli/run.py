@@ -1,10 +1,10 @@
 """``milarun run MODULE:FUNCTION [-o OUT] [-d DATAROOT] -- ARGS``."""
 
-import json
 import os
 from pathlib import Path
 
 from ..errors import MilarunError, ResultFormatError
+from ..formats import child
 from .options import option, positional
 
 
@@ -35,15 +35,9 @@ def resolve_function(spec):
     return fn
 
 
-OPTIONS = (
-    positional("function", "The experiment to run, as module:function"),
-    option("out", "Result directory, or a file ending in .json (default: print to stdout)",
-           aliases=("-o",)),
-    option("dataroot", "Dataset root (default: $MILARUN_DATAROOT)", aliases=("-d",)),
-    option("experiment_name", "Name of the experiment, suite.job (default: run.<module>)"),
-    option("job_id", "Job id, run.device", default="0.0"),
-    option("extra", "JSON object of extra fields for the result"),
-)
+OPTIONS = tuple(positional(name, help) if aliases is None else
+                option(name, help, default=default, aliases=aliases)
+                for name, aliases, default, help in child.OPTIONS)
 
 
 def command(opts, rest):
@@ -86,12 +80,8 @@ def run_experiment(function, argv, out=None, dataroot=None, name=None,
     from_environment()  # die with the launcher, even as a torchrun rank
     fn = resolve_function(function)
     check_out(out)
-    if extra is not None and not isinstance(extra, dict):
-        try:
-            extra = json.loads(extra)
-        except json.JSONDecodeError as exc:
-            raise MilarunError(f"--extra is not valid JSON ({exc.msg})")
-    dataroot = dataroot or os.environ.get("MILARUN_DATAROOT")
+    extra = child.decode_extra(extra)
+    dataroot = dataroot or os.environ.get(child.ENV_DATAROOT)
     # A record's name is suite.test: a run outside a profile is in the suite "run".
     name = name or "run." + function.split(":")[0].rsplit(".", 1)[-1]
     exp = Experiment(name, job_id=job_id, dataroot=dataroot, out=out, extra=extra)

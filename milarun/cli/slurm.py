@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..errors import SetupError
-from .options import flag, option, positional
+from .options import as_argv, flag, option, positional
 
 #: What ``--time``, ``--partition`` and ``--account`` may hold (Slurm's own forms).
 _TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}")  # fullmatch: "$" would let a final newline in
@@ -135,27 +135,18 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
     from ..formats.outfile import UnsafeFileError, own_dir, write_atomic
     from ..profile.language import load_profile
     from ..launcher.dryrun import resolve_dataroot
-    from .jobs import check_bounds, default_outdir
+    from .jobs import OPTIONS as JOBS_OPTIONS, check_bounds, default_outdir
 
     load_profile(profile, names, select, exclude)
     check_options(nodes, gpus_per_node, partition, time, account)
     check_bounds(1 if repeat is None else repeat, None, timeout, join_timeout, barrier_timeout)
-    jobs_args = []
-    for flag, value in (("--repeat", repeat), ("--timeout", timeout),
-                        ("--join-timeout", join_timeout), ("--barrier-timeout", barrier_timeout)):
-        if value is not None:
-            jobs_args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
-    if cpu_slots is not None:
-        if cpu_slots < 1:
-            raise SetupError(f"--cpu-slots must be at least 1, not {cpu_slots}")
-        jobs_args += ["--cpu-slots", str(cpu_slots)]
-    if names:
-        jobs_args += ["--name"] + list(names)
-    for flag, tokens in (("--select", select), ("--exclude", exclude)):
-        if tokens:
-            jobs_args += [flag] + list(tokens)
-    if no_cgexec:
-        jobs_args.append("--no-cgexec")
+    if cpu_slots is not None and cpu_slots < 1:
+        raise SetupError(f"--cpu-slots must be at least 1, not {cpu_slots}")
+    # the options passed on, spelled as milarun jobs parses them (one builder: cli.options)
+    jobs_args = as_argv(JOBS_OPTIONS, {
+        "repeat": repeat, "timeout": timeout, "join_timeout": join_timeout,
+        "barrier_timeout": barrier_timeout, "cpu_slots": cpu_slots, "name": names,
+        "select": select, "exclude": exclude, "no_cgexec": no_cgexec})
     outdir = out or default_outdir()
     if outdir is not None:
         outdir = Path(outdir).resolve()

@@ -29,7 +29,8 @@ def run_summary(results, out=None, warn=None):
     """
     warn = warn or sys.stderr
     # lazy, for start-up: `milarun --help` imports every cli module
-    from ..analysis.summary import check_summary, summarize_dir, write_summary
+    from ..analysis.summary import summarize_dir
+    from ..formats.summary import check_summary, write_summary
 
     summary, _ = summarize_dir(results, warn=warn)
     if out:

@@ -1,2 +1,3 @@
 """File formats: the strict JSON reader, the schemas, the result record, store and
-journal, the barrier's wire format. The lowest layer above ``errors``."""
+journal, the child protocol, the barrier's wire format. The lowest layer above
+``errors``."""

@@ -54,15 +54,9 @@ import threading
 import time
 
 from ..errors import say
-
-#: Environment variables the plan gives each process of a concurrent wave.
-ENV_ADDRESS = "MILARUN_BARRIER"            # "host:port" of the launcher's server
-ENV_WAVE = "MILARUN_BARRIER_WAVE"          # the wave's id
-ENV_TIMEOUT = "MILARUN_BARRIER_TIMEOUT"    # seconds a process waits at most
-ENV_SECRET = "MILARUN_BARRIER_SECRET"      # the session's secret (never written to a record)
-ENV_LABEL = "MILARUN_DEVICE"               # the process's device label (set for every launch)
-#: What the barrier variables start with (a rerun or a lone process drops them).
-ENV_PREFIX = "MILARUN_BARRIER"
+# the environment variables of the child protocol that the barrier reads
+from .child import (ENV_ADDRESS, ENV_BARRIER_PREFIX as ENV_PREFIX, ENV_DEVICE as ENV_LABEL,
+                    ENV_SECRET, ENV_TIMEOUT, ENV_WAVE)
 
 
 def without_barrier(environ):

@@ -120,10 +120,9 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
                    "goodput_fraction"}`` (:mod:`milarun.measure.latency`).
 """
 
-import copy
-
 from ..errors import ResultFormatError
-from .jsonfile import check
+from .jsonfile import check, load_schema
+from .versioned import Migration, VersionedFormat
 
 FORMAT_VERSION = 1
 
@@ -132,18 +131,18 @@ FORMAT_VERSION = 1
 #: successful record followed by a non-zero exit or a hang; for distributed
 #: launches, a node that did not join the rendezvous in time, a rank that died,
 #: a node whose connection (ssh, srun step) dropped; and the failing checks of
-#: :mod:`milarun.measure.validation` (a NaN or infinite loss, no steady state); a
+#: :mod:`milarun.measure.plausibility` (a NaN or infinite loss, no steady state); a
 #: child whose torch cannot use the device it was given (``wrong-device``); a child
-#: whose device memory ran out (``oom``: torch's ``OutOfMemoryError``, samples kept). The
-#: schema's enum must agree (tested).
-FAIL_REASONS = ("error", "oom-killed", "timeout", "signal", "interrupted",
-                "exit-after-result", "rendezvous-timeout", "rank-failed", "node-lost",
-                "barrier-timeout", "nan-loss", "no-steady-state", "wrong-device", "oom")
+#: whose device memory ran out (``oom``: torch's ``OutOfMemoryError``, samples kept).
+#: Read from the enum of ``error.reason`` in ``result.schema.json``, the one list.
+FAIL_REASONS = tuple(load_schema("result")["$defs"]["error"]["properties"]["reason"]["enum"])
 
 
 def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
-               partition="normal", node=None, nodes=None, gpus_per_node=None):
+               plan_type="normal", node=None, nodes=None, gpus_per_node=None):
     """Return an empty version-1 record for experiment ``name`` (``suite.job``).
+
+    ``plan_type`` is the plan type's name, the record's ``partition``.
 
     ``node``, ``nodes`` (``node_count`` is their number) and ``gpus_per_node``
     are set only when given (not None).
@@ -159,7 +158,7 @@ def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
         "device": str(device),
         "devices": list(devices),
         "device_count": len(devices),
-        "partition": partition,
+        "partition": plan_type,
         "call": {"function": None, "argv": [], "arguments": {}},
         "job": {},
         "dataroot": None,
@@ -187,14 +186,14 @@ def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
     return rec
 
 
-# Each step takes a record of version v and returns one of version v + 1.
-_MIGRATIONS = {
+#: The record's versions and migrations (:mod:`milarun.formats.versioned`).
+RESULT_FORMAT = VersionedFormat(FORMAT_VERSION, {
     # 0: the unversioned layout of early prototypes, which had "train" at the top level
-    0: lambda r: {**{k: v for k, v in r.items() if k != "train"},
-                  "version": 1,
-                  "timings": {**r.get("timings", {}),
-                              "train": r.get("train", {"samples": []})}},
-}
+    0: Migration(lambda r: {**{k: v for k, v in r.items() if k != "train"},
+                            "version": 1,
+                            "timings": {**r.get("timings", {}),
+                                        "train": r.get("train", {"samples": []})}}),
+})
 
 
 def migrate(record, path=None, parsed=False):
@@ -210,27 +209,8 @@ def migrate(record, path=None, parsed=False):
     """
     if not isinstance(record, dict) or not ("version" in record or "name" in record):
         raise ResultFormatError("not a result record (no 'version' or 'name' key)", path=path)
-    version = record.get("version", 0)
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise ResultFormatError(f"bad format version {version!r}"[:80], path=path,
-                                key="version")
-    if version > FORMAT_VERSION:
-        raise ResultFormatError(
-            f"format version {version} is newer than this milarun ({FORMAT_VERSION})",
-            path=path, key="version")
     # Current records are returned as they are; only old ones are copied and rewritten.
-    rec = record if version == FORMAT_VERSION else copy.deepcopy(record)
-    while version < FORMAT_VERSION:
-        step = _MIGRATIONS.get(version)
-        if step is None:
-            raise ResultFormatError(f"unknown format version {version}", path=path, key="version")
-        try:
-            rec = step(rec)
-        except (TypeError, AttributeError, KeyError, ValueError) as exc:
-            # old files are not validated before their steps run
-            raise ResultFormatError(f"cannot migrate from format version {version} "
-                                    f"({exc.__class__.__name__}: {exc})"[:200], path=path)
-        version = rec["version"]
+    rec = RESULT_FORMAT.upgrade(record, RESULT_FORMAT.version_of(record, path, default=0), path)
     return validate(rec, path, parsed=parsed)
 
 

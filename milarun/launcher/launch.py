@@ -365,7 +365,7 @@ def base_record(launch):
         if len(launch.nodes) == 1:
             where["node"] = launch.nodes[0]
     rec = new_result(launch.name, launch.job_id, device=launch.device,
-                     devices=launch.devices, run=launch.run, partition=launch.job.partition,
+                     devices=launch.devices, run=launch.run, plan_type=launch.job.plan_type,
                      **where)
     rec["job"] = launch.job.definition
     if getattr(launch, "placeholders", None):
@@ -428,7 +428,7 @@ def minimal_record(launch, reason, message, returncode):
     device) and why it failed; the last resort of :func:`write_fail`, when the full
     record does not pass the schema."""
     rec = new_result(launch.name, launch.job_id, device=launch.device, run=launch.run,
-                     devices=launch.devices, partition=launch.job.partition)
+                     devices=launch.devices, plan_type=launch.job.plan_type)
     rec["error"] = _fail_error(reason, message, returncode)
     rec["written_by"] = "launcher"
     return rec

@@ -30,20 +30,17 @@ import sys
 import threading
 import time
 
+from ..formats import child
+
 DEFAULT_STARTUP_S = 10.0  # interpreter, torch import, model and data set up before the first sample
 TAIL_LINES = 8  # running launches whose last line is shown under the live bar
-_OPTIONS = None
 _CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?"
                       r"|[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def _option_defaults():
-    """Defaults of the options every experiment accepts (``milarun/bench/options.py``)."""
-    global _OPTIONS
-    if _OPTIONS is None:
-        from ..bench.options import common_options  # torch-free (tests/test_progress.py checks)
-        _OPTIONS = common_options()  # outside a coleo CLI, a tooled function returns its defaults
-    return _OPTIONS
+    """Defaults of the options every experiment accepts (:data:`child.COMMON_DEFAULTS`)."""
+    return child.COMMON_DEFAULTS
 
 
 def _number(value, default):
@@ -61,7 +58,7 @@ def estimate_seconds(job, startup=DEFAULT_STARTUP_S):
 
     The floor is ``--min-steady`` (s) of steady state plus ``--warmup`` windows of
     ``--sample-duration`` (s) plus ``startup`` (s); options the job does not set take the defaults
-    of ``milarun/bench/options.py``. It is a lower bound when ``--max-count`` lasts longer than
+    of the child protocol (:data:`milarun.formats.child.COMMON_DEFAULTS`). It is a lower bound when ``--max-count`` lasts longer than
     that floor. Never more than ``job.timeout`` (s). Bad values fall back to the defaults.
 
     Args:

@@ -27,10 +27,15 @@ from ..errors import ProfileError, SetupError
 from ..formats.jsonfile import read_bytes, read_json
 from ..formats.outfile import UnsafeFileError, check_target, open_regular, own_dir
 from ..formats.store import iter_results, remove_stale_tmp, result_filename, write_json_atomic
+from ..formats.versioned import VersionedFormat
 from ..profile.language import profile_files
 
 SESSION_FORMAT = "milarun-session"
 SESSION_VERSION = 1
+_UNSUPPORTED = "session format version {version!r} is not supported"
+#: The session file's versions (:mod:`milarun.formats.versioned`; no migration yet).
+SESSION = VersionedFormat(SESSION_VERSION, error_cls=SetupError, bad=_UNSUPPORTED,
+                          too_new=_UNSUPPORTED, unknown=_UNSUPPORTED)
 #: How :func:`new_session_id` writes a session id (the stamp in the session's file names).
 SESSION_ID_FORMAT = "%Y%m%d-%H%M%S-%f"
 #: Free space (MiB) a results folder needs before anything is launched.
@@ -201,9 +206,7 @@ def read_session(outdir):
                      what="session file")
     if not isinstance(data, dict) or data.get("format") != SESSION_FORMAT:
         raise SetupError("not a milarun session file", path=path)
-    if data.get("version") != SESSION_VERSION:
-        raise SetupError(f"session format version {data.get('version')!r} is not supported",
-                         path=path, key="version")
+    data = SESSION.upgrade(data, SESSION.version_of(data, path), path)
     if not isinstance(data.get("invocation"), dict) or not isinstance(data.get("sessions"), list):
         raise SetupError("missing 'invocation' or 'sessions'", path=path)
     return data

@@ -1,2 +1,3 @@
-"""Pure numbers, no I/O: steady state, intervals, effective throughput, energy,
-validation flags, anomalies."""
+"""Pure numbers, no I/O: steady state, intervals, effective throughput, energy, the
+plausibility checks of a measurement (failing checks and validation flags), anomalies.
+(A file's schema is checked in :mod:`milarun.formats`.)"""

@@ -32,7 +32,7 @@ program start, rates in items/s):
   or, when it declared none, the ``window + tail`` seconds (11 s) of the 2020
   steady-state rule.
 A result with no steady state at all is not an anomaly but a failure
-(``no-steady-state``, :mod:`milarun.measure.validation`): the child and the summary
+(``no-steady-state``, :mod:`milarun.measure.plausibility`): the child and the summary
 judge it so, and ``milarun run``/``rerun`` say it and exit 1.
 
 Rule across the results of a group (:func:`group_flags`):

@@ -37,7 +37,7 @@ from collections import defaultdict
 
 from . import stats
 from .stats import finite
-from .validation import steady_window
+from .plausibility import steady_window
 
 #: Least fraction of the steady state the readings must cover.
 MIN_COVERAGE = 0.5

@@ -62,7 +62,7 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 #: Pre-decoded batches cycled by ``--synthetic`` (per process).
 SYNTHETIC_BATCHES = 8
 
-#: No loss by nature (milarun.measure.validation's NaN check does not apply): inference trains nothing.
+#: No loss by nature (milarun.measure.plausibility's NaN check does not apply): inference trains nothing.
 NO_LOSS = "inference: nothing is trained"
 #: Seconds between two checks of the workers while the main thread waits.
 _WAIT_S = 0.5

@@ -17,7 +17,7 @@ from ..bench import data_loader, dataloop, init_torch
 from ..bench.options import batch_size_option, workers_option
 from ..datasets import require
 
-#: No loss by nature (milarun.measure.validation's NaN check does not apply): no model.
+#: No loss by nature (milarun.measure.plausibility's NaN check does not apply): no model.
 NO_LOSS = "loader measures the input pipeline alone; there is no model"
 
 

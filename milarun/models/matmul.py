@@ -34,7 +34,7 @@ from ..bench.setup import PRECISIONS
 #: ``--precisions auto`` per device type (TF32 is a CUDA tensor-core mode; elsewhere: fp32,bf16).
 AUTO_PRECISIONS = {"cuda": "fp32,tf32,fp16,bf16", "xpu": "fp32,fp16,bf16"}
 
-#: No loss by nature (milarun.measure.validation's NaN check does not apply): nothing is trained.
+#: No loss by nature (milarun.measure.plausibility's NaN check does not apply): nothing is trained.
 NO_LOSS = "matmul multiplies matrices; nothing is trained"
 
 

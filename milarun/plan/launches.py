@@ -25,7 +25,6 @@ values (``--extra``'s ``placeholders``, recorded in the result).
 """
 
 import datetime
-import json
 import math
 import shlex
 import sys
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..host import accel
+from ..formats import child
 from ..formats.barrier import ENV_ADDRESS, ENV_SECRET, ENV_TIMEOUT, ENV_WAVE
 from ..errors import SetupError
 from ..host.isolation import format_cpus, wrap
@@ -213,27 +213,23 @@ def child_argv(job, run, label, devices, out, dataroot, test_argv, python=None,
     """
     python = python or sys.executable
     fields = {"run": run, "device": label, "devices": devices,
-              "partition": job.partition, "job": job.definition}
+              "partition": job.plan_type, "job": job.definition}
     fields.update(extra or {})
     if launcher == "torchrun":
         head = [python, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(nproc), "-m", "milarun", "run"]
+                "--nproc-per-node", str(nproc)]
     elif launcher == "rendezvous":
         head = [python, "-m", "torch.distributed.run", "--nnodes", str(rendezvous["nnodes"]),
                 "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", rendezvous["endpoint"], "--rdzv-id", rendezvous["id"],
                 # torchrun reads join_timeout as an integer: round up, never to 0
                 "--rdzv-conf", f"join_timeout={max(1, math.ceil(rendezvous['join_timeout']))}",
-                "--max-restarts", "0",
-                "-m", "milarun", "run"]
+                "--max-restarts", "0"]
     else:
-        head = [python, "-m", "milarun", "run"]
-    argv = head + [job.experiment, "-o", str(out)]
-    if dataroot is not None:
-        argv += ["-d", str(dataroot)]
-    argv += ["--experiment-name", job.full_name, "--job-id", f"{run}.{label}",
-             "--extra", json.dumps(fields, sort_keys=True), "--"]
-    return argv + list(test_argv)
+        head = [python]
+    return child.child_argv(head + list(child.RUN_MODULE), job.experiment, out=out,
+                            dataroot=dataroot, name=job.full_name, job_id=f"{run}.{label}",
+                            extra=fields, test_argv=test_argv)
 
 
 def placeholder_values(job, devices, devs, nodes, outdir, dataroot):
@@ -325,14 +321,14 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
         # and say MILARUN_BACKEND=cpu, so --device auto never picks a GPU left visible
         vis = cluster.devices.child_env(devs)
         first = next(iter(vis))
-        env = {first: vis.pop(first), "MILARUN_DEVICE": label, "MILARUN_RUN": str(run), **vis}
+        env = {first: vis.pop(first), child.ENV_DEVICE: label, child.ENV_RUN: str(run), **vis}
         if wave_id is not None:
             env.update({ENV_ADDRESS: barrier["address"], ENV_WAVE: wave_id,
                         ENV_TIMEOUT: f"{float(barrier['timeout']):g}",
                         ENV_SECRET: barrier.get("secret", "")})
         cpus = list(slot.cpus) if slot.cpus and use_cgexec else None  # --no-cgexec: no pinning
         if cpus:
-            env["MILARUN_CPUS"] = format_cpus(cpus)  # the pinning, recorded in environ
+            env[child.ENV_CPUS] = format_cpus(cpus)  # the pinning, recorded in environ
         cg = slot.cgroup if use_cgexec else None
         result = Path(outdir) / result_filename(job.full_name, run, label, True, when)
         fail = Path(outdir) / result_filename(job.full_name, run, label, False, when)
@@ -368,7 +364,7 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
                       cpus=cpus, placeholders=values or None)
 
     waves = []
-    for i, wave in enumerate(job.plan_type.expand(job, cluster)):
+    for i, wave in enumerate(job.kind.expand(job, cluster)):
         wave_id = None
         if barrier is not None and len(wave) > 1 and all(s.concurrent for s in wave):
             wave_id = f"{job.full_name}.J{run}.w{i}.{when:%Y%m%d-%H%M%S}"

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..formats.barrier import ENV_SECRET
+from ..formats.child import ENV_NODE
 from ..errors import SetupError
 from ..formats.jsonfile import first_error, key_path, read_json
 
@@ -152,7 +153,7 @@ class Cluster:
             return head + inner, secret
         # each agent learns which node it is (its record's per-node facts name it)
         read = ["sh", "-c", READ_SECRET, "milarun-secret"] if secret else []
-        agents = [ssh_argv(self.node(n), read + ["env", f"MILARUN_NODE={n}"] + inner)
+        agents = [ssh_argv(self.node(n), read + ["env", f"{ENV_NODE}={n}"] + inner)
                   for n in names]
         if len(agents) == 1:
             return agents[0], secret

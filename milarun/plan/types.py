@@ -7,8 +7,8 @@ its children's launcher (python, ``torchrun --standalone``, or torchrun with a
 c10d rendezvous across nodes), its summary group names (:meth:`PlanType.group`)
 and the weight its groups take (:meth:`PlanType.weight_key`). The profile,
 the plan, the summary and the report ask :data:`TYPES`; adding a plan type is
-one class here plus its tests (and its name in ``profile.schema.json``'s
-enum, which a test keeps equal to :data:`TYPES`).
+one class here plus its tests, and its name in ``profile.schema.json``'s
+enum (:data:`NAMES`, from which :data:`TYPES` is built).
 
 ``per-gpu``          one launch per device of every node, all at once, each in its
                      student cgroup; group ``suite.job``.
@@ -36,6 +36,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import SetupError
+from ..formats.jsonfile import load_schema
 from ..host.isolation import process_cpus, slot_cpus
 
 #: ``torchrun --rdzv-conf join_timeout``: seconds a node waits for the others
@@ -314,9 +315,26 @@ class MultiProcess(PlanType):
                  for node in cluster.nodes for group, cpus in zip(groups, cores)]]
 
 
-#: name → plan type, in the order the docs list them.
-TYPES = {t.name: t for t in (PerGPU(), GPUProgression(), Normal(), NJobs(), MultiNode(),
-                             NodeProgression(), MultiProcess())}
+#: The plan types' names, in the order the docs list them: the enum of
+#: ``partition_scheme.type`` in ``profile.schema.json``, the one list.
+NAMES = tuple(load_schema("profile")["$defs"]["job"]["properties"]["partition_scheme"]
+              ["properties"]["type"]["enum"])
+
+
+def _registry(*types):
+    """``{name: plan type}`` in the order of :data:`NAMES`; every name has its class and
+    every class its name (else the import fails, naming them)."""
+    by_name = {t.name: t for t in types}
+    if set(by_name) != set(NAMES):
+        raise ImportError("the plan types of milarun/plan/types.py and the enum of "
+                          "profile.schema.json differ: "
+                          + ", ".join(sorted(set(by_name) ^ set(NAMES))))
+    return {name: by_name[name] for name in NAMES}
+
+
+#: name → plan type, in the order of :data:`NAMES`.
+TYPES = _registry(PerGPU(), GPUProgression(), Normal(), NJobs(), MultiNode(), NodeProgression(),
+                  MultiProcess())
 
 
 def plan_type(name):
@@ -325,20 +343,22 @@ def plan_type(name):
 
 
 def group_name(record):
-    """The summary group of a result record (``suite.job`` when its partition is unknown)."""
+    """The summary group of a result record (``suite.job`` when its plan type, the record's
+    ``partition``, is unknown)."""
     kind = TYPES.get(record.get("partition"))
     return kind.group(record) if kind else record["name"]
 
 
-def weight_for(group, weights, partition=None):
+def weight_for(group, weights, plan_type=None):
     """``(weight, key)`` of summary group ``group``, or ``(None, None)``.
 
-    ``partition`` None (a 2020 summary does not say) tries every type's rule.
+    ``plan_type`` (the name; a summary's ``partition``) None (a 2020 summary does not
+    say) tries every type's rule.
     """
-    if partition is None:
+    if plan_type is None:
         kinds = list(TYPES.values())
     else:
-        kinds = [TYPES.get(partition, TYPES["per-gpu"])]
+        kinds = [TYPES.get(plan_type, TYPES["per-gpu"])]
     for kind in kinds:
         key = kind.weight_key(group, weights)
         if key is not None:

@@ -64,7 +64,7 @@ Job keys:
 ``timeout``           seconds, > 0 and at most 7 days (default 1800).
 ``launcher``          ``"python"`` (default) or ``"torchrun"`` (one process per device).
 ``description``       free text.
-``validation``        thresholds of the flagging checks (:mod:`milarun.measure.validation`):
+``validation``        thresholds of the flagging checks (:mod:`milarun.measure.plausibility`):
                       ``{"usage": {"gpu_load_threshold", "gpu_mem_threshold"},
                       "host": {"outside_cpu_threshold", "steal_threshold"}}``,
                       fractions from 0 to 1, null for off; recorded in each
@@ -86,9 +86,12 @@ from pathlib import Path
 
 from ..plan import types as plantypes
 from ..errors import ProfileError
-from ..formats.jsonfile import first_error, key_path, read_json
+from ..formats.jsonfile import first_error, key_path, load_schema, read_json
 
 DEFAULT_TIMEOUT = 1800.0
+#: The longest timeout (s) of a test: the ``maximum`` of a job's ``timeout`` in
+#: ``profile.schema.json`` (7 days), which ``milarun jobs --timeout`` also obeys.
+MAX_TIMEOUT_S = float(load_schema("profile")["$defs"]["job"]["properties"]["timeout"]["maximum"])
 PREPARE_FIELDS = {"dataroot", "outdir", "python", "milarun"}
 #: Placeholders an argument value may hold; the plan fills them for each launch.
 LAUNCH_FIELDS = ("arch", "cpu_per_gpu", "dataroot", "gpu_memory_gb", "n_gpu", "outdir")
@@ -124,7 +127,8 @@ class Job:
         name: job name, e.g. ``"vae"`` (a matrix job's expanded name).
         experiment: ``"module:function"``.
         arguments: ``{flag: value}`` as resolved (matrix values in, launch placeholders not).
-        partition: the plan type's name (see :mod:`milarun.plan.types`).
+        plan_type: the plan type's name (see :mod:`milarun.plan.types`); records and
+            summaries keep it as ``partition``, the profile as ``partition_scheme.type``.
         cgroup: cgroup template with ``{device}``, or None.
         prepare: shell commands (templates) run before the test.
         exec_prefix: argv prefix.
@@ -140,7 +144,7 @@ class Job:
     name: str
     experiment: str
     arguments: dict = field(default_factory=dict)
-    partition: str = "per-gpu"
+    plan_type: str = "per-gpu"
     cgroup: str = None
     prepare: list = field(default_factory=list)
     exec_prefix: list = field(default_factory=list)
@@ -155,9 +159,9 @@ class Job:
         self.group = self.group or self.name
 
     @property
-    def plan_type(self):
-        """The :class:`milarun.plan.types.PlanType` of ``partition``."""
-        return plantypes.plan_type(self.partition)
+    def kind(self):
+        """The :class:`milarun.plan.types.PlanType` called ``plan_type``."""
+        return plantypes.plan_type(self.plan_type)
 
     @property
     def full_name(self):
@@ -714,7 +718,7 @@ class _Profile:
             out.append(Job(
                 suite=suite, name=job_name, experiment=d["experiment"],
                 arguments=dict(d.get("arguments", {})),
-                partition=part.get("type", "per-gpu"),
+                plan_type=part.get("type", "per-gpu"),
                 cgroup=None if cg is None else substitute(cg, {"CUDA_VISIBLE_DEVICES":
                                                                "{device}"}),
                 prepare=list(d.get("prepare", [])),

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from .. import __version__
-from ..analysis.summary import read_summary, summarize_dir
+from ..analysis.summary import summarize_dir
+from ..formats.summary import read_summary
 from ..errors import MilarunError, ResultFormatError
 from ..formats.outfile import UnsafeFileError, write_atomic
 from .checks import diff_line

@@ -154,15 +154,16 @@ def check_weights(data, path=None):
     return {name: float(entry["weight"]) for name, entry in data.items()}
 
 
-def weight_for(group, weights, partition=None):
+def weight_for(group, weights, plan_type=None):
     """Return ``(weight, key)`` of summary group ``group`` or ``(None, None)``.
 
     The group's plan type decides (:func:`milarun.plan.types.weight_for`): a
     gpu-progression group ``suite.job.<k>`` or a node-progression group
     ``suite.job.<n>x<g>`` falls back to the ``suite.job`` entry (every rule is
-    tried when the partition is unknown, as in 2020 summaries).
+    tried when ``plan_type``, the summary's ``partition``, is unknown, as in 2020
+    summaries).
     """
-    return plantypes.weight_for(group, weights, partition)
+    return plantypes.weight_for(group, weights, plan_type)
 
 
 @dataclass
@@ -471,7 +472,7 @@ def zero_reason(test):
     """Why a test (a normalized summary entry) has no ``perf_adj``, in words.
 
     ``"no steady state in 2 result(s): <the record's message>"`` when every
-    failure is ``no-steady-state`` (:mod:`milarun.measure.validation`: the results ran,
+    failure is ``no-steady-state`` (:mod:`milarun.measure.plausibility`: the results ran,
     but no rate was measured); ``"every run failed (timeout x2)"`` with the
     recorded reasons otherwise; the clamp when the rates have a std% of 100 %
     or more; ``"no results"`` (and how many launches were interrupted) when

@@ -1,4 +1,4 @@
-"""Validation (milarun.measure.validation): failing checks (nan-loss, no-steady-state) on hand-made
+"""The plausibility checks (milarun.measure.plausibility): failing checks (nan-loss, no-steady-state) on hand-made
 records, on records written before the checks, and from real tiny child runs; flags with
 thresholds from a profile; the summary and the report showing them."""
 
@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from milarun.measure import validation
+from milarun.measure import plausibility
 from milarun.profile.language import load_profile
 from milarun.formats.record import new_result, validate
 from milarun.formats.store import write_result
-from milarun.analysis.summary import check_summary, normalize_summary, summarize
+from milarun.analysis.summary import summarize
+from milarun.formats.summary import check_summary, normalize_summary
 
 
 def samples(n=20, rate=100.0, warmup=2, dt=1.0, loss=None):
@@ -35,7 +36,7 @@ def samples(n=20, rate=100.0, warmup=2, dt=1.0, loss=None):
 
 def record(name="s.t", device="0", run=0, samples_=None, metrics=None, job=None, **extra):
     rec = new_result(name, f"{run}.{device}", device=device, devices=[int(device)], run=run,
-                     partition="per-gpu")
+                     plan_type="per-gpu")
     rec["host"] = {"hostname": "h1", "cpu_model": "cpu", "cpu_count": 2,
                    "gpus": [{"index": 0, "name": "G", "memory_total_mib": 1000.0},
                             {"index": 1, "name": "G", "memory_total_mib": 1000.0}]}
@@ -60,25 +61,25 @@ def record(name="s.t", device="0", run=0, samples_=None, metrics=None, job=None,
 ])
 def test_a_non_finite_loss_fails_the_result(samples_, metrics, where):
     rec = record(samples_=samples_, metrics=metrics)
-    reason, message = validation.fail_check(rec)
+    reason, message = plausibility.fail_check(rec)
     assert reason == "nan-loss" and where in message
-    judged = validation.judge(rec)
+    judged = plausibility.judge(rec)
     assert judged["success"] is False and judged["error"]["reason"] == "nan-loss"
     assert rec["success"] is True and rec["error"] is None   # the input is left alone
 
 
 def test_finite_losses_and_other_metrics_pass():
     rec = record(metrics={"loss": 0.1, "accuracy": None, "tflops_fp32": 1.5, "note": "x"})
-    assert validation.fail_check(rec) is None
-    assert validation.judge(rec) is rec
-    assert validation.loss_status(rec) == "logged"
+    assert plausibility.fail_check(rec) is None
+    assert plausibility.judge(rec) is rec
+    assert plausibility.loss_status(rec) == "logged"
 
 
 def test_a_test_without_a_loss_declares_it_and_is_not_checked():
     bare = record(samples_=samples(), metrics={})
-    assert validation.loss_status(bare) == "missing"
-    assert validation.loss_status({**bare, "no_loss": "no model"}) == "none"
-    assert validation.fail_check(bare) is None and validation.fail_check(
+    assert plausibility.loss_status(bare) == "missing"
+    assert plausibility.loss_status({**bare, "no_loss": "no model"}) == "none"
+    assert plausibility.fail_check(bare) is None and plausibility.fail_check(
         {**bare, "no_loss": "no model"}) is None
 
 
@@ -90,7 +91,7 @@ def test_every_model_logs_a_loss_or_declares_it_has_none():
             continue
         tree = ast.parse(path.read_text())
         logs = any(isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "log"
-                   and any(k.arg and validation.is_loss_key(k.arg) for k in n.keywords)
+                   and any(k.arg and plausibility.is_loss_key(k.arg) for k in n.keywords)
                    for n in ast.walk(tree))
         declares = any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "NO_LOSS"
                                                          for t in n.targets)
@@ -105,19 +106,19 @@ def test_every_model_logs_a_loss_or_declares_it_has_none():
 ])
 def test_no_steady_state_fails_the_result(samples_, words):
     rec = record(samples_=samples_)
-    reason, message = validation.fail_check(rec)
+    reason, message = plausibility.fail_check(rec)
     assert reason == "no-steady-state" and words in message
 
 
 def test_a_short_steady_state_is_allowed_by_the_window_rule():
     rec = record(samples_=samples(n=4, warmup=2, loss=lambda i: 1.0))  # 2 s of steady state
-    assert validation.fail_check(rec) is None
+    assert plausibility.fail_check(rec) is None
 
 
 def test_failed_records_are_not_judged_again():
     rec = record(samples_=[], metrics={"loss": None}, success=False,
                  error={"reason": "timeout", "message": "slow"})
-    assert validation.judge(rec) is rec
+    assert plausibility.judge(rec) is rec
 
 
 def test_records_written_before_the_checks_fail_in_the_summary(tmp_path):
@@ -216,11 +217,11 @@ def gpu_record(load=90.0, memory_mib=800.0, job=None, outside=0.0, steal=None, d
 
 
 def checks(rec):
-    return {f["check"]: f for f in validation.flags(rec)}
+    return {f["check"]: f for f in plausibility.flags(rec)}
 
 
 def test_no_flag_on_a_busy_gpu_and_an_idle_host():
-    assert validation.flags(gpu_record()) == []
+    assert plausibility.flags(gpu_record()) == []
 
 
 def test_gpu_and_host_flags_with_the_default_thresholds():
@@ -241,8 +242,8 @@ def test_the_readings_outside_the_steady_state_do_not_count():
     for r in rec["gpu_monitor"]["samples"]:
         if r["t"] < 3.0:
             r["load"] = 0.0
-    assert validation.flags(rec) == []
-    start, end = validation.steady_window(rec)[1:3]
+    assert plausibility.flags(rec) == []
+    start, end = plausibility.steady_window(rec)[1:3]
     assert (start, end) == (10.0, 20.0)   # the 10 s window before the last second
 
 
@@ -280,7 +281,7 @@ def test_cpu_results_get_no_gpu_flag():
     rec = gpu_record(load=0.0)
     rec["gpu_monitor"] = {"available": False, "reason": "no visible GPU", "interval": 1.0,
                           "samples": []}
-    assert validation.flags(rec) == []
+    assert plausibility.flags(rec) == []
 
 
 def test_the_summary_and_the_report_show_the_flags(tmp_path):
