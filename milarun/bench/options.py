@@ -7,8 +7,6 @@ each that several workloads take, with one help text and one rule, and the workl
 own default::
 
     from coleo import Option, default, tooled
-
-from ..formats.child import COMMON_DEFAULTS as _DEFAULTS
     from milarun.bench.options import (batch_size_option, lr_option, precision_option,
                                        workers_option)
 
@@ -29,6 +27,8 @@ called. Called outside a coleo CLI, a helper returns its default (and
 """
 
 from coleo import Option, default, tooled
+
+from ..formats.child import COMMON_DEFAULTS as _DEFAULTS
 
 #: ``--precision`` of a training workload (``milarun.bench.setup.set_precision``,
 #: ``milarun.bench.step.MixedPrecisionStep``).

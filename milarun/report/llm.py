@@ -8,6 +8,7 @@ are not listed; a report without LLM tests has no such section.
 
 from ..analysis.llm import mfu_percent
 from .formatting import fmt_num
+from .plots import _XML_HEAD
 
 
 def llm_rows(tests):
@@ -113,7 +114,6 @@ def latency_plot(plotter, levels):
         fig.tight_layout()
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata={"Date": None})
-    from .plots import _XML_HEAD
     return _XML_HEAD.sub("", buf.getvalue(), count=1)
 
 
