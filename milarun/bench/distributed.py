@@ -20,10 +20,10 @@ is the same. Only rank 0 writes the result (``Experiment.write``).
 import contextlib
 import datetime
 import os
-import socket
 from dataclasses import dataclass
 
 from ..formats import barrier
+from ..host.net import free_port
 from .setup import WrongDevice
 
 #: Seconds of torch's own default process-group timeout (``torch.distributed``:
@@ -55,12 +55,6 @@ class World:
     local_size: int
     backend: str
     device: object
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env_int(name, default):
@@ -129,7 +123,7 @@ def process_group(exp, device, backend="auto"):
     if "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend, rank=rank, world_size=size, timeout=timeout, **extra)
     else:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port('127.0.0.1')}",
                                 rank=0, world_size=1, timeout=timeout, **extra)
     try:
         exp.gather_hosts()
