@@ -4,6 +4,7 @@ import socket
 
 import pytest
 
+from milarun.host import accel
 from milarun.host.net import free_port
 
 
@@ -19,3 +20,10 @@ def test_free_port_default_when_none_can_be_had():
     assert free_port("192.0.2.1", default=29400) == 29400
     with pytest.raises(OSError):
         free_port("192.0.2.1")
+
+
+def test_gpu_backends_follow_the_one_discovery_order():
+    assert accel.GPU_BACKENDS == ("nvidia", "amd", "intel")
+    order = list(accel.BACKENDS)
+    assert [order.index(n) for n in accel.GPU_BACKENDS] == sorted(
+        order.index(n) for n in accel.GPU_BACKENDS)

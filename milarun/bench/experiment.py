@@ -101,7 +101,7 @@ def _gpus():
     """``(host.gpus, host.accelerator)`` from the launcher's backend (``$MILARUN_BACKEND``,
     else the first backend that sees a device); ``([], None)`` on CPU slots."""
     name = os.environ.get("MILARUN_BACKEND")
-    names = [name] if name else ["nvidia", "amd", "intel"]
+    names = [name] if name else accel.GPU_BACKENDS
     for n in names:
         if n not in accel.VENDOR_OF:
             return [], None

@@ -15,9 +15,6 @@ from .accel import probe
 from .accel.nvidia import nvml_str, nvml_visible, visible_indices  # noqa: F401
 from .accel.probe import describe
 
-GPU_BACKENDS = ("nvidia", "amd", "intel")
-
-
 @dataclass
 class Devices:
     """What the plan spreads tests over.
@@ -90,7 +87,7 @@ def from_accelerators(backend, found, cores=None):
                    backend, [a.visible_id for a in found], list(found))
 
 
-def find_gpus(backends=GPU_BACKENDS, options=None):
+def find_gpus(backends=accel.GPU_BACKENDS, options=None):
     """``(Devices or None, {backend: why it saw nothing})``: the first backend with
     visible devices; its own entry, when it has one, says which devices it skipped
     and why (an NVIDIA GPU that cannot be opened). ``options``: per backend name,
@@ -120,7 +117,7 @@ def nvml_gpus():
 
 def silent_fallback_error(seen, reasons):
     """The one line that stops a run on a host whose accelerators no backend sees."""
-    why = "; ".join(f"{name}: {reasons[name]}" for name in GPU_BACKENDS
+    why = "; ".join(f"{name}: {reasons[name]}" for name in accel.GPU_BACKENDS
                     if name in reasons and accel.VENDOR_OF[name] in seen)
     return (f"this host has accelerators ({describe(seen)}) but milarun sees none of them"
             f" ({why or 'no backend for them'}); install the driver and library "

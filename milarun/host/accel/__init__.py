@@ -18,6 +18,10 @@ BACKENDS = {
 #: the vendor each GPU backend serves (what the probe reports)
 VENDOR_OF = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel"}
 
+#: the GPU backends, in discovery order (the one place that order is written is
+#: :data:`BACKENDS`)
+GPU_BACKENDS = tuple(name for name in BACKENDS if name in VENDOR_OF)
+
 
 def get(name, **kwargs):
     """A new backend object by name.
