@@ -5,7 +5,7 @@ imported only when asked for, so a vendor library that is missing or broken
 only disables its backend.
 """
 
-import importlib
+from ...formats import entrypoint
 
 #: name -> "module:class", in discovery order.
 BACKENDS = {
@@ -29,5 +29,4 @@ def get(name, **kwargs):
     Raises:
         KeyError: an unknown backend name.
     """
-    module, _, cls = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(**kwargs)
+    return entrypoint.load(BACKENDS[name], "class")(**kwargs)

@@ -1,0 +1,48 @@
+"""The small shared helpers (issue 21, section 3: each concept written once)."""
+
+import socket
+
+import pytest
+
+from milarun.formats import entrypoint
+from milarun.host import accel
+from milarun.host.net import free_port
+
+
+def test_free_port_can_be_bound():
+    port = free_port("127.0.0.1")
+    assert 1 <= port <= 65535
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_free_port_default_when_none_can_be_had():
+    # an address this host does not have: binding fails
+    assert free_port("192.0.2.1", default=29400) == 29400
+    with pytest.raises(OSError):
+        free_port("192.0.2.1")
+
+
+def test_gpu_backends_follow_the_one_discovery_order():
+    assert accel.GPU_BACKENDS == ("nvidia", "amd", "intel")
+    order = list(accel.BACKENDS)
+    assert [order.index(n) for n in accel.GPU_BACKENDS] == sorted(
+        order.index(n) for n in accel.GPU_BACKENDS)
+
+
+@pytest.mark.parametrize("spec, message", [
+    (5, "must be a string 'module:function'"),
+    ("milarun.models.toy_reg", "'milarun.models.toy_reg' must look like 'module:function'"),
+    (":main", "':main' must look like 'module:function'"),
+    ("a.b:c.d", "'a.b:c.d' must look like 'module:function'"),
+])
+def test_entrypoint_parse_refuses(spec, message):
+    with pytest.raises(ValueError) as exc:
+        entrypoint.parse(spec)
+    assert str(exc.value) == message
+
+
+def test_entrypoint_parse_and_load():
+    assert entrypoint.parse("milarun.models.toy_reg:main") == ("milarun.models.toy_reg", "main")
+    assert entrypoint.load("os.path:join") is __import__("os").path.join
+    assert entrypoint.load("os.path:no_such_name") is None
