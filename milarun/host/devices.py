@@ -25,7 +25,7 @@ class Devices:
         names: GPU names (empty for CPU slots).
         affinity: per device, the CPU ids local to it (empty when unknown or
             for CPU slots).
-        cores: CPU cores the node's students share (``isolation.host_cpus``),
+        cores: CPU cores the node's students share (``isolation.student_pool_cpus``),
             None when unknown.
         memory_mib: per device, its memory in MiB (a GPU's total; a CPU slot's
             share of the host RAM); empty when unknown.
@@ -137,7 +137,7 @@ def discover(cpu_slots=None, root="/", options=None):
     """
     import psutil
 
-    cores = len(isolation.host_cpus())
+    cores = len(isolation.student_pool_cpus())
     gpus, reasons = find_gpus(options=options)
     if gpus is not None:
         gpus.cores = cores

@@ -386,7 +386,7 @@ def wrap(argv, cgroup=None, exec_prefix=(), use_cgexec=True, cpus=None):
     return out
 
 
-def host_cpus():
+def student_pool_cpus():
     """The CPU ids the students split: the root cpuset's, else this process's affinity."""
     root_cpus = _read(CGROOT / "cpuset" / "cpuset.cpus") or _read(CGROOT / "cpuset.cpus.effective")
     return parse_cpus(root_cpus) if root_cpus else sorted(os.sched_getaffinity(0))
