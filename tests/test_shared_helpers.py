@@ -46,3 +46,25 @@ def test_entrypoint_parse_and_load():
     assert entrypoint.parse("milarun.models.toy_reg:main") == ("milarun.models.toy_reg", "main")
     assert entrypoint.load("os.path:join") is __import__("os").path.join
     assert entrypoint.load("os.path:no_such_name") is None
+
+
+def test_world_from_the_torchrun_environment():
+    from milarun.bench.distributed import World  # the child's side: bench
+
+    alone = World.from_environment({})
+    assert (alone.size, alone.rank, alone.local_rank, alone.local_size) == (1, 0, 0, 1)
+    assert not alone.torchrun and alone.master_addr is None and alone.backend is None
+    world = World.from_environment({
+        "WORLD_SIZE": "8", "RANK": "5", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1", "MASTER_ADDR": "node0", "MASTER_PORT": "29400",
+        "TORCHELASTIC_RUN_ID": "abc"})
+    assert (world.size, world.rank, world.local_rank, world.local_size, world.node_rank) == \
+        (8, 5, 1, 4, 1)
+    assert (world.master_addr, world.master_port, world.run_id) == ("node0", "29400", "abc")
+    assert world.torchrun
+    # LOCAL_WORLD_SIZE defaults to the world; an empty variable to its default
+    assert World.from_environment({"WORLD_SIZE": "2", "RANK": ""}).local_size == 2
+    assert World.from_environment({"LOCAL_RANK": "0"}).torchrun
+    with pytest.raises(ValueError):
+        World.from_environment({"RANK": "x"})
+

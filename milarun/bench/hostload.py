@@ -37,6 +37,8 @@ import os
 import threading
 import time
 
+from .distributed import World
+
 #: Fields of ``psutil.cpu_times()`` that count as busy (guest time is part of user).
 BUSY_FIELDS = ("user", "nice", "system")
 
@@ -66,7 +68,7 @@ def suite_root(environ=None, pid=None):
     launcher = environ.get("MILARUN_PDEATHSIG", "")
     if launcher.isdigit() and int(launcher) > 1 and int(launcher) in ancestors:
         return int(launcher), "launcher"
-    if "LOCAL_RANK" in environ and ancestors and ancestors[0] > 1:
+    if World.from_environment(environ).torchrun and ancestors and ancestors[0] > 1:
         return ancestors[0], "torchrun-agent"
     return pid, "self"
 
