@@ -6,6 +6,7 @@ import pytest
 
 from milarun.formats import entrypoint
 from milarun.host import accel
+from milarun.host.kernel import read_text
 from milarun.host.net import free_port
 
 
@@ -67,4 +68,13 @@ def test_world_from_the_torchrun_environment():
     assert World.from_environment({"LOCAL_RANK": "0"}).torchrun
     with pytest.raises(ValueError):
         World.from_environment({"RANK": "x"})
+
+
+def test_read_text_of_kernel_files(tmp_path):
+    (tmp_path / "cpulist").write_text("0-3\n")
+    (tmp_path / "bad").write_bytes(b"\xff\xfe")
+    assert read_text(tmp_path / "cpulist") == "0-3"
+    assert read_text(tmp_path / "missing") is None
+    assert read_text(tmp_path / "bad") is None      # not UTF-8
+    assert read_text(tmp_path) is None              # a folder: unreadable
 
