@@ -78,3 +78,56 @@ def test_read_text_of_kernel_files(tmp_path):
     assert read_text(tmp_path / "bad") is None      # not UTF-8
     assert read_text(tmp_path) is None              # a folder: unreadable
 
+
+
+def test_periodic_sampler_reads_until_stop_then_once_more():
+    import time
+
+    from milarun.bench.sampler import PeriodicSampler
+
+    class Counter(PeriodicSampler):
+        sample_at_start = True
+
+        def _sample(self):
+            row = {"n": len(self.samples)}
+            self.samples.append(row)
+            self._notify(row)
+
+    seen = []
+    with Counter(interval=0.02, on_reading=seen.append) as s:
+        assert s.available
+        time.sleep(0.2)
+    n = len(s.samples)
+    assert n >= 3 and seen == s.samples and s.reason is None
+    time.sleep(0.1)
+    assert len(s.samples) == n          # the thread ended
+
+
+def test_periodic_sampler_failure_ends_the_thread_with_a_reason():
+    import time
+
+    from milarun.bench.sampler import PeriodicSampler
+
+    class Broken(PeriodicSampler):
+        def _init(self):
+            self.reason = None
+            return True
+
+        def _sample(self):
+            raise OSError("gone")
+
+        def _last(self):
+            pass
+
+    s = Broken(interval=0.01, reason="not started").start()
+    time.sleep(0.2)
+    s.stop()
+    assert s.reason == "sampling stopped: OSError: gone"
+
+    class Nothing(PeriodicSampler):
+        def _init(self):
+            self.reason = "no GPU"
+            return False
+
+    n = Nothing().start()
+    assert not n.available and n._thread is None and n.reason == "no GPU"
