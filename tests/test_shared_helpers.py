@@ -79,6 +79,61 @@ def test_read_text_of_kernel_files(tmp_path):
     assert read_text(tmp_path) is None              # a folder: unreadable
 
 
+def _group_of(script):
+    import subprocess
+    return subprocess.Popen(["sh", "-c", script], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_terminate_group_kills_a_group_that_ignores_sigterm_after_the_grace():
+    import time
+
+    from milarun.host import supervise
+
+    # the shell and its background child both ignore SIGTERM
+    proc = _group_of("trap '' TERM; sleep 100 & trap '' TERM; wait")
+    time.sleep(0.3)
+    group = supervise.ProcessGroup(proc, until="members")
+    t0 = time.monotonic()
+    assert supervise.terminate_group(group, grace_s=0.5) == []
+    took = time.monotonic() - t0
+    assert 0.5 <= took < 5, took
+    assert proc.poll() == -9 and supervise.group_members(proc.pid) == []
+
+
+def test_terminate_group_sweeps_what_a_leader_left_and_can_be_cut_short():
+    import time
+
+    from milarun.host import supervise
+
+    proc = _group_of("sleep 100 & exec sleep 100")
+    time.sleep(0.3)
+    members = supervise.group_members(proc.pid)
+    assert len(members) == 2
+    t0 = time.monotonic()
+    # SIGTERM ends the leader; its group (the background sleep) is swept with it
+    assert supervise.terminate_group([supervise.ProcessGroup(proc)], 30,
+                                     cut_short=lambda: True) == []
+    assert time.monotonic() - t0 < 5
+    time.sleep(0.1)
+    assert supervise.group_members(proc.pid) == []
+
+
+def test_group_stop_steps_a_plain_process_to_sigkill():
+    import subprocess
+    import time
+
+    from milarun.host import supervise
+
+    proc = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.05; done"])
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    stop = supervise.GroupStop(proc, 0.3, abandon_s=10, now=t0)
+    assert stop.step(t0 + 0.1) is False and proc.poll() is None   # SIGTERM ignored
+    stop.step(t0 + 0.5)                                              # grace over: SIGKILL
+    proc.wait(timeout=5)
+    assert proc.returncode == -9 and stop.step() is True and not stop.abandoned
+
 
 def test_periodic_sampler_reads_until_stop_then_once_more():
     import time
