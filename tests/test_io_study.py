@@ -336,7 +336,7 @@ def io_results(tmp_path):
 
 
 def test_io_tables_pair_traverse_and_train_per_workers(io_results):
-    from milarun.report.io import io_tables
+    from milarun.report.iostudy import io_tables
     from milarun.analysis.summary import summarize_dir
 
     summary, records = summarize_dir(io_results)
@@ -352,7 +352,7 @@ def test_io_tables_pair_traverse_and_train_per_workers(io_results):
 
 
 def test_io_tables_skip_other_tests_and_missing_modes(tmp_path):
-    from milarun.report.io import io_tables
+    from milarun.report.iostudy import io_tables
     from milarun.analysis.summary import summarize
 
     other = io_record("train", "x", 1, 5.0)

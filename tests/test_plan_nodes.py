@@ -468,3 +468,20 @@ def test_join_timeout_out_of_range_is_one_line_for_jobs_and_slurm(capsys, comman
     err = capsys.readouterr().err
     assert err.startswith("milarun: error: --join-timeout must be a number of seconds in (0, ")
     assert err.count("\n") == 1
+
+
+def test_fanout_kills_an_agent_that_ignores_sigterm_after_the_grace():
+    import signal
+    import time
+
+    from milarun.launcher import fanout
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    agents = [["sh", "-c", "trap '' TERM; exec sleep 60"], ["sh", "-c", "sleep 0.3; exit 3"]]
+    t0 = time.monotonic()
+    try:
+        assert fanout.run(agents, grace=0.5) == 3
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert time.monotonic() - t0 < 10

@@ -552,7 +552,7 @@ def test_discovery_gives_the_facts_placeholders_need(monkeypatch):
     from test_monitor import fake_pynvml
 
     from milarun.host import devices, isolation
-    monkeypatch.setattr(isolation, "host_cpus", lambda: list(range(12)))
+    monkeypatch.setattr(isolation, "student_pool_cpus", lambda: list(range(12)))
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=3))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
     gpus = devices.discover()
@@ -575,10 +575,10 @@ def test_a_run_records_its_placeholders(tmp_path, capsys):
         main(["jobs", str(path), "--no-cgexec", "--cpu-slots", "1", "-d", str(tmp_path),
               "-o", str(out)])
     assert exc.value.code == 0, capsys.readouterr()
-    from milarun.host.isolation import host_cpus
+    from milarun.host.isolation import student_pool_cpus
     (result,) = out.glob("p.a.J0.0.*.json")
     rec = json.loads(result.read_text())
-    cores = len(host_cpus())
+    cores = len(student_pool_cpus())
     assert rec["placeholders"] == {"arch": "cpu", "cpu_per_gpu": cores}
     argv = rec["call"]["argv"]
     assert argv[-6:] == ["--batch-size", str(cores), "--max-count", "400", "--device", "cpu"]

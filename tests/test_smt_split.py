@@ -140,7 +140,7 @@ def test_student_plan_uses_the_hosts_cores(tmp_path, monkeypatch):
     cpus, core_of, socket_of = fake_host(tmp_path, 2, 8, 2)
     gpus = devices.Devices("gpu", list(range(4)), affinity=gpu_affinity(4, 2, socket_of))
     real = isolation.cpu_cores
-    monkeypatch.setattr(students, "host_cpus", lambda: cpus)
+    monkeypatch.setattr(students, "student_pool_cpus", lambda: cpus)
     monkeypatch.setattr(students, "cpu_cores", lambda c=None, root="/": real(c, tmp_path))
     monkeypatch.setattr(students, "numa_nodes_of_cpus",
                         lambda root="/": {c: socket_of[c] for c in cpus})

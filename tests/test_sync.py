@@ -341,7 +341,7 @@ def test_schemas_know_every_plan_type():
 
 
 def test_two_processes_of_four_gpus_pinned_to_their_numa_nodes(monkeypatch):
-    monkeypatch.setattr(plantypes, "host_cpus", lambda: list(range(36)))
+    monkeypatch.setattr(plantypes, "launcher_cpus", lambda: list(range(36)))
     (wave,) = plan_job(mp_job(), gpus8(), 0, "/out", "/data", python="py",
                        barrier={"address": "127.0.0.1:5000", "timeout": 60})
     assert [lch.device for lch in wave] == ["0-3", "4-7"]
@@ -359,7 +359,7 @@ def test_two_processes_of_four_gpus_pinned_to_their_numa_nodes(monkeypatch):
 
 
 def test_processes_sharing_a_numa_node_split_its_cores(monkeypatch):
-    monkeypatch.setattr(plantypes, "host_cpus", lambda: list(range(36)))
+    monkeypatch.setattr(plantypes, "launcher_cpus", lambda: list(range(36)))
     (wave,) = plan_job(mp_job(4), gpus8(), 0, "/out", python="py")
     assert [lch.device for lch in wave] == ["0-1", "2-3", "4-5", "6-7"]
     assert [lch.env["MILARUN_CPUS"] for lch in wave] == ["0-8", "9-17", "18-26", "27-35"]
@@ -368,7 +368,7 @@ def test_processes_sharing_a_numa_node_split_its_cores(monkeypatch):
 
 
 def test_multi_process_on_cpu_slots_and_fewer_devices(monkeypatch):
-    monkeypatch.setattr(plantypes, "host_cpus", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(plantypes, "launcher_cpus", lambda: [0, 1, 2, 3])
     job = mp_job(2)
     (wave,) = plan_job(job, Devices("cpu", [0, 1, 2, 3]), 0, "/out", python="py")
     assert [(lch.device, lch.env["MILARUN_CPUS"]) for lch in wave] == [("0-1", "0-1"),
@@ -395,7 +395,7 @@ def test_process_cpus_without_affinity_splits_the_host():
 
 def test_check_ready_wants_numactl_for_pinned_launches(monkeypatch):
     from milarun.errors import SetupError
-    monkeypatch.setattr(plantypes, "host_cpus", lambda: [0, 1])
+    monkeypatch.setattr(plantypes, "launcher_cpus", lambda: [0, 1])
     waves = plan_job(mp_job(), Devices("cpu", [0, 1]), 0, "/out", python="py")
     monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(SetupError, match="numactl is not installed"):

@@ -20,10 +20,10 @@ is the same. Only rank 0 writes the result (``Experiment.write``).
 import contextlib
 import datetime
 import os
-import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..formats import barrier
+from ..host.net import free_port
 from .setup import WrongDevice
 
 #: Seconds of torch's own default process-group timeout (``torch.distributed``:
@@ -38,33 +38,60 @@ BARRIER_MARGIN_S = 60.0
 
 @dataclass(frozen=True)
 class World:
-    """This rank's place in the job.
+    """This rank's place in the job: the one reading of torchrun's environment
+    (:meth:`from_environment`; outside torchrun, a world of one).
 
     Attributes:
         size: ranks in the job (``WORLD_SIZE``).
         rank: this rank (``RANK``).
         local_rank: rank on this node (``LOCAL_RANK``).
-        local_size: ranks on this node (``LOCAL_WORLD_SIZE``).
-        backend: process-group backend (``"nccl"``, ``"gloo"``, ...).
-        device: this rank's ``torch.device`` (``cuda:LOCAL_RANK`` on CUDA).
+        local_size: ranks on this node (``LOCAL_WORLD_SIZE``, else ``size``).
+        backend: process-group backend (``"nccl"``, ``"gloo"``, ...), once
+            :func:`process_group` made the group.
+        device: this rank's ``torch.device`` (``cuda:LOCAL_RANK`` on CUDA), idem.
+        node_rank: this node's rank (``GROUP_RANK``).
+        master_addr, master_port: the master's address (``MASTER_ADDR``,
+            ``MASTER_PORT``), or None where unset.
+        run_id: torchrun's run id (``TORCHELASTIC_RUN_ID``; ``none`` for a
+            static rendezvous), or None.
+        torchrun: this process is a rank of a torchrun job (``WORLD_SIZE`` or
+            ``LOCAL_RANK`` in the environment; torchrun sets both).
     """
 
-    size: int
-    rank: int
-    local_rank: int
-    local_size: int
-    backend: str
-    device: object
+    size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    local_size: int = 1
+    backend: str = None
+    device: object = None
+    node_rank: int = 0
+    master_addr: str = None
+    master_port: str = None
+    run_id: str = None
+    torchrun: bool = False
 
+    @classmethod
+    def from_environment(cls, environ=None):
+        """The world torchrun's variables describe (``os.environ`` by default); an
+        unset or empty variable takes its default.
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        Raises:
+            ValueError: a variable that is not an integer.
+        """
+        environ = os.environ if environ is None else environ
 
+        def number(name, default):
+            value = environ.get(name, "")
+            return int(value) if value else default
 
-def _env_int(name, default):
-    return int(os.environ.get(name, str(default)))
+        size = number("WORLD_SIZE", 1)
+        return cls(size=size, rank=number("RANK", 0), local_rank=number("LOCAL_RANK", 0),
+                   local_size=number("LOCAL_WORLD_SIZE", size),
+                   node_rank=number("GROUP_RANK", 0),
+                   master_addr=environ.get("MASTER_ADDR"),
+                   master_port=environ.get("MASTER_PORT"),
+                   run_id=environ.get("TORCHELASTIC_RUN_ID") or None,
+                   torchrun="WORLD_SIZE" in environ or "LOCAL_RANK" in environ)
 
 
 @contextlib.contextmanager
@@ -102,10 +129,8 @@ def process_group(exp, device, backend="auto"):
     import torch
     import torch.distributed as dist
 
-    size = _env_int("WORLD_SIZE", 1)
-    rank = _env_int("RANK", 0)
-    local_rank = _env_int("LOCAL_RANK", 0)
-    local_size = _env_int("LOCAL_WORLD_SIZE", size)
+    env = World.from_environment()
+    size, rank, local_rank, local_size = env.size, env.rank, env.local_rank, env.local_size
     threads = rank_threads(torch.get_num_threads(), local_size)
     torch.set_num_threads(threads)
     exp.result["host"]["threads"] = threads
@@ -126,15 +151,15 @@ def process_group(exp, device, backend="auto"):
     import torch.distributed.nn  # noqa: F401
     timeout = datetime.timedelta(seconds=group_timeout_s(backend))
     extra = {"device_id": device} if backend == "nccl" else {}
-    if "MASTER_ADDR" in os.environ:
+    if env.master_addr is not None:
         dist.init_process_group(backend, rank=rank, world_size=size, timeout=timeout, **extra)
     else:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port('127.0.0.1')}",
                                 rank=0, world_size=1, timeout=timeout, **extra)
     try:
         exp.gather_hosts()
         exp.metrics.update({"world_size": size, "backend": backend, "rank": rank})
-        yield World(size, rank, local_rank, local_size, backend, device)
+        yield replace(env, backend=backend, device=device)
         exp.gather_monitors()
         dist.barrier()
     finally:

@@ -19,6 +19,7 @@ from ..formats.record import new_result
 from ..formats.store import journal_path, result_filename, write_result
 from ..host import accel, facts as hostfacts, isolation
 from ..measure import plausibility
+from .distributed import World
 from .hostload import HostLoadMonitor
 from .literal_options import make_cli
 from .monitor import GPUMonitor, merge_node_monitors
@@ -101,7 +102,7 @@ def _gpus():
     """``(host.gpus, host.accelerator)`` from the launcher's backend (``$MILARUN_BACKEND``,
     else the first backend that sees a device); ``([], None)`` on CPU slots."""
     name = os.environ.get("MILARUN_BACKEND")
-    names = [name] if name else ["nvidia", "amd", "intel"]
+    names = [name] if name else accel.GPU_BACKENDS
     for n in names:
         if n not in accel.VENDOR_OF:
             return [], None
@@ -136,12 +137,12 @@ def _torchrun_rendezvous(environ):
     torchrun passes the run id (``none`` for a static rendezvous, which is
     the master address itself) but not a c10d endpoint.
     """
-    run_id = environ.get("TORCHELASTIC_RUN_ID")
-    if run_id and run_id != "none":
-        return {"backend": "c10d", "endpoint": None, "id": run_id}
+    world = World.from_environment(environ)
+    if world.run_id and world.run_id != "none":
+        return {"backend": "c10d", "endpoint": None, "id": world.run_id}
     endpoint = None
-    if environ.get("MASTER_ADDR"):
-        endpoint = f"{environ['MASTER_ADDR']}:{environ.get('MASTER_PORT', '')}"
+    if world.master_addr:
+        endpoint = f"{world.master_addr}:{world.master_port or ''}"
     return {"backend": "static", "endpoint": endpoint, "id": None}
 
 
@@ -214,7 +215,7 @@ class Experiment:
     def _open_journal(self, start):
         """Stream samples to ``<result stem>.journal.jsonl`` (only the process
         that writes the record, and only when writing to a file)."""
-        if self.out is None or os.environ.get("RANK", "0") != "0":
+        if self.out is None or World.from_environment().rank != 0:
             return
         out = str(self.out)
         if out.endswith(".json"):
@@ -255,17 +256,18 @@ class Experiment:
 
         Returns:
             the ``distributed`` dict (on every rank), or None outside torchrun
-            (no ``WORLD_SIZE`` in the environment) or without a process group,
+            (not a rank of a torchrun job: ``World.torchrun``) or without a process group,
             where nothing is gathered.
         """
-        if "WORLD_SIZE" not in os.environ:
+        world = World.from_environment()
+        if not world.torchrun:
             return None
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
             return None
         mine = None
-        if os.environ.get("LOCAL_RANK", "0") == "0":
+        if world.local_rank == 0:
             mine = {"node": _node_name(self.result.get("node")),
                     "host": dict(self.result.get("host") or {})}
         gathered = [None] * dist.get_world_size()
@@ -273,8 +275,8 @@ class Experiment:
         nodes = [entry for entry in gathered if entry is not None]
         info = {"world_size": dist.get_world_size(), "backend": str(dist.get_backend()),
                 "rendezvous": self.rendezvous or _torchrun_rendezvous(os.environ)}
-        if os.environ.get("MASTER_ADDR"):
-            info["master"] = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '')}"
+        if world.master_addr:
+            info["master"] = f"{world.master_addr}:{world.master_port or ''}"
         info["node_names"] = [entry["node"] for entry in nodes]
         info["hosts"] = [entry["host"] for entry in nodes]
         if dist.get_rank() == 0:
@@ -299,13 +301,14 @@ class Experiment:
             the merged record on rank 0, else None (other ranks; outside
             torchrun or without a process group, where nothing is gathered).
         """
-        if "WORLD_SIZE" not in os.environ:
+        world = World.from_environment()
+        if not world.torchrun:
             return None
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
             return None
-        lead = os.environ.get("LOCAL_RANK", "0") == "0"
+        lead = world.local_rank == 0
         if lead:
             for monitor in self._monitor_holder:
                 monitor.stop()
@@ -422,7 +425,7 @@ class Experiment:
         # nan-loss, no-steady-state: a FAIL record. Only the record's writer checks: the
         # other ranks of a torchrun job time no windows (RateLogger.follow), and their
         # samples are in no record.
-        reason = plausibility.apply(res) if os.environ.get("RANK", "0") == "0" else None
+        reason = plausibility.apply(res) if World.from_environment().rank == 0 else None
         if reason:
             print(f"milarun: {reason}: {res['error']['message']}", file=sys.stderr)
         self.write()
@@ -438,7 +441,7 @@ class Experiment:
         """
         if self._monitor_holder or self.options["no_instrument"]:
             return
-        if os.environ.get("LOCAL_RANK", "0") != "0":
+        if World.from_environment().local_rank != 0:
             return
         on_reading = on_load = None
         if self.journal is not None:
@@ -457,7 +460,7 @@ class Experiment:
         Under torchrun only rank 0 writes: the other ranks return None. Once
         the record is written, the journal is removed (its samples are in it).
         """
-        if os.environ.get("RANK", "0") != "0":
+        if World.from_environment().rank != 0:
             return None
         if self.out is None:
             json.dump(self.result, sys.stdout, indent=1, default=str)

@@ -37,6 +37,9 @@ import os
 import threading
 import time
 
+from .distributed import World
+from .sampler import PeriodicSampler
+
 #: Fields of ``psutil.cpu_times()`` that count as busy (guest time is part of user).
 BUSY_FIELDS = ("user", "nice", "system")
 
@@ -66,7 +69,7 @@ def suite_root(environ=None, pid=None):
     launcher = environ.get("MILARUN_PDEATHSIG", "")
     if launcher.isdigit() and int(launcher) > 1 and int(launcher) in ancestors:
         return int(launcher), "launcher"
-    if "LOCAL_RANK" in environ and ancestors and ancestors[0] > 1:
+    if World.from_environment(environ).torchrun and ancestors and ancestors[0] > 1:
         return ancestors[0], "torchrun-agent"
     return pid, "self"
 
@@ -101,8 +104,10 @@ def tree_cpu_times(root):
     return out
 
 
-class HostLoadMonitor:
-    """Samples host and suite CPU time every ``interval`` seconds until ``stop()``.
+class HostLoadMonitor(PeriodicSampler):
+    """Samples host and suite CPU time every ``interval`` seconds until ``stop()`` (a
+    :class:`~milarun.bench.sampler.PeriodicSampler`: ``start()`` takes the first
+    reading, ``stop()`` the last partial interval).
 
     Args:
         interval: seconds between samples.
@@ -119,11 +124,12 @@ class HostLoadMonitor:
     "reason", "interval", "cpu_count", "suite_root", "samples"}``.
     """
 
+    thread_name = "milarun-host-load"
+
     def __init__(self, interval=1.0, origin=None, root=None, clock=time.perf_counter,
                  host_times=host_cpu_times, tree_times=tree_cpu_times, cpu_count=None,
                  on_reading=None):
-        self.interval = interval
-        self.on_reading = on_reading
+        super().__init__(interval, on_reading, reason="not started")
         self.clock = clock
         self.origin = clock() if origin is None else origin
         if root is None:
@@ -136,12 +142,7 @@ class HostLoadMonitor:
         if cpu_count is None:
             cpu_count = os.cpu_count()
         self.cpu_count = cpu_count
-        self.samples = []
-        self.available = False
-        self.reason = "not started"
         self._prev = None
-        self._stop = threading.Event()
-        self._thread = None
         self._lock = threading.Lock()
 
     def _read(self):
@@ -167,49 +168,27 @@ class HostLoadMonitor:
             if steal is not None and steal0 is not None:
                 row["steal"] = max(0.0, steal - steal0) / dt
             self.samples.append(row)
-        if self.on_reading is not None:
-            try:
-                self.on_reading(row)
-            except Exception:  # the journal is best-effort; sampling goes on
-                pass
+        self._notify(row)
         return row
 
-    def _run(self):
-        while not self._stop.wait(self.interval):
-            try:
-                self.sample()
-            except Exception as exc:  # telemetry is optional; never stop the test
-                self.reason = f"sampling stopped: {exc.__class__.__name__}: {exc}"
-                return
-
-    def start(self):
+    def _init(self):
         try:
             self.sample()
         except Exception as exc:  # no psutil, no /proc
             self.reason = f"unavailable: {exc.__class__.__name__}: {exc}"
-            return self
-        self.available, self.reason = True, None
-        self._thread = threading.Thread(target=self._run, name="milarun-host-load",
-                                        daemon=True)
-        self._thread.start()
-        return self
+            return False
+        self.reason = None
+        return True
 
-    def stop(self):
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=5)
-            self._thread = None
-            try:
-                if self._prev is None or self.clock() - self._prev[0] >= 0.1 * self.interval:
-                    self.sample()  # the last partial interval, unless it is a sliver
-            except Exception:
-                pass
+    def _sample(self):
+        self.sample()
 
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
+    def _last(self):
+        try:
+            if self._prev is None or self.clock() - self._prev[0] >= 0.1 * self.interval:
+                self.sample()  # the last partial interval, unless it is a sliver
+        except Exception:
+            pass
 
     def record(self):
         return {"available": self.available, "reason": self.reason,

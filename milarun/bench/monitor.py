@@ -14,34 +14,34 @@ record holds the readings of every node's GPUs.
 """
 
 import os
-import threading
 import time
 
 from ..host import accel
+from .sampler import PeriodicSampler
 
 #: Reading fields, in the order a sample row has them.
 FIELDS = ("load", "memory_mib", "temperature", "power")
 
 
-class GPUMonitor:
-    """Samples NVML counters every ``interval`` seconds until ``stop()``.
+class GPUMonitor(PeriodicSampler):
+    """Samples NVML counters every ``interval`` seconds until ``stop()`` (a
+    :class:`~milarun.bench.sampler.PeriodicSampler`: the first reading at once,
+    one last at ``stop()``, so energy covers the whole run).
 
     Use as a context manager. ``record()`` returns the ``gpu_monitor`` field.
+    ``on_reading`` is called with each reading (the experiment streams them to
+    its journal).
     """
 
+    thread_name = "milarun-gpu-monitor"
+    sample_at_start = True
+
     def __init__(self, interval=1.0, origin=None, on_reading=None):
-        self.interval = interval
-        # called with each reading (the experiment streams them to its journal)
-        self.on_reading = on_reading
+        super().__init__(interval, on_reading)
         self.origin = time.perf_counter() if origin is None else origin
-        self.samples = []
-        self.available = False
-        self.reason = None
         self._backend = None
         self._devices = []
         self._energy0 = {}
-        self._stop = threading.Event()
-        self._thread = None
 
     def _init(self):
         name = os.environ.get("MILARUN_BACKEND") or "nvidia"
@@ -77,37 +77,7 @@ class GPUMonitor:
             except Exception as exc:
                 row["error"] = str(exc)
             self.samples.append(row)
-            if self.on_reading is not None:
-                try:
-                    self.on_reading(row)
-                except Exception:  # the journal is best-effort; telemetry goes on
-                    pass
-
-    def _run(self):
-        while not self._stop.is_set():
-            self._sample()
-            self._stop.wait(self.interval)
-
-    def start(self):
-        self.available = self._init()
-        if self.available:
-            self._thread = threading.Thread(target=self._run, name="milarun-gpu-monitor",
-                                            daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self):
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=5)
-            self._sample()  # one last reading, so energy covers the whole run
-            self._thread = None
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
+            self._notify(row)
 
     def record(self):
         return {"available": self.available, "reason": self.reason,

@@ -18,6 +18,7 @@ import os
 import time
 
 from ..formats import barrier
+from .distributed import World
 
 
 def synchronize(exp, environ=None):
@@ -34,7 +35,7 @@ def synchronize(exp, environ=None):
     if config is None:
         return None
     info = None
-    if environ.get("RANK", "0") == "0":
+    if World.from_environment(environ).rank == 0:
         try:
             info = barrier.wait(config["address"], config["wave"], config["label"],
                                 config["timeout"], secret=config["secret"])
@@ -56,7 +57,7 @@ def synchronize(exp, environ=None):
 
 def _rank_barrier(environ):
     """Every rank of a torchrun job waits for rank 0 (which waited for the wave)."""
-    if int(environ.get("WORLD_SIZE", "1") or 1) <= 1:
+    if World.from_environment(environ).size <= 1:
         return
     import torch.distributed as dist
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..formats.outfile import check_target
 from ..formats.store import result_filename, trace_path
+from .distributed import World
 
 #: Bounds of ``--profile-steps`` (a trace of thousands of steps is gigabytes).
 MAX_STEPS = 1000
@@ -39,7 +40,7 @@ def trace_file(exp, folder):
     Beside the record when it is written to a file or a folder; relative to
     the working directory when the record goes to stdout.
     """
-    rank = int(os.environ.get("RANK", "0") or 0)
+    rank = World.from_environment().rank
     out = exp.out
     if out is None:
         record = Path.cwd() / result_filename(exp.name, exp.result["run"],

@@ -115,6 +115,7 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
     # lazy, for start-up: `milarun --help` imports every cli module, `milarun jobs` needs these
     from ..formats.barrier import BARRIER_TIMEOUT_S, join_address
     from ..host import devices as devices_mod
+    from ..host.net import free_port
     from ..launcher import dryrun, session
     from ..launcher.dryrun import resolve_dataroot
     from ..launcher.launch import check_ready
@@ -139,7 +140,7 @@ def jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, 
         raise SetupError(f"--rdzv-port must be a port number from 1 to 65535, not {rdzv_port}")
     if rdzv_port is None:
         # A port of its own: two sessions on one main node never share a rendezvous store.
-        rdzv_port = nodes_mod.free_port(default=RDZV_PORT)
+        rdzv_port = free_port(default=RDZV_PORT)
     plan_opts = dict(extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout,
                      rdzv_port=rdzv_port, join_timeout=join_timeout or JOIN_TIMEOUT_S)
     for job in jobs_:

@@ -4,7 +4,7 @@ import os
 from pathlib import Path
 
 from ..errors import MilarunError, ResultFormatError
-from ..formats import child
+from ..formats import child, entrypoint
 from .options import option, positional
 
 
@@ -20,16 +20,14 @@ def resolve_function(spec):
     Raises:
         MilarunError: malformed spec, module not importable, or no such function.
     """
-    import importlib
-
-    if not isinstance(spec, str) or ":" not in spec:
-        raise MilarunError(f"experiment {spec!r} must look like 'module:function'")
-    mod_name, _, fn_name = spec.partition(":")
     try:
-        mod = importlib.import_module(mod_name)
+        mod_name, fn_name = entrypoint.parse(spec)
+    except ValueError:
+        raise MilarunError(f"experiment {spec!r} must look like 'module:function'")
+    try:
+        fn = entrypoint.load(spec)
     except ImportError as exc:
         raise MilarunError(f"cannot import module {mod_name!r} ({exc})")
-    fn = getattr(mod, fn_name, None)
     if not callable(fn):
         raise MilarunError(f"module {mod_name!r} has no function {fn_name!r}")
     return fn
@@ -83,7 +81,7 @@ def run_experiment(function, argv, out=None, dataroot=None, name=None,
     extra = child.decode_extra(extra)
     dataroot = dataroot or os.environ.get(child.ENV_DATAROOT)
     # A record's name is suite.test: a run outside a profile is in the suite "run".
-    name = name or "run." + function.split(":")[0].rsplit(".", 1)[-1]
+    name = name or "run." + entrypoint.parse(function)[0].rsplit(".", 1)[-1]
     exp = Experiment(name, job_id=job_id, dataroot=dataroot, out=out, extra=extra)
     try:
         validate(exp.result)  # a bad --experiment-name or --job-id fails now, not after training

@@ -15,9 +15,6 @@ from .accel import probe
 from .accel.nvidia import nvml_str, nvml_visible, visible_indices  # noqa: F401
 from .accel.probe import describe
 
-GPU_BACKENDS = ("nvidia", "amd", "intel")
-
-
 @dataclass
 class Devices:
     """What the plan spreads tests over.
@@ -28,7 +25,7 @@ class Devices:
         names: GPU names (empty for CPU slots).
         affinity: per device, the CPU ids local to it (empty when unknown or
             for CPU slots).
-        cores: CPU cores the node's students share (``isolation.host_cpus``),
+        cores: CPU cores the node's students share (``isolation.student_pool_cpus``),
             None when unknown.
         memory_mib: per device, its memory in MiB (a GPU's total; a CPU slot's
             share of the host RAM); empty when unknown.
@@ -90,7 +87,7 @@ def from_accelerators(backend, found, cores=None):
                    backend, [a.visible_id for a in found], list(found))
 
 
-def find_gpus(backends=GPU_BACKENDS, options=None):
+def find_gpus(backends=accel.GPU_BACKENDS, options=None):
     """``(Devices or None, {backend: why it saw nothing})``: the first backend with
     visible devices; its own entry, when it has one, says which devices it skipped
     and why (an NVIDIA GPU that cannot be opened). ``options``: per backend name,
@@ -120,7 +117,7 @@ def nvml_gpus():
 
 def silent_fallback_error(seen, reasons):
     """The one line that stops a run on a host whose accelerators no backend sees."""
-    why = "; ".join(f"{name}: {reasons[name]}" for name in GPU_BACKENDS
+    why = "; ".join(f"{name}: {reasons[name]}" for name in accel.GPU_BACKENDS
                     if name in reasons and accel.VENDOR_OF[name] in seen)
     return (f"this host has accelerators ({describe(seen)}) but milarun sees none of them"
             f" ({why or 'no backend for them'}); install the driver and library "
@@ -140,7 +137,7 @@ def discover(cpu_slots=None, root="/", options=None):
     """
     import psutil
 
-    cores = len(isolation.host_cpus())
+    cores = len(isolation.student_pool_cpus())
     gpus, reasons = find_gpus(options=options)
     if gpus is not None:
         gpus.cores = cores

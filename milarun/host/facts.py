@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .. import __version__
 from . import isolation
+from .kernel import read_text
 
 SYSFS_CPU = Path("/sys/devices/system/cpu")
 
@@ -61,13 +62,6 @@ COMPARED = (("cpu_model", "CPU model"), ("gpus", "GPUs"), ("gpu_vendor", "GPU ve
 
 
 # ------------------------------------------------------------ collecting (child)
-
-def _read(path):
-    try:
-        return Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
 
 #: Environment of the git that reads milarun's commit: none of this process's
 #: ``GIT_*`` (``GIT_CONFIG_COUNT``/``KEY``/``VALUE`` would set ``core.fsmonitor``,
@@ -127,18 +121,18 @@ def cpu_facts(cpus=None, sysfs=SYSFS_CPU):
     if cpus is None:
         cpus = isolation.current_cpuset()
     governors = sorted({g for c in cpus
-                        if (g := _read(sysfs / f"cpu{c}" / "cpufreq" / "scaling_governor"))})
+                        if (g := read_text(sysfs / f"cpu{c}" / "cpufreq" / "scaling_governor"))})
     max_khz = [int(v) for c in cpus
-               if (v := _read(sysfs / f"cpu{c}" / "cpufreq" / "cpuinfo_max_freq"))
+               if (v := read_text(sysfs / f"cpu{c}" / "cpufreq" / "cpuinfo_max_freq"))
                and v.isdigit()]
     drivers = sorted({d for c in cpus
-                      if (d := _read(sysfs / f"cpu{c}" / "cpufreq" / "scaling_driver"))})
+                      if (d := read_text(sysfs / f"cpu{c}" / "cpufreq" / "scaling_driver"))})
     boost = None
-    raw = _read(sysfs / "cpufreq" / "boost")
+    raw = read_text(sysfs / "cpufreq" / "boost")
     if raw in ("0", "1"):
         boost = raw == "1"
     else:
-        raw = _read(sysfs / "intel_pstate" / "no_turbo")
+        raw = read_text(sysfs / "intel_pstate" / "no_turbo")
         if raw in ("0", "1"):
             boost = raw == "0"
     return {

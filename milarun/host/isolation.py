@@ -14,6 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
+from .kernel import read_text
+
 CGROOT = Path(os.environ.get("MILARUN_CGROUP_ROOT", "/sys/fs/cgroup"))
 
 
@@ -51,20 +53,13 @@ def current_cgroup(pid="self"):
     return groups.get("", None)
 
 
-def _read(path):
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return None
-
-
 def current_memory_limit_mib(pid="self"):
     """The memory limit of the cgroup ``pid`` runs in (MiB), None if unlimited or unknown."""
     groups = _proc_cgroups(pid)
     if "memory" in groups:
-        raw = _read(CGROOT / "memory" / groups["memory"].lstrip("/") / "memory.limit_in_bytes")
+        raw = read_text(CGROOT / "memory" / groups["memory"].lstrip("/") / "memory.limit_in_bytes")
     elif "" in groups:
-        raw = _read(CGROOT / groups[""].lstrip("/") / "memory.max")
+        raw = read_text(CGROOT / groups[""].lstrip("/") / "memory.max")
     else:
         raw = None
     if raw is None or raw == "max":
@@ -82,9 +77,10 @@ def current_cpu_quota(pid="self"):
     try:
         if "cpu" in groups:
             base = CGROOT / "cpu" / groups["cpu"].lstrip("/")
-            quota, period = _read(base / "cpu.cfs_quota_us"), _read(base / "cpu.cfs_period_us")
+            quota = read_text(base / "cpu.cfs_quota_us")
+            period = read_text(base / "cpu.cfs_period_us")
         elif "" in groups:
-            raw = _read(CGROOT / groups[""].lstrip("/") / "cpu.max")
+            raw = read_text(CGROOT / groups[""].lstrip("/") / "cpu.max")
             quota, period = raw.split() if raw else (None, None)
         else:
             return None
@@ -148,7 +144,7 @@ def oom_kill_count(spec):
     _, group = spec.split(":", 1)
     for path in (CGROOT / "memory" / group / "memory.oom_control",
                  CGROOT / group / "memory.events"):
-        text = _read(path)
+        text = read_text(path)
         if text is None:
             continue
         for line in text.splitlines():
@@ -261,7 +257,7 @@ def cpu_cores(cpus=None, root="/"):
             continue
         text = None
         for name in ("thread_siblings_list", "core_cpus_list"):
-            text = _read(base / f"cpu{c}" / "topology" / name)
+            text = read_text(base / f"cpu{c}" / "topology" / name)
             if text:
                 break
         try:
@@ -293,7 +289,7 @@ def numa_nodes_of_cpus(root="/"):
     out = {}
     base = Path(root) / "sys/devices/system/node"
     for node in sorted(base.glob("node[0-9]*")):
-        text = _read(node / "cpulist")
+        text = read_text(node / "cpulist")
         if not text:
             continue
         nid = int(node.name[4:])
@@ -386,9 +382,10 @@ def wrap(argv, cgroup=None, exec_prefix=(), use_cgexec=True, cpus=None):
     return out
 
 
-def host_cpus():
+def student_pool_cpus():
     """The CPU ids the students split: the root cpuset's, else this process's affinity."""
-    root_cpus = _read(CGROOT / "cpuset" / "cpuset.cpus") or _read(CGROOT / "cpuset.cpus.effective")
+    root_cpus = (read_text(CGROOT / "cpuset" / "cpuset.cpus")
+                 or read_text(CGROOT / "cpuset.cpus.effective"))
     return parse_cpus(root_cpus) if root_cpus else sorted(os.sched_getaffinity(0))
 
 

@@ -11,7 +11,7 @@ import sys
 import psutil
 
 from .devices import find_gpus
-from .isolation import cpu_cores, format_cpus, host_cpus, numa_nodes_of_cpus, split_students
+from .isolation import cpu_cores, format_cpus, student_pool_cpus, numa_nodes_of_cpus, split_students
 
 
 def student_plan(n, memory_bytes=None):
@@ -22,7 +22,7 @@ def student_plan(n, memory_bytes=None):
     take cores local to their GPU's NUMA node), and the NUMA layout and the
     physical cores (SMT siblings, :func:`milarun.host.isolation.cpu_cores`) from sysfs.
     """
-    cpus = host_cpus()
+    cpus = student_pool_cpus()
     total = memory_bytes or psutil.virtual_memory().total
     gpus, _ = find_gpus()
     affinity = gpus.affinity[:n] if gpus is not None and len(gpus) >= n else None

@@ -21,6 +21,7 @@ No torch here.
 """
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -88,7 +89,7 @@ def run(agents, grace=GRACE_S, secret=None):
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
     status = 0
-    deadline = None
+    stopping = []  # supervise.GroupStop of every agent once one failed
     while any(p.poll() is None for p in procs):
         for i, p in enumerate(procs):
             rc = p.poll()
@@ -97,10 +98,11 @@ def run(agents, grace=GRACE_S, secret=None):
                 if rc == 255:
                     sys.stderr.write(f"milarun.launcher.fanout: node-lost {i}\n")
                     sys.stderr.flush()
-                _signal_all(procs, signal.SIGTERM)
-                deadline = time.monotonic() + grace
-        if deadline is not None and time.monotonic() > deadline:
-            _signal_all(procs, signal.SIGKILL)
+                # SIGTERM to the others (they share this process's group: each agent
+                # alone), SIGKILL after the grace, never given up on
+                stopping = [supervise.GroupStop(q, grace, math.inf) for q in procs]
+        for stop in stopping:
+            stop.step()
         time.sleep(0.1)
     for i, p in enumerate(procs):
         if p.returncode != 0 and status == 0:

@@ -63,9 +63,9 @@ LINE_BYTES = 65536
 TAIL_LINE_CHARS = 4096
 #: Longest ``error.message`` a FAIL record gets (characters).
 MESSAGE_CHARS = 65536
-POLL_S = 0.05
+POLL_S = supervise.POLL_S
 #: Seconds after SIGKILL before a child that will not die is given up on.
-ABANDON_S = 60.0
+ABANDON_S = supervise.ABANDON_S
 #: Children that ended at most this many seconds before a stop signal count as
 #: stopped by it (a signal sent to the whole job, as by scancel, may reach them first).
 STOP_WINDOW_S = 2.0
@@ -173,7 +173,7 @@ class _Child:
         self.tail = collections.deque(maxlen=STDERR_TAIL_LINES)
         self.timed_out = False
         self.stopped = False  # cut short by a stop request
-        self.killed_at = None
+        self.stopping = None  # the timeout's supervise.GroupStop
         self.abandoned = False  # still there after SIGKILL and a long wait
         self.ended_at = None  # time.monotonic() when first seen ended
         self.proc = None
@@ -208,6 +208,7 @@ class _Child:
             self.start_error = f"cannot start {self.launch.argv[0]!r}: {why}"
             self.tail.append(self.start_error)
             return
+        self.group = supervise.ProcessGroup(self.proc)  # ends with the child, swept then
         if feed is not None:  # one line fits a pipe's buffer: this never blocks
             try:
                 self.proc.stdin.write(feed.encode())
@@ -249,36 +250,16 @@ class _Child:
             pass
         self.log = None
 
-    def signal_group(self, sig):
-        if self.proc is None or self.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    def send_signal(self, sig):
+        """``sig`` to the child's process group while it runs."""
+        if self.proc is not None:
+            self.group.send_signal(sig)
 
     def poll(self):
         """The exit status once the child ended (and its group was swept), else None."""
         if self.proc is None:
             return -255
-        if self.proc.returncode is None:
-            try:
-                # WNOWAIT: the leader stays a zombie, so its PID (the group's ID)
-                # cannot be reused while we sweep the group.
-                ended = os.waitid(os.P_PID, self.proc.pid,
-                                  os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                ended = True
-            if ended is None:
-                return None
-            # Whatever the child left in its group (loader workers) goes with it;
-            # it would also hold the pipes open. (torchrun's ranks have sessions of
-            # their own: they die with their agent, by their parent-death signal.)
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        return self.proc.poll()
+        return self.group.poll()
 
     def finish(self):
         for t in self.threads:
@@ -596,12 +577,10 @@ def run_wave(launches, outdir, stop=None, on_line=None, grace=5.0, barrier=None)
         for c in pending:
             if not c.timed_out and now - c.m0 > c.launch.timeout:
                 c.timed_out = True
-                c.killed_at = now
-                c.signal_group(signal.SIGTERM)
-            elif c.timed_out and now - c.killed_at > grace:
-                c.signal_group(signal.SIGKILL)
-                if now - c.killed_at > ABANDON_S + grace:
-                    c.abandoned = True
+                c.stopping = supervise.GroupStop(c, grace, ABANDON_S, now)  # SIGTERM
+            elif c.timed_out:
+                c.stopping.step(now)  # SIGKILL once the grace is over
+                c.abandoned = c.stopping.abandoned
         time.sleep(POLL_S)
     if stop.signum is not None:
         # A stop that reached the whole process tree at once (Slurm's scancel
@@ -619,23 +598,13 @@ def run_wave(launches, outdir, stop=None, on_line=None, grace=5.0, barrier=None)
 
 def stop_all(children, grace=5.0, stop=None):
     """SIGTERM every child's process group, wait up to ``grace`` s (less if a second
-    stop signal arrives), then SIGKILL whatever is left of each group."""
-    for c in children:
-        c.signal_group(signal.SIGTERM)
+    stop signal arrives), then SIGKILL whatever is left of each group
+    (:func:`milarun.host.supervise.terminate_group`); a group still there
+    ``ABANDON_S`` s later is marked ``abandoned``."""
     first = stop.count if stop is not None else 0
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(c.poll() is None for c in children):
-        if stop is not None and stop.count > first:
-            break
-        time.sleep(POLL_S)
-    deadline = time.monotonic() + ABANDON_S
-    for c in children:
-        c.signal_group(signal.SIGKILL)  # the group: loader workers too
-        while c.proc is not None and c.poll() is None:
-            if time.monotonic() > deadline:
-                c.abandoned = True
-                break
-            time.sleep(POLL_S)
+    cut_short = (lambda: stop.count > first) if stop is not None else None
+    for c in supervise.terminate_group(list(children), grace, cut_short, ABANDON_S, POLL_S):
+        c.abandoned = True
 
 
 def prepare_fields(dataroot, outdir):
@@ -644,46 +613,6 @@ def prepare_fields(dataroot, outdir):
               {"dataroot": dataroot or "", "outdir": outdir, "python": sys.executable}.items()}
     fields["milarun"] = f"{shlex.quote(sys.executable)} -m milarun"
     return fields
-
-
-class _Group:
-    """The process group of a prepare command, for :func:`stop_all`: it lasts while
-    any process of the group is left (a ``sleep 1000 &`` of the command), not only
-    while the command's shell runs."""
-
-    def __init__(self, proc):
-        self.proc = proc
-        self.abandoned = False
-
-    def poll(self):
-        """None while a live process of the group is left, else the command's exit status."""
-        self.proc.poll()  # reaps the shell; the group id stays ours while a member lives
-        return None if _group_members(self.proc.pid) else self.proc.returncode
-
-    def signal_group(self, sig):
-        if self.poll() is not None:
-            return  # nobody left: the group id may be free, never signal it
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _group_members(pgid):
-    """PIDs of the processes of group ``pgid`` that are not zombies (Linux ``/proc``)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-            state, _ppid, pgrp = stat[stat.rindex(b")") + 2:].split()[:3]
-        except (OSError, ValueError):
-            continue  # ended meanwhile
-        if int(pgrp) == pgid and state != b"Z":
-            found.append(int(entry.name))
-    return found
 
 
 def run_prepare(commands, fields, log_path, stop=None, echo=True, grace=5.0, timeout=None):
@@ -713,7 +642,8 @@ def run_prepare(commands, fields, log_path, stop=None, echo=True, grace=5.0, tim
                                         start_new_session=True, env=env)
             except (OSError, ValueError) as exc:  # ValueError: a NUL byte
                 return False, f"cannot run prepare command {cmd!r}: {exc}"
-            group = _Group(proc)
+            # it lasts while any process of its group is left, not only its shell
+            group = supervise.ProcessGroup(proc, until="members")
             t0 = time.monotonic()
             try:
                 while proc.poll() is None:

@@ -26,6 +26,7 @@ import time
 
 from coleo import Option, default, tooled
 
+from ..bench.distributed import World
 from ..bench.loop import rate_logger
 
 #: These workloads train nothing: no loss (``nan`` logs one anyway, on purpose).
@@ -89,7 +90,7 @@ def _die(exp):
     signal_name: Option = default("SIGSEGV")
     # Only this torchrun rank dies (-1: every process)
     rank: Option & int = default(-1)
-    if rank >= 0 and int(os.environ.get("RANK", "0")) != rank:
+    if rank >= 0 and World.from_environment().rank != rank:
         for step in rate_logger(exp).steps():
             time.sleep(0.05)
             step.set_count(1)

@@ -94,8 +94,8 @@ def train(exp):
     exp.result["host"]["lightning"] = lightning.__version__
     set_precision(device, "tf32" if precision == "tf32" else "fp32")
     folder = require(exp.dataroot, "fake_imagenet")
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
+    torchrun_world = World.from_environment()
+    size, local_size = torchrun_world.size, torchrun_world.local_size
     share = max(0, len(current_cpuset()) // local_size - 1)
     loader, dataset = image_loader(folder, "train", image_size, batch_size,
                                    share if workers < 0 else workers, device)

@@ -302,17 +302,6 @@ def load_system(path, devices):
     return Cluster("ssh", nodes, devices, source=str(path))
 
 
-def free_port(default=29400):
-    """A TCP port free on this host now (for the rendezvous when this host is the
-    main node, as in a Slurm batch step), or ``default`` when none can be had."""
-    try:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return s.getsockname()[1]
-    except OSError:
-        return default
-
-
 def discover(devices, system=None, single_node=False, environ=None):
     """The cluster ``milarun jobs`` runs on: the ``--system`` file's nodes; else, inside
     a Slurm allocation (``$SLURM_JOB_ID`` set, one node or more; not with

@@ -254,7 +254,7 @@ class NodeProgression(_Steps):
         return f"{record['name']}.{n}x{g}"
 
 
-def host_cpus():
+def launcher_cpus():
     """The CPU ids this process (the launcher) may use: the nodes' cores to share out."""
     return sorted(os.sched_getaffinity(0))
 
@@ -301,7 +301,7 @@ class MultiProcess(PlanType):
         idx = list(devs.indices)
         procs, k = self.shape(job, cluster)
         groups = [list(range(p * k, (p + 1) * k)) for p in range(procs)]
-        host = host_cpus()
+        host = launcher_cpus()
         affinity = list(devs.affinity or [])
         if not any(affinity) and devs.kind == "cpu":
             affinity = slot_cpus(len(idx), host)

@@ -86,6 +86,7 @@ from pathlib import Path
 
 from ..plan import types as plantypes
 from ..errors import ProfileError
+from ..formats import entrypoint
 from ..formats.jsonfile import first_error, key_path, load_schema, read_json
 
 DEFAULT_TIMEOUT = 1800.0
@@ -304,11 +305,10 @@ def check_experiment(spec):
     parsed for a top-level ``def function``, so the launcher never imports
     torch. Returns None when fine, else a message.
     """
-    if not isinstance(spec, str):
-        return "must be a string 'module:function'"
-    mod_name, sep, fn_name = spec.partition(":")
-    if not sep or not mod_name or not fn_name.isidentifier():
-        return f"{spec!r} must look like 'module:function'"
+    try:
+        mod_name, fn_name = entrypoint.parse(spec)
+    except ValueError as exc:
+        return str(exc)
     try:
         found = importlib.util.find_spec(mod_name)
     except (ImportError, ValueError) as exc:

@@ -17,7 +17,7 @@ from ..errors import MilarunError, ResultFormatError
 from ..formats.outfile import UnsafeFileError, write_atomic
 from .checks import diff_line
 from .html import render_html as _render_html
-from .io import io_tables
+from .iostudy import io_tables
 from .table import (
     NODE_THRESHOLD_PCT, Report, build_report, check_node_threshold, check_throughput,
     check_weights, load_weights, weight_for)

@@ -13,7 +13,7 @@ from ..formats.store import inside
 from ..measure.anomalies import sentences, short_kinds
 from .checks import diff_line, energy_plot_rows, perf_per_watt_line
 from .formatting import fmt_num, fmt_pct
-from .io import plot_svg
+from .iostudy import plot_svg
 from .plots import FLAG_COLOUR, Plotter
 from .text import (
     GPU_ONE_RUN, NOISE_HEADER, anomalies_by_test, cell, concurrent_note, fmt_interval,

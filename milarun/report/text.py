@@ -13,7 +13,7 @@ from ..measure.anomalies import sentences, short_kinds
 from ..measure.throughput import MIN_OVERLAP
 from .checks import header_lines, perf_per_watt_line, text_lines as check_lines
 from .formatting import fmt_num, fmt_pct
-from .io import text_lines
+from .iostudy import text_lines
 
 
 #: The std% cell of a test with one successful result.

@@ -5,7 +5,7 @@ imported only when asked for, so a vendor library that is missing or broken
 only disables its backend.
 """
 
-import importlib
+from ...formats import entrypoint
 
 #: name -> "module:class", in discovery order.
 BACKENDS = {
@@ -18,6 +18,10 @@ BACKENDS = {
 #: the vendor each GPU backend serves (what the probe reports)
 VENDOR_OF = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel"}
 
+#: the GPU backends, in discovery order (the one place that order is written is
+#: :data:`BACKENDS`)
+GPU_BACKENDS = tuple(name for name in BACKENDS if name in VENDOR_OF)
+
 
 def get(name, **kwargs):
     """A new backend object by name.
@@ -25,5 +29,4 @@ def get(name, **kwargs):
     Raises:
         KeyError: an unknown backend name.
     """
-    module, _, cls = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(**kwargs)
+    return entrypoint.load(BACKENDS[name], "class")(**kwargs)

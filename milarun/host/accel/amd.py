@@ -31,7 +31,8 @@ import os
 from pathlib import Path
 
 from .base import Accelerator, Backend, Reading
-from .sysfs import local_cpus, normalize_bdf, numa_node, read_text
+from ..kernel import read_text
+from .sysfs import local_cpus, normalize_bdf, numa_node
 
 
 def _try(call, *args):

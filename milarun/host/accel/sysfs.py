@@ -8,20 +8,13 @@ import os
 from pathlib import Path
 
 from ..isolation import parse_cpus
+from ..kernel import read_text
 
 #: PCI class codes (the top 16 bits of ``class``) of GPUs and accelerators:
 #: VGA-compatible, 3D controller, other display controller, processing accelerator.
 GPU_CLASSES = (0x0300, 0x0302, 0x0380, 0x1200)
 #: PCI vendor ids of the GPU vendors milarun has a backend for.
 VENDORS = {0x10DE: "NVIDIA", 0x1002: "AMD", 0x8086: "Intel"}
-
-
-def read_text(path):
-    """A sysfs file's stripped text, None when it is missing or unreadable."""
-    try:
-        return Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
 
 
 def _hex(text):
