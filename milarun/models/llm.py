@@ -19,8 +19,6 @@ nodes: ~35 GB a GPU on 32). Serving in bf16 needs 2 bytes a parameter plus
 the KV cache (8B: 16 GB; 70B: 140 GB, hence tensor parallelism over a node).
 """
 
-import os
-
 from ..measure.mfu import flops_per_token, mfu, peak_tflops
 from ..measure.stats import steady_state
 
@@ -132,11 +130,6 @@ def record_flops(exp, flops_tok, name, precision, world_size=1):
         achieved, frac = mfu(rate / world_size, flops_tok, peak)
         exp.metrics["tflops"] = achieved
         exp.metrics["mfu"] = frac
-
-
-def env_world_size():
-    """``WORLD_SIZE`` of torchrun's environment (1 alone)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 __all__ = ["SHAPES", "check_shape", "llama_config", "build_model", "matmul_params",
