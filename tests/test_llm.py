@@ -280,3 +280,31 @@ def test_llm_figures_aggregate_runs_and_levels():
     text = "\n".join(text_lines(rows))
     assert "45.0%" in text and "serving standard.llm_serve" in text
     assert "TPOT p50 (ms)" in text and "30.0" in text
+
+
+def test_loss_not_decreasing_flag():
+    from milarun.measure.plausibility import flags
+
+    def rec(losses, learning=True):
+        samples = [{"start": i, "end": i + 1.0, "count": 10, "rate": 10.0, "warmup": i < 1,
+                    "loss": x} for i, x in enumerate(losses)]
+        return {"success": True, "metrics": {"learning_check": learning} if learning else {},
+                "timings": {"train": {"samples": samples}}}
+
+    assert flags(rec([7.0, 6.9, 6.0, 5.0, 4.0])) == []
+    (flag,) = flags(rec([7.0, 6.9, 6.95, 7.1, 7.0]))
+    assert flag["check"] == "loss-not-decreasing" and flag["value"] == pytest.approx(7.05 / 6.95)
+    assert flags(rec([7.0, 6.9, 6.95, 7.1, 7.0], learning=False)) == []   # not opted in
+    assert flags(rec([7.0, 7.1, 7.2])) == []                                # too few windows
+
+
+def test_llm_pretrain_loss_falls_on_the_shards(root, tmp_path):
+    # the tiny model learns the corpus's unigram statistics within a few hundred steps
+    res = run_model("milarun.models.llm_pretrain:main",
+                    [*TRAIN, "--lr", "3e-3", "--max-count", "40000", "--sample-duration", "0.05"],
+                    root, tmp_path)
+    assert res["success"], res["error"]
+    from milarun.measure.plausibility import learning
+    losses = [s["loss"] for s in res["timings"]["train"]["samples"] if "loss" in s]
+    assert res["metrics"]["learning_check"] is True and len(losses) >= 4
+    assert learning(res) is None, losses

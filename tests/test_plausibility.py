@@ -90,6 +90,8 @@ def test_every_model_logs_a_loss_or_declares_it_has_none():
         if path.name == "__init__.py":
             continue
         tree = ast.parse(path.read_text())
+        if not any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body):
+            continue   # a module the workloads share (models/llm.py), not a workload
         logs = any(isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "log"
                    and any(k.arg and plausibility.is_loss_key(k.arg) for k in n.keywords)
                    for n in ast.walk(tree))

@@ -41,6 +41,9 @@ to the last sample :func:`milarun.measure.stats.steady_state` chose):
   of the host's CPUs, above the threshold.
 * ``cpu-steal``: steal time (where the kernel reports it), as a fraction of
   the host's CPUs, above the threshold.
+* ``loss-not-decreasing`` (workloads that set ``metrics.learning_check``: the
+  LLM tests): the training loss at the end is not below the first windows'
+  (:func:`learning`).
 """
 
 import math
@@ -54,7 +57,12 @@ NO_STEADY_STATE = "no-steady-state"
 FAIL_CHECKS = (NAN_LOSS, NO_STEADY_STATE)
 
 #: Names of the flags.
-FLAG_CHECKS = ("gpu-load", "gpu-memory", "host-busy", "cpu-steal")
+FLAG_CHECKS = ("gpu-load", "gpu-memory", "host-busy", "cpu-steal", "loss-not-decreasing")
+#: ``metrics`` key by which a workload says its loss must fall (its data has learnable
+#: structure: the LLM, diffusion and ViT tests); only such records get the learning flag.
+LEARNING_CHECK = "learning_check"
+#: Sample windows averaged at each end for the learning flag.
+LEARNING_WINDOWS = 2
 
 #: The thresholds used when the profile gives none (fractions; None: check off).
 #: GPU load: milabench's 0.5. GPU memory is lower than milabench's 0.5: how much
@@ -250,13 +258,48 @@ def host_load(record, start, end):
             "cpu_count": load.get("cpu_count"), "covered": covered}
 
 
+def learning(record):
+    """The ``loss-not-decreasing`` flag of a record whose workload says its loss must
+    fall (``metrics.learning_check``), or None.
+
+    Compares the mean training loss of the first :data:`LEARNING_WINDOWS`
+    sample windows that logged one (warm-up included: where training starts)
+    with that of the last ones (the end of the steady state). A random-initialised
+    model on data with structure learns within a few hundred steps, so a final
+    loss not below the first says the benchmark did not train for real (a
+    frozen optimizer, a wrong learning rate, gradients lost between ranks), as
+    MLPerf's quality targets say at full scale. ``value`` is last / first.
+    Needs twice :data:`LEARNING_WINDOWS` windows with a finite loss.
+    """
+    if (record.get("metrics") or {}).get(LEARNING_CHECK) is not True:
+        return None
+    losses = [float(s["loss"]) for s in _samples(record)
+              if isinstance(s, dict) and finite(s.get("loss")) and not isinstance(s["loss"], bool)]
+    k = LEARNING_WINDOWS
+    if len(losses) < 2 * k:
+        return None
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    if last < first or first <= 0:
+        return None
+    return {"check": "loss-not-decreasing", "value": last / first, "threshold": 1.0,
+            "message": f"training loss {last:.4g} at the end of the steady state is not below "
+                       f"{first:.4g} of the first windows: the model did not learn"}
+
+
 def flags(record):
     """The flags of one successful record: a list of ``{"check", "value",
     "threshold", "message"}`` (``value`` and ``threshold`` are fractions; GPU
     flags also have ``"gpu"``, the device index). Empty when nothing is
     flagged or there is no steady state to look at."""
-    if record.get("success") is not True or not (
-            (record.get("gpu_monitor") or {}).get("available")
+    if record.get("success") is not True:
+        return []
+    learned = learning(record)
+    return ([learned] if learned else []) + _usage_flags(record)
+
+
+def _usage_flags(record):
+    """The GPU-usage and host-load flags of :func:`flags`."""
+    if not ((record.get("gpu_monitor") or {}).get("available")
             or (record.get("host_load") or {}).get("available")):
         return []   # nothing to look at (and no steady state to compute)
     try:

@@ -104,7 +104,7 @@ def _train(exp, world, shards, shape, rank, seq_len, batch_size, precision, lr,
     model = add_adapters(base, rank)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_adapter = sum(p.numel() for p in trainable)
-    exp.metrics.update({"shape": shape, "rank_lora": rank, "seq_len": seq_len,
+    exp.metrics.update({"shape": shape, "learning_check": True, "rank_lora": rank, "seq_len": seq_len,
                         "world_size": world.size, "trainable_params": n_adapter,
                         "params": sum(p.numel() for p in model.parameters())})
     net = model

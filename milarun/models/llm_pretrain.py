@@ -134,7 +134,7 @@ def _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision
     config = llama_config(shape, shards.vocab_size, seq_len)
     model = build_model(torch, config, device)
     n_matmul = matmul_params(torch, model)
-    exp.metrics.update({"shape": shape, "params": sum(p.numel() for p in model.parameters()),
+    exp.metrics.update({"shape": shape, "learning_check": True, "params": sum(p.numel() for p in model.parameters()),
                         "seq_len": seq_len, "world_size": world.size,
                         "global_batch_tokens": batch_size * seq_len * grad_accum * world.size})
     if checkpointing:
