@@ -192,6 +192,17 @@ def test_llm_serve_records_ttft_and_tpot(root, tmp_path):
     # the rate logger counts output tokens: 2 requests × 6 tokens a step
     assert res["timings"]["train"]["count"] % 12 == 0
     assert res["metrics"]["tpot_p50_s"] == serving[0]["tpot_p50_s"]
+    # the summary keeps the levels, and the report shows them (text and HTML)
+    from milarun.report import make_report
+
+    report, text = make_report(str(tmp_path), html=str(tmp_path / "r.html"), warn=sys.stderr)
+    (row,) = report.llm
+    assert row["concurrency"] == 2 and [lv["concurrency"] for lv in row["serving"]] == [1, 2, 3]
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("serving test.model: "))
+    assert [line.split()[0] for line in lines[head + 2:head + 5]] == ["1", "2*", "3"]
+    page = (tmp_path / "r.html").read_text()
+    assert 'id="llm-table"' in page and "<svg" in page.split('id="llm"')[1]
 
 
 def test_llm_serve_mixed_prompt_lengths(root, tmp_path):

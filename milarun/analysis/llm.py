@@ -40,11 +40,13 @@ def llm_figures(records):
 
     Returns:
         ``{"flops_per_token", "peak_tflops", "tflops": stats, "mfu": stats,
-        "serving": [{"concurrency", "requests", <SERVING_FIELDS>...}]}``
-        (TFLOP/s per device; MFU as a fraction; serving levels by concurrency).
+        "serving": [{"concurrency", "requests", <SERVING_FIELDS>...}], "concurrency"}``
+        (TFLOP/s per device; MFU as a fraction; serving levels by concurrency;
+        ``concurrency``, serving tests only: the level the test's rate measured).
     """
     flops, peaks, tflops, mfu = [], [], [], []
     levels = {}
+    measured = None     # the first level of a record is the one its rate measured
     for rec in records:
         m = rec.get("metrics") if isinstance(rec.get("metrics"), dict) else {}
         f = _num(m.get("flops_per_token"))
@@ -55,6 +57,10 @@ def llm_figures(records):
         tflops.append(_num(m.get("tflops")))
         mfu.append(_num(m.get("mfu")))
         serving = rec.get("serving")
+        first = serving[0] if isinstance(serving, list) and serving else None
+        if measured is None and isinstance(first, dict):
+            c = first.get("concurrency")
+            measured = c if isinstance(c, int) and not isinstance(c, bool) and c >= 1 else None
         for level in serving if isinstance(serving, list) else ():
             c = level.get("concurrency") if isinstance(level, dict) else None
             if isinstance(c, int) and not isinstance(c, bool) and c >= 1:
@@ -65,6 +71,8 @@ def llm_figures(records):
     out = {"flops_per_token": statistics.median(flops),
            "peak_tflops": known[0] if known else None,
            "tflops": describe(tflops), "mfu": describe(mfu), "serving": []}
+    if measured is not None:
+        out["concurrency"] = measured
     for c in sorted(levels):
         entry = {"concurrency": c,
                  "requests": sum(lv["requests"] for lv in levels[c]

@@ -80,6 +80,7 @@ from ..formats.terminal import terminal_safe
 from ..host import facts as hostfacts
 from ..launcher.session import read_session
 from ..measure import anomalies, energy, plausibility, stats, throughput
+from .llm import llm_figures
 from ..measure.stats import finite
 from ..plan import types as plantypes
 
@@ -362,6 +363,7 @@ def _summarize_group(gname, items):
         **throughput.summarize_waves(scored),
         "anomalies": flags,
         **_checks(items),
+        **({"llm": llm} if (llm := llm_figures(scored)) is not None else {}),
     }
 
 

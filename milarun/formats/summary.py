@@ -182,6 +182,8 @@ def _complete(data, path):
             "energy": entry.get("energy"),
             "anomalies": [dict(f) for f in entry.get("anomalies") or []],
         }
+        if entry.get("llm") is not None:    # LLM tests only (milarun.analysis.llm)
+            tests[gname]["llm"] = entry["llm"]
     out["tests"] = tests
     return out
 

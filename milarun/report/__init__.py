@@ -18,6 +18,7 @@ from ..formats.outfile import UnsafeFileError, write_atomic
 from .checks import diff_line
 from .html import render_html as _render_html
 from .iostudy import io_tables
+from .llm import llm_rows
 from .table import (
     NODE_THRESHOLD_PCT, Report, build_report, check_node_threshold, check_throughput,
     check_weights, load_weights, weight_for)
@@ -161,6 +162,7 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
                           title=title, compare_nodes=compare_nodes,
                           node_threshold=node_threshold, throughput=throughput)
     report.io = io_tables(summary, records)
+    report.llm = llm_rows(summary["tests"])
     report.inputs = inputs_of(source, summary, records, weights, weights_default, compare,
                               price)
     for diff in report.host_diffs:

@@ -14,6 +14,7 @@ from ..measure.anomalies import sentences, short_kinds
 from .checks import diff_line, energy_plot_rows, perf_per_watt_line
 from .formatting import fmt_num, fmt_pct
 from .iostudy import plot_svg
+from .llm import latency_plot, serving_cells
 from .plots import FLAG_COLOUR, Plotter
 from .text import (
     GPU_ONE_RUN, NOISE_HEADER, anomalies_by_test, cell, concurrent_note, fmt_interval,
@@ -208,6 +209,15 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
         svg = plot_svg(tab)
         io_study.append({**tab, "svg": Markup(svg) if svg else None})
 
+    llm = []
+    for row in report.llm:
+        svg = None
+        if len(row["serving"]) > 1:
+            plotter = plotter or Plotter()
+            svg = latency_plot(plotter, row["serving"])
+        llm.append({**row, "levels": [serving_cells(lv, row["concurrency"]) for lv in row["serving"]],
+                    "svg": Markup(svg) if svg else None})
+
     failures = []
     for f in report.failures:
         text, source = log_tail(results_dir, f)
@@ -229,7 +239,7 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
         gpu_one_run=one_run,
         r=report, table=table, plots=plots, gpu=gpu, failures=failures, nodes=nodes,
         scaling=scaling, concurrent=concurrent, overlap=overlap, noise=noise_view(report),
-        io_study=io_study,
+        io_study=io_study, llm=llm,
         checks=checks, flags=flags, flag_colour=FLAG_COLOUR,
         inputs=header_items(report.inputs) if report.inputs is not None else None,
         has_records=bool(records), generated=generated,

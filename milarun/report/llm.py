@@ -16,10 +16,10 @@ def llm_rows(tests):
 
     Returns:
         list of ``{"test", "tokens_per_s", "tflops", "mfu_pct", "peak_tflops",
-        "serving"}``: mean steady-state tokens/s (the test's item is a token:
+        "serving", "concurrency"}``: mean steady-state tokens/s (the test's item is a token:
         the node's or job's under FSDP), mean achieved TFLOP/s per device, mean
         MFU in percent (None without a datasheet peak), the peak (TFLOP/s), and
-        the serving levels (possibly empty).
+        the serving levels (possibly empty) and the measured one's concurrency.
     """
     rows = []
     for name, test in tests.items():
@@ -30,7 +30,8 @@ def llm_rows(tests):
                      "tflops": (llm.get("tflops") or {}).get("mean"),
                      "mfu_pct": mfu_percent(llm.get("mfu")),
                      "peak_tflops": llm.get("peak_tflops"),
-                     "serving": llm.get("serving") or []})
+                     "serving": llm.get("serving") or [],
+                     "concurrency": llm.get("concurrency")})
     return rows
 
 
@@ -38,10 +39,12 @@ def _ms(x):
     return None if x is None else 1e3 * x
 
 
-def serving_cells(level):
-    """A serving level's figures as text cells (ms, tokens/s, %)."""
+def serving_cells(level, measured=None):
+    """A serving level's figures as text cells (ms, tokens/s, %); the level the test's
+    rate measured (``measured``, a concurrency) is marked ``*``."""
     g = level.get("goodput_fraction")
-    return {"concurrency": str(level["concurrency"]), "requests": str(level.get("requests")),
+    mark = "*" if level["concurrency"] == measured else ""
+    return {"concurrency": f"{level['concurrency']}{mark}", "requests": str(level.get("requests")),
             **{f"{k} (ms)": fmt_num(_ms(level.get(f"{k.lower().replace(' ', '_')}_s")), ".1f")
                for k in ("TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90", "TPOT p99")},
             "prefill tok/s": fmt_num(level.get("prefill_tokens_per_s"), ".0f"),
@@ -70,8 +73,8 @@ def text_lines(rows):
             continue
         lines.append("")
         lines.append(f"serving {r['test']}: per concurrency level (requests at once); TTFT and "
-                     f"TPOT in ms, the first level is the measured one")
-        cells = [serving_cells(level) for level in r["serving"]]
+                     f"TPOT in ms; * the level the test's throughput measured")
+        cells = [serving_cells(level, r["concurrency"]) for level in r["serving"]]
         keys = list(cells[0])
         widths = {k: max(len(k), *(len(c[k]) for c in cells)) for k in keys}
         lines.append("  " + "  ".join(f"{k:>{widths[k]}}" for k in keys))
@@ -110,7 +113,7 @@ def latency_plot(plotter, levels):
         ax.set_xlabel("output tokens/s (points: concurrent requests)")
         ax.set_ylabel("latency (ms)")
         ax.grid(True, linewidth=0.3)
-        ax.legend(loc="upper left", fontsize=7)
+        ax.legend(loc="best", fontsize=7)
         fig.tight_layout()
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata={"Date": None})

@@ -216,6 +216,7 @@ class Report:
     #: sides whose every scored test comes from one run: "these results", "the baseline"
     one_run: list = field(default_factory=list)
     io: list = field(default_factory=list)   # the io study's tables (report/iostudy.py)
+    llm: list = field(default_factory=list)  # the LLM tests' rows (report/llm.py)
     # validation, energy and host facts (milarun.report.checks)
     validation_flags: list = field(default_factory=list)
     perf_per_watt: object = None

@@ -14,6 +14,7 @@ from ..measure.throughput import MIN_OVERLAP
 from .checks import header_lines, perf_per_watt_line, text_lines as check_lines
 from .formatting import fmt_num, fmt_pct
 from .iostudy import text_lines
+from .llm import text_lines as llm_text_lines
 
 
 #: The std% cell of a test with one successful result.
@@ -490,6 +491,9 @@ def render_text(report):
     for table in report.io:
         lines.append("")
         lines.extend(text_lines(table))
+    if report.llm:
+        lines.append("")
+        lines.extend(llm_text_lines(report.llm))
     lines.extend(map(one_line, check_lines(report)))
     if report.anomalies:
         lines.append("")
