@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import time
-import types
 
 import pytest
 
@@ -201,15 +200,12 @@ def _torchrun(function, out, argv, ranks):
     return res
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_collectives_over_gloo_ranks(tmp_path, ranks):
-    res = _torchrun("milarun.models.collectives:main", tmp_path / "r.json",
-                    FAST + ["--max-size", "1024", "--iters", "2", "--warmup-iters", "1"], ranks)
+def _check_collectives(res, ranks, max_size):
     rows = res["collectives"]
     assert {r["op"] for r in rows} == set(acceptance.COLLECTIVES)
     assert res["metrics"]["world_size"] == ranks and res["metrics"]["backend"] == "gloo"
     per_op = {op: [r for r in rows if r["op"] == op] for op in acceptance.COLLECTIVES}
-    assert [r["bytes"] for r in per_op["all_reduce"]] == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert [r["bytes"] for r in per_op["all_reduce"]] == acceptance.message_sizes(max_size)
     factor = {"all_reduce": 2 * (ranks - 1) / ranks, "all_gather": (ranks - 1) / ranks,
               "reduce_scatter": (ranks - 1) / ranks, "all_to_all": (ranks - 1) / ranks,
               "broadcast": 1.0}
@@ -226,6 +222,41 @@ def test_collectives_over_gloo_ranks(tmp_path, ranks):
     assert steady_samples(res)
     assert res["metrics"]["ib_ports"] >= 0 and "expected_busbw_gbps" not in res["metrics"] \
         or res["metrics"]["expected_bound"] in ("nvlink", "network")
+
+
+def test_collectives_over_four_gloo_ranks(tmp_path):
+    res = _torchrun("milarun.models.collectives:main", tmp_path / "r.json",
+                    FAST + ["--max-size", "1024", "--iters", "2", "--warmup-iters", "1"], 4)
+    _check_collectives(res, 4, 1024)
+
+
+def test_the_cpu_profile_runs_every_test_over_two_slots(tmp_path):
+    # milarun jobs as a user runs it: collectives over both slots (njobs: 2 gloo ranks under
+    # torchrun), bandwidth, matmul and the burn-in on each slot, both at once (per-gpu)
+    (tmp_path / "data").mkdir()
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "milarun", "jobs",
+                           "profiles/acceptance-cpu.json", "--cpu-slots", "2", "--no-cgexec",
+                           "-d", str(tmp_path / "data"), "-o", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = {}
+    for path in out.glob("*.json"):
+        res = json.loads(path.read_text())
+        validate(res)
+        assert res["success"], (path.name, res["error"])
+        records.setdefault(res["name"].split(".")[1], []).append(res)
+    assert sorted((k, len(v)) for k, v in records.items()) == [
+        ("bandwidth", 2), ("burn", 2), ("collectives", 1), ("matmul", 2)]
+    _check_collectives(records["collectives"][0], 2, 65536)
+    for res in records["matmul"]:
+        assert res["metrics"]["tflops_fp8_e4m3"] == "not supported on this device"
+        assert res["metrics"]["mamf_tflops_fp64"] > 0
+    for res in records["burn"]:
+        assert res["metrics"]["iterations"] > 0 and res["metrics"]["duration_s"] >= 5
+    for res in records["bandwidth"]:
+        assert res["metrics"]["h2d"] == "not applicable"
 
 
 def test_collectives_wrong_result_is_a_fail_record(tmp_path, monkeypatch):
@@ -370,4 +401,5 @@ def test_acceptance_profiles_parse_with_their_tests():
         assert {j.name for j in jobs} >= {"collectives", "bandwidth", "matmul", "burn"}
     gpu = {j.name: j for j in load_profile(ROOT / "profiles" / "acceptance.json")}
     assert gpu["burn"].partition == "per-gpu" and gpu["collectives"].partition == "njobs"
-    assert types is not None
+    assert gpu["collectives_nodes"].partition == "node-progression"
+    assert gpu["bandwidth"].partition == "normal"
