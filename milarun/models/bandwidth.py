@@ -34,6 +34,7 @@ by its word count), so throughput is bytes/s over the mix; the per-measure metri
 the figures. The list of measures ends the run: ``--max-count`` does not apply.
 """
 
+import contextlib
 import os
 import time
 
@@ -130,29 +131,36 @@ class Stream:
 
 
 def _copies(torch, gpu, nbytes, iters, warmup):
-    """``{"h2d_pinned": GB/s, ...}`` of one GPU (module docstring)."""
+    """``({"h2d_pinned": GB/s, ...}, {"pinned": host buffer, ...})`` of one GPU (module
+    docstring); call it with ``gpu`` the current device (the events time its stream)."""
     clock = _Clock(torch, gpu)
     dev = torch.empty(nbytes, dtype=torch.uint8, device=gpu)
     dev2 = torch.empty(nbytes, dtype=torch.uint8, device=gpu)
     out, buffers = {}, {}
     for kind in ("pinned", "pageable"):
-        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=(kind == "pinned"))
-        host2 = torch.empty(nbytes, dtype=torch.uint8, pin_memory=(kind == "pinned"))
+        pinned = kind == "pinned"
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        host2 = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
         host.fill_(1)
         buffers[kind] = host
-        t = clock.best(lambda: dev.copy_(host, non_blocking=True), iters, warmup)
+        # non_blocking only from/to pinned memory: a pageable copy is staged by the driver
+        t = clock.best(lambda: dev.copy_(host, non_blocking=pinned), iters, warmup)
         out[f"h2d_{kind}"] = nbytes / t / 1e9
-        t = clock.best(lambda: host2.copy_(dev, non_blocking=True), iters, warmup)
+        t = clock.best(lambda: host2.copy_(dev, non_blocking=pinned), iters, warmup)
         out[f"d2h_{kind}"] = nbytes / t / 1e9
+        main = torch.cuda.current_stream(gpu)
         up, down = torch.cuda.Stream(gpu), torch.cuda.Stream(gpu)
 
         def both():
+            # both side streams start after what the timed stream queued (its start event)
+            up.wait_stream(main)
+            down.wait_stream(main)
             with torch.cuda.stream(up):
-                dev.copy_(host, non_blocking=True)
+                dev.copy_(host, non_blocking=pinned)
             with torch.cuda.stream(down):
-                host2.copy_(dev2, non_blocking=True)
-            torch.cuda.current_stream(gpu).wait_stream(up)
-            torch.cuda.current_stream(gpu).wait_stream(down)
+                host2.copy_(dev2, non_blocking=pinned)
+            main.wait_stream(up)
+            main.wait_stream(down)
 
         t = clock.best(both, iters, warmup)
         out[f"bidir_{kind}"] = 2 * nbytes / t / 1e9
@@ -160,15 +168,23 @@ def _copies(torch, gpu, nbytes, iters, warmup):
 
 
 def _d2d(torch, src, dst, nbytes, iters, warmup):
+    """GB/s of a copy from GPU ``src`` to GPU ``dst``, on the host clock between
+    synchronisations of both devices (events of one device cannot time both)."""
     a = torch.empty(nbytes, dtype=torch.uint8, device=src)
     b = torch.empty(nbytes, dtype=torch.uint8, device=dst)
-    clock = _Clock(torch, src)
 
-    def copy():
-        b.copy_(a, non_blocking=True)
+    def sync():
+        torch.cuda.synchronize(src)
         torch.cuda.synchronize(dst)
 
-    return nbytes / clock.best(copy, iters, warmup) / 1e9
+    for _ in range(warmup):
+        b.copy_(a, non_blocking=True)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        b.copy_(a, non_blocking=True)
+    sync()
+    return nbytes * iters / (time.perf_counter() - t0) / 1e9
 
 
 def buffer_numa_nodes(tensor):
@@ -242,28 +258,43 @@ def train(exp):
     arrays = {}
     for step, (kind, arg) in zip(steps, tasks):
         exp.rate.cut()   # each measure its own sample
-        if kind == "copies":
-            figures, buffers = _copies(torch, arg, copy_size, iters, warmup_iters)
-            for key, gbps in figures.items():
-                m[f"{key}_gbps_gpu{arg.index}"] = gbps
-            if "host_buffer_numa_nodes" not in m:
-                m["host_buffer_numa_nodes"] = buffer_numa_nodes(buffers["pinned"])
-            step.set_count(copy_size * 8 * (iters + warmup_iters))
-        elif kind == "d2d":
-            src, dst = arg
-            m[f"d2d_peer_{src.index}_{dst.index}"] = bool(
-                torch.cuda.can_device_access_peer(src.index, dst.index))
-            m[f"d2d_gbps_{src.index}_{dst.index}"] = _d2d(torch, src, dst, copy_size, iters,
-                                                         warmup_iters)
-            step.set_count(copy_size * (iters + warmup_iters))
-        else:
-            dev, name = arg
-            if dev not in arrays:
-                arrays.clear()   # one device's arrays at a time
-                arrays[dev] = Stream(torch, dev, array_size, dtype)
-                if not gpu:
-                    m["host_buffer_numa_nodes"] = buffer_numa_nodes(arrays[dev].a)
-            gbps, moved = arrays[dev].measure(name, iters, warmup_iters)
-            m[f"stream_{name}_gbps" + (f"_gpu{dev.index}" if gpu else "")] = gbps
-            step.set_count(moved)
+        with _current(torch, arg[0] if isinstance(arg, tuple) else arg):
+            _measure(torch, m, step, kind, arg, arrays, gpu, copy_size, array_size, dtype,
+                     iters, warmup_iters)
     steps.close()
+
+
+def _current(torch, device):
+    """``device`` as the current CUDA device for the ``with`` body (events, streams)."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def _measure(torch, m, step, kind, arg, arrays, gpu, copy_size, array_size, dtype, iters,
+             warmup_iters):
+    """One measure of the list (module docstring) into the metrics ``m``."""
+    if kind == "copies":
+        figures, buffers = _copies(torch, arg, copy_size, iters, warmup_iters)
+        for key, gbps in figures.items():
+            m[f"{key}_gbps_gpu{arg.index}"] = gbps
+        if "host_buffer_numa_nodes" not in m:
+            m["host_buffer_numa_nodes"] = buffer_numa_nodes(buffers["pinned"])
+        step.set_count(copy_size * 8 * (iters + warmup_iters))
+    elif kind == "d2d":
+        src, dst = arg
+        m[f"d2d_peer_{src.index}_{dst.index}"] = bool(
+            torch.cuda.can_device_access_peer(src.index, dst.index))
+        m[f"d2d_gbps_{src.index}_{dst.index}"] = _d2d(torch, src, dst, copy_size, iters,
+                                                     warmup_iters)
+        step.set_count(copy_size * (iters + warmup_iters))
+    else:
+        dev, name = arg
+        if dev not in arrays:
+            arrays.clear()   # one device's arrays at a time
+            arrays[dev] = Stream(torch, dev, array_size, dtype)
+            if not gpu:
+                m["host_buffer_numa_nodes"] = buffer_numa_nodes(arrays[dev].a)
+        gbps, moved = arrays[dev].measure(name, iters, warmup_iters)
+        m[f"stream_{name}_gbps" + (f"_gpu{dev.index}" if gpu else "")] = gbps
+        step.set_count(moved)
