@@ -402,4 +402,5 @@ def test_acceptance_profiles_parse_with_their_tests():
     gpu = {j.name: j for j in load_profile(ROOT / "profiles" / "acceptance.json")}
     assert gpu["burn"].partition == "per-gpu" and gpu["collectives"].partition == "njobs"
     assert gpu["collectives_nodes"].partition == "node-progression"
+    assert gpu["collectives_all_nodes"].partition == "multi-node"
     assert gpu["bandwidth"].partition == "normal"

@@ -29,8 +29,8 @@ CLUSTER_PROFILES = ["cluster", "cluster-cpu"]
 STUDY_PROFILES = ["io", "io-seed"]
 #: The acceptance profiles (issue 25, docs/acceptance.md): their own tests only, each
 #: sweep or burn-in ending the test by itself (no --min-steady floor).
-ACCEPTANCE_TESTS = {"acceptance": ["collectives", "collectives_nodes", "bandwidth", "matmul",
-                                   "burn"],
+ACCEPTANCE_TESTS = {"acceptance": ["collectives", "collectives_nodes", "collectives_all_nodes",
+                                   "bandwidth", "matmul", "burn"],
                     "acceptance-cpu": ["collectives", "bandwidth", "matmul", "burn"]}
 
 
