@@ -165,6 +165,24 @@ def test_nvidia_backend_reads_clocks_reasons_and_nvlink(monkeypatch, events):
     assert backend.clocks(dev) is None and backend.nvlink(dev) is None
 
 
+def test_collectives_expected_peak_from_a_fake_nvml_and_sysfs(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("MILARUN_BACKEND", "nvidia")
+    nv, _ = _nvml_with_clocks(links=18)          # NVLink 4.0 (NVML's 6) x 18: an H100
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    for dev in ("mlx5_0", "mlx5_1"):
+        d = tmp_path / "sys" / "class" / "infiniband" / dev / "ports" / "1"
+        d.mkdir(parents=True)
+        (d / "rate").write_text("400 Gb/sec (4X NDR)\n")
+        (d / "state").write_text("4: ACTIVE\n")
+    inside = collectives.expected_peak(8, 1, 8, root=tmp_path)
+    assert inside["nvlink_links"] == 18 and inside["nvlink_peak_gbps"] == 450.0
+    assert (inside["expected_busbw_gbps"], inside["expected_bound"]) == (450.0, "nvlink")
+    across = collectives.expected_peak(16, 2, 8, root=tmp_path)
+    assert across["ib_ports"] == 2 and across["ib_rate_gbits"] == 800.0
+    assert (across["expected_busbw_gbps"], across["expected_bound"]) == (12.5, "network")
+
+
 def test_burn_clock_sampler_flags_power_capping_through_a_fake_nvml(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("MILARUN_BACKEND", "nvidia")
