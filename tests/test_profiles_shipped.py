@@ -31,6 +31,11 @@ PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.json"))
 CLUSTER_PROFILES = ["cluster", "cluster-cpu"]
 #: The input-pipeline study (milarun.models.io, tests/test_io_study.py): its own tests only.
 STUDY_PROFILES = ["io", "io-seed"]
+#: The acceptance profiles (issue 25, docs/acceptance.md): their own tests only, each
+#: sweep or burn-in ending the test by itself (no --min-steady floor).
+ACCEPTANCE_TESTS = {"acceptance": ["collectives", "collectives_nodes", "collectives_all_nodes",
+                                   "bandwidth", "matmul", "burn"],
+                    "acceptance-cpu": ["collectives", "bandwidth", "matmul", "burn"]}
 
 
 def test_standard_dry_run_lists_every_test(tmp_path):
@@ -58,6 +63,11 @@ def test_profile_validates_and_weights_match(name):
         assert {"per-gpu", "njobs", "multi-node", "node-progression"} <= kinds
     elif name in STUDY_PROFILES:
         assert {j.experiment for j in jobs} == {"milarun.models.io:main"}
+    elif name in ACCEPTANCE_TESTS:
+        assert sorted(j.name for j in jobs) == sorted(ACCEPTANCE_TESTS[name])
+        kinds = {j.name: j.partition for j in jobs}
+        assert kinds["collectives"] == "njobs" and kinds["burn"] == "per-gpu"
+        assert all(weights[j.full_name]["weight"] > 0 for j in jobs)
     else:
         extra = INFERENCE_TESTS if name in WITH_INFERENCE else []
         if name == "cpu":
@@ -68,6 +78,17 @@ def test_profile_validates_and_weights_match(name):
     for job in jobs:
         if job.name in INFERENCE_TESTS:
             assert job.plan_type == "multi-process" and weights[job.full_name]["weight"] > 0
+
+
+def test_acceptance_profile_dry_runs_on_a_cpu_host(tmp_path):
+    (tmp_path / "data").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "milarun", "jobs", "profiles/acceptance.json",
+                           "--dry-run", "--no-cgexec", "-d", str(tmp_path / "data"), "-o",
+                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    listed = {line.split()[1].split(".")[1] for line in proc.stdout.splitlines()
+              if line.startswith("# acceptance.")}
+    assert listed == set(ACCEPTANCE_TESTS["acceptance"])
 
 
 def test_cpu_profile_prepares_its_own_data():

@@ -20,6 +20,9 @@ Format history (append a line and a migration step for every change):
   and the sample flag ``profiled``; no migration (optional fields).
 * version 1, extended (issue 23, LLM workloads): optional ``serving``;
   ``error.reason`` may also be ``oom``. No migration (optional fields).
+* version 1, extended (issue 25, acceptance tests): optional ``collectives``;
+  ``error.reason`` may also be ``wrong-result`` or ``data-corruption``. No
+  migration (optional fields).
 * version 1, extended (issue 10, validation and host facts): optional
   ``no_loss`` and ``host_load``; ``host`` may hold the facts of
   :mod:`milarun.host.facts` (milarun version and commit, kernel, CPU governor,
@@ -118,6 +121,9 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
                    "prefill_tokens_per_s", "decode_tokens_per_s",
                    "output_tokens_per_s", "goodput_requests_per_s",
                    "goodput_fraction"}`` (:mod:`milarun.measure.latency`).
+``collectives``    optional (``collectives``, issue 25): one row per collective and
+                   message size: ``{"op", "bytes", "ranks", "time_s", "algbw_gbps",
+                   "busbw_gbps"}`` (nccl-tests' method: :mod:`milarun.measure.acceptance`).
 """
 
 from ..errors import ResultFormatError
@@ -133,8 +139,11 @@ FORMAT_VERSION = 1
 #: a node whose connection (ssh, srun step) dropped; and the failing checks of
 #: :mod:`milarun.measure.plausibility` (a NaN or infinite loss, no steady state); a
 #: child whose torch cannot use the device it was given (``wrong-device``); a child
-#: whose device memory ran out (``oom``: torch's ``OutOfMemoryError``, samples kept).
-#: Read from the enum of ``error.reason`` in ``result.schema.json``, the one list.
+#: whose device memory ran out (``oom``: torch's ``OutOfMemoryError``, samples kept); the
+#: acceptance tests' checks of their results (issue 25): a collective that returned a wrong
+#: result (``wrong-result``), a burn-in matmul that differs from its reference
+#: (``data-corruption``). Read from the enum of ``error.reason`` in ``result.schema.json``,
+#: the one list.
 FAIL_REASONS = tuple(load_schema("result")["$defs"]["error"]["properties"]["reason"]["enum"])
 
 

@@ -28,17 +28,25 @@ FLOPs, so checkpointing lowers MFU as it should.
 #: columns), NVIDIA A100 datasheet, NVIDIA L40S datasheet, NVIDIA HGX B200 figures (per
 #: GPU, half the sparse figure), AMD Instinct MI300X and MI250X data sheets (matrix
 #: cores). The first pattern found in the device's name (case-insensitive) wins, so the
-#: more specific names come first. "fp32" is the non-tensor-core figure.
+#: more specific names come first. "fp32" is the non-tensor-core figure; "fp64" is the
+#: FP64 Tensor Core (NVIDIA) or FP64 matrix (AMD) figure, which a float64 GEMM runs at
+#: (issue 25's matmul; the B200 and L40S have none here: the HGX B200 page gives FP64 for
+#: the 8-GPU board only, the L40S datasheet none). "fp8" is E4M3/E5M2 dense.
 PEAK_TFLOPS = (
-    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0, "fp8": 1513.0}),
-    ("H100 NVL", {"bf16": 835.0, "fp16": 835.0, "tf32": 417.5, "fp32": 60.0, "fp8": 1670.0}),
-    ("H100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9, "fp8": 1978.9}),
-    ("H200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9, "fp8": 1978.9}),
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0, "fp8": 1513.0,
+                   "fp64": 51.0}),
+    ("H100 NVL", {"bf16": 835.0, "fp16": 835.0, "tf32": 417.5, "fp32": 60.0, "fp8": 1670.0,
+                  "fp64": 60.0}),
+    ("H100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9, "fp8": 1978.9,
+              "fp64": 66.9}),
+    ("H200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9, "fp8": 1978.9,
+              "fp64": 66.9}),
     ("B200", {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1125.0, "fp32": 75.0, "fp8": 4500.0}),
-    ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5, "fp64": 19.5}),
     ("L40S", {"bf16": 362.1, "fp16": 362.1, "tf32": 183.0, "fp32": 91.6, "fp8": 733.0}),
-    ("MI300X", {"bf16": 1307.4, "fp16": 1307.4, "tf32": 653.7, "fp32": 163.4, "fp8": 2614.9}),
-    ("MI250X", {"bf16": 383.0, "fp16": 383.0, "fp32": 95.7}),
+    ("MI300X", {"bf16": 1307.4, "fp16": 1307.4, "tf32": 653.7, "fp32": 163.4, "fp8": 2614.9,
+                "fp64": 163.4}),
+    ("MI250X", {"bf16": 383.0, "fp16": 383.0, "fp32": 95.7, "fp64": 95.7}),
 )
 
 

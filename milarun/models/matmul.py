@@ -1,4 +1,4 @@
-"""matmul: dense matrix-multiply throughput (TFLOP/s) in fp32, tf32, fp16 and bf16.
+"""matmul: dense matrix-multiply throughput (TFLOP/s) in fp32, tf32, fp16, bf16, fp64 and FP8.
 
 Multiplies square ``--size`` × ``--size`` matrices (8192 on a GPU, 512 on the
 CPU by default) into a preallocated output, once per precision of
@@ -19,6 +19,25 @@ How throughput is reported:
   ``2·n³ × matmuls ÷ their total time`` (1e12 FLOP/s), so it is the peak
   dense throughput of that precision, not diluted by the others.
 
+Also (issue 25, acceptance; none of it in the default ``--precisions``):
+
+* ``fp64``: float64 matrices (the FP64 tensor cores on an A100/H100, the matrix cores on
+  an MI300X);
+* ``fp8_e4m3`` and ``fp8_e5m2``: ``torch._scaled_mm`` on float8 data (unit scales,
+  bf16 output); ``fp8_e4m3`` multiplies e4m3 by e4m3, ``fp8_e5m2`` e5m2 by e4m3 (cuBLAS has
+  no e5m2 × e5m2 GEMM). Where the device or this torch cannot (the CPU, a GPU before
+  compute capability 8.9), ``metrics.tflops_<p>`` is the text ``"not supported on this
+  device"`` and the others run: not a failure;
+* ``--sweep``: after the timed loop, the shape sweep of Stas Bekman's MAMF finder
+  ("maximum achievable matmul FLOPS", ``ml-engineering/compute/accelerator/benchmarks/
+  mamf-finder.py``): every ``M×N×K`` of ``--sweep-shapes`` (``auto``: every M, N, K in
+  {4096, 6144, 8192, 12288, 16384} with M = N on a GPU, 64 to 512 on the CPU) timed
+  ``--sweep-iters`` times, the best mean kept; ``metrics.mamf_tflops_<p>`` and
+  ``mamf_shape_<p>`` (``"MxNxK"``) next to the fixed-shape ``tflops_<p>``;
+* the datasheet peak of the device (:data:`milarun.measure.mfu.PEAK_TFLOPS`, the table
+  MFU uses): ``peak_tflops_<p>``, ``tflops_<p>_vs_peak`` and ``mamf_<p>_vs_peak``
+  (fractions), where the device is in the table.
+
 Stresses: raw compute (tensor cores at half precision and TF32), and at
 small sizes memory bandwidth.
 """
@@ -30,6 +49,17 @@ from coleo import Option, default, tooled
 
 from ..bench import init_torch, iteration_wrapper
 from ..bench.setup import PRECISIONS
+from ..measure.mfu import peak_tflops
+
+#: Every ``--precisions`` name: the training precisions, fp64 and the two FP8 formats.
+MATMUL_PRECISIONS = tuple(PRECISIONS) + ("fp64", "fp8_e4m3", "fp8_e5m2")
+FP8 = ("fp8_e4m3", "fp8_e5m2")
+#: The metric of a precision the device cannot run.
+UNSUPPORTED = "not supported on this device"
+#: :data:`milarun.measure.mfu.PEAK_TFLOPS`'s key of each precision.
+PEAK_KEY = {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+#: ``--sweep-shapes auto``: the sizes M (= N) and K take.
+SWEEP_SIZES = {"gpu": (4096, 6144, 8192, 12288, 16384), "cpu": (64, 128, 256, 512)}
 
 #: ``--precisions auto`` per device type (TF32 is a CUDA tensor-core mode; elsewhere: fp32,bf16).
 AUTO_PRECISIONS = {"cuda": "fp32,tf32,fp16,bf16", "xpu": "fp32,fp16,bf16"}
@@ -89,12 +119,113 @@ class _Timings:
             self.count[name] += 1
 
 
-def _setup(torch, name, size, device, gen):
-    dtype = {"fp32": torch.float32, "tf32": torch.float32,
+def _setup(torch, name, size, device, gen, shape=None):
+    m, n, k = shape or (size, size, size)
+    if name in FP8:
+        a_type = torch.float8_e5m2 if name == "fp8_e5m2" else torch.float8_e4m3fn
+        a = torch.randn((m, k), device=device, generator=gen).to(a_type)
+        # _scaled_mm wants its second operand column-major
+        b = torch.randn((n, k), device=device, generator=gen).to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=device, dtype=torch.float32)
+        return a, b, one
+    dtype = {"fp32": torch.float32, "tf32": torch.float32, "fp64": torch.float64,
              "fp16": torch.float16, "bf16": torch.bfloat16}[name]
-    a = torch.randn((size, size), device=device, generator=gen).to(dtype)
-    b = torch.randn((size, size), device=device, generator=gen).to(dtype)
-    return a, b, torch.empty((size, size), device=device, dtype=dtype)
+    a = torch.randn((m, k), device=device, generator=gen).to(dtype)
+    b = torch.randn((k, n), device=device, generator=gen).to(dtype)
+    return a, b, torch.empty((m, n), device=device, dtype=dtype)
+
+
+def _multiply(torch, name, a, b, c):
+    if name in FP8:
+        return torch._scaled_mm(a, b, scale_a=c, scale_b=c, out_dtype=torch.bfloat16)
+    return torch.matmul(a, b, out=c)
+
+
+def fp8_support(torch, device):
+    """None when ``torch._scaled_mm`` runs on ``device``, else why not (one line)."""
+    if device.type != "cuda":
+        return f"{UNSUPPORTED} ({device.type})"
+    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+        return f"{UNSUPPORTED} (this torch has no FP8 matmul)"
+    try:
+        gen = torch.Generator(device=device)
+        for name in FP8:
+            a, b, one = _setup(torch, name, 32, device, gen)
+            _multiply(torch, name, a, b, one)
+        torch.cuda.synchronize(device)
+    except Exception as exc:
+        return f"{UNSUPPORTED} ({exc.__class__.__name__}: {str(exc).splitlines()[0][:120]})"
+    return None
+
+
+def parse_shapes(text, kind):
+    """The sweep's ``(M, N, K)`` shapes of ``--sweep-shapes`` (``auto`` or ``MxNxK,…``).
+
+    Raises:
+        ValueError: a malformed shape or a side out of [1, 65536].
+    """
+    if str(text).strip() == "auto":
+        sizes = SWEEP_SIZES[kind]
+        return [(mn, mn, k) for mn in sizes for k in sizes]
+    shapes = []
+    for item in str(text).split(","):
+        parts = item.strip().lower().split("x")
+        try:
+            shape = tuple(int(p) for p in parts)
+        except ValueError:
+            shape = ()
+        if len(shape) != 3 or not all(1 <= v <= 65536 for v in shape):
+            raise ValueError(f"--sweep-shapes: {item.strip()!r} is not MxNxK with sides "
+                             "from 1 to 65536 (or auto)")
+        shapes.append(shape)
+    return shapes
+
+
+def _sweep(torch, exp, names, shapes, device, gen, iters):
+    """The MAMF sweep (module docstring): best TFLOP/s and its shape per precision."""
+    for p in names:
+        best, best_shape = 0.0, None
+        for shape in shapes:
+            a, b, c = _setup(torch, p, 0, device, gen, shape)
+            _set_tf32(torch, p == "tf32")
+            timer = _Timings(torch, device)
+            _multiply(torch, p, a, b, c)   # warm-up: the library picks its kernel
+            for _ in range(iters):
+                t0 = timer.start()
+                _multiply(torch, p, a, b, c)
+                timer.stop(p, t0, True)
+            timer.drain()
+            if timer.seconds[p] > 0:
+                m, n, k = shape
+                tflops = 2.0 * m * n * k * timer.count[p] / timer.seconds[p] / 1e12
+                if tflops > best:
+                    best, best_shape = tflops, shape
+            del a, b, c
+        _set_tf32(torch, False)
+        if best_shape is not None:
+            exp.metrics[f"mamf_tflops_{p}"] = best
+            exp.metrics[f"mamf_shape_{p}"] = "x".join(map(str, best_shape))
+
+
+def _device_name(torch, device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "xpu":
+        return torch.xpu.get_device_name(device)
+    return None
+
+
+def _versus_peak(metrics, names, device_name):
+    """``peak_tflops_<p>`` and the ratios to it (module docstring)."""
+    for p in names:
+        peak = peak_tflops(device_name, PEAK_KEY.get(p, p))
+        if not peak:
+            continue
+        metrics[f"peak_tflops_{p}"] = peak
+        for key, ratio in ((f"tflops_{p}", f"tflops_{p}_vs_peak"),
+                           (f"mamf_tflops_{p}", f"mamf_{p}_vs_peak")):
+            if isinstance(metrics.get(key), float):
+                metrics[ratio] = metrics[key] / peak
 
 
 def _set_tf32(torch, on):
@@ -108,16 +239,37 @@ def train(exp):
 
     # Side of the square matrices (0: 8192 on a GPU, 512 on the CPU)
     size: Option & int = default(0)
-    # Comma-separated precisions among fp32,tf32,fp16,bf16 (auto: all four on CUDA, fp32,fp16,bf16 on XPU, fp32,bf16 on CPU)
+    # Comma-separated precisions among fp32,tf32,fp16,bf16,fp64,fp8_e4m3,fp8_e5m2 (auto: fp32,tf32,fp16,bf16 on CUDA, fp32,fp16,bf16 on XPU, fp32,bf16 on CPU)
     precisions: Option = default("auto")
+    # After the timed loop, sweep shapes for the best TFLOP/s per precision (MAMF)
+    sweep: Option & bool = default(False)
+    # The sweep's shapes: auto, or comma-separated MxNxK
+    sweep_shapes: Option = default("auto")
+    # Timed matmuls per shape of the sweep (1 to 10000)
+    sweep_iters: Option & int = default(10)
 
+    if sweep:
+        parse_shapes(sweep_shapes, "cpu")   # a bad shape: one error before anything runs
+        if not 1 <= sweep_iters <= 10000:
+            raise ValueError(f"--sweep-iters must be between 1 and 10000, not {sweep_iters}")
     device = init_torch(exp)
     if precisions == "auto":
         precisions = AUTO_PRECISIONS.get(device.type, "fp32,bf16")
     names = [p.strip() for p in str(precisions).split(",") if p.strip()]
-    bad = [p for p in names if p not in PRECISIONS]
+    bad = [p for p in names if p not in MATMUL_PRECISIONS]
     if not names or bad:
-        raise ValueError(f"--precisions must list some of {', '.join(PRECISIONS)}; got {precisions!r}")
+        raise ValueError(f"--precisions must list some of {', '.join(MATMUL_PRECISIONS)}; "
+                         f"got {precisions!r}")
+    unsupported = {}
+    if any(p in FP8 for p in names):
+        why = fp8_support(torch, device)
+        if why:
+            unsupported = {p: why for p in names if p in FP8}
+    listed = names
+    names = [p for p in names if p not in unsupported]
+    if not names:
+        raise ValueError("none of --precisions runs on this device: "
+                         + "; ".join(f"{p}: {why}" for p, why in unsupported.items()))
     if size <= 0:
         size = 512 if device.type == "cpu" else 8192
     gen = torch.Generator(device=device)
@@ -134,16 +286,23 @@ def train(exp):
             a, b, c = mats[p]
             _set_tf32(torch, p == "tf32")
             t0 = timings.start()
-            torch.matmul(a, b, out=c)
+            _multiply(torch, p, a, b, c)
             (timings if steady else warm_all).stop(p, t0, True)
         step.set_count(len(names))
     _set_tf32(torch, False)
     timings.drain()
     warm_all.drain()
     flop = 2.0 * size ** 3
-    exp.metrics.update({"size": size, "precisions": ",".join(names)})
+    exp.metrics.update({"size": size, "precisions": ",".join(listed)})
     for p in names:
         src = timings if timings.count[p] else warm_all
         if src.count[p] and src.seconds[p] > 0:
             exp.metrics[f"tflops_{p}"] = flop * src.count[p] / src.seconds[p] / 1e12
             exp.metrics[f"matmuls_{p}"] = src.count[p]
+    for p, why in unsupported.items():
+        exp.metrics[f"tflops_{p}"] = UNSUPPORTED
+        exp.metrics[f"unsupported_{p}"] = why
+    if sweep and names:
+        shapes = parse_shapes(sweep_shapes, "cpu" if device.type == "cpu" else "gpu")
+        _sweep(torch, exp, names, shapes, device, gen, sweep_iters)
+    _versus_peak(exp.metrics, names, _device_name(torch, device))

@@ -113,6 +113,18 @@ class Backend:
         """A :class:`Reading` of ``device`` now. May raise; the monitor records the error."""
         raise NotImplementedError
 
+    def clocks(self, device):
+        """``{"sm_clock_mhz": MHz or None, "reasons": bit mask or None}``: the device's
+        current SM clock and why its clocks are held down, as NVML's clock-event
+        (throttle) reason bits (``milarun.measure.acceptance.CAPPING_REASONS``); None
+        where the backend cannot tell (the default). Never raises."""
+        return None
+
+    def nvlink(self, device):
+        """``{"version": NVML's nvmlNvlinkVersion_t, "links": active links}`` of a GPU, or
+        None where the backend cannot tell (the default; no NVLink). Never raises."""
+        return None
+
     def facts(self, device):
         """Per-device facts that change results (clocks in MHz, power limits in W,
         persistence/ECC), a flat dict of JSON values; ``{}`` when none. Never raises."""

@@ -316,6 +316,44 @@ class NvidiaBackend(Backend):
             raise errors[0]
         return reading
 
+    def clocks(self, device):
+        """The SM clock (``nvmlDeviceGetClockInfo(NVML_CLOCK_SM)``, MHz) and the clock-event
+        reasons (``nvmlDeviceGetCurrentClocksEventReasons``, or the older
+        ``nvmlDeviceGetCurrentClocksThrottleReasons`` of drivers before R535: the same
+        bits); each None when it cannot be read. None when neither can (a MIG instance
+        reads its GPU's)."""
+        try:
+            nv = self._init()
+        except Exception:
+            return None
+        parent = device.handle[1] if isinstance(device.handle, tuple) else device.handle
+        clock = _call(nv, "nvmlDeviceGetClockInfo", parent, getattr(nv, "NVML_CLOCK_SM", 1))
+        reasons = _call(nv, "nvmlDeviceGetCurrentClocksEventReasons", parent)
+        if reasons is None:
+            reasons = _call(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", parent)
+        if clock is None and reasons is None:
+            return None
+        return {"sm_clock_mhz": clock, "reasons": reasons}
+
+    def nvlink(self, device):
+        """Active NVLink links (``nvmlDeviceGetNvLinkState`` over
+        ``NVML_NVLINK_MAX_LINKS``) and the version of the first (``nvmlDeviceGetNvLinkVersion``);
+        None when no link is up or NVML cannot tell."""
+        try:
+            nv = self._init()
+        except Exception:
+            return None
+        parent = device.handle[1] if isinstance(device.handle, tuple) else device.handle
+        links, version = 0, None
+        for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+            if _call(nv, "nvmlDeviceGetNvLinkState", parent, link) == 1:
+                links += 1
+                if version is None:
+                    version = _call(nv, "nvmlDeviceGetNvLinkVersion", parent, link)
+        if not links:
+            return None
+        return {"version": version, "links": links}
+
     def facts(self, device):
         try:
             return gpu_facts(self._init(), device.handle[1])

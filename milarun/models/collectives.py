@@ -1,0 +1,318 @@
+"""collectives: bus bandwidth of all-reduce, all-gather, reduce-scatter, all-to-all and broadcast.
+
+NVIDIA nccl-tests' method (https://github.com/NVIDIA/nccl-tests, ``doc/PERFORMANCE.md``)
+in PyTorch, so that it runs on NCCL (NVIDIA), RCCL (AMD) and gloo (the CPU, for the tests):
+for each collective of ``--ops`` and each message size from ``--min-size`` (8 B) doubling
+to ``--max-size`` (8 GiB on a GPU, 1 MiB on the CPU by default), ``--warmup-iters``
+untimed operations, then ``--iters`` timed ones (CUDA events around the whole batch on a
+GPU, the host clock on the CPU, after a barrier); the time of one operation is the
+batch's time / ``--iters``, averaged over the ranks (nccl-tests' default ``-a 1``).
+``algbw = S / t`` and ``busbw = algbw × factor`` in GB/s (1e9 B/s), with the factors of
+:mod:`milarun.measure.acceptance` (``2(n-1)/n`` all-reduce; ``(n-1)/n`` all-gather,
+reduce-scatter, all-to-all; ``1`` broadcast). ``S`` is counted as nccl-tests counts it
+(the gathered output of an all-gather, the input of a reduce-scatter); the element count
+is float32, rounded down to a multiple of the ranks where the collective splits it, and
+the record holds the bytes really moved.
+
+**Correctness.** Before the timed batch of every (collective, size), each rank fills its
+input with a known pattern (``(rank + 1) × (i mod 13 + 1)``: its sums stay below 2**24,
+exact in float32, up to about 1,600 ranks), runs the
+collective once, and checks every element of its result against the expected values on
+every rank (in chunks, no full-size copy). The ranks then agree (an all-reduce of the
+bad ranks): a wrong result anywhere raises :class:`WrongResult` on every rank, a FAIL
+record with reason ``wrong-result`` naming the collective, size, rank and error, not a
+crash or a hang.
+
+**The record.** ``collectives``: one row per (collective, size) with ``op``, ``bytes``,
+``time_s``, ``algbw_gbps``, ``busbw_gbps`` (and ``ranks``). The rate logger counts
+**one item per bus byte** (``S × factor`` per operation, timed operations only), so the
+run's throughput is bus bytes/s over the whole sweep, a mix of sizes: the per-size
+table is the measure. ``metrics``: ``busbw_<op>_max_gbps`` (the best of the sweep),
+``busbw_<op>_at_max_size_gbps``, and the expected peak where known:
+``nvlink_version``, ``nvlink_links``, ``nvlink_peak_gbps`` (NVML), ``ib_ports``,
+``ib_rate_gbits`` (the active ports' Gb/s summed, from
+``/sys/class/infiniband/*/ports/*/rate``), ``expected_busbw_gbps`` and
+``expected_bound`` (nvlink or network), and ``busbw_all_reduce_vs_expected``.
+
+The sweep ends the run: ``--max-count`` and ``--min-steady`` do not apply. Runs as
+``njobs`` (a node's GPUs), ``multi-node`` and ``node-progression`` under torchrun;
+alone, a world of one (busbw factors of 0 for all but broadcast).
+
+Stresses: NVLink / PCIe inside a node, the network (InfiniBand, RoCE) between nodes.
+"""
+
+import os
+import time
+
+from coleo import Option, default, tooled
+
+from ..bench import init_torch, iteration_wrapper
+from ..bench.distributed import process_group
+from ..host import accel
+from ..host.interconnect import active_rates, infiniband_ports
+from ..measure import acceptance
+
+#: Nothing is trained.
+NO_LOSS = "collectives moves messages between ranks; nothing is trained"
+#: ``--max-size`` default: 8 GiB on a GPU (nccl-tests' ``-e 8G``), 1 MiB on the CPU.
+DEFAULT_MAX_SIZE = {"gpu": 8 * 2**30, "cpu": 2**20}
+#: Elements checked at a time (a chunk's expected values are built, then compared).
+CHECK_CHUNK = 1 << 24
+
+
+class WrongResult(RuntimeError):
+    """A collective returned a wrong result on some rank: FAIL, reason ``wrong-result``."""
+
+    fail_reason = "wrong-result"
+
+
+def main(exp, argv):
+    """Entry point: under torchrun, ``... -m milarun run milarun.models.collectives:main
+    -- ARGS``; alone, a world of one.
+
+    Items are bus bytes; the per-size table is the record's ``collectives``.
+    """
+    exp.cli(train, argv)
+
+
+def parse_ops(text):
+    """The collectives of ``--ops`` (comma-separated; ``all``: every one).
+
+    Raises:
+        ValueError: an unknown or empty list.
+    """
+    if str(text).strip() == "all":
+        return list(acceptance.COLLECTIVES)
+    ops = [o.strip().replace("-", "_") for o in str(text).split(",") if o.strip()]
+    bad = [o for o in ops if o not in acceptance.COLLECTIVES]
+    if not ops or bad:
+        raise ValueError(f"--ops must list some of {', '.join(acceptance.COLLECTIVES)} "
+                         f"(or all); unknown: {', '.join(bad) or '(none given)'}")
+    return ops
+
+
+def _hook_result(op, nbytes, rank, out):
+    """Where the tests corrupt a result (monkeypatched); returns ``out``."""
+    return out
+
+
+def _pattern(torch, start, end, device):
+    return (torch.arange(start, end, device=device, dtype=torch.int64) % 13 + 1).float()
+
+
+class _Buffers:
+    """The input and output of one collective at one size, and its expected result."""
+
+    def __init__(self, torch, dist, op, count, world):
+        self.torch, self.dist, self.op = torch, dist, op
+        self.n, self.rank, self.device = world.size, world.rank, world.device
+        n = self.n
+        self.count = count
+        self.chunk = count // n if op in ("all_gather", "reduce_scatter", "all_to_all") else count
+        in_count = self.chunk if op == "all_gather" else count
+        out_count = self.chunk if op == "reduce_scatter" else count
+        self.inp = torch.empty(in_count, dtype=torch.float32, device=self.device)
+        self.out = (self.inp if op in ("all_reduce", "broadcast")
+                    else torch.empty(out_count, dtype=torch.float32, device=self.device))
+
+    def fill(self):
+        """The input pattern (module docstring)."""
+        t, r, c = self.torch, self.rank, self.chunk
+        for s in range(0, self.inp.numel(), CHECK_CHUNK):
+            e = min(self.inp.numel(), s + CHECK_CHUNK)
+            offset = r * c if self.op == "all_gather" else 0
+            value = _pattern(t, s + offset, e + offset, self.device) * (r + 1)
+            if self.op == "broadcast" and r != 0:
+                value.zero_()
+            self.inp[s:e].copy_(value)
+
+    def run(self):
+        dist, op = self.dist, self.op
+        if op == "all_reduce":
+            dist.all_reduce(self.inp)
+        elif op == "broadcast":
+            dist.broadcast(self.inp, 0)
+        elif op == "all_gather":
+            if hasattr(dist, "all_gather_single"):
+                dist.all_gather_single(self.out, self.inp)
+            else:
+                dist.all_gather_into_tensor(self.out, self.inp)
+        elif op == "reduce_scatter":
+            if hasattr(dist, "reduce_scatter_single"):
+                dist.reduce_scatter_single(self.out, self.inp)
+            else:
+                dist.reduce_scatter_tensor(self.out, self.inp)
+        else:
+            dist.all_to_all_single(self.out, self.inp)
+
+    def expected(self, s, e):
+        """The expected output elements ``[s, e)`` on this rank."""
+        t, n, r, c, dev = self.torch, self.n, self.rank, self.chunk, self.device
+        total = n * (n + 1) / 2
+        if self.op == "all_reduce":
+            return _pattern(t, s, e, dev) * total
+        if self.op == "broadcast":
+            return _pattern(t, s, e, dev)
+        if self.op == "reduce_scatter":
+            return _pattern(t, r * c + s, r * c + e, dev) * total
+        idx = t.arange(s, e, device=dev, dtype=t.int64)
+        src = idx // c   # the rank this element came from
+        if self.op == "all_gather":
+            return (idx % 13 + 1).float() * (src + 1).float()
+        # all_to_all: out[src*c + k] = input_src[r*c + k]
+        return ((r * c + idx % c) % 13 + 1).float() * (src + 1).float()
+
+    def max_error(self):
+        """The largest |result - expected| over this rank's output."""
+        worst = 0.0
+        out = self.out
+        for s in range(0, out.numel(), CHECK_CHUNK):
+            e = min(out.numel(), s + CHECK_CHUNK)
+            err = (out[s:e] - self.expected(s, e)).abs().max().item()
+            if not err == err:   # NaN
+                return float("inf")
+            worst = max(worst, err)
+        return worst
+
+
+def _check(torch, dist, buf, world, nbytes):
+    """Fill, run once, check on every rank, agree: raises :class:`WrongResult`."""
+    buf.fill()
+    buf.run()
+    buf.out = _hook_result(buf.op, nbytes, world.rank, buf.out)
+    err = buf.max_error()
+    wrong = err != 0.0
+    bad = torch.tensor([1 if wrong else 0], dtype=torch.int64, device=world.device)
+    first = torch.tensor([world.rank if wrong else world.size], dtype=torch.int64,
+                         device=world.device)
+    worst = torch.tensor([min(err, 3e38)], dtype=torch.float32, device=world.device)
+    dist.all_reduce(bad)
+    dist.all_reduce(first, op=dist.ReduceOp.MIN)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    if int(bad.item()):
+        raise WrongResult(f"{buf.op} of {nbytes} B over {world.size} ranks returned a wrong "
+                          f"result on {int(bad.item())} rank(s) (first: rank "
+                          f"{int(first.item())}); largest error {float(worst.item()):.6g}")
+
+
+def _timed(torch, dist, buf, world, warmup, iters):
+    """Seconds of one operation, averaged over the ranks."""
+    for _ in range(warmup):
+        buf.run()
+    cuda = world.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(world.device)
+    dist.barrier()
+    if cuda:
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        for _ in range(iters):
+            buf.run()
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1000.0
+    else:
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            buf.run()
+        seconds = time.perf_counter() - t0
+    t = torch.tensor([seconds / iters], dtype=torch.float64, device=world.device)
+    dist.all_reduce(t)
+    return float(t.item()) / world.size
+
+
+def expected_peak(world_size, nodes, gpus_per_node, root="/"):
+    """The metrics of the expected peak: NVLink from the device backend (this node's
+    first GPU), the node's InfiniBand / RoCE ports from sysfs (module docstring)."""
+    out = {}
+    nvlink_gbps = None
+    name = os.environ.get("MILARUN_BACKEND") or "nvidia"
+    if name in accel.VENDOR_OF and name != "cpu":
+        try:
+            backend = accel.get(name)
+            found = backend.discover()
+            link = backend.nvlink(found[0]) if found else None
+        except Exception:
+            link = None
+        if link:
+            nvlink_gbps = acceptance.nvlink_peak_gbps(link.get("version"), link.get("links"))
+            out.update({"nvlink_version": link.get("version"), "nvlink_links": link.get("links"),
+                        "nvlink_peak_gbps": nvlink_gbps})
+    ports = infiniband_ports(root)
+    rates = active_rates(ports)
+    out["ib_ports"] = len(rates)
+    if rates:
+        out["ib_rate_gbits"] = sum(rates)
+    peak, bound = acceptance.expected_busbw_gbps(nvlink_gbps, rates, gpus_per_node, nodes)
+    if peak is not None:
+        out.update({"expected_busbw_gbps": peak, "expected_bound": bound})
+    return out
+
+
+@tooled
+def train(exp):
+    # Collectives to measure, comma-separated among all_reduce, all_gather, reduce_scatter, all_to_all, broadcast (all: every one)
+    ops: Option = default("all")
+    # Smallest message, in bytes (8 to 64 GiB)
+    min_size: Option & int = default(8)
+    # Largest message, in bytes, doubling from --min-size (0: 8 GiB on a GPU, 1 MiB on the CPU)
+    max_size: Option & int = default(0)
+    # Untimed operations before the timed ones, per collective and size (0 to 10000)
+    warmup_iters: Option & int = default(5)
+    # Timed operations per collective and size (1 to 100000)
+    iters: Option & int = default(20)
+    # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
+    backend: Option = default("auto")
+
+    # every bad input is one error before anything runs
+    names = parse_ops(ops)
+    if not 0 <= warmup_iters <= 10000:
+        raise ValueError(f"--warmup-iters must be between 0 and 10000, not {warmup_iters}")
+    if not 1 <= iters <= 100000:
+        raise ValueError(f"--iters must be between 1 and 100000, not {iters}")
+    if max_size:
+        acceptance.message_sizes(max_size, min_size)
+    device = init_torch(exp)
+    if not max_size:
+        max_size = DEFAULT_MAX_SIZE["cpu" if device.type == "cpu" else "gpu"]
+    sizes = acceptance.message_sizes(max_size, min_size)
+    with process_group(exp, device, backend) as world:
+        _sweep(exp, world, names, sizes, warmup_iters, iters)
+
+
+def _sweep(exp, world, names, sizes, warmup, iters):
+    import torch
+    import torch.distributed as dist
+
+    nodes = max(1, world.size // max(1, world.local_size))
+    exp.metrics.update(expected_peak(world.size, nodes, world.local_size))
+    exp.metrics.update({"ops": ",".join(names), "min_size": sizes[0], "max_size": sizes[-1],
+                        "iters": iters, "warmup_iters": warmup})
+    tasks = [(op, size) for op in names for size in sizes]
+    rows = []
+    steps = iteration_wrapper(exp)
+    exp.rate.max_count = None   # the sweep ends the run
+    if world.rank != 0 and exp.rate.tracer is None:
+        exp.rate.follow()
+    for step, (op, size) in zip(steps, tasks):
+        exp.rate.cut()   # each (collective, size) its own sample
+        count, nbytes = acceptance.elements_for(op, size, world.size)
+        buf = _Buffers(torch, dist, op, count, world)
+        _check(torch, dist, buf, world, nbytes)
+        seconds = _timed(torch, dist, buf, world, warmup, iters)
+        algbw, busbw = acceptance.bandwidths(op, nbytes, seconds, world.size)
+        rows.append({"op": op, "bytes": nbytes, "ranks": world.size, "time_s": seconds,
+                     "algbw_gbps": algbw, "busbw_gbps": busbw})
+        step.set_count(int(round(nbytes * acceptance.bus_factor(op, world.size) * iters)) or 1)
+        del buf
+    steps.close()
+    exp.result["collectives"] = rows
+    for op in names:
+        mine = [r for r in rows if r["op"] == op and r["busbw_gbps"] is not None]
+        if mine:
+            exp.metrics[f"busbw_{op}_max_gbps"] = max(r["busbw_gbps"] for r in mine)
+            exp.metrics[f"busbw_{op}_at_max_size_gbps"] = mine[-1]["busbw_gbps"]
+    peak = exp.metrics.get("expected_busbw_gbps")
+    best = exp.metrics.get("busbw_all_reduce_max_gbps")
+    if peak and best is not None:
+        exp.metrics["busbw_all_reduce_vs_expected"] = best / peak
