@@ -418,7 +418,7 @@ def test_acceptance_profiles_parse_with_their_tests():
         jobs = load_profile(ROOT / "profiles" / f"{name}.json")
         assert {j.name for j in jobs} >= {"collectives", "bandwidth", "matmul", "burn"}
     gpu = {j.name: j for j in load_profile(ROOT / "profiles" / "acceptance.json")}
-    assert gpu["burn"].partition == "per-gpu" and gpu["collectives"].partition == "njobs"
-    assert gpu["collectives_nodes"].partition == "node-progression"
-    assert gpu["collectives_all_nodes"].partition == "multi-node"
-    assert gpu["bandwidth"].partition == "normal"
+    assert gpu["burn"].plan_type == "per-gpu" and gpu["collectives"].plan_type == "njobs"
+    assert gpu["collectives_nodes"].plan_type == "node-progression"
+    assert gpu["collectives_all_nodes"].plan_type == "multi-node"
+    assert gpu["bandwidth"].plan_type == "normal"

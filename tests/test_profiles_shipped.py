@@ -65,7 +65,7 @@ def test_profile_validates_and_weights_match(name):
         assert {j.experiment for j in jobs} == {"milarun.models.io:main"}
     elif name in ACCEPTANCE_TESTS:
         assert sorted(j.name for j in jobs) == sorted(ACCEPTANCE_TESTS[name])
-        kinds = {j.name: j.partition for j in jobs}
+        kinds = {j.name: j.plan_type for j in jobs}
         assert kinds["collectives"] == "njobs" and kinds["burn"] == "per-gpu"
         assert all(weights[j.full_name]["weight"] > 0 for j in jobs)
     else:
