@@ -339,7 +339,7 @@ def _summarize_group(gname, items):
             memory.append(float(mem))
         where = _flag_where(path, rec)
         if where is not None:
-            flags += [{**f, **where} for f in anomalies.result_flags(rec, (rate, chosen))]
+            flags += [{**f, **where} for f in anomalies.result_flags(rec)]
         if not rec["success"]:
             err = rec.get("error") or {}
             if not isinstance(err, dict):

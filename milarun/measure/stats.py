@@ -81,19 +81,42 @@ _ONCE = contextvars.ContextVar("milarun_steady_states", default=None)
 @contextlib.contextmanager
 def steady_states_once():
     """Inside this block, :func:`steady_state` of one samples list (the same list
-    object, default window and tail) is computed once and reused.
+    object, default window and tail) is computed once and reused, and so is
+    every value of :func:`once`.
 
     The summary and the HTML report look at each result's steady state from
     several places (validation, the summary, the anomaly flags, the concurrent
     waves, the plots); this keeps one computation per result without writing it
     into the record. The lists must not change inside the block (the readers
     only read). A sample list that raises is not remembered: it raises again.
+    A block opened inside another joins it (``milarun report`` opens one around
+    the summary and the HTML, which then share what the summary computed).
     """
+    if _ONCE.get() is not None:
+        yield
+        return
     token = _ONCE.set({})
     try:
         yield
     finally:
         _ONCE.reset(token)
+
+
+def once(tag, obj, compute):
+    """``compute(obj)``, computed once per ``(tag, obj)`` (the same object) inside a
+    :func:`steady_states_once` block and every time outside one. ``obj`` must not
+    change inside the block; the value is shared by every caller, who must not
+    change it either. An exception is not remembered."""
+    memo = _ONCE.get()
+    if memo is None:
+        return compute(obj)
+    known = memo.get((tag, id(obj)))
+    if known is not None and known[0] is obj:
+        return known[1]
+    value = compute(obj)
+    # obj is held, so its id cannot be reused by another object meanwhile
+    memo[(tag, id(obj))] = (obj, value)
+    return value
 
 
 def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):

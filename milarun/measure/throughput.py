@@ -40,8 +40,12 @@ Units: times in s (Unix time for absolute ones), rates in items/s.
 """
 
 import math
+import operator
 
 from . import stats
+
+_START, _END = operator.itemgetter("start"), operator.itemgetter("end")
+_PROFILED = operator.methodcaller("get", "profiled")
 
 #: Fraction of the longest steady span the common interval must cover; below it,
 #: the report flags the test.
@@ -91,9 +95,9 @@ def steady_span(samples, tail=stats.STEADY_TAIL_S, note=None):
     if note == stats.NONE:
         return None
     steady = [s for s in samples if not s.get("warmup", False)]
-    last = max(s["end"] for s in steady)
+    last = max(map(_END, steady))
     kept = [s for s in steady if s["end"] <= last - tail] or steady
-    return min(s["start"] for s in kept), max(s["end"] for s in kept)
+    return min(map(_START, kept)), max(map(_END, kept))
 
 
 def work_in(samples, lo, hi):
@@ -103,11 +107,13 @@ def work_in(samples, lo, hi):
     (the rate is taken as even inside one window).
     """
     items = 0.0
-    for s in samples:
-        length = s["end"] - s["start"]
+    # min(hi, end) and max(lo, start) as comparisons, which pick the same value
+    # without a call; start and end read by C loops
+    for s, start, end in zip(samples, map(_START, samples), map(_END, samples)):
+        length = end - start
         if length <= 0:
             continue
-        inside = min(hi, s["end"]) - max(lo, s["start"])
+        inside = (end if end < hi else hi) - (start if start > lo else lo)
         if inside > 0:
             items += s["count"] * inside / length
     return items
@@ -120,6 +126,8 @@ def profiled_spans(samples):
     time stay out of the effective throughput, as they stay out of the steady state.
     """
     spans, i = [], 0
+    if not any(map(_PROFILED, samples)):   # the usual case, in C
+        return spans
     while i < len(samples):
         if not samples[i].get("profiled"):
             i += 1
@@ -142,8 +150,9 @@ def _effective(samples, lo, hi):
             common interval of 1e-300 s makes any count overflow); the wave is then
             left without effective throughputs, as for a malformed sample.
     """
-    held = sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in profiled_spans(samples))
-    kept = [s for s in samples if not s.get("profiled")]
+    spans = profiled_spans(samples)
+    held = sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in spans)
+    kept = [s for s in samples if not s.get("profiled")] if spans else samples
     if not hi - lo - held > 0:
         return None
     return stats.check_rate(work_in(kept, lo, hi) / (hi - lo - held), "effective rate")
