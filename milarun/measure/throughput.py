@@ -39,12 +39,14 @@ processes did not load the machine together for most of their measurement.
 Units: times in s (Unix time for absolute ones), rates in items/s.
 """
 
+import itertools
 import math
 import operator
 
 from . import stats
 
 _START, _END = operator.itemgetter("start"), operator.itemgetter("end")
+_COUNT = operator.itemgetter("count")
 _PROFILED = operator.methodcaller("get", "profiled")
 
 #: Fraction of the longest steady span the common interval must cover; below it,
@@ -106,14 +108,30 @@ def work_in(samples, lo, hi):
     A sample window that straddles a bound counts pro rata of its overlap
     (the rate is taken as even inside one window).
     """
+    try:
+        counts = list(map(_COUNT, samples))
+    except KeyError:   # a sample without a count, which the loop may never read
+        return _work_in_loop(samples, lo, hi)
+    starts, ends = list(map(_START, samples)), list(map(_END, samples))
+    # each sample's length and overlap computed by C loops with the loop's own
+    # min() and max(), then its share; the shares added in sample order from 0.0
+    # (sum() adds floats one by one, as the loop does): the same float
+    lengths = list(map(operator.sub, ends, starts))
+    insides = map(operator.sub, map(min, itertools.repeat(hi), ends),
+                  map(max, itertools.repeat(lo), starts))
+    return sum([count * inside / length
+                for count, inside, length in zip(counts, insides, lengths)
+                if length > 0 and inside > 0], 0.0)
+
+
+def _work_in_loop(samples, lo, hi):
+    """:func:`work_in`, one sample at a time."""
     items = 0.0
-    # min(hi, end) and max(lo, start) as comparisons, which pick the same value
-    # without a call; start and end read by C loops
-    for s, start, end in zip(samples, map(_START, samples), map(_END, samples)):
-        length = end - start
+    for s in samples:
+        length = s["end"] - s["start"]
         if length <= 0:
             continue
-        inside = (end if end < hi else hi) - (start if start > lo else lo)
+        inside = min(hi, s["end"]) - max(lo, s["start"])
         if inside > 0:
             items += s["count"] * inside / length
     return items
