@@ -72,6 +72,7 @@ def main(argv=None):
 
     from milarun.report import build_report, check_weights, render_html, render_text
     from milarun.analysis.summary import summarize_dir
+    from milarun.measure.stats import steady_states_once
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -95,14 +96,18 @@ def main(argv=None):
             times[name] = (now[0] - clock[0], now[1] - clock[1])
             clock = now
 
-        summary, records = summarize_dir(tmp, warn=sys.stderr)
-        lap("summary (read + group + stats)")
-        weights = check_weights({f"bench.t{i:02d}": {"weight": 1} for i in range(args.tests)})
-        report = build_report(summary, weights=weights, compare_gpus=True, price=30000)
-        text = render_text(report)
-        lap("report: table + text")
-        html = render_html(report, records=records, results_dir=tmp)
-        lap("report: HTML with plots")
+        # as in milarun report (make_report): the HTML reuses the summary's steady
+        # states and anomaly flags
+        with steady_states_once():
+            summary, records = summarize_dir(tmp, warn=sys.stderr)
+            lap("summary (read + group + stats)")
+            weights = check_weights({f"bench.t{i:02d}": {"weight": 1}
+                                     for i in range(args.tests)})
+            report = build_report(summary, weights=weights, compare_gpus=True, price=30000)
+            text = render_text(report)
+            lap("report: table + text")
+            html = render_html(report, records=records, results_dir=tmp)
+            lap("report: HTML with plots")
         out = io.StringIO(text)
         print(out.readline().strip(), f"| {len(report.rows)} tests | score {report.score:.2f}")
         print(f"{'':34s} {'wall':>6s}   {'CPU':>6s}")

@@ -510,3 +510,31 @@ def test_fast_check_agrees_with_jsonschema(ref, doc):
         assert fast(mutant) == verdict, mutant
         valid += verdict
     assert 0 < valid < 300
+
+
+@pytest.mark.parametrize("text,message", [
+    # inside an array of objects (whose values the count does not look into)
+    ('{"s": [{"a": 1, "b": 2}, {"a": 1, "a": 2}]}', "duplicate key 'a'"),
+    # inside an object held by an object of such an array
+    ('{"s": [{"a": {"x": 1, "x": 2}}, {"a": 1}]}', "duplicate key 'x'"),
+    # a duplicate whose first value held objects (they vanish from the parsed value)
+    ('[{"a": [{}], "a": 1}]', "duplicate key 'a'"),
+    # colons, brackets and escaped quotes inside strings count for nothing
+    ('{"a:{": "[\\"", "b": ["]:", {"c\\\\": 1, "c\\\\": 2}]}', "duplicate key 'c\\\\'"),
+    # the first problem the strict parse meets is the one named (an object's keys
+    # are checked when it closes)
+    ('[{"a": 1, "a": 2}, NaN]', "duplicate key 'a'"),
+    ('[NaN, {"a": 1, "a": 2}]', "NaN is not allowed"),
+    ('{"a": 1, "a": NaN}', "NaN is not allowed"),
+])
+def test_duplicate_keys_are_found_anywhere(text, message):
+    """parse_json's fast path counts pairs, objects and arrays instead of hooking every
+    object; whatever it cannot vouch for goes through the strict parse."""
+    with pytest.raises(jsonfile.ResultFormatError, match=re.escape(message)):
+        jsonfile.parse_json(text)
+
+
+def test_a_valid_document_parses_the_same_by_either_path():
+    text = ('{"s": [{"a": 1, "b": [1, {"c": 2}]}, {"a": 2.5}], "k:": "{[:", "e": [], '
+            '"o": {}, "n": [[], [{}], [[1]]], "q": "\\"]"}')
+    assert jsonfile.parse_json(text) == json.loads(text)

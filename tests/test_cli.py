@@ -134,6 +134,22 @@ def test_version_prints_the_package_version(capsys):
     assert (proc.returncode, proc.stdout) == (0, f"milarun {milarun.__version__}\n")
 
 
+def test_version_and_a_wrong_command_import_no_command():
+    """Only the help lists the commands' descriptions: ``--version`` and an error
+    about the command line name the commands, and import none of them."""
+    code = ("import json, sys\nfrom milarun.cli import main\n"
+            "for argv in (['--version'], ['--vers'], ['nosuch']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print(json.dumps(sorted(sys.modules)), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    modules = set(json.loads(out.stderr.splitlines()[-1]))
+    import milarun
+    assert out.stdout == f"milarun {milarun.__version__}\n" * 2
+    assert "invalid choice: 'nosuch'" in out.stderr
+    assert {m for m in modules if m.startswith("milarun.cli.")} == {"milarun.cli.options"}
+
+
 def test_run_then_rerun_with_extra_args(tmp_path):
     first = tmp_path / "first.json"
     subprocess.run([sys.executable, "-m", "milarun", "run", "milarun.models.toy_reg:main",

@@ -119,6 +119,20 @@ def parser(chosen=None):
     return top
 
 
+def _chosen(own):
+    """What :func:`parser` needs to build for milarun's own arguments ``own``: the
+    command they name; else ``""`` (every command by name only) when they cannot
+    show the help (``--version``, a wrong command: argparse's answer names the
+    commands and nothing else), so that ``milarun --version`` imports no command;
+    else None (``milarun``, ``milarun --help``: every command in full)."""
+    if own and own[0] in COMMANDS:
+        return own[0]
+    if own and all(not a.startswith("-") or (len(a) > 2 and "--version".startswith(a))
+                   for a in own):
+        return ""
+    return None
+
+
 def split_argv(argv):
     """Split at the first ``--``: (milarun's own args, the test's args)."""
     if "--" in argv:
@@ -179,7 +193,7 @@ def main(argv=None, process_entry=False):
     verbose = "--verbose" in own or "-v" in own
     own = [a for a in own if a not in ("--verbose", "-v")]
     try:
-        top = parser(own[0] if own and own[0] in COMMANDS else None)
+        top = parser(_chosen(own))
         opts = top.parse_args(own)
         command = getattr(opts, "#command", None)
         if command is None:    # no command: the help, and a failure

@@ -19,6 +19,7 @@ float's 1.8e308, and no ratio divides by a rate below 10^-9.
 
 import contextlib
 import contextvars
+import itertools
 import math
 import operator
 
@@ -58,6 +59,11 @@ def finite(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+# A sample's fields, read by C loops.
+_GET_START, _GET_END = operator.methodcaller("get", "start"), operator.methodcaller("get", "end")
+_GET_WARMUP = operator.methodcaller("get", "warmup", False)
+_GET_PROFILED = operator.methodcaller("get", "profiled", False)
+
 #: Types of the numbers a parsed JSON document holds (bool is not one).
 _NUMBER_TYPES = frozenset((int, float))
 
@@ -65,7 +71,7 @@ _NUMBER_TYPES = frozenset((int, float))
 def _column(samples, key):
     """The ``key`` field of every sample, checked to be numbers (C loops only)."""
     try:
-        values = [s[key] for s in samples]
+        values = list(map(operator.itemgetter(key), samples))
     except (KeyError, TypeError):
         raise ValueError(f"a sample has no {key!r}")
     if not set(map(type, values)) <= _NUMBER_TYPES:
@@ -81,19 +87,42 @@ _ONCE = contextvars.ContextVar("milarun_steady_states", default=None)
 @contextlib.contextmanager
 def steady_states_once():
     """Inside this block, :func:`steady_state` of one samples list (the same list
-    object, default window and tail) is computed once and reused.
+    object, default window and tail) is computed once and reused, and so is
+    every value of :func:`once`.
 
     The summary and the HTML report look at each result's steady state from
     several places (validation, the summary, the anomaly flags, the concurrent
     waves, the plots); this keeps one computation per result without writing it
     into the record. The lists must not change inside the block (the readers
     only read). A sample list that raises is not remembered: it raises again.
+    A block opened inside another joins it (``milarun report`` opens one around
+    the summary and the HTML, which then share what the summary computed).
     """
+    if _ONCE.get() is not None:
+        yield
+        return
     token = _ONCE.set({})
     try:
         yield
     finally:
         _ONCE.reset(token)
+
+
+def once(tag, obj, compute):
+    """``compute(obj)``, computed once per ``(tag, obj)`` (the same object) inside a
+    :func:`steady_states_once` block and every time outside one. ``obj`` must not
+    change inside the block; the value is shared by every caller, who must not
+    change it either. An exception is not remembered."""
+    memo = _ONCE.get()
+    if memo is None:
+        return compute(obj)
+    known = memo.get((tag, id(obj)))
+    if known is not None and known[0] is obj:
+        return known[1]
+    value = compute(obj)
+    # obj is held, so its id cannot be reused by another object meanwhile
+    memo[(tag, id(obj))] = (obj, value)
+    return value
 
 
 def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
@@ -158,8 +187,8 @@ def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
 def _first_backwards(samples):
     """Index of the first sample whose ``end`` is before its ``start`` (both finite
     numbers), or None. Raises AttributeError when a sample is not a dict."""
-    starts = [s.get("start") for s in samples]
-    ends = [s.get("end") for s in samples]
+    starts = list(map(_GET_START, samples))
+    ends = list(map(_GET_END, samples))
     if set(map(type, starts)) <= _NUMBER_TYPES and set(map(type, ends)) <= _NUMBER_TYPES:
         # all numbers (the usual case): compare in C first, check finiteness on the
         # few candidates only (an infinite bound is not a backwards sample)
@@ -175,8 +204,12 @@ def _first_backwards(samples):
 def _steady_state(samples, window, tail):
     """:func:`steady_state` itself, computed."""
     try:
-        steady = [s for s in samples
-                  if not s.get("warmup", False) and not s.get("profiled", False)]
+        if any(map(_GET_PROFILED, samples)):
+            steady = [s for s in samples
+                      if not s.get("warmup", False) and not s.get("profiled", False)]
+        else:   # the usual case, in C loops
+            steady = list(itertools.compress(samples,
+                                             map(operator.not_, map(_GET_WARMUP, samples))))
         backwards = _first_backwards(samples)
     except AttributeError:
         raise ValueError("a sample is not an object")

@@ -39,9 +39,15 @@ processes did not load the machine together for most of their measurement.
 Units: times in s (Unix time for absolute ones), rates in items/s.
 """
 
+import itertools
 import math
+import operator
 
 from . import stats
+
+_START, _END = operator.itemgetter("start"), operator.itemgetter("end")
+_COUNT = operator.itemgetter("count")
+_PROFILED = operator.methodcaller("get", "profiled")
 
 #: Fraction of the longest steady span the common interval must cover; below it,
 #: the report flags the test.
@@ -91,9 +97,9 @@ def steady_span(samples, tail=stats.STEADY_TAIL_S, note=None):
     if note == stats.NONE:
         return None
     steady = [s for s in samples if not s.get("warmup", False)]
-    last = max(s["end"] for s in steady)
+    last = max(map(_END, steady))
     kept = [s for s in steady if s["end"] <= last - tail] or steady
-    return min(s["start"] for s in kept), max(s["end"] for s in kept)
+    return min(map(_START, kept)), max(map(_END, kept))
 
 
 def work_in(samples, lo, hi):
@@ -102,6 +108,24 @@ def work_in(samples, lo, hi):
     A sample window that straddles a bound counts pro rata of its overlap
     (the rate is taken as even inside one window).
     """
+    try:
+        counts = list(map(_COUNT, samples))
+    except KeyError:   # a sample without a count, which the loop may never read
+        return _work_in_loop(samples, lo, hi)
+    starts, ends = list(map(_START, samples)), list(map(_END, samples))
+    # each sample's length and overlap computed by C loops with the loop's own
+    # min() and max(), then its share; the shares added in sample order from 0.0
+    # (sum() adds floats one by one, as the loop does): the same float
+    lengths = list(map(operator.sub, ends, starts))
+    insides = map(operator.sub, map(min, itertools.repeat(hi), ends),
+                  map(max, itertools.repeat(lo), starts))
+    return sum([count * inside / length
+                for count, inside, length in zip(counts, insides, lengths)
+                if length > 0 and inside > 0], 0.0)
+
+
+def _work_in_loop(samples, lo, hi):
+    """:func:`work_in`, one sample at a time."""
     items = 0.0
     for s in samples:
         length = s["end"] - s["start"]
@@ -120,6 +144,8 @@ def profiled_spans(samples):
     time stay out of the effective throughput, as they stay out of the steady state.
     """
     spans, i = [], 0
+    if not any(map(_PROFILED, samples)):   # the usual case, in C
+        return spans
     while i < len(samples):
         if not samples[i].get("profiled"):
             i += 1
@@ -142,8 +168,9 @@ def _effective(samples, lo, hi):
             common interval of 1e-300 s makes any count overflow); the wave is then
             left without effective throughputs, as for a malformed sample.
     """
-    held = sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in profiled_spans(samples))
-    kept = [s for s in samples if not s.get("profiled")]
+    spans = profiled_spans(samples)
+    held = sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in spans)
+    kept = [s for s in samples if not s.get("profiled")] if spans else samples
     if not hi - lo - held > 0:
         return None
     return stats.check_rate(work_in(kept, lo, hi) / (hi - lo - held), "effective rate")

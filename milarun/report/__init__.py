@@ -15,6 +15,7 @@ from ..analysis.summary import summarize_dir
 from ..formats.summary import read_summary
 from ..errors import MilarunError, ResultFormatError
 from ..formats.outfile import UnsafeFileError, write_atomic
+from ..measure.stats import steady_states_once
 from .checks import diff_line
 from .html import render_html as _render_html
 from .iostudy import io_tables
@@ -113,6 +114,9 @@ def inputs_of(source, summary, records, weights, weights_default, compare, price
     }
 
 
+# one block around the summary and the HTML: the plots reuse each result's steady
+# state and anomaly flags that the summary computed
+@steady_states_once()
 def make_report(source, weights=None, compare=None, price=None, compare_gpus=False,
                 penalize_variance=True, title=None, html=None, warn=None,
                 compare_nodes=False, node_threshold=None, throughput="effective",
