@@ -304,7 +304,7 @@ def test_loss_not_decreasing_flag():
 
     assert flags(rec([7.0, 6.9, 6.0, 5.0, 4.0])) == []
     (flag,) = flags(rec([7.0, 6.9, 6.95, 7.1, 7.0]))
-    assert flag["check"] == "loss-not-decreasing" and flag["value"] == pytest.approx(7.05 / 6.95)
+    assert flag.id == "loss-not-decreasing" and flag.figures["value"] == pytest.approx(7.05 / 6.95)
     assert flags(rec([7.0, 6.9, 6.95, 7.1, 7.0], learning=False)) == []   # not opted in
     assert flags(rec([7.0, 7.1, 7.2])) == []                                # too few windows
 
