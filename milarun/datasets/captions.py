@@ -16,7 +16,7 @@ Captions are words, generated deterministically from the image's class and
 index (``numpy.random.default_rng([seed, index])``): a class noun and a class
 colour (the class's stripes in ``fake_imagenet`` have a fixed colour and
 angle), plus a style, adjectives and a scene drawn per image, so that a text
-encoder has something to tell apart, 8 to 22 words long.
+encoder has something to tell apart, 11 to 19 words long.
 
 **Tokenizer: word level**, ``tokenizers``' ``WordLevel`` model with CLIP's
 conventions: lower-case, split on white space and punctuation,
