@@ -1,4 +1,4 @@
-"""diffusion (latent diffusion, diffusers) and vit (timm ViTs) on CPU at tiny sizes (issue 24):
+"""diffusion (latent diffusion, diffusers), txt2img (its inference) and vit (timm ViTs) on CPU at tiny sizes (issue 24):
 the captions dataset and its tokenizer, each workload training for real with a loss that
 falls, --precomputed latents with v-prediction, ViT under DDP over 2 gloo ranks, and one
 clear error for a bad option."""
@@ -135,6 +135,19 @@ def test_sd2_shape_is_stable_diffusion_2s_unet():
     assert sum(p.numel() for p in unet.parameters()) == 865_910_724
 
 
+def test_txt2img_generates_images_with_guidance(root, tmp_path):
+    argv = [*SMOKE_ARGS, "--device", "cpu", "--shape", "tiny", "--image-size", "16",
+            "--batch-size", "2", "--precision", "fp32", "--steps", "4", "--max-count", "8"]
+    res = run_model("milarun.models.txt2img:main", argv, root, tmp_path)
+    assert res["success"], res["error"]
+    m = res["metrics"]
+    assert m["unet_batch"] == 4 and m["denoising_steps"] == 4         # guided: 2 × the batch
+    assert m["image_shape"] == "3x16x16" and m["images_finite"]
+    assert res["timings"]["train"]["count"] == 8 and m["seconds_per_image"] > 0
+    res = run_model("milarun.models.txt2img:main", [*argv, "--steps", "0"], root, tmp_path)
+    assert not res["success"] and "--steps from 1 to 1000" in res["error"]["message"]
+
+
 # --- vit ------------------------------------------------------------------------------
 
 def test_vit_trains_and_its_loss_falls(root, tmp_path):
@@ -163,4 +176,13 @@ def test_vit_ddp_over_two_ranks(root, tmp_path):
     m = res["metrics"]
     assert m["parallelism"] == "ddp" and m["world_size"] == 2 and m["global_batch"] == 8
     assert res["timings"]["train"]["count"] == 96                 # 12 steps of 2 × 4 images
+    _losses(res)
+
+
+def test_diffusion_ddp_over_two_ranks(root, tmp_path):
+    res = _torchrun(DIFFUSION, tmp_path / "r.json",
+                    [*TINY_DIFFUSION, "--batch-size", "2", "--max-count", "32"], root)
+    m = res["metrics"]
+    assert m["parallelism"] == "ddp" and m["world_size"] == 2 and m["global_batch"] == 4
+    assert res["timings"]["train"]["count"] == 32                 # 8 steps of 2 × 2 images
     _losses(res)

@@ -48,6 +48,7 @@ DEFAULTS = {
     "ssd": {"batch_size": 32, "lr": 0.002, "workers": -1, "precision": "fp32"},
     "toy_lstm": {"batch_size": 256, "lr": 1e-3},
     "toy_reg": {"batch_size": 64, "lr": 0.1},
+    "txt2img": {"batch_size": 4, "precision": "fp16"},
     "translator": {"batch_size": 64, "lr": 5e-4, "workers": -1, "precision": "fp32"},
     "vae": {"batch_size": 128, "lr": 1e-3, "workers": -1},
     "vit": {"batch_size": 128, "precision": "bf16", "lr": 5e-4, "workers": -1},
