@@ -186,3 +186,26 @@ def test_diffusion_ddp_over_two_ranks(root, tmp_path):
     assert m["parallelism"] == "ddp" and m["world_size"] == 2 and m["global_batch"] == 4
     assert res["timings"]["train"]["count"] == 32                 # 8 steps of 2 × 2 images
     _losses(res)
+
+
+@pytest.mark.parametrize("module", ["diffusion", "vit"])
+def test_data_parallel_on_xpu_is_refused_in_one_line(module, root, monkeypatch, tmp_path):
+    """process_group knows CUDA and the CPU only: every rank would share xpu:0."""
+    import importlib
+
+    import torch
+
+    mod = importlib.import_module(f"milarun.models.{module}")
+
+    def fake_init(exp):
+        exp.device = torch.device("xpu")
+        exp.result["host"]["device_type"] = "xpu"
+        return exp.device
+
+    monkeypatch.setattr(mod, "init_torch", fake_init)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    argv = TINY_DIFFUSION if module == "diffusion" else TINY_VIT
+    res = run_model(f"milarun.models.{module}:main", argv, root, tmp_path)
+    assert not res["success"] and res["error"]["reason"] == "wrong-device"
+    assert res["error"]["message"].startswith(f"{module} under torchrun does not run on an "
+                                              "Intel XPU: ")

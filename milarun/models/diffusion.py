@@ -55,12 +55,15 @@ high resolution (tensor cores, HBM bandwidth, activation memory), plus the
 frozen encoders' inference, plus JPEG decoding at 512 px.
 """
 
+import os
+
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, dataloop, init_torch
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
+from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
 from ..datasets import require
 from ..datasets.captions import MAX_LENGTH, read_captions
 from ..host.isolation import current_cpuset
@@ -239,6 +242,8 @@ def train(exp):
     if batch_size < 1 or precompute_count < 1:
         raise ValueError("--batch-size and --precompute-count must be at least 1")
     device = init_torch(exp)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:   # one XPU per process only
+        refuse_xpu(device, "diffusion under torchrun", DDP_NOT_WIRED)
     images = require(exp.dataroot, "fake_imagenet")
     captions = require(exp.dataroot, "captions")
     with process_group(exp, device, backend) as world:

@@ -24,12 +24,15 @@ GPU, JPEG decoding on the student's CPUs.
 Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 """
 
+import os
+
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
+from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
 from ..datasets import require
 from ..host.isolation import current_cpuset
 from .loader import image_loader
@@ -93,6 +96,8 @@ def train(exp):
 
     check_options(arch, image_size)
     device = init_torch(exp)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:   # one XPU per process only
+        refuse_xpu(device, "vit under torchrun", DDP_NOT_WIRED)
     folder = require(exp.dataroot, "fake_imagenet")
     with process_group(exp, device, backend) as world:
         # The node's ranks share its cores: one share each, one core of it for the rank.
