@@ -123,16 +123,24 @@ def test_diffusion_refuses_bad_options(root, tmp_path):
         assert not res["success"] and res["error"]["message"].startswith(message), res["error"]
 
 
-def test_sd2_shape_is_stable_diffusion_2s_unet():
-    # 865,910,724 parameters: Stable Diffusion 2's UNet (built on the meta device: no memory)
+def test_sd2_shape_is_stable_diffusion_2s_and_its_parts_fit_together():
+    # 865,910,724 parameters: Stable Diffusion 2's UNet; the VAE's 83.7M; the text tower's
+    # 23 layers of 1,024. Built and run at 512 px on the meta device: no memory, no compute.
     import torch
-    from diffusers import UNet2DConditionModel
 
-    from milarun.models.diffusion import SHAPES
+    from milarun.models.diffusion import build_models
 
+    meta = {"vocab_size": 1053, "bos_id": 0, "eos_id": 1}
     with torch.device("meta"):
-        unet = UNet2DConditionModel(**SHAPES["sd2"]["unet"])
-    assert sum(p.numel() for p in unet.parameters()) == 865_910_724
+        unet, vae, text = build_models(torch, "sd2", meta, torch.device("meta"))
+        assert sum(p.numel() for p in unet.parameters()) == 865_910_724
+        assert sum(p.numel() for p in vae.parameters()) == 83_653_863
+        assert sum(p.numel() for p in text.parameters()) == 290_872_320
+        latents = vae.encode(torch.randn(2, 3, 512, 512)).latent_dist.sample()
+        states = text(input_ids=torch.randint(0, 1053, (2, 77))).last_hidden_state
+        assert latents.shape == (2, 4, 64, 64) and states.shape == (2, 77, 1024)
+        out = unet(latents, torch.tensor([1, 999]), encoder_hidden_states=states).sample
+    assert out.shape == latents.shape
 
 
 def test_txt2img_generates_images_with_guidance(root, tmp_path):
