@@ -17,7 +17,7 @@ STANDARD_TESTS = ["toy_reg", "toy_lstm", "vae", "loader", "convnet", "convnet_fp
 #: The inference section (multi-process plan type): too slow to start on CPU slots for
 #: the cpu profile (torch and torchvision import on one pinned core each).
 INFERENCE_TESTS = ["infer_resnet50", "infer_encoder"]
-WITH_INFERENCE = ["standard", "lite"]
+WITH_INFERENCE = ["standard", "lite", "legacy2020"]
 #: The LLM section (issue 23): every GPU profile; the cpu profile has no tensor-parallel
 #: serving (a 2-rank TP test adds little on CPU slots that the 2-rank FSDP one lacks).
 LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_serve", "llm_serve_tp"]
@@ -26,6 +26,15 @@ CPU_LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_serve"]
 #: the LLM tests within the quickstart's 5 minutes; docs/profiles.md says what left).
 CPU_TESTS = ["toy_reg", "loader", "convnet", "wlm", "translator", "recom", "ppo", "ddp_convnet",
              "matmul"]
+#: Diffusion and vision transformers (issue 24): every GPU profile (5gb and 10gb leave out
+#: what cannot fit: SD 2 training, and ViT-L on 5 GB); tiny versions on CPU.
+VISION_TESTS = {"standard": ["diffusion", "diffusion_ddp", "txt2img", "vit_b", "vit_l", "vit_ddp"],
+                "lite": ["diffusion", "diffusion_ddp", "txt2img", "vit_b", "vit_l", "vit_ddp"],
+                "10gb": ["txt2img", "vit_b", "vit_l", "vit_ddp"],
+                "5gb": ["txt2img", "vit_b", "vit_ddp"],
+                "cpu": ["diffusion", "vit"]}
+#: The 2020 suite alone, for comparisons with 2020 baselines under the 2020 weights.
+LEGACY_PROFILES = ["legacy2020"]
 PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.json"))
 #: The cluster profiles hold only what several nodes add (one test per plan type across nodes).
 CLUSTER_PROFILES = ["cluster", "cluster-cpu"]
@@ -49,7 +58,7 @@ def test_standard_dry_run_lists_every_test(tmp_path):
     out = proc.stdout
     listed = {line.split()[1].split(".")[1] for line in out.splitlines()
               if line.startswith("# standard.")}
-    assert listed == set(STANDARD_TESTS + INFERENCE_TESTS + LLM_TESTS)
+    assert listed == set(STANDARD_TESTS + INFERENCE_TESTS + LLM_TESTS + VISION_TESTS["standard"])
 
 
 @pytest.mark.parametrize("name", PROFILES)
@@ -71,9 +80,11 @@ def test_profile_validates_and_weights_match(name):
     else:
         extra = INFERENCE_TESTS if name in WITH_INFERENCE else []
         if name == "cpu":
-            expected = CPU_TESTS + CPU_LLM_TESTS
+            expected = CPU_TESTS + CPU_LLM_TESTS + VISION_TESTS["cpu"]
+        elif name in LEGACY_PROFILES:
+            expected = STANDARD_TESTS + INFERENCE_TESTS
         else:
-            expected = STANDARD_TESTS + extra + LLM_TESTS
+            expected = STANDARD_TESTS + extra + LLM_TESTS + VISION_TESTS[name]
         assert sorted(j.name for j in jobs) == sorted(expected)
     for job in jobs:
         if job.name in INFERENCE_TESTS:

@@ -42,7 +42,7 @@ to the last sample :func:`milarun.measure.stats.steady_state` chose):
 * ``cpu-steal``: steal time (where the kernel reports it), as a fraction of
   the host's CPUs, above the threshold.
 * ``loss-not-decreasing`` (workloads that set ``metrics.learning_check``: the
-  LLM tests): the training loss at the end is not below the first windows'
+  LLM, diffusion and ViT tests): the training loss at the end is not below the first windows'
   (:func:`learning`).
 """
 

@@ -273,6 +273,7 @@ def _train(exp, world, images, captions, shape, image_size, latent_size, batch_s
 
     unet, vae, text = build_models(torch, shape, meta, device)
     exp.metrics.update({
+        "learning_check": True,   # its loss must fall (loss-not-decreasing flag)
         "shape": shape, "unet_params": sum(p.numel() for p in unet.parameters()),
         "image_size": image_size, "latent_size": latent_size, "prediction": prediction,
         "precomputed": precomputed, "global_batch": batch_size * world.size,

@@ -120,7 +120,7 @@ def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, comp
                          f"over {world.size} ranks; lower --batch-size or use a larger "
                          f"fake_imagenet")
     model = build_model(arch, image_size, len(dataset.classes)).to(device)
-    exp.metrics.update({"arch": arch, "params": sum(p.numel() for p in model.parameters()),
+    exp.metrics.update({"arch": arch, "learning_check": True, "params": sum(p.numel() for p in model.parameters()),
                         "image_size": image_size, "global_batch": batch_size * world.size,
                         "world_size": world.size, "compiled": compiled,
                         "parallelism": "ddp" if world.size > 1 else "none"})
