@@ -319,3 +319,12 @@ def test_llm_pretrain_loss_falls_on_the_shards(root, tmp_path):
     losses = [s["loss"] for s in res["timings"]["train"]["samples"] if "loss" in s]
     assert res["metrics"]["learning_check"] is True and len(losses) >= 4
     assert learning(res) is None, losses
+
+
+def test_llm_lora_ddp_over_two_ranks(root, tmp_path):
+    # only the adapters are trainable: DDP all-reduces their gradients alone
+    res = _torchrun("milarun.models.llm_lora:main", tmp_path / "r.json",
+                    [*TRAIN, "--rank", "4", "--max-count", "2048"], root)
+    m = res["metrics"]
+    assert m["world_size"] == 2 and m["grad_params_non_adapter"] == 0
+    assert res["timings"]["train"]["count"] % (4 * 32 * 2) == 0

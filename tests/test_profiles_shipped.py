@@ -20,7 +20,7 @@ INFERENCE_TESTS = ["infer_resnet50", "infer_encoder"]
 WITH_INFERENCE = ["standard", "lite", "legacy2020"]
 #: The LLM section (issue 23): every GPU profile; the cpu profile has no tensor-parallel
 #: serving (a 2-rank TP test adds little on CPU slots that the 2-rank FSDP one lacks).
-LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_serve", "llm_serve_tp"]
+LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_lora_ddp", "llm_serve", "llm_serve_tp"]
 CPU_LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_serve"]
 #: The cpu profile keeps one test per workload family of the 2020 suite (issue 23: room for
 #: the LLM tests within the quickstart's 5 minutes; docs/profiles.md says what left).
