@@ -583,3 +583,30 @@ def test_a_run_records_its_placeholders(tmp_path, capsys):
     argv = rec["call"]["argv"]
     assert argv[-6:] == ["--batch-size", str(cores), "--max-count", "400", "--device", "cpu"]
     assert rec["job"]["arguments"]["--batch-size"] == "{cpu_per_gpu}"
+
+
+def test_milabench_matrix_form_is_read(tmp_path):
+    # milabench's own example (shared/reference/milabench-plans-and-config.md): a matrix
+    # beside a "job" object with name, inherits and argv, and an axis with a hyphen
+    from milarun.profile.language import load_profile
+
+    path = tmp_path / "mb.json"
+    path.write_text(json.dumps({
+        "_resnet": {"experiment": "milarun.models.convnet:main",
+                    "arguments": {"--arch": "resnet18"}},
+        "resnet-matrix-noio": {
+            "matrix": {"batch-size": [32, 64]},
+            "job": {"name": "resnet18-bs{batch-size}", "inherits": "_resnet",
+                    "argv": {"--batch-size": "{batch-size}", "--image-size": 32,
+                             "--channels-last": True}}}}))
+    jobs = load_profile(path)
+    assert [j.name for j in jobs] == ["resnet18-bs32", "resnet18-bs64"]
+    assert jobs[1].arguments == {"--arch": "resnet18", "--batch-size": 64, "--image-size": 32,
+                                 "--channels-last": True}
+    assert {j.group for j in jobs} == {"resnet-matrix-noio"}
+    # a malformed one is the usual one-line error, naming the file
+    path.write_text(json.dumps({"m": {"matrix": {"bs": [1]},
+                                      "job": {"name": "x{bs}", "argv": ["--bs"],
+                                              "experiment": "milarun.models.vae:main"}}}))
+    with pytest.raises(ProfileError, match=f"^{path}: .*arguments"):
+        load_profile(path)

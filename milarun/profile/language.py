@@ -31,6 +31,9 @@ The profile language (a plain 2020-style profile uses none of it):
                       ``matrix`` and ``name`` are inherited like other keys.
                       Duplicate job names are an error, and so are more than 1,024
                       jobs from one matrix or 10,000 from the whole profile.
+                      milabench's form is read too: ``{"matrix": ..., "job":
+                      {"name", "inherits", "argv", ...}}``, axes such as
+                      ``batch-size`` included (:func:`from_milabench`).
 ``tags``              ``[tag, ...]``: what ``--select``/``--exclude`` match.
 ``group``             a name ``--select`` matches (default: the matrix entry a
                       job was expanded from, else the job's own name).
@@ -80,6 +83,7 @@ import importlib.util
 import itertools
 import math
 import os
+import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -481,13 +485,63 @@ def _real(path, referrer=None, inc=None):
                            path=referrer)
 
 
+_AXIS_CHARS = re.compile(r"[^A-Za-z0-9_]")
+
+
+def _rename_fields(value, renames):
+    """``value`` (str, or a dict/list of them) with every ``{old}`` field written ``{new}``."""
+    if isinstance(value, str):
+        for old, new in renames.items():
+            value = value.replace("{" + old + "}", "{" + new + "}")
+        return value
+    if isinstance(value, dict):
+        return {k: _rename_fields(v, renames) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rename_fields(v, renames) for v in value]
+    return value
+
+
+def from_milabench(data):
+    """A profile's entries with milabench's matrix form rewritten in ours.
+
+    milabench writes a matrix entry as ``{"matrix": {axis: [values]}, "job": {"name":
+    template, "inherits": entry, "argv": {flag: value}, ...}}`` and its axes may hold
+    ``-`` (``batch-size``, used as ``{batch-size}``). Ours puts ``name``, ``inherits``
+    and ``arguments`` beside ``matrix``, with axes that are identifiers. An entry with
+    both ``matrix`` and a ``job`` object becomes ``{"matrix": ..., "name": ...,
+    "inherits": ..., "arguments": <argv>, <the job's other keys>}``, each axis name's
+    characters outside ``[A-Za-z0-9_]`` become ``_`` (and its ``{fields}`` with it).
+    Anything else is returned as it is (the schema then judges it), so a malformed
+    milabench entry gets the same one-line error as any entry.
+    """
+    if not isinstance(data, dict):
+        return data
+    out = {}
+    for name, entry in data.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("job"), dict)
+                and isinstance(entry.get("matrix"), dict)):
+            out[name] = entry
+            continue
+        renames = {axis: _AXIS_CHARS.sub("_", axis) for axis in entry["matrix"]
+                   if isinstance(axis, str) and _AXIS_CHARS.search(axis)}
+        job = dict(entry["job"])
+        new = {k: v for k, v in entry.items() if k != "job"}
+        new["matrix"] = {renames.get(a, a): v for a, v in entry["matrix"].items()}
+        if "argv" in job:
+            job["arguments"] = job.pop("argv")
+        for key, value in job.items():
+            new[key] = _rename_fields(value, renames) if key in ("name", "arguments") else value
+        out[name] = new
+    return out
+
+
 def _read(path, stack, files):
     """``{entry: [_Layer, ...]}`` of profile ``path``, the layers of its includes first.
 
     ``stack``: resolved paths of the files including this one (a cycle check);
     ``files`` collects every file read, in order.
     """
-    data = read_json(path, error_cls=ProfileError, what="profile")
+    data = from_milabench(read_json(path, error_cls=ProfileError, what="profile"))
     _schema_error(path, data, "profile")
     files.append(path)
     entries = {}
