@@ -369,3 +369,32 @@ def test_acceptance_section_in_headless_chromium(page, tmp_path):
     proc = subprocess.run([*flags, "--window-size=1400,3000", f"--screenshot={shot}", anchor],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_collectives_across_node_counts(tmp_path, capsys):
+    out_dir = tmp_path / "prog"
+    for n, top in ((1, 400.0), (2, 300.0)):
+        nodes = [f"node{i + 1}" for i in range(n)]
+        rows = [{"op": "all_reduce", "bytes": s, "ranks": 2 * n, "time_s": 1e-3,
+                 "algbw_gbps": top / 2, "busbw_gbps": top * s / GIB} for s in (GIB // 2, GIB)]
+        rec = record("collectives_nodes", "collectives", device=f"{n}x2", devices=(0, 1),
+                     partition="node-progression", collectives=rows,
+                     metrics={"expected_busbw_gbps": 450.0 if n == 1 else 500.0,
+                              "expected_bound": "nvlink" if n == 1 else "network"})
+        rec.pop("node")
+        rec.update({"nodes": nodes, "node_count": n})
+        write_result(rec, out_dir)
+    path = write(tmp_path, "t.json", {"collectives": {"all_reduce": {"min_busbw_fraction": 0.8}}})
+    html = tmp_path / "p.html"
+    code, out, _ = cli(["report", out_dir, "--thresholds", path, "--html", html], capsys)
+    assert code == 1
+    page_text = html.read_text()
+    assert 'id="collectives-scaling"' in page_text and "<td>300 (60.0%)</td>" in page_text
+    assert len(re.findall(r'<figure class="busbw-plot">', page_text)) == 2
+    assert "acceptance collectives across groups: best busbw" in out
+    assert re.search(r"acc\.collectives_nodes\.1x2\s+1x2\s+2\s+400 \(88\.9%\)\s+450", out)
+    assert re.search(r"acc\.collectives_nodes\.2x2\s+2x2\s+4\s+300 \(60\.0%\)\s+500", out)
+    assert ("PASS  collectives all_reduce at the largest size (acc.collectives_nodes.1x2): "
+            "busbw 400 GB/s at 1 GiB; = 88.9% of the expected 450 GB/s") in out
+    assert ("FAIL  collectives all_reduce at the largest size (acc.collectives_nodes.2x2): "
+            "busbw 300 GB/s at 1 GiB; = 60.0% of the expected 500 GB/s") in out

@@ -85,6 +85,9 @@ def acceptance_sections(tests, burn_threshold=BURN_THRESHOLD_PCT):
         section = {"test": name, "kind": kind}
         if kind == "collectives":
             section.update(_collectives(body))
+            section["shape"] = (f"{test['node_count']}x{test['gpus_per_node']}"
+                                if test.get("node_count") and test.get("gpus_per_node")
+                                else None)
         elif kind == "bandwidth":
             section.update(body)
         elif kind == "matmul":
@@ -159,6 +162,26 @@ def _gb(x):
     return fmt_num(x, ".0f" if x is not None and x >= 100 else ".3g")
 
 
+def scaling_table(sections):
+    """How bus bandwidth holds across the collectives groups (a node-progression's node
+    counts, the multi-node job): ``(header, rows)`` of text cells, each collective's best
+    busbw and its ratio to the peak per group; None with fewer than two groups."""
+    groups = [s for s in sections if s["kind"] == "collectives"]
+    if len(groups) < 2:
+        return None
+    ops = list(dict.fromkeys(o["op"] for s in groups for o in s["ops"]))
+    header = ["test", "nodes x GPUs", "ranks", *ops, "peak"]
+    rows = []
+    for s in groups:
+        best = {o["op"]: o for o in s["ops"]}
+        ranks = max((o["ranks"] for o in s["ops"] if o.get("ranks")), default=None)
+        rows.append([s["test"], s.get("shape") or "-", fmt_num(ranks, "d"),
+                     *(("-" if op not in best else _gb(best[op]["best"])
+                        + ("" if best[op]["ratio"] is None else f" ({_pct(best[op]['ratio'])})"))
+                       for op in ops), _gb(s["peak"])])
+    return header, rows
+
+
 def text_lines(sections, verdict=None):
     """The section (and the verdict of ``--thresholds``) as text lines; empty without
     acceptance tests or thresholds."""
@@ -166,6 +189,12 @@ def text_lines(sections, verdict=None):
     for s in sections:
         lines.append("")
         lines.extend(_section_lines(s))
+    table = scaling_table(sections)
+    if table is not None:
+        lines.append("")
+        lines.append("acceptance collectives across groups: best busbw (GB/s; of the expected "
+                     "peak) as nodes are added")
+        lines += _table(*table)
     if verdict is not None:
         lines.append("")
         lines.extend(verdict_lines(verdict))
@@ -493,7 +522,9 @@ def html_view(sections, verdict_, plotter):
         failed = sum(not c["ok"] for c in verdict_)
         verdict_view = {"ok": not failed, "passed": len(verdict_) - failed,
                         "total": len(verdict_), "clauses": verdict_}
-    return {"sections": out, "verdict": verdict_view, "copies": COPIES, "kernels": KERNELS}
+    table = scaling_table(sections)
+    return {"sections": out, "verdict": verdict_view, "copies": COPIES, "kernels": KERNELS,
+            "scaling": {"header": table[0], "rows": table[1]} if table else None}
 
 
 # --- the plots -----------------------------------------------------------------------------
@@ -571,5 +602,5 @@ def d2d_heatmap(plotter, matrix, node=None):
 
 
 __all__ = ["BURN_THRESHOLD_PCT", "acceptance_sections", "burn_table", "busbw_plot",
-           "check_burn_threshold", "d2d_heatmap", "d2d_matrices", "html_view", "size_text",
-           "text_lines", "verdict", "verdict_lines"]
+           "check_burn_threshold", "d2d_heatmap", "d2d_matrices", "html_view", "scaling_table",
+           "size_text", "text_lines", "verdict", "verdict_lines"]
