@@ -133,7 +133,7 @@ def write(tmp_path, name, data):
 
 def test_summary_entry_per_acceptance_test(summary):
     tests = summary["tests"]
-    assert {g: t["acceptance"]["kind"] for g, t in tests.items()} == {
+    assert {g: t["acceptance"]["test"] for g, t in tests.items()} == {
         "acc.collectives": "collectives", "acc.bandwidth": "bandwidth", "acc.matmul": "matmul",
         "acc.burn": "burn"}
     coll = tests["acc.collectives"]["acceptance"]["collectives"]

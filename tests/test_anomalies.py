@@ -27,7 +27,7 @@ def samples(rec):
 
 
 def kinds(rec):
-    return [f["kind"] for f in anomalies.result_flags(rec)]
+    return [f.id for f in anomalies.result_flags(rec)]
 
 
 def shift(rec, after, seconds):
@@ -46,12 +46,12 @@ def test_recorded_run_without_a_declared_rule_is_short_against_11s(rec):
     rec["timings"]["train"]["min_steady"] = 0.0
     (flag,) = anomalies.result_flags(rec)
     steady = sum(s["end"] - s["start"] for s in samples(rec) if not s["warmup"])
-    assert flag == {"kind": "short-steady", "device": "0", "run": 0,
+    assert flag.as_dict() == {"kind": "short-steady", "device": "0", "run": 0,
                     "steady_s": pytest.approx(steady), "required_s": 11.0, "rule": "window"}
     assert 10 < steady < 11
     assert "less than the 11 s of the steady-state rule" in anomalies.describe(flag)
     rec["timings"]["train"]["min_steady"] = 12.0
-    assert anomalies.result_flags(rec)[0]["rule"] == "min-steady"
+    assert anomalies.result_flags(rec)[0].figures["rule"] == "min-steady"
 
 
 def test_planted_stall_inside_one_window(rec):
@@ -61,19 +61,19 @@ def test_planted_stall_inside_one_window(rec):
     shift(rec, start, 20.0)
     win["end"] += 20.0
     win["rate"] = win["count"] / (win["end"] - win["start"])
-    flags = {f["kind"]: f for f in anomalies.result_flags(rec)}
+    flags = {f.id: f for f in anomalies.result_flags(rec)}
     assert set(flags) == {"stall", "slow-windows"}
     stall = flags["stall"]
-    assert stall["start"] == pytest.approx(win["start"])
-    assert stall["seconds"] == pytest.approx(win["end"] - win["start"])
-    assert stall["count"] == 1 and not stall["at_end"]
+    assert stall.figures["start"] == pytest.approx(win["start"])
+    assert stall.figures["seconds"] == pytest.approx(win["end"] - win["start"])
+    assert stall.figures["count"] == 1 and not stall.figures["at_end"]
     # a stall is 10 median windows (about 2.7 s here) or 2 s, whichever is longer
     steady = [s["end"] - s["start"] for s in samples(rec) if not s["warmup"]]
-    assert stall["threshold"] == pytest.approx(10 * statistics.median(steady))
-    assert 2.0 < stall["threshold"] < 3.0
+    assert stall.figures["threshold"] == pytest.approx(10 * statistics.median(steady))
+    assert 2.0 < stall.figures["threshold"] < 3.0
     slow = flags["slow-windows"]
-    assert slow["windows"] == 1 and slow["in_steady"] == 0    # before the 10 s window
-    assert slow["lowest"] == pytest.approx(win["rate"])
+    assert slow.figures["windows"] == 1 and slow.figures["in_steady"] == 0    # before the 10 s window
+    assert slow.figures["lowest"] == pytest.approx(win["rate"])
 
 
 def test_planted_gap_between_windows_is_a_stall_only(rec):
@@ -81,8 +81,8 @@ def test_planted_gap_between_windows_is_a_stall_only(rec):
     gap_at = samples(rec)[20]["start"]
     shift(rec, gap_at, 6.0)
     flags = anomalies.result_flags(rec)
-    assert [f["kind"] for f in flags] == ["stall"]
-    assert flags[0]["seconds"] == pytest.approx(6.0 + (gap_at - samples(rec)[19]["end"]))
+    assert [f.id for f in flags] == ["stall"]
+    assert flags[0].figures["seconds"] == pytest.approx(6.0 + (gap_at - samples(rec)[19]["end"]))
     # a 1 s gap is not a stall
     rec2 = json.loads(RECORDED.read_text())
     rec2["timings"]["train"]["min_steady"] = 3.0
@@ -96,8 +96,8 @@ def test_failed_result_that_hung_until_it_was_killed(rec):
     last = samples(rec)[-1]["end"]
     rec["timings"]["program"]["duration"] = last + 60.0
     (flag,) = anomalies.result_flags(rec)
-    assert flag["kind"] == "stall" and flag["at_end"]
-    assert flag["seconds"] == pytest.approx(60.0)
+    assert flag.id == "stall" and flag.figures["at_end"]
+    assert flag.figures["seconds"] == pytest.approx(60.0)
     assert "until it ended" in anomalies.describe(flag)
 
 
@@ -117,15 +117,15 @@ def test_the_issue_case_a_long_slow_phase_then_fast(rec):
         s["start"] += offset
         s["end"] += offset
     rec["timings"]["train"]["samples"] = warm + slow + fast
-    flags = {f["kind"]: f for f in anomalies.result_flags(rec)}
+    flags = {f.id: f for f in anomalies.result_flags(rec)}
     assert set(flags) == {"slow-windows"}
     flag = flags["slow-windows"]
     # the reference is the fast phase's; every slow window is flagged and the ones
     # inside the 10 s steady-state window are counted as lowering the rate
-    assert max(flag["median"], flag["best"]) > 500 and flag["windows"] == 41
-    assert flag["seconds"] == pytest.approx(41 * 1.7)
+    assert max(flag.figures["median"], flag.figures["best"]) > 500 and flag.figures["windows"] == 41
+    assert flag.figures["seconds"] == pytest.approx(41 * 1.7)
     rate, chosen, _ = stats.steady_state(samples(rec))
-    assert flag["in_steady"] == sum(1 for s in chosen if s["rate"] < 20) >= 1
+    assert flag.figures["in_steady"] == sum(1 for s in chosen if s["rate"] < 20) >= 1
     assert "lowering the rate" in anomalies.describe(flag)
     assert rate < 0.75 * fast_rate    # what the flag explains: a much lower throughput
 
@@ -134,10 +134,10 @@ def test_recorded_issue_case_and_why_not_median_minus_k_mad():
     """A real cpu.scaling.1 of this machine: about 90 items/s for 60 s, then about 1000."""
     rec = json.loads((RECORDED.parent / "cpu.scaling.1-slow-phase.timings.json").read_text())
     rate, chosen, _ = stats.steady_state(samples(rec))
-    flags = {f["kind"]: f for f in anomalies.result_flags(rec)}
+    flags = {f.id: f for f in anomalies.result_flags(rec)}
     flag = flags["slow-windows"]
-    assert flag["best"] > 900 and flag["windows"] > 100 and flag["seconds"] > 55
-    assert flag["in_steady"] > 5 and rate < 0.6 * flag["best"]   # the rate it halved
+    assert flag.figures["best"] > 900 and flag.figures["windows"] > 100 and flag.figures["seconds"] > 55
+    assert flag.figures["in_steady"] > 5 and rate < 0.6 * flag.figures["best"]   # the rate it halved
     # median - 3.5 * 1.4826 * MAD of the steady-state windows: the window holds both
     # regimes, the MAD is so large that the cut is below zero and flags nothing
     rates = [s["rate"] for s in chosen]
@@ -178,10 +178,10 @@ def test_no_steady_state_is_a_failure_not_an_anomaly(rec):
 def test_outlier_rule_is_leave_one_out(rates, expected):
     results = [(str(i), 0, r) for i, r in enumerate(rates)]
     flags = anomalies.group_flags(results)
-    assert [(f["index"], f["direction"]) for f in flags] == expected
-    for f in flags:
-        others = [r for j, r in enumerate(rates) if j != f["index"]]
-        assert f["ref"] == pytest.approx(sorted(others)[len(others) // 2]
+    assert [(i, f.figures["direction"]) for i, f in flags] == expected
+    for i, f in flags:
+        others = [r for j, r in enumerate(rates) if j != i]
+        assert f.figures["ref"] == pytest.approx(sorted(others)[len(others) // 2]
                                          if len(others) % 2 else
                                          sum(sorted(others)[len(others) // 2 - 1:
                                                             len(others) // 2 + 1]) / 2)

@@ -254,7 +254,7 @@ def test_llm_serve_tensor_parallel_over_two_ranks(root, tmp_path):
 def test_llm_pretrain_hybrid_sharding_replicates_across_groups(root, tmp_path):
     # --hsdp-replicas 2 over 2 ranks: a 2 × 1 mesh, each replica one whole-model shard group
     res = _torchrun("milarun.models.llm_pretrain:main", tmp_path / "r.json",
-                    [*TRAIN, "--max-count", "256", "--hsdp-replicas", "2"], root)
+                    [*TRAIN, "--max-count", "2048", "--hsdp-replicas", "2"], root)
     m = res["metrics"]
     assert m["parallelism"] == "hsdp" and m["params_local"] == m["params"]
 
@@ -304,7 +304,7 @@ def test_loss_not_decreasing_flag():
 
     assert flags(rec([7.0, 6.9, 6.0, 5.0, 4.0])) == []
     (flag,) = flags(rec([7.0, 6.9, 6.95, 7.1, 7.0]))
-    assert flag["check"] == "loss-not-decreasing" and flag["value"] == pytest.approx(7.05 / 6.95)
+    assert flag.id == "loss-not-decreasing" and flag.figures["value"] == pytest.approx(7.05 / 6.95)
     assert flags(rec([7.0, 6.9, 6.95, 7.1, 7.0], learning=False)) == []   # not opted in
     assert flags(rec([7.0, 7.1, 7.2])) == []                                # too few windows
 

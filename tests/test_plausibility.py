@@ -219,7 +219,7 @@ def gpu_record(load=90.0, memory_mib=800.0, job=None, outside=0.0, steal=None, d
 
 
 def checks(rec):
-    return {f["check"]: f for f in plausibility.flags(rec)}
+    return {f.id: f.as_dict() for f in plausibility.flags(rec)}
 
 
 def test_no_flag_on_a_busy_gpu_and_an_idle_host():

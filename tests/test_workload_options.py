@@ -29,6 +29,7 @@ SHARED = {"lr": lr_option, "batch_size": batch_size_option, "workers": workers_o
 DEFAULTS = {
     "cart": {"lr": 3e-3},
     "convnet": {"batch_size": 256, "precision": "fp32", "lr": 0.1, "workers": -1},
+    "diffusion": {"batch_size": 8, "precision": "bf16", "lr": 1e-4, "workers": -1},
     "dcgan": {"batch_size": 64, "lr": 0.0002, "workers": -1, "precision": "fp32"},
     "ddp_convnet": {"batch_size": 128, "precision": "fp32", "lr": 0.1, "workers": -1},
     "fast_style": {"batch_size": 4, "lr": 0.001, "workers": -1, "precision": "fp32"},
@@ -47,8 +48,10 @@ DEFAULTS = {
     "ssd": {"batch_size": 32, "lr": 0.002, "workers": -1, "precision": "fp32"},
     "toy_lstm": {"batch_size": 256, "lr": 1e-3},
     "toy_reg": {"batch_size": 64, "lr": 0.1},
+    "txt2img": {"batch_size": 4, "precision": "fp16"},
     "translator": {"batch_size": 64, "lr": 5e-4, "workers": -1, "precision": "fp32"},
     "vae": {"batch_size": 128, "lr": 1e-3, "workers": -1},
+    "vit": {"batch_size": 128, "precision": "bf16", "lr": 5e-4, "workers": -1},
     "wlm": {"lr": 20.0, "batch_size": 20, "precision": "fp32"},
 }
 

@@ -3,8 +3,9 @@
 The acceptance tests (``milarun.models.collectives``, ``bandwidth``, ``matmul`` with its
 ``--sweep``, ``burn``; :doc:`docs/acceptance.md`) write their figures into each record's
 ``metrics`` (and ``collectives``). The summary keeps them per test group as
-``tests[g].acceptance`` (only for those tests, as ``tests[g].llm`` is only for LLM tests),
-so a summary sent alone shows the report's acceptance section too:
+``tests[g].acceptance = {"test": T, T: figures}`` (only for those tests, as
+``tests[g].llm`` is only for LLM tests), so a summary sent alone shows the report's
+acceptance section too. The figures of each T:
 
 * ``collectives``: ``rows``, one per (collective, message size): busbw and algbw, the
   median over the group's records; the expected peak (``expected_busbw_gbps``,
@@ -97,15 +98,15 @@ def acceptance_figures(records, node_of):
     kind = kinds.pop()
     mine = [r for r in records if kind_of(r) == kind]
     if kind == "burn":
-        return {"kind": kind, "burn": _burn(mine, node_of)}
+        return {"test": kind, "burn": _burn(mine, node_of)}
     ok = [r for r in mine if r.get("success")]
     if not ok:
         return None
     if kind == "collectives":
-        return {"kind": kind, "collectives": _collectives(ok)}
+        return {"test": kind, "collectives": _collectives(ok)}
     if kind == "bandwidth":
-        return {"kind": kind, "bandwidth": _bandwidth(ok, node_of)}
-    return {"kind": kind, "matmul": _matmul(ok)}
+        return {"test": kind, "bandwidth": _bandwidth(ok, node_of)}
+    return {"test": kind, "matmul": _matmul(ok)}
 
 
 def _collectives(records):

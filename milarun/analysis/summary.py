@@ -80,7 +80,7 @@ from ..formats.summary import SUMMARY_FORMAT, SUMMARY_VERSION
 from ..formats.terminal import terminal_safe
 from ..host import facts as hostfacts
 from ..launcher.session import read_session
-from ..measure import anomalies, energy, plausibility, stats, throughput
+from ..measure import anomalies, energy, flags as flagmodel, plausibility, stats, throughput
 from .acceptance import acceptance_figures
 from .llm import llm_figures
 from ..measure.stats import finite
@@ -303,7 +303,7 @@ def _summarize_group(gname, items):
             memory.append(float(mem))
         where = _flag_where(path, rec)
         if where is not None:
-            flags += [{**f, **where} for f in anomalies.result_flags(rec)]
+            flags += [f.at(**where) for f in anomalies.result_flags(rec)]
         if not rec["success"]:
             err = rec.get("error") or {}
             if not isinstance(err, dict):
@@ -342,10 +342,11 @@ def _summarize_group(gname, items):
                 pernode[node].append(rate)
     outliers = anomalies.group_flags([(rec.get("device", ""), rec.get("run"), rate)
                                       for _, rec, rate in rated])
-    for flag in outliers:
-        path, rec, _ = rated[flag.pop("index")]
-        flag.update(_flag_where(path, rec) or {})
-    flags = [{k: v for k, v in f.items() if k != "spans"} for f in flags + outliers]
+    for index, flag in outliers:
+        path, rec, _ = rated[index]
+        flags.append(flag.at(**(_flag_where(path, rec) or {})))
+    # the summary's shape of a flag (spans are left out: the plots recompute them)
+    flags = [flagmodel.to_summary(f.without("spans")) for f in flags]
     partition = first.get("partition", "normal")
     # the group holds one shape of the study: its records all say it (a multi-node
     # job's too: the node score divides its rate by its node count)
@@ -386,7 +387,7 @@ def _checks(items):
     out = {}
     flags = plausibility.summary_flags(items, node_of)
     if flags:
-        out["validation_flags"] = flags
+        out["validation_flags"] = [flagmodel.to_summary(f) for f in flags]
     power = energy.summarize_energy(items, node_of)
     if power is not None:
         out["energy"] = power

@@ -48,6 +48,7 @@ BUILDERS = {
     "fashion_mnist": "fashion_mnist",  # fashion_mnist/FashionMNIST/raw/*-ubyte (torchvision FashionMNIST)
     "llm_corpus": "llm_corpus",        # llm_corpus/tokenizer.json, train/shard-*.bin + .idx.npy, prompts/
     "mydataset": "mydataset",          # mydataset/samples/<shard>/<index>.npy + labels.npy (io study)
+    "captions": "captions",            # captions/captions.jsonl + tokenizer.json (fake_imagenet's captions)
 }
 
 STAMP = ".complete"
@@ -61,7 +62,7 @@ LOCK_TIMEOUT_S = 3600.0
 #: About how much a ``--size standard`` build takes on disk (MB), measured on the
 #: development VM (docs/workloads.md, "Datasets"); ``--list-datasets`` shows it.
 STANDARD_MB = {"fake_imagenet": 550, "coco": 330, "movielens": 100, "wmt16": 58, "mnist": 55,
-               "wikitext2": 11, "bsds500": 20, "llm_corpus": 18}
+               "wikitext2": 11, "bsds500": 20, "llm_corpus": 18, "captions": 2}
 
 
 def dataset_dir(dataroot, name):

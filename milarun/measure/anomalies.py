@@ -58,8 +58,10 @@ import bisect
 import math
 import operator
 import statistics
+from dataclasses import replace
 
 from . import stats
+from .flags import flag
 
 #: Cut-off of the modified z-score (Iglewicz and Hoaglin, 1993).
 K_MAD = 3.5
@@ -81,6 +83,7 @@ STALL_FACTOR = 10.0
 #: ...and more than this many seconds.
 STALL_MIN_S = 2.0
 
+#: The checks of this module (each has its :class:`milarun.measure.flags.Rule`).
 KINDS = ("slow-windows", "stall", "short-steady", "outlier")
 
 
@@ -128,7 +131,8 @@ def _stall_limit(durations):
 
 
 def result_flags(record, steady=None):
-    """The flags of one result record (a dict), as a list of dicts.
+    """The flags of one result record (a dict): a list of
+    :class:`milarun.measure.flags.Flag`.
 
     ``steady`` is ``(rate, chosen)`` of :func:`milarun.measure.stats.steady_state` of its
     samples when the caller has it already; else it is computed. Without it, the
@@ -136,8 +140,8 @@ def result_flags(record, steady=None):
     :func:`milarun.measure.stats.steady_states_once` block (the summary's and the
     HTML plots' are then one computation).
 
-    Every flag has ``kind`` (one of :data:`KINDS`) and the result's
-    ``device`` and ``run``; the rest depends on the kind:
+    Every flag's id is one of :data:`KINDS`, its ``where`` the result's
+    ``device`` and ``run``; its figures depend on the kind:
 
     * ``slow-windows``: ``windows`` (how many), ``seconds`` (their total
       duration), ``in_steady`` (how many lie in the steady-state samples, and
@@ -155,8 +159,8 @@ def result_flags(record, steady=None):
     """
     if steady is not None:
         return _result_flags(record, steady)
-    # a copy of each flag: the remembered list is shared
-    return [dict(f) for f in stats.once("anomalies.result_flags", record, _result_flags)]
+    # a copy of the list: the remembered one is shared (the flags are immutable)
+    return list(stats.once("anomalies.result_flags", record, _result_flags))
 
 
 def _result_flags(record, steady=None):
@@ -184,8 +188,8 @@ def _result_flags(record, steady=None):
         need, rule = required_steady(train)
         have = sum(steady_durations)
         if have + 1e-9 < need:
-            flags.append({"kind": "short-steady", **where, "steady_s": have,
-                          "required_s": need, "rule": rule})
+            flags.append(flag("short-steady", where=where, steady_s=have,
+                              required_s=need, rule=rule))
     end = max(ends, default=0.0) - stats.STEADY_TAIL_S
     body = [s for s in steady if s["end"] <= end]
     rates = [s["rate"] for s in body]
@@ -198,13 +202,13 @@ def _result_flags(record, steady=None):
         ids = {id(s) for s in chosen}
         low = [s for s in body if s["rate"] < threshold]
         if low and sum(s["end"] - s["start"] for s in low) >= WINDOW_MIN_S:
-            flags.append({"kind": "slow-windows", **where, "windows": len(low),
-                          "seconds": sum(s["end"] - s["start"] for s in low),
-                          "in_steady": sum(1 for s in low if id(s) in ids),
-                          "first": low[0]["start"], "last": low[-1]["end"],
-                          "lowest": min(s["rate"] for s in low), "median": med,
-                          "best": best, "threshold": threshold,
-                          "spans": [[s["start"], s["end"]] for s in low]})
+            flags.append(flag("slow-windows", where=where, windows=len(low),
+                              seconds=sum(s["end"] - s["start"] for s in low),
+                              in_steady=sum(1 for s in low if id(s) in ids),
+                              first=low[0]["start"], last=low[-1]["end"],
+                              lowest=min(s["rate"] for s in low), median=med,
+                              best=best, threshold=threshold,
+                              spans=[[s["start"], s["end"]] for s in low]))
     if samples:
         limit = _stall_limit(steady_durations if steady
                              else list(map(operator.sub, ends, starts)))
@@ -226,10 +230,10 @@ def _result_flags(record, steady=None):
             at_end = True
         if spans:
             start, stop = max(spans, key=lambda sp: sp[1] - sp[0])
-            flags.append({"kind": "stall", **where, "start": start, "end": stop,
-                          "seconds": stop - start, "count": len(spans), "threshold": limit,
-                          "at_end": at_end and stop == spans[-1][1],
-                          "spans": [list(sp) for sp in spans]})
+            flags.append(flag("stall", where=where, start=start, end=stop,
+                              seconds=stop - start, count=len(spans), threshold=limit,
+                              at_end=at_end and stop == spans[-1][1],
+                              spans=[list(sp) for sp in spans]))
     return flags
 
 
@@ -240,11 +244,12 @@ def group_flags(results):
     """``outlier`` flags of a group: ``results`` are ``(device, run, rate)`` triples
     (rate in items/s; the successful results with a steady-state rate).
 
-    Each flag has ``kind`` ``"outlier"``, ``device``, ``run``, ``rate``, ``ref``
-    (the median of the other results, items/s), ``ratio`` (``rate / ref``),
-    ``direction`` (``"low"`` or ``"high"``), ``others`` (how many other
-    results) and ``index`` (the result's position in ``results``). Fewer than 2
-    results: no flag.
+    Returns ``[(index, flag)]``: ``index`` is the result's position in
+    ``results``; each :class:`milarun.measure.flags.Flag` is an ``"outlier"``
+    at the result's ``device`` and ``run`` with figures ``rate``, ``ref`` (the
+    median of the other results, items/s), ``ratio`` (``rate / ref``),
+    ``direction`` (``"low"`` or ``"high"``) and ``others`` (how many other
+    results). Fewer than 2 results: no flag.
 
     The leave-one-out medians come from one sorted copy of the rates (and one of
     the deviations per distinct median), not from a sort per result: the same
@@ -301,7 +306,7 @@ def _group_flags_plain(results):
 
 
 def _outlier(device, run, rate, ref, spread, others, index):
-    """``[flag]`` when ``rate`` is beyond the margin around ``ref``, else ``[]``."""
+    """``[(index, flag)]`` when ``rate`` is beyond the margin around ``ref``, else ``[]``."""
     margin = max(spread, GROUP_FLOOR * ref)
     direction = None
     if rate < ref - margin:
@@ -310,76 +315,40 @@ def _outlier(device, run, rate, ref, spread, others, index):
         direction = "high"
     if not direction:
         return []
-    return [{"kind": "outlier", "device": str(device), "run": run,
-             "rate": rate, "ref": ref, "ratio": rate / ref,
-             "direction": direction, "others": others, "index": index}]
-
-
-def _who(flag):
-    run = flag.get("run")
-    node = f"node {flag['node']} " if flag.get("node") else ""
-    return f"{node}device {flag.get('device')}" + (f" run {run}" if run is not None else "")
+    return [(index, flag("outlier", where={"device": str(device), "run": run},
+                         rate=rate, ref=ref, ratio=rate / ref, direction=direction,
+                         others=others))]
 
 
 def describe(flag):
-    """One sentence for a flag (shared by the text report, the HTML and ``milarun run``)."""
-    kind = flag.get("kind")
-    who = _who(flag)
-    if kind == "slow-windows":
-        where = (f"{flag['in_steady']} of them in the steady-state samples, lowering the rate"
-                 if flag.get("in_steady") else "none in the steady-state samples")
-        best = flag.get("best")
-        ref = (f"the best sustained rate {best:.4g} items/s (steady-state median "
-               f"{flag['median']:.4g})" if best is not None and best > flag["median"]
-               else f"the steady-state median {flag['median']:.4g} items/s")
-        return (f"{who}: {flag['windows']} window(s), {flag['seconds']:.1f} s from "
-                f"t={flag['first']:.1f} to {flag['last']:.1f} s, under half of {ref}; "
-                f"lowest {flag['lowest']:.4g}; {where}")
-    if kind == "stall":
-        more = f" ({flag['count']} stalls)" if flag.get("count", 1) > 1 else ""
-        end = " until it ended" if flag.get("at_end") else ""
-        return (f"{who}: no window closed for {flag['seconds']:.1f} s, from t="
-                f"{flag['start']:.1f} to {flag['end']:.1f} s{end}{more}; a stall is over "
-                f"{flag['threshold']:.1f} s")
-    if kind == "short-steady":
-        rule = ("the test declared (--min-steady)" if flag.get("rule") == "min-steady"
-                else "of the steady-state rule (10 s window + 1 s tail; the test declared "
-                     "no --min-steady)")
-        return (f"{who}: {flag['steady_s']:.1f} s of steady state, less than the "
-                f"{flag['required_s']:g} s {rule}")
-    if kind == "outlier":
-        pct = abs(1 - flag["ratio"]) * 100
-        side = "below" if flag.get("direction") == "low" else "above"
-        ref = ("the other result of the test" if flag.get("others") == 1
-               else f"the median of the {flag.get('others')} other results of the test")
-        return (f"{who}: {flag['rate']:.4g} items/s, {pct:.0f}% {side} {ref} "
-                f"({flag['ref']:.4g})")
-    return f"{who}: {kind}"
+    """One sentence for a flag: the result it is about, then its message (shared by
+    the text report and the HTML, through :mod:`milarun.report.checks`)."""
+    return f"{flag.who()}: {flag.message}"
 
 
-def sentences(flags):
-    """``[(kind, sentence)]`` for a test's flags: :func:`describe` of each, except
-    that the ``short-steady`` flags of one rule become one sentence (a run on 8
-    GPUs would otherwise repeat it 8 times)."""
+def merged(flags):
+    """A test's flags as the report lists them: each flag, except that the
+    ``short-steady`` flags of one rule become one flag about several results (a run
+    on 8 GPUs would otherwise repeat it 8 times)."""
     out, short = [], {}
-    for flag in flags:
-        if flag.get("kind") == "short-steady":
-            short.setdefault((flag.get("required_s"), flag.get("rule")), []).append(flag)
+    for f in flags:
+        if f.id == "short-steady":
+            short.setdefault((f.figures.get("required_s"), f.figures.get("rule")), []).append(f)
     done = set()
-    for flag in flags:
-        key = (flag.get("required_s"), flag.get("rule"))
-        if flag.get("kind") != "short-steady" or len(short[key]) == 1:
-            out.append((flag.get("kind"), describe(flag)))
+    for f in flags:
+        key = (f.figures.get("required_s"), f.figures.get("rule"))
+        if f.id != "short-steady" or len(short[key]) == 1:
+            out.append(f)
         elif key not in done:
             done.add(key)
             group = short[key]
-            have = [f["steady_s"] for f in group]
-            who = ", ".join(_who(f) for f in group)
-            rule = describe(group[0]).split(", less than ", 1)[1]
+            have = [g.figures["steady_s"] for g in group]
+            who = ", ".join(g.who() for g in group)
+            rule = group[0].message.split(", less than ", 1)[1]
             span = (f"{min(have):.1f}" if f"{min(have):.1f}" == f"{max(have):.1f}"
                     else f"{min(have):.1f} to {max(have):.1f}")
-            out.append(("short-steady", f"{len(group)} results ({who}): {span} s of steady "
-                                        f"state, less than {rule}"))
+            out.append(replace(group[0], subject=f"{len(group)} results ({who})",
+                               message=f"{span} s of steady state, less than {rule}"))
     return out
 
 
@@ -390,5 +359,5 @@ SHORT = {"slow-windows": "slow", "stall": "stall", "short-steady": "short",
 
 def short_kinds(flags):
     """The kinds present in ``flags`` as short words (``"slow stall"``), in a fixed order."""
-    kinds = {f.get("kind") for f in flags}
+    kinds = {f.id for f in flags}
     return " ".join(SHORT[k] for k in KINDS if k in kinds)

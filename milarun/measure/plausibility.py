@@ -49,6 +49,7 @@ to the last sample :func:`milarun.measure.stats.steady_state` chose):
 import math
 
 from . import stats
+from .flags import flag
 from .stats import finite
 
 #: ``error.reason`` of the failing checks.
@@ -56,7 +57,7 @@ NAN_LOSS = "nan-loss"
 NO_STEADY_STATE = "no-steady-state"
 FAIL_CHECKS = (NAN_LOSS, NO_STEADY_STATE)
 
-#: Names of the flags.
+#: The flagging checks (each has its :class:`milarun.measure.flags.Rule`).
 FLAG_CHECKS = ("gpu-load", "gpu-memory", "host-busy", "cpu-steal", "loss-not-decreasing")
 #: ``metrics`` key by which a workload says its loss must fall (its data has learnable
 #: structure: the LLM, diffusion and ViT tests); only such records get the learning flag.
@@ -268,7 +269,7 @@ def learning(record):
     model on data with structure learns within a few hundred steps, so a final
     loss not below the first says the benchmark did not train for real (a
     frozen optimizer, a wrong learning rate, gradients lost between ranks), as
-    MLPerf's quality targets say at full scale. ``value`` is last / first.
+    MLPerf's quality targets say at full scale. Its figure ``value`` is last / first.
     Needs twice :data:`LEARNING_WINDOWS` windows with a finite loss.
     """
     if (record.get("metrics") or {}).get(LEARNING_CHECK) is not True:
@@ -281,16 +282,17 @@ def learning(record):
     first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
     if last < first or first <= 0:
         return None
-    return {"check": "loss-not-decreasing", "value": last / first, "threshold": 1.0,
-            "message": f"training loss {last:.4g} at the end of the steady state is not below "
-                       f"{first:.4g} of the first windows: the model did not learn"}
+    return flag("loss-not-decreasing",
+                f"training loss {last:.4g} at the end of the steady state is not below "
+                f"{first:.4g} of the first windows: the model did not learn",
+                value=last / first, threshold=1.0)
 
 
 def flags(record):
-    """The flags of one successful record: a list of ``{"check", "value",
-    "threshold", "message"}`` (``value`` and ``threshold`` are fractions; GPU
-    flags also have ``"gpu"``, the device index). Empty when nothing is
-    flagged or there is no steady state to look at."""
+    """The flags of one successful record: a list of
+    :class:`milarun.measure.flags.Flag` with figures ``value`` and ``threshold``
+    (fractions; GPU flags are at their ``gpu``, the device index). Empty when
+    nothing is flagged or there is no steady state to look at."""
     if record.get("success") is not True:
         return []
     learned = learning(record)
@@ -316,9 +318,9 @@ def _usage_flags(record):
                                  ("gpu-memory", "gpu_mem_threshold", "GPU memory used")):
             value, limit = use["load" if check == "gpu-load" else "memory"], usage.get(key)
             if finite(limit) and value is not None and value < limit:
-                out.append({"check": check, "gpu": dev, "value": value, "threshold": limit,
-                            "message": f"GPU {dev}: mean {what} {value:.0%} < {limit:.0%} "
-                                       "during the steady state"})
+                out.append(flag(check, f"GPU {dev}: mean {what} {value:.0%} < {limit:.0%} "
+                                       "during the steady state", where={"gpu": dev},
+                                value=value, threshold=limit))
     host = host_load(record, start, end)
     if host is not None and finite(host["cpu_count"]) and host["cpu_count"] > 0:
         ncpu = host["cpu_count"]
@@ -331,23 +333,22 @@ def _usage_flags(record):
                 continue
             value = cores / ncpu
             if value > limit:
-                out.append({"check": check, "value": value, "threshold": limit,
-                            "message": f"{cores:.2f} of the host's {ncpu} CPUs ({value:.0%} > "
-                                       f"{limit:.0%}) {what} during the steady state"})
+                out.append(flag(check, f"{cores:.2f} of the host's {ncpu} CPUs ({value:.0%} > "
+                                       f"{limit:.0%}) {what} during the steady state",
+                                value=value, threshold=limit))
     return out
 
 
 def summary_flags(items, node_of):
-    """The summary's ``validation_flags`` of one group: the :func:`flags` of its
-    successful records, each with ``device``, ``node`` (``node_of(record)``),
-    ``run`` and ``file``. ``items`` are ``(path, record, ...)`` tuples."""
+    """The validation flags of one group: the :func:`flags` of its successful
+    records, each at its ``device``, ``node`` (``node_of(record)``), ``run`` and
+    ``file``. ``items`` are ``(path, record, ...)`` tuples."""
     out = []
     for item in items:
         path, rec = item[0], item[1]
-        for flag in flags(rec):
-            out.append({"device": str(rec.get("device", "")), "node": node_of(rec),
-                        "run": rec.get("run"), **flag,
-                        "file": _name(path)})
+        for f in flags(rec):
+            out.append(f.at(device=str(rec.get("device", "")), node=node_of(rec),
+                            run=rec.get("run"), file=_name(path)))
     return out
 
 

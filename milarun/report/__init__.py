@@ -133,7 +133,7 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     ``compare_nodes``). Without ``weights``, results of one shipped profile
     are weighted by its shipped weights file (:func:`shipped_weights`), and
     the header says so; ``unweighted`` gives every test weight 1 instead.
-    ``thresholds``: an acceptance thresholds file (its verdict in ``report.verdict``);
+    ``thresholds``: an acceptance thresholds file (its verdict in ``report.acceptance_verdict``);
     ``burn_threshold``: percent below the median that flags a burn-in GPU (default 5).
     Returns ``(report, text)``.
 

@@ -78,9 +78,9 @@ def acceptance_sections(tests, burn_threshold=BURN_THRESHOLD_PCT):
     out = []
     for name, test in tests.items():
         acc = test.get("acceptance") if isinstance(test, dict) else None
-        if not isinstance(acc, dict) or acc.get("kind") not in acc:
+        if not isinstance(acc, dict) or acc.get("test") not in acc:
             continue
-        kind = acc["kind"]
+        kind = acc["test"]
         body = acc[kind]
         section = {"test": name, "kind": kind}
         if kind == "collectives":
@@ -295,8 +295,8 @@ def verdict(thresholds, tests):
     groups = {}
     for name, test in tests.items():
         acc = test.get("acceptance") if isinstance(test, dict) else None
-        if isinstance(acc, dict) and acc.get("kind") in acc:
-            groups.setdefault(acc["kind"], []).append((name, acc[acc["kind"]]))
+        if isinstance(acc, dict) and acc.get("test") in acc:
+            groups.setdefault(acc["test"], []).append((name, acc[acc["test"]]))
     for op, clause in (thresholds.get("collectives") or {}).items():
         out += _collective_clauses(op, clause, groups.get("collectives", []))
     if thresholds.get("bandwidth"):

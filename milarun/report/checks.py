@@ -12,6 +12,9 @@ checks already made their results failures in the summary).
 * ``perf/W`` = the weighted geometric mean of ``items/J`` (items/s per W)
   over the scored tests that have it, with the score's weights: the score's
   formula applied to energy efficiency.
+* Flags (:mod:`milarun.measure.flags`): the validation flags and the anomalies
+  are both :class:`~milarun.measure.flags.Flag` values here; :func:`flag_line`
+  is the text of one and :func:`flag_html` its HTML, for both sections.
 * Host facts (:mod:`milarun.host.facts`): shown under each host in the
   header; with ``--compare``, every fact recorded on both sides that differs
   from the baseline's is a warning.
@@ -19,6 +22,7 @@ checks already made their results failures in the summary).
 
 from ..formats.terminal import terminal_safe
 from ..host import facts as hostfacts
+from ..measure.flags import VALIDATION, from_summary
 from .formatting import fmt_num, geomean_or_warn
 
 #: The energy columns, in order.
@@ -49,7 +53,7 @@ def add_checks(report, summary, baseline=None):
                                            [r["weight"] for r in scored], "perf/W")
     for group, t in tests.items():
         for flag in t.get("validation_flags") or []:
-            report.validation_flags.append({"test": group, **flag})
+            report.validation_flags.append((group, from_summary(flag)))
     report.host_facts = [(h.get("hostname"), hostfacts.fact_lines(h))
                          for h in summary.get("hosts") or []]
     if baseline is not None:
@@ -66,12 +70,34 @@ def perf_per_watt_line(report):
             f"of items/J over {report.perf_per_watt_tests} scored test(s) with energy readings)")
 
 
-def flag_line(flag):
-    """One validation flag as text: ``test run R device D: check: message``."""
-    where = f"run {flag.get('run')} device {flag.get('device')}"
-    if flag.get("node"):
-        where += f" node {flag['node']}"
-    return f"{flag['test']} {where}: {flag['check']}: {flag.get('message')}"
+def flag_line(test, flag):
+    """One flag of test ``test`` as a text line (a
+    :class:`~milarun.measure.flags.Flag`, of either family). A validation flag:
+    ``test run R device D[ node N]: check: message``; an anomaly: ``test kind:
+    [node N ]device D[ run R]: message`` (the layouts the two report sections have
+    always had)."""
+    if flag.family == VALIDATION:
+        where = f"run {flag.run} device {flag.device}"
+        if flag.node:
+            where += f" node {flag.node}"
+        return f"{test} {where}: {flag.id}: {flag.message}"
+    return f"{test} {flag.id}: {flag.who()}: {flag.message}"
+
+
+def flag_html(test, flag):
+    """One flag of test ``test`` as HTML (Markup): a validation flag is a row of the
+    validation table (test, run, device, node, check, message), an anomaly an item
+    of its test's list (``<b>kind</b>: [node N ]device D[ run R]: message``)."""
+    from markupsafe import Markup, escape   # lazy: the text report needs no markupsafe
+
+    if flag.family == VALIDATION:
+        return Markup(
+            f'<tr><td class="test">{escape(test)}</td><td>{escape(flag.run)}</td>'
+            f'<td>{escape(flag.device)}</td><td>{escape(flag.node or "")}</td>\n'
+            f'  <td class="bad">{escape(flag.id)}</td>'
+            f'<td class="test">{escape(flag.message)}</td></tr>')
+    return Markup(f"<li><b>{escape(flag.id)}</b>: {escape(flag.who())}: "
+                  f"{escape(flag.message)}</li>")
 
 
 def diff_line(diff):
@@ -91,7 +117,7 @@ def text_lines(report):
         lines += [f"  {diff_line(d)}" for d in report.host_diffs]
     if report.validation_flags:
         lines += ["", "validation flags (counted in the score; see docs/report.md):"]
-        lines += [f"  {flag_line(f)}" for f in report.validation_flags]
+        lines += [f"  {flag_line(test, f)}" for test, f in report.validation_flags]
     if report.energy_nodes:
         lines += ["", "energy per node over the steady states (W: the node's results of one "
                   "run summed, mean over runs):"]

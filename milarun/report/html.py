@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..analysis.summary import group_name
 from ..formats.store import inside
-from ..measure.anomalies import sentences, short_kinds
-from .checks import diff_line, energy_plot_rows, perf_per_watt_line
+from ..measure.anomalies import merged, short_kinds
+from .checks import diff_line, energy_plot_rows, flag_html, perf_per_watt_line
 from .formatting import fmt_num, fmt_pct
 from .iostudy import plot_svg
 from .llm import latency_plot, serving_cells
@@ -133,7 +133,9 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
             rec = item[1] if isinstance(item, tuple) else item
             by_group[group_name(rec)].append(rec)
 
-    flags = {test: sentences(fl) for test, fl in anomalies_by_test(report)}
+    flags = {test: [flag_html(test, f) for f in merged(fl)]
+             for test, fl in anomalies_by_test(report)}
+    validation_rows = [flag_html(test, f) for test, f in report.validation_flags]
     plots = []
     for row in report.rows:
         svg, legend, marks = None, [], set()
@@ -245,7 +247,7 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
         r=report, table=table, plots=plots, gpu=gpu, failures=failures, nodes=nodes,
         scaling=scaling, concurrent=concurrent, overlap=overlap, noise=noise_view(report),
         io_study=io_study, llm=llm, acceptance=acceptance,
-        checks=checks, flags=flags, flag_colour=FLAG_COLOUR,
+        checks=checks, flags=flags, validation_rows=validation_rows, flag_colour=FLAG_COLOUR,
         inputs=header_items(report.inputs) if report.inputs is not None else None,
         has_records=bool(records), generated=generated,
         ratio_class=ratio_band(report.score_ratio))

@@ -92,7 +92,7 @@ class Plotter:
             run = rec.get("run", 0)
             flags = anomalies.result_flags(rec)
             # a flagged run first, so that its flags show; then the lowest run
-            key = (not any(f["kind"] in ("slow-windows", "stall") for f in flags), run)
+            key = (not any(f.id in ("slow-windows", "stall") for f in flags), run)
             if dev not in chosen or key < chosen[dev][0]:
                 chosen[dev] = (key, samples, flags)
         if not chosen:
@@ -121,16 +121,16 @@ class Plotter:
                 if warm:
                     ax.plot(*zip(*warm), "o", color=colour, markersize=2, zorder=3)
                 for flag in flags:
-                    if flag["kind"] == "slow-windows":
-                        spans = {tuple(sp) for sp in flag["spans"]}
+                    if flag.id == "slow-windows":
+                        spans = {tuple(sp) for sp in flag.figures["spans"]}
                         pts = [(x, y) for x, y, s in zip(xs, ys, samples)
                                if (s["start"], s["end"]) in spans]
                         if pts:
                             ax.plot(*zip(*pts), "x", color=FLAG_COLOUR, markersize=5,
                                     markeredgewidth=1.2, zorder=4)
                             marks.add("slow-windows")
-                    elif flag["kind"] == "stall":
-                        for a, b in flag["spans"]:
+                    elif flag.id == "stall":
+                        for a, b in flag.figures["spans"]:
                             ax.axvspan(a, b, color=FLAG_COLOUR, alpha=0.12, linewidth=0,
                                        zorder=0)
                         marks.add("stall")

@@ -112,6 +112,7 @@ from ..analysis.summary import device_key, node_key
 from ..errors import MilarunError
 from ..formats.jsonfile import check, read_json
 from ..measure import confidence, stats
+from ..measure.flags import from_summary
 from ..measure.throughput import MIN_OVERLAP
 from ..plan import types as plantypes
 from .checks import add_checks
@@ -220,6 +221,7 @@ class Report:
     acceptance: list = field(default_factory=list)  # acceptance sections (report/acceptance.py)
     acceptance_verdict: object = None  # --thresholds: [{"ok", "clause", "detail"}]
     # validation, energy and host facts (milarun.report.checks)
+    #: ``[(test, flag)]``: every validation flag of the summary (milarun.measure.flags.Flag).
     validation_flags: list = field(default_factory=list)
     perf_per_watt: object = None
     perf_per_watt_tests: int = 0
@@ -228,7 +230,8 @@ class Report:
     host_diffs: list = field(default_factory=list)
     #: ``{test: reason}`` of the tests in ``zero`` (see :func:`zero_reason`).
     zero_reasons: dict = field(default_factory=dict)
-    #: ``[(test, flag)]``: every anomaly flag of the summary, in table order.
+    #: ``[(test, flag)]``: every anomaly flag of the summary (milarun.measure.flags.Flag),
+    #: in table order.
     anomalies: list = field(default_factory=list)
     #: The inputs the header names (:func:`milarun.report.inputs_of`), or None.
     inputs: object = None
@@ -360,7 +363,7 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
                "counted": bool(weight) and adj > 0,
                "own": t["train"]["mean"], "basis": basis,
                "effective": (t.get("effective") or {}).get("mean"),
-               "rates": t["train"]["n"], "anomalies": list(t.get("anomalies") or [])}
+               "rates": t["train"]["n"], "anomalies": [from_summary(f) for f in t.get("anomalies") or []]}
         if baseline is not None:
             b = base_tests.get(group)
             if b is not None:

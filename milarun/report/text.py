@@ -9,9 +9,9 @@ or draw a fake score.
 import math
 
 from ..formats.terminal import one_line, terminal_safe
-from ..measure.anomalies import sentences, short_kinds
+from ..measure.anomalies import merged, short_kinds
 from ..measure.throughput import MIN_OVERLAP
-from .checks import header_lines, perf_per_watt_line, text_lines as check_lines
+from .checks import flag_line, header_lines, perf_per_watt_line, text_lines as check_lines
 from .formatting import fmt_num, fmt_pct
 from .iostudy import text_lines
 from .llm import text_lines as llm_text_lines
@@ -436,7 +436,7 @@ def anomaly_lines(report):
     """The anomalies section: a heading naming the rules, then one line per flag."""
     lines = ["anomalies (rules: docs/report.md, section Anomalies):"]
     for test, flags in anomalies_by_test(report):
-        lines += [f"  {test} {kind}: {text}" for kind, text in sentences(flags)]
+        lines += [f"  {flag_line(test, f)}" for f in merged(flags)]
     return lines
 
 

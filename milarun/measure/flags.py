@@ -1,0 +1,221 @@
+"""One flag model for the validation flags and the anomalies of a result.
+
+A *flag* says that a result, or a result among its group, looks wrong; it is
+shown, never scored. Two modules raise them:
+:mod:`milarun.measure.plausibility` (the ``"validation"`` family: means over
+the steady state against the job's thresholds) and
+:mod:`milarun.measure.anomalies` (the ``"anomaly"`` family: the shape of the
+samples, and the outliers of a group). Both build :class:`Flag` values with
+:func:`flag`; :data:`RULES` holds one :class:`Rule` per check id.
+
+The summary file keeps its two lists (``tests[g].validation_flags`` and
+``tests[g].anomalies``, whose shapes the summary schema fixes):
+:func:`to_summary` writes a flag in its family's shape and
+:func:`from_summary` reads one back, so the analysis writes and the report
+reads through these two functions only. The report renders a flag through one
+text function and one HTML function (:mod:`milarun.report.checks`).
+
+Pure code: no I/O, nothing heavy imported.
+"""
+
+from dataclasses import dataclass, field, replace
+
+VALIDATION = "validation"
+ANOMALY = "anomaly"
+#: Where a rule looks: one result, or a result among the others of its group.
+RESULT = "result"
+GROUP = "group"
+#: Every flag is a warning: shown beside the result, never scored (the checks that
+#: fail a result are failures, ``error.reason``, not flags).
+WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One check that raises flags."""
+    id: str
+    family: str         # VALIDATION or ANOMALY
+    severity: str       # WARNING
+    scope: str          # RESULT or GROUP
+    description: str
+
+
+RULES = {r.id: r for r in (
+    Rule("gpu-load", VALIDATION, WARNING, RESULT,
+         "a GPU's mean load over the steady state is below gpu_load_threshold"),
+    Rule("gpu-memory", VALIDATION, WARNING, RESULT,
+         "a GPU's mean memory used over its total is below gpu_mem_threshold"),
+    Rule("host-busy", VALIDATION, WARNING, RESULT,
+         "host CPUs busy outside the suite, as a fraction of the host's CPUs, above "
+         "outside_cpu_threshold"),
+    Rule("cpu-steal", VALIDATION, WARNING, RESULT,
+         "steal time, as a fraction of the host's CPUs, above steal_threshold"),
+    Rule("loss-not-decreasing", VALIDATION, WARNING, RESULT,
+         "the training loss at the end is not below that of the first windows"),
+    Rule("slow-windows", ANOMALY, WARNING, RESULT,
+         "non-warm-up windows under half the result's reference rate, 1 s or more in all"),
+    Rule("stall", ANOMALY, WARNING, RESULT,
+         "no window closed for more than max(10 median window durations, 2 s)"),
+    Rule("short-steady", ANOMALY, WARNING, RESULT,
+         "the steady state is shorter than the test's rule"),
+    Rule("outlier", ANOMALY, WARNING, GROUP,
+         "a result's rate is off the median of the other results of its group"),
+)}
+
+#: The keys that say where a flag is: which result (``device``, ``node``, ``run``,
+#: ``file``) and, for a GPU check, which ``gpu``.
+WHERE = ("device", "node", "run", "file", "gpu")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag: its check ``id`` (a key of :data:`RULES`), its ``family``, its
+    ``message`` (the sentence of the check, without naming the result), ``where``
+    (the keys of :data:`WHERE` that are known) and ``figures`` (the check's numbers,
+    in their order on disk). ``subject`` replaces the result's name when the flag
+    stands for several results (:func:`milarun.measure.anomalies.merged`)."""
+    id: str
+    family: str
+    message: str
+    where: dict = field(default_factory=dict)
+    figures: dict = field(default_factory=dict)
+    subject: str = None
+
+    @property
+    def rule(self):
+        """The :class:`Rule` of the check (None for an id this version does not know,
+        read from a summary)."""
+        return RULES.get(self.id)
+
+    @property
+    def severity(self):
+        return self.rule.severity if self.rule else WARNING
+
+    @property
+    def scope(self):
+        return self.rule.scope if self.rule else RESULT
+
+    @property
+    def device(self):
+        return self.where.get("device")
+
+    @property
+    def node(self):
+        return self.where.get("node")
+
+    @property
+    def run(self):
+        return self.where.get("run")
+
+    @property
+    def file(self):
+        return self.where.get("file")
+
+    @property
+    def gpu(self):
+        return self.where.get("gpu")
+
+    def at(self, **where):
+        """The flag with ``where`` keys added (or replaced)."""
+        return replace(self, where={**self.where, **where})
+
+    def without(self, *figures):
+        """The flag less the named figures."""
+        return replace(self, figures={k: v for k, v in self.figures.items()
+                                      if k not in figures})
+
+    def who(self):
+        """The result the flag is about: ``[node N ]device D[ run R]`` (or its
+        ``subject``)."""
+        if self.subject is not None:
+            return self.subject
+        node = f"node {self.node} " if self.node else ""
+        run = f" run {self.run}" if self.run is not None else ""
+        return f"{node}device {self.device}{run}"
+
+    def as_dict(self):
+        """The flag as the summary holds it (:func:`to_summary`)."""
+        return to_summary(self)
+
+
+def flag(check, message=None, where=None, **figures):
+    """A :class:`Flag` of check ``check`` (a key of :data:`RULES`). ``message`` is
+    the check's sentence; without one (the anomaly checks) it is made from the
+    figures, as :func:`from_summary` makes it again."""
+    rule = RULES[check]
+    where = dict(where or {})
+    if message is None:
+        message = _text(check, figures)
+    return Flag(check, rule.family, message, where, dict(figures))
+
+
+# ------------------------------------------------------------------ the summary's shapes
+
+def to_summary(f):
+    """A flag as the summary file holds it: a ``validation_flags`` entry
+    (``device``, ``node``, ``run``, ``check``, ``gpu``, ``value``, ``threshold``,
+    ``message``, ``file``, each when known) or an ``anomalies`` entry (``kind``,
+    ``device``, ``run``, the figures, ``file``, ``node``)."""
+    w = f.where
+    if f.family == VALIDATION:
+        out = {k: w[k] for k in ("device", "node", "run") if k in w}
+        out["check"] = f.id
+        if "gpu" in w:
+            out["gpu"] = w["gpu"]
+        out.update(f.figures)
+        out["message"] = f.message
+        if "file" in w:
+            out["file"] = w["file"]
+        return out
+    out = {"kind": f.id, **{k: w[k] for k in ("device", "run") if k in w}, **f.figures}
+    out.update({k: w[k] for k in ("file", "node") if k in w})
+    return out
+
+
+def from_summary(entry):
+    """The :class:`Flag` of a summary's ``validation_flags`` entry (it has
+    ``check``) or ``anomalies`` entry (it has ``kind``)."""
+    where = {k: entry[k] for k in WHERE if k in entry}
+    if "check" in entry:
+        figures = {k: v for k, v in entry.items()
+                   if k not in WHERE and k not in ("check", "message")}
+        return Flag(entry["check"], VALIDATION, entry.get("message"), where, figures)
+    figures = {k: v for k, v in entry.items() if k not in WHERE and k != "kind"}
+    kind = entry.get("kind")
+    return Flag(kind, ANOMALY, _text(kind, figures), where, figures)
+
+
+# ------------------------------------------------------------------ anomaly sentences
+
+def _text(check, fig):
+    """The sentence of an anomaly flag, from its figures (the module doc of
+    :mod:`milarun.measure.anomalies` has the rules)."""
+    if check == "slow-windows":
+        where = (f"{fig['in_steady']} of them in the steady-state samples, lowering the rate"
+                 if fig.get("in_steady") else "none in the steady-state samples")
+        best = fig.get("best")
+        ref = (f"the best sustained rate {best:.4g} items/s (steady-state median "
+               f"{fig['median']:.4g})" if best is not None and best > fig["median"]
+               else f"the steady-state median {fig['median']:.4g} items/s")
+        return (f"{fig['windows']} window(s), {fig['seconds']:.1f} s from "
+                f"t={fig['first']:.1f} to {fig['last']:.1f} s, under half of {ref}; "
+                f"lowest {fig['lowest']:.4g}; {where}")
+    if check == "stall":
+        more = f" ({fig['count']} stalls)" if fig.get("count", 1) > 1 else ""
+        end = " until it ended" if fig.get("at_end") else ""
+        return (f"no window closed for {fig['seconds']:.1f} s, from t="
+                f"{fig['start']:.1f} to {fig['end']:.1f} s{end}{more}; a stall is over "
+                f"{fig['threshold']:.1f} s")
+    if check == "short-steady":
+        rule = ("the test declared (--min-steady)" if fig.get("rule") == "min-steady"
+                else "of the steady-state rule (10 s window + 1 s tail; the test declared "
+                     "no --min-steady)")
+        return (f"{fig['steady_s']:.1f} s of steady state, less than the "
+                f"{fig['required_s']:g} s {rule}")
+    if check == "outlier":
+        pct = abs(1 - fig["ratio"]) * 100
+        side = "below" if fig.get("direction") == "low" else "above"
+        ref = ("the other result of the test" if fig.get("others") == 1
+               else f"the median of the {fig.get('others')} other results of the test")
+        return f"{fig['rate']:.4g} items/s, {pct:.0f}% {side} {ref} ({fig['ref']:.4g})"
+    return f"{check}"
