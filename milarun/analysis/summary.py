@@ -81,6 +81,7 @@ from ..formats.terminal import terminal_safe
 from ..host import facts as hostfacts
 from ..launcher.session import read_session
 from ..measure import anomalies, energy, flags as flagmodel, plausibility, stats, throughput
+from .acceptance import acceptance_figures
 from .llm import llm_figures
 from ..measure.stats import finite
 from ..plan import types as plantypes
@@ -375,6 +376,8 @@ def _summarize_group(gname, items):
         "anomalies": flags,
         **_checks(items),
         **({"llm": llm} if (llm := llm_figures(scored)) is not None else {}),
+        **({"acceptance": acc} if (acc := acceptance_figures([it[1] for it in items], node_of))
+           is not None else {}),
     }
 
 

@@ -31,6 +31,11 @@ OPTIONS = (
     option("throughput", "Throughput scored for tests run as concurrent processes: effective "
            "(over the interval when all were in steady state) or own (each one's own "
            "steady state, the 2020 rule)", default="effective"),
+    option("thresholds", "Acceptance thresholds file (e.g. profiles/acceptance-thresholds.json; "
+           "docs/acceptance.md): print PASS/FAIL per clause and overall, and exit with status 1 "
+           "when a clause fails"),
+    option("burn_threshold", "Percentage below the median TFLOP/s of all GPUs that flags a "
+           "burn-in GPU SLOW in the acceptance section, 0 to 100 (default 5)", type=float),
 )
 
 
@@ -41,14 +46,16 @@ def command(opts, rest):
                       penalize_variance=opts.penalize_variance, title=opts.title,
                       html=opts.html, strict=opts.strict, compare_nodes=opts.compare_nodes,
                       node_threshold=opts.node_threshold, throughput=opts.throughput,
-                      unweighted=opts.unweighted)
+                      unweighted=opts.unweighted, thresholds=opts.thresholds,
+                      burn_threshold=opts.burn_threshold)
 
 
 def run_report(results, strict=False, stdout=None, warn=None, **options):
     """Build, print (and write as HTML) the report; returns the exit code.
 
     Exit code 1 with ``strict`` when the score is incomplete (a weighted test
-    is missing or every run of one failed), else 0. Each figure shown "n/a"
+    is missing or every run of one failed), or with ``thresholds`` when a clause of the
+    acceptance thresholds fails, else 0. Each figure shown "n/a"
     because it is out of range (``Report.warnings``) is one warning line on ``warn``.
 
     Raises:
@@ -75,5 +82,11 @@ def run_report(results, strict=False, stdout=None, warn=None, **options):
                   report.missing and "missing: " + ", ".join(report.missing),
                   report.zero and "every run failed: " + ", ".join(report.zero)]))
               + ")", file=warn)
+        return 1
+    clauses = report.acceptance_verdict
+    if clauses is not None and not all(c["ok"] for c in clauses):
+        print(f"milarun: error: --thresholds {options.get('thresholds')}: "
+              f"{sum(not c['ok'] for c in clauses)} of {len(clauses)} acceptance clause(s) "
+              f"failed", file=warn)
         return 1
     return 0

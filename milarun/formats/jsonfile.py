@@ -281,7 +281,7 @@ def _show(value):
 # --- schemas -------------------------------------------------------------------------
 
 _BASE = "https://milarun.invalid/schemas/"
-SCHEMAS = ("common", "profile", "result", "summary", "weights", "system")
+SCHEMAS = ("common", "profile", "result", "summary", "weights", "system", "thresholds")
 
 
 #: Largest float; a bigger int is not a finite "number".

@@ -184,6 +184,8 @@ def _complete(data, path):
         }
         if entry.get("llm") is not None:    # LLM tests only (milarun.analysis.llm)
             tests[gname]["llm"] = entry["llm"]
+        if entry.get("acceptance") is not None:     # acceptance tests only (analysis.acceptance)
+            tests[gname]["acceptance"] = entry["acceptance"]
     out["tests"] = tests
     return out
 

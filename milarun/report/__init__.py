@@ -13,6 +13,7 @@ from pathlib import Path
 from .. import __version__
 from ..analysis.summary import summarize_dir
 from ..formats.summary import read_summary
+from ..formats.thresholds import read_thresholds
 from ..errors import MilarunError, ResultFormatError
 from ..formats.outfile import UnsafeFileError, write_atomic
 from ..measure.stats import steady_states_once
@@ -20,6 +21,8 @@ from .checks import diff_line
 from .html import render_html as _render_html
 from .iostudy import io_tables
 from .llm import llm_rows
+from .acceptance import (
+    BURN_THRESHOLD_PCT, acceptance_sections, check_burn_threshold, verdict)
 from .table import (
     NODE_THRESHOLD_PCT, Report, build_report, check_node_threshold, check_throughput,
     check_weights, load_weights, weight_for)
@@ -120,7 +123,7 @@ def inputs_of(source, summary, records, weights, weights_default, compare, price
 def make_report(source, weights=None, compare=None, price=None, compare_gpus=False,
                 penalize_variance=True, title=None, html=None, warn=None,
                 compare_nodes=False, node_threshold=None, throughput="effective",
-                unweighted=False):
+                unweighted=False, thresholds=None, burn_threshold=None):
     """Build the report of ``source`` (results dir or summary file).
 
     ``weights`` and ``compare`` are file paths (or ``None``); ``price`` is in
@@ -130,6 +133,8 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     ``compare_nodes``). Without ``weights``, results of one shipped profile
     are weighted by its shipped weights file (:func:`shipped_weights`), and
     the header says so; ``unweighted`` gives every test weight 1 instead.
+    ``thresholds``: an acceptance thresholds file (its verdict in ``report.acceptance_verdict``);
+    ``burn_threshold``: percent below the median that flags a burn-in GPU (default 5).
     Returns ``(report, text)``.
 
     Raises:
@@ -151,6 +156,9 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     if weights and unweighted:
         raise MilarunError("--weights and --unweighted exclude each other")
     weights_map = load_weights(weights) if weights else None
+    burn_threshold = BURN_THRESHOLD_PCT if burn_threshold is None \
+        else check_burn_threshold(burn_threshold)
+    clauses = read_thresholds(thresholds) if thresholds else None
     baseline = read_summary(compare) if compare else None
     if price is not None and not price > 0:
         raise MilarunError(f"--price must be a positive number of dollars, not {price!r}")
@@ -167,6 +175,9 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
                           node_threshold=node_threshold, throughput=throughput)
     report.io = io_tables(summary, records)
     report.llm = llm_rows(summary["tests"])
+    report.acceptance = acceptance_sections(summary["tests"], burn_threshold)
+    report.acceptance_verdict = (verdict(clauses, summary["tests"]) if clauses is not None
+                                 else None)
     report.inputs = inputs_of(source, summary, records, weights, weights_default, compare,
                               price)
     for diff in report.host_diffs:

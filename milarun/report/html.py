@@ -15,6 +15,7 @@ from .checks import diff_line, energy_plot_rows, flag_html, perf_per_watt_line
 from .formatting import fmt_num, fmt_pct
 from .iostudy import plot_svg
 from .llm import latency_plot, serving_cells
+from .acceptance import html_view as acceptance_view
 from .plots import FLAG_COLOUR, Plotter
 from .text import (
     GPU_ONE_RUN, NOISE_HEADER, anomalies_by_test, cell, concurrent_note, fmt_interval,
@@ -220,6 +221,10 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
         llm.append({**row, "levels": [serving_cells(lv, row["concurrency"]) for lv in row["serving"]],
                     "svg": Markup(svg) if svg else None})
 
+    if report.acceptance:
+        plotter = plotter or Plotter()
+    acceptance = acceptance_view(report.acceptance, report.acceptance_verdict, plotter)
+
     failures = []
     for f in report.failures:
         text, source = log_tail(results_dir, f)
@@ -241,7 +246,7 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
         gpu_one_run=one_run,
         r=report, table=table, plots=plots, gpu=gpu, failures=failures, nodes=nodes,
         scaling=scaling, concurrent=concurrent, overlap=overlap, noise=noise_view(report),
-        io_study=io_study, llm=llm,
+        io_study=io_study, llm=llm, acceptance=acceptance,
         checks=checks, flags=flags, validation_rows=validation_rows, flag_colour=FLAG_COLOUR,
         inputs=header_items(report.inputs) if report.inputs is not None else None,
         has_records=bool(records), generated=generated,

@@ -15,6 +15,7 @@ from .checks import flag_line, header_lines, perf_per_watt_line, text_lines as c
 from .formatting import fmt_num, fmt_pct
 from .iostudy import text_lines
 from .llm import text_lines as llm_text_lines
+from .acceptance import text_lines as acceptance_text_lines
 
 
 #: The std% cell of a test with one successful result.
@@ -494,6 +495,9 @@ def render_text(report):
     if report.llm:
         lines.append("")
         lines.extend(llm_text_lines(report.llm))
+    if report.acceptance or report.acceptance_verdict is not None:
+        lines.append("")
+        lines.extend(acceptance_text_lines(report.acceptance, report.acceptance_verdict))
     lines.extend(map(one_line, check_lines(report)))
     if report.anomalies:
         lines.append("")

@@ -1,0 +1,247 @@
+"""The acceptance figures of a test group (issue 25, section 5): what the report needs (pure).
+
+The acceptance tests (``milarun.models.collectives``, ``bandwidth``, ``matmul`` with its
+``--sweep``, ``burn``; :doc:`docs/acceptance.md`) write their figures into each record's
+``metrics`` (and ``collectives``). The summary keeps them per test group as
+``tests[g].acceptance = {"test": T, T: figures}`` (only for those tests, as
+``tests[g].llm`` is only for LLM tests), so a summary sent alone shows the report's
+acceptance section too. The figures of each T:
+
+* ``collectives``: ``rows``, one per (collective, message size): busbw and algbw, the
+  median over the group's records; the expected peak (``expected_busbw_gbps``,
+  ``expected_bound``: the first record that has one);
+* ``bandwidth``: ``copies`` per node and GPU (H2D, D2H, both at once; pinned, pageable),
+  ``d2d`` per node and ordered GPU pair (GB/s, peer access), ``stream`` per node and device
+  (STREAM's copy, scale, add, triad); medians over runs; ``not_applicable`` when the copies
+  were not applicable (CPU slots);
+* ``matmul``: per precision, the fixed-shape TFLOP/s and the best (the shape sweep's, or
+  the fixed shape's when higher) as the median and the lowest over the records (GPUs), the
+  best shape, the datasheet peak; ``supported`` false where FP8 could not run;
+* ``burn``: one row per record (GPU, node, run): TFLOP/s, the throttle figures, the clock
+  drop, and the failure reason of a failed one (``data-corruption``).
+
+Ratios to the peaks and the per-GPU comparison of the burn-in are the report's
+(:mod:`milarun.report.acceptance`): its threshold is an option of ``milarun report``.
+"""
+
+import re
+import statistics
+
+from ..measure.stats import finite
+
+#: The experiments (entry points) of the acceptance tests, by kind.
+EXPERIMENTS = {"milarun.models.collectives:main": "collectives",
+               "milarun.models.bandwidth:main": "bandwidth",
+               "milarun.models.matmul:main": "matmul",
+               "milarun.models.burn:main": "burn"}
+#: Host-device copy figures of the bandwidth test (``<key>_gbps_gpu<i>``).
+COPY_KEYS = tuple(f"{d}_{k}" for d in ("h2d", "d2h", "bidir") for k in ("pinned", "pageable"))
+#: STREAM kernels.
+STREAM_KERNELS = ("copy", "scale", "add", "triad")
+#: Figures of a burn-in record kept per GPU (numbers).
+BURN_NUMBERS = ("tflops", "throttled_fraction", "clock_start_mhz", "clock_steady_mhz",
+                "clock_low_fraction")
+#: Largest figure kept (the summary schema's bound).
+_MAX = 1e12
+#: Longest text kept (names, shapes, reasons).
+_TEXT = 200
+
+_COPY = re.compile(r"^(h2d|d2h|bidir)_(pinned|pageable)_gbps_gpu(\d{1,4})$")
+_D2D = re.compile(r"^d2d_gbps_(\d{1,4})_(\d{1,4})$")
+_STREAM = re.compile(r"^stream_(copy|scale|add|triad)_gbps(?:_gpu(\d{1,4}))?$")
+_PRECISION = re.compile(r"^tflops_([a-z0-9_]{1,32})$")
+
+
+def _num(x):
+    """A finite, non-negative, bounded number, or None (a record is someone else's file)."""
+    if isinstance(x, bool) or not finite(x):
+        return None
+    x = float(x)
+    return x if 0 <= x <= _MAX else None
+
+
+def _text(x):
+    return x[:_TEXT] if isinstance(x, str) else None
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _metrics(rec):
+    m = rec.get("metrics")
+    return m if isinstance(m, dict) else {}
+
+
+def _experiment(rec):
+    job = rec.get("job")
+    return job.get("experiment") if isinstance(job, dict) else None
+
+
+def kind_of(rec):
+    """The acceptance test a record is, or None: matmul counts only with its shape sweep
+    (``mamf_tflops_<p>``), the acceptance profiles' matmul."""
+    kind = EXPERIMENTS.get(_experiment(rec))
+    if kind == "matmul" and not any(k.startswith("mamf_tflops_") for k in _metrics(rec)):
+        return None
+    return kind
+
+
+def acceptance_figures(records, node_of):
+    """``tests[g].acceptance`` of a group's records (successful and failed), or None when
+    the group is no acceptance test. ``node_of(record)`` names a record's node (or None)."""
+    records = [r for r in records if isinstance(r, dict)]
+    kinds = {kind_of(r) for r in records} - {None}
+    if len(kinds) != 1:
+        return None
+    kind = kinds.pop()
+    mine = [r for r in records if kind_of(r) == kind]
+    if kind == "burn":
+        return {"test": kind, "burn": _burn(mine, node_of)}
+    ok = [r for r in mine if r.get("success")]
+    if not ok:
+        return None
+    if kind == "collectives":
+        return {"test": kind, "collectives": _collectives(ok)}
+    if kind == "bandwidth":
+        return {"test": kind, "bandwidth": _bandwidth(ok, node_of)}
+    return {"test": kind, "matmul": _matmul(ok)}
+
+
+def _collectives(records):
+    cells = {}
+    peak = bound = None
+    for rec in records:
+        m = _metrics(rec)
+        if peak is None and _num(m.get("expected_busbw_gbps")):
+            peak, bound = _num(m["expected_busbw_gbps"]), _text(m.get("expected_bound"))
+        rows = rec.get("collectives")
+        for row in rows if isinstance(rows, list) else ():
+            if not isinstance(row, dict) or not isinstance(row.get("op"), str):
+                continue
+            nbytes = row.get("bytes")
+            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+                continue
+            cell = cells.setdefault((row["op"][:64], nbytes), {"ranks": set(), "busbw": [],
+                                                               "algbw": []})
+            if isinstance(row.get("ranks"), int) and not isinstance(row["ranks"], bool):
+                cell["ranks"].add(row["ranks"])
+            cell["busbw"].append(_num(row.get("busbw_gbps")))
+            cell["algbw"].append(_num(row.get("algbw_gbps")))
+    order = {op: i for i, op in enumerate(("all_reduce", "all_gather", "reduce_scatter",
+                                           "all_to_all", "broadcast"))}
+    rows = [{"op": op, "bytes": nbytes,
+             "ranks": max(c["ranks"]) if c["ranks"] else None,
+             "busbw_gbps": _median(c["busbw"]), "algbw_gbps": _median(c["algbw"]),
+             "n": sum(v is not None for v in c["busbw"])}
+            for (op, nbytes), c in sorted(cells.items(),
+                                          key=lambda kv: (order.get(kv[0][0], 99), kv[0]))]
+    return {"rows": rows[:1000], "expected_busbw_gbps": peak, "expected_bound": bound}
+
+
+def _device(rec):
+    return str(rec.get("device", ""))[:64]
+
+
+def _bandwidth(records, node_of):
+    copies, d2d, peer, stream = {}, {}, {}, {}
+    not_applicable = False
+    for rec in records:
+        m, node = _metrics(rec), node_of(rec)
+        if any(isinstance(m.get(k), str) for k in ("h2d", "d2h", "d2d")):
+            not_applicable = True
+        for key, value in m.items():
+            if (match := _COPY.match(key)):
+                copies.setdefault((node, int(match[3])), {}).setdefault(
+                    f"{match[1]}_{match[2]}_gbps", []).append(_num(value))
+            elif (match := _D2D.match(key)):
+                d2d.setdefault((node, int(match[1]), int(match[2])), []).append(_num(value))
+                p = m.get(f"d2d_peer_{match[1]}_{match[2]}")
+                peer[(node, int(match[1]), int(match[2]))] = p if isinstance(p, bool) else None
+            elif (match := _STREAM.match(key)):
+                dev = match[2] if match[2] is not None else _device(rec)
+                stream.setdefault((node, dev), {}).setdefault(
+                    f"{match[1]}_gbps", []).append(_num(value))
+    key = lambda k: ("" if k[0] is None else k[0], *k[1:])  # noqa: E731
+    return {
+        "not_applicable": not_applicable,
+        "copies": [{"node": n, "gpu": g, **{f"{k}_gbps": _median(figs.get(f"{k}_gbps", []))
+                                            for k in COPY_KEYS}}
+                   for (n, g), figs in sorted(copies.items(), key=key)][:10000],
+        "d2d": [{"node": n, "src": s, "dst": d, "gbps": _median(values),
+                 "peer": peer.get((n, s, d))}
+                for (n, s, d), values in sorted(d2d.items(), key=key)][:100000],
+        "stream": [{"node": n, "device": dev,
+                    **{f"{k}_gbps": _median(figs.get(f"{k}_gbps", [])) for k in STREAM_KERNELS}}
+                   for (n, dev), figs in sorted(stream.items(), key=key)][:10000],
+    }
+
+
+def _matmul(records):
+    precisions = {}
+    for rec in records:
+        m = _metrics(rec)
+        for key in m:
+            match = _PRECISION.match(key)
+            if match is None or match[1].endswith("_vs_peak"):
+                continue
+            p = match[1]
+            entry = precisions.setdefault(p, {"fixed": [], "best": [], "shape": {},
+                                              "peak": None, "supported": False})
+            fixed, mamf = _num(m.get(key)), _num(m.get(f"mamf_tflops_{p}"))
+            if fixed is None and mamf is None:
+                continue
+            entry["supported"] = True
+            entry["fixed"].append(fixed)
+            best = max(v for v in (fixed, mamf) if v is not None)
+            entry["best"].append(best)
+            shape = _text(m.get(f"mamf_shape_{p}")) if mamf == best else \
+                _text(str(m.get("size"))) if m.get("size") is not None else None
+            entry["shape"][best] = shape
+            if entry["peak"] is None:
+                entry["peak"] = _num(m.get(f"peak_tflops_{p}"))
+    out = []
+    for p, e in precisions.items():
+        top = max(e["best"]) if e["best"] else None
+        out.append({"precision": p, "supported": e["supported"], "n": len(e["best"]),
+                    "tflops": _median(e["fixed"]), "best_tflops": _median(e["best"]),
+                    "best_tflops_min": min(e["best"]) if e["best"] else None,
+                    "best_shape": e["shape"].get(top) if top is not None else None,
+                    "peak_tflops": e["peak"]})
+    return out[:64]
+
+
+def _burn(records, node_of):
+    rows = []
+    for rec in records:
+        m = _metrics(rec)
+        err = rec.get("error") if isinstance(rec.get("error"), dict) else {}
+        reason = None if rec.get("success") else _text(err.get("reason") or "error")
+        if reason == "interrupted":
+            continue
+        reasons = m.get("throttle_reasons")
+        rows.append({"node": node_of(rec), "device": _device(rec),
+                     "run": rec.get("run") if isinstance(rec.get("run"), int)
+                     and not isinstance(rec.get("run"), bool) and rec["run"] >= 0 else None,
+                     **{k: _num(m.get(k)) for k in BURN_NUMBERS},
+                     "throttled": m["throttled"] if isinstance(m.get("throttled"), bool)
+                     else None,
+                     "clock_drop": m["clock_drop"] if isinstance(m.get("clock_drop"), bool)
+                     else None,
+                     "throttle_reasons": _text(reasons if isinstance(reasons, str)
+                                               else ",".join(r for r in reasons
+                                                             if isinstance(r, str))
+                                               if isinstance(reasons, list) else None),
+                     "failure": reason})
+    rows.sort(key=lambda r: ("" if r["node"] is None else r["node"], _devkey(r["device"]),
+                             r["run"] or 0))
+    return {"gpus": rows[:100000]}
+
+
+def _devkey(label):
+    head = label.split("-")[0]
+    return (0, int(head), label) if head.isdigit() else (1, 0, label)
+
+
+__all__ = ["EXPERIMENTS", "COPY_KEYS", "STREAM_KERNELS", "acceptance_figures", "kind_of"]
