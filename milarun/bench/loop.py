@@ -99,6 +99,21 @@ def rate_logger(exp):
     return logger
 
 
+class Epochs:
+    """A ``DataLoader`` with a ``DistributedSampler`` as an endless iterable for
+    :func:`dataloop`: every pass calls ``sampler.set_epoch`` first, so each epoch is a
+    new shuffle of each rank's share (the sampler repeats its order otherwise)."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.epoch = 0
+
+    def __iter__(self):
+        self.loader.sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        return iter(self.loader)
+
+
 def dataloop(exp, iterable):
     """Yield ``(step, batch)`` over ``iterable`` (epoch after epoch) until
     ``--max-count`` items. Call ``step.set_count(n)`` in the body.
@@ -111,5 +126,5 @@ def iteration_wrapper(exp):
     return rate_logger(exp).steps()
 
 
-__all__ = ["dataloop", "iteration_wrapper", "rate_logger", "Step", "XpuEventTimer",
+__all__ = ["Epochs", "dataloop", "iteration_wrapper", "rate_logger", "Step", "XpuEventTimer",
            "device_timer", "device_sync"]

@@ -25,7 +25,7 @@ Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 
 from coleo import Option, default, tooled
 
-from ..bench import dataloop, init_torch
+from ..bench import Epochs, dataloop, init_torch
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
@@ -43,19 +43,6 @@ def main(exp, argv):
     Items are images of the global batch (``batch_size × world_size`` per step).
     """
     exp.cli(train, argv)
-
-
-class _Epochs:
-    """The loader as an iterable whose every pass is a new shuffle of each rank's share."""
-
-    def __init__(self, loader):
-        self.loader = loader
-        self.epoch = 0
-
-    def __iter__(self):
-        self.loader.sampler.set_epoch(self.epoch)
-        self.epoch += 1
-        return iter(self.loader)
 
 
 @tooled
@@ -108,7 +95,7 @@ def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, chan
 
     # Every rank has the same number of batches per epoch (DistributedSampler
     # pads, drop_last drops the same tail), so all ranks stop on the same step.
-    steps = dataloop(exp, _Epochs(loader))
+    steps = dataloop(exp, Epochs(loader))
     agree_on_counts(exp, world)
     for step, (x, y) in steps:
         x = x.to(device, non_blocking=True, memory_format=memory_format)

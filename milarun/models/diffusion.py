@@ -59,7 +59,7 @@ import os
 
 from coleo import Option, default, tooled
 
-from ..bench import data_loader, dataloop, init_torch
+from ..bench import Epochs, data_loader, dataloop, init_torch
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
@@ -298,7 +298,7 @@ def _train(exp, world, images, captions, shape, image_size, latent_size, batch_s
         batches = _precompute(torch, exp, loader, encode, precompute_count, batch_size)
         del vae, text
     else:
-        batches = _Epochs(loader)
+        batches = Epochs(loader)
 
     if checkpointing:
         unet.enable_gradient_checkpointing()
@@ -362,16 +362,3 @@ class _Precomputed:
         for i in range(len(order) // self.batch_size):
             idx = order[i * self.batch_size:(i + 1) * self.batch_size]
             yield self.latents[idx], self.states[idx]
-
-
-class _Epochs:
-    """The loader as an iterable whose every pass is a new shuffle of each rank's share."""
-
-    def __init__(self, loader):
-        self.loader = loader
-        self.epoch = 0
-
-    def __iter__(self):
-        self.loader.sampler.set_epoch(self.epoch)
-        self.epoch += 1
-        return iter(self.loader)

@@ -27,7 +27,7 @@ import contextlib
 
 from coleo import Option, default, tooled
 
-from ..bench import data_loader, dataloop, init_torch
+from ..bench import Epochs, data_loader, dataloop, init_torch
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.step import MixedPrecisionStep, make_optimizer
@@ -35,7 +35,6 @@ from ..datasets import require
 from ..datasets.llm_corpus import TokenShards
 from .llm import (build_model, check_shape, device_name, flops_per_token, llama_config,
                   matmul_params, record_flops, token_dataset)
-from .llm_pretrain import _Epochs
 
 #: The projections that get adapters (Llama's module names).
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -124,7 +123,7 @@ def _train(exp, world, shards, shape, rank, seq_len, batch_size, precision, lr,
                          f"no batch of {batch_size} per rank over {world.size} ranks")
     flops_tok = flops_per_token(n_matmul, config.num_hidden_layers, config.hidden_size,
                                 seq_len, "lora", adapter_params=n_adapter)
-    steps = dataloop(exp, _Epochs(loader))
+    steps = dataloop(exp, Epochs(loader))
     agree_on_counts(exp, world)
     checked = False
     try:

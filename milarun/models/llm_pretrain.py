@@ -38,7 +38,7 @@ import contextlib
 
 from coleo import Option, default, tooled
 
-from ..bench import data_loader, dataloop, init_torch
+from ..bench import Epochs, data_loader, dataloop, init_torch
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.step import MixedPrecisionStep, make_optimizer
@@ -174,7 +174,7 @@ def _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision
                          f"--batch-size or --seq-len, or build a larger llm_corpus")
     flops_tok = flops_per_token(n_matmul, config.num_hidden_layers, config.hidden_size,
                                 seq_len, "train")
-    epochs = _Epochs(loader)
+    epochs = Epochs(loader)
     steps = dataloop(exp, epochs)
     agree_on_counts(exp, world)
     micro = 0
@@ -196,16 +196,3 @@ def _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision
             step.log(loss=loss.detach())
     finally:
         record_flops(exp, flops_tok, device_name(torch, device), precision, world.size)
-
-
-class _Epochs:
-    """The loader as an iterable whose every pass is a new shuffle of each rank's share."""
-
-    def __init__(self, loader):
-        self.loader = loader
-        self.epoch = 0
-
-    def __iter__(self):
-        self.loader.sampler.set_epoch(self.epoch)
-        self.epoch += 1
-        return iter(self.loader)

@@ -28,7 +28,7 @@ import os
 
 from coleo import Option, default, tooled
 
-from ..bench import dataloop, init_torch
+from ..bench import Epochs, dataloop, init_torch
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
@@ -64,19 +64,6 @@ def build_model(arch, image_size, num_classes):
 
     return timm.create_model(arch, pretrained=False, img_size=image_size,
                              num_classes=num_classes)
-
-
-class _Epochs:
-    """The loader as an iterable whose every pass is a new shuffle of each rank's share."""
-
-    def __init__(self, loader):
-        self.loader = loader
-        self.epoch = 0
-
-    def __iter__(self):
-        self.loader.sampler.set_epoch(self.epoch)
-        self.epoch += 1
-        return iter(self.loader)
 
 
 @tooled
@@ -134,7 +121,7 @@ def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, comp
                                betas=(0.9, 0.999), weight_decay=0.05)
     criterion = torch.nn.CrossEntropyLoss()
 
-    steps = dataloop(exp, _Epochs(loader))
+    steps = dataloop(exp, Epochs(loader))
     agree_on_counts(exp, world)
     for step, (x, y) in steps:
         x = x.to(device, non_blocking=True)

@@ -19,7 +19,7 @@ import statistics
 
 from ..errors import MilarunError
 from .formatting import fmt_num
-from .plots import _XML_HEAD
+from .plots import svg_text
 
 #: Default percentage below the median of all GPUs that flags a burn-in GPU SLOW.
 BURN_THRESHOLD_PCT = 5.0
@@ -529,14 +529,6 @@ def html_view(sections, verdict_, plotter):
 
 # --- the plots -----------------------------------------------------------------------------
 
-def _svg(fig):
-    import io
-
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", metadata={"Date": None})
-    return _XML_HEAD.sub("", buf.getvalue(), count=1)
-
-
 def busbw_plot(plotter, rows, peak=None):
     """SVG: bus bandwidth (GB/s) against message size (bytes), log-log, one line per
     collective, the expected peak dashed. None without a positive figure."""
@@ -565,7 +557,7 @@ def busbw_plot(plotter, rows, peak=None):
         ax.grid(True, linewidth=0.3)
         ax.legend(loc="best", fontsize=7)
         fig.tight_layout()
-        return _svg(fig)
+        return svg_text(fig)
 
 
 def d2d_heatmap(plotter, matrix, node=None):
@@ -598,7 +590,7 @@ def d2d_heatmap(plotter, matrix, node=None):
                         ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=6,
                                 color="black" if v > 0.6 * top else "white")
         fig.tight_layout()
-        return _svg(fig)
+        return svg_text(fig)
 
 
 __all__ = ["BURN_THRESHOLD_PCT", "acceptance_sections", "burn_table", "busbw_plot",

@@ -18,12 +18,11 @@ Tests of the same dataset, mode and workers (two percentages that round to
 the same count) are pooled: their means are averaged.
 """
 
-import io as _io
 import re
 from collections import defaultdict
 
 from ..analysis.summary import group_name
-from .plots import _XML_HEAD, _short_number
+from .plots import _short_number, svg_text
 
 EXPERIMENT = "milarun.models.io:main"
 _NAME = re.compile(r"^io-(traverse|train)-([A-Za-z0-9_]+)-w(\d+)$")
@@ -149,6 +148,4 @@ def plot_svg(table):
             ax.set_xlabel("DataLoader workers")
             ax.grid(True, linewidth=0.3)
         fig.tight_layout()
-        buf = _io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None})
-    return _XML_HEAD.sub("", buf.getvalue(), count=1)
+        return svg_text(fig)

@@ -8,7 +8,7 @@ are not listed; a report without LLM tests has no such section.
 
 from ..analysis.llm import mfu_percent
 from .formatting import fmt_num
-from .plots import _XML_HEAD
+from .plots import svg_text
 
 
 def llm_rows(tests):
@@ -87,8 +87,6 @@ def latency_plot(plotter, levels):
     """SVG: TPOT p50 and TTFT p50 (ms, log scale) against output tokens/s, one point per
     concurrency level (labelled by it): the latency–throughput curve of a serving test.
     None with fewer than one level that has both figures."""
-    import io
-
     from matplotlib.figure import Figure
 
     points = [(lv["output_tokens_per_s"], _ms(lv.get("tpot_p50_s")), _ms(lv.get("ttft_p50_s")),
@@ -115,9 +113,7 @@ def latency_plot(plotter, levels):
         ax.grid(True, linewidth=0.3)
         ax.legend(loc="best", fontsize=7)
         fig.tight_layout()
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None})
-    return _XML_HEAD.sub("", buf.getvalue(), count=1)
+        return svg_text(fig)
 
 
 __all__ = ["llm_rows", "serving_cells", "text_lines", "latency_plot"]

@@ -16,6 +16,14 @@ FLAG_COLOUR = "#d62728"
 _XML_HEAD = re.compile(r"^.*?(?=<svg)", re.S)
 
 
+def svg_text(fig):
+    """The inline SVG of matplotlib figure ``fig`` (no XML header, no date: the same
+    figure gives the same text). Call it inside the plotter's ``rc_context``."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None})
+    return _XML_HEAD.sub("", buf.getvalue(), count=1)
+
+
 def _short_number(value, _pos=None):
     """Tick label with a k/M/G suffix at 1000 and above (no milli: 0.5, not 500m)."""
     for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -57,10 +65,8 @@ class Plotter:
         self.ax.yaxis.set_major_formatter(FuncFormatter(_short_number))
 
     def _svg(self):
-        buf = io.StringIO()
         with self.matplotlib.rc_context(self.rc):
-            self.fig.savefig(buf, format="svg", metadata={"Date": None})
-        return _XML_HEAD.sub("", buf.getvalue(), count=1)
+            return svg_text(self.fig)
 
     # the flags and the band share each result's steady state
     @stats.steady_states_once()
@@ -165,9 +171,7 @@ class Plotter:
             ax.set_ylabel("test #")
             fig.colorbar(im, ax=ax, fraction=0.05)
             fig.tight_layout()
-            buf = io.StringIO()
-            fig.savefig(buf, format="svg", metadata={"Date": None})
-        return _XML_HEAD.sub("", buf.getvalue(), count=1)
+            return svg_text(fig)
 
     def scaling(self, table):
         """SVG plot of a node-progression test (one entry of
@@ -207,9 +211,7 @@ class Plotter:
             ax.grid(True, linewidth=0.3)
             ax.legend(loc="upper left", fontsize=7)
             fig.tight_layout()
-            buf = io.StringIO()
-            fig.savefig(buf, format="svg", metadata={"Date": None})
-        return _XML_HEAD.sub("", buf.getvalue(), count=1)
+            return svg_text(fig)
 
     def energy(self, rows):
         """SVG bar chart of energy efficiency: ``rows`` are ``[(number, items/J)]``
@@ -230,6 +232,4 @@ class Plotter:
             ax.set_ylabel("test #")
             ax.grid(True, axis="x", linewidth=0.3)
             fig.tight_layout()
-            buf = io.StringIO()
-            fig.savefig(buf, format="svg", metadata={"Date": None})
-        return _XML_HEAD.sub("", buf.getvalue(), count=1)
+            return svg_text(fig)
