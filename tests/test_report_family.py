@@ -130,6 +130,8 @@ def test_family_filter_scores_those_families_only():
     assert {f["family"]: f["score"] for f in rep.families}["generative"] == \
         pytest.approx(adj(RATES["s.sd"]))
     assert "--family" in render_text(rep)
+    html = render_html(rep)
+    assert "(LLM, vision only: --family)" in html and 'id="family-filter"' in html
 
 
 def test_family_cli_header_repeat_and_unknown(tmp_path, capsys):
@@ -143,7 +145,7 @@ def test_family_cli_header_repeat_and_unknown(tmp_path, capsys):
     assert code == 0
     text = out.getvalue()
     assert "families:" in text and "LLM (--family)" in text
-    assert f"score: {geomean(['s.gpt', 's.llama']):.2f}" in text
+    assert f"score: {geomean(['s.gpt', 's.llama']):.2f} (LLM only: --family)" in text
     with pytest.raises(SystemExit) as exc:
         main(["report", str(path), "--weights", str(weights), "--family", "llm",
               "--family", "generative"])

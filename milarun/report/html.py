@@ -12,6 +12,7 @@ from ..analysis.summary import group_name
 from ..formats.store import inside
 from ..measure.anomalies import merged, short_kinds
 from .checks import diff_line, energy_plot_rows, flag_html, perf_per_watt_line
+from .family import LABELS as FAMILY_LABELS
 from .formatting import fmt_num, fmt_pct
 from .iostudy import plot_svg
 from .llm import latency_plot, serving_cells
@@ -265,7 +266,8 @@ def family_view(report):
                      "cells": [(cells[c], ratio_band(f["ratio"]) if c == "ratio" else "")
                                for c in cols]})
     return {"header": FAMILY_HEADER, "columns": cols, "rows": rows,
-            "filter": family_filter(report)}
+            "filter": family_filter(report),
+            "only": ", ".join(FAMILY_LABELS.get(f, f) for f in report.family_filter)}
 
 
 def sig_band(row):

@@ -114,6 +114,9 @@ def score_lines(report):
         lines.append(f"score: n/a ({why})")
     else:
         tag = " (incomplete)" if report.incomplete else ""
+        only = getattr(report, "family_filter", None)
+        if only:
+            tag += " (" + ", ".join(FAMILY_LABELS.get(f, f) for f in only) + " only: --family)"
         lines.append(f"score: {report.score:.2f}{tag}")
     if report.missing:
         lines.append(f"missing tests (weighted, no results): {', '.join(report.missing)}")
