@@ -378,7 +378,29 @@ def _summarize_group(gname, items):
         **({"llm": llm} if (llm := llm_figures(scored)) is not None else {}),
         **({"acceptance": acc} if (acc := acceptance_figures([it[1] for it in items], node_of))
            is not None else {}),
+        **({"tags": tags} if (tags := _tags(items)) is not None else {}),
     }
+
+
+def _tags(items):
+    """The profile tags of a group's records (each record's ``tags``, else its job
+    definition's ``tags``), in the order first seen, without repeats; None when no
+    record has any (records written before the tags were kept: the summary then has
+    no ``tags``, as before)."""
+    out, seen = [], False
+    for item in items:
+        rec = item[1]
+        job = rec.get("job") if isinstance(rec.get("job"), dict) else {}
+        tags = rec.get("tags") if rec.get("tags") is not None else job.get("tags")
+        if not isinstance(tags, list):
+            continue
+        seen = True
+        out += [t for t in tags if isinstance(t, str) and _TAG.fullmatch(t) and t not in out]
+    return out[:64] if seen else None
+
+
+#: A tag as the profile schema allows it (a record's other strings are left out).
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 
 
 def _checks(items):

@@ -18,11 +18,13 @@ import argparse
 class Spec:
     """One argument of a command: what :func:`add_options` needs to add it."""
 
-    __slots__ = ("kind", "name", "help", "type", "default", "flags", "nargs")
+    __slots__ = ("kind", "name", "help", "type", "default", "flags", "nargs", "repeat")
 
-    def __init__(self, kind, name, help, type=None, default=None, flags=(), nargs=None):
+    def __init__(self, kind, name, help, type=None, default=None, flags=(), nargs=None,
+                 repeat=False):
         self.kind, self.name, self.help, self.type = kind, name, help, type
         self.default, self.flags, self.nargs = default, tuple(flags), nargs
+        self.repeat = repeat
 
 
 def positional(name, help, nargs=None):
@@ -30,12 +32,14 @@ def positional(name, help, nargs=None):
     return Spec("positional", name, help, nargs=nargs, default=[] if nargs == "*" else None)
 
 
-def option(name, help, type=None, default=None, aliases=(), nargs=None):
+def option(name, help, type=None, default=None, aliases=(), nargs=None, repeat=False):
     """``--name VALUE`` (``--some-name`` for ``some_name``), also spelled as ``aliases``
     (``"-d"``); ``type`` converts the value (``int``, ``float``; default: the string);
-    ``nargs="+"``: one or more values, a list."""
+    ``nargs="+"``: one or more values, a list; ``repeat``: the option may be given
+    again, its values adding to the list (``--family llm --family vision``)."""
     return Spec("option", name, help, type=type, default=default,
-                flags=("--" + name.replace("_", "-"),) + tuple(aliases), nargs=nargs)
+                flags=("--" + name.replace("_", "-"),) + tuple(aliases), nargs=nargs,
+                repeat=repeat)
 
 
 def flag(name, help, flags=None, negate=False):
@@ -66,6 +70,7 @@ def add_options(parser, specs):
         else:
             parser.add_argument(*s.flags, dest=s.name, type=s.type, default=s.default,
                                 nargs=s.nargs, help=s.help,
+                                **({"action": "extend"} if s.repeat else {}),
                                 metavar="NUM" if s.type in (int, float) else "VALUE")
     return parser
 

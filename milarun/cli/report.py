@@ -34,6 +34,10 @@ OPTIONS = (
     option("thresholds", "Acceptance thresholds file (e.g. profiles/acceptance-thresholds.json; "
            "docs/acceptance.md): print PASS/FAIL per clause and overall, and exit with status 1 "
            "when a clause fails"),
+    option("family", "Score only these workload families' tests (llm, generative, io, rl, "
+           "recommendation, nlp, vision, compute, other; from the profile tags: "
+           "docs/report.md); the others are shown with weight 0. Repeatable: "
+           "--family llm --family vision", nargs="+", repeat=True),
     option("burn_threshold", "Percentage below the median TFLOP/s of all GPUs that flags a "
            "burn-in GPU SLOW in the acceptance section, 0 to 100 (default 5)", type=float),
 )
@@ -47,7 +51,7 @@ def command(opts, rest):
                       html=opts.html, strict=opts.strict, compare_nodes=opts.compare_nodes,
                       node_threshold=opts.node_threshold, throughput=opts.throughput,
                       unweighted=opts.unweighted, thresholds=opts.thresholds,
-                      burn_threshold=opts.burn_threshold)
+                      burn_threshold=opts.burn_threshold, family=opts.family)
 
 
 def run_report(results, strict=False, stdout=None, warn=None, **options):

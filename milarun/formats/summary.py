@@ -36,7 +36,8 @@ Summary format (version 1), a JSON object::
          "energy": {"n", "source", "power_w": {n, min, max, mean, std}, "energy_j",
                     "items", "j_per_item", "items_per_j",
                     "pernode": {node: {"power_w", "j_per_item", "runs"}}},  # only with GPU energy
-         "anomalies": [{"kind", "device", "run", "file", ...}]}},
+         "anomalies": [{"kind", "device", "run", "file", ...}],
+         "tags": [the profile tags of its records]}},   # only when they have some
      "provenance": {"results": folder name, "suites": [suite names],
                     "profile": path or null, "profile_sha256": hex or null,
                     "milarun": [versions that wrote the results], "first": ISO-8601
@@ -186,6 +187,8 @@ def _complete(data, path):
             tests[gname]["llm"] = entry["llm"]
         if entry.get("acceptance") is not None:     # acceptance tests only (analysis.acceptance)
             tests[gname]["acceptance"] = entry["acceptance"]
+        if entry.get("tags") is not None:   # the profile tags, when the records kept them
+            tests[gname]["tags"] = list(entry["tags"])
     out["tests"] = tests
     return out
 

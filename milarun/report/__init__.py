@@ -19,6 +19,7 @@ from ..formats.outfile import UnsafeFileError, write_atomic
 from ..measure.stats import steady_states_once
 from .checks import diff_line
 from .html import render_html as _render_html
+from .family import check_families
 from .iostudy import io_tables
 from .llm import llm_rows
 from .acceptance import (
@@ -90,11 +91,13 @@ def summary_suites(summary):
     return sorted(suites) if suites else sorted({g.split(".")[0] for g in summary["tests"]})
 
 
-def inputs_of(source, summary, records, weights, weights_default, compare, price):
+def inputs_of(source, summary, records, weights, weights_default, compare, price,
+              families=None):
     """What the report's header names (see :func:`milarun.report.text.header_items`).
 
     ``weights_default`` is True when ``weights`` is the shipped file of the
-    results' profile, picked because no ``--weights`` was given.
+    results' profile, picked because no ``--weights`` was given; ``families`` the
+    ``--family`` names (named only when given).
     """
     prov = summary.get("provenance") or {}
     return {
@@ -114,6 +117,7 @@ def inputs_of(source, summary, records, weights, weights_default, compare, price
         "milarun_report": __version__,
         "first": prov.get("first"),
         "last": summary.get("date"),
+        **({"families": list(families)} if families else {}),
     }
 
 
@@ -123,7 +127,7 @@ def inputs_of(source, summary, records, weights, weights_default, compare, price
 def make_report(source, weights=None, compare=None, price=None, compare_gpus=False,
                 penalize_variance=True, title=None, html=None, warn=None,
                 compare_nodes=False, node_threshold=None, throughput="effective",
-                unweighted=False, thresholds=None, burn_threshold=None):
+                unweighted=False, thresholds=None, burn_threshold=None, family=None):
     """Build the report of ``source`` (results dir or summary file).
 
     ``weights`` and ``compare`` are file paths (or ``None``); ``price`` is in
@@ -134,7 +138,9 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     are weighted by its shipped weights file (:func:`shipped_weights`), and
     the header says so; ``unweighted`` gives every test weight 1 instead.
     ``thresholds``: an acceptance thresholds file (its verdict in ``report.acceptance_verdict``);
-    ``burn_threshold``: percent below the median that flags a burn-in GPU (default 5).
+    ``burn_threshold``: percent below the median that flags a burn-in GPU (default 5);
+    ``family``: the ``--family`` names, the families the score is over
+    (:mod:`milarun.report.family`; checked before anything is read).
     Returns ``(report, text)``.
 
     Raises:
@@ -152,6 +158,7 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
         node_threshold = NODE_THRESHOLD_PCT
 
     throughput = check_throughput(throughput)
+    families = check_families(family)
 
     if weights and unweighted:
         raise MilarunError("--weights and --unweighted exclude each other")
@@ -172,14 +179,15 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     report = build_report(summary, weights=weights_map, baseline=baseline, price=price,
                           penalize_variance=penalize_variance, compare_gpus=compare_gpus,
                           title=title, compare_nodes=compare_nodes,
-                          node_threshold=node_threshold, throughput=throughput)
+                          node_threshold=node_threshold, throughput=throughput,
+                          families=families)
     report.io = io_tables(summary, records)
     report.llm = llm_rows(summary["tests"])
     report.acceptance = acceptance_sections(summary["tests"], burn_threshold)
     report.acceptance_verdict = (verdict(clauses, summary["tests"]) if clauses is not None
                                  else None)
     report.inputs = inputs_of(source, summary, records, weights, weights_default, compare,
-                              price)
+                              price, families)
     for diff in report.host_diffs:
         print(f"milarun: warning: {compare}: host fact differs from the baseline's: "
               f"{diff_line(diff)}", file=warn or sys.stderr)

@@ -12,13 +12,15 @@ from ..analysis.summary import group_name
 from ..formats.store import inside
 from ..measure.anomalies import merged, short_kinds
 from .checks import diff_line, energy_plot_rows, flag_html, perf_per_watt_line
+from .family import LABELS as FAMILY_LABELS
 from .formatting import fmt_num, fmt_pct
 from .iostudy import plot_svg
 from .llm import latency_plot, serving_cells
 from .acceptance import html_view as acceptance_view
 from .plots import FLAG_COLOUR, Plotter
 from .text import (
-    GPU_ONE_RUN, NOISE_HEADER, anomalies_by_test, cell, concurrent_note, fmt_interval,
+    FAMILY_HEADER, GPU_ONE_RUN, NOISE_HEADER, anomalies_by_test, family_columns, family_filter,
+    family_rows, cell, concurrent_note, fmt_interval,
     header_items, held_note, node_flag, node_header, node_verdict, noise_cell, noise_columns,
     nothing_to_compare, one_run_note, overlap_line, ratio_verdict, scaling_cell, scaling_note)
 
@@ -246,11 +248,26 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
         gpu_one_run=one_run,
         r=report, table=table, plots=plots, gpu=gpu, failures=failures, nodes=nodes,
         scaling=scaling, concurrent=concurrent, overlap=overlap, noise=noise_view(report),
-        io_study=io_study, llm=llm, acceptance=acceptance,
+        io_study=io_study, llm=llm, acceptance=acceptance, families=family_view(report),
         checks=checks, flags=flags, validation_rows=validation_rows, flag_colour=FLAG_COLOUR,
         inputs=header_items(report.inputs) if report.inputs is not None else None,
         has_records=bool(records), generated=generated,
         ratio_class=ratio_band(report.score_ratio))
+
+
+def family_view(report):
+    """What the template's score by family shows (all strings), or None without one."""
+    if not getattr(report, "families", None):
+        return None
+    cols = family_columns(report)
+    rows = []
+    for f, (label, cells) in zip(report.families, family_rows(report)):
+        rows.append({"family": f["family"], "label": label, "names": f["names"],
+                     "cells": [(cells[c], ratio_band(f["ratio"]) if c == "ratio" else "")
+                               for c in cols]})
+    return {"header": FAMILY_HEADER, "columns": cols, "rows": rows,
+            "filter": family_filter(report),
+            "only": ", ".join(FAMILY_LABELS.get(f, f) for f in report.family_filter)}
 
 
 def sig_band(row):

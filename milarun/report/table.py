@@ -116,6 +116,7 @@ from ..measure.flags import from_summary
 from ..measure.throughput import MIN_OVERLAP
 from ..plan import types as plantypes
 from .checks import add_checks
+from .family import check_families, family_of, family_view, has_families
 from .formatting import finite_or_warn, geomean_or_warn
 
 #: Failure rate (fraction) at or under which the run passes.
@@ -239,6 +240,11 @@ class Report:
     single: list = field(default_factory=list)
     #: One line per figure that overflowed and is shown "n/a" (:func:`finite_or_warn`).
     warnings: list = field(default_factory=list)
+    #: The score by family (:func:`milarun.report.family.family_view`); empty when no
+    #: test has tags.
+    families: list = field(default_factory=list)
+    #: ``--family``: the families the score is over (empty: every test).
+    family_filter: list = field(default_factory=list)
 
     @property
     def incomplete(self):
@@ -323,7 +329,7 @@ def perf_basis(t, throughput="effective"):
 
 def build_report(summary, weights=None, baseline=None, price=None, penalize_variance=True,
                  compare_gpus=False, title=None, compare_nodes=False,
-                 node_threshold=NODE_THRESHOLD_PCT, throughput="effective"):
+                 node_threshold=NODE_THRESHOLD_PCT, throughput="effective", families=None):
     """Build a :class:`Report` from a normalized summary (see :mod:`milarun.analysis.summary`).
 
     ``weights`` is ``{name: w}`` (from :func:`load_weights`) or ``None``;
@@ -331,14 +337,19 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
     ``compare_nodes`` adds :func:`node_comparison` with ``node_threshold``
     (a percentage, 0 to 100). The scaling tables of node-progression groups
     (:func:`scaling_tables`) are always built. ``throughput`` (``"effective"`` or
-    ``"own"``) picks what ``perf`` is (:func:`perf_basis`).
+    ``"own"``) picks what ``perf`` is (:func:`perf_basis`). ``families`` (``--family``:
+    names of :data:`milarun.report.family.FAMILIES`) scores only those families' tests:
+    the others are shown with weight 0, and the weighted tests with no results (whose
+    family is unknown) are not listed as missing; the score by family
+    (``Report.families``) is computed before, with every test's weight.
 
     Raises:
         MilarunError: ``node_threshold`` is not a percentage
-            (:func:`check_node_threshold`), ``throughput`` is unknown, or
+            (:func:`check_node_threshold`), ``throughput`` or a family is unknown, or
             ``price`` is not a finite number > 0 (:func:`check_price`).
     """
     throughput = check_throughput(throughput)
+    families = check_families(families)
     if price is not None:
         price = check_price(price)
     report_warnings = _Warnings()
@@ -348,6 +359,11 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
     base_tests = baseline["tests"] if baseline else {}
     rows = []
     used_keys = set()
+    has_tags = has_families(tests)
+    if families and not has_tags:
+        raise MilarunError("--family: no test of these results has profile tags (a summary "
+                           "written before milarun kept them, or a 2020 one): no family "
+                           "is known")
     for group, t in tests.items():
         n, fail = t["n"], t["failures"]
         perf, std, basis = perf_basis(t, throughput)
@@ -363,7 +379,8 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
                "counted": bool(weight) and adj > 0,
                "own": t["train"]["mean"], "basis": basis,
                "effective": (t.get("effective") or {}).get("mean"),
-               "rates": t["train"]["n"], "anomalies": [from_summary(f) for f in t.get("anomalies") or []]}
+               "rates": t["train"]["n"], "anomalies": [from_summary(f) for f in t.get("anomalies") or []],
+               "family": family_of(t.get("tags") or []) if has_tags else None}
         if baseline is not None:
             b = base_tests.get(group)
             if b is not None:
@@ -381,7 +398,7 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
     columns = ["n", "fail", "perf", "std%", "perf_adj"]
     if any(r["basis"] == "effective" for r in rows):
         columns.insert(columns.index("perf") + 1, "own")
-    if weights is not None:
+    if weights is not None or families:
         columns.append("weight")
     if baseline is not None:
         columns += ["perf_base", "perf_ratio", "perf_base_adj", "perf_ratio_adj"]
@@ -391,9 +408,14 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
                     has_weights=weights is not None, penalize_variance=penalize_variance,
                     has_baseline=baseline is not None, price=price,
                     skipped=list(summary.get("skipped", [])), throughput=throughput,
-                    warnings=report_warnings.warnings)
+                    warnings=report_warnings.warnings, family_filter=families)
 
-    if weights is not None:
+    if has_tags:
+        report.families = family_view(report, rows)
+    for r in rows:
+        if families and r["family"] not in families:
+            r["weight"], r["counted"] = 0.0, False
+    if weights is not None and not families:
         report.missing = sorted(k for k, w in weights.items() if w > 0 and k not in used_keys)
     report.zero = [r["test"] for r in rows if r["weight"] and r["perf_adj"] <= 0]
     report.zero_reasons = {g: zero_reason(tests[g]) for g in report.zero}

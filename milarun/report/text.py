@@ -12,6 +12,7 @@ from ..formats.terminal import one_line, terminal_safe
 from ..measure.anomalies import merged, short_kinds
 from ..measure.throughput import MIN_OVERLAP
 from .checks import flag_line, header_lines, perf_per_watt_line, text_lines as check_lines
+from .family import LABELS as FAMILY_LABELS
 from .formatting import fmt_num, fmt_pct
 from .iostudy import text_lines
 from .llm import text_lines as llm_text_lines
@@ -86,6 +87,10 @@ def header_items(inputs):
                                  "test weight 1)"))
     else:
         items.append(("weights", inputs["weights"]))
+    if inputs.get("families"):
+        names = ", ".join(FAMILY_LABELS.get(f, f) for f in inputs["families"])
+        items.append(("families", f"{names} (--family): the score is over these families' "
+                                  "tests only; the others are shown with weight 0"))
     items.append(("baseline", inputs.get("baseline") or "none (no --compare)"))
     price = inputs.get("price")
     items.append(("price", f"${price:,.2f}" if price is not None else "none (no --price)"))
@@ -109,6 +114,9 @@ def score_lines(report):
         lines.append(f"score: n/a ({why})")
     else:
         tag = " (incomplete)" if report.incomplete else ""
+        only = getattr(report, "family_filter", None)
+        if only:
+            tag += " (" + ", ".join(FAMILY_LABELS.get(f, f) for f in only) + " only: --family)"
         lines.append(f"score: {report.score:.2f}{tag}")
     if report.missing:
         lines.append(f"missing tests (weighted, no results): {', '.join(report.missing)}")
@@ -448,6 +456,59 @@ def anomalies_by_test(report):
     return list(out.items())
 
 
+#: The line above the score by family (text and HTML).
+FAMILY_HEADER = ("score by family: the weighted geometric mean of perf_adj over each "
+                 "family's scored tests (the score's formula and weights); share: of the "
+                 "score's total weight")
+
+
+def family_rows(report):
+    """``[(label, {column: text})]`` of the score by family (``Report.families``), shared
+    by the text and HTML renderers; the columns are :func:`family_columns`."""
+    out = []
+    for f in report.families:
+        cells = {"tests": str(f["tests"]), "scored": str(f["scored"]),
+                 "weight": f"{f['weight']:g}", "share": fmt_pct(f["share"]),
+                 "score": fmt_num(f["score"])}
+        if report.has_baseline:
+            cells["baseline"] = fmt_num(f["score_base"])
+            cells["ratio"] = (fmt_num(f["ratio"], ".3f")
+                              + (" (partial)" if f["partial"] and f["ratio"] is not None
+                                 else ""))
+        out.append((f["label"], cells))
+    return out
+
+
+def family_columns(report):
+    """The columns of the score by family."""
+    return (["tests", "scored", "weight", "share", "score"]
+            + (["baseline", "ratio"] if report.has_baseline else []))
+
+
+def family_lines(report):
+    """The score by family: the table, then each family's tests."""
+    import pandas as pd
+
+    rows = family_rows(report)
+    columns = family_columns(report)
+    frame = pd.DataFrame({c: [cells[c] for _, cells in rows] for c in columns},
+                         index=pd.Index([label for label, _ in rows], name="family"),
+                         columns=columns)
+    lines = [FAMILY_HEADER, frame.to_string()]
+    lines += [f"  {f['label']}: {', '.join(f['names'])}" for f in report.families]
+    note = family_filter(report)
+    return lines + ([note] if note else [])
+
+
+def family_filter(report):
+    """The line that says what ``--family`` did, or None without it."""
+    if not report.family_filter:
+        return None
+    return ("the score is over " + ", ".join(FAMILY_LABELS.get(f, f)
+                                             for f in report.family_filter)
+            + " only (--family); the score by family uses every test's weight")
+
+
 def render_text(report):
     """Return the whole report as text (a str ending with a newline)."""
     lines = [report.title]
@@ -474,6 +535,9 @@ def render_text(report):
     if report.rows:
         lines.append("")
         lines.extend(noise_lines(report))
+    if getattr(report, "families", None):
+        lines.append("")
+        lines.extend(family_lines(report))
     for stat, frame in gpu_frames(report).items():
         lines.append("")
         lines.append(f"per-GPU {stat} steady-state rate / best GPU of the test")
