@@ -191,7 +191,7 @@ class Experiment:
                                  plan_type=extra.get("partition", "normal"),
                                  node=extra.get("node"), nodes=extra.get("nodes"),
                                  gpus_per_node=extra.get("gpus_per_node"))
-        for key in ("job", "partition", "node_count", "placeholders"):
+        for key in ("job", "tags", "partition", "node_count", "placeholders"):
             if key in extra:
                 self.result[key] = extra[key]
         self.rendezvous = extra.get("rendezvous")

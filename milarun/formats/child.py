@@ -55,7 +55,7 @@ OPTIONS = (
 
 #: The record fields the launcher passes with ``--extra``, as the record keeps them.
 #: ``partition`` holds the plan type (its name on disk).
-EXTRA_FIELDS = ("run", "device", "devices", "partition", "job", "node", "nodes",
+EXTRA_FIELDS = ("run", "device", "devices", "partition", "job", "tags", "node", "nodes",
                 "node_count", "gpus_per_node", "placeholders", "rendezvous")
 #: Those a rerun passes on from a record: all but the rendezvous (a rerun runs alone).
 RERUN_FIELDS = tuple(k for k in EXTRA_FIELDS if k != "rendezvous")

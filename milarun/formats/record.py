@@ -18,7 +18,7 @@ Format history (append a line and a migration step for every change):
   (the launch's placeholder values). Optional, so the version stays 1.
 * version 1, extended (issue 11, profile traces): optional ``profile_trace``
   and the sample flag ``profiled``; no migration (optional fields).
-* version 1, extended (issue 23, LLM workloads): optional ``serving``;
+* version 1, extended (issue 23, LLM workloads): optional ``serving`` and ``tags``;
   ``error.reason`` may also be ``oom``. No migration (optional fields).
 * version 1, extended (issue 25, acceptance tests): optional ``collectives``;
   ``error.reason`` may also be ``wrong-result`` or ``data-corruption``. No
@@ -115,6 +115,8 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
                    "samples": [{"t", "dt", "busy", "suite", "outside", "steal"}]}``
                    (:mod:`milarun.bench.hostload`: host CPU use per interval, in
                    cores; ``outside`` is what processes outside the suite used).
+``tags``           optional: the job's tags in its profile (the report's families,
+                   :mod:`milarun.report.family`).
 ``serving``        optional (serving tests, ``llm_serve``): one entry per concurrency
                    level, the measured one first: ``{"concurrency", "requests",
                    "ttft_p50_s", ..., "tpot_p99_s", "ttft_mean_s", "tpot_mean_s",

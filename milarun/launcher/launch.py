@@ -349,6 +349,8 @@ def base_record(launch):
                      devices=launch.devices, run=launch.run, plan_type=launch.job.plan_type,
                      **where)
     rec["job"] = launch.job.definition
+    if launch.job.tags:
+        rec["tags"] = list(launch.job.tags)
     if getattr(launch, "placeholders", None):
         rec["placeholders"] = dict(launch.placeholders)
     rec["call"] = {"function": launch.job.experiment, "argv": list(launch.test_argv),

@@ -214,6 +214,8 @@ def child_argv(job, run, label, devices, out, dataroot, test_argv, python=None,
     python = python or sys.executable
     fields = {"run": run, "device": label, "devices": devices,
               "partition": job.plan_type, "job": job.definition}
+    if job.tags:   # the report's families (milarun.report.family)
+        fields["tags"] = list(job.tags)
     fields.update(extra or {})
     if launcher == "torchrun":
         head = [python, "-m", "torch.distributed.run", "--standalone",
