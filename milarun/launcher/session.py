@@ -285,7 +285,7 @@ def open_session(outdir, current, resume):
         ``(session_id, session_datetime, done, foreign, removed)``: ``done`` and
         ``foreign`` as :func:`successful_keys` gives them for the folder's earlier
         sessions (empty unless ``resume``; the caller checks each record's job
-        against the plan, see :func:`milarun.cli.jobs.skip_done`), ``removed`` the
+        against the plan, see :func:`milarun.launcher.suite.skip_done`), ``removed`` the
         stale temporary files deleted.
 
     Raises:
