@@ -84,7 +84,7 @@ def command(opts, rest):
     cpu_slots = opts.cpu_slots
 
     # lazy: `milarun devices --help` loads only this command
-    from ..launcher.suite import check_bounds
+    from ..launcher.bounds import check_bounds
 
     check_bounds(1, cpu_slots, None)   # --cpu-slots in 1..cores, as milarun jobs says
     inv = inventory(cpu_slots)

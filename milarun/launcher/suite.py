@@ -9,7 +9,6 @@ import contextlib
 import datetime
 import ipaddress
 import json
-import math
 import os
 import signal
 import socket
@@ -22,18 +21,14 @@ from ..host.net import free_port
 from ..plan import nodes as nodes_mod
 from ..plan.launches import RDZV_PORT, plan_suite
 from ..plan.types import JOIN_TIMEOUT_S
-from ..profile.language import MAX_TIMEOUT_S, load_profile
+from ..profile.language import load_profile
 from . import dryrun, session
+from .bounds import check_bounds
 from .dryrun import resolve_dataroot
 from .launch import (Interrupted, StopRequest, SuiteAborted, check_ready, run_suite,
                      stop_on_signals, tally)
 from .progress import SuiteProgress
 from .session import new_session_id
-
-#: Bounds of the numeric options of ``milarun jobs``, ``slurm`` and ``devices`` (a typo must
-#: not mean a week-long or endless run); the timeouts' is the profile schema's
-#: (``profile.language.MAX_TIMEOUT_S``).
-MAX_REPEAT = 1000
 
 
 def default_outdir():
@@ -43,28 +38,6 @@ def default_outdir():
         return None
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     return str(Path(root) / f"results-{stamp}")
-
-
-def check_bounds(repeat, cpu_slots, timeout, join_timeout=None, barrier_timeout=None):
-    """Reject out-of-range ``--repeat``, ``--cpu-slots``, ``--timeout``,
-    ``--join-timeout`` and ``--barrier-timeout`` with one line.
-
-    Raises:
-        SetupError: repeat not in 1..MAX_REPEAT; cpu_slots not in 1..cores;
-            timeout, join_timeout or barrier_timeout not finite or not in
-            (0, MAX_TIMEOUT_S] (the profile schema's bound, 7 days).
-    """
-    if not 1 <= repeat <= MAX_REPEAT:
-        raise SetupError(f"--repeat must be between 1 and {MAX_REPEAT}, not {repeat}")
-    cores = os.cpu_count() or 1
-    if cpu_slots is not None and not 1 <= cpu_slots <= cores:
-        raise SetupError(f"--cpu-slots must be between 1 and the {cores} core(s) of this host, "
-                         f"not {cpu_slots}")
-    for flag, value in (("--timeout", timeout), ("--join-timeout", join_timeout),
-                        ("--barrier-timeout", barrier_timeout)):
-        if value is not None and not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
-            raise SetupError(f"{flag} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], "
-                             f"not {value}")
 
 
 def run_jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, repeat=1,
