@@ -136,7 +136,7 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
     from ..profile.language import load_profile
     from ..launcher.dryrun import resolve_dataroot
     from ..launcher.bounds import check_bounds
-    from ..launcher.suite import default_outdir
+    from ..launcher.session import default_outdir
     from .jobs import OPTIONS as JOBS_OPTIONS
 
     load_profile(profile, names, select, exclude)

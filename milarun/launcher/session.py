@@ -47,6 +47,15 @@ RESUME_KEYS = ("profile_sha256", "suite", "names", "repeat", "cpu_slots", "no_cg
                "timeout", "extra_args", "dataroot", "devices", "nodes")
 
 
+def default_outdir():
+    """``$MILARUN_OUTROOT/results-YYYY-mm-dd_HH-MM-SS``, or None when unset."""
+    root = os.environ.get("MILARUN_OUTROOT")
+    if not root:
+        return None
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    return str(Path(root) / f"results-{stamp}")
+
+
 def meta_dir(outdir):
     """``OUTDIR/.milarun``."""
     return Path(outdir) / ".milarun"

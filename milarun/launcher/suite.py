@@ -6,10 +6,8 @@ open (or resume) the session, start the barrier server, run the waves and tally 
 """
 
 import contextlib
-import datetime
 import ipaddress
 import json
-import os
 import signal
 import socket
 from pathlib import Path
@@ -28,16 +26,7 @@ from .dryrun import resolve_dataroot
 from .launch import (Interrupted, StopRequest, SuiteAborted, check_ready, run_suite,
                      stop_on_signals, tally)
 from .progress import SuiteProgress
-from .session import new_session_id
-
-
-def default_outdir():
-    """``$MILARUN_OUTROOT/results-YYYY-mm-dd_HH-MM-SS``, or None when unset."""
-    root = os.environ.get("MILARUN_OUTROOT")
-    if not root:
-        return None
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    return str(Path(root) / f"results-{stamp}")
+from .session import default_outdir, new_session_id
 
 
 def run_jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, repeat=1,
