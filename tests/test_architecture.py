@@ -228,7 +228,7 @@ def test_the_checks_see_what_they_must(tmp_path):
     """The walker finds imports inside functions and each rule fires on a made-up edge."""
     edges = imports()
     assert any(e.in_function for e in edges)
-    assert any(e.source == "milarun.cli.jobs" and e.target == "milarun.launcher.launch"
+    assert any(e.source == "milarun.cli.jobs" and e.target == "milarun.launcher.suite"
                for e in edges)
     layers, ignored = read_contract()
     fake = Path(__file__)

@@ -53,7 +53,7 @@ def test_missing_outdir(profile, capsys, monkeypatch, tmp_path):
 
 
 def test_outroot_default_is_dated(monkeypatch, tmp_path):
-    from milarun.cli.jobs import default_outdir
+    from milarun.launcher.session import default_outdir
     monkeypatch.setenv("MILARUN_OUTROOT", str(tmp_path))
     assert default_outdir().startswith(str(tmp_path / "results-20"))
 
@@ -294,7 +294,7 @@ def test_result_folder_names_are_safe_for_scp_and_windows(monkeypatch, tmp_path)
     import re
     from pathlib import Path
 
-    from milarun.cli.jobs import default_outdir
+    from milarun.launcher.session import default_outdir
     monkeypatch.setenv("MILARUN_OUTROOT", str(tmp_path))
     assert re.fullmatch(SAFE_FOLDER, Path(default_outdir()).name)
     script = (Path(__file__).parent.parent / "scripts" / "quickstart.sh").read_text()

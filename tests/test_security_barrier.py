@@ -18,8 +18,8 @@ import pytest
 
 from milarun.formats import barrier as barrier_mod
 from milarun.formats.barrier import REFUSED, BarrierServer, BarrierTimeout, wait
-from milarun.cli import jobs as jobs_mod
 from milarun.host.devices import Devices
+from milarun.launcher import suite as suite_mod
 from milarun.plan.nodes import Cluster, Node
 
 SECRET = "0123456789abcdef0123456789abcdef"
@@ -305,7 +305,7 @@ def test_every_session_draws_its_own_secret():
 
 def test_the_launcher_reports_the_strangers(capfd):
     cluster = _cluster("local", ["127.0.0.1"])
-    with jobs_mod.start_barrier(cluster) as server:
+    with suite_mod.start_barrier(cluster) as server:
         _ask(server.port, _request(wave="x", label="0"))
     err = capfd.readouterr().err
     assert "start barrier refused 1 connection(s) without this session's secret" in err
@@ -325,8 +325,8 @@ def test_nodes_all_on_loopback_get_a_loopback_barrier(kind):
                                (["localhost", "localhost"], "localhost"),
                                (["127.0.0.1", "localhost"], "127.0.0.1")):
         cluster = _cluster(kind, addresses)
-        assert jobs_mod._barrier_host(cluster) == ("127.0.0.1", connect)
-        with jobs_mod.start_barrier(cluster) as server:
+        assert suite_mod._barrier_host(cluster) == ("127.0.0.1", connect)
+        with suite_mod.start_barrier(cluster) as server:
             assert server._sock.getsockname()[0] == "127.0.0.1"   # never 0.0.0.0
             assert server.address == f"{connect}:{server.port}"
 
@@ -335,14 +335,14 @@ def test_a_main_node_given_as_an_ip_address_listens_there_only():
     # another node elsewhere (TEST-NET-1): the server listens on the main node's
     # address, as the children are told, not on every interface
     cluster = _cluster("ssh", ["127.0.0.1", "192.0.2.7"])
-    assert jobs_mod._barrier_host(cluster) == ("127.0.0.1", "127.0.0.1")
+    assert suite_mod._barrier_host(cluster) == ("127.0.0.1", "127.0.0.1")
 
 
 def test_a_main_node_elsewhere_gets_no_barrier():
-    assert jobs_mod._is_this_host("192.0.2.7") is False
-    assert jobs_mod._is_this_host("2001:db8::1") is False
-    assert jobs_mod._is_this_host("no-such-host.invalid") is False
-    assert jobs_mod._barrier_host(_cluster("ssh", ["192.0.2.7", "127.0.0.1"])) is None
+    assert suite_mod._is_this_host("192.0.2.7") is False
+    assert suite_mod._is_this_host("2001:db8::1") is False
+    assert suite_mod._is_this_host("no-such-host.invalid") is False
+    assert suite_mod._barrier_host(_cluster("ssh", ["192.0.2.7", "127.0.0.1"])) is None
 
 
 def _no_ipv6():
@@ -357,8 +357,8 @@ def _no_ipv6():
 
 
 def test_ipv6_and_ipv4_mapped_addresses_are_this_host(monkeypatch):
-    assert jobs_mod._is_this_host("::ffff:127.0.0.1")
-    assert jobs_mod._is_this_host("::1")
+    assert suite_mod._is_this_host("::ffff:127.0.0.1")
+    assert suite_mod._is_this_host("::1")
     real = socket.getaddrinfo
 
     def fake(host, *args, **kwargs):   # a name that resolves to IPv6 only
@@ -366,14 +366,14 @@ def test_ipv6_and_ipv4_mapped_addresses_are_this_host(monkeypatch):
             return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", 0, 0, 0))]
         return real(host, *args, **kwargs)
     monkeypatch.setattr(socket, "getaddrinfo", fake)
-    assert jobs_mod._is_this_host("v6-only.example")
+    assert suite_mod._is_this_host("v6-only.example")
 
 
 @pytest.mark.skipif(_no_ipv6() is not None, reason=str(_no_ipv6()))
 def test_an_ipv6_loopback_main_node_gets_a_working_barrier(no_thread_crash):
     cluster = _cluster("ssh", ["::1", "::1"])
-    assert jobs_mod._barrier_host(cluster) == ("::1", "::1")
-    with jobs_mod.start_barrier(cluster) as server:
+    assert suite_mod._barrier_host(cluster) == ("::1", "::1")
+    with suite_mod.start_barrier(cluster) as server:
         assert server.address == f"[::1]:{server.port}"
         server.expect("w", ["0", "1"])
         assert _ask(server.port, _request(wave="w", label="0"), host="::1") == \

@@ -420,7 +420,7 @@ def test_rerun_of_a_launchers_fail_record_does_not_wait_at_the_old_barrier(monke
 
 
 def test_barrier_timeout_bounds():
-    from milarun.cli.jobs import check_bounds
+    from milarun.launcher.bounds import check_bounds
     from milarun.errors import SetupError
     check_bounds(1, None, None, None, 30.0)
     for bad in (0.0, -1.0, float("nan"), 1e9):

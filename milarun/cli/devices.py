@@ -83,7 +83,8 @@ def command(opts, rest):
     accelerators that no backend sees (unless --cpu-slots)."""
     cpu_slots = opts.cpu_slots
 
-    from .jobs import check_bounds  # lazy: `milarun devices --help` loads only this command
+    # lazy: `milarun devices --help` loads only this command
+    from ..launcher.bounds import check_bounds
 
     check_bounds(1, cpu_slots, None)   # --cpu-slots in 1..cores, as milarun jobs says
     inv = inventory(cpu_slots)

@@ -135,7 +135,9 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
     from ..formats.outfile import UnsafeFileError, own_dir, write_atomic
     from ..profile.language import load_profile
     from ..launcher.dryrun import resolve_dataroot
-    from .jobs import OPTIONS as JOBS_OPTIONS, check_bounds, default_outdir
+    from ..launcher.bounds import check_bounds
+    from ..launcher.session import default_outdir
+    from .jobs import OPTIONS as JOBS_OPTIONS
 
     load_profile(profile, names, select, exclude)
     check_options(nodes, gpus_per_node, partition, time, account)

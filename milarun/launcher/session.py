@@ -47,6 +47,15 @@ RESUME_KEYS = ("profile_sha256", "suite", "names", "repeat", "cpu_slots", "no_cg
                "timeout", "extra_args", "dataroot", "devices", "nodes")
 
 
+def default_outdir():
+    """``$MILARUN_OUTROOT/results-YYYY-mm-dd_HH-MM-SS``, or None when unset."""
+    root = os.environ.get("MILARUN_OUTROOT")
+    if not root:
+        return None
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    return str(Path(root) / f"results-{stamp}")
+
+
 def meta_dir(outdir):
     """``OUTDIR/.milarun``."""
     return Path(outdir) / ".milarun"
@@ -285,7 +294,7 @@ def open_session(outdir, current, resume):
         ``(session_id, session_datetime, done, foreign, removed)``: ``done`` and
         ``foreign`` as :func:`successful_keys` gives them for the folder's earlier
         sessions (empty unless ``resume``; the caller checks each record's job
-        against the plan, see :func:`milarun.cli.jobs.skip_done`), ``removed`` the
+        against the plan, see :func:`milarun.launcher.suite.skip_done`), ``removed`` the
         stale temporary files deleted.
 
     Raises:
