@@ -278,7 +278,7 @@ BAD_RESULTS = [
                             "gpus_per_node, host, host_load, job, job_id, job_name, metrics, "
                             "name, no_loss, node, node_count, nodes, partition, peak_memory_mib, "
                             "placeholders, profile_trace, run, serving, started, "
-                            "success, suite, timings, version, written_by)"),
+                            "success, suite, tags, timings, version, written_by)"),
     ([1, 2], "not a result record (no 'version' or 'name' key)"),
     ('{"version": 1, "name": "s.t", "version": 1}', "invalid JSON: duplicate key 'version'"),
     ('{"version": 1, "metrics": {"x": ' + deep(10000) + "}}", TOO_DEEP),
