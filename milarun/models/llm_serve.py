@@ -13,14 +13,16 @@ Prompts come from ``llm_corpus`` (``prompts/``, tokenized offline): a fixed
 ``--prompt-len``, or ``--prompt-len 0`` for the dataset's mixed, heavy-tailed
 lengths (left-padded within a batch, with an attention mask).
 
-Measured: the rate logger counts **output tokens** (an item is one generated
-token of any request), so the score is output tokens/s at the profile's
-concurrency (``--batch-size`` requests per batch). Each batch is also timed
-token by token (a streamer that waits for the device at every token, as a
-server streaming tokens must): TTFT, TPOT, prefill and decode tokens/s and
-goodput under ``--ttft-slo`` / ``--tpot-slo`` (:mod:`milarun.measure.latency`).
-After the measured level, ``--sweep`` runs other concurrency levels (one
-unrecorded batch, then ``--sweep-batches`` timed ones each). The record's
+Measured: the rate logger counts **decode tokens**: every token after a
+request's first is one item, and the prefill (up to the first token) is in no
+sample window (the window is cut before each batch and reopened at its first
+token), so the score is the decode tokens/s at the profile's concurrency
+(``--batch-size`` requests per batch). Each batch is also timed token by token
+(a streamer that waits for the device at every token, as a server streaming
+tokens must): TTFT, TPOT, prefill and decode tokens/s and goodput under
+``--ttft-slo`` / ``--tpot-slo`` (:mod:`milarun.measure.latency`). After the
+measured level, ``--sweep`` runs other concurrency levels (one unrecorded
+batch, then ``--sweep-batches`` timed ones each). The record's
 ``serving`` list holds one entry per level; ``metrics`` repeats the measured
 level's figures.
 
@@ -43,6 +45,7 @@ from ..bench import dataloop, init_torch
 from ..bench.options import INFERENCE_PRECISIONS, batch_size_option, precision_option
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.loop import device_sync
+from ..bench.rate import Step
 from ..datasets import require
 from ..datasets.llm_corpus import TokenShards
 from ..measure.latency import batch_latency, serving_level
@@ -56,7 +59,7 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 def main(exp, argv):
     """Entry point: ``milarun run milarun.models.llm_serve:main -d DATAROOT -- ARGS``,
-    or under torchrun for tensor parallelism. Needs ``llm_corpus``. Items are output tokens."""
+    or under torchrun for tensor parallelism. Needs ``llm_corpus``. Items are decode tokens."""
     exp.cli(serve, argv)
 
 
@@ -90,12 +93,18 @@ def _streamer():
     from transformers.generation.streamers import BaseStreamer
 
     class TokenClock(BaseStreamer):
-        """Times each generated token (after the prompt, which ``generate`` puts first)."""
+        """Times each generated token (after the prompt, which ``generate`` puts first).
 
-        def __init__(self, sync):
+        With a rate logger (the measured level), the decoding alone is counted: the
+        first token ends the prefill and opens a new sample window
+        (``RateLogger.restart``: the prefill is in no sample), and every later token
+        is one step of ``requests`` items (decode tokens)."""
+
+        def __init__(self, sync, logger=None, requests=0):
             self.sync = sync
             self.times = []
             self.prompt_seen = False
+            self.logger, self.requests = logger, requests
 
         def put(self, value):
             if not self.prompt_seen:
@@ -104,6 +113,14 @@ def _streamer():
             if self.sync is not None:
                 self.sync()
             self.times.append(time.perf_counter())
+            if self.logger is None:
+                return
+            if len(self.times) == 1:
+                self.logger.restart()
+            else:
+                step = Step()
+                step.set_count(self.requests)
+                self.logger.end_step(step)
 
         def end(self):
             pass
@@ -163,8 +180,9 @@ def serve(exp):
     backend: Option = default("auto")
 
     check_shape(shape)
-    if batch_size < 1 or output_len < 1 or prompt_len < 0 or sweep_batches < 1:
-        raise ValueError("--batch-size, --output-len and --sweep-batches must be at least 1, "
+    if batch_size < 1 or output_len < 2 or prompt_len < 0 or sweep_batches < 1:
+        raise ValueError("--batch-size and --sweep-batches must be at least 1, --output-len at "
+                         "least 2 (the throughput counts the tokens after the first), "
                          "--prompt-len at least 0")
     try:
         levels = [int(x) for x in sweep.split(",") if x.strip()]
@@ -206,9 +224,11 @@ def _serve(exp, world, shards, rows, mixed, shape, batch_size, prompt_len, outpu
     sync = device_sync(torch, device)
     pad = shards.eos_id
 
-    def generate(ids, mask, n_prompt):
+    def generate(ids, mask, n_prompt, logger=None):
         ids, mask = ids.to(device), mask.to(device)
-        timer = clock(sync)
+        timer = clock(sync, logger, len(ids))
+        if logger is not None:
+            logger.cut()   # the prefill goes in no sample window
         if sync is not None:
             sync()
         t0 = time.perf_counter()
@@ -226,8 +246,9 @@ def _serve(exp, world, shards, rows, mixed, shape, batch_size, prompt_len, outpu
     steps = dataloop(exp, Batches(torch, rows, lengths, batch_size, pad))
     agree_on_counts(exp, world)
     for step, (ids, mask, n_prompt) in steps:
-        measured.append(generate(ids, mask, n_prompt))
-        step.set_count(len(ids) * output_len)
+        # each decoded token is a step of the rate logger, counted by the streamer
+        measured.append(generate(ids, mask, n_prompt, logger=exp.rate))
+    exp.metrics["batches"] = len(measured)   # of the measured level (count: their decode tokens)
     # The first batches compile, capture graphs and fill caches: not serving latency.
     kept = measured[2:] or measured[-1:]
     serving = [serving_level(batch_size, kept, ttft_slo_s, tpot_slo_s)]
