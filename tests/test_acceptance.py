@@ -422,3 +422,34 @@ def test_acceptance_profiles_parse_with_their_tests():
     assert gpu["collectives_nodes"].plan_type == "node-progression"
     assert gpu["collectives_all_nodes"].plan_type == "multi-node"
     assert gpu["bandwidth"].plan_type == "normal"
+
+
+def test_numa_placeholders_put_host_memory_on_another_node(tmp_path, monkeypatch):
+    # acceptance.bandwidth_remote_numa: numactl --cpunodebind={numa_node} --membind={numa_remote}
+    from types import SimpleNamespace
+
+    from milarun.errors import SetupError
+    from milarun.host.devices import Devices
+    from milarun.plan import launches
+    from milarun.profile.language import load_profile
+
+    online = tmp_path / "online"
+    online.write_text("0-1\n")
+    monkeypatch.setattr(launches, "NUMA_ONLINE", str(online))
+    job = next(j for j in load_profile(launches_profile()) if j.name == "bandwidth_remote_numa")
+    gpus = Devices(kind="gpu", indices=[0, 1], accelerators=[SimpleNamespace(numa_node=0),
+                                                             SimpleNamespace(numa_node=1)])
+    for dev, local, remote in ((0, 0, 1), (1, 1, 0)):
+        values = launches.placeholder_values(job, gpus, [dev], [], "/out", "/data")
+        assert values == {"numa_node": local, "numa_remote": remote}
+    online.write_text("0\n")       # one node: the "remote" node is the local one
+    cpu = Devices(kind="cpu", indices=[0])
+    assert launches.placeholder_values(job, cpu, [0], [], "/out", "/data") == \
+        {"numa_node": 0, "numa_remote": 0}
+    online.write_text("0-1\n")     # several nodes and a device that does not say: an error
+    with pytest.raises(SetupError, match="the NUMA node of its device is unknown"):
+        launches.placeholder_values(job, cpu, [0], [], "/out", "/data")
+
+
+def launches_profile():
+    return ROOT / "profiles" / "acceptance.json"

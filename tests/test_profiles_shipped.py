@@ -43,7 +43,7 @@ STUDY_PROFILES = ["io", "io-seed"]
 #: The acceptance profiles (issue 25, docs/acceptance.md): their own tests only, each
 #: sweep or burn-in ending the test by itself (no --min-steady floor).
 ACCEPTANCE_TESTS = {"acceptance": ["collectives", "collectives_nodes", "collectives_all_nodes",
-                                   "bandwidth", "matmul", "burn"],
+                                   "bandwidth", "bandwidth_remote_numa", "matmul", "burn"],
                     "acceptance-cpu": ["collectives", "bandwidth", "matmul", "burn"]}
 
 

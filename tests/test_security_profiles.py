@@ -232,7 +232,7 @@ def test_exec_prefix_placeholders_are_filled_per_launch(tmp_path):
 
 @pytest.mark.parametrize("prefix,message", [
     (["nice", "{cpu}"], "key 'exec_prefix.1': unknown placeholder {cpu} (known: arch, "
-                        "cpu_per_gpu, dataroot, gpu_memory_gb, n_gpu, outdir)"),
+                        "cpu_per_gpu, dataroot, gpu_memory_gb, n_gpu, numa_node, numa_remote, outdir)"),
     (["nice", "{device}"], "key 'exec_prefix.1': unknown placeholder {device}"),
     (["nice", "-n{cpu_per_gpu:>99999}"], "key 'exec_prefix.1': placeholder {cpu_per_gpu} "
                                          "takes no format spec or conversion"),

@@ -35,7 +35,8 @@ from ..host import accel
 from ..formats import child
 from ..formats.barrier import ENV_ADDRESS, ENV_SECRET, ENV_TIMEOUT, ENV_WAVE
 from ..errors import SetupError
-from ..host.isolation import format_cpus, wrap
+from ..host.isolation import format_cpus, parse_cpus, wrap
+from ..host.kernel import read_text
 from .nodes import Cluster, local_cluster
 from .types import JOIN_TIMEOUT_S
 from ..formats.store import journal_path, result_filename
@@ -252,7 +253,12 @@ def placeholder_values(job, devices, devs, nodes, outdir, dataroot):
         * ``gpu_memory_gb``: memory of its smallest device in GiB, rounded (80 for an
           80 GB card; a CPU slot's is its student's share of the RAM);
         * ``dataroot``, ``outdir``: the folders, as given;
-        * ``arch``: ``"cuda"`` on GPUs, ``"cpu"`` on CPU slots.
+        * ``arch``: ``"cuda"`` on GPUs, ``"cpu"`` on CPU slots;
+        * ``numa_node``: the NUMA node of the launch's first device (its backend's
+          ``numa_node``; CPU slots and unknown devices: node 0 on a one-node host);
+        * ``numa_remote``: another NUMA node of the host (the lowest other online node;
+          the same node on a one-node host): ``numactl --membind={numa_remote}`` puts a
+          test's host memory away from its device (the acceptance ``bandwidth`` test).
 
     Raises:
         SetupError: a value it needs is unknown (no dataroot, the node's cores or
@@ -283,7 +289,41 @@ def placeholder_values(job, devices, devs, nodes, outdir, dataroot):
             values[name] = str(outdir)
         elif name == "arch":
             values[name] = accel.get(devices.backend).torch_device
+        elif name in ("numa_node", "numa_remote"):
+            local = device_numa_node(devices, devs)
+            if local is None:
+                raise unknown(name, "the NUMA node of its device is unknown")
+            if name == "numa_node":
+                values[name] = local
+            else:
+                others = [n for n in online_numa_nodes() if n != local]
+                values[name] = others[0] if others else local
     return values
+
+
+#: The kernel's list of online NUMA nodes (a cpu-list: "0-1").
+NUMA_ONLINE = "/sys/devices/system/node/online"
+
+
+def online_numa_nodes(path=None):
+    """The host's online NUMA nodes (sorted ints; ``[0]`` when the kernel does not say),
+    from ``path`` (default :data:`NUMA_ONLINE`)."""
+    text = read_text(path or NUMA_ONLINE)
+    try:
+        nodes = sorted(parse_cpus(text)) if text else []
+    except ValueError:
+        nodes = []
+    return nodes or [0]
+
+
+def device_numa_node(devices, devs):
+    """NUMA node of the first of ``devs`` (its backend's ``numa_node``), node 0 on a
+    one-node host when the device does not say (CPU slots), else None."""
+    if devs:
+        for index, acc in zip(devices.indices, devices.accelerators):
+            if index == devs[0] and getattr(acc, "numa_node", None) is not None:
+                return acc.numa_node
+    return 0 if online_numa_nodes() == [0] else None
 
 
 def as_cluster(where):

@@ -99,10 +99,11 @@ DEFAULT_TIMEOUT = 1800.0
 MAX_TIMEOUT_S = float(load_schema("profile")["$defs"]["job"]["properties"]["timeout"]["maximum"])
 PREPARE_FIELDS = {"dataroot", "outdir", "python", "milarun"}
 #: Placeholders an argument value may hold; the plan fills them for each launch.
-LAUNCH_FIELDS = ("arch", "cpu_per_gpu", "dataroot", "gpu_memory_gb", "n_gpu", "outdir")
+LAUNCH_FIELDS = ("arch", "cpu_per_gpu", "dataroot", "gpu_memory_gb", "n_gpu", "numa_node",
+                 "numa_remote", "outdir")
 #: What a template is filled with when it is checked: an 8-core student of one 80 GB GPU.
 EXAMPLE_VALUES = {"arch": "cuda", "cpu_per_gpu": 8, "dataroot": "/data", "gpu_memory_gb": 80,
-                  "n_gpu": 1, "outdir": "/out"}
+                  "n_gpu": 1, "numa_node": 0, "numa_remote": 1, "outdir": "/out"}
 #: The cgroup template's field, ``device``, and its name in milarun 2020 profiles.
 CGROUP_FIELDS = ("device", "CUDA_VISIBLE_DEVICES")
 #: Entry keys of the profile language: never part of a job's recorded definition.
