@@ -614,3 +614,21 @@ def test_amd_versions_never_raise_on_a_garbled_rocm_version_file(tmp_path):
     (tmp_path / "opt/rocm/.info/version").write_bytes(b"\xff\xfe6.2")
     assert AMDBackend(amdsmi=fake_amdsmi(), root=tmp_path).versions() == \
         {"driver": "6.7.0", "runtime": None, "runtime_name": "ROCm"}
+
+
+def test_amd_clocks_read_the_graphics_clock_without_reason_bits():
+    # the burn-in's clock_drop on AMD: amdsmi's GFX clock; its throttle status is not
+    # NVML's bit mask, so no reasons (throttled stays unknown)
+    from milarun.host.accel.amd import AMDBackend
+
+    smi = fake_amdsmi(1)
+    smi.AmdSmiClkType = types.SimpleNamespace(GFX="gfx")
+    smi.amdsmi_get_clock_info = lambda h, kind: {"clk": 2100 if kind == "gfx" else 0,
+                                                 "min_clk": 500, "max_clk": 2100}
+    backend = AMDBackend(amdsmi=smi)
+    dev = backend.discover()[0]
+    assert backend.clocks(dev) == {"sm_clock_mhz": 2100, "reasons": None}
+    smi.amdsmi_get_clock_info = lambda h, kind: {"clk": 0xFFFFFFFF}    # "not supported"
+    assert backend.clocks(dev) is None
+    del smi.amdsmi_get_clock_info                                      # older amdsmi
+    assert backend.clocks(dev) is None

@@ -23,8 +23,9 @@ run, with power or thermal capping), ``throttled``, ``throttle_reasons``,
 ``clock_start_mhz``, ``clock_steady_mhz``, ``clock_low_fraction`` (the share below
 ``--clock-drop`` × the start clock) and ``clock_drop`` (that share ≥ 50 %). Power and
 temperature are in the record's ``gpu_monitor`` readings, as for every test. Without a
-backend that reads clocks (the CPU, AMD and Intel for now) ``clocks`` says
-``"not available"``.
+backend that reads clocks (the CPU and Intel for now) ``clocks`` says
+``"not available"``; AMD reads the graphics clock (amdsmi) but no NVML-style reason bits,
+so ``clock_drop`` is measured there and ``throttled`` is unknown.
 
 Items are matmuls (one per iteration); ``metrics.tflops`` is ``2·n³ × iterations / s``
 over the run, ``iterations`` the matmuls checked. ``--max-count`` does not apply: the

@@ -196,6 +196,23 @@ class AMDBackend(Backend):
             raise failed
         return reading
 
+    def clocks(self, device):
+        """The graphics clock (``amdsmi_get_clock_info(GFX)["clk"]``, MHz; the SM clock's
+        counterpart) and no reason bits: amdsmi's throttle status is not NVML's bit mask,
+        so the burn-in's ``clock_drop`` works on AMD and ``throttled`` stays unknown.
+        None when the clock cannot be read (never raises)."""
+        try:
+            smi = self._init()
+        except Exception:
+            return None
+        kind = _enum(smi, "AmdSmiClkType", "GFX", "SYS")
+        info = _try(smi.amdsmi_get_clock_info, device.handle, kind) \
+            if kind is not None and hasattr(smi, "amdsmi_get_clock_info") else None
+        clock = _sane((info or {}).get("clk")) if isinstance(info, dict) else None
+        if clock is None:
+            return None
+        return {"sm_clock_mhz": clock, "reasons": None}
+
     def facts(self, device):
         smi = self._smi
         power = _try(smi.amdsmi_get_power_info, device.handle) or {} if smi else {}
