@@ -22,6 +22,7 @@ from ..plan.types import JOIN_TIMEOUT_S
 from ..profile.language import load_profile
 from . import dryrun, session
 from .bounds import check_bounds
+from .chain import SessionChain
 from .dryrun import resolve_dataroot
 from .launch import (Interrupted, StopRequest, SuiteAborted, check_ready, run_suite,
                      stop_on_signals, tally)
@@ -103,8 +104,10 @@ def run_jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=No
         waves = plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, session=when,
                            barrier=barrier, **plan_opts)
         waves, skipped, ignored = skip_done(waves, done, foreign)
+        chain = SessionChain(outdir, sid)
+        chain.start(profile, waves, skipped, resume is not None)
         return _run(waves, outdir, dataroot, jobs_, devs, sid, skipped, removed, verbose, cluster,
-                    barrier=server, ignored=ignored)
+                    barrier=server, ignored=ignored, chain=chain)
 
 
 def _canonical(value):
@@ -264,7 +267,7 @@ def start_barrier(cluster):
 
 
 def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, cluster=None,
-         barrier=None, ignored=()):
+         barrier=None, ignored=(), chain=None):
     """Run ``waves`` (what ``--resume`` left of them) under the live progress display and
     the signal handlers, then print the tally; returns the exit code of :func:`run_jobs`."""
     launches = [lch for wave in waves for lch in wave]
@@ -279,23 +282,38 @@ def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, clus
     if done:
         say(f"milarun: --resume: {len(done)} launch(es) already passed; {len(launches)} to run")
     stop = StopRequest()
+
+    def finished(outcome):
+        if chain is not None:
+            chain.outcome(outcome)
+        progress.finished(outcome)
+
+    def head(outcomes, status):
+        # the chain head goes to the buyer as soon as the run ends (docs/tender.md)
+        if chain is None:
+            return ""
+        return f"; manifest head {chain.end(outcomes, status)}"
+
     with stop_on_signals(stop), SuiteProgress(launches, verbose=verbose) as progress:
+        if chain is not None:
+            chain.on_message = progress.message
         try:
             outcomes = run_suite(waves, outdir, dataroot, stop=stop, on_line=progress.child_output,
-                                 on_outcome=progress.finished, on_wave=progress.started,
+                                 on_outcome=finished, on_wave=progress.started,
                                  barrier=barrier, on_message=progress.message)
         except Interrupted as exc:
             name = signal.Signals(exc.signum).name
             progress.message(f"milarun: stopped by {name}; {tally(exc.outcomes)}; "
-                             f"results in {outdir}; continue with --resume {outdir}")
+                             f"results in {outdir}; continue with --resume {outdir}"
+                             f"{head(exc.outcomes, 'interrupted')}")
             return 128 + exc.signum
         except SuiteAborted as exc:
             progress.message(f"milarun: error: {exc}; {tally(exc.outcomes)}; "
-                             f"results in {outdir}")
+                             f"results in {outdir}{head(exc.outcomes, 'aborted')}")
             return 1
     try:
         print(tally(outcomes), flush=True)
     except (OSError, ValueError):
         pass
-    say(f"milarun: results in {outdir}")
+    say(f"milarun: results in {outdir}{head(outcomes, 'complete')}")
     return 0 if all(o.success for o in outcomes) else 1
