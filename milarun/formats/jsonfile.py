@@ -281,7 +281,8 @@ def _show(value):
 # --- schemas -------------------------------------------------------------------------
 
 _BASE = "https://milarun.invalid/schemas/"
-SCHEMAS = ("common", "profile", "result", "summary", "weights", "system", "thresholds")
+SCHEMAS = ("common", "profile", "result", "summary", "weights", "system", "thresholds",
+           "bundle")
 
 
 #: Largest float; a bigger int is not a finite "number".
