@@ -616,10 +616,11 @@ def test_amd_versions_never_raise_on_a_garbled_rocm_version_file(tmp_path):
         {"driver": "6.7.0", "runtime": None, "runtime_name": "ROCm"}
 
 
-def test_amd_clocks_read_the_graphics_clock_without_reason_bits():
-    # the burn-in's clock_drop on AMD: amdsmi's GFX clock; its throttle status is not
-    # NVML's bit mask, so no reasons (throttled stays unknown)
+def test_amd_clocks_read_the_graphics_clock_and_the_throttle_causes():
+    # the burn-in on AMD: amdsmi's GFX clock, and the throttle causes as NVML's bits --
+    # the violation status's active flags (MI300+), else the older independent throttler mask
     from milarun.host.accel.amd import AMDBackend
+    from milarun.measure.acceptance import reason_names
 
     smi = fake_amdsmi(1)
     smi.AmdSmiClkType = types.SimpleNamespace(GFX="gfx")
@@ -627,8 +628,60 @@ def test_amd_clocks_read_the_graphics_clock_without_reason_bits():
                                                  "min_clk": 500, "max_clk": 2100}
     backend = AMDBackend(amdsmi=smi)
     dev = backend.discover()[0]
+    # no throttle source at all: the clock, no reasons (throttled stays unknown)
     assert backend.clocks(dev) == {"sm_clock_mhz": 2100, "reasons": None}
+    na = 0xFF   # UINT8_MAX: "not supported"
+    smi.amdsmi_get_violation_status = lambda h: {
+        "active_ppt_pwr": 1, "active_socket_thrm": 0, "active_hbm_thrm": na,
+        "active_prochot_thrm": 1, "active_vr_thrm": 0, "per_ppt_pwr": 37}
+    reading = backend.clocks(dev)
+    assert reading["sm_clock_mhz"] == 2100
+    assert reason_names(reading["reasons"]) == ["sw_power_cap", "hw_thermal"]
+    smi.amdsmi_get_violation_status = lambda h: {k: 0 for k in (
+        "active_ppt_pwr", "active_socket_thrm", "active_prochot_thrm")}
+    assert backend.clocks(dev)["reasons"] == 0          # known, and not throttled
+    # an MI200: violation status unsupported everywhere -> gpu_metrics' throttler bits
+    smi.amdsmi_get_violation_status = lambda h: {"active_ppt_pwr": na, "active_socket_thrm": na}
+    smi.amdsmi_get_gpu_metrics_info = lambda h: {"indep_throttle_status": (1 << 4) | (1 << 34)}
+    assert reason_names(backend.clocks(dev)["reasons"]) == ["sw_power_cap", "sw_thermal"]
+    smi.amdsmi_get_gpu_metrics_info = lambda h: {"indep_throttle_status": 2**64 - 1}
+    assert backend.clocks(dev)["reasons"] is None       # UINT64_MAX: not supported
+    del smi.amdsmi_get_violation_status
+    smi.amdsmi_get_gpu_metrics_info = lambda h: {"indep_throttle_status": 1 << 57}
+    assert reason_names(backend.clocks(dev)["reasons"]) == ["hw_thermal"]   # PROCHOT_GFX
     smi.amdsmi_get_clock_info = lambda h, kind: {"clk": 0xFFFFFFFF}    # "not supported"
     assert backend.clocks(dev) is None
     del smi.amdsmi_get_clock_info                                      # older amdsmi
     assert backend.clocks(dev) is None
+
+
+@pytest.mark.parametrize("driver", ["xe", "i915", "i915-old"])
+def test_intel_clocks_and_throttle_reasons_from_sysfs(tmp_path, monkeypatch, driver):
+    from milarun.measure.acceptance import reason_names
+
+    monkeypatch.delenv("ZE_AFFINITY_MASK", raising=False)
+    intel_tree(tmp_path)
+    backend = IntelBackend(root=tmp_path)
+    dev = backend.discover()[0]
+    card = dev.handle.parent
+    assert backend.clocks(dev) is None                  # no frequency file: no reading
+    if driver == "xe":
+        freq = dev.handle / "tile0/gt0/freq0"
+        write(freq / "act_freq", "1550\n")
+        reasons = {k: freq / f"throttle/reason_{k}" for k in ("pl1", "thermal", "prochot")}
+    elif driver == "i915":
+        write(card / "gt/gt0/rps_act_freq_mhz", "1550\n")
+        reasons = {k: card / f"gt/gt0/throttle_reason_{k}" for k in ("pl1", "thermal",
+                                                                     "prochot")}
+    else:
+        write(card / "gt_act_freq_mhz", "1550\n")
+        reasons = {}
+    assert backend.clocks(dev) == {"sm_clock_mhz": 1550, "reasons": None}
+    if not reasons:
+        return
+    for name, path in reasons.items():
+        write(path, "1\n" if name != "thermal" else "0\n")
+    assert reason_names(backend.clocks(dev)["reasons"]) == ["sw_power_cap", "hw_thermal"]
+    for path in reasons.values():
+        write(path, "0\n")
+    assert backend.clocks(dev)["reasons"] == 0

@@ -22,10 +22,10 @@ reasons, ``nvmlDeviceGetCurrentClocksEventReasons``), and
 run, with power or thermal capping), ``throttled``, ``throttle_reasons``,
 ``clock_start_mhz``, ``clock_steady_mhz``, ``clock_low_fraction`` (the share below
 ``--clock-drop`` × the start clock) and ``clock_drop`` (that share ≥ 50 %). Power and
-temperature are in the record's ``gpu_monitor`` readings, as for every test. Without a
-backend that reads clocks (the CPU and Intel for now) ``clocks`` says
-``"not available"``; AMD reads the graphics clock (amdsmi) but no NVML-style reason bits,
-so ``clock_drop`` is measured there and ``throttled`` is unknown.
+temperature are in the record's ``gpu_monitor`` readings, as for every test. AMD (amdsmi's
+violation status or throttler mask) and Intel (the driver's sysfs throttle reasons) map
+their causes to the same bits (docs/acceptance.md); a backend with no clock reading (CPU
+slots) makes ``clocks`` say ``"not available"``.
 
 Items are matmuls (one per iteration); ``metrics.tflops`` is ``2·n³ × iterations / s``
 over the run, ``iterations`` the matmuls checked. ``--max-count`` does not apply: the

@@ -66,6 +66,55 @@ def _sane(value):
     return value if value is not None and 0 <= value < SENTINEL else None
 
 
+#: NVML clock-event reason bits (``milarun.measure.acceptance.CAPPING_REASONS``) that
+#: AMD's throttle causes map to: power cap, hardware slowdown, thermal, hardware thermal.
+_POWER, _SLOWDOWN, _THERMAL, _HW_THERMAL = 0x4, 0x8, 0x20, 0x40
+
+#: ``amdsmi_get_violation_status`` active flags (MI300 and newer, gpu_metrics 1.6+) and
+#: the NVML bit each maps to: package power tracking (PVIOL) is a power cap, socket and
+#: HBM thermal (TVIOL) thermal slowdowns, PROCHOT and voltage-regulator thermal the
+#: hardware's. Source: AMD SMI docs, "GPU violations" and ``amdsmi_violation_status_t``.
+VIOLATION_BITS = {"active_ppt_pwr": _POWER, "active_socket_thrm": _THERMAL,
+                  "active_hbm_thrm": _THERMAL, "active_prochot_thrm": _HW_THERMAL,
+                  "active_vr_thrm": _HW_THERMAL}
+
+#: ``indep_throttle_status`` of ``amdsmi_get_gpu_metrics_info`` (MI100/MI200, Radeon): the
+#: kernel's independent throttler bits (amdgpu ``SMU_THROTTLER_*``): 0-15 power (PPT,
+#: SPL, FPPT...), 16-31 current (TDC, EDC, APCC), 32-55 temperature (TEMP_*, VRHOT),
+#: 56-63 other (PROCHOT at 56-57). As ranges: ``(first bit, last bit, NVML bit)``.
+THROTTLER_RANGES = ((0, 15, _POWER), (16, 31, _SLOWDOWN), (32, 55, _THERMAL),
+                    (56, 57, _HW_THERMAL))
+
+
+def amd_reasons(violation, metrics):
+    """NVML's clock-event bit mask for AMD's throttle state, or None when unknown.
+
+    Args:
+        violation: ``amdsmi_get_violation_status``'s dict, or None. Its ``active_*``
+            flags are 1 while a cause throttles, 0 when not; another value is
+            "not supported" (UINT8_MAX).
+        metrics: ``amdsmi_get_gpu_metrics_info``'s dict, or None (the older GPUs' path):
+            ``indep_throttle_status`` (a 64-bit mask, UINT64_MAX when unsupported).
+
+    Returns:
+        an int of :data:`VIOLATION_BITS` / :data:`THROTTLER_RANGES` bits (0: known and
+        not throttled), or None when neither source is supported.
+    """
+    if violation:
+        flags = {k: _num(violation.get(k)) for k in VIOLATION_BITS}
+        known = {k: v for k, v in flags.items() if v in (0, 1)}
+        if known:
+            return sum({VIOLATION_BITS[k] for k, v in known.items() if v == 1})
+    status = _num((metrics or {}).get("indep_throttle_status"))
+    if status is None or not isinstance(status, int) or not 0 <= status < 2**64 - 1:
+        return None
+    mask = 0
+    for first, last, bit in THROTTLER_RANGES:
+        if status & (((1 << (last - first + 1)) - 1) << first):
+            mask |= bit
+    return mask
+
+
 def _enum(smi, enum, *names):
     kind = getattr(smi, enum, None)
     for n in names:
@@ -198,9 +247,9 @@ class AMDBackend(Backend):
 
     def clocks(self, device):
         """The graphics clock (``amdsmi_get_clock_info(GFX)["clk"]``, MHz; the SM clock's
-        counterpart) and no reason bits: amdsmi's throttle status is not NVML's bit mask,
-        so the burn-in's ``clock_drop`` works on AMD and ``throttled`` stays unknown.
-        None when the clock cannot be read (never raises)."""
+        counterpart) and the throttle reasons as NVML's bit mask (:func:`amd_reasons`), or
+        ``"reasons": None`` where amdsmi reports none. None when the clock cannot be read
+        (never raises)."""
         try:
             smi = self._init()
         except Exception:
@@ -211,7 +260,15 @@ class AMDBackend(Backend):
         clock = _sane((info or {}).get("clk")) if isinstance(info, dict) else None
         if clock is None:
             return None
-        return {"sm_clock_mhz": clock, "reasons": None}
+        violation = _try(smi.amdsmi_get_violation_status, device.handle) \
+            if hasattr(smi, "amdsmi_get_violation_status") else None
+        metrics = None
+        if not isinstance(violation, dict) or amd_reasons(violation, None) is None:
+            metrics = _try(smi.amdsmi_get_gpu_metrics_info, device.handle) \
+                if hasattr(smi, "amdsmi_get_gpu_metrics_info") else None
+        return {"sm_clock_mhz": clock, "reasons": amd_reasons(
+            violation if isinstance(violation, dict) else None,
+            metrics if isinstance(metrics, dict) else None)}
 
     def facts(self, device):
         smi = self._smi

@@ -23,6 +23,8 @@ the root folder injectable for tests.
   ``power1_input`` (µW → W), ``temp1_input`` (m°C → °C). No utilisation.
   Where i915 exposes the energy counter but no power file, the power is the
   counter's difference over the time since the previous reading (W = ΔJ/Δs).
+* **Clocks** (the burn-in's): the GT's actual frequency and its throttle reasons
+  (:data:`THROTTLE_BITS`), xe's ``tile*/gt*/freq0`` or i915's ``gt/gt0``.
 * **Versions**: the kernel driver's (``/sys/module/<driver>/version``, else
   the kernel release) and the Level Zero loader's, from its library's file
   name (``libze_loader.so.1.x.y``).
@@ -61,6 +63,31 @@ def _version_key(path):
     """Sort key of ``libze_loader.so.1.17.6``: its numbers, as ints (text parts last)."""
     parts = os.path.basename(path).split(".so.", 1)[-1].split(".")
     return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts]
+
+
+#: Throttle reasons of the GT frequency (i915 ``gt/gt0/throttle_reason_<name>``, xe
+#: ``tile*/gt*/freq0/throttle/reason_<name>``, each 0 or 1) and the NVML clock-event
+#: bit each maps to (``milarun.measure.acceptance.CAPPING_REASONS``): PL1/PL2/PL4 power
+#: limits are a power cap (0x4), thermal and RATL (running-average thermal limit) a
+#: thermal slowdown (0x20), PROCHOT and the voltage regulator's thermal alert the
+#: hardware's (0x40), the voltage regulator's current limit (TDC) a slowdown (0x8).
+#: Source: the kernel's ``xe_gt_throttle.c`` and i915's ``intel_gt_sysfs_pm.c``.
+THROTTLE_BITS = {"pl1": 0x4, "pl2": 0x4, "pl4": 0x4, "thermal": 0x20, "ratl": 0x20,
+                 "prochot": 0x40, "vr_thermalert": 0x40, "vr_tdc": 0x8}
+
+
+def _gt_dirs(dev):
+    """``[(actual-frequency file, {reason: file})]`` of the card's first GT: xe's
+    ``device/tile*/gt*/freq0``, else i915's ``card/gt/gt0``, else i915's older
+    ``card/gt_act_freq_mhz`` (no reasons)."""
+    for freq in sorted(glob.glob(str(dev / "tile*" / "gt*" / "freq0")))[:1] + \
+            sorted(glob.glob(str(dev / "gt*" / "freq0")))[:1]:
+        freq = Path(freq)
+        return freq / "act_freq", {k: freq / "throttle" / f"reason_{k}" for k in THROTTLE_BITS}
+    gt = dev.parent / "gt" / "gt0"
+    if gt.is_dir():
+        return gt / "rps_act_freq_mhz", {k: gt / f"throttle_reason_{k}" for k in THROTTLE_BITS}
+    return dev.parent / "gt_act_freq_mhz", {}
 
 
 def _hwmon(dev):
@@ -150,6 +177,22 @@ class IntelBackend(Backend):
                 runtime = os.path.basename(libs[-1]).split(".so.", 1)[1]
                 break
         return {"driver": driver, "runtime": runtime, "runtime_name": "Level Zero"}
+
+    def clocks(self, device):
+        """The GT's actual frequency (MHz) and its throttle reasons as NVML's bit mask
+        (:data:`THROTTLE_BITS`; None where the driver exposes no reason file), from
+        sysfs; None when the frequency cannot be read (never raises)."""
+        try:
+            freq, reasons = _gt_dirs(device.handle)
+            clock = _int(freq)
+            if clock is None or clock <= 0:
+                return None
+            flags = {k: _int(path) for k, path in reasons.items()}
+            known = {k: v for k, v in flags.items() if v in (0, 1)}
+            mask = sum({THROTTLE_BITS[k] for k, v in known.items() if v}) if known else None
+        except OSError:
+            return None
+        return {"sm_clock_mhz": clock, "reasons": mask}
 
     def read(self, device):
         mon = _hwmon(device.handle)
