@@ -339,6 +339,12 @@ def test_html_section_has_the_plots_and_tables(page):
     assert "DATA-CORRUPTION" in section and ">SLOW<" in section
     assert "Thresholds: FAIL (1 of 10 clauses passed)" in section
     assert "<script" not in text
+    # the verdict is also in the score boxes at the top, linked to the clause table
+    score = text[text.index('<section id="score">'):]
+    score = score[:score.index("</section>")]
+    assert re.search(r'Acceptance thresholds \(1 of 10 clauses passed\).*'
+                     r'<a href="#acceptance-verdict" id="acceptance-box" class="FAIL">FAIL</a>',
+                     score, re.S)
 
 
 CHROMIUM = "/usr/bin/chromium"
