@@ -110,7 +110,9 @@ def relative(outdir, path):
     Raises:
         ValueError: ``path`` is not inside ``outdir``.
     """
-    return Path(path).resolve().relative_to(Path(outdir).resolve()).as_posix()
+    path = Path(path)
+    # the folder is resolved, never the file itself: a symlink is named, not followed
+    return (path.parent.resolve() / path.name).relative_to(Path(outdir).resolve()).as_posix()
 
 
 def is_safe_relative(text):
@@ -126,7 +128,7 @@ class Manifest:
     """The writer of one results folder's manifest (open for a session).
 
     ``Manifest(outdir, session_id)`` reads the chain already there (``--resume``)
-    to continue it; :meth:`add` hashes a file and appends its entry,
+    to continue it (``session_id`` may be set later, before the first append); :meth:`add` hashes a file and appends its entry,
     :meth:`event` appends an entry without a file. Every append is one
     ``write`` of one line on a file opened ``O_APPEND``, then ``fsync``: a crash
     leaves at most a torn last line (:func:`read_manifest` reports it).
@@ -136,7 +138,7 @@ class Manifest:
             (a session never extends a chain it cannot check).
     """
 
-    def __init__(self, outdir, session_id):
+    def __init__(self, outdir, session_id=None):
         self.outdir = Path(outdir)
         self.session = session_id
         self.path = manifest_path(outdir)

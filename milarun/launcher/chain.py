@@ -46,15 +46,14 @@ class SessionChain:
 
     Args:
         outdir: the results folder (absolute).
-        session_id: this session's id.
         on_message: ``f(line)`` for the one-line errors (default: stderr).
     """
 
-    def __init__(self, outdir, session_id, on_message=None):
+    def __init__(self, outdir, on_message=None):
         self.outdir = Path(outdir)
-        self.session = session_id
+        self.session = None
         self.on_message = on_message or say
-        self.manifest = Manifest(outdir, session_id)   # ManifestError: a broken chain
+        self.manifest = Manifest(outdir)   # ManifestError: a broken chain
         self.failed = 0
 
     def _try(self, what, fn, *args, **kwargs):
@@ -67,9 +66,11 @@ class SessionChain:
                             "outside the chain")
             return None
 
-    def start(self, profile, waves, skipped, resume, identity=None):
+    def start(self, session_id, profile, waves, skipped, resume, identity=None):
         """Enter the session file, the profile's files and the plan of ``waves``
-        (``skipped``: launch keys an earlier session already passed)."""
+        (``skipped``: launch keys an earlier session already passed) for session
+        ``session_id``."""
+        self.session = self.manifest.session = session_id
         meta = meta_dir(self.outdir)
         self._try("the session file", self.manifest.add, "session", session_path(self.outdir),
                   resume=bool(resume))

@@ -97,6 +97,9 @@ def run_jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=No
                                  timeout, extra_args, dataroot, devs,
                                  nodes=[n.name for n in cluster.nodes] if cluster.multi else None)
     with session.OutdirLock(outdir), start_barrier(cluster) as server:
+        # read (and check) the manifest before the session file changes: a broken chain
+        # stops --resume with nothing written
+        chain = SessionChain(outdir)
         sid, when, done, foreign, removed = session.open_session(outdir, current,
                                                                  resume is not None)
         barrier = server and {"address": server.address, "timeout": barrier_timeout,
@@ -104,8 +107,7 @@ def run_jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=No
         waves = plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, session=when,
                            barrier=barrier, **plan_opts)
         waves, skipped, ignored = skip_done(waves, done, foreign)
-        chain = SessionChain(outdir, sid)
-        chain.start(profile, waves, skipped, resume is not None)
+        chain.start(sid, profile, waves, skipped, resume is not None)
         return _run(waves, outdir, dataroot, jobs_, devs, sid, skipped, removed, verbose, cluster,
                     barrier=server, ignored=ignored, chain=chain)
 
