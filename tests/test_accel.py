@@ -325,7 +325,7 @@ def test_milarun_jobs_stops_with_one_line_and_launches_nothing(tmp_path, no_nvml
 # --- milarun devices ---------------------------------------------------------------------------
 
 def test_devices_command_on_a_fake_amd_host(tmp_path, no_nvml, monkeypatch):
-    from milarun.cli.devices import inventory, render
+    from milarun.host.inventory import inventory, render
 
     monkeypatch.delenv("ROCR_VISIBLE_DEVICES", raising=False)
     pci(tmp_path, "0000:c0:00.0", 0x1002, 0x038000, "amdgpu", cpus="0-7", node=0)

@@ -285,7 +285,7 @@ def test_profile_trace_refuses_no_instrument(io_dataroot, tmp_path):
 def test_profile_trace_reaches_the_child_through_jobs_and_rerun(tmp_path):
     """The option is a test argument: ``milarun jobs P -- --profile-trace DIR`` appends it to
     every test's command, and a rerun of the record replays it."""
-    from milarun.cli.rerun import rerun_command
+    from milarun.launcher.rerun import rerun_command
     from milarun.host.devices import Devices
     from milarun.plan.launches import plan_job
     from milarun.profile.language import load_profile

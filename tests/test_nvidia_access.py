@@ -15,7 +15,7 @@ from milarun.host import devices
 from milarun.plan import nodes
 from milarun.host.accel.nvidia import NvidiaBackend, nvml_visible
 from milarun.bench.monitor import GPUMonitor
-from milarun.cli.devices import inventory, render
+from milarun.host.inventory import inventory, render
 from milarun.plan.launches import plan_job
 from milarun.profile.language import Job
 

@@ -289,7 +289,7 @@ def test_no_dataroot_for_a_dataroot_placeholder(tmp_path):
 
 
 def test_fail_record_and_rerun_carry_the_placeholders(tmp_path):
-    from milarun.cli.rerun import rerun_command
+    from milarun.launcher.rerun import rerun_command
     from milarun.launcher.launch import base_record
     from milarun.formats.record import validate
     (job,) = load_profile(write(tmp_path, "p.json", {

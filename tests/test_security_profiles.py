@@ -128,7 +128,7 @@ def test_a_trailing_newline_in_a_matrix_axis_or_include_is_one_line(tmp_path):
 @pytest.mark.parametrize("option", [("--time", "10:00\n"), ("--partition", "gpu\n"),
                                     ("--account", "acme\n")])
 def test_a_trailing_newline_in_a_slurm_option_is_refused(option):
-    from milarun.cli.slurm import check_options
+    from milarun.launcher.slurm import check_options
 
     flag, value = option
     kwargs = {"partition": None, "time": None, "account": None}

@@ -13,7 +13,7 @@ import pytest
 
 from milarun.host import facts as hostfacts
 from milarun.cli import main
-from milarun.cli.rerun import SAFE_PATH, record_environ, rerun_command
+from milarun.launcher.rerun import SAFE_PATH, record_environ, rerun_command
 from milarun.formats import trust
 
 CRAWL = "milarun.models.faults:crawl"
@@ -225,7 +225,7 @@ def test_host_facts_do_not_run_git_in_a_clone_someone_else_owns(tmp_path, monkey
 
 
 def test_a_cgroup_template_with_a_format_spec_is_not_expanded():
-    from milarun.cli.rerun import student_cgroup
+    from milarun.launcher.rerun import student_cgroup
     record = {"device": "1", "host": {"cgroup": "/student1"},
               "job": {"partition_scheme": {"cgroup": "cpuset:student{device:>999999999}"}}}
     assert student_cgroup(record) == (
@@ -268,7 +268,7 @@ def test_option_values_are_never_evaluated(tmp_path, capfd, where):
 
 
 def test_a_cgroup_path_that_climbs_out_is_not_entered():
-    from milarun.cli.rerun import student_cgroup
+    from milarun.launcher.rerun import student_cgroup
     record = {"device": "0", "host": {"cgroup": "cpu:../../../../tmp/x"},
               "job": {"partition_scheme": {"cgroup": "cpu:../../../../tmp/x"}}}
     spec, why = student_cgroup(record)
@@ -276,7 +276,7 @@ def test_a_cgroup_path_that_climbs_out_is_not_entered():
 
 
 def test_cgroup_lines_show_escape_sequences_escaped():
-    from milarun.cli.rerun import student_cgroup
+    from milarun.launcher.rerun import student_cgroup
     record = {"device": "0", "host": {"cgroup": "/\x1b]0;pwned\x07\x1b[1A"},
               "job": {"partition_scheme": {"cgroup": "cpu:/\x1b[2J\x1b[8mALL-GOOD"}}}
     spec, why = student_cgroup(record)

@@ -405,7 +405,7 @@ def test_check_ready_wants_numactl_for_pinned_launches(monkeypatch):
 def test_rerun_of_a_launchers_fail_record_does_not_wait_at_the_old_barrier(monkeypatch):
     # a child killed before writing its record leaves the launcher's FAIL record, whose
     # environ is the launch's: the rerun must not wait 600 s at a long-gone barrier
-    from milarun.cli.rerun import rerun_command
+    from milarun.launcher.rerun import rerun_command
     from milarun.launcher.launch import base_record
 
     monkeypatch.setenv("MILARUN_BARRIER", "127.0.0.1:9")  # leaked into the user's shell

@@ -1,80 +1,8 @@
-"""``milarun slurm PROFILE [--nodes K] [--gpus-per-node G] [--partition P] [--time T] [--account A] [--dry-run] -- ARGS``."""
-
-import re
-import shlex
-import subprocess
-import sys
-from pathlib import Path
+"""``milarun slurm PROFILE [--nodes K] [--gpus-per-node G] [--partition P] [--time T] [--account A] [--dry-run] -- ARGS``
+(options only; the script and its submission: :mod:`milarun.launcher.slurm`)."""
 
 from ..errors import SetupError
 from .options import as_argv, flag, option, positional
-
-#: What ``--time``, ``--partition`` and ``--account`` may hold (Slurm's own forms).
-_TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}")  # fullmatch: "$" would let a final newline in
-_SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-
-
-#: Characters an sbatch directive cannot carry unquoted (and ``%``, which Slurm expands).
-_UNSAFE_IN_DIRECTIVE = re.compile(r"[\s%\"'\\]")
-
-
-def check_paths(profile, outdir):
-    """Reject a results folder or profile name that an ``#SBATCH`` line would break.
-
-    Raises:
-        SetupError: one line naming the path.
-    """
-    for what, value in (("the results folder", str(outdir)),
-                        ("the profile's name", Path(profile).stem)):
-        if _UNSAFE_IN_DIRECTIVE.search(value):
-            raise SetupError(f"{what} {value!r} holds a space, quote, backslash or '%', which "
-                             "an #SBATCH line cannot carry (Slurm expands '%'): choose another")
-
-
-def sbatch_script(profile, dataroot, outdir, nodes=1, gpus_per_node=None, partition=None,
-                  time=None, account=None, jobs_args=(), extra_args=(), python=None):
-    """The sbatch script that runs ``milarun jobs`` on ``nodes`` nodes (a str).
-
-    The batch step runs the launcher on the first node of the allocation;
-    ``milarun jobs`` sees ``$SLURM_JOB_ID`` and starts every test with
-    ``srun`` on the allocation's nodes. ``exec`` makes ``milarun jobs`` the
-    step's process, so ``scancel`` (SIGTERM) reaches it and it records the
-    running tests as ``interrupted``. Slurm's own log goes to
-    ``OUTDIR/logs/slurm-<job id>.out``.
-    """
-    python = python or sys.executable
-    lines = ["#!/bin/bash",
-             f"#SBATCH --job-name=milarun-{Path(profile).stem}",
-             f"#SBATCH --nodes={nodes}",
-             "#SBATCH --ntasks-per-node=1",
-             "#SBATCH --exclusive",
-             f"#SBATCH --output={outdir}/logs/slurm-%j.out"]
-    for flag, value in (("--gpus-per-node", gpus_per_node), ("--partition", partition),
-                        ("--time", time), ("--account", account)):
-        if value is not None:
-            lines.append(f"#SBATCH {flag}={value}")
-    argv = [python, "-m", "milarun", "jobs", str(Path(profile).resolve()), "-d", str(dataroot),
-            "-o", str(outdir)] + list(jobs_args)
-    if extra_args:
-        argv += ["--"] + list(extra_args)
-    lines += ["set -u", f"exec {shlex.join(argv)}", ""]
-    return "\n".join(lines)
-
-
-def check_options(nodes, gpus_per_node, partition, time, account):
-    """Reject bad ``milarun slurm`` options with one line (SetupError)."""
-    if not 1 <= nodes <= 4096:
-        raise SetupError(f"--nodes must be between 1 and 4096, not {nodes}")
-    if gpus_per_node is not None and not 1 <= gpus_per_node <= 1024:
-        raise SetupError(f"--gpus-per-node must be between 1 and 1024, not {gpus_per_node}")
-    if time is not None and not _TIME.fullmatch(time):
-        raise SetupError(f"--time {time!r} is not a Slurm time (minutes, MM:SS, HH:MM:SS or "
-                         "D-HH:MM:SS)")
-    for flag, value in (("--partition", partition), ("--account", account)):
-        if value is not None and not _SLURM_NAME.fullmatch(value):
-            raise SetupError(f"{flag} {value!r} is not a Slurm name (letters, digits, "
-                             "'_', '.', '-')")
-
 
 OPTIONS = (
     positional("profile", "The job profile (JSON)"),
@@ -131,12 +59,10 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
     Raises:
         MilarunError: bad profile or options, no dataroot, sbatch missing or refusing.
     """
-    # lazy, for start-up: tempfile costs milarun --help ~5 ms
-    from ..formats.outfile import UnsafeFileError, own_dir, write_atomic
+    # lazy, for start-up: tempfile and the profile language cost milarun --help ~5 ms
     from ..profile.language import load_profile
-    from ..launcher.dryrun import resolve_dataroot
     from ..launcher.bounds import check_bounds
-    from ..launcher.session import default_outdir
+    from ..launcher.slurm import check_options, submit
     from .jobs import OPTIONS as JOBS_OPTIONS
 
     load_profile(profile, names, select, exclude)
@@ -149,44 +75,6 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
         "repeat": repeat, "timeout": timeout, "join_timeout": join_timeout,
         "barrier_timeout": barrier_timeout, "cpu_slots": cpu_slots, "name": names,
         "select": select, "exclude": exclude, "no_cgexec": no_cgexec})
-    outdir = out or default_outdir()
-    if outdir is not None:
-        outdir = Path(outdir).resolve()
-        check_paths(profile, outdir)
-    if dry_run:
-        dataroot = dataroot or "$MILARUN_DATAROOT"
-        outdir = outdir or "$MILARUN_OUTROOT/results-<date>"
-        print(sbatch_script(profile, dataroot, outdir, nodes, gpus_per_node, partition, time,
-                            account, jobs_args, extra_args), end="")
-        return 0
-    dataroot = resolve_dataroot(dataroot)
-    if outdir is None:
-        raise SetupError("no results directory: pass -o OUTDIR or set $MILARUN_OUTROOT")
-    if (outdir / ".milarun" / "session.json").exists():
-        raise SetupError("holds an earlier session: choose a new -o (or run "
-                         "'milarun jobs --resume' inside an allocation)", path=outdir)
-    script = sbatch_script(profile, dataroot, outdir, nodes, gpus_per_node, partition, time,
-                           account, jobs_args, extra_args)
-    try:
-        own_dir(outdir / "logs")    # Slurm writes its output there: never through a link
-        path = outdir / "milarun.sbatch"
-        write_atomic(path, script, durable=False)   # never through a symlink
-    except UnsafeFileError:
-        raise
-    except OSError as exc:
-        raise SetupError(f"cannot write the sbatch script: {exc.strerror}", path=outdir)
-    try:
-        done = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True,
-                              timeout=120, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise SetupError("sbatch is not installed: run milarun slurm on a Slurm login node, "
-                         "or use --dry-run to see the script")
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise SetupError(f"sbatch failed: {exc}")
-    if done.returncode != 0:
-        detail = (done.stderr.strip().splitlines() or [f"status {done.returncode}"])[-1]
-        raise SetupError(f"sbatch refused the job: {detail}", path=path)
-    job_id = done.stdout.strip().split(";")[0]
-    print(f"milarun: submitted Slurm job {job_id} ({nodes} node(s)); results in {outdir}")
-    print(f"milarun: follow it with: tail -f {outdir}/logs/slurm-{job_id}.out")
-    return 0
+    return submit(profile, extra_args, jobs_args, dataroot=dataroot, out=out, nodes=nodes,
+                  gpus_per_node=gpus_per_node, partition=partition, time=time,
+                  account=account, dry_run=dry_run, sbatch=sbatch)
