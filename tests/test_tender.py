@@ -26,8 +26,8 @@ from milarun.verify.verdict import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: Two tests of two families, 2 CPU slots each (2 rates per test: intervals exist), a
-#: short steady state: the whole fixture is two concurrent `milarun jobs` of ~40 s.
+#: One test on 2 CPU slots (2 rates: intervals exist), a short steady state: the whole
+#: fixture is two concurrent `milarun jobs` of one wave each (~20 s idle, ~40 s loaded).
 PROFILE = {
     "*": {"partition_scheme": {"type": "per-gpu", "cgroup": "cpuset,memory:student{device}"},
           "arguments": {"--sample-duration": 0.2, "--warmup": 3, "--min-steady": 2,
@@ -35,8 +35,6 @@ PROFILE = {
           "timeout": 120},
     "fit": {"experiment": "milarun.models.toy_reg:main", "arguments": {"--batch-size": 64},
             "tags": ["compute"]},
-    "wide": {"experiment": "milarun.models.toy_reg:main", "arguments": {"--batch-size": 256},
-             "tags": ["vision"]},
 }
 
 
@@ -145,7 +143,15 @@ def test_scores_are_the_reports(bundles, fake_verify):
         assert b.report.node_score_ci == report.node_score_ci
         assert {f["label"]: f["score"] for f in b.report.families} == {
             f["label"]: f["score"] for f in report.families}
-        assert {f["label"] for f in report.families} == {"compute", "vision"}
+        assert {f["label"] for f in report.families} == {"compute"}
+
+
+def test_family_columns_in_family_order():
+    R = lambda *fams: SimpleNamespace(families=[{"family": f, "label": f.upper(), "score": 1.0}  # noqa: E731
+                                                for f in fams])
+    bidders = [SimpleNamespace(report=R("vision", "other")), SimpleNamespace(report=None),
+               SimpleNamespace(report=R("llm", "vision"))]
+    assert tender_module.family_labels(bidders) == ["LLM", "vision", "other"]
 
 
 def test_rank_without_files():
@@ -310,6 +316,22 @@ def test_html_page(bundles, fake_verify, tmp_path, capsys):
     assert [r.split('id="bidder-')[1].split('"')[0] for r in rows] == [
         "acme", "slowco", "cheat"]
     assert rows[2].startswith("unverified") and "1 clause(s) failed" in rows[2]
-    assert "<th>price / node score</th>" in table and "<th>vision score</th>" in table
+    assert "<th>price / node score</th>" in table and "<th>compute score</th>" in table
     assert "integrity.file-changed: acme.fit.J0.0.json changed" in html
     assert '<table id="pairs">' in html and 'class="good">' in html
+
+
+def test_noise_unknown_with_one_result_per_test(bundles, fake_verify, tmp_path):
+    """One result per test on both sides: no interval, `?` in the matrix, never a
+    zero-width interval called significant."""
+    single = {}
+    for name in ("acme", "slowco"):
+        single[name] = tmp_path / name
+        shutil.copytree(bundles[name], single[name])
+        for path in single[name].glob("*.J0.1.*.json"):
+            path.unlink()
+    t = build_tender([str(single["acme"]), str(single["slowco"])], "rules.json")
+    p = t.pairs[("acme", "slowco")]
+    assert p.ratio > 2 and p.ci is None and p.sig == "noise unknown"
+    assert tender_module.pair_cell(p) == f"{p.ratio:.3f} ?"
+    assert "no interval (fewer than 2 results in" in tender_module.render_text(t)
