@@ -1,0 +1,337 @@
+"""``milarun tender``: every bidder verified and ranked (milarun/report/tender.py).
+
+Three real bundles are made once per session on CPU slots: ``acme`` (the profile as
+written), ``slowco`` (the same profile with ``-- --batch-size 4``: clearly slower) and
+``cheat``, a copy of acme whose rate samples are multiplied by 3 (a tampered bundle: the
+best score, and it must fail verification). Verification is faked (``verify_one`` is
+monkeypatched to return Verdicts): the real ``milarun.verify.check`` is tested on its own.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from milarun.cli import main
+from milarun.errors import MilarunError
+from milarun.report import make_report
+from milarun.report import tender as tender_module
+from milarun.report.tender import build_tender, parse_bidders, rank
+from milarun.verify.verdict import Verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: One test on 2 CPU slots (2 rates: intervals exist), a short steady state: the whole
+#: fixture is two concurrent `milarun jobs` of one wave each (~20 s idle, ~40 s loaded).
+PROFILE = {
+    "*": {"partition_scheme": {"type": "per-gpu", "cgroup": "cpuset,memory:student{device}"},
+          "arguments": {"--sample-duration": 0.2, "--warmup": 3, "--min-steady": 2,
+                        "--max-count": 1, "--device": "cpu"},
+          "timeout": 120},
+    "fit": {"experiment": "milarun.models.toy_reg:main", "arguments": {"--batch-size": 64},
+            "tags": ["compute"]},
+}
+
+
+def _jobs(profile, dataroot, out, extra=()):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "milarun", "jobs", str(profile), "-d", str(dataroot),
+         "-o", str(out), "--no-cgexec", "--cpu-slots", "2", *extra],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _inflate(folder, factor):
+    """Multiply every rate sample (and count) of every record in ``folder``: tampering."""
+    for path in folder.glob("*.json"):
+        rec = json.loads(path.read_text())
+        train = rec["timings"]["train"]
+        for s in train["samples"]:
+            s["count"] *= factor
+            s["rate"] *= factor
+        train["count"] *= factor
+        path.write_text(json.dumps(rec))
+
+
+@pytest.fixture(scope="session")
+def bundles(tmp_path_factory):
+    """``{name: folder}`` of acme, slowco and cheat (see the module doc)."""
+    base = tmp_path_factory.mktemp("tender")
+    profile = base / "tender.json"
+    profile.write_text(json.dumps(PROFILE))
+    (base / "data").mkdir()
+    acme, slowco, cheat = base / "acme", base / "slowco", base / "cheat"
+    runs = [_jobs(profile, base / "data", acme),
+            _jobs(profile, base / "data", slowco, ["--", "--batch-size", "4"])]
+    for proc in runs:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out
+    shutil.copytree(acme, cheat)
+    _inflate(cheat, 3)
+    return {"acme": acme, "slowco": slowco, "cheat": cheat}
+
+
+def _verdict(path, ok):
+    v = Verdict(bundle=str(path))
+    v.add("integrity", "integrity.chain", True, "the chain is unbroken")
+    if not ok:
+        v.add("integrity", "integrity.file-changed", False, "acme.fit.J0.0.json changed")
+    return v
+
+
+@pytest.fixture
+def fake_verify(monkeypatch):
+    """verify_one faked: every bundle passes but those named in ``failing``."""
+    state = SimpleNamespace(failing={"cheat"}, calls=[])
+
+    def fake(path, rules):
+        state.calls.append((str(path), rules))
+        return _verdict(path, Path(path).name not in state.failing)
+
+    monkeypatch.setattr(tender_module, "verify_one", fake)
+    return state
+
+
+def run_cli(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    return exc.value.code, capsys.readouterr()
+
+
+def _args(bundles, *names):
+    return [str(bundles[n]) for n in names]
+
+
+# --- ranking --------------------------------------------------------------------------
+
+def test_failing_bidder_is_last_even_with_the_best_score(bundles, fake_verify, tmp_path):
+    t = build_tender(_args(bundles, "cheat", "slowco", "acme"), "rules.json")
+    by = {b.name: b for b in t.bidders}
+    # the tampered copy has the best score by far, and is still last, without a rank
+    assert by["cheat"].score > 2.5 * by["acme"].score
+    assert [b.name for b in t.bidders] == ["acme", "slowco", "cheat"]
+    assert [b.rank for b in t.bidders] == [1, 2, None]
+    assert by["cheat"].status == "1 clause(s) failed"
+    assert by["acme"].status == "verified"
+    # the rules file was handed to the verification of every bundle
+    assert sorted(c[1] for c in fake_verify.calls) == ["rules.json"] * 3
+    assert t.exit_code == 0
+
+
+def test_verified_bidders_ranked_by_score(bundles, fake_verify):
+    fake_verify.failing = set()
+    t = build_tender(_args(bundles, "slowco", "acme", "cheat"), "rules.json")
+    assert [b.name for b in t.bidders] == ["cheat", "acme", "slowco"]
+    scores = [b.score for b in t.bidders]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_scores_are_the_reports(bundles, fake_verify):
+    """One score formula: the tender's score, node score and intervals are those of
+    `milarun report` on the same bundle (unweighted: no --weights, no shipped weights)."""
+    t = build_tender(_args(bundles, "acme", "slowco"), "rules.json")
+    for b in t.bidders:
+        report, _ = make_report(str(bundles[b.name]), unweighted=True)
+        assert b.score == report.score
+        assert b.report.node_score == report.node_score
+        assert b.report.score_ci == report.score_ci
+        assert b.report.node_score_ci == report.node_score_ci
+        assert {f["label"]: f["score"] for f in b.report.families} == {
+            f["label"]: f["score"] for f in report.families}
+        assert {f["label"] for f in report.families} == {"compute"}
+
+
+def test_family_columns_in_family_order():
+    R = lambda *fams: SimpleNamespace(families=[{"family": f, "label": f.upper(), "score": 1.0}  # noqa: E731
+                                                for f in fams])
+    bidders = [SimpleNamespace(report=R("vision", "other")), SimpleNamespace(report=None),
+               SimpleNamespace(report=R("llm", "vision"))]
+    assert tender_module.family_labels(bidders) == ["LLM", "vision", "other"]
+
+
+def test_rank_without_files():
+    B = lambda name, ok, score: SimpleNamespace(name=name, verified=ok, score=score, rank=0)  # noqa: E731
+    ordered = rank([B("x", False, 100.0), B("y", True, None), B("z", True, 2.0),
+                    B("w", True, 3.0), B("v", False, None)])
+    assert [b.name for b in ordered] == ["w", "z", "y", "x", "v"]
+    assert [b.rank for b in ordered] == [1, 2, 3, None, None]
+
+
+def test_parse_bidders(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "x=y").mkdir()
+    assert parse_bidders([str(tmp_path / "a"), f"vendor2={tmp_path / 'a'}"]) == [
+        ("a", str(tmp_path / "a")), ("vendor2", str(tmp_path / "a"))]
+    # an existing folder is a path, even with "=" in its name (then it needs NAME=PATH)
+    with pytest.raises(MilarunError, match="'x=y' is not a bidder name"):
+        parse_bidders([str(tmp_path / "x=y")])
+    assert parse_bidders([f"xy={tmp_path / 'x=y'}"]) == [("xy", str(tmp_path / "x=y"))]
+    with pytest.raises(MilarunError, match="two bidders named 'a'"):
+        parse_bidders([str(tmp_path / "a"), f"a={tmp_path / 'a'}"])
+    with pytest.raises(MilarunError, match="no such bundle folder"):
+        parse_bidders([str(tmp_path / "nope")])
+    with pytest.raises(MilarunError, match="not a bidder name"):
+        parse_bidders([f"bad name={tmp_path / 'a'}"])
+
+
+# --- prices ---------------------------------------------------------------------------
+
+def _row(text, name):
+    """The line of bidder ``name`` in the ranking table of the text output."""
+    return next(line for line in text.splitlines() if line.startswith(name + " "))
+
+
+def _money(value):
+    return f"{value:,.2f}" if value >= 1 else f"{value:.3g}"
+
+
+def test_price_per_point_by_hand(bundles, fake_verify, tmp_path, capsys):
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"currency": "EUR", "bidders": {"acme": 412000,
+                                                                  "slowco": 1234.5}}))
+    out = tmp_path / "t.json"
+    code, io = run_cli(["tender", *_args(bundles, "acme", "slowco", "cheat"),
+                        "--rules", "r.json", "--prices", str(prices), "--json", str(out)],
+                       capsys)
+    assert code == 0, io.err
+    data = {b["name"]: b for b in json.loads(out.read_text())["bidders"]}
+    for name, price in (("acme", 412000.0), ("slowco", 1234.5)):
+        score, node = data[name]["score"], data[name]["node_score"]
+        assert data[name]["price_per_score"] == pytest.approx(price / score, rel=1e-12)
+        assert data[name]["price_per_node_score"] == pytest.approx(price / node, rel=1e-12)
+        # the last three columns: price, price / score, price / node score
+        assert _row(io.out, name).split()[-3:] == [
+            f"{price:,.2f}", _money(price / score), _money(price / node)]
+    # no price: "-" in the three price columns, null in the JSON
+    assert _row(io.out, "cheat").split()[-3:] == ["-", "-", "-"]
+    assert data["cheat"]["price_per_score"] is None
+
+
+@pytest.mark.parametrize("content, key", [
+    ({"currency": "EUR", "bidders": {"acme": 1, "initech": 2}}, "bidders.initech"),
+    ({"currency": "EUR", "bidders": {"acme": -5}}, "bidders.acme"),
+    ({"currency": "euro", "bidders": {"acme": 5}}, "currency"),
+    ({"bidders": {"acme": 5}}, "currency"),
+])
+def test_prices_file_errors(bundles, fake_verify, tmp_path, capsys, content, key):
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps(content))
+    code, io = run_cli(["tender", *_args(bundles, "acme"), "--rules", "r.json",
+                        "--prices", str(prices)], capsys)
+    assert code == 2
+    assert io.err.startswith(f"milarun: error: {prices}: {key}: ")
+    assert io.err.count("\n") == 1 and io.out == ""
+    assert fake_verify.calls == []   # refused before any bundle is verified
+
+
+def test_bad_inputs_exit_2(bundles, fake_verify, tmp_path, capsys):
+    code, io = run_cli(["tender", str(tmp_path / "missing"), "--rules", "r.json"], capsys)
+    assert (code, io.err) == (2, f"milarun: error: {tmp_path / 'missing'}: no such bundle "
+                                 "folder\n")
+    code, io = run_cli(["tender", *_args(bundles, "acme"), "--rules", "r.json",
+                        "--weights", str(tmp_path / "w.json")], capsys)
+    assert code == 2 and io.err.startswith(f"milarun: error: {tmp_path / 'w.json'}")
+    assert io.err.count("\n") == 1
+    code, io = run_cli(["tender", *_args(bundles, "acme")], capsys)
+    assert code == 2 and "--rules is required" in io.err
+
+
+def test_none_verified_exits_1(bundles, fake_verify, capsys):
+    fake_verify.failing = {"acme", "slowco"}
+    code, io = run_cli(["tender", *_args(bundles, "acme", "slowco"), "--rules", "r"], capsys)
+    assert code == 1
+    assert "no bidder's bundle verified" in io.err
+    assert "acme: not verified:" in io.out and "integrity.file-changed" in io.out
+
+
+def test_unreadable_bundle_is_shown_not_ranked(bundles, monkeypatch, tmp_path):
+    """An error naming a file inside a bundle marks that bidder unreadable; an error
+    naming any other file (the rules) is bad input."""
+    def fake(path, rules):
+        if Path(path).name == "slowco":
+            raise MilarunError("bad chain", path=Path(path) / ".milarun" / "manifest.jsonl",
+                               key="3.prev")
+        if Path(path).name == "cheat":
+            raise MilarunError("bad rule", path=rules, key="performance")
+        return _verdict(path, True)
+
+    monkeypatch.setattr(tender_module, "verify_one", fake)
+    t = build_tender(_args(bundles, "slowco", "acme"), str(tmp_path / "rules.json"))
+    assert [(b.name, b.rank, b.status) for b in t.bidders] == [
+        ("acme", 1, "verified"), ("slowco", None, "unreadable")]
+    assert "manifest.jsonl: 3.prev: bad chain" in t.bidders[1].error
+    with pytest.raises(MilarunError, match="rules.json: performance: bad rule"):
+        build_tender(_args(bundles, "acme", "cheat"), str(tmp_path / "rules.json"))
+
+
+# --- significance ---------------------------------------------------------------------
+
+def test_pairwise_significance(bundles, fake_verify, tmp_path, capsys):
+    """acme vs slowco: significant; acme vs its own copy: within noise; and each pair's
+    interval is exactly `milarun report ROW --compare COLUMN`'s score / baseline one."""
+    args = _args(bundles, "acme", "slowco") + [f"twin={bundles['acme']}"]
+    t = build_tender(args, "rules.json")
+    fast_slow = t.pairs[("acme", "slowco")]
+    assert fast_slow.sig == "significant" and fast_slow.ratio > 2
+    assert t.pairs[("slowco", "acme")].sig == "significant"
+    twin = t.pairs[("acme", "twin")]
+    assert twin.ratio == pytest.approx(1.0) and twin.sig == "within noise"
+    assert twin.ci.lo < 1 < twin.ci.hi
+    # the same test as --compare
+    summary = tmp_path / "slowco.json"
+    code, _ = run_cli(["summary", str(bundles["slowco"]), "-o", str(summary)], capsys)
+    assert code == 0
+    report, text = make_report(str(bundles["acme"]), compare=str(summary), unweighted=True)
+    assert report.score_ratio == fast_slow.ratio
+    assert report.score_ratio_ci == fast_slow.ci
+    assert "(significant)" in text
+    # the marks in the text matrix
+    text = tender_module.render_text(t)
+    matrix = text[text.index("row / column"):].splitlines()
+    row = next(line for line in matrix if line.startswith("acme "))
+    assert f"{fast_slow.ratio:.3f} *" in row and "1.000 =" in row
+    assert (f"acme / slowco: {fast_slow.ratio:.3f}, 95% CI "
+            f"{fast_slow.ci.lo:.3f} to {fast_slow.ci.hi:.3f}: significant") in text
+
+
+# --- outputs --------------------------------------------------------------------------
+
+def test_html_page(bundles, fake_verify, tmp_path, capsys):
+    page = tmp_path / "tender.html"
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"currency": "USD", "bidders": {"acme": 100}}))
+    code, io = run_cli(["tender", *_args(bundles, "acme", "slowco", "cheat"),
+                        "--rules", "r.json", "--prices", str(prices), "--html", str(page)],
+                       capsys)
+    assert code == 0, io.err
+    html = page.read_text()
+    table = html[html.index('<table id="tender">'):]
+    table = table[:table.index("</table>")]
+    rows = table.split('<tr class="')[1:]
+    assert [r.split('id="bidder-')[1].split('"')[0] for r in rows] == [
+        "acme", "slowco", "cheat"]
+    assert rows[2].startswith("unverified") and "1 clause(s) failed" in rows[2]
+    assert "<th>price / node score</th>" in table and "<th>compute score</th>" in table
+    assert "integrity.file-changed: acme.fit.J0.0.json changed" in html
+    assert '<table id="pairs">' in html and 'class="good">' in html
+
+
+def test_noise_unknown_with_one_result_per_test(bundles, fake_verify, tmp_path):
+    """One result per test on both sides: no interval, `?` in the matrix, never a
+    zero-width interval called significant."""
+    single = {}
+    for name in ("acme", "slowco"):
+        single[name] = tmp_path / name
+        shutil.copytree(bundles[name], single[name])
+        for path in single[name].glob("*.J0.1.*.json"):
+            path.unlink()
+    t = build_tender([str(single["acme"]), str(single["slowco"])], "rules.json")
+    p = t.pairs[("acme", "slowco")]
+    assert p.ratio > 2 and p.ci is None and p.sig == "noise unknown"
+    assert tender_module.pair_cell(p) == f"{p.ratio:.3f} ?"
+    assert "no interval (fewer than 2 results in" in tender_module.render_text(t)
