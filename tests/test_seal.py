@@ -14,7 +14,7 @@ import types
 from pathlib import Path
 
 import pytest
-from test_accel import fake_amdsmi
+from test_accel import fake_amdsmi, fake_nvml
 from test_monitor import fake_pynvml
 
 from milarun.cli import main
@@ -22,6 +22,7 @@ from milarun.formats.bundle import read_bundle
 from milarun.formats.manifest import check_chain, head_of, manifest_path, read_manifest
 from milarun.host import identity as identity_mod
 from milarun.host.accel.amd import AMDBackend
+from milarun.host.accel.nvidia import NvidiaBackend
 from milarun.host.devices import Devices
 from milarun.launcher import identities
 from milarun.launcher.session import OutdirLock
@@ -105,6 +106,32 @@ def test_identity_from_a_fake_sysfs_and_nvml(tmp_path, monkeypatch, no_visibilit
          "serial": "unreadable (RuntimeError: Not Supported)", "pci_bus_id": "0000:3c:00.0"}]
     assert identity_mod.serials(ident) == ["1320320000"]
     json.dumps(ident, allow_nan=False)
+
+
+def test_each_nvml_reading_fails_on_its_own(no_visibility):
+    nv = serial_nvml()
+    name = nv.nvmlDeviceGetName
+
+    def no_name(h):
+        if h.index == 1:
+            raise RuntimeError("Unknown Error")
+        return name(h)
+
+    nv.nvmlDeviceGetName = no_name
+    backend = NvidiaBackend(pynvml=nv)
+    assert backend.identity(backend.discover()[1]) == {
+        "name": "unreadable (RuntimeError: Unknown Error)", "uuid": "GPU-1aaa-1",
+        "serial": "unreadable (RuntimeError: Not Supported)", "pci_bus_id": "0000:3c:00.0"}
+
+
+def test_a_mig_instance_gives_its_gpus_serial_and_uuid(no_visibility):
+    nv = fake_nvml(mig_on=(1,))
+    nv.nvmlDeviceGetSerial = lambda h: f"SN{h.index}" if h.mig is None else 1 / 0
+    backend = NvidiaBackend(pynvml=nv)
+    mig = [d for d in backend.discover() if d.parent == 1][0]
+    assert backend.identity(mig) == {"name": "A100 MIG 1g.10gb", "uuid": "MIG-10aa",
+                                     "serial": "SN1", "pci_bus_id": "0000:3c:00.0",
+                                     "gpu_uuid": "GPU-1bb"}
 
 
 def test_identity_without_dmi_or_gpus(tmp_path, no_visibility):
