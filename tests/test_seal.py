@@ -200,6 +200,9 @@ def test_every_node_answers_through_the_transport_and_is_read_as_data(tmp_path):
         found = identities.collect(cluster)
         assert set(found) == {"a", "b"}
         assert all(error in v["error"] for v in found.values()), found
+    too_big = b'{"format": "milarun-identity", "pad": "' + b"x" * (2 * 2**20) + b'"}'
+    assert identities.parse_answer(too_big, "a") == {
+        "error": f"answer larger than {identity_mod.MAX_IDENTITY_BYTES} bytes"}
     cluster.python = _script(tmp_path / "py", "sleep 30")
     assert identities.collect(cluster, timeout=0.5)["b"] == {"error": "no answer within 0.5 s"}
 

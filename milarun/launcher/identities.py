@@ -12,6 +12,7 @@ malformed or too large gets ``{"error": "why"}`` instead; a session never stops 
 """
 
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -68,8 +69,10 @@ def collect(cluster, timeout=IDENTITY_TIMEOUT_S, local=identity):
         argv, env = cluster.on_nodes([cluster.python, "-m", IDENTITY_MODULE], {}, [node.name],
                                      tag="milarun-identity")
         try:
+            # a group of its own: a late answer is ended with everything it started
             proc = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
         except OSError as exc:
             running.append((node, None, f"cannot run {argv[0]}: {exc.strerror or exc}", [], []))
             continue
@@ -87,16 +90,21 @@ def collect(cluster, timeout=IDENTITY_TIMEOUT_S, local=identity):
         try:
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
             proc.wait()
             found[node.name] = {"error": f"no answer within {timeout:g} s"}
-            continue
         for _ in range(50):   # the readers finish once the pipes close
             if out and err:
                 break
             time.sleep(0.01)
-        for stream in (proc.stdout, proc.stderr):
-            stream.close()
+        if out and err:   # else a reader still blocks on a pipe something kept open: left
+            for stream in (proc.stdout, proc.stderr):
+                stream.close()
+        if node.name in found:
+            continue
         if proc.returncode != 0:
             tail = (err[0] if err else b"").decode("utf-8", "replace").strip().splitlines()
             found[node.name] = {"error": f"exit status {proc.returncode}"
