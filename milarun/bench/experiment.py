@@ -46,17 +46,6 @@ def rerun_environ(environ=None):
             if k.startswith(RERUN_ENV_PREFIXES) and not k.startswith(NOT_RERUN_PREFIXES)}
 
 
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 def host_facts():
     """Host and isolation facts as seen from inside this process.
 
@@ -64,7 +53,8 @@ def host_facts():
     of core ids this process may run on), memory_limit_mib (cgroup limit,
     None when unlimited), cgroup (path), total_memory_mib, python, torch,
     cuda, gpus [{index, name, driver, memory_total_mib, uuid, pci_bus_id, parent
-    (MIG: its GPU), and the backend's facts, for NVIDIA those of
+    (MIG: its GPU), serial (the board's serial number, None where the backend has
+    none, ``"unreadable (why)"``: :meth:`milarun.host.accel.base.Backend.identity`), and the backend's facts, for NVIDIA those of
     :func:`milarun.host.facts.gpu_facts`}], accelerator (backend, vendor, driver,
     runtime, runtime_name: :meth:`milarun.host.accel.base.Backend.accelerator_record`;
     absent on CPU slots), and the facts of
@@ -75,7 +65,7 @@ def host_facts():
 
     facts = {
         "hostname": socket.gethostname(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": hostfacts.cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpuset": isolation.current_cpuset(),
         "memory_limit_mib": isolation.current_memory_limit_mib(),
@@ -119,6 +109,8 @@ def _gpus():
             out.append({"index": d.index, "name": d.name, "driver": record["driver"],
                         "memory_total_mib": d.memory_mib, "uuid": d.uuid,
                         "pci_bus_id": d.pci_bus_id, "parent": d.parent,
+                        # the board's serial number (hardware identity, docs/tender.md)
+                        "serial": backend.identity(d).get("serial"),
                         **backend.facts(d)})
         return out, record
     return [], None

@@ -25,6 +25,8 @@ Kinds (:data:`KINDS`): ``session`` (the session file), ``profile`` (a copy of
 a profile file the session ran), ``plan`` (the session's plan of launches),
 ``record`` (a result, PASS or FAIL), ``log`` (a child's or a prepare
 command's output), ``journal`` (a child's sample journal left behind),
+``weights`` (the weights file ``milarun seal --weights`` copied to
+``.milarun/weights.json``, entered under the folder's last session id),
 ``unwritten`` (a launch whose FAIL record could not be written), ``end``
 (the session's tally; no file).
 
@@ -47,7 +49,8 @@ MANIFEST_NAME = "manifest.jsonl"
 #: ``prev`` of the first entry.
 GENESIS = "0" * 64
 #: The kinds of entries (see the module's docstring).
-KINDS = ("session", "profile", "plan", "record", "log", "journal", "unwritten", "end")
+KINDS = ("session", "profile", "plan", "record", "log", "journal", "weights", "unwritten",
+         "end")
 #: Kinds without a file.
 EVENTS = ("unwritten", "end")
 #: Largest manifest read (bytes): 256 MiB (about a million entries).

@@ -145,6 +145,25 @@ def cpu_facts(cpus=None, sysfs=SYSFS_CPU):
     }
 
 
+def cpu_model(root="/"):
+    """The CPU's model name: the first ``model name`` of ``ROOT/proc/cpuinfo``, else
+    :func:`platform.processor`, else None."""
+    for line in (read_text(Path(root) / "proc/cpuinfo") or "").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip() or None
+    return platform.processor() or None
+
+
+def memory_mib(root="/"):
+    """The host's memory in MiB: ``MemTotal`` of ``ROOT/proc/meminfo`` (kB / 1024);
+    None when it cannot be read."""
+    for line in (read_text(Path(root) / "proc/meminfo") or "").splitlines():
+        parts = line.split()
+        if parts[:1] == ["MemTotal:"] and len(parts) >= 2 and parts[1].isdigit():
+            return int(parts[1]) / 1024
+    return None
+
+
 def _nv(call, *args):
     try:
         return call(*args)

@@ -7,7 +7,8 @@
   naming the first one's PID). The kernel drops the lock when its holder
   dies, so a killed session leaves no stale lock.
 * ``session.json``: what the folder was started with (profile digest,
-  options, devices) and the id of every session that wrote into it.
+  options, devices) and the id of every session that wrote into it, with
+  the hardware identity of its nodes (``sessions[i]["identity"]``).
   ``--resume OUTDIR`` checks that the new invocation matches it key by key.
 
 Session ids are the UTC start time ``%Y%m%d-%H%M%S-%f``, which is also the
@@ -233,13 +234,21 @@ def check_resume(saved, current, outdir):
                 "or use a new -o", path=session_path(outdir), key=f"invocation.{key}")
 
 
-def record_session(outdir, current, session_id, resume, saved=None):
-    """Write the session file with this session appended (atomic)."""
+def record_session(outdir, current, session_id, resume, saved=None, identity=None):
+    """Write the session file with this session appended (atomic).
+
+    ``identity``: ``{node name: hardware identity}`` of the session's nodes
+    (:mod:`milarun.launcher.identities`), kept in the session's entry as ``identity``
+    (the session file is the first file a session enters in the manifest, so the
+    identity is in the chain)."""
     data = saved or {"format": SESSION_FORMAT, "version": SESSION_VERSION,
                      "invocation": current, "sessions": []}
-    data["sessions"].append({"id": session_id, "pid": os.getpid(), "resume": bool(resume),
-                             "started": datetime.datetime.now(datetime.timezone.utc)
-                             .isoformat(timespec="seconds")})
+    entry = {"id": session_id, "pid": os.getpid(), "resume": bool(resume),
+             "started": datetime.datetime.now(datetime.timezone.utc)
+             .isoformat(timespec="seconds")}
+    if identity is not None:
+        entry["identity"] = identity
+    data["sessions"].append(entry)
     write_json_atomic(session_path(outdir), data)
 
 
@@ -287,8 +296,9 @@ def successful_keys(outdir, sessions):
     return done, foreign
 
 
-def open_session(outdir, current, resume):
+def open_session(outdir, current, resume, identity=None):
     """Check and claim ``outdir`` for a session; call inside :class:`OutdirLock`.
+    ``identity``: the nodes' hardware identity, for the session file (:func:`record_session`).
 
     Returns:
         ``(session_id, session_datetime, done, foreign, removed)``: ``done`` and
@@ -313,6 +323,6 @@ def open_session(outdir, current, resume):
     removed = remove_stale_tmp(outdir)
     earlier = session_times(saved) if resume else []
     sid, when = new_session_id()
-    record_session(outdir, current, sid, resume, saved)
+    record_session(outdir, current, sid, resume, saved, identity=identity)
     done, foreign = successful_keys(outdir, earlier) if resume else ({}, [])
     return sid, when, done, foreign, removed

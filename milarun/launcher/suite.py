@@ -20,7 +20,7 @@ from ..plan import nodes as nodes_mod
 from ..plan.launches import RDZV_PORT, plan_suite
 from ..plan.types import JOIN_TIMEOUT_S
 from ..profile.language import load_profile
-from . import dryrun, session
+from . import dryrun, identities, session
 from .bounds import check_bounds
 from .chain import SessionChain
 from .dryrun import resolve_dataroot
@@ -96,12 +96,14 @@ def run_jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=No
     current = session.invocation(profile, jobs_[0].suite, names, repeat, cpu_slots, no_cgexec,
                                  timeout, extra_args, dataroot, devs,
                                  nodes=[n.name for n in cluster.nodes] if cluster.multi else None)
+    identity = identities.collect(cluster)   # every node's hardware, for the session file
     with session.OutdirLock(outdir), start_barrier(cluster) as server:
         # read (and check) the manifest before the session file changes: a broken chain
         # stops --resume with nothing written
         chain = SessionChain(outdir)
         sid, when, done, foreign, removed = session.open_session(outdir, current,
-                                                                 resume is not None)
+                                                                 resume is not None,
+                                                                 identity=identity)
         barrier = server and {"address": server.address, "timeout": barrier_timeout,
                               "secret": server.secret}
         waves = plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, session=when,

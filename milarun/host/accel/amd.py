@@ -30,7 +30,7 @@ recent ROCm releases fill an unsupported struct member with its type's maximum
 import os
 from pathlib import Path
 
-from .base import Accelerator, Backend, Reading
+from .base import Accelerator, Backend, Reading, reading, unreadable
 from ..kernel import read_text
 from .sysfs import local_cpus, normalize_bdf, numa_node
 
@@ -269,6 +269,37 @@ class AMDBackend(Backend):
         return {"sm_clock_mhz": clock, "reasons": amd_reasons(
             violation if isinstance(violation, dict) else None,
             metrics if isinstance(metrics, dict) else None)}
+
+    def identity(self, device):
+        """``{"name", "uuid", "serial", "asic_serial", "pci_bus_id"}`` from amdsmi:
+        ``amdsmi_get_gpu_device_uuid``, ``amdsmi_get_gpu_board_info``'s
+        ``product_serial`` (the board's serial), ``amdsmi_get_gpu_asic_info``'s
+        ``asic_serial`` and ``amdsmi_get_gpu_device_bdf``, each read on its own (one
+        that raises is ``"unreadable (why)"``; ``"N/A"`` or a call this amdsmi lacks is
+        None). Never raises."""
+        try:
+            smi = self._init()
+        except Exception as exc:
+            why = unreadable(f"amdsmi: {exc.__class__.__name__}: {exc}")
+            return {"name": device.name, "uuid": device.uuid, "serial": why,
+                    "pci_bus_id": device.pci_bus_id}
+        h = device.handle
+
+        def get(name, convert=None):
+            fn = getattr(smi, name, None)
+            return None if fn is None else reading(fn, h, convert=convert)
+
+        def field(key):
+            def pick(info):
+                value = info.get(key) if isinstance(info, dict) else None
+                return None if value in (None, "", "N/A") else str(value)
+            return pick
+
+        return {"name": device.name,
+                "uuid": get("amdsmi_get_gpu_device_uuid", convert=str),
+                "serial": get("amdsmi_get_gpu_board_info", convert=field("product_serial")),
+                "asic_serial": get("amdsmi_get_gpu_asic_info", convert=field("asic_serial")),
+                "pci_bus_id": get("amdsmi_get_gpu_device_bdf", convert=normalize_bdf)}
 
     def facts(self, device):
         smi = self._smi

@@ -130,6 +130,14 @@ class Backend:
         persistence/ECC), a flat dict of JSON values; ``{}`` when none. Never raises."""
         return {}
 
+    def identity(self, device):
+        """The hardware identity of ``device``: ``{"name", "uuid", "serial", "pci_bus_id"}``,
+        each a string, None where the backend does not expose it, or
+        ``"unreadable (why)"`` where reading it raised (:func:`unreadable`). The default
+        gives what discovery found and no serial. Never raises."""
+        return {"name": device.name, "uuid": device.uuid, "serial": None,
+                "pci_bus_id": device.pci_bus_id}
+
     def describe(self):
         """One line for ``milarun devices``: what this backend is and reads."""
         return f"{self.name}: {self.vendor or 'CPU slots'}"
@@ -140,3 +148,29 @@ class Backend:
         v = self.versions()
         return {"backend": self.name, "vendor": self.vendor, "driver": v.get("driver"),
                 "runtime": v.get("runtime"), "runtime_name": v.get("runtime_name")}
+
+
+#: How an identity reading that raised is written: ``"unreadable (why)"``.
+UNREADABLE = "unreadable ({})"
+
+
+def unreadable(why):
+    """``"unreadable (why)"``: an identity reading that could not be taken (the reason
+    on one line, at most 200 characters)."""
+    text = " ".join(str(why).split())[:200]
+    return UNREADABLE.format(text)
+
+
+def is_unreadable(value):
+    """True when an identity value is :func:`unreadable`'s (never a serial to compare)."""
+    return isinstance(value, str) and value.startswith("unreadable (") and value.endswith(")")
+
+
+def reading(call, *args, convert=None):
+    """One identity reading: ``call(*args)`` (through ``convert`` when given), None when
+    it answers nothing, ``"unreadable (ExcName: message)"`` when it raises. Never raises."""
+    try:
+        value = call(*args)
+        return convert(value) if convert is not None and value is not None else value
+    except Exception as exc:   # NotSupported, NoPermission, a library's own errors
+        return unreadable(f"{exc.__class__.__name__}: {exc}")

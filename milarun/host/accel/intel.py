@@ -194,6 +194,13 @@ class IntelBackend(Backend):
             return None
         return {"sm_clock_mhz": clock, "reasons": mask}
 
+    def identity(self, device):
+        """``{"name", "uuid", "serial", "pci_bus_id"}``: the name (with the PCI device id)
+        and bus id from sysfs; i915 and xe expose no serial number nor UUID in sysfs,
+        so both are None (the card is known by its bus id). Never raises."""
+        return {"name": device.name, "uuid": None, "serial": None,
+                "pci_bus_id": device.pci_bus_id}
+
     def read(self, device):
         mon = _hwmon(device.handle)
         if mon is None:

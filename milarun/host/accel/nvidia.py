@@ -26,7 +26,7 @@ instance.
 import os
 
 from ..facts import gpu_facts
-from .base import Accelerator, Backend, Reading
+from .base import Accelerator, Backend, Reading, reading, unreadable
 from .sysfs import local_cpus, normalize_bdf, numa_node
 
 
@@ -353,6 +353,34 @@ class NvidiaBackend(Backend):
         if not links:
             return None
         return {"version": version, "links": links}
+
+    def identity(self, device):
+        """``{"name", "uuid", "serial", "pci_bus_id"}`` from NVML (``nvmlDeviceGetName``,
+        ``nvmlDeviceGetUUID``, ``nvmlDeviceGetSerial``: the board's serial number, as
+        printed on it; ``nvmlDeviceGetPciInfo``), each read on its own: one that raises
+        (``NotSupported`` on GeForce boards, ``NoPermission``) is ``"unreadable (why)"``,
+        one this pynvml lacks is None. A MIG instance gives its own UUID and name and its
+        GPU's serial and bus id, with ``gpu_uuid``: its GPU's UUID. Never raises."""
+        try:
+            nv = self._init()
+        except Exception as exc:
+            why = unreadable(f"NVML: {exc.__class__.__name__}: {exc}")
+            return {"name": device.name, "uuid": device.uuid, "serial": why,
+                    "pci_bus_id": device.pci_bus_id}
+        h, parent, mig = device.handle
+
+        def get(name, handle, convert=nvml_str):
+            fn = getattr(nv, name, None)
+            return None if fn is None else reading(fn, handle, convert=convert)
+
+        out = {"name": get("nvmlDeviceGetName", h), "uuid": get("nvmlDeviceGetUUID", h),
+               "serial": get("nvmlDeviceGetSerial", parent),
+               "pci_bus_id": get("nvmlDeviceGetPciInfo", parent, convert=lambda info:
+                                 normalize_bdf(nvml_str(getattr(info, "busId", None) or "")
+                                               or None))}
+        if mig:
+            out["gpu_uuid"] = get("nvmlDeviceGetUUID", parent)
+        return out
 
     def facts(self, device):
         try:
