@@ -66,7 +66,7 @@ class SessionChain:
                             "outside the chain")
             return None
 
-    def start(self, session_id, profile, waves, skipped, resume, identity=None):
+    def start(self, session_id, profile, waves, skipped, resume):
         """Enter the session file, the profile's files and the plan of ``waves``
         (``skipped``: launch keys an earlier session already passed) for session
         ``session_id``."""
@@ -82,8 +82,6 @@ class SessionChain:
                 "resume": bool(resume),
                 "launches": [launch_entry(lch) for wave in waves for lch in wave],
                 "skipped": sorted([list(map(str, key)) for key in skipped])}
-        if identity is not None:
-            plan["identity"] = identity
         self._try("the plan", self._plan, meta / f"plan-{self.session}.json", plan)
 
     def _copy(self, src, dst):
