@@ -6,6 +6,7 @@ written audit profile with ``milarun jobs`` and checks, then does it again with 
 slowed on purpose, and with another machine's identity.
 """
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -134,6 +135,13 @@ def test_plan_same_seed_same_launches(vendor, tmp_path, capsys):
         "--sample-duration", "--warmup", "--max-count", "--min-steady", "--step-seconds",
         "--per-step"]
     assert "milarun jobs" in capsys.readouterr().out
+    # the tender's rules file: its SHA-256 goes in the plan
+    rules = tmp_path / "rules.json"
+    rules.write_text('{"format": "milarun-tender-rules"}')
+    assert cli("audit", "plan", str(out), "--sample", "1", "--seed", "5", "-o",
+               str(tmp_path / "r.json"), "--rules", str(rules)) == 0
+    recorded = json.loads((tmp_path / "r.plan.json").read_text())["rules"]
+    assert recorded["sha256"] == hashlib.sha256(rules.read_bytes()).hexdigest()
 
 
 def test_round_trip_reproduced_slowed_and_other_machine(vendor, tmp_path, capsys):
@@ -164,7 +172,7 @@ def test_round_trip_reproduced_slowed_and_other_machine(vendor, tmp_path, capsys
     set_identity(rerun, other, force=True, chain=False)
     assert cli("audit", "check", str(out), str(rerun)) == 1
     text = capsys.readouterr().out
-    assert "identity: MISMATCH" in text and "GPU-bbbb" in text and "GPU-cccc" in text
+    assert "identity: MISMATCH" in text and "GPU-cccc" in text
     verdict, rows, _ = audit.check_audit(out, rerun)
     assert [c.name for c in verdict.failed] == ["audit.identity"]
     assert all(r["verdict"] == "reproduced" for r in rows)
@@ -240,7 +248,11 @@ def test_bad_inputs_are_one_line(vendor, tmp_path, capsys):
     entry["reason"] = "edited"
     lines[3] = json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n"
     path.write_text("".join(lines))
+    bad_rules = tmp_path / "rules.json"
+    bad_rules.write_text('{"a": 1, "a": 2}')
     cases = [
+        (["audit", "plan", str(out), "--sample", "1", "--seed", "1", "-o",
+          str(tmp_path / "a.json"), "--rules", str(bad_rules)], "duplicate"),
         (["audit", "plan", str(broken), "--sample", "1", "--seed", "1", "-o",
           str(tmp_path / "a.json")], "the entry was edited"),
         (["audit", "plan", str(tmp_path / "nowhere"), "--sample", "1", "--seed", "1", "-o",
@@ -315,3 +327,24 @@ def test_compare_identity():
     assert not audit.compare_identity(cpu, {**cpu, "cpu_model": "Y"})[0]
     # GPUs on one side only: not the same machine
     assert not audit.compare_identity(cpu, {**cpu, "gpus": IDENTITY["gpus"]})[0]
+
+
+def test_identity_from_the_plan_file(tmp_path):
+    """A session that put its identity in its plan file (SessionChain.start's ``identity``)
+    rather than in the session file: read there, and only when the chain entered that file."""
+    sid = "20990101-000000-000000"
+    meta = tmp_path / ".milarun"
+    meta.mkdir()
+    plan_file = meta / f"plan-{sid}.json"
+    plan_file.write_text(json.dumps({"format": "milarun-plan", "identity": {"vm": IDENTITY}}))
+    session = {"sessions": [{"id": sid}]}
+    assert audit.recorded_identity(tmp_path, session, sid, "vm") == IDENTITY
+    m = mf.Manifest(tmp_path, sid)
+    m.add("plan", plan_file)
+    entries = mf.read_manifest(mf.manifest_path(tmp_path))
+    assert audit.recorded_identity(tmp_path, session, sid, "vm", entries) == IDENTITY
+    plan_file.write_text(json.dumps({"identity": {"vm": {**IDENTITY, "gpus": []}}}))
+    assert audit.recorded_identity(tmp_path, session, sid, "vm", entries) is None
+    # the session file's identity comes first
+    other = {"sessions": [{"id": sid, "identity": {"vm": {"cpu_model": "Z"}}}]}
+    assert audit.recorded_identity(tmp_path, other, sid, "vm") == {"cpu_model": "Z"}

@@ -441,6 +441,31 @@ def identity_of(session, session_id, node):
     return None
 
 
+def recorded_identity(folder, session, session_id, node, entries=None):
+    """The identity of ``node`` that session ``session_id`` of ``folder`` recorded:
+    :func:`identity_of` its session file, else the ``identity`` of its plan file
+    (``.milarun/plan-<session>.json``, where :class:`milarun.launcher.chain.SessionChain`
+    may put it; read strictly, and with ``entries``, only when it is the file the chain
+    entered). None when neither has one."""
+    found = identity_of(session, session_id, node)
+    if found is not None or not isinstance(session_id, str):
+        return found
+    rel = f".milarun/plan-{session_id}.json"
+    path = Path(folder) / rel
+    if not path.is_file():
+        return None
+    if entries is not None:
+        entry = _last_entry(entries, "plan", rel)
+        if entry is None or _matches_entry(folder, entry):
+            return None
+    try:
+        plan = read_json(path, error_cls=AuditError, what="plan file")
+    except AuditError:
+        return None
+    ident = plan.get("identity") if isinstance(plan, dict) else None
+    return identity_of({"sessions": [{"id": session_id, "identity": ident}]}, session_id, node)
+
+
 def _gpu_values(ident, key):
     gpus = ident.get("gpus")
     return {g[key] for g in gpus if isinstance(g, dict) and isinstance(g.get(key), str)
@@ -562,8 +587,9 @@ def check_audit(outdir, auditdir):
             if pair not in identities:
                 rerun_sid = _session_of(audit_session, rerun_path)
                 ok, detail = compare_identity(
-                    identity_of(vendor_session, c["session"], c.get("node")),
-                    identity_of(audit_session, rerun_sid, node))
+                    recorded_identity(outdir, vendor_session, c["session"], c.get("node"),
+                                      entries),
+                    recorded_identity(auditdir, audit_session, rerun_sid, node))
                 identities[pair] = ok
                 verdict.add("audit", "audit.identity", ok,
                             f"bundle node {c.get('node')} / rerun node {node}: {detail}")
