@@ -135,6 +135,7 @@ def test_plan_same_seed_same_launches(vendor, tmp_path, capsys):
         "--sample-duration", "--warmup", "--max-count", "--min-steady", "--step-seconds",
         "--per-step"]
     assert "milarun jobs" in capsys.readouterr().out
+    assert written["review"] == {}     # crawl has no prepare command nor exec_prefix
     # the tender's rules file: its SHA-256 goes in the plan
     rules = tmp_path / "rules.json"
     rules.write_text('{"format": "milarun-tender-rules"}')

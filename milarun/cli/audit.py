@@ -64,6 +64,10 @@ def command(opts, rest):
               f"picked with seed {plan['seed']} from chain head {plan['head']}")
         for c in plan["chosen"]:
             print(f"  {c['name']} J{c['run']} device {c['device']}: {c['record']}")
+        for job, what in plan["review"].items():
+            for key, value in what.items():
+                print(f"milarun: read before running: {job} {key} (from the vendor's records): "
+                      f"{json.dumps(value)}")
         print(f"milarun: wrote {opts.out} and {audit.plan_path(opts.out)}; on the delivered "
               "machine run:")
         print("  " + " ".join(plan["command"]))

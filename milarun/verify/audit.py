@@ -52,7 +52,7 @@ from .. import __version__
 from ..errors import MilarunError, ResultFormatError
 from ..formats import entrypoint
 from ..formats.jsonfile import read_bytes, read_json
-from ..formats.manifest import (ManifestError, check_chain, file_digest, head_of,
+from ..formats.manifest import (check_chain, file_digest, head_of,
                                 manifest_path, read_manifest)
 from ..formats.outfile import UnsafeFileError
 from ..formats.store import iter_results, load_result, write_json_atomic
@@ -274,6 +274,9 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
                    ("suite", "extra_args", "cpu_slots", "no_cgexec", "timeout", "devices",
                     "nodes")},
         "chosen": chosen,
+        # shell commands and wrappers the rerun will run, from the vendor's records: to read
+        "review": {name: {k: job[k] for k in ("prepare", "exec_prefix") if job.get(k)}
+                   for name, job in jobs.items() if job.get("prepare") or job.get("exec_prefix")},
         "command": suggested_command(out, session["invocation"]),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "milarun_version": __version__,
@@ -668,8 +671,11 @@ def _ratio_text(result):
     return f"{result['ratio']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else " [n/a]")
 
 
-def _num(x, fmt="{:.4g}"):
-    return "n/a" if x is None else fmt.format(x)
+def _num(x):
+    """A rate for the table (items/s): whole numbers from 1000 up, else 4 significant digits."""
+    if x is None:
+        return "n/a"
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
 def format_check(verdict, rows):
@@ -682,7 +688,8 @@ def format_check(verdict, rows):
     for r in rows:
         vci = r.get("vendor_ci")
         table.append((r["name"], f"J{r['run']}", r["device"],
-                      _num(r["vendor_rate"]) + (f" [{vci[0]:.4g}, {vci[1]:.4g}]" if vci else ""),
+                      _num(r["vendor_rate"])
+                      + (f" [{_num(vci[0])}, {_num(vci[1])}]" if vci else ""),
                       _num(r["rerun_rate"]),
                       _ratio_text(r) if r.get("ratio") is not None else "n/a",
                       r["verdict"] + (f" ({r['why']})" if r.get("why") else "")))
