@@ -224,6 +224,26 @@ def test_check_catches_a_changed_record_and_a_moved_head(vendor, tmp_path, capsy
     assert [x.name for x in verdict.failed] == ["audit.bundle-head"]
 
 
+@pytest.mark.parametrize("plan_entry, key", [
+    ({"format": "other"}, "_audit.format"),
+    ({"format": "milarun-audit-plan", "version": 1, "head": "x", "tolerance": 2,
+      "chosen": [{}]}, "_audit.tolerance"),
+    ({"format": "milarun-audit-plan", "version": 1, "head": "x", "tolerance": 0.1,
+      "chosen": [{"name": "a", "job": "a", "run": "0"}]}, "_audit.chosen.0.run"),
+])
+def test_check_refuses_a_malformed_audit_plan(vendor, tmp_path, capsys, plan_entry, key):
+    base, out = vendor
+    sid = "20990101-000000-000000"
+    folder = tmp_path / "rerun" / ".milarun" / f"profile-{sid}"
+    folder.mkdir(parents=True)
+    (folder / "0-audit.json").write_text(json.dumps({"_audit": plan_entry}))
+    (folder.parent / "session.json").write_text(json.dumps(
+        {"format": "milarun-session", "version": 1, "invocation": {}, "sessions": [{"id": sid}]}))
+    assert cli("audit", "check", str(out), str(tmp_path / "rerun")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"0-audit.json: {key}: " in err
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--sample", "5"], "more than the 4 launch(es)"),
     (["--sample", "0"], "--sample must be a whole number >= 1"),
