@@ -3,6 +3,11 @@ entry point (``milarun.models.X:main``), and how the device backends' table name
 their classes. Parsed here, once. No torch here."""
 
 import importlib
+import os
+import re
+
+#: A workload shipped with milarun: ``milarun.models.<module>:<function>``.
+SHIPPED = re.compile(r"milarun\.models\.([A-Za-z_][A-Za-z0-9_]*):([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def parse(spec, what="function"):
@@ -31,3 +36,20 @@ def load(spec, what="function"):
     """
     module, name = parse(spec, what)
     return getattr(importlib.import_module(module), name, None)
+
+
+def is_shipped(spec):
+    """True when ``spec`` is ``milarun.models.<module>:<function>`` and that module
+    exists in this installed package (its file, found on disk; nothing is imported
+    and ``sys.path`` is never looked at, so a results folder's copy does not count).
+
+    What a rerun or an audit rerun of a vendor's record may run without the user
+    naming a module (docs/security.md)."""
+    match = SHIPPED.fullmatch(spec) if isinstance(spec, str) else None
+    if match is None:
+        return False
+    models = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "models")
+    name = match.group(1)
+    return (os.path.isfile(os.path.join(models, name + ".py"))
+            or os.path.isfile(os.path.join(models, name, "__init__.py")))

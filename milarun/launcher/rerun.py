@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 from ..errors import MilarunError, ResultFormatError
-from ..formats import child, trust
+from ..formats import child, entrypoint, trust
 from ..formats.barrier import without_barrier
 from ..formats.jsonfile import parse_json, read_bytes
 from ..formats.record import migrate
@@ -40,8 +40,6 @@ RERUN_ENV = frozenset({
 #: A value kept: device lists, UUIDs (``MIG-GPU-…/1/0``), PCI ids, CPU lists,
 #: numbers, names; at most 1024 characters, no space, quote or control character.
 _ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:/+=@-]{0,1024}")
-#: ``call.function`` a rerun imports without ``--function``: a module of milarun.models.
-_REGISTERED = re.compile(r"milarun\.models\.([A-Za-z_][A-Za-z0-9_]*):([A-Za-z_][A-Za-z0-9_]*)")
 _FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 #: Starts the child without the current folder on ``sys.path`` (``-P``, Python 3.11;
 #: 3.10 has only ``-I``, which also ignores ``PYTHONPATH`` and ``PYTHON*`` variables).
@@ -95,15 +93,8 @@ def check_function(record, function=None, path=None):
     spec = (record.get("call") or {}).get("function")
     if not spec:
         raise ResultFormatError("has no call.function to rerun", path=path, key="call.function")
-    match = _REGISTERED.fullmatch(spec) if isinstance(spec, str) else None
-    if match is not None:
-        # this package's own folder, never sys.path: a results folder's copy is not looked at
-        models = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                              "models")
-        name = match.group(1)
-        if (os.path.isfile(os.path.join(models, name + ".py"))
-                or os.path.isfile(os.path.join(models, name, "__init__.py"))):
-            return spec
+    if entrypoint.is_shipped(spec):
+        return spec
     raise ResultFormatError(
         f"{_word(spec)} is not a workload of milarun.models: a rerun imports nothing "
         "else (pass --function MODULE:FUNCTION to run a module you trust)",

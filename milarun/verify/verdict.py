@@ -7,7 +7,7 @@ what the text and HTML renderers, ``milarun tender`` and the exit status read.
 from dataclasses import dataclass, field
 
 #: The sections of a verdict, in the order they are shown.
-SECTIONS = ("integrity", "completeness", "compliance", "consistency", "performance")
+SECTIONS = ("integrity", "completeness", "compliance", "consistency", "performance", "audit")
 
 #: Exit status of ``milarun verify``: every clause held / a clause failed
 #: (bad input is a ``MilarunError``: 2).
