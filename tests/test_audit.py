@@ -37,7 +37,7 @@ IDENTITY = {"hostname": "vm", "cpu_model": "AMD EPYC", "memory_mib": 24105,
                       "name": "H100"},
                      {"uuid": "GPU-bbbb", "serial": "1320000000002", "pci_bus_id": "0:2:0.0",
                       "name": "H100"}],
-            "dmi": {"product_uuid": "4c4c4544-0001"}, "macs": {"eth0": "02:00:00:00:00:01"}}
+            "dmi": {"product_uuid": "4c4c4544-0001"}, "nics": {"eth0": "02:00:00:00:00:01"}}
 
 
 def jobs(profile, out, dataroot, *extra):
@@ -205,9 +205,11 @@ def test_check_catches_a_changed_record_and_a_moved_head(vendor, tmp_path, capsy
     sid = "20990101-000000-000000"
     (rerun / ".milarun" / f"profile-{sid}").mkdir(parents=True)
     shutil.copy(profile, rerun / ".milarun" / f"profile-{sid}" / "0-audit.json")
+    # the same machine: the identity the vendor's session recorded
+    ident = json.loads((out / ".milarun" / "session.json").read_text())["sessions"][0]["identity"]
     (rerun / ".milarun" / "session.json").write_text(json.dumps(
         {"format": "milarun-session", "version": 1, "invocation": {},
-         "sessions": [{"id": sid, "identity": {"vm": IDENTITY}}]}))
+         "sessions": [{"id": sid, "identity": ident}]}))
     shutil.copy(out / c["record"], rerun / c["record"])
     verdict, rows, _ = audit.check_audit(copy, rerun)
     assert verdict.ok and rows[0]["ratio"] == pytest.approx(1.0)
@@ -342,9 +344,9 @@ def test_compare_identity():
     assert not audit.compare_identity(IDENTITY, dmi)[0]
     assert audit.compare_identity(None, IDENTITY) == (False, "identity not recorded in the bundle")
     assert audit.compare_identity(IDENTITY, None) == (False, "identity not recorded in the rerun")
-    cpu = {"cpu_model": "X", "gpus": [], "dmi": {}, "macs": {"eth0": "m1", "veth": "m2"}}
-    assert audit.compare_identity(cpu, {**cpu, "macs": {"eth0": "m1"}})[0]
-    assert not audit.compare_identity(cpu, {**cpu, "macs": {"eth0": "m3"}})[0]
+    cpu = {"cpu_model": "X", "gpus": [], "dmi": {}, "nics": {"eth0": "m1", "veth": "m2"}}
+    assert audit.compare_identity(cpu, {**cpu, "nics": {"eth0": "m1"}})[0]
+    assert not audit.compare_identity(cpu, {**cpu, "nics": {"eth0": "m3"}})[0]
     assert not audit.compare_identity(cpu, {**cpu, "cpu_model": "Y"})[0]
     # GPUs on one side only: not the same machine
     assert not audit.compare_identity(cpu, {**cpu, "gpus": IDENTITY["gpus"]})[0]

@@ -512,8 +512,8 @@ def compare_identity(vendor, rerun):
             matched.append(f"DMI {key}")
     if not matched and not problems:
         cv, cr = vendor.get("cpu_model"), rerun.get("cpu_model")
-        mv, mr = set(_str_values(vendor.get("macs")).values()), \
-            set(_str_values(rerun.get("macs")).values())
+        mv, mr = set(_str_values(vendor.get("nics")).values()), \
+            set(_str_values(rerun.get("nics")).values())
         if cv != cr:
             problems.append(f"CPU model differs: bundle {cv}; rerun {cr}")
         if not (mv & mr):
