@@ -465,14 +465,16 @@ def _profile_clauses(b, v):
               f"the recorded profile cannot be read: {exc}", [first[0][1]])
         return
     b.jobs = {f"{inv.get('suite')}.{j.name}": j for j in jobs}
-    runs = defaultdict(set)
+    grid = defaultdict(set)     # name -> {(run, device)}
     for plan in b.plans.values():
         for lch in plan.get("launches") or []:
             if isinstance(lch, dict):
-                runs[lch.get("name")].add(lch.get("run"))
+                grid[lch.get("name")].add((lch.get("run"), str(lch.get("device"))))
         for key in plan.get("skipped") or []:
             if isinstance(key, list) and len(key) == 3:
-                runs[key[0]].add(int(key[1]) if str(key[1]).isdigit() else key[1])
+                run = int(key[1]) if str(key[1]).isdigit() else key[1]
+                grid[key[0]].add((run, str(key[2])))
+    runs = {name: {r for r, _ in cells} for name, cells in grid.items()}
     wrong = []
     if set(runs) != set(b.jobs):
         wrong.append(f"planned tests {sorted(map(str, runs))} are not the profile's selected "
@@ -482,9 +484,14 @@ def _profile_clauses(b, v):
         short = sorted(n for n, r in runs.items() if r != set(range(repeat)))
         if short:
             wrong.append(f"not every run 0..{repeat - 1} planned for: {', '.join(map(str, short))}")
+    holes = sorted(str(n) for n, cells in grid.items()
+                   if len(cells) != len(runs[n]) * len({d for _, d in cells}))
+    if holes:
+        wrong.append(f"not every run on every device planned for: {', '.join(holes)}")
     v.add("completeness", "completeness.profile-jobs", not wrong,
           "; ".join(wrong) if wrong else
-          f"the plans hold the profile's {len(b.jobs)} selected job(s), {repeat} run(s) each")
+          f"the plans hold the profile's {len(b.jobs)} selected job(s), {repeat} run(s) each "
+          "on every device")
 
 
 # --- compliance ------------------------------------------------------------------------------
@@ -817,7 +824,14 @@ def _host_clause(b, v):
         nodes[node_of(rec) or host.get("hostname") or "?"].append((path, host))
     identity = _identity(b)
     problems = []
+    planned = b.plan_launches()
     for node, items in sorted(nodes.items()):
+        for path, _ in items:
+            where = {n for _, lch in planned.get(launch_key(b.records[path]), [])
+                     for n in lch.get("nodes") or []}
+            if where and node not in where:
+                problems.append((f"{path}: ran on {node}, its launch was planned on "
+                                 f"{', '.join(sorted(map(str, where)))}", [path]))
         ref_path, ref = items[0]
         for path, host in items[1:]:
             for key in HOST_FACTS:
