@@ -16,6 +16,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -23,14 +24,15 @@ from conftest import ROOT
 from milarun.cli import main
 from milarun.formats.bundle import bundle_path, signature_path
 from milarun.formats.jsonfile import check, read_json
-from milarun.formats.manifest import entry_hash, file_digest, manifest_path, read_manifest
+from milarun.formats.manifest import (Manifest, entry_hash, file_digest, manifest_path,
+                                      read_manifest)
 from milarun.formats.rules import RulesError, read_rules
 from milarun.launcher.session import read_session
 from milarun.measure.confidence import mean_interval
 from milarun.measure.stats import steady_state
 from milarun.report.verify import render_html, render_text
 from milarun.verify import keys
-from milarun.verify.check import verify_bundle
+from milarun.verify.check import launch_key, verify_bundle
 
 PROFILE = {
     "ok": {"experiment": "milarun.models.faults:crawl", "partition_scheme": {"type": "per-gpu"},
@@ -373,6 +375,70 @@ def test_plan_without_a_launch_of_the_profile(bundle):
     v = bundle.verify()
     assert names and not {"completeness.missing", "integrity.file-missing"} & failed(v)
     assert_caught(v, "completeness.profile-jobs")
+
+
+def resume(bundle, rerun_passed=False, resume_flag=True):
+    """Append a second session to the bundle as ``milarun jobs --resume`` does, through the
+    manifest writer itself: the session file, a profile copy, a plan of the launches to
+    rerun (the failed ones, or with ``rerun_passed`` one that passed), their new records
+    (the first session's, re-stamped and moved into this session's time), the end."""
+    sid = "20261126-235959-000001"
+    out = bundle.out
+    meta = out / ".milarun"
+    chain = Manifest(out, sid)
+    bundle.edit_json(meta / "session.json", lambda s: s["sessions"].append(
+        {"id": sid, "pid": 1, "resume": resume_flag, "started": "2026-11-26T23:59:59+00:00"}))
+    chain.add("session", meta / "session.json", resume=resume_flag)
+    first_plan = next(meta.glob("plan-*.json"))
+    old_sid = first_plan.stem[len("plan-"):]
+    (meta / f"profile-{sid}").mkdir()
+    for src in (meta / f"profile-{old_sid}").iterdir():
+        shutil.copy(src, meta / f"profile-{sid}" / src.name)
+        chain.add("profile", meta / f"profile-{sid}" / src.name)
+    plan = json.loads(first_plan.read_text())
+    records = {launch_key(json.loads(r.read_text())): r for r in bundle.records()}
+    wanted = [lch for lch in plan["launches"]
+              if ("FAIL" in records[launch_key(lch)].name) != rerun_passed][:2]
+    for lch in wanted:
+        lch["result"] = lch["result"].replace(old_sid, sid)
+        lch["fail"] = lch["fail"].replace(old_sid, sid)
+    plan.update(session=sid, resume=resume_flag, launches=wanted, skipped=[])
+    (meta / f"plan-{sid}.json").write_text(json.dumps(plan))
+    chain.add("plan", meta / f"plan-{sid}.json")
+    for lch in wanted:
+        rec = json.loads(records[launch_key(lch)].read_text())
+        shift = time.time() - rec["timings"]["program"]["start"]
+        for key in ("start", "end", "origin"):
+            rec["timings"]["program"][key] += shift
+        rec["timings"].pop("barrier", None)
+        name = lch["fail"] if not rec["success"] else lch["result"]
+        (out / name).write_text(json.dumps(rec))
+        chain.add("record", out / name, launch={"name": lch["name"], "run": lch["run"],
+                                                "device": lch["device"]},
+                  success=rec["success"], reason=None)
+    chain.event("end", status="complete", passed=0, failed=len(wanted), interrupted=0,
+                unchained=0)
+    seal(out, bundle.private)
+    return sid
+
+
+def test_a_resumed_session_that_reran_failures_verifies(bundle):
+    sid = resume(bundle)
+    v = bundle.verify()
+    assert v.ok, render_text(v)
+    assert v.sessions == 2
+    assert f"{sid} (--resume)" in next(c.detail for c in v.clauses
+                                       if c.name == "completeness.sessions")
+
+
+def test_a_second_session_without_resume_is_a_duplicate(bundle):
+    resume(bundle, resume_flag=False)
+    assert_caught(bundle.verify(), "completeness.duplicate")
+
+
+def test_a_resume_that_reran_a_passed_launch_is_a_duplicate(bundle):
+    resume(bundle, rerun_passed=True)
+    assert_caught(bundle.verify(), "completeness.duplicate")
 
 
 # --- compliance --------------------------------------------------------------------------------

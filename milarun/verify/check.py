@@ -242,9 +242,10 @@ def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
             "every file matches its last manifest entry")
 
     chained = set(b.last)
-    outside = []
+    outside, found = [], {}
     for path, rec in iter_results(b.outdir):
         rel = path.relative_to(b.outdir).as_posix()
+        found[rel] = rec
         if rel in chained or rel == bundle_path(".").name:
             continue
         what = "a result record" if isinstance(rec, dict) else f"a JSON file ({rec})"
@@ -254,8 +255,13 @@ def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
 
     for path, e in b.last.items():
         if e["kind"] == "record" and path not in absent:
-            try:
-                b.records[path] = load_result(b.outdir / path)
+            try:    # read once: iter_results loaded the records it found
+                rec = found.get(path)
+                if rec is None:
+                    rec = load_result(b.outdir / path)
+                elif isinstance(rec, Exception):
+                    raise rec
+                b.records[path] = rec
             except MilarunError as exc:
                 v.add("integrity", "integrity.record", False, f"unreadable record: {exc}", [path])
 
