@@ -21,6 +21,7 @@ import time
 import pytest
 
 from conftest import ROOT
+from milarun.analysis.summary import summarize
 from milarun.cli import main
 from milarun.formats.bundle import bundle_path, signature_path
 from milarun.formats.jsonfile import check, read_json
@@ -249,6 +250,14 @@ def test_result_file_outside_the_chain_is_named(bundle):
     v = bundle.verify()
     assert_caught(v, "integrity.unchained-file")
     assert any("more/best.json" in c.paths for c in v.failed)
+
+
+def test_a_summary_outside_the_chain_is_not_result_like(bundle):
+    rec = json.loads(bundle.records(success=True)[0].read_text())
+    (bundle.out / "summary.json").write_text(json.dumps(summarize([rec])))
+    assert bundle.verify().ok
+    (bundle.out / "summary.json").write_text(json.dumps({"format": "milarun-summarY"}))
+    assert_caught(bundle.verify(), "integrity.unchained-file")
 
 
 def test_reordered_chain_is_broken(bundle):

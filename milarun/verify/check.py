@@ -60,6 +60,7 @@ from ..formats.manifest import (EVENTS, check_chain, file_digest, head_of, manif
                                 read_manifest)
 from ..formats.rules import read_rules
 from ..formats.store import iter_results, load_result
+from ..formats.summary import SUMMARY_FORMAT
 from ..launcher.chain import PLAN_FORMAT
 from ..launcher.session import digest_of_contents, read_session
 from ..measure.confidence import LEVEL, mean_interval
@@ -246,7 +247,7 @@ def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
     for path, rec in iter_results(b.outdir):
         rel = path.relative_to(b.outdir).as_posix()
         found[rel] = rec
-        if rel in chained or rel == bundle_path(".").name:
+        if rel in chained or rel == bundle_path(".").name or _not_result_like(path, rec):
             continue
         what = "a result record" if isinstance(rec, dict) else f"a JSON file ({rec})"
         outside.append((f"{rel}: {what} outside the manifest's chain: not counted", [rel]))
@@ -266,6 +267,23 @@ def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
                 v.add("integrity", "integrity.record", False, f"unreadable record: {exc}", [path])
 
     _bundle_clauses(b, v, expect_head, public_key, rules)
+
+
+#: ``format`` of the JSON files a results folder may hold besides records (a summary
+#: the vendor made): not result-like, so not named when outside the chain (never read
+#: as figures either: verify recomputes every statistic from the records).
+NOT_RESULTS = (SUMMARY_FORMAT,)
+
+
+def _not_result_like(path, rec):
+    """True for a JSON file that is not a record and declares another milarun format."""
+    if not isinstance(rec, Exception):
+        return False
+    try:
+        data = read_json(path, max_bytes=MAX_META_BYTES)
+    except MilarunError:
+        return False
+    return isinstance(data, dict) and data.get("format") in NOT_RESULTS
 
 
 def _bundle_clauses(b, v, expect_head, public_key, rules):
@@ -802,9 +820,13 @@ def _gpu_ids(host):
 
 
 def _identity(b):
-    """``{node: identity}`` from the session file's sessions (the last one wins) and the
-    bundle file."""
+    """``{node: identity}`` from the session file's sessions and the plans (the last one
+    wins), and the bundle file."""
     out = {}
+    for sid in b.session_ids:
+        ident = (b.plans.get(sid) or {}).get("identity")
+        if isinstance(ident, dict):
+            out.update({k: d for k, d in ident.items() if isinstance(d, dict)})
     for s in (b.session or {}).get("sessions", []):
         if isinstance(s, dict) and isinstance(s.get("identity"), dict):
             out.update({k: d for k, d in s["identity"].items() if isinstance(d, dict)})
