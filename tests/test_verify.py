@@ -28,7 +28,7 @@ from milarun.formats.jsonfile import check, read_json
 from milarun.formats.manifest import (Manifest, entry_hash, file_digest, manifest_path,
                                       read_manifest)
 from milarun.formats.rules import RulesError, read_rules
-from milarun.launcher.session import read_session
+from milarun.launcher.session import new_session_id, read_session
 from milarun.measure.confidence import mean_interval
 from milarun.measure.stats import steady_state
 from milarun.report.verify import render_html, render_text
@@ -391,12 +391,12 @@ def resume(bundle, rerun_passed=False, resume_flag=True):
     manifest writer itself: the session file, a profile copy, a plan of the launches to
     rerun (the failed ones, or with ``rerun_passed`` one that passed), their new records
     (the first session's, re-stamped and moved into this session's time), the end."""
-    sid = "20261126-235959-000001"
+    sid = new_session_id()[0]
     out = bundle.out
     meta = out / ".milarun"
     chain = Manifest(out, sid)
     bundle.edit_json(meta / "session.json", lambda s: s["sessions"].append(
-        {"id": sid, "pid": 1, "resume": resume_flag, "started": "2026-11-26T23:59:59+00:00"}))
+        {"id": sid, "pid": 1, "resume": resume_flag, "started": "2026-11-26T12:00:00+00:00"}))
     chain.add("session", meta / "session.json", resume=resume_flag)
     first_plan = next(meta.glob("plan-*.json"))
     old_sid = first_plan.stem[len("plan-"):]
@@ -448,6 +448,22 @@ def test_a_second_session_without_resume_is_a_duplicate(bundle):
 def test_a_resume_that_reran_a_passed_launch_is_a_duplicate(bundle):
     resume(bundle, rerun_passed=True)
     assert_caught(bundle.verify(), "completeness.duplicate")
+
+
+def test_end_tally_that_is_not_the_chains(bundle):
+    entries = bundle.entries()
+    entries[-1]["passed"] += 1
+    entries[-1]["failed"] -= 1
+    bundle.rechain(entries)
+    assert_caught(bundle.verify(), "completeness.tally")
+
+
+def test_session_id_that_is_not_its_start(bundle):
+    entries = bundle.entries()
+    for e in entries:
+        e["time"] -= 3600
+    bundle.rechain(entries)
+    assert_caught(bundle.verify(), "consistency.session-time")
 
 
 # --- compliance --------------------------------------------------------------------------------

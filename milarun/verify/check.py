@@ -46,6 +46,7 @@ Bad input from the buyer (an unreadable rules file or public key, a malformed
 everything wrong inside the bundle is a failed clause.
 """
 
+import datetime
 import math
 import re
 from collections import defaultdict
@@ -62,7 +63,7 @@ from ..formats.rules import read_rules
 from ..formats.store import iter_results, load_result
 from ..formats.summary import SUMMARY_FORMAT
 from ..launcher.chain import PLAN_FORMAT
-from ..launcher.session import digest_of_contents, read_session
+from ..launcher.session import SESSION_ID_FORMAT, digest_of_contents, read_session
 from ..measure.confidence import LEVEL, mean_interval
 from ..profile.language import load_profile
 from .keys import check_signature, load_public
@@ -81,6 +82,9 @@ OVERLAP_TOLERANCE_S = 1e-3
 #: Relative tolerance of a sample's rate against its count over its duration (the
 #: record holds both, rounded by JSON's shortest repr: far below this).
 RATE_TOLERANCE = 1e-6
+#: Seconds between a session's id (its start time, made when the session opens) and its
+#: first manifest entry (written right after, launcher/suite.py).
+SESSION_START_S = 60.0
 #: Seconds the barrier releases of one wave may spread (one server sends them all).
 BARRIER_SPREAD_S = 1.0
 #: Bounds of a GPU's energy counter's mean power over its mean power readings
@@ -438,7 +442,27 @@ def check_completeness(b, v):
             "every outcome in the chain is a planned launch")
     _report(v, "completeness", "completeness.record-launch", mismatch,
             "every record is the launch its manifest entry names")
+    _tally_clause(b, v, outcomes)
     _profile_clauses(b, v)
+
+
+def _tally_clause(b, v, outcomes):
+    """Each session's ``end`` event (its tally, printed with the head) against the
+    outcomes the chain holds for it. A session without an end was cut off (shown)."""
+    count = defaultdict(lambda: [0, 0])      # session -> [passed, not passed]
+    for got in outcomes.values():
+        for sid, success, _ in got:
+            count[sid][0 if success else 1] += 1
+    ends = {e["session"]: e for e in b.entries if e["kind"] == "end"}
+    problems, cut = [], [sid for sid in b.session_ids if sid not in ends]
+    for sid, e in ends.items():
+        said = (e.get("passed"), (e.get("failed") or 0) + (e.get("interrupted") or 0))
+        if said != tuple(count[sid]):
+            problems.append((f"session {sid}: its end says {said[0]} passed, {said[1]} not, "
+                             f"the chain holds {count[sid][0]} and {count[sid][1]}", []))
+    _report(v, "completeness", "completeness.tally", problems,
+            "each session's tally is the outcomes in its chain"
+            + (f" (cut off, no end: {', '.join(cut)})" if cut else ""))
 
 
 def _profile_copies(b, sid):
@@ -726,12 +750,22 @@ def check_consistency(b, v):
 
 
 def _time_clause(b, v):
-    """Records inside their session's time in the manifest; manifest times in order."""
+    """Session ids are their start times; records inside their session's time in the
+    manifest; manifest times in order."""
     problems = []
     first = {}
     prev = None
     for e in b.entries:
-        first.setdefault(e["session"], e["time"])
+        if e["session"] not in first:
+            first[e["session"]] = e["time"]
+            try:
+                began = datetime.datetime.strptime(e["session"], SESSION_ID_FORMAT).replace(
+                    tzinfo=datetime.timezone.utc).timestamp()
+            except ValueError:
+                began = None
+            if began is None or abs(e["time"] - began) > SESSION_START_S:
+                problems.append((f"session {e['session']}: its id is not the time its first "
+                                 f"entry was written ({e['time']:.0f})", []))
         if prev is not None and e["time"] < prev - CLOCK_TOLERANCE_S:
             problems.append((f"manifest entry {e['seq']} is {prev - e['time']:.3g} s older than "
                              "the entry before it", []))
