@@ -463,7 +463,10 @@ def test_session_id_that_is_not_its_start(bundle):
     for e in entries:
         e["time"] -= 3600
     bundle.rechain(entries)
-    assert_caught(bundle.verify(), "consistency.session-time")
+    v = bundle.verify()
+    assert_caught(v, "consistency.session-time")
+    assert any("its id is not the time its first entry was written" in c.detail
+               for c in v.failed)
 
 
 # --- compliance --------------------------------------------------------------------------------
@@ -684,6 +687,25 @@ def test_acceptance_thresholds_reuse_the_report_verdict(bundle):
     assert_caught(v, "performance.acceptance")
     assert "no burn results" in next(c.detail for c in v.failed
                                      if c.name == "performance.acceptance")
+
+
+def test_hostile_plan_and_session_are_failed_clauses_not_errors(bundle):
+    plan = next((bundle.out / ".milarun").glob("plan-*.json"))
+    def garble(p):
+        p["launches"][0].update(name=["a", {"b": 1}], nodes=7, test_argv=3, device=None)
+        p["launches"][1].update(run=[1])
+        p["skipped"] = [[["x"], {}, None], "junk"]
+        p["identity"] = {"vm": {"gpus": 5, "hostname": ["vm"]}}
+    bundle.edit_json(plan, garble)
+    bundle.edit_json(bundle.out / ".milarun" / "session.json", lambda s: (
+        s["invocation"].update(extra_args={"x": 1}, names="ok", repeat="2"),
+        s["sessions"][0].update(identity=[1, 2])))
+    bundle.rechain()
+    v = bundle.verify(rules=bundle.rules(min_repeats=2, dataset_preset="tiny"))
+    assert v.exit_code == 1
+    assert not [c.name for c in v.clauses if c.name.endswith(".error")], render_text(v)
+    assert {"completeness.missing", "completeness.extra", "completeness.profile-jobs",
+            "compliance.repeats"} <= failed(v)
 
 
 # --- bad input, renderers, the rules file ----------------------------------------------------

@@ -133,16 +133,29 @@ class Bundle:
         """``{(name, run, device): [(session, launch)]}`` over every session's plan."""
         out = defaultdict(list)
         for sid, plan in self.plans.items():
-            for lch in plan.get("launches") or []:
+            for lch in _list(plan.get("launches")):
                 if isinstance(lch, dict):
                     out[launch_key(lch)].append((sid, lch))
         return out
 
 
+def _scalar(x):
+    """``x`` when a string or an integer, else its short ``repr`` (hashable, shown as is):
+    a plan or a manifest from elsewhere may hold anything."""
+    if isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool)):
+        return x
+    return repr(x)[:100]
+
+
+def _list(x):
+    """``x`` when a list, else an empty one."""
+    return x if isinstance(x, list) else []
+
+
 def launch_key(d):
     """``(name, run, device)`` of a plan launch, a chain entry's ``launch`` or a record
     (the device as text)."""
-    return (d.get("name"), d.get("run"), str(d.get("device")))
+    return (_scalar(d.get("name")), _scalar(d.get("run")), str(_scalar(d.get("device"))))
 
 
 def _show_key(key):
@@ -189,12 +202,20 @@ def verify_bundle(outdir, rules=None, expect_head=None, public_key=None):
         raise MilarunError("not a results folder", path=outdir)
     v = Verdict(bundle=str(outdir))
     b = Bundle(outdir)
-    check_integrity(b, v, expect_head=expect_head, public_key=public_key, rules=rules)
-    check_completeness(b, v)
-    check_compliance(b, v, rules)
-    check_consistency(b, v)
+    steps = [("integrity", lambda: check_integrity(b, v, expect_head=expect_head,
+                                                   public_key=public_key, rules=rules)),
+             ("completeness", lambda: check_completeness(b, v)),
+             ("compliance", lambda: check_compliance(b, v, rules)),
+             ("consistency", lambda: check_consistency(b, v))]
     if rules is not None:
-        check_performance(b, v, rules)
+        steps.append(("performance", lambda: check_performance(b, v, rules)))
+    for section, step in steps:
+        try:
+            step()
+        except Exception as exc:    # noqa: BLE001 -- a bundle's content is never a traceback
+            v.add(section, f"{section}.error", False,
+                  f"the bundle could not be checked further ({type(exc).__name__}: "
+                  f"{str(exc)[:300]})")
     return v
 
 
@@ -359,9 +380,9 @@ def check_completeness(b, v):
         v.add("completeness", "completeness.sessions", False, str(exc),
               [".milarun/session.json"])
     else:
-        listed = [s.get("id") for s in (b.session or {}).get("sessions", [])
+        listed = [s.get("id") for s in _list((b.session or {}).get("sessions"))
                   if isinstance(s, dict)]
-        resumed = [s.get("id") for s in (b.session or {}).get("sessions", [])
+        resumed = [s.get("id") for s in _list((b.session or {}).get("sessions"))
                    if isinstance(s, dict) and s.get("resume")]
         ok = b.session is not None and listed == sids
         v.add("completeness", "completeness.sessions", ok,
@@ -506,8 +527,15 @@ def _profile_clauses(b, v):
               "the profile includes other files: its jobs are not re-planned here "
               "(its digest was checked)")
         return
+    names = inv.get("names")
+    if names is not None and not (isinstance(names, list)
+                                  and all(isinstance(n, str) for n in names)):
+        v.add("completeness", "completeness.profile-jobs", False,
+              f"the session file's names are not a list of job names: {repr(names)[:200]}",
+              [".milarun/session.json"])
+        return
     try:
-        jobs = load_profile(b.outdir / first[0][1], names=inv.get("names"))
+        jobs = load_profile(b.outdir / first[0][1], names=names)
     except MilarunError as exc:
         v.add("completeness", "completeness.profile-jobs", False,
               f"the recorded profile cannot be read: {exc}", [first[0][1]])
@@ -515,13 +543,14 @@ def _profile_clauses(b, v):
     b.jobs = {f"{inv.get('suite')}.{j.name}": j for j in jobs}
     grid = defaultdict(set)     # name -> {(run, device)}
     for plan in b.plans.values():
-        for lch in plan.get("launches") or []:
+        for lch in _list(plan.get("launches")):
             if isinstance(lch, dict):
-                grid[lch.get("name")].add((lch.get("run"), str(lch.get("device"))))
-        for key in plan.get("skipped") or []:
+                name, run, device = launch_key(lch)
+                grid[name].add((run, device))
+        for key in _list(plan.get("skipped")):
             if isinstance(key, list) and len(key) == 3:
-                run = int(key[1]) if str(key[1]).isdigit() else key[1]
-                grid[key[0]].add((run, str(key[2])))
+                run = int(key[1]) if str(key[1]).isdigit() else _scalar(key[1])
+                grid[_scalar(key[0])].add((run, str(_scalar(key[2]))))
     runs = {name: {r for r, _ in cells} for name, cells in grid.items()}
     wrong = []
     if set(runs) != set(b.jobs):
@@ -555,7 +584,8 @@ def find_overrides(b):
     out = []
     inv = (b.session or {}).get("invocation") or {}
     if inv.get("extra_args"):
-        out.append(("extra_args", "-- " + " ".join(map(str, inv["extra_args"]))))
+        out.append(("extra_args", "-- " + " ".join(map(str, _list(inv["extra_args"])))
+                    if isinstance(inv["extra_args"], list) else repr(inv["extra_args"])[:300]))
     if inv.get("timeout") is not None:
         out.append(("timeout", f"--timeout {inv['timeout']}"))
     if inv.get("no_cgexec"):
@@ -563,14 +593,15 @@ def find_overrides(b):
     if inv.get("cpu_slots") is not None:
         out.append(("cpu_slots", f"--cpu-slots {inv['cpu_slots']}"))
     if inv.get("names"):
-        out.append(("names", "--name/--select " + ", ".join(map(str, inv["names"]))))
+        out.append(("names", "--name/--select " + ", ".join(map(str, _list(inv["names"])))))
     planned = b.plan_launches()
     for path, rec in sorted(b.records.items()):
         argv = (rec.get("call") or {}).get("argv")
         plans = planned.get(launch_key(rec)) or []
         if plans and argv is not None and argv not in [p.get("test_argv") for _, p in plans]:
-            out.append(("argv", f"{path}: ran with {' '.join(map(str, argv))[:300]!s}, "
-                                f"planned {' '.join(map(str, plans[0][1].get('test_argv') or []))[:300]}"))
+            planned_argv = " ".join(map(str, _list(plans[0][1].get("test_argv"))))
+            out.append(("argv", f"{path}: ran with {' '.join(map(str, argv))[:300]}, "
+                                f"planned {planned_argv[:300]}"))
     return out
 
 
@@ -737,7 +768,7 @@ def check_consistency(b, v):
         b.summary = summarize(sorted(b.records.items()), warn=None)
         for name in b.summary.get("skipped", []):
             skipped.append((f"{name}: its samples give no statistic (malformed)", [name]))
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError) as exc:
         b.summary = None
         skipped.append((f"the statistics cannot be recomputed: {exc}", []))
     _report(v, "consistency", "consistency.statistics", skipped,
@@ -861,7 +892,7 @@ def _identity(b):
         ident = (b.plans.get(sid) or {}).get("identity")
         if isinstance(ident, dict):
             out.update({k: d for k, d in ident.items() if isinstance(d, dict)})
-    for s in (b.session or {}).get("sessions", []):
+    for s in _list((b.session or {}).get("sessions")):
         if isinstance(s, dict) and isinstance(s.get("identity"), dict):
             out.update({k: d for k, d in s["identity"].items() if isinstance(d, dict)})
     if b.bundle and isinstance(b.bundle.get("identity"), dict):
@@ -873,7 +904,7 @@ def _identity(b):
 def _identity_gpus(ident):
     """The GPU UUIDs and serials of a node's identity (``gpus``: list of objects)."""
     ids = set()
-    for g in ident.get("gpus") or []:
+    for g in _list(ident.get("gpus")):
         if isinstance(g, dict):
             ids.update(str(g[k]) for k in ("uuid", "serial") if g.get(k))
     return ids
@@ -889,8 +920,8 @@ def _host_clause(b, v):
     planned = b.plan_launches()
     for node, items in sorted(nodes.items()):
         for path, _ in items:
-            where = {n for _, lch in planned.get(launch_key(b.records[path]), [])
-                     for n in lch.get("nodes") or []}
+            where = {_scalar(n) for _, lch in planned.get(launch_key(b.records[path]), [])
+                     for n in _list(lch.get("nodes"))}
             if where and node not in where:
                 problems.append((f"{path}: ran on {node}, its launch was planned on "
                                  f"{', '.join(sorted(map(str, where)))}", [path]))
