@@ -455,8 +455,8 @@ def _burn_clauses(clause, groups):
                     out.append({"ok": False, "clause": label, "detail": "no GPU measured"})
                     continue
                 worst = min(rated, key=lambda g: g["pct"])
-                detail = (f"median {figure_text(table['median'])} TFLOP/s over {len(rated)} GPU(s); "
-                          f"lowest {gpu_where(worst)} {worst['pct']:+.1f}%")
+                detail = (f"median {figure_text(table['median'])} TFLOP/s over {len(rated)} "
+                          f"GPU(s); lowest {gpu_where(worst)} {worst['pct']:+.1f}%")
             elif key == "data_corruption":
                 bad = [g for g in gpus if g.get("failure") == "data-corruption"]
                 detail = f"{len(gpus)} GPU run(s) checked"
