@@ -105,7 +105,7 @@ HEAVY = ("torch", "coleo", "ptera", "giving", "reactivex", "asyncio", "varname",
 
 @pytest.mark.parametrize("command", [None, "run", "jobs", "profile", "slurm", "rerun",
                                      "dataset", "devices", "summary", "report",
-                                     "seal", "keygen", "tender", "audit"])
+                                     "seal", "keygen", "verify", "tender", "audit"])
 def test_help_imports_nothing_heavy_and_only_its_command(command):
     from milarun.cli import COMMANDS
     assert command is None or command in COMMANDS

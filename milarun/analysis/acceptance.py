@@ -22,6 +22,8 @@ acceptance section too. The figures of each T:
 
 Ratios to the peaks and the per-GPU comparison of the burn-in are the report's
 (:mod:`milarun.report.acceptance`): its threshold is an option of ``milarun report``.
+The verdict of a thresholds file against a summary's tests (:func:`verdict`) is here, pure,
+so that ``milarun report --thresholds`` and ``milarun verify`` share it.
 """
 
 import re
@@ -245,3 +247,229 @@ def _devkey(label):
 
 
 __all__ = ["EXPERIMENTS", "COPY_KEYS", "STREAM_KERNELS", "acceptance_figures", "kind_of"]
+
+# --- the verdict of a thresholds file (milarun report --thresholds, milarun verify) ----
+
+#: Default percentage below the median of all GPUs that flags a burn-in GPU SLOW.
+BURN_THRESHOLD_PCT = 5.0
+
+
+def size_text(nbytes):
+    """``8 B``, ``64 KiB``, ``1 GiB``, ``1.5 MiB``."""
+    if nbytes is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            v = nbytes / scale
+            return f"{v:g} {unit}" if v == int(v) else f"{v:.3g} {unit}"
+    return f"{nbytes} B"
+
+
+def pct_text(fraction):
+    """A fraction as a percentage to one decimal (``-`` for None)."""
+    return "-" if fraction is None else f"{100 * fraction:.1f}%"
+
+
+def burn_table(gpus, threshold=BURN_THRESHOLD_PCT):
+    """The per-GPU burn-in rows with ``pct`` (difference from the median TFLOP/s of every
+    GPU of the test, all nodes, in percent) and ``flags``: ``SLOW`` (more than
+    ``threshold`` percent below), ``THROTTLED``, ``CLOCK-DROP``, the failure reason
+    (``DATA-CORRUPTION``...)."""
+    rates = [g["tflops"] for g in gpus if g.get("tflops") is not None and not g.get("failure")]
+    median = statistics.median(rates) if rates else None
+    rows = []
+    for g in gpus:
+        t = g.get("tflops")
+        pct = 100.0 * (t / median - 1.0) if t is not None and median else None
+        flags = []
+        if g.get("failure"):
+            flags.append(str(g["failure"]).upper())
+        if pct is not None and not g.get("failure") and pct < -threshold:
+            flags.append("SLOW")
+        if g.get("throttled"):
+            flags.append("THROTTLED")
+        if g.get("clock_drop"):
+            flags.append("CLOCK-DROP")
+        rows.append({**g, "pct": pct, "flags": flags})
+    return {"gpus": rows, "median": median, "threshold": threshold}
+
+
+def gpu_where(row):
+    """``node:device`` of a burn-in row (``device`` alone on one node)."""
+    node = row.get("node")
+    return f"{node}:{row['device']}" if node else str(row["device"])
+
+
+def figure_text(x):
+    """A figure to three significant digits, whole from 100 up (no exponent there)."""
+    return "-" if x is None else format(x, ".0f" if x >= 100 else ".3g")
+
+
+def verdict(thresholds, tests):
+    """The clauses of ``thresholds`` (a checked thresholds file) against the summary's
+    tests: ``[{"ok": bool, "clause": str, "detail": str}]``, one per clause and test group.
+    A clause with nothing to check (no such test, a size not measured, no expected peak)
+    fails: acceptance is shown, not assumed (docs/acceptance.md, "Thresholds")."""
+    out = []
+    groups = {}
+    for name, test in tests.items():
+        acc = test.get("acceptance") if isinstance(test, dict) else None
+        if isinstance(acc, dict) and acc.get("test") in acc:
+            groups.setdefault(acc["test"], []).append((name, acc[acc["test"]]))
+    for op, clause in (thresholds.get("collectives") or {}).items():
+        out += _collective_clauses(op, clause, groups.get("collectives", []))
+    if thresholds.get("bandwidth"):
+        out += _bandwidth_clauses(thresholds["bandwidth"], groups.get("bandwidth", []))
+    for p, clause in (thresholds.get("matmul") or {}).items():
+        out += _matmul_clauses(p, clause, groups.get("matmul", []))
+    if thresholds.get("burn"):
+        out += _burn_clauses(thresholds["burn"], groups.get("burn", []))
+    return out
+
+
+def _missing(clause, test):
+    return [{"ok": False, "clause": clause, "detail": f"no {test} results"}]
+
+
+def _collective_clauses(op, clause, groups):
+    at = clause.get("at_bytes")
+    name = f"collectives {op}" + (f" at {size_text(at)}" if at else " at the largest size")
+    if not groups:
+        return _missing(name, "collectives")
+    out = []
+    for test, body in groups:
+        rows = [r for r in body.get("rows") or [] if r["op"] == op]
+        row = ([r for r in rows if r["bytes"] == at] or [None])[0] if at else \
+            (rows[-1] if rows else None)
+        label = f"{name} ({test})"
+        if row is None or row.get("busbw_gbps") is None:
+            out.append({"ok": False, "clause": label,
+                        "detail": f"{op} not measured at {size_text(at)}" if at
+                        else f"{op} not measured"})
+            continue
+        busbw, peak = row["busbw_gbps"], body.get("expected_busbw_gbps")
+        parts, ok = [f"busbw {figure_text(busbw)} GB/s at {size_text(row['bytes'])};"], True
+        if "min_busbw_fraction" in clause:
+            want = clause["min_busbw_fraction"]
+            if not peak:
+                ok = False
+                parts.append(f"no expected peak recorded (needed: >= {pct_text(want)} of it)")
+            else:
+                ok &= busbw / peak >= want
+                parts.append(f"= {pct_text(busbw / peak)} of the expected {figure_text(peak)} GB/s "
+                             f"(needed: >= {pct_text(want)})")
+        if "min_busbw_gbps" in clause:
+            ok &= busbw >= clause["min_busbw_gbps"]
+            parts.append(f"(needed: >= {clause['min_busbw_gbps']:g} GB/s)")
+        out.append({"ok": bool(ok), "clause": label, "detail": " ".join(parts)})
+    return out
+
+
+def _bandwidth_clauses(clause, groups):
+    out = []
+    for key, want in clause.items():
+        name = f"bandwidth {key} >= {want:g} GB/s"
+        if not groups:
+            out += _missing(name, "bandwidth")
+            continue
+        for test, body in groups:
+            if key == "d2d_gbps":
+                figures = [(f"{c['src']}->{c['dst']}", c, c.get("gbps"))
+                           for c in body.get("d2d") or []]
+            elif key.startswith("stream_"):
+                figures = [(r["device"], r, r.get(key[len("stream_"):]))
+                           for r in body.get("stream") or []]
+            else:
+                figures = [(str(c["gpu"]), c, c.get(key)) for c in body.get("copies") or []]
+            measured = [(f"{r['node']}:{w}" if r.get("node") else w, v)
+                        for w, r, v in figures if v is not None]
+            label = f"{name} ({test})"
+            if not measured:
+                out.append({"ok": False, "clause": label,
+                            "detail": "not measured" + (" (not applicable: no GPU)"
+                                                        if body.get("not_applicable") else "")})
+                continue
+            where, low = min(measured, key=lambda m: m[1])
+            bad = [w for w, v in measured if v < want]
+            out.append({"ok": not bad, "clause": label,
+                        "detail": f"lowest {figure_text(low)} GB/s ({where}) of {len(measured)}"
+                        + (f"; below: {', '.join(bad[:8])}" + (" ..." if len(bad) > 8 else "")
+                           if bad else "")})
+    return out
+
+
+def _matmul_clauses(p, clause, groups):
+    name = f"matmul {p}"
+    if not groups:
+        return _missing(name, "matmul")
+    out = []
+    for test, body in groups:
+        label = f"{name} ({test})"
+        entry = next((e for e in body if e["precision"] == p), None)
+        if entry is None or not entry.get("supported") or entry.get("best_tflops_min") is None:
+            out.append({"ok": False, "clause": label,
+                        "detail": "not measured" if entry is None else
+                        "not supported on this device"})
+            continue
+        low, peak = entry["best_tflops_min"], entry.get("peak_tflops")
+        parts, ok = [f"best {figure_text(low)} TFLOP/s (lowest GPU);"], True
+        if "min_peak_fraction" in clause:
+            want = clause["min_peak_fraction"]
+            if not peak:
+                ok = False
+                parts.append(f"no datasheet peak for this device (needed: >= {pct_text(want)})")
+            else:
+                ok &= low / peak >= want
+                parts.append(f"= {pct_text(low / peak)} of the peak {peak:g} "
+                             f"(needed: >= {pct_text(want)})")
+        if "min_tflops" in clause:
+            ok &= low >= clause["min_tflops"]
+            parts.append(f"(needed: >= {clause['min_tflops']:g} TFLOP/s)")
+        out.append({"ok": bool(ok), "clause": label, "detail": " ".join(parts)})
+    return out
+
+
+def _burn_clauses(clause, groups):
+    out = []
+    checks = []
+    if "max_below_median_pct" in clause:
+        checks.append(("below", f"burn no GPU more than {clause['max_below_median_pct']:g}% "
+                                f"below the median"))
+    for key, text in (("data_corruption", "burn no data corruption"),
+                      ("throttled", "burn no throttling"),
+                      ("clock_drop", "burn no clock drop")):
+        if key in clause:
+            checks.append((key, text))
+    for key, name in checks:
+        if not groups:
+            out += _missing(name, "burn")
+            continue
+        for test, body in groups:
+            gpus = body.get("gpus") or []
+            label = f"{name} ({test})"
+            if key == "below":
+                table = burn_table(gpus, clause["max_below_median_pct"])
+                bad = [g for g in table["gpus"] if "SLOW" in g["flags"]]
+                rated = [g for g in table["gpus"] if g["pct"] is not None]
+                if not rated:
+                    out.append({"ok": False, "clause": label, "detail": "no GPU measured"})
+                    continue
+                worst = min(rated, key=lambda g: g["pct"])
+                detail = (f"median {figure_text(table['median'])} TFLOP/s over {len(rated)} "
+                          f"GPU(s); lowest {gpu_where(worst)} {worst['pct']:+.1f}%")
+            elif key == "data_corruption":
+                bad = [g for g in gpus if g.get("failure") == "data-corruption"]
+                detail = f"{len(gpus)} GPU run(s) checked"
+            else:
+                bad = [g for g in gpus if g.get(key)]
+                known = [g for g in gpus if g.get(key) is not None]
+                if not known:
+                    out.append({"ok": False, "clause": label,
+                                "detail": "no clock readings (no GPU backend reads them)"})
+                    continue
+                detail = f"{len(known)} GPU(s) with clock readings"
+            if bad:
+                detail += "; flagged: " + ", ".join(gpu_where(g) for g in bad[:8]) + \
+                    (" ..." if len(bad) > 8 else "")
+            out.append({"ok": not bad, "clause": label, "detail": detail})
+    return out

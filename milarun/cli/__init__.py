@@ -23,7 +23,7 @@ DESCRIPTION = "milarun: deep-learning server benchmark"
 
 #: The commands, in the order ``milarun --help`` lists them; each is ``milarun.cli.<name>``.
 COMMANDS = ("run", "jobs", "profile", "slurm", "rerun", "dataset", "devices", "summary",
-            "report", "seal", "keygen", "tender", "audit")
+            "report", "seal", "keygen", "verify", "tender", "audit")
 
 
 #: Commands whose arguments after ``--`` go to the test(s).

@@ -282,7 +282,7 @@ def _show(value):
 
 _BASE = "https://milarun.invalid/schemas/"
 SCHEMAS = ("common", "profile", "result", "summary", "weights", "system", "thresholds",
-           "bundle", "prices")
+           "bundle", "prices", "rules")
 
 
 #: Largest float; a bigger int is not a finite "number".

@@ -168,12 +168,19 @@ def profile_digest(path):
     def read(f):    # bounded, and never a FIFO (see read_bytes)
         return read_bytes(f, error_cls=ProfileError, what="profile")
 
-    files = profile_files(path)
-    if len(files) == 1:
-        return hashlib.sha256(read(path)).hexdigest()
+    return digest_of_contents([read(f) for f in profile_files(path)])
+
+
+def digest_of_contents(contents):
+    """The profile digest of :func:`profile_digest` from its files' bytes, in
+    :func:`milarun.profile.language.profile_files` order (``contents``: list of bytes):
+    SHA-256 (hex) of the one file, or of the concatenated SHA-256 digests of several.
+    ``milarun verify`` applies it to a session's profile copies."""
+    if len(contents) == 1:
+        return hashlib.sha256(contents[0]).hexdigest()
     digest = hashlib.sha256()
-    for f in files:
-        digest.update(hashlib.sha256(read(f)).digest())
+    for raw in contents:
+        digest.update(hashlib.sha256(raw).digest())
     return digest.hexdigest()
 
 

@@ -10,19 +10,18 @@ table, where a GPU more than ``burn_threshold`` percent below the median of ever
 the test (all nodes) is ``SLOW``.
 
 The thresholds file (``milarun/formats/schemas/thresholds.schema.json``, docs/acceptance.md)
-gives clauses; :func:`verdict` checks each against every group of its test: one line per
+gives clauses; :func:`milarun.analysis.acceptance.verdict` checks each against every group of its test: one line per
 clause and group, PASS or FAIL with the figures. A clause with nothing to check (no such
 test, a size not measured, no expected peak) fails: acceptance is shown, not assumed.
 """
 
-import statistics
-
+# the verdict of a thresholds file is pure: it lives in analysis/ (milarun verify uses it)
+from ..analysis.acceptance import BURN_THRESHOLD_PCT, burn_table, size_text, verdict
+from ..analysis.acceptance import figure_text as _gb, gpu_where as _where, pct_text as _pct
 from ..errors import MilarunError
 from .formatting import fmt_num
 from .plots import svg_text
 
-#: Default percentage below the median of all GPUs that flags a burn-in GPU SLOW.
-BURN_THRESHOLD_PCT = 5.0
 #: The collectives in the order the tests measure them.
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 #: Host-device copy figures, as the summary names them (without ``_gbps``).
@@ -46,23 +45,8 @@ def check_burn_threshold(value):
     return v
 
 
-def size_text(nbytes):
-    """``8 B``, ``64 KiB``, ``1 GiB``, ``1.5 MiB``."""
-    if nbytes is None:
-        return "-"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            v = nbytes / scale
-            return f"{v:g} {unit}" if v == int(v) else f"{v:.3g} {unit}"
-    return f"{nbytes} B"
-
-
 def _ratio(x, peak):
     return x / peak if x is not None and peak else None
-
-
-def _pct(fraction):
-    return "-" if fraction is None else f"{100 * fraction:.1f}%"
 
 
 def acceptance_sections(tests, burn_threshold=BURN_THRESHOLD_PCT):
@@ -120,46 +104,12 @@ def _collectives(body):
     return {"rows": rows, "peak": peak, "bound": body.get("expected_bound"), "ops": ops}
 
 
-def burn_table(gpus, threshold=BURN_THRESHOLD_PCT):
-    """The per-GPU burn-in rows with ``pct`` (difference from the median TFLOP/s of every
-    GPU of the test, all nodes, in percent) and ``flags``: ``SLOW`` (more than
-    ``threshold`` percent below), ``THROTTLED``, ``CLOCK-DROP``, the failure reason
-    (``DATA-CORRUPTION``...)."""
-    rates = [g["tflops"] for g in gpus if g.get("tflops") is not None and not g.get("failure")]
-    median = statistics.median(rates) if rates else None
-    rows = []
-    for g in gpus:
-        t = g.get("tflops")
-        pct = 100.0 * (t / median - 1.0) if t is not None and median else None
-        flags = []
-        if g.get("failure"):
-            flags.append(str(g["failure"]).upper())
-        if pct is not None and not g.get("failure") and pct < -threshold:
-            flags.append("SLOW")
-        if g.get("throttled"):
-            flags.append("THROTTLED")
-        if g.get("clock_drop"):
-            flags.append("CLOCK-DROP")
-        rows.append({**g, "pct": pct, "flags": flags})
-    return {"gpus": rows, "median": median, "threshold": threshold}
-
-
-def _where(row):
-    node = row.get("node")
-    return f"{node}:{row['device']}" if node else str(row["device"])
-
-
 def _table(header, body, indent="  "):
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h)
               for i, h in enumerate(header)]
     lines = [indent + "  ".join(f"{h:>{w}}" for h, w in zip(header, widths))]
     lines += [indent + "  ".join(f"{c:>{w}}" for c, w in zip(r, widths)) for r in body]
     return lines
-
-
-def _gb(x):
-    """A figure to three significant digits, whole from 100 up (no exponent there)."""
-    return fmt_num(x, ".0f" if x is not None and x >= 100 else ".3g")
 
 
 def scaling_table(sections):
@@ -283,176 +233,6 @@ def d2d_matrices(cells):
                   + ("*" if at[(s, d)].get("peer") is False else "")) for d in gpus]
                 for s in gpus]
         out.append((node, {"gpus": gpus, "cells": text, "values": values}))
-    return out
-
-
-# --- the verdict ---------------------------------------------------------------------------
-
-def verdict(thresholds, tests):
-    """The clauses of ``thresholds`` (a checked thresholds file) against the summary's
-    tests: ``[{"ok": bool, "clause": str, "detail": str}]`` (module docstring)."""
-    out = []
-    groups = {}
-    for name, test in tests.items():
-        acc = test.get("acceptance") if isinstance(test, dict) else None
-        if isinstance(acc, dict) and acc.get("test") in acc:
-            groups.setdefault(acc["test"], []).append((name, acc[acc["test"]]))
-    for op, clause in (thresholds.get("collectives") or {}).items():
-        out += _collective_clauses(op, clause, groups.get("collectives", []))
-    if thresholds.get("bandwidth"):
-        out += _bandwidth_clauses(thresholds["bandwidth"], groups.get("bandwidth", []))
-    for p, clause in (thresholds.get("matmul") or {}).items():
-        out += _matmul_clauses(p, clause, groups.get("matmul", []))
-    if thresholds.get("burn"):
-        out += _burn_clauses(thresholds["burn"], groups.get("burn", []))
-    return out
-
-
-def _missing(clause, test):
-    return [{"ok": False, "clause": clause, "detail": f"no {test} results"}]
-
-
-def _collective_clauses(op, clause, groups):
-    at = clause.get("at_bytes")
-    name = f"collectives {op}" + (f" at {size_text(at)}" if at else " at the largest size")
-    if not groups:
-        return _missing(name, "collectives")
-    out = []
-    for test, body in groups:
-        rows = [r for r in body.get("rows") or [] if r["op"] == op]
-        row = ([r for r in rows if r["bytes"] == at] or [None])[0] if at else \
-            (rows[-1] if rows else None)
-        label = f"{name} ({test})"
-        if row is None or row.get("busbw_gbps") is None:
-            out.append({"ok": False, "clause": label,
-                        "detail": f"{op} not measured at {size_text(at)}" if at
-                        else f"{op} not measured"})
-            continue
-        busbw, peak = row["busbw_gbps"], body.get("expected_busbw_gbps")
-        parts, ok = [f"busbw {_gb(busbw)} GB/s at {size_text(row['bytes'])};"], True
-        if "min_busbw_fraction" in clause:
-            want = clause["min_busbw_fraction"]
-            if not peak:
-                ok = False
-                parts.append(f"no expected peak recorded (needed: >= {_pct(want)} of it)")
-            else:
-                ok &= busbw / peak >= want
-                parts.append(f"= {_pct(busbw / peak)} of the expected {_gb(peak)} GB/s "
-                             f"(needed: >= {_pct(want)})")
-        if "min_busbw_gbps" in clause:
-            ok &= busbw >= clause["min_busbw_gbps"]
-            parts.append(f"(needed: >= {clause['min_busbw_gbps']:g} GB/s)")
-        out.append({"ok": bool(ok), "clause": label, "detail": " ".join(parts)})
-    return out
-
-
-def _bandwidth_clauses(clause, groups):
-    out = []
-    for key, want in clause.items():
-        name = f"bandwidth {key} >= {want:g} GB/s"
-        if not groups:
-            out += _missing(name, "bandwidth")
-            continue
-        for test, body in groups:
-            if key == "d2d_gbps":
-                figures = [(f"{c['src']}->{c['dst']}", c, c.get("gbps"))
-                           for c in body.get("d2d") or []]
-            elif key.startswith("stream_"):
-                figures = [(r["device"], r, r.get(key[len("stream_"):]))
-                           for r in body.get("stream") or []]
-            else:
-                figures = [(str(c["gpu"]), c, c.get(key)) for c in body.get("copies") or []]
-            measured = [(f"{r['node']}:{w}" if r.get("node") else w, v)
-                        for w, r, v in figures if v is not None]
-            label = f"{name} ({test})"
-            if not measured:
-                out.append({"ok": False, "clause": label,
-                            "detail": "not measured" + (" (not applicable: no GPU)"
-                                                        if body.get("not_applicable") else "")})
-                continue
-            where, low = min(measured, key=lambda m: m[1])
-            bad = [w for w, v in measured if v < want]
-            out.append({"ok": not bad, "clause": label,
-                        "detail": f"lowest {_gb(low)} GB/s ({where}) of {len(measured)}"
-                        + (f"; below: {', '.join(bad[:8])}" + (" ..." if len(bad) > 8 else "")
-                           if bad else "")})
-    return out
-
-
-def _matmul_clauses(p, clause, groups):
-    name = f"matmul {p}"
-    if not groups:
-        return _missing(name, "matmul")
-    out = []
-    for test, body in groups:
-        label = f"{name} ({test})"
-        entry = next((e for e in body if e["precision"] == p), None)
-        if entry is None or not entry.get("supported") or entry.get("best_tflops_min") is None:
-            out.append({"ok": False, "clause": label,
-                        "detail": "not measured" if entry is None else
-                        "not supported on this device"})
-            continue
-        low, peak = entry["best_tflops_min"], entry.get("peak_tflops")
-        parts, ok = [f"best {_gb(low)} TFLOP/s (lowest GPU);"], True
-        if "min_peak_fraction" in clause:
-            want = clause["min_peak_fraction"]
-            if not peak:
-                ok = False
-                parts.append(f"no datasheet peak for this device (needed: >= {_pct(want)})")
-            else:
-                ok &= low / peak >= want
-                parts.append(f"= {_pct(low / peak)} of the peak {peak:g} "
-                             f"(needed: >= {_pct(want)})")
-        if "min_tflops" in clause:
-            ok &= low >= clause["min_tflops"]
-            parts.append(f"(needed: >= {clause['min_tflops']:g} TFLOP/s)")
-        out.append({"ok": bool(ok), "clause": label, "detail": " ".join(parts)})
-    return out
-
-
-def _burn_clauses(clause, groups):
-    out = []
-    checks = []
-    if "max_below_median_pct" in clause:
-        checks.append(("below", f"burn no GPU more than {clause['max_below_median_pct']:g}% "
-                                f"below the median"))
-    for key, text in (("data_corruption", "burn no data corruption"),
-                      ("throttled", "burn no throttling"),
-                      ("clock_drop", "burn no clock drop")):
-        if key in clause:
-            checks.append((key, text))
-    for key, name in checks:
-        if not groups:
-            out += _missing(name, "burn")
-            continue
-        for test, body in groups:
-            gpus = body.get("gpus") or []
-            label = f"{name} ({test})"
-            if key == "below":
-                table = burn_table(gpus, clause["max_below_median_pct"])
-                bad = [g for g in table["gpus"] if "SLOW" in g["flags"]]
-                rated = [g for g in table["gpus"] if g["pct"] is not None]
-                if not rated:
-                    out.append({"ok": False, "clause": label, "detail": "no GPU measured"})
-                    continue
-                worst = min(rated, key=lambda g: g["pct"])
-                detail = (f"median {_gb(table['median'])} TFLOP/s over {len(rated)} GPU(s); "
-                          f"lowest {_where(worst)} {worst['pct']:+.1f}%")
-            elif key == "data_corruption":
-                bad = [g for g in gpus if g.get("failure") == "data-corruption"]
-                detail = f"{len(gpus)} GPU run(s) checked"
-            else:
-                bad = [g for g in gpus if g.get(key)]
-                known = [g for g in gpus if g.get(key) is not None]
-                if not known:
-                    out.append({"ok": False, "clause": label,
-                                "detail": "no clock readings (no GPU backend reads them)"})
-                    continue
-                detail = f"{len(known)} GPU(s) with clock readings"
-            if bad:
-                detail += "; flagged: " + ", ".join(_where(g) for g in bad[:8]) + \
-                    (" ..." if len(bad) > 8 else "")
-            out.append({"ok": not bad, "clause": label, "detail": detail})
     return out
 
 

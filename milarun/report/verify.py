@@ -1,0 +1,73 @@
+"""The verdict of ``milarun verify`` as text and as an HTML section
+(:class:`milarun.verify.verdict.Verdict`, built by :func:`milarun.verify.check.verify_bundle`).
+
+Text: a header (the bundle, its chain head, the sessions), the overrides found, then each
+section of :data:`milarun.verify.verdict.SECTIONS` with its clauses, the failed ones first,
+one line each (``FAIL  name: detail``), and a one-line verdict. HTML: the same, from the
+jinja2 template ``templates/verify.html.j2`` (autoescaped: every detail comes from the
+vendor's files).
+"""
+
+from ..formats.terminal import terminal_safe
+from ..verify.verdict import SECTIONS
+
+
+def grouped(verdict):
+    """``[(section, [clauses, failed first])]`` in :data:`SECTIONS` order, sections with
+    clauses only (the order of the checks is kept within passed and within failed)."""
+    out = []
+    for section in SECTIONS:
+        clauses = [c for c in verdict.clauses if c.section == section]
+        if clauses:
+            out.append((section, [c for c in clauses if not c.ok] + [c for c in clauses if c.ok]))
+    return out
+
+
+def summary_line(verdict):
+    """``VERIFIED (n clauses held)`` or ``NOT VERIFIED: k of n clauses failed (names)``."""
+    failed = verdict.failed
+    if verdict.ok:
+        return f"VERIFIED: all {len(verdict.clauses)} clauses held"
+    names = sorted({c.name for c in failed})
+    return (f"NOT VERIFIED: {len(failed)} of {len(verdict.clauses)} clauses failed ("
+            + ", ".join(names[:12]) + (" ..." if len(names) > 12 else "") + ")")
+
+
+def text_lines(verdict):
+    """The verdict as lines of text (terminal-safe: a vendor's strings cannot move the
+    cursor or colour the terminal)."""
+    lines = [f"bundle: {verdict.bundle}",
+             f"chain head: {verdict.head or '-'}",
+             f"sessions: {verdict.sessions}"]
+    if verdict.overrides:
+        lines.append(f"overrides ({len(verdict.overrides)}):")
+        lines += [f"  {o}" for o in verdict.overrides]
+    else:
+        lines.append("overrides: none")
+    for section, clauses in grouped(verdict):
+        failed = sum(not c.ok for c in clauses)
+        lines.append("")
+        lines.append(f"{section}: {'FAIL' if failed else 'PASS'} "
+                     f"({len(clauses) - failed} of {len(clauses)} clauses held)")
+        lines += [f"  {'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in clauses]
+    lines.append("")
+    lines.append(summary_line(verdict))
+    return [terminal_safe(line) for line in lines]
+
+
+def render_text(verdict):
+    """:func:`text_lines` joined, with a final newline."""
+    return "\n".join(text_lines(verdict)) + "\n"
+
+
+def render_html(verdict, standalone=True):
+    """The verdict as an HTML section (``standalone``: a whole page around it)."""
+    # lazy, for start-up: jinja2 loads only when HTML is asked for
+    from .html import _env
+
+    return _env().get_template("verify.html.j2").render(
+        verdict=verdict, sections=grouped(verdict), summary=summary_line(verdict),
+        standalone=standalone)
+
+
+__all__ = ["grouped", "render_html", "render_text", "summary_line", "text_lines"]
