@@ -176,6 +176,11 @@ def test_pristine_bundle_verifies(bundle, capsys):
     assert text.rstrip().splitlines()[-1].startswith("VERIFIED: all ")
     assert json.loads((bundle.tmp / "v.json").read_text())["ok"] is True
     assert 'id="verify-integrity"' in (bundle.tmp / "v.html").read_text()
+    # the head the run printed (its end entry) verifies too: seal --weights added one entry
+    entries = bundle.entries()
+    assert entries[-1]["kind"] == "weights" and entries[-2]["kind"] == "end"
+    assert bundle.verify(expect_head=entries[-2]["hash"]).ok
+    assert not bundle.verify(expect_head=entries[-3]["hash"]).ok
 
 
 def test_rules_that_allow_the_runs_overrides_pass(bundle):
@@ -291,10 +296,11 @@ def test_edited_entry_with_its_own_hash_recomputed_breaks_the_chain_after_it(bun
 
 def test_appended_fake_entry_does_not_match_the_seal(bundle):
     entries = bundle.entries()
-    fake = dict(entries[-1], seq=len(entries), prev=entries[-1]["hash"], passed=99)
+    end = next(e for e in reversed(entries) if e["kind"] == "end")   # the head sent at the end
+    fake = dict(end, seq=len(entries), prev=entries[-1]["hash"], passed=99)
     fake["hash"] = entry_hash(fake)
     bundle.write_entries(entries + [fake])
-    v = bundle.verify(expect_head=entries[-1]["hash"])
+    v = bundle.verify(expect_head=end["hash"])
     assert "integrity.chain" not in failed(v)
     assert_caught(v, "integrity.bundle-head")
     assert_caught(v, "integrity.expected-head")
@@ -453,8 +459,9 @@ def test_a_resume_that_reran_a_passed_launch_is_a_duplicate(bundle):
 
 def test_end_tally_that_is_not_the_chains(bundle):
     entries = bundle.entries()
-    entries[-1]["passed"] += 1
-    entries[-1]["failed"] -= 1
+    end = next(e for e in reversed(entries) if e["kind"] == "end")
+    end["passed"] += 1
+    end["failed"] -= 1
     bundle.rechain(entries)
     assert_caught(bundle.verify(), "completeness.tally")
 
