@@ -294,6 +294,17 @@ def test_edited_entry_with_its_own_hash_recomputed_breaks_the_chain_after_it(bun
     assert "entry 4" in next(c.detail for c in v.failed if c.name == "integrity.chain")
 
 
+def test_bundle_weights_hash_that_is_not_the_chained_copys(bundle):
+    # a re-signed bundle.json claiming the tender's weights over another weights copy
+    bundle.edit_json(bundle_path(bundle.out), lambda b: b.update(weights_sha256="cd" * 32))
+    (bundle.out / "bundle.json.sig").write_text(
+        keys.sign(bundle_path(bundle.out).read_bytes(), bundle.private))
+    v = bundle.verify(public_key=bundle.public)
+    assert "integrity.signature" not in failed(v)
+    assert_caught(v, "integrity.bundle-head")
+    assert "weights copy" in next(c.detail for c in v.failed if c.name == "integrity.bundle-head")
+
+
 def test_appended_fake_entry_does_not_match_the_seal(bundle):
     entries = bundle.entries()
     end = next(e for e in reversed(entries) if e["kind"] == "end")   # the head sent at the end
@@ -323,7 +334,7 @@ def test_forged_signature(bundle):
 
 
 def test_bundle_file_edited_after_signing(bundle):
-    bundle.edit_json(bundle_path(bundle.out), lambda b: b.update(weights_sha256="cd" * 32))
+    bundle.edit_json(bundle_path(bundle.out), lambda b: b.update(sealed="2020-01-01T00:00:00Z"))
     v = bundle.verify()
     assert "integrity.bundle-head" not in failed(v)
     assert_caught(v, "integrity.signature")

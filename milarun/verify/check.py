@@ -328,6 +328,11 @@ def _bundle_clauses(b, v, expect_head, public_key, rules):
             if b.bundle["entries"] != len(b.entries):
                 wrong.append(f"entries {b.bundle['entries']} is not the manifest's "
                              f"{len(b.entries)}")
+            copies = [e for e in b.entries if e["kind"] == "weights"]
+            sealed = copies[-1]["sha256"] if copies else None
+            if b.bundle["weights_sha256"] != sealed:
+                wrong.append(f"weights_sha256 {b.bundle['weights_sha256']} is not the chained "
+                             f"weights copy's {sealed}")
             if list(b.bundle["sessions"]) != b.session_ids:
                 wrong.append(f"sessions {b.bundle['sessions']} are not the manifest's "
                              f"{b.session_ids}")
