@@ -86,8 +86,15 @@ def vendor(tmp_path_factory):
     out = base / "vendor"
     proc = jobs(profile, out, base, "--repeat", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    set_identity(out, IDENTITY)
     assert not mf.check_chain(mf.read_manifest(mf.manifest_path(out)))
+    # the whole round trip: the vendor seals, the buyer verifies, then plans the audit
+    assert json.loads((out / ".milarun" / "session.json").read_text())["sessions"][0]["identity"]
+    with pytest.raises(SystemExit) as exc:
+        main(["seal", str(out)])
+    assert exc.value.code in (0, None)
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", str(out)])
+    assert exc.value.code == 0
     return base, out
 
 
