@@ -22,6 +22,7 @@ from milarun.errors import MilarunError
 from milarun.report import make_report
 from milarun.report import tender as tender_module
 from milarun.report.tender import build_tender, parse_bidders, rank
+from milarun.verify.seal import seal
 from milarun.verify.verdict import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +50,8 @@ def _jobs(profile, dataroot, out, extra=()):
 def _inflate(folder, factor):
     """Multiply every rate sample (and count) of every record in ``folder``: tampering."""
     for path in folder.glob("*.json"):
+        if path.name == "bundle.json":
+            continue
         rec = json.loads(path.read_text())
         train = rec["timings"]["train"]
         for s in train["samples"]:
@@ -71,6 +74,8 @@ def bundles(tmp_path_factory):
     for proc in runs:
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out
+    for folder in (acme, slowco):       # each vendor seals its bundle
+        seal(folder, say=lambda line: None)
     shutil.copytree(acme, cheat)
     _inflate(cheat, 3)
     return {"acme": acme, "slowco": slowco, "cheat": cheat}
@@ -335,3 +340,22 @@ def test_noise_unknown_with_one_result_per_test(bundles, fake_verify, tmp_path):
     assert p.ratio > 2 and p.ci is None and p.sig == "noise unknown"
     assert tender_module.pair_cell(p) == f"{p.ratio:.3f} ?"
     assert "no interval (fewer than 2 results in" in tender_module.render_text(t)
+
+
+def test_real_verification_never_ranks_the_tampered_bundle_first(bundles, tmp_path, capsys):
+    # no fake: milarun verify runs on the three sealed bundles; cheat's records were edited
+    # after the seal, so its chain no longer matches them
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps({"allowed_overrides": ["no_cgexec", "cpu_slots",
+                                                       "extra_args"]}))
+    code, io = run_cli(["tender", *_args(bundles, "cheat", "slowco", "acme"),
+                        "--rules", str(rules), "--json", str(tmp_path / "t.json")], capsys)
+    assert code == 0, io.err
+    data = json.loads((tmp_path / "t.json").read_text())
+    rows = {b["name"]: b for b in data["bidders"]} if "bidders" in data else data
+    assert rows["acme"]["verified"] and rows["slowco"]["verified"], io.out
+    assert not rows["cheat"]["verified"]
+    table = [line.split() for line in io.out.splitlines()
+             if len(line.split()) > 2 and line.split()[0] in rows]
+    assert [(r[0], r[1]) for r in table][:3] == [("acme", "1"), ("slowco", "2"), ("cheat", "-")]
+    assert "integrity.file-changed" in io.out
