@@ -347,22 +347,33 @@ def _collective_clauses(op, clause, groups):
                         "detail": f"{op} not measured at {size_text(at)}" if at
                         else f"{op} not measured"})
             continue
-        busbw, peak = row["busbw_gbps"], body.get("expected_busbw_gbps")
-        parts, ok = [f"busbw {figure_text(busbw)} GB/s at {size_text(row['bytes'])};"], True
-        if "min_busbw_fraction" in clause:
-            want = clause["min_busbw_fraction"]
-            if not peak:
-                ok = False
-                parts.append(f"no expected peak recorded (needed: >= {pct_text(want)} of it)")
-            else:
-                ok &= busbw / peak >= want
-                parts.append(f"= {pct_text(busbw / peak)} of the expected {figure_text(peak)} GB/s "
-                             f"(needed: >= {pct_text(want)})")
-        if "min_busbw_gbps" in clause:
-            ok &= busbw >= clause["min_busbw_gbps"]
-            parts.append(f"(needed: >= {clause['min_busbw_gbps']:g} GB/s)")
-        out.append({"ok": bool(ok), "clause": label, "detail": " ".join(parts)})
+        busbw = row["busbw_gbps"]
+        ok, parts = _floors(busbw, body.get("expected_busbw_gbps"),
+                            clause.get("min_busbw_fraction"), clause.get("min_busbw_gbps"),
+                            "GB/s", "no expected peak recorded",
+                            lambda peak: f"the expected {figure_text(peak)} GB/s")
+        out.append({"ok": ok, "clause": label, "detail": " ".join(
+            [f"busbw {figure_text(busbw)} GB/s at {size_text(row['bytes'])};", *parts])})
     return out
+
+
+def _floors(value, peak, fraction, minimum, unit, no_peak, peak_words):
+    """``(ok, detail parts)`` of a measure against a clause's two floors: ``fraction`` of
+    ``peak`` (failed when there is no peak) and an absolute ``minimum`` in ``unit``; either
+    may be None (not asked)."""
+    parts, ok = [], True
+    if fraction is not None:
+        if not peak:
+            ok = False
+            parts.append(f"{no_peak} (needed: >= {pct_text(fraction)} of it)")
+        else:
+            ok &= value / peak >= fraction
+            parts.append(f"= {pct_text(value / peak)} of {peak_words(peak)} "
+                         f"(needed: >= {pct_text(fraction)})")
+    if minimum is not None:
+        ok &= value >= minimum
+        parts.append(f"(needed: >= {minimum:g} {unit})")
+    return bool(ok), parts
 
 
 def _bandwidth_clauses(clause, groups):
@@ -411,21 +422,12 @@ def _matmul_clauses(p, clause, groups):
                         "detail": "not measured" if entry is None else
                         "not supported on this device"})
             continue
-        low, peak = entry["best_tflops_min"], entry.get("peak_tflops")
-        parts, ok = [f"best {figure_text(low)} TFLOP/s (lowest GPU);"], True
-        if "min_peak_fraction" in clause:
-            want = clause["min_peak_fraction"]
-            if not peak:
-                ok = False
-                parts.append(f"no datasheet peak for this device (needed: >= {pct_text(want)})")
-            else:
-                ok &= low / peak >= want
-                parts.append(f"= {pct_text(low / peak)} of the peak {peak:g} "
-                             f"(needed: >= {pct_text(want)})")
-        if "min_tflops" in clause:
-            ok &= low >= clause["min_tflops"]
-            parts.append(f"(needed: >= {clause['min_tflops']:g} TFLOP/s)")
-        out.append({"ok": bool(ok), "clause": label, "detail": " ".join(parts)})
+        low = entry["best_tflops_min"]
+        ok, parts = _floors(low, entry.get("peak_tflops"), clause.get("min_peak_fraction"),
+                            clause.get("min_tflops"), "TFLOP/s",
+                            "no datasheet peak for this device", lambda peak: f"the peak {peak:g}")
+        out.append({"ok": ok, "clause": label, "detail": " ".join(
+            [f"best {figure_text(low)} TFLOP/s (lowest GPU);", *parts])})
     return out
 
 

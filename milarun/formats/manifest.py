@@ -131,8 +131,8 @@ class Manifest:
     """The writer of one results folder's manifest (open for a session).
 
     ``Manifest(outdir, session_id)`` reads the chain already there (``--resume``)
-    to continue it (``session_id`` may be set later, before the first append); :meth:`add` hashes a file and appends its entry,
-    :meth:`event` appends an entry without a file. Every append is one
+    to continue it (``session_id`` may be set later, before the first append);
+    :meth:`add` hashes a file and appends its entry, :meth:`event` appends an entry without a file. Every append is one
     ``write`` of one line on a file opened ``O_APPEND``, then ``fsync``: a crash
     leaves at most a torn last line (:func:`read_manifest` reports it).
 
