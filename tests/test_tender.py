@@ -359,3 +359,25 @@ def test_real_verification_never_ranks_the_tampered_bundle_first(bundles, tmp_pa
              if len(line.split()) > 2 and line.split()[0] in rows]
     assert [(r[0], r[1]) for r in table][:3] == [("acme", "1"), ("slowco", "2"), ("cheat", "-")]
     assert "integrity.file-changed" in io.out
+
+
+def test_a_record_outside_the_chain_is_not_scored(bundles, tmp_path, fake_verify):
+    # a planted, faster record beside the chained ones: verify names it; the score ignores it
+    planted = tmp_path / "planted"
+    shutil.copytree(bundles["acme"], planted)
+    src = sorted(p for p in planted.glob("*.json") if p.name != "bundle.json")[0]
+    extra = planted / src.name.replace(".J0.", ".J7.")
+    shutil.copy(src, extra)
+    _inflate_one(extra, 50)
+    t = build_tender([str(bundles["acme"]), str(planted)], "rules.json")
+    by = {b.name: b for b in t.bidders}
+    assert by["planted"].score == pytest.approx(by["acme"].score)
+
+
+def _inflate_one(path, factor):
+    rec = json.loads(path.read_text())
+    rec["run"] = 7
+    for s in rec["timings"]["train"]["samples"]:
+        s["count"] *= factor
+        s["rate"] *= factor
+    path.write_text(json.dumps(rec))

@@ -96,8 +96,10 @@ def group_name(record):
     return plantypes.group_name(record)
 
 
-def load_results(directory, warn=None):
-    """Read every result under ``directory`` (see :func:`milarun.formats.store.iter_results`).
+def load_results(directory, warn=None, only=None):
+    """Read every result under ``directory`` (see :func:`milarun.formats.store.iter_results`),
+    or, with ``only`` (a set of POSIX paths relative to ``directory``: a bundle's chained
+    records), those only; the others are skipped, each named.
 
     Returns ``(records, skipped)``: records are ``(path, record)`` pairs;
     ``skipped`` lists ``(path, error)`` for files that are corrupt, of another
@@ -121,7 +123,10 @@ def load_results(directory, warn=None):
     gc.disable()
     try:
         for path, rec in iter_results(directory):
-            if isinstance(rec, Exception):
+            if only is not None and path.relative_to(directory).as_posix() not in only:
+                skipped.append((path, ResultFormatError(
+                    "not in the bundle's manifest chain; not counted", path=path)))
+            elif isinstance(rec, Exception):
                 skipped.append((path, rec))
             else:
                 records.append((path, rec))
@@ -428,13 +433,14 @@ def _flag_where(path, rec):
     return where
 
 
-def summarize_dir(directory, warn=None):
-    """Load ``directory`` and summarize it. Returns ``(summary, records)``.
+def summarize_dir(directory, warn=None, only=None):
+    """Load ``directory`` (``only``: as :func:`load_results`) and summarize it. Returns
+    ``(summary, records)``.
 
     The summary's ``provenance`` names the folder, and the profile its
     ``.milarun/session.json`` was started with (when it has a readable one).
     """
-    records, skipped = load_results(directory, warn=warn)
+    records, skipped = load_results(directory, warn=warn, only=only)
     summary = summarize(records, skipped, warn=warn)
     prov = summary["provenance"]
     prov["results"] = Path(directory).resolve().name

@@ -263,3 +263,18 @@ def check_chain(entries):
 def head_of(entries):
     """The chain head: the last entry's ``hash`` (:data:`GENESIS` for no entry)."""
     return entries[-1]["hash"] if entries else GENESIS
+
+
+def chained_records(outdir):
+    """The paths (POSIX, relative to ``outdir``) of the records its manifest chains: what
+    a bundle's score may count.
+
+    Raises:
+        ManifestError: the manifest is missing, unreadable or its chain broken.
+    """
+    path = manifest_path(outdir)
+    entries = read_manifest(path)
+    problems = check_chain(entries)
+    if problems:
+        raise ManifestError(problems[0], path=path)
+    return {e["path"] for e in entries if e["kind"] == "record"}

@@ -45,8 +45,9 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
                         generated=generated, html_path=html_path)
 
 
-def load_source(source, warn=None):
-    """Read a results directory or a summary JSON file.
+def load_source(source, warn=None, only=None):
+    """Read a results directory (``only``: the records to read, as
+    :func:`milarun.analysis.summary.load_results` takes it) or a summary JSON file.
 
     Returns ``(summary, records, results_dir)``; ``records`` and
     ``results_dir`` are ``None`` for a summary file. Skipped result files
@@ -58,7 +59,7 @@ def load_source(source, warn=None):
     warn = warn or sys.stderr
     path = Path(source)
     if path.is_dir():
-        summary, records = summarize_dir(path, warn=warn)
+        summary, records = summarize_dir(path, warn=warn, only=only)
         return summary, records, path
     if path.is_file():
         return read_summary(path), None, None

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import MilarunError, ResultFormatError
+from ..formats.manifest import ManifestError, chained_records
 from ..formats.prices import BIDDER_NAME, read_prices
 from ..formats.terminal import one_line, terminal_safe
 from . import load_source, shipped_weights, shown_path, summary_suites, write_text
@@ -290,6 +291,16 @@ def resolve_weights(weights, summaries):
     return None, None, "unweighted: every test weight 1 (no --weights)"
 
 
+def _chained(path):
+    """The records a bidder's score counts: those its manifest chains (verify names any
+    other as a failure); every record when the manifest cannot be read (the bundle then
+    fails verification and is not ranked)."""
+    try:
+        return chained_records(path)
+    except ManifestError:
+        return None
+
+
 def build_tender(bundles, rules, prices=None, weights=None, warn=None):
     """Verify, score and rank the bidders of ``bundles`` (command-line arguments:
     :func:`parse_bidders`) against the rules file ``rules``; ``prices`` a prices file
@@ -314,7 +325,7 @@ def build_tender(bundles, rules, prices=None, weights=None, warn=None):
         bidder = Bidder(name=name, path=path, price=price_map.get(name))
         try:
             bidder.verdict = verify_one(path, rules)
-            summaries[name] = load_source(path, warn=warn)[0]
+            summaries[name] = load_source(path, warn=warn, only=_chained(path))[0]
         except MilarunError as exc:
             if not _inside(exc.path, path):
                 raise
