@@ -121,3 +121,45 @@ def test_the_suite_counts_its_own_cpu_and_the_outside_a_stranger(tmp_path):
     assert row["suite"] * dt >= own - 0.05
     assert row["outside"] * dt >= theirs - 0.05
     assert theirs > 0.1   # the stranger did run (else the last check proves nothing)
+
+
+def test_descendants_read_only_the_suites_processes(tmp_path):
+    # /proc/<pid>/task/<tid>/children, walked from the root: a grandchild of another thread
+    # is found; a process outside the tree is never opened
+    from milarun.bench.hostload import descendants
+
+    def task(pid, tid, kids):
+        d = tmp_path / str(pid) / "task" / str(tid)
+        d.mkdir(parents=True)
+        (d / "children").write_text(" ".join(map(str, kids)) + (" " if kids else ""))
+
+    task(10, 10, [11, 12])
+    task(10, 13, [14])             # a child forked by another thread of the root
+    task(11, 11, [15])
+    task(12, 12, [])
+    task(14, 14, [])
+    task(15, 15, [])
+    task(99, 99, [100])            # not in the tree
+    assert sorted(descendants(10, proc=str(tmp_path))) == [11, 12, 14, 15]
+    # a kernel without CONFIG_PROC_CHILDREN: None, and psutil's walk is used instead
+    (tmp_path / "20" / "task" / "20").mkdir(parents=True)
+    assert descendants(20, proc=str(tmp_path)) is None
+
+
+def test_tree_cpu_times_count_real_children():
+    import subprocess
+
+    from milarun.bench.hostload import descendants, tree_cpu_times
+
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+            for _ in range(2)]
+    try:
+        me = os.getpid()
+        found = descendants(me)
+        assert found is None or {k.pid for k in kids} <= set(found)
+        pids = {pid for pid, _ in tree_cpu_times(me)}
+        assert {me, *(k.pid for k in kids)} <= pids
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()

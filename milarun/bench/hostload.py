@@ -83,6 +83,40 @@ def host_cpu_times():
     return busy, getattr(t, "steal", None)
 
 
+def descendants(root, proc="/proc"):
+    """The PIDs of ``root``'s descendants, read from ``/proc/<pid>/task/<tid>/children``
+    (Linux 3.5+, ``CONFIG_PROC_CHILDREN``): only the suite's own processes are opened,
+    where ``psutil``'s ``children(recursive=True)`` reads every process of the host
+    (about 3 ms each second on a host with a hundred processes, GIL held, beside the
+    training loop). None when the files are missing (psutil's walk is used then).
+    """
+    try:
+        tasks = os.listdir(f"{proc}/{root}/task")
+    except OSError:
+        return None
+    if not os.path.exists(f"{proc}/{root}/task/{tasks[0]}/children" if tasks else "-"):
+        return None
+    out, todo, seen = [], [root], {root}
+    while todo:
+        pid = todo.pop()
+        try:
+            tids = os.listdir(f"{proc}/{pid}/task")
+        except OSError:     # it ended meanwhile
+            continue
+        for tid in tids:
+            try:
+                with open(f"{proc}/{pid}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for kid in kids:
+                if kid not in seen:
+                    seen.add(kid)
+                    out.append(kid)
+                    todo.append(kid)
+    return out
+
+
 def tree_cpu_times(root):
     """``{(pid, create_time): user + system CPU seconds}`` of ``root`` and its
     descendants (processes that vanish while being read are left out)."""
@@ -91,7 +125,16 @@ def tree_cpu_times(root):
     out = {}
     try:
         top = psutil.Process(root)
-        procs = [top] + top.children(recursive=True)
+        kids = descendants(root)
+        if kids is None:
+            procs = [top] + top.children(recursive=True)
+        else:
+            procs = [top]
+            for pid in kids:
+                try:
+                    procs.append(psutil.Process(pid))
+                except psutil.NoSuchProcess:
+                    continue
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return out
     for p in procs:
