@@ -404,6 +404,29 @@ def test_plan_without_a_launch_of_the_profile(bundle):
     assert_caught(v, "completeness.profile-jobs")
 
 
+def test_plan_rewritten_without_a_device_is_caught_against_the_recorded_devices(bundle):
+    # a vendor drops device 1 from every test: its records, their entries and its launches
+    # in the plan, then re-chains and re-seals; the plan is self-consistent (every run of
+    # every test on every device it names), but the session recorded devices 0 and 1
+    plan = next((bundle.out / ".milarun").glob("plan-*.json"))
+    bundle.edit_json(plan, lambda p: p.update(
+        launches=[lch for lch in p["launches"] if lch["device"] != "1"]))
+    gone = [r for r in bundle.records() if read_json(r)["device"] == "1"]
+    for r in gone:
+        r.unlink()
+    entries = [e for e in bundle.entries()
+               if not (e.get("launch") and e["launch"]["device"] == "1")]
+    for e in entries:
+        if e["kind"] == "end":
+            e["passed"], e["failed"] = e["passed"] // 2, e["failed"] // 2
+    bundle.rechain(entries)
+    v = bundle.verify()
+    assert gone and not {"completeness.missing", "completeness.tally",
+                         "integrity.file-missing"} & failed(v), render_text(v)
+    assert_caught(v, "completeness.profile-jobs")
+    assert "recorded devices give 0, 1" in render_text(v)
+
+
 def resume(bundle, rerun_passed=False, resume_flag=True):
     """Append a second session to the bundle as ``milarun jobs --resume`` does, through the
     manifest writer itself: the session file, a profile copy, a plan of the launches to

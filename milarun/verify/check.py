@@ -51,6 +51,7 @@ import math
 import re
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..analysis.acceptance import verdict as acceptance_verdict
 from ..analysis.summary import node_of, summarize
@@ -577,10 +578,47 @@ def _profile_clauses(b, v):
                    if len(cells) != len(runs[n]) * len({d for _, d in cells}))
     if holes:
         wrong.append(f"not every run on every device planned for: {', '.join(holes)}")
+    derived, unchecked = _derived_labels(b.jobs, inv, b.plans)
+    for name in sorted(set(derived) & set(grid)):
+        got = {d for _, d in grid[name]}
+        if got != derived[name]:
+            wrong.append(f"{name}: planned on device(s) {', '.join(sorted(got))}, but the "
+                         f"recorded devices give {', '.join(sorted(derived[name]))}")
     v.add("completeness", "completeness.profile-jobs", not wrong,
           "; ".join(wrong) if wrong else
           f"the plans hold the profile's {len(b.jobs)} selected job(s), {repeat} run(s) each "
-          "on every device")
+          "on every device the session recorded"
+          + (f" (devices not re-derived for: {', '.join(unchecked)})" if unchecked else ""))
+
+
+def _derived_labels(jobs, inv, plans):
+    """``({test name: {device label}}, [names not re-derived])``: the launches each job of
+    the recorded profile has on the session's recorded devices (``invocation.devices``)
+    and nodes (``invocation.nodes``, else the one node the plans name), re-derived with
+    the job's own plan type (:meth:`milarun.plan.types.PlanType.expand`), so that a plan
+    rewritten without some devices (and their records) is caught. A job whose plan
+    type cannot expand here (e.g. multi-process on a smaller machine) is listed instead."""
+    devices = inv.get("devices") if isinstance(inv.get("devices"), dict) else {}
+    indices = devices.get("indices")
+    if not (isinstance(indices, list) and indices
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in indices)):
+        return {}, sorted(jobs)
+    names = inv.get("nodes")
+    if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
+        names = list(dict.fromkeys(str(_scalar(n)) for plan in plans.values()
+                                   for lch in _list(plan.get("launches")) if isinstance(lch, dict)
+                                   for n in _list(lch.get("nodes"))))[:1] or ["?"]
+    nodes = [SimpleNamespace(name=n) for n in names]
+    cluster = SimpleNamespace(devices=SimpleNamespace(kind=devices.get("kind"), indices=indices,
+                                                      affinity=None),
+                              nodes=nodes, main=nodes[0], multi=len(nodes) > 1)
+    out, unchecked = {}, []
+    for name, job in jobs.items():
+        try:
+            out[name] = {slot.label for wave in job.kind.expand(job, cluster) for slot in wave}
+        except Exception:   # noqa: BLE001 -- a plan type that needs the vendor's host
+            unchecked.append(name)
+    return out, unchecked
 
 
 # --- compliance ------------------------------------------------------------------------------
