@@ -427,6 +427,47 @@ def test_plan_rewritten_without_a_device_is_caught_against_the_recorded_devices(
     assert "recorded devices give 0, 1" in render_text(v)
 
 
+def _fail_to_pass(bundle, content=None, rename=False):
+    """Make the first FAIL record say it passed (its content replaced by ``content(fail
+    record, pass record)`` when given), renamed to its PASS name with ``rename``, its entry
+    and the session's tally edited to match, the chain rewritten and re-sealed."""
+    bad, good = bundle.records(success=False)[0], bundle.records(success=True)[0]
+    data = read_json(bad)
+    data = content(data, read_json(good)) if content else dict(data, success=True, error=None)
+    new = bad.with_name(bad.name.replace(".FAIL", "")) if rename else bad
+    bad.unlink()
+    new.write_text(json.dumps(data))
+    entries = bundle.entries()
+    for e in entries:
+        if e.get("path") == bad.name:
+            e["success"], e["path"] = True, new.name
+        if e["kind"] == "end":
+            e["passed"], e["failed"] = e["passed"] + 1, e["failed"] - 1
+    bundle.rechain(entries)
+    v = bundle.verify()
+    assert not {"completeness.tally", "integrity.file-changed"} & failed(v), render_text(v)
+    return v
+
+
+def test_fail_record_flipped_to_success_is_caught(bundle):
+    assert_caught(_fail_to_pass(bundle), "completeness.record-launch")
+
+
+def test_fail_record_renamed_to_its_pass_name_without_samples_is_caught(bundle):
+    v = _fail_to_pass(bundle, rename=True)
+    assert "completeness.record-launch" not in failed(v)
+    assert_caught(v, "consistency.counts")
+
+
+def test_fail_record_replaced_by_a_copy_of_a_pass_record_is_caught(bundle):
+    def forge(bad, good):
+        keep = ("name", "job_name", "job_id", "run", "device", "devices", "call", "job")
+        return dict(good, **{k: bad[k] for k in keep})
+    v = _fail_to_pass(bundle, content=forge, rename=True)
+    assert not {"completeness.record-launch", "consistency.counts"} & failed(v)
+    assert_caught(v, "consistency.sample-copy")
+
+
 def resume(bundle, rerun_passed=False, resume_flag=True):
     """Append a second session to the bundle as ``milarun jobs --resume`` does, through the
     manifest writer itself: the session file, a profile copy, a plan of the launches to

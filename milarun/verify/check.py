@@ -453,6 +453,15 @@ def check_completeness(b, v):
         if rec is not None and launch_key(rec) != key:
             mismatch.append((f"{path}: the record says {_show_key(launch_key(rec))}, its "
                              f"manifest entry {_show_key(key)}", [path]))
+        # the launcher writes a FAIL record only under the plan's FAIL name, and moves a
+        # child's record that says it failed to that name (launcher/launch.py): a record
+        # whose success is not its name's (or its entry's) was edited
+        named = Path(path).name == mine[0].get("result") if path is not None else None
+        if rec is not None and (rec.get("success") is not named
+                                or e.get("success") is not named):
+            mismatch.append((f"{path}: named as a {'PASS' if named else 'FAIL'} record, but "
+                             f"the record says success {rec.get('success')!r} and its entry "
+                             f"{e.get('success')!r}", [path]))
         success = bool(rec.get("success")) if rec is not None else False
         outcomes[key].append((e["session"], success, path))
     missing, duplicate = [], []
@@ -771,6 +780,8 @@ def _sample_problems(path, rec):
                 out["consistency.sample-window"].append(
                     f"sample {i} ({origin + a:.3f}..{origin + z:.3f}) lies outside the "
                     f"program's {start:.3f}..{end:.3f}")
+    if rec.get("success") is True and not samples:
+        out["consistency.counts"].append("it passed without a single sample")
     if rec.get("success") is True and samples:
         counted = sum(s["count"] for s in samples if _num(s.get("count")))
         total, max_count = train.get("count"), train.get("max_count")
@@ -812,6 +823,8 @@ def check_consistency(b, v):
                      ("consistency.counts", "item counts agree with max_count and min_steady")):
         _report(v, "consistency", name, found.get(name, []), ok)
 
+    _copy_clause(b, v)
+
     # every statistic recomputed from the raw samples
     skipped = []
     try:
@@ -828,6 +841,25 @@ def check_consistency(b, v):
     _barrier_clause(b, v)
     _energy_clause(b, v)
     _host_clause(b, v)
+
+
+def _copy_clause(b, v):
+    """No sample window (its start and end, seconds on the child's clock, to the bit) is
+    in two records: each child reads its own clock, so a shared window is a record made
+    from another's samples (a FAIL record replaced by a copy of a PASS one)."""
+    seen, problems = {}, []
+    for path, rec in sorted(b.records.items()):
+        train = (rec.get("timings") or {}).get("train") or {}
+        windows = {(s.get("start"), s.get("end")) for s in _list(train.get("samples"))
+                   if isinstance(s, dict) and _num(s.get("start")) and _num(s.get("end"))}
+        twins = sorted({seen[w] for w in windows if w in seen})
+        if twins:
+            problems.append((f"{path}: sample windows identical to those of {twins[0]} (a "
+                             "copy of another record's samples)", [path, twins[0]]))
+        for w in windows:
+            seen.setdefault(w, path)
+    _report(v, "consistency", "consistency.sample-copy", problems,
+            "no two records share a sample window")
 
 
 def _time_clause(b, v):
