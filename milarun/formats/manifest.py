@@ -34,6 +34,7 @@ This module reads and writes the file; what the chain means for a bundle is
 :mod:`milarun.verify`'s. It never executes anything an entry names.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -134,7 +135,8 @@ class Manifest:
     to continue it (``session_id`` may be set later, before the first append); :meth:`add` hashes a file and appends its entry,
     :meth:`event` appends an entry without a file. Every append is one
     ``write`` of one line on a file opened ``O_APPEND``, then ``fsync``: a crash
-    leaves at most a torn last line (:func:`read_manifest` reports it).
+    leaves at most a torn last line (:func:`read_manifest` reports it); a write that
+    fails (a full disk) cuts its part-line off again before raising.
 
     Raises (constructor):
         ManifestError: the existing manifest is unreadable or its chain broken
@@ -162,9 +164,19 @@ class Manifest:
         line = json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                           allow_nan=False).encode("utf-8") + b"\n"
         with open_append(self.path) as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+            fd = f.fileno()     # written through the descriptor: nothing left buffered
+            size = os.fstat(fd).st_size
+            try:
+                rest = memoryview(line)
+                while rest:
+                    rest = rest[os.write(fd, rest):]
+                os.fsync(fd)
+            except OSError:
+                # a full disk may have written part of the line: cut it off, so that the
+                # chain stays readable and the next append (or a seal) continues it
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                raise
         self.head, self.seq = entry["hash"], self.seq + 1
         return entry
 
