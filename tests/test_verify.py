@@ -522,6 +522,17 @@ def test_a_resumed_session_that_reran_failures_verifies(bundle):
                                        if c.name == "completeness.sessions")
 
 
+def test_every_session_shows_when_it_ended_and_the_head_it_printed(bundle):
+    # what a buyer compares with the heads a vendor sent (a run kept out of two is not sent)
+    resume(bundle)
+    detail = next(c.detail for c in bundle.verify().clauses if c.name == "completeness.sessions")
+    ends = [e for e in bundle.entries() if e["kind"] == "end"]
+    assert len(ends) == 2
+    for e in ends:
+        when = datetime.datetime.fromtimestamp(e["time"], datetime.timezone.utc)
+        assert f"ended {when:%Y-%m-%d %H:%M:%S} UTC, head {e['hash']}" in detail
+
+
 def test_a_second_session_without_resume_is_a_duplicate(bundle):
     resume(bundle, resume_flag=False)
     assert_caught(bundle.verify(), "completeness.duplicate")

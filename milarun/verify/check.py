@@ -398,9 +398,20 @@ def check_completeness(b, v):
         resumed = [s.get("id") for s in _list((b.session or {}).get("sessions"))
                    if isinstance(s, dict) and s.get("resume")]
         ok = b.session is not None and listed == sids
+        # when each session ended and the head it printed then: what the buyer compares
+        # with the heads the vendor sent, and when they came (docs/tender.md)
+        ends = {e["session"]: e for e in b.entries if e["kind"] == "end"}
+
+        def ended(sid):
+            e = ends.get(sid)
+            if e is None:
+                return "no end"
+            when = datetime.datetime.fromtimestamp(e["time"], datetime.timezone.utc)
+            return f"ended {when:%Y-%m-%d %H:%M:%S} UTC, head {e['hash']}"
         v.add("completeness", "completeness.sessions", ok,
               (f"{len(sids)} session(s): " + ", ".join(
-                  f"{s}{' (--resume)' if s in resumed else ''}" for s in sids)) if ok else
+                  f"{s}{' (--resume)' if s in resumed else ''} ({ended(s)})"
+                  for s in sids)) if ok else
               f"the session file lists {listed}, the manifest {sids}",
               [".milarun/session.json"])
 
