@@ -13,6 +13,7 @@ import copy
 import datetime
 import hashlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -256,6 +257,16 @@ def test_result_file_outside_the_chain_is_named(bundle):
     v = bundle.verify()
     assert_caught(v, "integrity.unchained-file")
     assert any("more/best.json" in c.paths for c in v.failed)
+
+
+def test_a_fifo_named_like_a_record_outside_the_chain_is_named_not_opened(bundle):
+    fifo = bundle.out / bundle.records(success=True)[0].name.replace(".J0.", ".J9.")
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    v = bundle.verify()
+    assert time.monotonic() - t0 < 30          # never opened: a reader would block
+    assert_caught(v, "integrity.unchained-file")
+    assert fifo.name in render_text(v)
 
 
 def test_a_summary_outside_the_chain_is_not_result_like(bundle):
