@@ -38,6 +38,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path, PurePosixPath
 
@@ -61,7 +62,6 @@ MAX_LINE_BYTES = 64 * 2**10
 #: Largest file hashed (bytes); a larger one is refused, not truncated.
 MAX_HASHED_BYTES = 16 * 2**30
 
-_HEX = frozenset("0123456789abcdef")
 
 
 class ManifestError(ResultFormatError):
@@ -201,6 +201,16 @@ class Manifest:
         return self._append({"kind": kind, **fields})
 
 
+#: The fields every entry has, with their types.
+_FIELDS = (("seq", int), ("session", str), ("kind", str), ("time", (int, float)),
+           ("prev", str), ("hash", str))
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _is_hex64(text):
+    return isinstance(text, str) and _HEX64.fullmatch(text) is not None
+
+
 def _need(cond, path, lineno, key, message):
     if not cond:
         raise ManifestError(f"line {lineno}: {message}", path=path, key=key)
@@ -225,26 +235,31 @@ def read_manifest(path, max_bytes=MAX_MANIFEST_BYTES):
         raise ManifestError("the last line is incomplete (a write was cut off: truncated "
                             "manifest)", path=path)
     entries = []
+    where = str(path)
     for lineno, line in enumerate(raw.split(b"\n")[:-1] if raw else [], 1):
-        _need(len(line) <= MAX_LINE_BYTES, path, lineno, None,
-              f"longer than {MAX_LINE_BYTES} bytes")
-        entry = parse_json(line, path=f"{path}:{lineno}", error_cls=ManifestError)
-        _need(isinstance(entry, dict), path, lineno, None, "not a JSON object")
-        for key, kind in (("seq", int), ("session", str), ("kind", str), ("time", (int, float)),
-                          ("prev", str), ("hash", str)):
-            _need(key in entry, path, lineno, key, "missing")
-            _need(isinstance(entry[key], kind) and not isinstance(entry[key], bool),
-                  path, lineno, key, f"must be {getattr(kind, '__name__', 'a number')}")
-        _need(entry["kind"] in KINDS, path, lineno, "kind",
-              f"unknown kind {entry['kind'][:40]!r}")
+        # a message is formatted only for a line that fails (a manifest of a million
+        # lines is read once per verify, audit and seal)
+        if len(line) > MAX_LINE_BYTES:
+            _need(False, path, lineno, None, f"longer than {MAX_LINE_BYTES} bytes")
+        entry = parse_json(line, path=f"{where}:{lineno}", error_cls=ManifestError)
+        if not isinstance(entry, dict):
+            _need(False, path, lineno, None, "not a JSON object")
+        for key, kind in _FIELDS:
+            if key not in entry:
+                _need(False, path, lineno, key, "missing")
+            value = entry[key]
+            if not isinstance(value, kind) or isinstance(value, bool):
+                _need(False, path, lineno, key,
+                      f"must be {getattr(kind, '__name__', 'a number')}")
+        if entry["kind"] not in KINDS:
+            _need(False, path, lineno, "kind", f"unknown kind {entry['kind'][:40]!r}")
         for key in ("prev", "hash"):
-            _need(len(entry[key]) == 64 and set(entry[key]) <= _HEX, path, lineno, key,
-                  "must be 64 lowercase hex digits")
+            if not _is_hex64(entry[key]):
+                _need(False, path, lineno, key, "must be 64 lowercase hex digits")
         if entry["kind"] not in EVENTS:
             _need(is_safe_relative(entry.get("path")), path, lineno, "path",
                   "must be a relative path inside the results folder")
-            _need(isinstance(entry.get("sha256"), str) and len(entry["sha256"]) == 64
-                  and set(entry["sha256"]) <= _HEX, path, lineno, "sha256",
+            _need(_is_hex64(entry.get("sha256")), path, lineno, "sha256",
                   "must be 64 lowercase hex digits")
             _need(isinstance(entry.get("bytes"), int) and not isinstance(entry["bytes"], bool)
                   and entry["bytes"] >= 0, path, lineno, "bytes", "must be an integer >= 0")
