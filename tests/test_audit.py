@@ -315,6 +315,25 @@ def test_plan_refuses_a_record_that_names_other_code(vendor, tmp_path, capsys):
     assert "evil" not in sys.modules
 
 
+def test_plan_refuses_a_record_reached_through_a_link_to_outside(vendor, tmp_path, capsys):
+    base, out = vendor
+    copy, elsewhere = tmp_path / "vendor", tmp_path / "elsewhere"
+    shutil.copytree(out, copy)
+    elsewhere.mkdir()
+    (copy / "sub").symlink_to(elsewhere)       # every record now lies outside the bundle
+    path = mf.manifest_path(copy)
+    entries = mf.read_manifest(path)
+    for e in entries:
+        if e["kind"] == "record":
+            shutil.move(copy / e["path"], elsewhere / e["path"])
+            e["path"] = f"sub/{e['path']}"
+    path.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    rechain(copy)
+    assert plan(copy, tmp_path / "a.json", sample=1) == 2
+    err = capsys.readouterr().err
+    assert "reached through a symbolic link to outside the folder" in err
+
+
 # --- the numbers -------------------------------------------------------------------------
 
 def test_compare_rates():

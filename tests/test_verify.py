@@ -269,6 +269,22 @@ def test_a_fifo_named_like_a_record_outside_the_chain_is_named_not_opened(bundle
     assert fifo.name in render_text(v)
 
 
+def test_a_record_reached_through_a_folder_link_to_outside_is_not_read(bundle):
+    elsewhere = bundle.tmp / "elsewhere"
+    elsewhere.mkdir()
+    (bundle.out / "sub").symlink_to(elsewhere)
+    rec = bundle.records(success=True)[0]
+    shutil.move(rec, elsewhere / rec.name)
+    entries = bundle.entries()
+    for e in entries:
+        if e.get("path") == rec.name:
+            e["path"] = f"sub/{rec.name}"
+    bundle.rechain(entries)
+    v = bundle.verify()
+    assert_caught(v, "integrity.file-changed")
+    assert "reached through a symbolic link to outside the folder" in render_text(v)
+
+
 def test_a_summary_outside_the_chain_is_not_result_like(bundle):
     rec = json.loads(bundle.records(success=True)[0].read_text())
     (bundle.out / "summary.json").write_text(json.dumps(summarize([rec])))

@@ -53,7 +53,7 @@ from ..errors import MilarunError, ResultFormatError
 from ..formats import entrypoint
 from ..formats.jsonfile import read_bytes, read_json
 from ..formats.manifest import (check_chain, file_digest, head_of,
-                                manifest_path, read_manifest)
+                                manifest_path, read_manifest, relative)
 from ..formats.outfile import UnsafeFileError
 from ..formats.store import iter_results, load_result, write_json_atomic
 from ..launcher.session import meta_dir, read_session
@@ -131,6 +131,10 @@ def successful_launches(entries):
 def _matches_entry(outdir, entry):
     """None when the file of manifest ``entry`` is the one it names, else why not."""
     path = Path(outdir) / entry["path"]
+    try:    # a folder on the way may be a link: nothing outside the bundle is read
+        relative(outdir, path)
+    except (ValueError, OSError):
+        return "reached through a symbolic link to outside the folder (not read)"
     try:
         sha, size = file_digest(path)
     except FileNotFoundError:

@@ -59,7 +59,7 @@ from ..errors import MilarunError
 from ..formats.bundle import bundle_path, read_bundle, signature_path
 from ..formats.jsonfile import read_bytes, read_json
 from ..formats.manifest import (EVENTS, check_chain, file_digest, head_of, manifest_path,
-                                read_manifest)
+                                read_manifest, relative)
 from ..formats.rules import read_rules
 from ..formats.store import iter_results, load_result
 from ..formats.summary import SUMMARY_FORMAT
@@ -250,6 +250,13 @@ def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
     missing, changed, absent = [], [], set()
     for path, e in b.last.items():
         target = b.outdir / path
+        try:    # a folder on the way may be a link: nothing outside the bundle is read
+            relative(b.outdir, target)
+        except (ValueError, OSError):
+            changed.append((f"{path}: reached through a symbolic link to outside the folder; "
+                            "not read", [path]))
+            absent.add(path)
+            continue
         if not target.exists() and not target.is_symlink():
             missing.append((f"{path}: in the manifest ({e['kind']}), not in the folder",
                             [path]))
