@@ -495,6 +495,16 @@ def test_fail_record_replaced_by_a_copy_of_a_pass_record_is_caught(bundle):
     assert_caught(v, "consistency.sample-copy")
 
 
+def test_a_job_definition_edited_in_the_records_alone_is_caught(bundle):
+    # what an audit would rerun on the buyer's side: a prepare command the profile lacks
+    for rec in bundle.records():
+        bundle.edit_json(rec, lambda r: r["job"].update(prepare=["touch /tmp/owned"]))
+    bundle.rechain()
+    v = bundle.verify()
+    assert_caught(v, "completeness.profile-jobs")
+    assert "another job definition than the recorded profile's" in render_text(v)
+
+
 def resume(bundle, rerun_passed=False, resume_flag=True):
     """Append a second session to the bundle as ``milarun jobs --resume`` does, through the
     manifest writer itself: the session file, a profile copy, a plan of the launches to

@@ -605,6 +605,13 @@ def _profile_clauses(b, v):
                    if len(cells) != len(runs[n]) * len({d for _, d in cells}))
     if holes:
         wrong.append(f"not every run on every device planned for: {', '.join(holes)}")
+    # a record's job definition (what an audit reruns, prepare commands included) is the
+    # recorded profile's: one edited into the records alone would run on the buyer's side
+    alien = sorted(path for path, rec in b.records.items() if rec.get("name") in b.jobs
+                   and rec.get("job") != b.jobs[rec["name"]].definition)
+    if alien:
+        wrong.append(f"{len(alien)} record(s) hold another job definition than the recorded "
+                     f"profile's: {', '.join(alien[:5])}" + (" ..." if len(alien) > 5 else ""))
     derived, unchecked = _derived_labels(b.jobs, inv, b.plans)
     for name in sorted(set(derived) & set(grid)):
         got = {d for _, d in grid[name]}
