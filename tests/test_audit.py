@@ -334,6 +334,23 @@ def test_plan_refuses_a_record_reached_through_a_link_to_outside(vendor, tmp_pat
     assert "reached through a symbolic link to outside the folder" in err
 
 
+def test_plan_refuses_a_job_definition_the_profile_copy_lacks(vendor, tmp_path, capsys):
+    # a prepare command edited into the records alone would run on the buyer's machine
+    base, out = vendor
+    copy = tmp_path / "vendor"
+    shutil.copytree(out, copy)
+    for rec in copy.glob("*.json"):
+        data = json.loads(rec.read_text())
+        if "job" in data:
+            data["job"]["prepare"] = ["touch /tmp/owned"]
+            rec.write_text(json.dumps(data))
+    rechain(copy)
+    assert plan(copy, tmp_path / "a.json", sample=1) == 2
+    err = capsys.readouterr().err
+    assert "is not the one of the profile its session ran" in err and err.count("\n") == 1
+    assert not (tmp_path / "a.json").exists()
+
+
 # --- the numbers -------------------------------------------------------------------------
 
 def test_compare_rates():

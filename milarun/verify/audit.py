@@ -216,7 +216,8 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
     Raises:
         AuditError: a bad K, seed or tolerance; a broken chain; a chosen record that is
             not the one the chain entered; a job definition that names something other
-            than a milarun workload, or differs between the records of one test.
+            than a milarun workload, differs between the records of one test, or is not
+            the one of the (single-file) profile copy its session chained.
         ManifestError, ResultFormatError, SetupError, ProfileError: an unreadable
             manifest, record or session file (one line naming the file and key).
     """
@@ -242,7 +243,7 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
                                                                  "rules file")}
     keys = random.Random(seed).sample(list(launches), sample)
     order = {k: i for i, k in enumerate(launches)}
-    chosen, jobs = [], {}
+    chosen, jobs, profiles = [], {}, {}
     for key in sorted(keys, key=order.get):
         entry = launches[key]
         path = outdir / entry["path"]
@@ -258,6 +259,12 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
         if not entrypoint.is_shipped(spec):
             raise AuditError(f"experiment {str(spec)[:80]!r} is not a workload of milarun.models: "
                              "an audit reruns nothing else", path=path, key="job.experiment")
+        defs = profiles.setdefault(entry["session"],
+                                   _profile_definitions(outdir, entries, entry["session"]))
+        if defs is not None and defs.get(job_name) != job:
+            raise AuditError(f"test {job_name!r}: the record's job definition is not the one of "
+                             "the profile its session ran (what the rerun would run: prepare "
+                             "commands too); run milarun verify", path=path, key="job")
         if job_name in jobs and jobs[job_name] != _in_argv_order(
                 job, (record.get("call") or {}).get("argv")):
             raise AuditError(f"test {job_name!r} has another definition here than in an earlier "
@@ -294,6 +301,27 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
         raise
     write_json_atomic(plan_path(out), plan)
     return plan
+
+
+def _profile_definitions(outdir, entries, session_id):
+    """``{job name: definition}`` of session ``session_id``'s chained profile copy, or None
+    when the profile had several files (its copies are not re-read as one profile).
+
+    Raises:
+        AuditError: the copy is missing or not the file its entry hashed.
+        ProfileError: it cannot be read as a profile.
+    """
+    copies = [e for e in entries if e["kind"] == "profile" and e["session"] == session_id]
+    if len(copies) > 1:
+        return None
+    if not copies:
+        raise AuditError(f"session {session_id} has no profile copy in the chain; run milarun "
+                         "verify", path=outdir)
+    problem = _matches_entry(outdir, copies[0])
+    if problem:
+        raise AuditError(f"the profile copy is {problem}; run milarun verify",
+                         path=Path(outdir) / copies[0]["path"])
+    return {job.name: job.definition for job in load_profile(Path(outdir) / copies[0]["path"])}
 
 
 def _in_argv_order(job, argv):
