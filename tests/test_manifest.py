@@ -73,6 +73,15 @@ def test_a_new_writer_continues_the_chain_and_refuses_a_broken_one(tmp_path):
         mf.Manifest(out, "S3")
 
 
+@pytest.mark.parametrize("text, ok", [
+    ("r.json", True), ("logs/a.log", True), (".milarun/plan-1.json", True),
+    ("./r.json", False), ("logs//a.log", False), ("logs/./a.log", False), ("logs/", False),
+    ("../r.json", False), ("/etc/passwd", False), ("a\0b", False), ("a\\b", False), ("", False),
+])
+def test_a_manifest_names_each_file_one_way_only(text, ok):
+    assert mf.is_safe_relative(text) is ok
+
+
 def test_a_write_cut_off_by_a_full_disk_leaves_the_chain_readable(tmp_path, monkeypatch):
     out, m = _folder(tmp_path)
     before = mf.manifest_path(out).read_bytes()

@@ -124,8 +124,10 @@ def is_safe_relative(text):
     (no ``..``, not absolute, no empty or NUL part): what a manifest may name."""
     if not isinstance(text, str) or not text or "\0" in text or "\\" in text:
         return False
-    p = PurePosixPath(text)
-    return not p.is_absolute() and all(part not in ("", ".", "..") for part in p.parts)
+    # the text's own parts: PurePosixPath would drop "." and empty parts ("./x", "a//b"),
+    # and one file could then be named two ways in one chain
+    return not PurePosixPath(text).is_absolute() and all(
+        part not in ("", ".", "..") for part in text.split("/"))
 
 
 class Manifest:
