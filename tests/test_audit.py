@@ -145,7 +145,7 @@ def test_plan_same_seed_same_launches(vendor, tmp_path, capsys):
     assert written["review"] == {}     # crawl has no prepare command nor exec_prefix
     # the tender's rules file: its SHA-256 goes in the plan
     rules = tmp_path / "rules.json"
-    rules.write_text('{"format": "milarun-tender-rules"}')
+    rules.write_text('{"description": "the tender rules", "min_repeats": 2}')
     assert cli("audit", "plan", str(out), "--sample", "1", "--seed", "5", "-o",
                str(tmp_path / "r.json"), "--rules", str(rules)) == 0
     recorded = json.loads((tmp_path / "r.plan.json").read_text())["rules"]
@@ -280,7 +280,11 @@ def test_bad_inputs_are_one_line(vendor, tmp_path, capsys):
     path.write_text("".join(lines))
     bad_rules = tmp_path / "rules.json"
     bad_rules.write_text('{"a": 1, "a": 2}')
+    not_rules = tmp_path / "not-rules.json"        # JSON, but not a rules file
+    not_rules.write_text('{"format": 5}')
     cases = [
+        (["audit", "plan", str(out), "--sample", "1", "--seed", "1", "-o",
+          str(tmp_path / "a.json"), "--rules", str(not_rules)], "format: unknown key"),
         (["audit", "plan", str(out), "--sample", "1", "--seed", "1", "-o",
           str(tmp_path / "a.json"), "--rules", str(bad_rules)], "duplicate"),
         (["audit", "plan", str(broken), "--sample", "1", "--seed", "1", "-o",

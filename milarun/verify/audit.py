@@ -55,6 +55,7 @@ from ..formats.jsonfile import read_bytes, read_json
 from ..formats.manifest import (check_chain, file_digest, head_of,
                                 manifest_path, read_manifest, relative)
 from ..formats.outfile import UnsafeFileError
+from ..formats.rules import read_rules
 from ..formats.store import iter_results, load_result, write_json_atomic
 from ..launcher.session import meta_dir, read_session
 from ..measure import confidence, stats
@@ -68,8 +69,6 @@ AUDIT_VERSION = 1
 AUDIT_ENTRY = "_audit"
 #: Default tolerance: a rerun more than 5 % slower than the claim, significantly, fails.
 DEFAULT_TOLERANCE = 0.05
-#: Largest rules file read (bytes).
-MAX_RULES_BYTES = 16 * 2**20
 #: The GPU fields an identity compares, and the DMI ones (where both sides read them).
 GPU_KEYS = ("uuid", "serial")
 
@@ -238,7 +237,7 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
                          "successful record in the chain", path=outdir, key="sample")
     rules_info = None
     if rules is not None:
-        read_json(rules, error_cls=AuditError, max_bytes=MAX_RULES_BYTES, what="rules file")
+        read_rules(rules)     # the schema verify and tender read it with (RulesError: exit 2)
         rules_info = {"path": str(rules), "sha256": _sha256_file(rules, AuditError,
                                                                  "rules file")}
     keys = random.Random(seed).sample(list(launches), sample)
