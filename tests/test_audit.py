@@ -145,7 +145,7 @@ def test_plan_same_seed_same_launches(vendor, tmp_path, capsys):
     assert written["review"] == {}     # crawl has no prepare command nor exec_prefix
     # the tender's rules file: its SHA-256 goes in the plan
     rules = tmp_path / "rules.json"
-    rules.write_text('{"format": "milarun-tender-rules"}')
+    rules.write_text('{"description": "the tender rules", "min_repeats": 2}')
     assert cli("audit", "plan", str(out), "--sample", "1", "--seed", "5", "-o",
                str(tmp_path / "r.json"), "--rules", str(rules)) == 0
     recorded = json.loads((tmp_path / "r.plan.json").read_text())["rules"]
@@ -280,7 +280,11 @@ def test_bad_inputs_are_one_line(vendor, tmp_path, capsys):
     path.write_text("".join(lines))
     bad_rules = tmp_path / "rules.json"
     bad_rules.write_text('{"a": 1, "a": 2}')
+    not_rules = tmp_path / "not-rules.json"        # JSON, but not a rules file
+    not_rules.write_text('{"format": 5}')
     cases = [
+        (["audit", "plan", str(out), "--sample", "1", "--seed", "1", "-o",
+          str(tmp_path / "a.json"), "--rules", str(not_rules)], "format: unknown key"),
         (["audit", "plan", str(out), "--sample", "1", "--seed", "1", "-o",
           str(tmp_path / "a.json"), "--rules", str(bad_rules)], "duplicate"),
         (["audit", "plan", str(broken), "--sample", "1", "--seed", "1", "-o",
@@ -313,6 +317,42 @@ def test_plan_refuses_a_record_that_names_other_code(vendor, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "is not a workload of milarun.models" in err and err.count("\n") == 1
     assert "evil" not in sys.modules
+
+
+def test_plan_refuses_a_record_reached_through_a_link_to_outside(vendor, tmp_path, capsys):
+    base, out = vendor
+    copy, elsewhere = tmp_path / "vendor", tmp_path / "elsewhere"
+    shutil.copytree(out, copy)
+    elsewhere.mkdir()
+    (copy / "sub").symlink_to(elsewhere)       # every record now lies outside the bundle
+    path = mf.manifest_path(copy)
+    entries = mf.read_manifest(path)
+    for e in entries:
+        if e["kind"] == "record":
+            shutil.move(copy / e["path"], elsewhere / e["path"])
+            e["path"] = f"sub/{e['path']}"
+    path.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    rechain(copy)
+    assert plan(copy, tmp_path / "a.json", sample=1) == 2
+    err = capsys.readouterr().err
+    assert "reached through a symbolic link to outside the folder" in err
+
+
+def test_plan_refuses_a_job_definition_the_profile_copy_lacks(vendor, tmp_path, capsys):
+    # a prepare command edited into the records alone would run on the buyer's machine
+    base, out = vendor
+    copy = tmp_path / "vendor"
+    shutil.copytree(out, copy)
+    for rec in copy.glob("*.json"):
+        data = json.loads(rec.read_text())
+        if "job" in data:
+            data["job"]["prepare"] = ["touch /tmp/owned"]
+            rec.write_text(json.dumps(data))
+    rechain(copy)
+    assert plan(copy, tmp_path / "a.json", sample=1) == 2
+    err = capsys.readouterr().err
+    assert "is not the one of the profile its session ran" in err and err.count("\n") == 1
+    assert not (tmp_path / "a.json").exists()
 
 
 # --- the numbers -------------------------------------------------------------------------

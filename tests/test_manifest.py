@@ -73,6 +73,34 @@ def test_a_new_writer_continues_the_chain_and_refuses_a_broken_one(tmp_path):
         mf.Manifest(out, "S3")
 
 
+@pytest.mark.parametrize("text, ok", [
+    ("r.json", True), ("logs/a.log", True), (".milarun/plan-1.json", True),
+    ("./r.json", False), ("logs//a.log", False), ("logs/./a.log", False), ("logs/", False),
+    ("../r.json", False), ("/etc/passwd", False), ("a\0b", False), ("a\\b", False), ("", False),
+])
+def test_a_manifest_names_each_file_one_way_only(text, ok):
+    assert mf.is_safe_relative(text) is ok
+
+
+def test_a_write_cut_off_by_a_full_disk_leaves_the_chain_readable(tmp_path, monkeypatch):
+    out, m = _folder(tmp_path)
+    before = mf.manifest_path(out).read_bytes()
+    real = os.write
+
+    def full(fd, data):     # the disk fills half-way through the line
+        real(fd, bytes(data[:len(data) // 2]))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(mf.os, "write", full)
+    with pytest.raises(OSError):
+        m.event("end", status="complete")
+    monkeypatch.setattr(mf.os, "write", real)
+    assert mf.manifest_path(out).read_bytes() == before
+    m.event("end", status="complete")       # the space is back: the chain goes on
+    entries = mf.read_manifest(mf.manifest_path(out))
+    assert mf.check_chain(entries) == [] and len(entries) == 5
+
+
 @pytest.mark.parametrize("line, words", [
     ('{"seq": 0', "incomplete"),                                     # torn last line
     ('[1, 2]\n', "not a JSON object"),

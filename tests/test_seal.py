@@ -368,6 +368,25 @@ def test_seal_refuses_while_a_session_runs(folder):
     assert not (folder / "bundle.json").exists()
 
 
+@pytest.mark.parametrize("where", ["weights copy", "bundle"])
+def test_seal_on_a_full_disk_is_one_line_not_a_traceback(folder, capsys, monkeypatch, where):
+    import milarun.verify.seal as seal_mod     # why: the write to make fail is its own
+
+    real = seal_mod.write_atomic
+
+    def full(path, data, *args, **kwargs):
+        if where == "bundle" and not str(path).endswith("bundle.json"):
+            return real(path, data, *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(seal_mod, "write_atomic", full)
+    err = _cli_error(capsys, ["seal", str(folder), "--weights", str(ROOT / "weights/cpu.json")])
+    assert "No space left on device" in err and "nothing was sealed" in err
+    assert not (folder / "bundle.json").exists()
+    monkeypatch.setattr(seal_mod, "write_atomic", real)
+    assert seal(folder, weights=ROOT / "weights/cpu.json")["entries"]   # space back: it seals
+
+
 def test_seal_refuses_a_session_file_changed_after_its_entry(folder):
     path = folder / ".milarun/session.json"
     data = json.loads(path.read_text())

@@ -13,6 +13,7 @@ import copy
 import datetime
 import hashlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -258,6 +259,32 @@ def test_result_file_outside_the_chain_is_named(bundle):
     assert any("more/best.json" in c.paths for c in v.failed)
 
 
+def test_a_fifo_named_like_a_record_outside_the_chain_is_named_not_opened(bundle):
+    fifo = bundle.out / bundle.records(success=True)[0].name.replace(".J0.", ".J9.")
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    v = bundle.verify()
+    assert time.monotonic() - t0 < 30          # never opened: a reader would block
+    assert_caught(v, "integrity.unchained-file")
+    assert fifo.name in render_text(v)
+
+
+def test_a_record_reached_through_a_folder_link_to_outside_is_not_read(bundle):
+    elsewhere = bundle.tmp / "elsewhere"
+    elsewhere.mkdir()
+    (bundle.out / "sub").symlink_to(elsewhere)
+    rec = bundle.records(success=True)[0]
+    shutil.move(rec, elsewhere / rec.name)
+    entries = bundle.entries()
+    for e in entries:
+        if e.get("path") == rec.name:
+            e["path"] = f"sub/{rec.name}"
+    bundle.rechain(entries)
+    v = bundle.verify()
+    assert_caught(v, "integrity.file-changed")
+    assert "reached through a symbolic link to outside the folder" in render_text(v)
+
+
 def test_a_summary_outside_the_chain_is_not_result_like(bundle):
     rec = json.loads(bundle.records(success=True)[0].read_text())
     (bundle.out / "summary.json").write_text(json.dumps(summarize([rec])))
@@ -404,6 +431,80 @@ def test_plan_without_a_launch_of_the_profile(bundle):
     assert_caught(v, "completeness.profile-jobs")
 
 
+def test_plan_rewritten_without_a_device_is_caught_against_the_recorded_devices(bundle):
+    # a vendor drops device 1 from every test: its records, their entries and its launches
+    # in the plan, then re-chains and re-seals; the plan is self-consistent (every run of
+    # every test on every device it names), but the session recorded devices 0 and 1
+    plan = next((bundle.out / ".milarun").glob("plan-*.json"))
+    bundle.edit_json(plan, lambda p: p.update(
+        launches=[lch for lch in p["launches"] if lch["device"] != "1"]))
+    gone = [r for r in bundle.records() if read_json(r)["device"] == "1"]
+    for r in gone:
+        r.unlink()
+    entries = [e for e in bundle.entries()
+               if not (e.get("launch") and e["launch"]["device"] == "1")]
+    for e in entries:
+        if e["kind"] == "end":
+            e["passed"], e["failed"] = e["passed"] // 2, e["failed"] // 2
+    bundle.rechain(entries)
+    v = bundle.verify()
+    assert gone and not {"completeness.missing", "completeness.tally",
+                         "integrity.file-missing"} & failed(v), render_text(v)
+    assert_caught(v, "completeness.profile-jobs")
+    assert "recorded devices give 0, 1" in render_text(v)
+
+
+def _fail_to_pass(bundle, content=None, rename=False):
+    """Make the first FAIL record say it passed (its content replaced by ``content(fail
+    record, pass record)`` when given), renamed to its PASS name with ``rename``, its entry
+    and the session's tally edited to match, the chain rewritten and re-sealed."""
+    bad, good = bundle.records(success=False)[0], bundle.records(success=True)[0]
+    data = read_json(bad)
+    data = content(data, read_json(good)) if content else dict(data, success=True, error=None)
+    new = bad.with_name(bad.name.replace(".FAIL", "")) if rename else bad
+    bad.unlink()
+    new.write_text(json.dumps(data))
+    entries = bundle.entries()
+    for e in entries:
+        if e.get("path") == bad.name:
+            e["success"], e["path"] = True, new.name
+        if e["kind"] == "end":
+            e["passed"], e["failed"] = e["passed"] + 1, e["failed"] - 1
+    bundle.rechain(entries)
+    v = bundle.verify()
+    assert not {"completeness.tally", "integrity.file-changed"} & failed(v), render_text(v)
+    return v
+
+
+def test_fail_record_flipped_to_success_is_caught(bundle):
+    assert_caught(_fail_to_pass(bundle), "completeness.record-launch")
+
+
+def test_fail_record_renamed_to_its_pass_name_without_samples_is_caught(bundle):
+    v = _fail_to_pass(bundle, rename=True)
+    assert "completeness.record-launch" not in failed(v)
+    assert_caught(v, "consistency.counts")
+
+
+def test_fail_record_replaced_by_a_copy_of_a_pass_record_is_caught(bundle):
+    def forge(bad, good):
+        keep = ("name", "job_name", "job_id", "run", "device", "devices", "call", "job")
+        return dict(good, **{k: bad[k] for k in keep})
+    v = _fail_to_pass(bundle, content=forge, rename=True)
+    assert not {"completeness.record-launch", "consistency.counts"} & failed(v)
+    assert_caught(v, "consistency.sample-copy")
+
+
+def test_a_job_definition_edited_in_the_records_alone_is_caught(bundle):
+    # what an audit would rerun on the buyer's side: a prepare command the profile lacks
+    for rec in bundle.records():
+        bundle.edit_json(rec, lambda r: r["job"].update(prepare=["touch /tmp/owned"]))
+    bundle.rechain()
+    v = bundle.verify()
+    assert_caught(v, "completeness.profile-jobs")
+    assert "another job definition than the recorded profile's" in render_text(v)
+
+
 def resume(bundle, rerun_passed=False, resume_flag=True):
     """Append a second session to the bundle as ``milarun jobs --resume`` does, through the
     manifest writer itself: the session file, a profile copy, a plan of the launches to
@@ -456,6 +557,17 @@ def test_a_resumed_session_that_reran_failures_verifies(bundle):
     assert v.sessions == 2
     assert f"{sid} (--resume)" in next(c.detail for c in v.clauses
                                        if c.name == "completeness.sessions")
+
+
+def test_every_session_shows_when_it_ended_and_the_head_it_printed(bundle):
+    # what a buyer compares with the heads a vendor sent (a run kept out of two is not sent)
+    resume(bundle)
+    detail = next(c.detail for c in bundle.verify().clauses if c.name == "completeness.sessions")
+    ends = [e for e in bundle.entries() if e["kind"] == "end"]
+    assert len(ends) == 2
+    for e in ends:
+        when = datetime.datetime.fromtimestamp(e["time"], datetime.timezone.utc)
+        assert f"ended {when:%Y-%m-%d %H:%M:%S} UTC, head {e['hash']}" in detail
 
 
 def test_a_second_session_without_resume_is_a_duplicate(bundle):

@@ -34,9 +34,11 @@ This module reads and writes the file; what the chain means for a bundle is
 :mod:`milarun.verify`'s. It never executes anything an entry names.
 """
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path, PurePosixPath
 
@@ -60,7 +62,6 @@ MAX_LINE_BYTES = 64 * 2**10
 #: Largest file hashed (bytes); a larger one is refused, not truncated.
 MAX_HASHED_BYTES = 16 * 2**30
 
-_HEX = frozenset("0123456789abcdef")
 
 
 class ManifestError(ResultFormatError):
@@ -123,8 +124,10 @@ def is_safe_relative(text):
     (no ``..``, not absolute, no empty or NUL part): what a manifest may name."""
     if not isinstance(text, str) or not text or "\0" in text or "\\" in text:
         return False
-    p = PurePosixPath(text)
-    return not p.is_absolute() and all(part not in ("", ".", "..") for part in p.parts)
+    # the text's own parts: PurePosixPath would drop "." and empty parts ("./x", "a//b"),
+    # and one file could then be named two ways in one chain
+    return not PurePosixPath(text).is_absolute() and all(
+        part not in ("", ".", "..") for part in text.split("/"))
 
 
 class Manifest:
@@ -134,7 +137,8 @@ class Manifest:
     to continue it (``session_id`` may be set later, before the first append);
     :meth:`add` hashes a file and appends its entry, :meth:`event` appends an entry without a file. Every append is one
     ``write`` of one line on a file opened ``O_APPEND``, then ``fsync``: a crash
-    leaves at most a torn last line (:func:`read_manifest` reports it).
+    leaves at most a torn last line (:func:`read_manifest` reports it); a write that
+    fails (a full disk) cuts its part-line off again before raising.
 
     Raises (constructor):
         ManifestError: the existing manifest is unreadable or its chain broken
@@ -162,9 +166,19 @@ class Manifest:
         line = json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                           allow_nan=False).encode("utf-8") + b"\n"
         with open_append(self.path) as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+            fd = f.fileno()     # written through the descriptor: nothing left buffered
+            size = os.fstat(fd).st_size
+            try:
+                rest = memoryview(line)
+                while rest:
+                    rest = rest[os.write(fd, rest):]
+                os.fsync(fd)
+            except OSError:
+                # a full disk may have written part of the line: cut it off, so that the
+                # chain stays readable and the next append (or a seal) continues it
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                raise
         self.head, self.seq = entry["hash"], self.seq + 1
         return entry
 
@@ -187,6 +201,16 @@ class Manifest:
         if kind not in EVENTS:
             raise ValueError(f"not an event kind of the manifest: {kind!r}")
         return self._append({"kind": kind, **fields})
+
+
+#: The fields every entry has, with their types.
+_FIELDS = (("seq", int), ("session", str), ("kind", str), ("time", (int, float)),
+           ("prev", str), ("hash", str))
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _is_hex64(text):
+    return isinstance(text, str) and _HEX64.fullmatch(text) is not None
 
 
 def _need(cond, path, lineno, key, message):
@@ -213,26 +237,31 @@ def read_manifest(path, max_bytes=MAX_MANIFEST_BYTES):
         raise ManifestError("the last line is incomplete (a write was cut off: truncated "
                             "manifest)", path=path)
     entries = []
+    where = str(path)
     for lineno, line in enumerate(raw.split(b"\n")[:-1] if raw else [], 1):
-        _need(len(line) <= MAX_LINE_BYTES, path, lineno, None,
-              f"longer than {MAX_LINE_BYTES} bytes")
-        entry = parse_json(line, path=f"{path}:{lineno}", error_cls=ManifestError)
-        _need(isinstance(entry, dict), path, lineno, None, "not a JSON object")
-        for key, kind in (("seq", int), ("session", str), ("kind", str), ("time", (int, float)),
-                          ("prev", str), ("hash", str)):
-            _need(key in entry, path, lineno, key, "missing")
-            _need(isinstance(entry[key], kind) and not isinstance(entry[key], bool),
-                  path, lineno, key, f"must be {getattr(kind, '__name__', 'a number')}")
-        _need(entry["kind"] in KINDS, path, lineno, "kind",
-              f"unknown kind {entry['kind'][:40]!r}")
+        # a message is formatted only for a line that fails (a manifest of a million
+        # lines is read once per verify, audit and seal)
+        if len(line) > MAX_LINE_BYTES:
+            _need(False, path, lineno, None, f"longer than {MAX_LINE_BYTES} bytes")
+        entry = parse_json(line, path=f"{where}:{lineno}", error_cls=ManifestError)
+        if not isinstance(entry, dict):
+            _need(False, path, lineno, None, "not a JSON object")
+        for key, kind in _FIELDS:
+            if key not in entry:
+                _need(False, path, lineno, key, "missing")
+            value = entry[key]
+            if not isinstance(value, kind) or isinstance(value, bool):
+                _need(False, path, lineno, key,
+                      f"must be {getattr(kind, '__name__', 'a number')}")
+        if entry["kind"] not in KINDS:
+            _need(False, path, lineno, "kind", f"unknown kind {entry['kind'][:40]!r}")
         for key in ("prev", "hash"):
-            _need(len(entry[key]) == 64 and set(entry[key]) <= _HEX, path, lineno, key,
-                  "must be 64 lowercase hex digits")
+            if not _is_hex64(entry[key]):
+                _need(False, path, lineno, key, "must be 64 lowercase hex digits")
         if entry["kind"] not in EVENTS:
             _need(is_safe_relative(entry.get("path")), path, lineno, "path",
                   "must be a relative path inside the results folder")
-            _need(isinstance(entry.get("sha256"), str) and len(entry["sha256"]) == 64
-                  and set(entry["sha256"]) <= _HEX, path, lineno, "sha256",
+            _need(_is_hex64(entry.get("sha256")), path, lineno, "sha256",
                   "must be 64 lowercase hex digits")
             _need(isinstance(entry.get("bytes"), int) and not isinstance(entry["bytes"], bool)
                   and entry["bytes"] >= 0, path, lineno, "bytes", "must be an integer >= 0")

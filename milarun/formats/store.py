@@ -171,7 +171,8 @@ def iter_results(directory):
     record, so callers can skip it with a warning; so does a stale temporary
     file (``.tmp-*``, left by a writer that died), and a symlink to a file
     outside ``directory`` (see :func:`inside`), which is not read: a vendor's
-    folder cannot have a file of the buyer's scored, or a FIFO block the reader.
+    folder cannot have a file of the buyer's scored; and a FIFO, socket or device
+    named like a result, which is never opened (it cannot block the reader).
     """
     directory = Path(directory)
     for path in sorted(directory.rglob("*.json*")):
@@ -179,11 +180,14 @@ def iter_results(directory):
         if any(p.startswith(".") for p in parts[:-1]):
             continue
         link = path.is_symlink()
-        if not (link or path.is_file()):
-            continue
         stale = path.name.startswith(TMP_PREFIX)
         if not stale and (path.name.startswith(".") or path.suffix != ".json"
                           or path.name.endswith(TRACE_SUFFIX)):
+            continue
+        if not (link or path.is_file()):
+            if not path.is_dir():   # a FIFO, socket or device named like a record: said
+                yield path, ResultFormatError("not a regular file (a FIFO, socket or "
+                                              "device); not read", path=path)
             continue
         if link and inside(directory, path) is None:
             yield path, ResultFormatError("a symbolic link to outside the results folder "

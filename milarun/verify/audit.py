@@ -53,8 +53,9 @@ from ..errors import MilarunError, ResultFormatError
 from ..formats import entrypoint
 from ..formats.jsonfile import read_bytes, read_json
 from ..formats.manifest import (check_chain, file_digest, head_of,
-                                manifest_path, read_manifest)
+                                manifest_path, read_manifest, relative)
 from ..formats.outfile import UnsafeFileError
+from ..formats.rules import read_rules
 from ..formats.store import iter_results, load_result, write_json_atomic
 from ..launcher.session import meta_dir, read_session
 from ..measure import confidence, stats
@@ -68,8 +69,6 @@ AUDIT_VERSION = 1
 AUDIT_ENTRY = "_audit"
 #: Default tolerance: a rerun more than 5 % slower than the claim, significantly, fails.
 DEFAULT_TOLERANCE = 0.05
-#: Largest rules file read (bytes).
-MAX_RULES_BYTES = 16 * 2**20
 #: The GPU fields an identity compares, and the DMI ones (where both sides read them).
 GPU_KEYS = ("uuid", "serial")
 
@@ -131,6 +130,10 @@ def successful_launches(entries):
 def _matches_entry(outdir, entry):
     """None when the file of manifest ``entry`` is the one it names, else why not."""
     path = Path(outdir) / entry["path"]
+    try:    # a folder on the way may be a link: nothing outside the bundle is read
+        relative(outdir, path)
+    except (ValueError, OSError):
+        return "reached through a symbolic link to outside the folder (not read)"
     try:
         sha, size = file_digest(path)
     except FileNotFoundError:
@@ -212,7 +215,8 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
     Raises:
         AuditError: a bad K, seed or tolerance; a broken chain; a chosen record that is
             not the one the chain entered; a job definition that names something other
-            than a milarun workload, or differs between the records of one test.
+            than a milarun workload, differs between the records of one test, or is not
+            the one of the (single-file) profile copy its session chained.
         ManifestError, ResultFormatError, SetupError, ProfileError: an unreadable
             manifest, record or session file (one line naming the file and key).
     """
@@ -233,12 +237,12 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
                          "successful record in the chain", path=outdir, key="sample")
     rules_info = None
     if rules is not None:
-        read_json(rules, error_cls=AuditError, max_bytes=MAX_RULES_BYTES, what="rules file")
+        read_rules(rules)     # the schema verify and tender read it with (RulesError: exit 2)
         rules_info = {"path": str(rules), "sha256": _sha256_file(rules, AuditError,
                                                                  "rules file")}
     keys = random.Random(seed).sample(list(launches), sample)
     order = {k: i for i, k in enumerate(launches)}
-    chosen, jobs = [], {}
+    chosen, jobs, profiles = [], {}, {}
     for key in sorted(keys, key=order.get):
         entry = launches[key]
         path = outdir / entry["path"]
@@ -254,6 +258,12 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
         if not entrypoint.is_shipped(spec):
             raise AuditError(f"experiment {str(spec)[:80]!r} is not a workload of milarun.models: "
                              "an audit reruns nothing else", path=path, key="job.experiment")
+        defs = profiles.setdefault(entry["session"],
+                                   _profile_definitions(outdir, entries, entry["session"]))
+        if defs is not None and defs.get(job_name) != job:
+            raise AuditError(f"test {job_name!r}: the record's job definition is not the one of "
+                             "the profile its session ran (what the rerun would run: prepare "
+                             "commands too); run milarun verify", path=path, key="job")
         if job_name in jobs and jobs[job_name] != _in_argv_order(
                 job, (record.get("call") or {}).get("argv")):
             raise AuditError(f"test {job_name!r} has another definition here than in an earlier "
@@ -290,6 +300,27 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
         raise
     write_json_atomic(plan_path(out), plan)
     return plan
+
+
+def _profile_definitions(outdir, entries, session_id):
+    """``{job name: definition}`` of session ``session_id``'s chained profile copy, or None
+    when the profile had several files (its copies are not re-read as one profile).
+
+    Raises:
+        AuditError: the copy is missing or not the file its entry hashed.
+        ProfileError: it cannot be read as a profile.
+    """
+    copies = [e for e in entries if e["kind"] == "profile" and e["session"] == session_id]
+    if len(copies) > 1:
+        return None
+    if not copies:
+        raise AuditError(f"session {session_id} has no profile copy in the chain; run milarun "
+                         "verify", path=outdir)
+    problem = _matches_entry(outdir, copies[0])
+    if problem:
+        raise AuditError(f"the profile copy is {problem}; run milarun verify",
+                         path=Path(outdir) / copies[0]["path"])
+    return {job.name: job.definition for job in load_profile(Path(outdir) / copies[0]["path"])}
 
 
 def _in_argv_order(job, argv):

@@ -51,6 +51,7 @@ import math
 import re
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..analysis.acceptance import verdict as acceptance_verdict
 from ..analysis.summary import node_of, summarize
@@ -58,7 +59,7 @@ from ..errors import MilarunError
 from ..formats.bundle import bundle_path, read_bundle, signature_path
 from ..formats.jsonfile import read_bytes, read_json
 from ..formats.manifest import (EVENTS, check_chain, file_digest, head_of, manifest_path,
-                                read_manifest)
+                                read_manifest, relative)
 from ..formats.rules import read_rules
 from ..formats.store import iter_results, load_result
 from ..formats.summary import SUMMARY_FORMAT
@@ -249,6 +250,13 @@ def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
     missing, changed, absent = [], [], set()
     for path, e in b.last.items():
         target = b.outdir / path
+        try:    # a folder on the way may be a link: nothing outside the bundle is read
+            relative(b.outdir, target)
+        except (ValueError, OSError):
+            changed.append((f"{path}: reached through a symbolic link to outside the folder; "
+                            "not read", [path]))
+            absent.add(path)
+            continue
         if not target.exists() and not target.is_symlink():
             missing.append((f"{path}: in the manifest ({e['kind']}), not in the folder",
                             [path]))
@@ -397,9 +405,20 @@ def check_completeness(b, v):
         resumed = [s.get("id") for s in _list((b.session or {}).get("sessions"))
                    if isinstance(s, dict) and s.get("resume")]
         ok = b.session is not None and listed == sids
+        # when each session ended and the head it printed then: what the buyer compares
+        # with the heads the vendor sent, and when they came (docs/tender.md)
+        ends = {e["session"]: e for e in b.entries if e["kind"] == "end"}
+
+        def ended(sid):
+            e = ends.get(sid)
+            if e is None:
+                return "no end"
+            when = datetime.datetime.fromtimestamp(e["time"], datetime.timezone.utc)
+            return f"ended {when:%Y-%m-%d %H:%M:%S} UTC, head {e['hash']}"
         v.add("completeness", "completeness.sessions", ok,
               (f"{len(sids)} session(s): " + ", ".join(
-                  f"{s}{' (--resume)' if s in resumed else ''}" for s in sids)) if ok else
+                  f"{s}{' (--resume)' if s in resumed else ''} ({ended(s)})"
+                  for s in sids)) if ok else
               f"the session file lists {listed}, the manifest {sids}",
               [".milarun/session.json"])
 
@@ -452,6 +471,15 @@ def check_completeness(b, v):
         if rec is not None and launch_key(rec) != key:
             mismatch.append((f"{path}: the record says {_show_key(launch_key(rec))}, its "
                              f"manifest entry {_show_key(key)}", [path]))
+        # the launcher writes a FAIL record only under the plan's FAIL name, and moves a
+        # child's record that says it failed to that name (launcher/launch.py): a record
+        # whose success is not its name's (or its entry's) was edited
+        named = Path(path).name == mine[0].get("result") if path is not None else None
+        if rec is not None and (rec.get("success") is not named
+                                or e.get("success") is not named):
+            mismatch.append((f"{path}: named as a {'PASS' if named else 'FAIL'} record, but "
+                             f"the record says success {rec.get('success')!r} and its entry "
+                             f"{e.get('success')!r}", [path]))
         success = bool(rec.get("success")) if rec is not None else False
         outcomes[key].append((e["session"], success, path))
     missing, duplicate = [], []
@@ -577,10 +605,54 @@ def _profile_clauses(b, v):
                    if len(cells) != len(runs[n]) * len({d for _, d in cells}))
     if holes:
         wrong.append(f"not every run on every device planned for: {', '.join(holes)}")
+    # a record's job definition (what an audit reruns, prepare commands included) is the
+    # recorded profile's: one edited into the records alone would run on the buyer's side
+    alien = sorted(path for path, rec in b.records.items() if rec.get("name") in b.jobs
+                   and rec.get("job") != b.jobs[rec["name"]].definition)
+    if alien:
+        wrong.append(f"{len(alien)} record(s) hold another job definition than the recorded "
+                     f"profile's: {', '.join(alien[:5])}" + (" ..." if len(alien) > 5 else ""))
+    derived, unchecked = _derived_labels(b.jobs, inv, b.plans)
+    for name in sorted(set(derived) & set(grid)):
+        got = {d for _, d in grid[name]}
+        if got != derived[name]:
+            wrong.append(f"{name}: planned on device(s) {', '.join(sorted(got))}, but the "
+                         f"recorded devices give {', '.join(sorted(derived[name]))}")
     v.add("completeness", "completeness.profile-jobs", not wrong,
           "; ".join(wrong) if wrong else
           f"the plans hold the profile's {len(b.jobs)} selected job(s), {repeat} run(s) each "
-          "on every device")
+          "on every device the session recorded"
+          + (f" (devices not re-derived for: {', '.join(unchecked)})" if unchecked else ""))
+
+
+def _derived_labels(jobs, inv, plans):
+    """``({test name: {device label}}, [names not re-derived])``: the launches each job of
+    the recorded profile has on the session's recorded devices (``invocation.devices``)
+    and nodes (``invocation.nodes``, else the one node the plans name), re-derived with
+    the job's own plan type (:meth:`milarun.plan.types.PlanType.expand`), so that a plan
+    rewritten without some devices (and their records) is caught. A job whose plan
+    type cannot expand here (e.g. multi-process on a smaller machine) is listed instead."""
+    devices = inv.get("devices") if isinstance(inv.get("devices"), dict) else {}
+    indices = devices.get("indices")
+    if not (isinstance(indices, list) and indices
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in indices)):
+        return {}, sorted(jobs)
+    names = inv.get("nodes")
+    if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
+        names = list(dict.fromkeys(str(_scalar(n)) for plan in plans.values()
+                                   for lch in _list(plan.get("launches")) if isinstance(lch, dict)
+                                   for n in _list(lch.get("nodes"))))[:1] or ["?"]
+    nodes = [SimpleNamespace(name=n) for n in names]
+    cluster = SimpleNamespace(devices=SimpleNamespace(kind=devices.get("kind"), indices=indices,
+                                                      affinity=None),
+                              nodes=nodes, main=nodes[0], multi=len(nodes) > 1)
+    out, unchecked = {}, []
+    for name, job in jobs.items():
+        try:
+            out[name] = {slot.label for wave in job.kind.expand(job, cluster) for slot in wave}
+        except Exception:   # noqa: BLE001 -- a plan type that needs the vendor's host
+            unchecked.append(name)
+    return out, unchecked
 
 
 # --- compliance ------------------------------------------------------------------------------
@@ -733,6 +805,8 @@ def _sample_problems(path, rec):
                 out["consistency.sample-window"].append(
                     f"sample {i} ({origin + a:.3f}..{origin + z:.3f}) lies outside the "
                     f"program's {start:.3f}..{end:.3f}")
+    if rec.get("success") is True and not samples:
+        out["consistency.counts"].append("it passed without a single sample")
     if rec.get("success") is True and samples:
         counted = sum(s["count"] for s in samples if _num(s.get("count")))
         total, max_count = train.get("count"), train.get("max_count")
@@ -774,6 +848,8 @@ def check_consistency(b, v):
                      ("consistency.counts", "item counts agree with max_count and min_steady")):
         _report(v, "consistency", name, found.get(name, []), ok)
 
+    _copy_clause(b, v)
+
     # every statistic recomputed from the raw samples
     skipped = []
     try:
@@ -790,6 +866,25 @@ def check_consistency(b, v):
     _barrier_clause(b, v)
     _energy_clause(b, v)
     _host_clause(b, v)
+
+
+def _copy_clause(b, v):
+    """No sample window (its start and end, seconds on the child's clock, to the bit) is
+    in two records: each child reads its own clock, so a shared window is a record made
+    from another's samples (a FAIL record replaced by a copy of a PASS one)."""
+    seen, problems = {}, []
+    for path, rec in sorted(b.records.items()):
+        train = (rec.get("timings") or {}).get("train") or {}
+        windows = {(s.get("start"), s.get("end")) for s in _list(train.get("samples"))
+                   if isinstance(s, dict) and _num(s.get("start")) and _num(s.get("end"))}
+        twins = sorted({seen[w] for w in windows if w in seen})
+        if twins:
+            problems.append((f"{path}: sample windows identical to those of {twins[0]} (a "
+                             "copy of another record's samples)", [path, twins[0]]))
+        for w in windows:
+            seen.setdefault(w, path)
+    _report(v, "consistency", "consistency.sample-copy", problems,
+            "no two records share a sample window")
 
 
 def _time_clause(b, v):

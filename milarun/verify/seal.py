@@ -109,7 +109,8 @@ def seal(outdir, sign=None, weights=None, say=print, warn=warn_line):
         warn: ``f(line)`` for warnings (default: stderr).
 
     Raises:
-        SealError: a refusal of the module docstring, a bad weights file.
+        SealError: a refusal of the module docstring, a bad weights file, a file that
+            cannot be written (full disk, read-only folder).
         ManifestError: an unreadable manifest. KeyFileError: a bad key.
         SetupError: an unreadable session file.
     """
@@ -130,6 +131,10 @@ def seal(outdir, sign=None, weights=None, say=print, warn=warn_line):
     lock = _check_lock_free(outdir)
     try:
         return _seal(outdir, mpath, sign, copy, say, warn)
+    except OSError as exc:     # a full disk, a read-only folder: one line, not a traceback
+        raise SealError(f"cannot write the bundle: {exc.strerror or exc}; nothing was "
+                        "sealed (free space or make it writable, then seal again)",
+                        path=exc.filename or outdir) from None
     finally:
         lock.__exit__(None, None, None)
 
