@@ -49,6 +49,7 @@ import random
 from pathlib import Path
 
 from .. import __version__
+from ..analysis.summary import device_key, node_of
 from ..errors import MilarunError, ResultFormatError
 from ..formats import entrypoint
 from ..formats.jsonfile import read_bytes, read_json
@@ -118,7 +119,6 @@ def launch_key(launch):
 def successful_launches(entries):
     """The launches with a successful record in the chain: ``{(name, run, device): entry}``
     (the last such entry of a launch), sorted by name, run and device."""
-    from ..analysis.summary import device_key   # why: the one sort order of device labels
     found = {}
     for entry in entries:
         key = launch_key(entry.get("launch")) if entry.get("kind") == "record" else None
@@ -343,7 +343,6 @@ def _in_argv_order(job, argv):
 
 
 def _node_of(record):
-    from ..analysis.summary import node_of   # why: the one rule of a record's node
     return node_of(record)
 
 
