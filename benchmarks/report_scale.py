@@ -4,11 +4,14 @@
                                       [--dir DIR]
 
 Generates ``tests × devices × runs`` per-gpu result files (about 60 samples
-each) in a temporary directory, then, in this one process, times: reading and
-summarizing the directory, building the report with a weights file and
-``--compare-gpus``, rendering text, and rendering HTML (one SVG plot per test
-plus the heat-map). Prints the figures in seconds. Target (issue 21): 3 s at most in total
-on a 2-core machine (generation is not counted). ``--dir DIR`` generates the
+each) in a temporary directory, then, in this one process, times ``milarun report``
+(:func:`milarun.report.make_report`: reading and summarizing the directory, the
+table with a weights file, ``--compare-gpus`` and ``--price``, the text, and the HTML
+page with one SVG plot per test plus the heat-map) three times: with ``--no-cache``,
+with an empty cache (which it fills) and with the filled cache
+(:mod:`milarun.report.inputs`), and says whether the three gave the same text and
+HTML. Prints the figures in seconds. Target (issue 21): 3 s at most in total on a
+2-core machine (generation is not counted). ``--dir DIR`` generates the
 files into ``DIR`` once and reuses them afterwards (for before/after runs),
 instead of a temporary directory.
 """
@@ -70,55 +73,58 @@ def main(argv=None):
                         help="generate into DIR once and reuse it (not deleted)")
     args = parser.parse_args(argv)
 
-    from milarun.report import build_report, check_weights, render_html, render_text
-    from milarun.analysis.summary import summarize_dir
-    from milarun.measure.stats import steady_states_once
-
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        work = tmp / "work"
+        work.mkdir()
+        results = tmp / "results"
         if args.dir is not None:
-            tmp = args.dir
-            tmp.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        if args.dir is not None and any(tmp.glob("*.json")):
-            print(f"reusing the result files in {tmp}")
+            results = args.dir
+            results.mkdir(parents=True, exist_ok=True)
         else:
-            n = generate(tmp, args.tests, args.devices, args.runs, args.samples)
+            results.mkdir()
+        t0 = time.perf_counter()
+        if args.dir is not None and any(results.glob("*.json")):
+            print(f"reusing the result files in {results}")
+        else:
+            n = generate(results, args.tests, args.devices, args.runs, args.samples)
             print(f"generated {n} result files in {time.perf_counter() - t0:.2f} s "
                   "(not counted)")
+        weights = work / "weights.json"
+        weights.write_text(json.dumps({f"bench.t{i:02d}": {"weight": 1}
+                                       for i in range(args.tests)}))
+        # a cache of this run's own: the user's is neither read nor written
+        os.environ["MILARUN_CACHE_DIR"] = str(work / "cache")
 
-        times = {}   # phase: (wall s, CPU s of this process)
-        clock = (time.perf_counter(), time.process_time())
+        from milarun.report import make_report
 
-        def lap(name):
-            nonlocal clock
-            now = (time.perf_counter(), time.process_time())
-            times[name] = (now[0] - clock[0], now[1] - clock[1])
-            clock = now
-
-        # as in milarun report (make_report): the HTML reuses the summary's steady
-        # states and anomaly flags
-        with steady_states_once():
-            summary, records = summarize_dir(tmp, warn=sys.stderr)
-            lap("summary (read + group + stats)")
-            weights = check_weights({f"bench.t{i:02d}": {"weight": 1}
-                                     for i in range(args.tests)})
-            report = build_report(summary, weights=weights, compare_gpus=True, price=30000)
-            text = render_text(report)
-            lap("report: table + text")
-            html = render_html(report, records=records, results_dir=tmp)
-            lap("report: HTML with plots")
-        out = io.StringIO(text)
-        print(out.readline().strip(), f"| {len(report.rows)} tests | score {report.score:.2f}")
-        print(f"{'':34s} {'wall':>6s}   {'CPU':>6s}")
-        for k, (wall, cpu) in times.items():
-            print(f"{k:34s} {wall:6.2f} s {cpu:6.2f} s")
-        total = [sum(t[i] for t in times.values()) for i in (0, 1)]
-        print(f"{'total':34s} {total[0]:6.2f} s {total[1]:6.2f} s   (HTML "
-              f"{len(html) / 1e6:.1f} MB, {html.count('<svg')} SVG plots; target <= 3 s)")
-        print(f"CPU: this process's time (wall minus waiting on a busy machine; load "
-              f"average {os.getloadavg()[0]:.1f})")
+        runs = {}   # name: (wall s, CPU s, text, html)
+        for name, cache in (("no cache (--no-cache)", False), ("cache empty (cold)", True),
+                            ("cache filled (warm)", True)):
+            html = work / f"report-{len(runs)}.html"
+            wall, cpu = time.perf_counter(), time.process_time()
+            report, text = make_report(results, weights=str(weights), compare_gpus=True,
+                                       price=30000, html=str(html), warn=io.StringIO(),
+                                       cache=cache)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            page = html.read_text()
+            runs[name] = (wall, cpu, text, page)
+        first = next(iter(runs.values()))
+        print(text.splitlines()[0], f"| {len(report.rows)} tests | score {report.score:.2f} "
+              f"| HTML {len(first[3]) / 1e6:.1f} MB, {first[3].count('<svg')} SVG plots")
+        print(f"{'summary + text + HTML':34s} {'wall':>6s}   {'CPU':>6s}   same output")
+        for name, (wall, cpu, text, page) in runs.items():
+            same = text == first[2] and _no_stamp(page) == _no_stamp(first[3])
+            print(f"{name:34s} {wall:6.2f} s {cpu:6.2f} s   {'yes' if same else 'NO'}")
+        print("target (issue 21): <= 3 s; CPU: this process's time (wall minus waiting on "
+              f"a busy machine; load average {os.getloadavg()[0]:.1f})")
     return 0
+
+
+def _no_stamp(page):
+    """The page without its generation time (the one line that differs run to run)."""
+    import re
+    return re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", "", page)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,13 @@ from milarun.host import students as students_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The report's cache (milarun.formats.cache) of this test run: a fresh folder, so that
+# every report a test makes twice is read the second time from the cache, and no
+# entry reaches the user's own cache. tests/test_report_cache.py checks it.
+if "MILARUN_CACHE_DIR" not in os.environ:
+    import tempfile
+    os.environ["MILARUN_CACHE_DIR"] = tempfile.mkdtemp(prefix="milarun-test-cache-")
+
 
 def cgroup_skip(reason):
     """Skip a cgroup test, or fail it when $MILARUN_REQUIRE_CGROUPS=1 (set by .ci/run)."""

@@ -42,8 +42,9 @@ def test_cpu_profile_in_student_cgroups(students, tmp_path):
     data.mkdir()
     proc = milarun("jobs", "profiles/cpu.json", "--cpu-slots", "2", "-d", str(data),
                    "-o", str(out))
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     res = results(out)
+    failed = {n: (r.get("error") or {}) for n, r in res.items() if not r.get("success")}
+    assert proc.returncode == 0, (failed, proc.stdout + proc.stderr[-3000:])
     assert res and proc.stdout.strip().endswith(f"{len(res)} passed, 0 failed")
     limit_mib = int(MEMORY[:-1]) * 1024
     per_gpu = [r for r in res.values() if r["partition"] == "per-gpu"]

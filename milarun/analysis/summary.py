@@ -75,7 +75,7 @@ from pathlib import Path
 
 from ..errors import ResultFormatError, SetupError
 from ..formats.jsonfile import first_error
-from ..formats.store import iter_results
+from ..formats.store import iter_results, parse_results
 from ..formats.summary import SUMMARY_FORMAT, SUMMARY_VERSION
 from ..formats.terminal import terminal_safe
 from ..host import facts as hostfacts
@@ -96,10 +96,12 @@ def group_name(record):
     return plantypes.group_name(record)
 
 
-def load_results(directory, warn=None, only=None):
+def load_results(directory, warn=None, only=None, files=None):
     """Read every result under ``directory`` (see :func:`milarun.formats.store.iter_results`),
     or, with ``only`` (a set of POSIX paths relative to ``directory``: a bundle's chained
-    records), those only; the others are skipped, each named.
+    records), those only; the others are skipped, each named. ``files``: what
+    :func:`milarun.formats.store.result_files` gave for ``directory``, when it was read
+    before (the bytes are parsed, not read again).
 
     Returns ``(records, skipped)``: records are ``(path, record)`` pairs;
     ``skipped`` lists ``(path, error)`` for files that are corrupt, of another
@@ -122,7 +124,7 @@ def load_results(directory, warn=None, only=None):
     collecting = gc.isenabled()
     gc.disable()
     try:
-        for path, rec in iter_results(directory):
+        for path, rec in (iter_results(directory) if files is None else parse_results(files)):
             if only is not None and path.relative_to(directory).as_posix() not in only:
                 skipped.append((path, ResultFormatError(
                     "not in the bundle's manifest chain; not counted", path=path)))
@@ -435,13 +437,16 @@ def _flag_where(path, rec):
 
 def summarize_dir(directory, warn=None, only=None):
     """Load ``directory`` (``only``: as :func:`load_results`) and summarize it. Returns
-    ``(summary, records)``.
-
-    The summary's ``provenance`` names the folder, and the profile its
-    ``.milarun/session.json`` was started with (when it has a readable one).
-    """
+    ``(summary, records)``, the summary with its :func:`provenance`."""
     records, skipped = load_results(directory, warn=warn, only=only)
     summary = summarize(records, skipped, warn=warn)
+    return provenance(summary, directory), records
+
+
+def provenance(summary, directory):
+    """Name in ``summary``'s ``provenance`` (changed in place and returned) the results
+    folder ``directory`` and the profile its ``.milarun/session.json`` was started
+    with (when it has a readable one)."""
     prov = summary["provenance"]
     prov["results"] = Path(directory).resolve().name
     try:
@@ -451,4 +456,4 @@ def summarize_dir(directory, warn=None, only=None):
     for key in ("profile", "profile_sha256"):
         if isinstance(invocation.get(key), str):
             prov[key] = invocation[key]
-    return summary, records
+    return summary

@@ -38,6 +38,9 @@ OPTIONS = (
            "recommendation, nlp, vision, compute, other; from the profile tags: "
            "docs/report.md); the others are shown with weight 0. Repeatable: "
            "--family llm --family vision", nargs="+", repeat=True),
+    flag("cache", "Compute everything again: neither read nor write this user's cache of what "
+         "the report read of a results folder (docs/report.md, \"The report's cache\")",
+         negate=True),
     option("burn_threshold", "Percentage below the median TFLOP/s of all GPUs that flags a "
            "burn-in GPU SLOW in the acceptance section, 0 to 100 (default 5)", type=float),
 )
@@ -51,7 +54,8 @@ def command(opts, rest):
                       html=opts.html, strict=opts.strict, compare_nodes=opts.compare_nodes,
                       node_threshold=opts.node_threshold, throughput=opts.throughput,
                       unweighted=opts.unweighted, thresholds=opts.thresholds,
-                      burn_threshold=opts.burn_threshold, family=opts.family)
+                      burn_threshold=opts.burn_threshold, family=opts.family,
+                      cache=opts.cache)
 
 
 def run_report(results, strict=False, stdout=None, warn=None, **options):

@@ -15,12 +15,13 @@ written without NaN or Infinity (non-finite numbers become ``null``).
 import datetime
 import json
 import math
+import os
 import time
 from pathlib import Path
 
 from ..errors import ResultFormatError
 from . import trust
-from .jsonfile import read_json
+from .jsonfile import parse_json, read_bytes, read_json
 from .outfile import TMP_PREFIX, write_atomic
 from .record import migrate, validate
 
@@ -149,6 +150,13 @@ def load_result(path):
     return migrate(read_json(path, error_cls=ResultFormatError), path=path, parsed=True)
 
 
+def parse_result(raw, path=None):
+    """:func:`load_result` of bytes ``raw`` already read from ``path`` (as
+    :func:`result_files` gives them). Raises as :func:`load_result`."""
+    return migrate(parse_json(raw, path=path, error_cls=ResultFormatError), path=path,
+                   parsed=True)
+
+
 def inside(root, path):
     """``path`` resolved (symlinks followed) if it is a file inside folder ``root``
     (resolved too), else None: nothing outside a results folder is read through
@@ -174,18 +182,69 @@ def iter_results(directory):
     folder cannot have a file of the buyer's scored; and a FIFO, socket or device
     named like a result, which is never opened (it cannot block the reader).
     """
+    return parse_results(result_files(directory))
+
+
+def parse_results(files):
+    """Yield ``(path, record_or_error)`` for ``files`` (what :func:`result_files` yields),
+    as :func:`iter_results` does."""
+    for path, raw in files:
+        if isinstance(raw, ResultFormatError):
+            yield path, raw
+            continue
+        try:
+            yield path, parse_result(raw, path)
+        except ResultFormatError as exc:
+            yield path, exc
+
+
+def result_files(directory):
+    """Yield ``(path, bytes_or_error)`` for the files :func:`iter_results` reads, in
+    its order: each file's bytes (read as :func:`milarun.formats.jsonfile.read_bytes`
+    reads them), or the ``ResultFormatError`` of a file that is not read (see
+    :func:`iter_results`) or cannot be, or of a sub-folder that cannot be listed.
+
+    Folders are walked with ``os.scandir`` (its entries know their type, where
+    ``Path.rglob`` and ``is_file`` ask the kernel again for every file), without
+    following symlinks to folders, as ``Path.rglob("*.json*")`` walks them.
+    """
     directory = Path(directory)
-    for path in sorted(directory.rglob("*.json*")):
-        parts = path.relative_to(directory).parts
-        if any(p.startswith(".") for p in parts[:-1]):
+    found = []      # (relative parts, entry or error)
+    todo = [()]
+    while todo:
+        rel = todo.pop()
+        try:
+            with os.scandir(directory.joinpath(*rel)) as it:
+                entries = list(it)
+        except OSError as exc:
+            if rel:     # the top folder is checked by the callers
+                found.append((rel, ResultFormatError(
+                    f"cannot list this folder ({exc.strerror}); its results are not read",
+                    path=directory.joinpath(*rel))))
             continue
-        link = path.is_symlink()
-        stale = path.name.startswith(TMP_PREFIX)
-        if not stale and (path.name.startswith(".") or path.suffix != ".json"
-                          or path.name.endswith(TRACE_SUFFIX)):
+        for entry in entries:
+            name = entry.name
+            if entry.is_dir(follow_symlinks=False):
+                if not name.startswith("."):
+                    todo.append(rel + (name,))
+                if ".json" not in name:
+                    continue
+            elif ".json" not in name:
+                continue
+            found.append((rel + (name,), entry))
+    for parts, entry in sorted(found, key=lambda item: item[0]):
+        path = directory.joinpath(*parts)
+        if isinstance(entry, ResultFormatError):
+            yield path, entry
             continue
-        if not (link or path.is_file()):
-            if not path.is_dir():   # a FIFO, socket or device named like a record: said
+        name = entry.name
+        link = entry.is_symlink()
+        stale = name.startswith(TMP_PREFIX)
+        if not stale and (name.startswith(".") or not name.endswith(".json")
+                          or name.endswith(TRACE_SUFFIX)):
+            continue
+        if not (link or entry.is_file(follow_symlinks=False)):
+            if not entry.is_dir(follow_symlinks=False):   # a FIFO, socket or device: said
                 yield path, ResultFormatError("not a regular file (a FIFO, socket or "
                                               "device); not read", path=path)
             continue
@@ -198,6 +257,6 @@ def iter_results(directory):
                                           "rename); not a result", path=path)
             continue
         try:
-            yield path, load_result(path)
+            yield path, read_bytes(path, error_cls=ResultFormatError)
         except ResultFormatError as exc:
             yield path, exc

@@ -37,6 +37,7 @@ make the interval itself overflow: the arithmetic is scaled so that no square
 of a std under- or overflows on the way.
 """
 
+import functools
 import math
 import statistics
 from collections import namedtuple
@@ -96,6 +97,7 @@ def t_cdf(t, df):
     return 1.0 - tail if t >= 0 else tail
 
 
+@functools.lru_cache(maxsize=1024)   # a report asks the same few (p, df) for every test
 def t_quantile(p, df):
     """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``df`` real, > 0,
     or ``inf`` for the normal law), to about 1e-12 relative.

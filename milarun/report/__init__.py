@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..analysis.summary import summarize_dir
+from ..formats.cache import Cache
 from ..formats.summary import read_summary
 from ..formats.thresholds import read_thresholds
 from ..errors import MilarunError, ResultFormatError
@@ -20,6 +21,7 @@ from ..measure.stats import steady_states_once
 from .checks import diff_line
 from .html import render_html as _render_html
 from .family import check_families
+from .inputs import load_inputs
 from .iostudy import io_tables
 from .llm import llm_rows
 from .acceptance import (
@@ -92,9 +94,11 @@ def summary_suites(summary):
     return sorted(suites) if suites else sorted({g.split(".")[0] for g in summary["tests"]})
 
 
-def inputs_of(source, summary, records, weights, weights_default, compare, price,
+def inputs_of(source, summary, count, weights, weights_default, compare, price,
               families=None):
     """What the report's header names (see :func:`milarun.report.text.header_items`).
+
+    ``count`` is the number of records read, None for a summary file.
 
     ``weights_default`` is True when ``weights`` is the shipped file of the
     results' profile, picked because no ``--weights`` was given; ``families`` the
@@ -103,8 +107,8 @@ def inputs_of(source, summary, records, weights, weights_default, compare, price
     prov = summary.get("provenance") or {}
     return {
         "source": shown_path(source),
-        "kind": "results" if records is not None else "summary",
-        "records": len(records) if records is not None else None,
+        "kind": "results" if count is not None else "summary",
+        "records": count,
         "skipped": len(summary.get("skipped") or []),
         "folder": prov.get("results"),
         "suites": summary_suites(summary),
@@ -128,7 +132,8 @@ def inputs_of(source, summary, records, weights, weights_default, compare, price
 def make_report(source, weights=None, compare=None, price=None, compare_gpus=False,
                 penalize_variance=True, title=None, html=None, warn=None,
                 compare_nodes=False, node_threshold=None, throughput="effective",
-                unweighted=False, thresholds=None, burn_threshold=None, family=None):
+                unweighted=False, thresholds=None, burn_threshold=None, family=None,
+                cache=True):
     """Build the report of ``source`` (results dir or summary file).
 
     ``weights`` and ``compare`` are file paths (or ``None``); ``price`` is in
@@ -141,7 +146,9 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     ``thresholds``: an acceptance thresholds file (its verdict in ``report.acceptance_verdict``);
     ``burn_threshold``: percent below the median that flags a burn-in GPU (default 5);
     ``family``: the ``--family`` names, the families the score is over
-    (:mod:`milarun.report.family`; checked before anything is read).
+    (:mod:`milarun.report.family`; checked before anything is read);
+    ``cache``: keep and reuse what is read of a results folder in this user's
+    cache (:mod:`milarun.report.inputs`; False: ``--no-cache``).
     Returns ``(report, text)``.
 
     Raises:
@@ -170,7 +177,9 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     baseline = read_summary(compare) if compare else None
     if price is not None and not price > 0:
         raise MilarunError(f"--price must be a positive number of dollars, not {price!r}")
-    summary, records, results_dir = load_source(source, warn=warn)
+    inputs = load_inputs(source, warn or sys.stderr, plots=bool(html),
+                         cache=Cache.from_env() if cache else None)
+    summary = inputs.summary
     weights_default = False
     if weights is None and not unweighted:
         suites = summary_suites(summary)
@@ -182,12 +191,12 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
                           title=title, compare_nodes=compare_nodes,
                           node_threshold=node_threshold, throughput=throughput,
                           families=families)
-    report.io = io_tables(summary, records)
+    report.io = io_tables(summary, points=inputs.io_points)
     report.llm = llm_rows(summary["tests"])
     report.acceptance = acceptance_sections(summary["tests"], burn_threshold)
     report.acceptance_verdict = (verdict(clauses, summary["tests"]) if clauses is not None
                                  else None)
-    report.inputs = inputs_of(source, summary, records, weights, weights_default, compare,
+    report.inputs = inputs_of(source, summary, inputs.count, weights, weights_default, compare,
                               price, families)
     for diff in report.host_diffs:
         print(f"milarun: warning: {compare}: host fact differs from the baseline's: "
@@ -195,8 +204,8 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     text = render_text(report)
     if html:
         generated = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        page = render_html(report, records=records, results_dir=results_dir,
-                           generated=generated, html_path=html)
+        page = _render_html(report, results_dir=inputs.results_dir, generated=generated,
+                            html_path=html, plots=inputs.plots, traces=inputs.traces)
         write_text(html, page)
     return report, text
 

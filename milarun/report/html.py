@@ -77,8 +77,22 @@ def log_tail(results_dir, failure):
     return _tail_lines(failure.get("stderr_tail")), "stderr"
 
 
-def trace_links(records, results_dir, html_path=None):
-    """``{group: [href]}``: the ``--profile-trace`` files of each test's records.
+def trace_refs(records):
+    """``[(record path, trace path, group)]``: the ``--profile-trace`` paths that
+    ``records`` (``(path, record)`` pairs) name, unchecked (:func:`trace_links` checks
+    them when the page is made)."""
+    refs = []
+    for item in records or ():
+        path, rec = item if isinstance(item, tuple) else (None, item)
+        trace = (rec.get("profile_trace") or {}).get("path")
+        if isinstance(trace, str) and path is not None:
+            refs.append((str(path), trace, group_name(rec)))
+    return refs
+
+
+def trace_links(refs, results_dir, html_path=None):
+    """``{group: [href]}``: the ``--profile-trace`` files of each test's records
+    (``refs`` from :func:`trace_refs`).
 
     A record's ``profile_trace.path`` is relative to the record's folder (or
     absolute); it is linked only when the file exists inside ``results_dir``
@@ -91,11 +105,7 @@ def trace_links(records, results_dir, html_path=None):
     links = defaultdict(list)
     if results_dir is None:
         return links
-    for item in records or ():
-        path, rec = item if isinstance(item, tuple) else (None, item)
-        trace = (rec.get("profile_trace") or {}).get("path")
-        if not isinstance(trace, str) or path is None:
-            continue
+    for path, trace, group in refs:
         found = inside(results_dir, Path(path).parent / trace)
         if found is None:
             continue
@@ -103,8 +113,26 @@ def trace_links(records, results_dir, html_path=None):
             href = quote(os.path.relpath(found, Path(html_path).resolve().parent))
         else:
             href = found.as_uri()
-        links[group_name(rec)].append(href)
+        links[group].append(href)
     return links
+
+
+def throughput_plots(records):
+    """``{group: (svg, legend, marks)}``: the throughput plot of every test of
+    ``records`` (result dicts or ``(path, record)`` pairs), as
+    :meth:`milarun.report.plots.Plotter.throughput` draws it; tests with nothing
+    to draw are left out. ``marks`` is a sorted list."""
+    by_group = defaultdict(list)
+    for item in records or ():
+        rec = item[1] if isinstance(item, tuple) else item
+        by_group[group_name(rec)].append(rec)
+    plots, plotter = {}, None
+    for group in sorted(by_group):
+        plotter = plotter or Plotter()
+        svg, legend, marks = plotter.throughput(by_group[group])
+        if svg:
+            plots[group] = (svg, [list(entry) for entry in legend], sorted(marks))
+    return plots
 
 
 def _env():
@@ -117,35 +145,38 @@ def _env():
     return env
 
 
-def render_html(report, records=None, results_dir=None, generated=None, html_path=None):
+def render_html(report, records=None, results_dir=None, generated=None, html_path=None,
+                plots=None, traces=None):
     """Return the report as one self-contained HTML page (str).
 
     ``records`` are result records (for the throughput plots; without them
     the page says plots need the results directory); ``results_dir`` is where
     failure logs are looked up; ``generated`` is the creation time shown;
     ``html_path`` is where the page will be written (links to profiler traces
-    are relative to it, see :func:`trace_links`).
+    are relative to it, see :func:`trace_links`). ``plots`` (from
+    :func:`throughput_plots`) and ``traces`` (from :func:`trace_refs`), when given,
+    stand for what would be drawn and read from ``records`` (the report's cache
+    keeps them: :mod:`milarun.report.inputs`).
     """
     from markupsafe import Markup
 
     plotter = None
-    by_group = defaultdict(list)
-    if records:
-        for item in records:
-            rec = item[1] if isinstance(item, tuple) else item
-            by_group[group_name(rec)].append(rec)
+    has_records = bool(records) or bool(plots)
+    if plots is None:
+        plots = throughput_plots(records)
+    if traces is None:
+        traces = trace_refs(records)
 
     flags = {test: [flag_html(test, f) for f in merged(fl)]
              for test, fl in anomalies_by_test(report)}
     validation_rows = [flag_html(test, f) for test, f in report.validation_flags]
+    drawn_plots = plots
     plots = []
     for row in report.rows:
-        svg, legend, marks = None, [], set()
-        if by_group.get(row["test"]):
-            plotter = plotter or Plotter()
-            svg, legend, marks = plotter.throughput(by_group[row["test"]])
+        svg, legend, marks = drawn_plots.get(row["test"]) or (None, [], [])
         plots.append({"test": row["test"], "svg": Markup(svg) if svg else None,
-                      "legend": legend, "marks": marks, "flags": flags.get(row["test"], [])})
+                      "legend": [tuple(entry) for entry in legend], "marks": set(marks),
+                      "flags": flags.get(row["test"], [])})
     drawn = {p["test"] for p in plots if p["svg"]}
 
     gpu = []
@@ -162,7 +193,7 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
                                  for g, v in tab["rows"]],
                         "svg": Markup(svg) if svg else None})
 
-    traces = trace_links(records, results_dir, html_path)
+    traces = trace_links(traces, results_dir, html_path)
     table = []
     for row in report.rows:
         cells = []
@@ -251,7 +282,7 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
         io_study=io_study, llm=llm, acceptance=acceptance, families=family_view(report),
         checks=checks, flags=flags, validation_rows=validation_rows, flag_colour=FLAG_COLOUR,
         inputs=header_items(report.inputs) if report.inputs is not None else None,
-        has_records=bool(records), generated=generated,
+        has_records=has_records, generated=generated,
         ratio_class=ratio_band(report.score_ratio))
 
 

@@ -43,12 +43,26 @@ def _point(rec):
     return dataset, mode, workers
 
 
-def io_tables(summary, records=None):
+def io_points(records):
+    """``{group: (dataset, mode, workers)}`` of the io tests of ``records`` (result
+    dicts or ``(path, record)`` pairs): each test's first io record."""
+    points = {}
+    for item in records or ():
+        rec = item[1] if isinstance(item, tuple) else item
+        point = _point(rec)
+        if point is not None:
+            points.setdefault(group_name(rec), point)
+    return points
+
+
+def io_tables(summary, records=None, points=None):
     """The study's tables, one per dataset (sorted by name).
 
     Args:
         summary: a summary (:func:`milarun.analysis.summary.summarize`).
         records: the result records (or ``(path, record)`` pairs), or None.
+        points: :func:`io_points` of the records, when they were taken before
+            (the report's cache keeps them); instead of ``records``.
 
     Returns:
         ``[{"dataset": name, "rows": [{"workers": n, "traverse": items/s or None,
@@ -56,13 +70,9 @@ def io_tables(summary, records=None):
         "tests": [group, ...]}]}]``, rows by workers; ``[]`` when no test is
         an io test.
     """
-    points = {}
-    for item in records or ():
-        rec = item[1] if isinstance(item, tuple) else item
-        point = _point(rec)
-        if point is not None:
-            points.setdefault(group_name(rec), point)
-    if not records:
+    have = bool(records) or points is not None
+    points = dict(points) if points is not None else io_points(records)
+    if not have:
         for gname, entry in summary["tests"].items():
             match = _NAME.match(entry["name"].split(".", 1)[-1])
             if match:

@@ -1,0 +1,159 @@
+"""A private cache of what milarun derives from a results folder, addressed by content.
+
+Reading and checking 10,000 result files, computing their steady states and
+drawing their plots takes seconds (``benchmarks/report_scale.py``); the report of
+a folder that has not changed, asked again with other options (weights, a
+baseline, a price, HTML), need not do it again. The caller names an entry by
+:func:`entry_key`: a SHA-256 over milarun's own files (:func:`code_digest`) and
+every input byte that went into the entry, so a result file changed by one byte,
+added, removed or renamed, or another milarun, gives another key and the entry
+is computed again. An entry holds derived values (JSON, read back with the strict
+reader), never code.
+
+Where: ``$MILARUN_CACHE_DIR`` when set (``off``, or an empty value, turns the
+cache off), else ``$XDG_CACHE_HOME/milarun``, else ``~/.cache/milarun``: never a
+results folder (a vendor cannot ship an entry). The folder is made 0700; one
+that is a symlink, that another user owns or that others may write is not used.
+At most :data:`MAX_ENTRIES` entries are kept, the least recently used removed
+first. Best effort: a cache that cannot be read, holds a malformed entry or
+cannot be written (full disk, read-only home) is a miss, never an error.
+"""
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+
+from ..errors import MilarunError
+from .jsonfile import parse_json, read_bytes
+from .outfile import write_atomic
+
+#: Environment variable naming the cache folder (``off`` or empty: no cache).
+ENV = "MILARUN_CACHE_DIR"
+#: Entries kept (each one results folder's report inputs).
+MAX_ENTRIES = 16
+#: Largest entry read back, in bytes (a bigger one is a miss).
+MAX_ENTRY_BYTES = 512 * 2**20
+_FORMAT = "milarun-cache"
+_VERSION = 1
+_code_digest = None
+
+
+def cache_dir(environ=None):
+    """The cache folder (a ``Path``) for ``environ`` (``os.environ`` by default), or
+    None when the cache is off or no absolute path can be made (no home)."""
+    environ = os.environ if environ is None else environ
+    if ENV in environ:
+        value = environ[ENV]
+        if value in ("", "off"):
+            return None
+        path = Path(value)
+    else:
+        base = environ.get("XDG_CACHE_HOME") or ""
+        if not os.path.isabs(base):  # the XDG rule: a relative value is ignored
+            base = os.path.join(os.path.expanduser("~"), ".cache")
+        path = Path(base) / "milarun"
+    return path if path.is_absolute() else None
+
+
+def code_digest():
+    """SHA-256 (hex) of milarun's own files (its modules, schemas and templates):
+    any change to the code that computed an entry makes its key another one."""
+    global _code_digest
+    if _code_digest is None:
+        root = Path(__file__).resolve().parent.parent
+        h = hashlib.sha256()
+        for path in sorted(root.rglob("*")):
+            if "__pycache__" in path.parts or not path.is_file():
+                continue
+            h.update(path.relative_to(root).as_posix().encode() + b"\0")
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+        _code_digest = h.hexdigest()
+    return _code_digest
+
+
+def entry_key(kind, parts):
+    """The key (64 hex digits) of an entry of ``kind`` (a short word) made from
+    ``parts`` (an iterable of str or bytes, each an input of the entry, in a fixed
+    order), with :func:`code_digest`."""
+    h = hashlib.sha256(f"{_FORMAT} {_VERSION} {kind} {code_digest()}\0".encode())
+    for part in parts:
+        data = part.encode("utf-8", "surrogatepass") if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+class Cache:
+    """The entries in folder ``root`` (see the module docstring): :meth:`get` and
+    :meth:`put` by kind and key. :meth:`from_env` gives this user's cache."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+
+    @classmethod
+    def from_env(cls, environ=None):
+        """This user's cache (:func:`cache_dir`), or None when it is off."""
+        root = cache_dir(environ)
+        return cls(root) if root is not None else None
+
+    def _usable(self, create):
+        try:
+            if create:
+                self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = os.lstat(self.root)
+        except OSError:
+            return False
+        return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+                and not st.st_mode & 0o022)
+
+    def _path(self, kind, key):
+        return self.root / f"{kind}-{key}.json"
+
+    def get(self, kind, key):
+        """The value stored under ``kind`` and ``key``, or None (a miss: no entry, an
+        unusable folder, an unreadable or malformed entry)."""
+        if not self._usable(create=False):
+            return None
+        path = self._path(kind, key)
+        try:
+            data = parse_json(read_bytes(path, max_bytes=MAX_ENTRY_BYTES), path=path)
+        except (MilarunError, OSError):
+            return None
+        if not (isinstance(data, dict) and data.get("format") == _FORMAT
+                and data.get("version") == _VERSION and data.get("key") == key
+                and "value" in data):
+            return None
+        try:
+            os.utime(path)   # recently used: pruned last
+        except OSError:
+            pass
+        return data["value"]
+
+    def put(self, kind, key, value):
+        """Store ``value`` (JSON-serializable, finite numbers) under ``kind`` and
+        ``key``; returns False when it could not be written (nothing is raised)."""
+        if not self._usable(create=True):
+            return False
+        try:
+            text = json.dumps({"format": _FORMAT, "version": _VERSION, "key": key,
+                               "value": value}, allow_nan=False, separators=(",", ":"))
+            write_atomic(self._path(kind, key), text, durable=False)
+        except (MilarunError, OSError, ValueError, TypeError):
+            return False
+        self._prune()
+        return True
+
+    def _prune(self):
+        entries = []
+        for path in self.root.glob("*-*.json"):
+            try:
+                entries.append((path.stat().st_mtime, path))
+            except OSError:
+                continue
+        for _, path in sorted(entries)[:-MAX_ENTRIES]:
+            try:
+                path.unlink()
+            except OSError:
+                pass

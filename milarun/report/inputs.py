@@ -1,0 +1,143 @@
+"""What the report reads from its source, kept in this user's cache.
+
+Of a results folder the report needs the summary
+(:func:`milarun.analysis.summary.summarize`) and, beyond it, three facts of the
+records: the input-pipeline study's points (:func:`milarun.report.iostudy.io_points`),
+the profiler traces they name (:func:`milarun.report.html.trace_refs`) and, for
+the HTML page, each test's throughput plot
+(:func:`milarun.report.html.throughput_plots`). :func:`load_inputs` computes them
+once per folder content and keeps them in the private cache
+(:mod:`milarun.formats.cache`), under a key made of milarun's code and the path
+and SHA-256 of every file the reader looks at. The report of a folder that has not
+changed, asked again with other options, reads every file's bytes to hash them,
+but parses, checks, summarizes and draws nothing again; its text and HTML are the
+same as those of the first report. The warnings of skipped files are kept too and
+printed again. What can change without a result file changing is read every time:
+the session file's profile (the summary's provenance), the failure logs and the
+trace files the page links to.
+"""
+
+import hashlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..analysis.summary import load_results, provenance, summarize
+from ..errors import ResultFormatError
+from ..formats.cache import entry_key
+from ..formats.store import result_files
+from ..formats.summary import read_summary
+from ..measure.stats import steady_states_once
+from .html import throughput_plots, trace_refs
+from .iostudy import io_points
+
+#: The cache's kind of entry.
+KIND = "report"
+
+
+@dataclass
+class Inputs:
+    """What :func:`load_inputs` read.
+
+    ``summary``: the summary (with its provenance). ``results_dir``: the results
+    folder (None for a summary file). ``count``: the records read (None for a
+    summary file). ``records``: the ``(path, record)`` pairs, when they were read
+    (None on a cache hit and for a summary file). ``io_points``, ``traces`` and
+    ``plots``: as :func:`~milarun.report.iostudy.io_points`,
+    :func:`~milarun.report.html.trace_refs` and
+    :func:`~milarun.report.html.throughput_plots` give them (None for a summary
+    file; ``plots`` also when not asked for). ``cached``: read from the cache.
+    """
+
+    summary: dict
+    results_dir: Path = None
+    count: int = None
+    records: list = None
+    io_points: dict = None
+    traces: list = None
+    plots: dict = None
+    cached: bool = False
+
+
+class _Tee(io.TextIOBase):
+    """Writes to ``stream`` and keeps a copy (the warnings an entry replays)."""
+
+    def __init__(self, stream):
+        self.stream, self.parts = stream, []
+
+    def write(self, text):
+        self.parts.append(text)
+        return self.stream.write(text)
+
+
+def _key(directory, files):
+    parts = [str(directory.resolve())]
+    for path, raw in files:
+        rel = path.relative_to(directory).as_posix()
+        # an error is a message (it names the path), a file is its bytes' digest
+        parts.append(rel + "\0" + (f"!{raw}" if isinstance(raw, ResultFormatError)
+                                   else hashlib.sha256(raw).hexdigest()))
+    return entry_key(KIND, parts)
+
+
+def _from_value(value, directory):
+    traces = [(str(directory / rel), trace, group) for rel, trace, group in value["traces"]]
+    plots = value["plots"]
+    if plots is not None:
+        plots = {group: (svg, legend, marks) for group, (svg, legend, marks) in plots.items()}
+    if not (isinstance(value["summary"], dict) and isinstance(value["count"], int)
+            and isinstance(value["io_points"], dict)):
+        raise ValueError("malformed entry")
+    return Inputs(summary=value["summary"], results_dir=directory, count=value["count"],
+                  io_points=value["io_points"], traces=traces, plots=plots, cached=True)
+
+
+@steady_states_once()   # the summary and the plots share each result's steady state
+def load_inputs(source, warn, plots=False, cache=None):
+    """Read ``source`` (a results folder or a summary file) for the report.
+
+    Args:
+        source: a results folder, or a summary JSON file.
+        warn: the stream of the warning lines (each skipped file, named).
+        plots: also draw every test's throughput plot (for the HTML page).
+        cache: a :class:`milarun.formats.cache.Cache`, or None to compute
+            everything (``milarun report --no-cache``).
+
+    Returns:
+        an :class:`Inputs`.
+
+    Raises:
+        ResultFormatError: a missing source, a file that is not a summary, or a
+            folder without a usable result (as :func:`milarun.report.load_source`).
+    """
+    path = Path(source)
+    if path.is_file():
+        return Inputs(summary=read_summary(path))
+    if not path.is_dir():
+        raise ResultFormatError("no such results directory or summary file", path=path)
+    files = list(result_files(path))
+    key = _key(path, files) if cache is not None else None
+    value = cache.get(KIND, key) if cache is not None else None
+    if value is not None and (not plots or value.get("plots") is not None):
+        try:
+            inputs = _from_value(value, path)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            inputs = None     # a malformed entry is a miss
+        if inputs is not None:
+            warn.write(value.get("warnings") or "")
+            provenance(inputs.summary, path)
+            return inputs
+    tee = _Tee(warn)
+    records, skipped = load_results(path, warn=tee, files=files)
+    summary = summarize(records, skipped, warn=tee)
+    inputs = Inputs(summary=summary, results_dir=path, count=len(records), records=records,
+                    io_points=io_points(records), traces=trace_refs(records),
+                    plots=throughput_plots(records) if plots else None)
+    if cache is not None:
+        cache.put(KIND, key, {
+            "summary": summary, "count": inputs.count, "io_points": inputs.io_points,
+            "traces": [(Path(p).relative_to(path).as_posix(), trace, group)
+                       for p, trace, group in inputs.traces],
+            "plots": inputs.plots, "warnings": "".join(tee.parts)})
+    provenance(summary, path)
+    return inputs
