@@ -10,7 +10,11 @@ Throughput is computed the same way for both modes, from the result's
 start), warm-up samples included. Instrumented runs have one sample per
 window; ``--no-instrument`` runs (``_BareLogger``) have one sample covering
 the whole loop; both spans run from the loop's first step to its last.
-Overhead = 1 − median(instrumented) / median(bare); the target is ≤ 1 %.
+The figure is the median of the per-pair overheads, 1 − instrumented / bare of
+each pair (which a drift of the machine's speed between pairs does not move), with
+its distribution-free 95 % interval (:func:`milarun.measure.confidence.median_interval`);
+1 − median(instrumented) / median(bare) is shown beside it. Target (issue 22):
+at most 0.5 % on toy_reg, the median of at least 12 pairs.
 
 The instrumented runs write their journal (``-o`` is a ``.json`` path), one
 JSON line flushed per closed window. Its cost per window is also timed alone
@@ -25,7 +29,7 @@ instrumentation's cost per step; divided by each workload's step time
 
 Usage::
 
-    python benchmarks/overhead.py [--pairs 5] [--device cpu] [--json out.json]
+    python benchmarks/overhead.py [--pairs 12] [--device cpu] [--json out.json]
 """
 
 import argparse
@@ -38,10 +42,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from milarun.measure.confidence import median_interval  # noqa: E402
+
 WORKLOADS = {
     # name: (function, argv); max-count sized for about 5 s of training on 2 idle cores
     "toy_reg": ("milarun.models.toy_reg:main",
-                ["--batch-size", "64", "--max-count", "3500000"]),
+                ["--batch-size", "64", "--max-count", "600000"]),
     "convnet": ("milarun.models.convnet:main",
                 ["--arch", "resnet18", "--batch-size", "16", "--image-size", "32",
                  "--workers", "0", "--max-count", "1600"]),
@@ -129,7 +135,8 @@ def measure(name, dataroot, workdir, pairs, device, extra):
               f"bare {rates[False][-1]:.1f} items/s", file=sys.stderr)
     inst, bare = statistics.median(rates[True]), statistics.median(rates[False])
     pair_ratios = [a / b for a, b in zip(rates[True], rates[False])]
-    return {"workload": name, "argv": argv, "pairs": pairs, "windows": windows,
+    interval = median_interval([1 - r for r in pair_ratios])
+    return {"overhead_pairwise_interval": list(interval) if interval else None,"workload": name, "argv": argv, "pairs": pairs, "windows": windows,
             "instrumented": rates[True], "bare": rates[False],
             "median_instrumented": inst, "median_bare": bare,
             "overhead": 1 - inst / bare,
@@ -138,7 +145,7 @@ def measure(name, dataroot, workdir, pairs, device, extra):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--pairs", type=int, default=12)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--workloads", default="toy_reg,convnet")
     parser.add_argument("--sample-duration", default="0.5",
@@ -174,14 +181,17 @@ def main(argv=None):
     report.append({"logger_cost_ns_per_step": {"instrumented": inst_step * 1e9,
                                                "bare": bare_step * 1e9},
                    "journal_us_per_window": per_line * 1e6})
-    print(f"{'workload':10} {'instrumented':>14} {'bare':>14} {'overhead':>9} "
-          f"{'pairwise':>9} {'windows':>8}")
+    print(f"{'workload':10} {'instrumented':>14} {'bare':>14} {'pairwise':>9} "
+          f"{'95% interval':>17} {'medians':>8} {'windows':>8}")
     for r in report[:-1]:
+        lo_hi = r["overhead_pairwise_interval"]
+        shown = f"{100 * lo_hi[0]:+.2f}..{100 * lo_hi[1]:+.2f}%" if lo_hi else "n/a"
         print(f"{r['workload']:10} {r['median_instrumented']:14.1f} {r['median_bare']:14.1f} "
-              f"{100 * r['overhead']:8.2f}% {100 * r['overhead_pairwise_median']:8.2f}% "
-              f"{r['windows']:8d}")
-    print("throughput: median items/s over the pairs; overhead = 1 - instrumented/bare "
-          "(pairwise: median of the per-pair ratios); target <= 1%")
+              f"{100 * r['overhead_pairwise_median']:8.2f}% {shown:>17} "
+              f"{100 * r['overhead']:7.2f}% {r['windows']:8d}")
+    print("throughput: median items/s over the pairs; pairwise: the median of the per-pair "
+          "overheads (1 - instrumented/bare), with its 95% interval; medians: 1 - "
+          "median(instrumented)/median(bare); target <= 0.5% (pairwise, toy_reg)")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

@@ -413,3 +413,19 @@ def test_a_baseline_runs_written_as_a_whole_float_is_that_many_runs(tmp_path):
     base = normalize_summary(base)
     assert base["tests"]["s.conv"]["runs"] == 2 and type(base["tests"]["s.conv"]["runs"]) is int
     assert build_report(repeated, baseline=base).one_run == []
+
+
+def test_median_interval_is_the_sign_test_interval():
+    from milarun.measure.confidence import median_interval
+    # Conover's table: n = 6 -> (x1, x6), n = 12 -> (x3, x10), n = 16 -> (x4, x13) at 95 %
+    assert median_interval([5, 1, 4, 2, 6, 3]) == (1, 6)
+    assert median_interval(range(1, 13)) == (3, 10)
+    assert median_interval(range(16, 0, -1)) == (4, 13)
+    assert median_interval(range(5)) is None            # too few for 95 %
+    # its coverage by simulation: at least 95 % of intervals hold the true median 0
+    import random
+    rng = random.Random(7)
+    held = sum(lo <= 0 <= hi for lo, hi in (median_interval([rng.gauss(0, 1)
+                                                              for _ in range(12)])
+                                            for _ in range(2000)))
+    assert held / 2000 >= 0.95

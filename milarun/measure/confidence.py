@@ -23,6 +23,11 @@ here, so a summary or a baseline needs no per-result list:
   come from the Welch-Satterthwaite equation (F. E. Satterthwaite, "An
   approximate distribution of estimates of variance components",
   Biometrics Bulletin 2, 1946).
+* :func:`median_interval` -- the distribution-free interval of a median from
+  order statistics: ``[x_(k), x_(n+1-k)]`` with the largest ``k`` such that
+  ``P(Bin(n, 1/2) <= k - 1) <= (1 - level) / 2`` (the sign-test interval;
+  W. J. Conover, Practical Nonparametric Statistics, 3rd ed., 1999, 3.2);
+  ``benchmarks/overhead.py`` gives it for the median of paired ratios.
 * :func:`t_quantile` -- Student's t quantile for any real ``df > 0``,
   from the regularized incomplete beta function, ``P(T <= t) = 1 -
   I_x(df/2, 1/2) / 2`` with ``x = df / (df + t^2)`` (Abramowitz & Stegun
@@ -154,6 +159,27 @@ def mean_interval(n, mean, std, level=LEVEL):
         return None
     half = t_quantile(0.5 + level / 2.0, n - 1) * (std / math.sqrt(n))
     return _finite(Interval(mean - half, mean + half, float(n - 1)))
+
+
+def median_interval(values, level=LEVEL):
+    """The distribution-free confidence interval of the median of ``values`` (any
+    unit): ``(lo, hi)``, the order statistics ``x_(k)`` and ``x_(n+1-k)`` of the
+    sign-test interval (module docstring), whose coverage is at least ``level``.
+
+    Returns None when ``values`` are too few for ``level`` (at 0.95: fewer than 6).
+    """
+    xs = sorted(values)
+    n = len(xs)
+    alpha = (1.0 - level) / 2.0
+    k, tail = 0, 0.0     # tail: P(Bin(n, 1/2) <= k - 1)
+    while k < n // 2:
+        nxt = tail + math.comb(n, k) / 2.0 ** n
+        if nxt > alpha:
+            break
+        k, tail = k + 1, nxt
+    if k == 0:
+        return None
+    return xs[k - 1], xs[n - k]
 
 
 def welch_test(a, b, level=LEVEL):
