@@ -23,9 +23,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # The report's cache (milarun.formats.cache) of this test run: a fresh folder, so that
 # every report a test makes twice is read the second time from the cache, and no
 # entry reaches the user's own cache. tests/test_report_cache.py checks it.
+_OWN_CACHE = None
 if "MILARUN_CACHE_DIR" not in os.environ:
     import tempfile
-    os.environ["MILARUN_CACHE_DIR"] = tempfile.mkdtemp(prefix="milarun-test-cache-")
+    _OWN_CACHE = os.environ["MILARUN_CACHE_DIR"] = tempfile.mkdtemp(prefix="milarun-test-cache-")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _OWN_CACHE is not None:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 def cgroup_skip(reason):
