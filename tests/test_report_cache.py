@@ -215,3 +215,23 @@ def test_the_cli_has_no_cache(results, store, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["report", str(results)])
     assert [p.name.split("-")[0] for p in store.iterdir()] == ["report"]
+
+
+def test_pruning_removes_entries_only(tmp_path, monkeypatch):
+    # $MILARUN_CACHE_DIR may name a folder that holds other files (a results folder, notes):
+    # pruning must never delete one of them, even when they look like "a-b.json"
+    monkeypatch.setattr(cache_mod, "MAX_ENTRIES", 2)
+    root = tmp_path / "mine"
+    root.mkdir(mode=0o700)
+    theirs = [root / f"notes-{i}.json" for i in range(5)]
+    theirs.append(root / f"other-{0:064x}.json.bak")
+    for i, path in enumerate(theirs):
+        path.write_text("{}")
+        os.utime(path, (1000 + i, 1000 + i))
+    store = Cache(root)
+    for i in range(4):
+        assert store.put("report", f"{i:064x}", {"i": i})
+        os.utime(store._path("report", f"{i:064x}"), (2000 + i, 2000 + i))
+    assert all(path.exists() for path in theirs)
+    assert sorted(p.name for p in root.iterdir() if p not in theirs) == [
+        f"report-{2:064x}.json", f"report-{3:064x}.json"]

@@ -15,13 +15,14 @@ cache off), else ``$XDG_CACHE_HOME/milarun``, else ``~/.cache/milarun``: never a
 results folder (a vendor cannot ship an entry). The folder is made 0700; one
 that is a symlink, that another user owns or that others may write is not used.
 At most :data:`MAX_ENTRIES` entries are kept, the least recently used removed
-first. Best effort: a cache that cannot be read, holds a malformed entry or
+first (no other file of the folder is ever removed). Best effort: a cache that cannot be read, holds a malformed entry or
 cannot be written (full disk, read-only home) is a miss, never an error.
 """
 
 import hashlib
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -37,6 +38,9 @@ MAX_ENTRIES = 16
 MAX_ENTRY_BYTES = 512 * 2**20
 _FORMAT = "milarun-cache"
 _VERSION = 1
+# an entry's file name (see Cache._path): pruning removes these only, never another file
+# of a folder that $MILARUN_CACHE_DIR names
+_ENTRY_NAME = re.compile(r"[a-z]+-[0-9a-f]{64}\.json")
 _code_digest = None
 
 
@@ -147,11 +151,20 @@ class Cache:
 
     def _prune(self):
         entries = []
-        for path in self.root.glob("*-*.json"):
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return
+        for name in names:
+            if not _ENTRY_NAME.fullmatch(name):
+                continue
+            path = self.root / name
             try:
-                entries.append((path.stat().st_mtime, path))
+                st = os.lstat(path)
             except OSError:
                 continue
+            if stat.S_ISREG(st.st_mode):
+                entries.append((st.st_mtime, path))
         for _, path in sorted(entries)[:-MAX_ENTRIES]:
             try:
                 path.unlink()
