@@ -235,3 +235,14 @@ def test_pruning_removes_entries_only(tmp_path, monkeypatch):
     assert all(path.exists() for path in theirs)
     assert sorted(p.name for p in root.iterdir() if p not in theirs) == [
         f"report-{2:064x}.json", f"report-{3:064x}.json"]
+
+
+def test_the_warnings_name_the_folder_as_given(results, store, tmp_path, monkeypatch):
+    # the same folder named two ways: the warnings replayed name it as this run does
+    monkeypatch.chdir(results.parent)
+    relative = report(Path(results.name), tmp_path, html=False)
+    absolute = report(results, tmp_path, html=False)
+    assert f"skipped {results.name}{os.sep}" in relative[2]
+    assert absolute[2] == report(results, tmp_path, cache=False, html=False)[2]
+    assert f"skipped {results}{os.sep}" in absolute[2]
+    assert report(Path(results.name), tmp_path, html=False)[2:] == (relative[2], True)

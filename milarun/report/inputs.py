@@ -71,7 +71,8 @@ class _Tee(io.TextIOBase):
 
 
 def _key(directory, files):
-    parts = [str(directory.resolve())]
+    # the folder as given too: the warnings kept name each file by it (results/a.json)
+    parts = [str(directory.resolve()), str(directory)]
     for path, raw in files:
         rel = path.relative_to(directory).as_posix()
         # an error is a message (it names the path), a file is its bytes' digest
