@@ -203,8 +203,9 @@ def test_where_the_cache_is(tmp_path):
     assert cache_dir({"MILARUN_CACHE_DIR": "off"}) is None
     assert cache_dir({"MILARUN_CACHE_DIR": ""}) is None
     assert cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "milarun"
-    home = cache_dir({"XDG_CACHE_HOME": "relative", "HOME": str(tmp_path)})
-    assert home == Path(os.path.expanduser("~")) / ".cache" / "milarun"
+    home = cache_dir({"XDG_CACHE_HOME": "relative", "HOME": str(tmp_path / "home")})
+    assert home == tmp_path / "home" / ".cache" / "milarun"
+    assert cache_dir({"HOME": "relative"}) is None
 
 
 def test_the_cli_has_no_cache(results, store, tmp_path, capsys):

@@ -56,7 +56,7 @@ def cache_dir(environ=None):
     else:
         base = environ.get("XDG_CACHE_HOME") or ""
         if not os.path.isabs(base):  # the XDG rule: a relative value is ignored
-            base = os.path.join(os.path.expanduser("~"), ".cache")
+            base = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
         path = Path(base) / "milarun"
     return path if path.is_absolute() else None
 
