@@ -247,3 +247,18 @@ def test_the_warnings_name_the_folder_as_given(results, store, tmp_path, monkeyp
     assert absolute[2] == report(results, tmp_path, cache=False, html=False)[2]
     assert f"skipped {results}{os.sep}" in absolute[2]
     assert report(Path(results.name), tmp_path, html=False)[2:] == (relative[2], True)
+
+
+def test_an_unreadable_file_of_milarun_is_not_an_error(results, store, tmp_path, monkeypatch):
+    # a file in milarun's folder this user may not read (root's 0600 backup of a module)
+    real = Path.read_bytes
+
+    def read_bytes(path):
+        if path.name == "cache.py" and path.parent.name == "formats":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+    monkeypatch.setattr(cache_mod, "_code_digest", None)
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    expected = report(results, tmp_path, cache=False, html=False)[:3]
+    assert report(results, tmp_path, html=False)[:3] == expected
+    assert report(results, tmp_path, html=False)[3] is True

@@ -72,7 +72,10 @@ def code_digest():
             if "__pycache__" in path.parts or not path.is_file():
                 continue
             h.update(path.relative_to(root).as_posix().encode() + b"\0")
-            h.update(hashlib.sha256(path.read_bytes()).digest())
+            try:
+                h.update(hashlib.sha256(path.read_bytes()).digest())
+            except OSError:     # not this user's to read (no module is): named, not hashed
+                h.update(b"unreadable")
         _code_digest = h.hexdigest()
     return _code_digest
 
