@@ -262,3 +262,16 @@ def test_an_unreadable_file_of_milarun_is_not_an_error(results, store, tmp_path,
     expected = report(results, tmp_path, cache=False, html=False)[:3]
     assert report(results, tmp_path, html=False)[:3] == expected
     assert report(results, tmp_path, html=False)[3] is True
+
+
+def test_entries_are_private_whatever_the_umask(tmp_path):
+    # a folder others may enter (0755 is allowed) and umask 0: an entry must not be 0666
+    root = tmp_path / "c"
+    root.mkdir(mode=0o755)
+    root.chmod(0o755)
+    old = os.umask(0)
+    try:
+        assert Cache(root).put("report", "0" * 64, {"a": 1})
+    finally:
+        os.umask(old)
+    assert oct((root / f"report-{'0' * 64}.json").stat().st_mode & 0o777) == "0o600"

@@ -10,13 +10,14 @@ added, removed or renamed, or another milarun, gives another key and the entry
 is computed again. An entry holds derived values (JSON, read back with the strict
 reader), never code.
 
-Where: ``$MILARUN_CACHE_DIR`` when set (``off``, or an empty value, turns the
-cache off), else ``$XDG_CACHE_HOME/milarun``, else ``~/.cache/milarun``: never a
-results folder (a vendor cannot ship an entry). The folder is made 0700; one
-that is a symlink, that another user owns or that others may write is not used.
-At most :data:`MAX_ENTRIES` entries are kept, the least recently used removed
-first (no other file of the folder is ever removed). Best effort: a cache that cannot be read, holds a malformed entry or
-cannot be written (full disk, read-only home) is a miss, never an error.
+Where: ``$MILARUN_CACHE_DIR`` when set (``off``, or an empty value, turns the cache
+off), else ``$XDG_CACHE_HOME/milarun``, else ``~/.cache/milarun``: never a results
+folder (a vendor cannot ship an entry). The folder is made 0700, each entry 0600;
+one that is a symlink, that another user owns or that others may write is not used.
+At most :data:`MAX_ENTRIES` entries are kept, the least recently used removed first
+(no other file of the folder is ever removed). Best effort: a cache that cannot be
+read, holds a malformed entry or cannot be written (full disk, read-only home) is a
+miss, never an error.
 """
 
 import hashlib
@@ -146,7 +147,8 @@ class Cache:
         try:
             text = json.dumps({"format": _FORMAT, "version": _VERSION, "key": key,
                                "value": value}, allow_nan=False, separators=(",", ":"))
-            write_atomic(self._path(kind, key), text, durable=False)
+            # 0600: under umask 0 a 0666 entry in a folder others may enter is theirs to edit
+            write_atomic(self._path(kind, key), text, durable=False, private=True)
         except (MilarunError, OSError, ValueError, TypeError):
             return False
         self._prune()
