@@ -153,7 +153,7 @@ def test_an_unusable_cache_folder_is_not_used(results, tmp_path, monkeypatch, ba
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not json", "other key", "wrong shape",
-                                    "a fifo"])
+                                    "a list", "warnings", "a fifo"])
 def test_a_malformed_entry_is_a_miss_and_is_written_again(results, store, tmp_path, damage):
     expected = report(results, tmp_path)[:3]
     (entry,) = store.iterdir()
@@ -168,6 +168,10 @@ def test_a_malformed_entry_is_a_miss_and_is_written_again(results, store, tmp_pa
     elif damage == "wrong shape":
         entry.write_text(json.dumps({**data, "value": {**data["value"], "count": "many",
                                                        "traces": 7}}))
+    elif damage == "a list":
+        entry.write_text(json.dumps({**data, "value": []}))
+    elif damage == "warnings":
+        entry.write_text(json.dumps({**data, "value": {**data["value"], "warnings": 7}}))
     else:
         os.mkfifo(entry)
     got = report(results, tmp_path)
