@@ -153,7 +153,7 @@ def test_an_unusable_cache_folder_is_not_used(results, tmp_path, monkeypatch, ba
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not json", "other key", "wrong shape",
-                                    "a fifo"])
+                                    "a list", "warnings", "a fifo"])
 def test_a_malformed_entry_is_a_miss_and_is_written_again(results, store, tmp_path, damage):
     expected = report(results, tmp_path)[:3]
     (entry,) = store.iterdir()
@@ -168,6 +168,10 @@ def test_a_malformed_entry_is_a_miss_and_is_written_again(results, store, tmp_pa
     elif damage == "wrong shape":
         entry.write_text(json.dumps({**data, "value": {**data["value"], "count": "many",
                                                        "traces": 7}}))
+    elif damage == "a list":
+        entry.write_text(json.dumps({**data, "value": []}))
+    elif damage == "warnings":
+        entry.write_text(json.dumps({**data, "value": {**data["value"], "warnings": 7}}))
     else:
         os.mkfifo(entry)
     got = report(results, tmp_path)
@@ -203,8 +207,9 @@ def test_where_the_cache_is(tmp_path):
     assert cache_dir({"MILARUN_CACHE_DIR": "off"}) is None
     assert cache_dir({"MILARUN_CACHE_DIR": ""}) is None
     assert cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "milarun"
-    home = cache_dir({"XDG_CACHE_HOME": "relative", "HOME": str(tmp_path)})
-    assert home == Path(os.path.expanduser("~")) / ".cache" / "milarun"
+    home = cache_dir({"XDG_CACHE_HOME": "relative", "HOME": str(tmp_path / "home")})
+    assert home == tmp_path / "home" / ".cache" / "milarun"
+    assert cache_dir({"HOME": "relative"}) is None
 
 
 def test_the_cli_has_no_cache(results, store, tmp_path, capsys):
@@ -215,3 +220,62 @@ def test_the_cli_has_no_cache(results, store, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["report", str(results)])
     assert [p.name.split("-")[0] for p in store.iterdir()] == ["report"]
+
+
+def test_pruning_removes_entries_only(tmp_path, monkeypatch):
+    # $MILARUN_CACHE_DIR may name a folder that holds other files (a results folder, notes):
+    # pruning must never delete one of them, even when they look like "a-b.json"
+    monkeypatch.setattr(cache_mod, "MAX_ENTRIES", 2)
+    root = tmp_path / "mine"
+    root.mkdir(mode=0o700)
+    theirs = [root / f"notes-{i}.json" for i in range(5)]
+    theirs.append(root / f"other-{0:064x}.json.bak")
+    for i, path in enumerate(theirs):
+        path.write_text("{}")
+        os.utime(path, (1000 + i, 1000 + i))
+    store = Cache(root)
+    for i in range(4):
+        assert store.put("report", f"{i:064x}", {"i": i})
+        os.utime(store._path("report", f"{i:064x}"), (2000 + i, 2000 + i))
+    assert all(path.exists() for path in theirs)
+    assert sorted(p.name for p in root.iterdir() if p not in theirs) == [
+        f"report-{2:064x}.json", f"report-{3:064x}.json"]
+
+
+def test_the_warnings_name_the_folder_as_given(results, store, tmp_path, monkeypatch):
+    # the same folder named two ways: the warnings replayed name it as this run does
+    monkeypatch.chdir(results.parent)
+    relative = report(Path(results.name), tmp_path, html=False)
+    absolute = report(results, tmp_path, html=False)
+    assert f"skipped {results.name}{os.sep}" in relative[2]
+    assert absolute[2] == report(results, tmp_path, cache=False, html=False)[2]
+    assert f"skipped {results}{os.sep}" in absolute[2]
+    assert report(Path(results.name), tmp_path, html=False)[2:] == (relative[2], True)
+
+
+def test_an_unreadable_file_of_milarun_is_not_an_error(results, store, tmp_path, monkeypatch):
+    # a file in milarun's folder this user may not read (root's 0600 backup of a module)
+    real = Path.read_bytes
+
+    def read_bytes(path):
+        if path.name == "cache.py" and path.parent.name == "formats":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+    monkeypatch.setattr(cache_mod, "_code_digest", None)
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    expected = report(results, tmp_path, cache=False, html=False)[:3]
+    assert report(results, tmp_path, html=False)[:3] == expected
+    assert report(results, tmp_path, html=False)[3] is True
+
+
+def test_entries_are_private_whatever_the_umask(tmp_path):
+    # a folder others may enter (0755 is allowed) and umask 0: an entry must not be 0666
+    root = tmp_path / "c"
+    root.mkdir(mode=0o755)
+    root.chmod(0o755)
+    old = os.umask(0)
+    try:
+        assert Cache(root).put("report", "0" * 64, {"a": 1})
+    finally:
+        os.umask(old)
+    assert oct((root / f"report-{'0' * 64}.json").stat().st_mode & 0o777) == "0o600"

@@ -138,6 +138,19 @@ def test_html_from_summary_has_no_plots(tmp_path):
     assert "Killed" in text                 # stderr_tail carried by the summary
 
 
+def test_html_from_results_without_a_plot_does_not_say_summary(tmp_path):
+    # a results folder where no test has a run to draw (every run failed): the page does not
+    # claim it was made from a summary
+    results = tmp_path / "results"
+    results.mkdir()
+    for path in Path(RESULTS).glob("*.FAIL.*.json"):
+        shutil.copy(path, results)
+    out = tmp_path / "r.html"
+    assert cli(["report", results, "--unweighted", "--no-cache", "--html", out]) == 0
+    text = out.read_text()
+    assert "<svg" not in text and "Plots need the results directory" not in text
+
+
 @pytest.mark.browser
 def test_rendered_dom_in_headless_chromium(page, tmp_path):
     exe = shutil.which("chromium") or (CHROMIUM if os.path.exists(CHROMIUM) else None)

@@ -137,3 +137,69 @@ def test_a_bad_sample_is_named_by_its_index(tmp_path):
     with pytest.raises(ResultFormatError, match=r"timings\.train\.samples\.2\.rate: must be "
                                                 r">= 0, not -5"):
         load_result(path)
+
+
+def _rglob_results(directory):
+    """The walk of ``iter_results`` before it used ``os.scandir`` (``Path.rglob``), its
+    reference: ``[(path, "record" or the error's message)]``."""
+    from milarun.formats.outfile import TMP_PREFIX
+    from milarun.formats.store import TRACE_SUFFIX, inside
+    out = []
+    for path in sorted(directory.rglob("*.json*")):
+        parts = path.relative_to(directory).parts
+        if any(p.startswith(".") for p in parts[:-1]):
+            continue
+        link, stale = path.is_symlink(), path.name.startswith(TMP_PREFIX)
+        if not stale and (path.name.startswith(".") or path.suffix != ".json"
+                          or path.name.endswith(TRACE_SUFFIX)):
+            continue
+        if not (link or path.is_file()):
+            if not path.is_dir():
+                out.append((path, "not a regular file"))
+            continue
+        if link and inside(directory, path) is None:
+            out.append((path, "link outside"))
+        elif stale:
+            out.append((path, "stale"))
+        else:
+            try:
+                load_result(path)
+                out.append((path, "record"))
+            except ResultFormatError as exc:
+                out.append((path, str(exc)))
+    return out
+
+
+def test_iter_results_walks_as_rglob_did(tmp_path, monkeypatch):
+    import os
+    record = json.dumps(new_result("s.t"))
+    for rel in ("a.json", "a-1.json", "a/b.json", "A.json", "b.json.bak", "c.jsonl",
+                "x.trace.json", ".hidden/h.json", ".h.json", "sub/s.json", "sub.json/in.json",
+                "a.json.d/x.json", "z/.tmp-abc.json", ".tmp-top.json", "z/zz/deep.json",
+                "bad.json", "locked/l.json", "locked.json/l.json", ".hid/locked/x.json"):
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{" if "tmp" in rel or "bad" in rel else record)
+    (tmp_path / "empty.json").mkdir()
+    os.mkfifo(tmp_path / "fifo.json")
+    for name, target in (("in.json", "a.json"), ("out.json", "/etc/passwd"),
+                         ("broken.json", "nowhere.json"), ("loop.json", "loop.json"),
+                         ("linkdir", "sub"), ("linkdir.json", "sub"),
+                         ("hidden-target.json", ".hidden/h.json")):
+        (tmp_path / name).symlink_to(target)
+    # a sub-folder that cannot be listed (a user's lost+found): rglob passed over it
+    real = os.scandir
+
+    def scandir(path="."):
+        if os.path.basename(os.fspath(path)) in ("locked", "locked.json"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path)
+    monkeypatch.setattr(os, "scandir", scandir)
+    expected = _rglob_results(tmp_path)
+    assert [p for p, _ in expected].count(tmp_path / "a.json") == 1
+    got = [(p, "record" if isinstance(r, dict) else str(r)) for p, r in iter_results(tmp_path)]
+    assert [p for p, _ in got] == [p for p, _ in expected]
+    for (path, want), (_, have) in zip(expected, got):
+        assert (want == "record") == (have == "record"), path
+        if want not in ("record", "not a regular file", "link outside", "stale"):
+            assert have == want

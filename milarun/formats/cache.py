@@ -10,18 +10,20 @@ added, removed or renamed, or another milarun, gives another key and the entry
 is computed again. An entry holds derived values (JSON, read back with the strict
 reader), never code.
 
-Where: ``$MILARUN_CACHE_DIR`` when set (``off``, or an empty value, turns the
-cache off), else ``$XDG_CACHE_HOME/milarun``, else ``~/.cache/milarun``: never a
-results folder (a vendor cannot ship an entry). The folder is made 0700; one
-that is a symlink, that another user owns or that others may write is not used.
-At most :data:`MAX_ENTRIES` entries are kept, the least recently used removed
-first. Best effort: a cache that cannot be read, holds a malformed entry or
-cannot be written (full disk, read-only home) is a miss, never an error.
+Where: ``$MILARUN_CACHE_DIR`` when set (``off``, or an empty value, turns the cache
+off), else ``$XDG_CACHE_HOME/milarun``, else ``~/.cache/milarun``: never a results
+folder (a vendor cannot ship an entry). The folder is made 0700, each entry 0600;
+one that is a symlink, that another user owns or that others may write is not used.
+At most :data:`MAX_ENTRIES` entries are kept, the least recently used removed first
+(no other file of the folder is ever removed). Best effort: a cache that cannot be
+read, holds a malformed entry or cannot be written (full disk, read-only home) is a
+miss, never an error.
 """
 
 import hashlib
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -37,6 +39,9 @@ MAX_ENTRIES = 16
 MAX_ENTRY_BYTES = 512 * 2**20
 _FORMAT = "milarun-cache"
 _VERSION = 1
+# an entry's file name (see Cache._path): pruning removes these only, never another file
+# of a folder that $MILARUN_CACHE_DIR names
+_ENTRY_NAME = re.compile(r"[a-z]+-[0-9a-f]{64}\.json")
 _code_digest = None
 
 
@@ -52,7 +57,7 @@ def cache_dir(environ=None):
     else:
         base = environ.get("XDG_CACHE_HOME") or ""
         if not os.path.isabs(base):  # the XDG rule: a relative value is ignored
-            base = os.path.join(os.path.expanduser("~"), ".cache")
+            base = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
         path = Path(base) / "milarun"
     return path if path.is_absolute() else None
 
@@ -68,7 +73,10 @@ def code_digest():
             if "__pycache__" in path.parts or not path.is_file():
                 continue
             h.update(path.relative_to(root).as_posix().encode() + b"\0")
-            h.update(hashlib.sha256(path.read_bytes()).digest())
+            try:
+                h.update(hashlib.sha256(path.read_bytes()).digest())
+            except OSError:     # not this user's to read (no module is): named, not hashed
+                h.update(b"unreadable")
         _code_digest = h.hexdigest()
     return _code_digest
 
@@ -139,7 +147,8 @@ class Cache:
         try:
             text = json.dumps({"format": _FORMAT, "version": _VERSION, "key": key,
                                "value": value}, allow_nan=False, separators=(",", ":"))
-            write_atomic(self._path(kind, key), text, durable=False)
+            # 0600: under umask 0 a 0666 entry in a folder others may enter is theirs to edit
+            write_atomic(self._path(kind, key), text, durable=False, private=True)
         except (MilarunError, OSError, ValueError, TypeError):
             return False
         self._prune()
@@ -147,11 +156,20 @@ class Cache:
 
     def _prune(self):
         entries = []
-        for path in self.root.glob("*-*.json"):
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return
+        for name in names:
+            if not _ENTRY_NAME.fullmatch(name):
+                continue
+            path = self.root / name
             try:
-                entries.append((path.stat().st_mtime, path))
+                st = os.lstat(path)
             except OSError:
                 continue
+            if stat.S_ISREG(st.st_mode):
+                entries.append((st.st_mtime, path))
         for _, path in sorted(entries)[:-MAX_ENTRIES]:
             try:
                 path.unlink()

@@ -110,13 +110,14 @@ def fsync_dir(path):
         os.close(fd)
 
 
-def write_atomic(path, data, durable=True):
+def write_atomic(path, data, durable=True, private=False):
     """Write ``data`` (str as UTF-8, or bytes) to ``path`` atomically: a ``.tmp-*``
     file in the same folder, renamed over ``path``; with ``durable``, fsynced
     and the folder fsynced after the rename.
 
     The file gets the usual mode of a new file (0666 less the umask), not the
-    0600 of a temporary file, so results on a shared disk stay readable.
+    0600 of a temporary file, so results on a shared disk stay readable; with
+    ``private``, 0600 whatever the umask (it never had another mode).
 
     Raises:
         UnsafeFileError: ``path`` is a symlink, FIFO, device, socket or folder
@@ -133,7 +134,8 @@ def write_atomic(path, data, durable=True):
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=path.suffix or ".tmp",
                                dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        if not private:
+            os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -202,25 +202,21 @@ def result_files(directory):
     """Yield ``(path, bytes_or_error)`` for the files :func:`iter_results` reads, in
     its order: each file's bytes (read as :func:`milarun.formats.jsonfile.read_bytes`
     reads them), or the ``ResultFormatError`` of a file that is not read (see
-    :func:`iter_results`) or cannot be, or of a sub-folder that cannot be listed.
+    :func:`iter_results`) or cannot be; a sub-folder that cannot be listed is passed over.
 
     Folders are walked with ``os.scandir`` (its entries know their type, where
     ``Path.rglob`` and ``is_file`` ask the kernel again for every file), without
     following symlinks to folders, as ``Path.rglob("*.json*")`` walks them.
     """
     directory = Path(directory)
-    found = []      # (relative parts, entry or error)
+    found = []      # (relative parts, entry)
     todo = [()]
     while todo:
         rel = todo.pop()
         try:
             with os.scandir(directory.joinpath(*rel)) as it:
                 entries = list(it)
-        except OSError as exc:
-            if rel:     # the top folder is checked by the callers
-                found.append((rel, ResultFormatError(
-                    f"cannot list this folder ({exc.strerror}); its results are not read",
-                    path=directory.joinpath(*rel))))
+        except OSError:     # passed over, as rglob does (a lost+found); the top: callers check
             continue
         for entry in entries:
             name = entry.name
@@ -234,9 +230,6 @@ def result_files(directory):
             found.append((rel + (name,), entry))
     for parts, entry in sorted(found, key=lambda item: item[0]):
         path = directory.joinpath(*parts)
-        if isinstance(entry, ResultFormatError):
-            yield path, entry
-            continue
         name = entry.name
         link = entry.is_symlink()
         stale = name.startswith(TMP_PREFIX)

@@ -149,8 +149,8 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
                 plots=None, traces=None):
     """Return the report as one self-contained HTML page (str).
 
-    ``records`` are result records (for the throughput plots; without them
-    the page says plots need the results directory); ``results_dir`` is where
+    ``records`` are result records (for the throughput plots; without them, nor
+    ``plots``, the page says plots need the results directory); ``results_dir`` is where
     failure logs are looked up; ``generated`` is the creation time shown;
     ``html_path`` is where the page will be written (links to profiler traces
     are relative to it, see :func:`trace_links`). ``plots`` (from
@@ -161,7 +161,7 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
     from markupsafe import Markup
 
     plotter = None
-    has_records = bool(records) or bool(plots)
+    has_records = bool(records) or plots is not None   # {}: records, nothing to draw
     if plots is None:
         plots = throughput_plots(records)
     if traces is None:

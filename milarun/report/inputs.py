@@ -71,7 +71,8 @@ class _Tee(io.TextIOBase):
 
 
 def _key(directory, files):
-    parts = [str(directory.resolve())]
+    # the folder as given too: the warnings kept name each file by it (results/a.json)
+    parts = [str(directory.resolve()), str(directory)]
     for path, raw in files:
         rel = path.relative_to(directory).as_posix()
         # an error is a message (it names the path), a file is its bytes' digest
@@ -86,7 +87,7 @@ def _from_value(value, directory):
     if plots is not None:
         plots = {group: (svg, legend, marks) for group, (svg, legend, marks) in plots.items()}
     if not (isinstance(value["summary"], dict) and isinstance(value["count"], int)
-            and isinstance(value["io_points"], dict)):
+            and isinstance(value["io_points"], dict) and isinstance(value["warnings"], str)):
         raise ValueError("malformed entry")
     return Inputs(summary=value["summary"], results_dir=directory, count=value["count"],
                   io_points=value["io_points"], traces=traces, plots=plots, cached=True)
@@ -118,13 +119,13 @@ def load_inputs(source, warn, plots=False, cache=None):
     files = list(result_files(path))
     key = _key(path, files) if cache is not None else None
     value = cache.get(KIND, key) if cache is not None else None
-    if value is not None and (not plots or value.get("plots") is not None):
+    if isinstance(value, dict) and (not plots or value.get("plots") is not None):
         try:
             inputs = _from_value(value, path)
         except (KeyError, TypeError, ValueError, AttributeError):
             inputs = None     # a malformed entry is a miss
         if inputs is not None:
-            warn.write(value.get("warnings") or "")
+            warn.write(value["warnings"])
             provenance(inputs.summary, path)
             return inputs
     tee = _Tee(warn)
