@@ -108,6 +108,17 @@ def test_any_change_of_a_result_file_is_a_miss(results, store, tmp_path, change)
     assert (text, page, warnings) == report(results, tmp_path, cache=False)[:3]
 
 
+def test_the_digest_holds_python_and_the_libraries(monkeypatch):
+    from importlib import metadata
+    monkeypatch.setattr(cache_mod, "_code_digest", None)
+    first = cache_mod.code_digest()
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version",
+                        lambda name: "9.9" if name == "matplotlib" else real(name))
+    monkeypatch.setattr(cache_mod, "_code_digest", None)
+    assert cache_mod.code_digest() != first
+
+
 def test_a_changed_milarun_is_a_miss(results, store, tmp_path, monkeypatch):
     report(results, tmp_path)
     monkeypatch.setattr(cache_mod, "_code_digest", "0" * 64)
@@ -153,7 +164,7 @@ def test_an_unusable_cache_folder_is_not_used(results, tmp_path, monkeypatch, ba
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not json", "other key", "wrong shape",
-                                    "a list", "warnings", "a fifo"])
+                                    "a list", "warnings", "summary edited", "a fifo"])
 def test_a_malformed_entry_is_a_miss_and_is_written_again(results, store, tmp_path, damage):
     expected = report(results, tmp_path)[:3]
     (entry,) = store.iterdir()
@@ -172,6 +183,9 @@ def test_a_malformed_entry_is_a_miss_and_is_written_again(results, store, tmp_pa
         entry.write_text(json.dumps({**data, "value": []}))
     elif damage == "warnings":
         entry.write_text(json.dumps({**data, "value": {**data["value"], "warnings": 7}}))
+    elif damage == "summary edited":     # JSON of the right shape outside, not a summary
+        entry.write_text(json.dumps({**data, "value": {**data["value"],
+                                                       "summary": {"tests": {}}}}))
     else:
         os.mkfifo(entry)
     got = report(results, tmp_path)

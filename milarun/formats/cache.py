@@ -25,6 +25,7 @@ import json
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 
 from ..errors import MilarunError
@@ -62,13 +63,27 @@ def cache_dir(environ=None):
     return path if path.is_absolute() else None
 
 
+#: The libraries whose versions are in :func:`code_digest`: what checks the records
+#: (the schema engines) and draws the cached plots.
+LIBRARIES = ("fastjsonschema", "jsonschema", "matplotlib", "numpy")
+
+
 def code_digest():
-    """SHA-256 (hex) of milarun's own files (its modules, schemas and templates):
-    any change to the code that computed an entry makes its key another one."""
+    """SHA-256 (hex) of milarun's own files (its modules, schemas and templates), the
+    Python version and the versions of :data:`LIBRARIES`: any change to the code that
+    computed an entry makes its key another one."""
     global _code_digest
     if _code_digest is None:
+        from importlib import metadata
+
         root = Path(__file__).resolve().parent.parent
-        h = hashlib.sha256()
+        h = hashlib.sha256(sys.version.encode() + b"\0")
+        for name in LIBRARIES:
+            try:
+                version = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                version = "absent"
+            h.update(f"{name} {version}\0".encode())
         for path in sorted(root.rglob("*")):
             if "__pycache__" in path.parts or not path.is_file():
                 continue

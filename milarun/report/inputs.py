@@ -26,7 +26,7 @@ from ..analysis.summary import load_results, provenance, summarize
 from ..errors import ResultFormatError
 from ..formats.cache import entry_key
 from ..formats.store import result_files
-from ..formats.summary import read_summary
+from ..formats.summary import check_summary, read_summary
 from ..measure.stats import steady_states_once
 from .html import throughput_plots, trace_refs
 from .iostudy import io_points
@@ -89,6 +89,7 @@ def _from_value(value, directory):
     if not (isinstance(value["summary"], dict) and isinstance(value["count"], int)
             and isinstance(value["io_points"], dict) and isinstance(value["warnings"], str)):
         raise ValueError("malformed entry")
+    check_summary(value["summary"])     # an entry edited by hand is a miss, not a crash
     return Inputs(summary=value["summary"], results_dir=directory, count=value["count"],
                   io_points=value["io_points"], traces=traces, plots=plots, cached=True)
 
@@ -122,7 +123,7 @@ def load_inputs(source, warn, plots=False, cache=None):
     if isinstance(value, dict) and (not plots or value.get("plots") is not None):
         try:
             inputs = _from_value(value, path)
-        except (KeyError, TypeError, ValueError, AttributeError):
+        except (KeyError, TypeError, ValueError, AttributeError, ResultFormatError):
             inputs = None     # a malformed entry is a miss
         if inputs is not None:
             warn.write(value["warnings"])
