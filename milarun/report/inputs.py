@@ -41,8 +41,7 @@ class Inputs:
 
     ``summary``: the summary (with its provenance). ``results_dir``: the results
     folder (None for a summary file). ``count``: the records read (None for a
-    summary file). ``records``: the ``(path, record)`` pairs, when they were read
-    (None on a cache hit and for a summary file). ``io_points``, ``traces`` and
+    summary file). ``io_points``, ``traces`` and
     ``plots``: as :func:`~milarun.report.iostudy.io_points`,
     :func:`~milarun.report.html.trace_refs` and
     :func:`~milarun.report.html.throughput_plots` give them (None for a summary
@@ -52,7 +51,6 @@ class Inputs:
     summary: dict
     results_dir: Path = None
     count: int = None
-    records: list = None
     io_points: dict = None
     traces: list = None
     plots: dict = None
@@ -132,7 +130,7 @@ def load_inputs(source, warn, plots=False, cache=None):
     tee = _Tee(warn)
     records, skipped = load_results(path, warn=tee, files=files)
     summary = summarize(records, skipped, warn=tee)
-    inputs = Inputs(summary=summary, results_dir=path, count=len(records), records=records,
+    inputs = Inputs(summary=summary, results_dir=path, count=len(records),
                     io_points=io_points(records), traces=trace_refs(records),
                     plots=throughput_plots(records) if plots else None)
     if cache is not None:
