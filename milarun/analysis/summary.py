@@ -199,6 +199,7 @@ def summarize(records, skipped=(), warn=None):
     skipped_names = [Path(p).name for p, _ in skipped]
     last_end = first_start = None
     suites, versions = set(), set()
+    seen_hosts = set()
     for item in records:
         path, rec = item if isinstance(item, tuple) else (None, item)
         try:
@@ -213,7 +214,7 @@ def summarize(records, skipped=(), warn=None):
             continue
         groups[group_name(rec)].append((path, rec, rate, note, chosen))
         host = rec.get("host") or {}
-        if isinstance(host, dict) and host.get("cpu_model"):
+        if isinstance(host, dict) and host.get("cpu_model") and _new(seen_hosts, host):
             facts = _host_facts(host)
             entry = hosts.setdefault(repr(sorted(facts.items())), {**facts, "_gpus": {}})
             entry["_gpus"].update(_host_gpus(host))
@@ -250,6 +251,17 @@ def summarize(records, skipped=(), warn=None):
                        "profile_sha256": None, "milarun": sorted(versions),
                        "first": _iso(first_start)},
     }
+
+
+def _new(seen, host):
+    """False when a ``host`` of the same content was folded in already (the eight
+    children of a node repeat theirs; folding one again changes nothing). Equal
+    ``repr`` means equal content for parsed JSON (1 and 1.0, True and 1 differ)."""
+    key = repr(host)
+    if key in seen:
+        return False
+    seen.add(key)
+    return True
 
 
 def _iso(stamp):

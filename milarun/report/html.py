@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..analysis.summary import group_name
 from ..formats.store import inside
+from ..host.forkpool import Shared
 from ..measure.anomalies import merged, short_kinds
 from .checks import diff_line, energy_plot_rows, flag_html, perf_per_watt_line
 from .family import LABELS as FAMILY_LABELS
@@ -117,22 +118,50 @@ def trace_links(refs, results_dir, html_path=None):
     return links
 
 
-def throughput_plots(records):
-    """``{group: (svg, legend, marks)}``: the throughput plot of every test of
-    ``records`` (result dicts or ``(path, record)`` pairs), as
-    :meth:`milarun.report.plots.Plotter.throughput` draws it; tests with nothing
-    to draw are left out. ``marks`` is a sorted list."""
-    by_group = defaultdict(list)
-    for item in records or ():
-        rec = item[1] if isinstance(item, tuple) else item
-        by_group[group_name(rec)].append(rec)
-    plots, plotter = {}, None
-    for group in sorted(by_group):
-        plotter = plotter or Plotter()
-        svg, legend, marks = plotter.throughput(by_group[group])
-        if svg:
-            plots[group] = (svg, [list(entry) for entry in legend], sorted(marks))
-    return plots
+class ThroughputPlots:
+    """The throughput plot of every test of ``records`` (result dicts or ``(path,
+    record)`` pairs), as :meth:`milarun.report.plots.Plotter.throughput` draws it,
+    drawn by this process and forked workers (:class:`milarun.host.forkpool.Shared`):
+    the workers start at once, so the plots are drawn while this process does
+    something else (the summary), and :meth:`results` draws what is left.
+
+    A context manager (leaving it early stops the workers). ``workers``: as for
+    :class:`~milarun.host.forkpool.Shared` (1: this process draws every plot).
+    """
+
+    def __init__(self, records, workers=None):
+        by_group = defaultdict(list)
+        for item in records or ():
+            rec = item[1] if isinstance(item, tuple) else item
+            by_group[group_name(rec)].append(rec)
+        self.by_group, self.groups = by_group, sorted(by_group)
+        self.plotter = None
+        self.shared = Shared(len(self.groups), self._draw, workers)
+
+    def _draw(self, i):
+        # one figure per process, reused: a plot does not depend on the ones before it
+        self.plotter = self.plotter or Plotter()
+        svg, legend, marks = self.plotter.throughput(self.by_group[self.groups[i]])
+        return (svg, [list(entry) for entry in legend], sorted(marks)) if svg else None
+
+    def results(self):
+        """``{group: (svg, legend, marks)}``, tests with nothing to draw left out;
+        ``marks`` is a sorted list."""
+        return {group: value for group, value in zip(self.groups, self.shared.results())
+                if value is not None}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.shared.__exit__(*exc)
+
+
+def throughput_plots(records, workers=None):
+    """``{group: (svg, legend, marks)}``: :meth:`ThroughputPlots.results` of
+    ``records``."""
+    with ThroughputPlots(records, workers) as plots:
+        return plots.results()
 
 
 def _env():

@@ -28,7 +28,7 @@ from ..formats.cache import entry_key
 from ..formats.store import result_files
 from ..formats.summary import check_summary, read_summary
 from ..measure.stats import steady_states_once
-from .html import throughput_plots, trace_refs
+from .html import ThroughputPlots, trace_refs
 from .iostudy import io_points
 
 #: The cache's kind of entry.
@@ -129,10 +129,13 @@ def load_inputs(source, warn, plots=False, cache=None):
             return inputs
     tee = _Tee(warn)
     records, skipped = load_results(path, warn=tee, files=files)
-    summary = summarize(records, skipped, warn=tee)
+    # the plots are drawn by forked workers while this process summarizes
+    with ThroughputPlots(records if plots else ()) as drawing:
+        summary = summarize(records, skipped, warn=tee)
+        drawn = drawing.results() if plots else None
     inputs = Inputs(summary=summary, results_dir=path, count=len(records),
                     io_points=io_points(records), traces=trace_refs(records),
-                    plots=throughput_plots(records) if plots else None)
+                    plots=drawn)
     if cache is not None:
         cache.put(KIND, key, {
             "summary": summary, "count": inputs.count, "io_points": inputs.io_points,

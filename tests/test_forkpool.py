@@ -1,0 +1,157 @@
+"""Tasks shared with forked workers (milarun.host.forkpool): the values never depend on
+the workers (a worker that raises, dies or is slow changes only the time), workers never
+outlive the pool, and the report's plots are the same drawn by one process or two."""
+
+import os
+import threading
+import time
+
+import pytest
+
+from milarun.host import forkpool
+from milarun.host.forkpool import Shared
+
+BIG = {i: [float(j) for j in range(50)] for i in range(2000)}   # state the workers read
+
+
+def _children_of(pid):
+    """PIDs of the live (not zombie) children of ``pid``, from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(entry))
+    return out
+
+
+def _no_zombie():
+    """True when this process has no child at all (none running, none to reap)."""
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def test_values_in_task_order_and_workers_take_some():
+    def run(i):
+        time.sleep(0.02)
+        return (i, sum(BIG[i]), os.getpid())
+
+    with Shared(30, run, workers=2) as shared:
+        values = shared.results()
+    assert [v[:2] for v in values] == [(i, sum(BIG[i])) for i in range(30)]
+    pids = {v[2] for v in values}
+    assert len(pids) == 2, "the worker took no task"
+    assert _no_zombie()
+
+
+def test_one_worker_or_one_task_forks_nothing():
+    for count, workers in ((10, 1), (1, 4), (0, 4)):
+        with Shared(count, lambda i: (i, os.getpid()), workers=workers) as shared:
+            assert shared.children == []
+            assert shared.results() == [(i, os.getpid()) for i in range(count)]
+
+
+def test_no_fork_while_other_threads_run():
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        with Shared(8, lambda i: os.getpid(), workers=2) as shared:
+            assert shared.children == []
+            assert set(shared.results()) == {os.getpid()}
+    finally:
+        stop.set()
+        thread.join()
+
+
+@pytest.mark.parametrize("how", ["raises", "dies"])
+def test_a_failing_worker_changes_nothing_but_time(how):
+    parent = os.getpid()
+
+    def run(i):
+        if os.getpid() != parent:
+            if how == "raises":
+                raise RuntimeError("worker trouble")
+            os._exit(3)
+        return i * i
+
+    with Shared(12, run, workers=2) as shared:
+        assert len(shared.children) == 1
+        assert shared.results() == [i * i for i in range(12)]
+    assert _no_zombie()
+
+
+def test_a_task_that_raises_raises_in_the_parent_and_no_worker_is_left():
+    def run(i):
+        if i == 5:
+            raise ValueError("task 5 is bad")
+        time.sleep(0.01)
+        return i
+
+    with pytest.raises(ValueError, match="task 5 is bad"):
+        with Shared(10, run, workers=2) as shared:
+            shared.results()
+    assert _no_zombie()
+    assert _children_of(os.getpid()) == []
+
+
+def test_leaving_early_kills_the_workers():
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with Shared(4, lambda i: time.sleep(60), workers=3) as shared:
+            kids = [pid for pid, _ in shared.children]
+            assert len(kids) == 2
+            assert set(_children_of(os.getpid())) >= set(kids)
+            raise KeyboardInterrupt
+    assert time.monotonic() - start < 30, "the workers were waited for, not killed"
+    assert _children_of(os.getpid()) == []
+    assert _no_zombie()
+
+
+def test_values_marshal_cannot_write_are_done_by_the_parent():
+    # a worker whose values marshal refuses sends nothing; the parent does its tasks
+    parent = os.getpid()
+
+    def run(i):
+        time.sleep(0.01)
+        return object() if os.getpid() != parent else i
+
+    with Shared(10, run, workers=2) as shared:
+        assert shared.results() == list(range(10))
+
+
+def test_usable_cpus_follows_the_affinity_mask():
+    assert forkpool.usable_cpus() == len(os.sched_getaffinity(0))
+
+
+def test_throughput_plots_the_same_from_one_process_or_two(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "report_scale", Path(__file__).resolve().parent.parent / "benchmarks" / "report_scale.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.generate(tmp_path, tests=4, devices=2, runs=2, nsamples=20)
+
+    from milarun.analysis.summary import load_results
+    from milarun.measure.stats import steady_states_once
+    from milarun.report.html import ThroughputPlots, throughput_plots
+
+    records, _ = load_results(tmp_path)
+    with steady_states_once():
+        alone = throughput_plots(records, workers=1)
+    with steady_states_once():
+        with ThroughputPlots(records, workers=2) as drawing:
+            assert len(drawing.shared.children) == 1
+            shared = drawing.results()
+    assert len(alone) == 4 and all(v[0].startswith("<svg") for v in alone.values())
+    assert shared == alone
