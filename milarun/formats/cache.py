@@ -63,9 +63,9 @@ def cache_dir(environ=None):
     return path if path.is_absolute() else None
 
 
-#: The libraries whose versions are in :func:`code_digest`: what checks the records
-#: (the schema engines) and draws the cached plots.
-LIBRARIES = ("fastjsonschema", "jsonschema", "matplotlib", "numpy")
+#: The libraries whose versions are in :func:`code_digest`: what parses and checks the
+#: records (orjson, the schema engines) and draws the cached plots.
+LIBRARIES = ("fastjsonschema", "jsonschema", "matplotlib", "numpy", "orjson")
 
 
 def code_digest():
