@@ -132,7 +132,8 @@ def test_usable_cpus_follows_the_affinity_mask():
     assert forkpool.usable_cpus() == len(os.sched_getaffinity(0))
 
 
-def test_throughput_plots_the_same_from_one_process_or_two(tmp_path):
+def _generate(directory, **sizes):
+    """Result files as benchmarks/report_scale.py makes them."""
     import importlib.util
     from pathlib import Path
 
@@ -140,7 +141,46 @@ def test_throughput_plots_the_same_from_one_process_or_two(tmp_path):
         "report_scale", Path(__file__).resolve().parent.parent / "benchmarks" / "report_scale.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    bench.generate(tmp_path, tests=4, devices=2, runs=2, nsamples=20)
+    return bench.generate(directory, **sizes)
+
+
+def test_results_read_with_a_worker_as_one_by_one(tmp_path):
+    """load_results has the schema check done in chunks by a forked worker: the same
+    records, the same skipped files and messages, in the same order, as reading each
+    file alone (store.parse_results), with bad files spread over several chunks."""
+    import json
+
+    from milarun.analysis import summary
+    from milarun.formats.store import parse_results, result_files
+
+    assert _generate(tmp_path, tests=3, devices=5, runs=30, nsamples=6) == 450
+    names = sorted(p.name for p in tmp_path.iterdir())
+    for k, name in enumerate(names[::37]):       # one bad file in most chunks
+        path = tmp_path / name
+        rec = json.loads(path.read_text())
+        if k % 4 == 0:
+            rec["run"] = "first"                 # the schema refuses it
+        elif k % 4 == 1:                         # version 0: migrated, not refused
+            rec["train"] = rec["timings"].pop("train")
+            rec["version"] = 0
+        elif k % 4 == 2:
+            rec["version"] = 99                  # newer than ours
+        else:
+            path.write_text("{not json")
+            continue
+        path.write_text(json.dumps(rec))
+    expected = list(parse_results(result_files(tmp_path)))
+    records, skipped = summary.load_results(tmp_path)
+    assert len(skipped) == 10 and len(records) == 440      # 13 bad, 3 of them migrated
+    assert ([(p, r) for p, r in records] + [(p, str(e)) for p, e in skipped]
+            == [(p, r) for p, r in expected if not isinstance(r, Exception)]
+            + [(p, str(r)) for p, r in expected if isinstance(r, Exception)])
+    migrated = {tmp_path / names[37 * k] for k in (1, 5, 9)}
+    assert [r["version"] for p, r in records if p in migrated] == [1, 1, 1]
+
+
+def test_throughput_plots_the_same_from_one_process_or_two(tmp_path):
+    _generate(tmp_path, tests=4, devices=2, runs=2, nsamples=20)
 
     from milarun.analysis.summary import load_results
     from milarun.measure.stats import steady_states_once

@@ -4,6 +4,7 @@ same one-line error, on a fuzz of documents and on the edge cases orjson handles
 differently (integers beyond 64 bits, lone surrogates, NaN, BOM, nesting)."""
 
 import json
+import os
 import math
 import random
 import struct
@@ -306,3 +307,25 @@ def test_a_result_file_is_parsed_by_orjson(monkeypatch):
     # an integer beyond 64 bits goes to the standard library
     assert jsonfile.parse_json(b'{"n": 18446744073709551616}') == {"n": 2**64}
     assert len(calls) == 1
+
+
+def test_read_bytes_reads_past_the_size_fstat_gives(tmp_path):
+    """The read asks for the file's own size first: a file whose size says 0 (a /proc
+    file) is still read whole, and the size limit still holds."""
+    from milarun.errors import ResultFormatError
+    from milarun.formats.jsonfile import read_bytes
+
+    proc = "/proc/self/mountinfo"
+    with open(proc, "rb") as f:
+        whole = f.read()
+    assert os.stat(proc).st_size == 0 and len(whole) > 100
+    got = read_bytes(proc)
+    assert got[:80] == whole[:80] and abs(len(got) - len(whole)) < 200
+    with pytest.raises(ResultFormatError, match="too large"):
+        read_bytes(proc, max_bytes=50)
+    small = tmp_path / "r.json"
+    small.write_bytes(b'{"a": 1}')
+    assert read_bytes(small) == b'{"a": 1}'
+    with pytest.raises(ResultFormatError, match="too large"):
+        read_bytes(small, max_bytes=7)
+    assert read_bytes(small, max_bytes=8) == b'{"a": 1}'

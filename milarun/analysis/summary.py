@@ -74,11 +74,13 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..errors import ResultFormatError, SetupError
-from ..formats.jsonfile import first_error
-from ..formats.store import iter_results, parse_results
+from ..formats.jsonfile import first_error, parse_json
+from ..formats.record import accepted, migrate
+from ..formats.store import result_files
 from ..formats.summary import SUMMARY_FORMAT, SUMMARY_VERSION
 from ..formats.terminal import terminal_safe
 from ..host import facts as hostfacts
+from ..host.forkpool import Shared
 from ..launcher.session import read_session
 from ..measure import anomalies, energy, flags as flagmodel, plausibility, stats, throughput
 from .acceptance import acceptance_figures
@@ -124,14 +126,27 @@ def load_results(directory, warn=None, only=None, files=None):
     collecting = gc.isenabled()
     gc.disable()
     try:
-        for path, rec in (iter_results(directory) if files is None else parse_results(files)):
+        found = []      # (path, parsed document or its error), in the files' order
+        for path, raw in (result_files(directory) if files is None else files):
             if only is not None and path.relative_to(directory).as_posix() not in only:
-                skipped.append((path, ResultFormatError(
+                found.append((path, ResultFormatError(
                     "not in the bundle's manifest chain; not counted", path=path)))
-            elif isinstance(rec, Exception):
-                skipped.append((path, rec))
+            elif isinstance(raw, Exception):
+                found.append((path, raw))
             else:
-                records.append((path, rec))
+                try:
+                    found.append((path, parse_json(raw, path=path,
+                                                   error_cls=ResultFormatError)))
+                except ResultFormatError as exc:
+                    found.append((path, exc))
+        for (path, doc), ok in zip(found, _accepted(found)):
+            if isinstance(doc, Exception):
+                skipped.append((path, doc))
+                continue
+            try:    # what the schema did not accept: migrated, or refused with the reason
+                records.append((path, doc if ok else migrate(doc, path=path, parsed=True)))
+            except ResultFormatError as exc:
+                skipped.append((path, exc))
     finally:
         if collecting:
             gc.enable()
@@ -141,6 +156,25 @@ def load_results(directory, warn=None, only=None, files=None):
         raise ResultFormatError(f"no usable result in {directory}"
                                 + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))
     return records, skipped
+
+
+#: Documents one task of :func:`_accepted` checks.
+_CHUNK = 200
+
+
+def _accepted(found):
+    """``[accepted(document)]`` (:func:`milarun.formats.record.accepted`) for the
+    documents of ``found`` (False for an error), checked in chunks by this process
+    and forked workers (:class:`milarun.host.forkpool.Shared`): the schema check is
+    a third of reading a results folder, and its answers are one bit each."""
+    docs = [doc for _, doc in found]
+
+    def check(k):
+        return [not isinstance(doc, Exception) and accepted(doc)
+                for doc in docs[k * _CHUNK:(k + 1) * _CHUNK]]
+
+    with Shared(-(-len(docs) // _CHUNK), check) as shared:
+        return [ok for chunk in shared.results() for ok in chunk]
 
 
 def warn_skipped(skipped, stream=None):

@@ -129,7 +129,7 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
 """
 
 from ..errors import ResultFormatError
-from .jsonfile import check, load_schema
+from .jsonfile import accepts, check, load_schema
 from .versioned import Migration, VersionedFormat
 
 FORMAT_VERSION = 1
@@ -223,6 +223,15 @@ def migrate(record, path=None, parsed=False):
     # Current records are returned as they are; only old ones are copied and rewritten.
     rec = RESULT_FORMAT.upgrade(record, RESULT_FORMAT.version_of(record, path, default=0), path)
     return validate(rec, path, parsed=parsed)
+
+
+def accepted(record):
+    """True when :func:`migrate` of parsed ``record`` (``parsed=True``) returns it
+    unchanged: a record of the current version that the result schema accepts.
+    Says nothing of why not (:func:`migrate` does)."""
+    return (isinstance(record, dict) and type(record.get("version")) is int
+            and record["version"] == FORMAT_VERSION
+            and accepts(record, "result", nan_free=True))
 
 
 def validate(record, path=None, parsed=False):
