@@ -179,19 +179,30 @@ def test_results_read_with_a_worker_as_one_by_one(tmp_path):
     assert [r["version"] for p, r in records if p in migrated] == [1, 1, 1]
 
 
-def test_throughput_plots_the_same_from_one_process_or_two(tmp_path):
+def test_summary_and_plots_the_same_from_one_process_or_two(tmp_path, monkeypatch):
+    """summarize_with's group tasks (summary + plot) give what one process gives, and
+    the worker's values come back (none redone: marshal takes every value)."""
     _generate(tmp_path, tests=4, devices=2, runs=2, nsamples=20)
 
-    from milarun.analysis.summary import load_results
-    from milarun.measure.stats import steady_states_once
-    from milarun.report.html import ThroughputPlots, throughput_plots
+    from milarun.analysis import summary as summ
+    from milarun.analysis.summary import load_results, summarize, summarize_with
+    from milarun.report.html import throughput_plot, throughput_plots
+
+    pools = []
+
+    class Watched(Shared):
+        def results(self):
+            forked = len(self.children)
+            values = Shared.results(self)
+            pools.append((forked, self.redone, values))
+            return values
 
     records, _ = load_results(tmp_path)
-    with steady_states_once():
-        alone = throughput_plots(records, workers=1)
-    with steady_states_once():
-        with ThroughputPlots(records, workers=2) as drawing:
-            assert len(drawing.shared.children) == 1
-            shared = drawing.results()
-    assert len(alone) == 4 and all(v[0].startswith("<svg") for v in alone.values())
-    assert shared == alone
+    alone, drawn_alone = summarize_with(records, extra=throughput_plot, workers=1)
+    monkeypatch.setattr(summ, "Shared", Watched)
+    shared, drawn = summarize_with(records, extra=throughput_plot, workers=2)
+    assert pools[-1][:2] == (1, 0) and len(pools[-1][2]) == 4
+    assert shared == alone == summarize(records)
+    assert drawn == drawn_alone
+    assert len(drawn) == 4 and all(v[0].startswith("<svg") for v in drawn.values())
+    assert {k: v for k, v in throughput_plots(records, workers=2).items()} == drawn

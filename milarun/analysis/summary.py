@@ -226,27 +226,90 @@ def summarize(records, skipped=(), warn=None):
     ends before it starts, a steady-state rate outside
     :func:`milarun.measure.stats.check_rate`'s range) is moved to ``skipped``, with one
     warning line on ``warn`` when given. Returns the summary dict described in
-    the module docstring.
+    the module docstring. The tests are summarized by this process and forked
+    workers (:func:`summarize_with`).
     """
-    groups = defaultdict(list)
-    hosts = {}
+    return summarize_with(records, skipped, warn)[0]
+
+
+def _judged(rec):
+    """``(judged record, rate, chosen, note)`` of one result (its validation verdict,
+    :func:`milarun.measure.plausibility.judge`, and its steady state).
+
+    Raises:
+        ValueError, KeyError, TypeError, AttributeError: malformed samples.
+    """
+    rec = plausibility.judge(rec)  # records written before the checks existed too
+    samples = rec["timings"].get("train", {}).get("samples", [])
+    rate, chosen, note = stats.steady_state(samples)
+    return rec, rate, chosen, note
+
+
+#: What makes :func:`_judged` refuse a record (it is then skipped, named).
+_MALFORMED = (ValueError, KeyError, TypeError, AttributeError)
+
+
+@stats.steady_states_once()
+def summarize_with(records, skipped=(), warn=None, extra=None, workers=None):
+    """:func:`summarize`, and ``extra(group, records)`` for every group.
+
+    Each test (group) is one task of a :class:`milarun.host.forkpool.Shared` pool:
+    this process and forked workers judge its records, compute their steady states
+    and summarize it (most of the time of a summary), and, when given,
+    ``extra(group, the group's records)``, which reads the same records (the report's
+    throughput plot: the steady states and flags are computed once for both). The
+    values (the group's summary and ``extra``'s, which must be plain values
+    ``marshal`` can write) are the same whoever computes them; the warnings come out
+    in the records' order. ``workers``: as for :class:`~milarun.host.forkpool.Shared`.
+
+    Returns:
+        ``(summary, {group: extra's value})``; the dict is empty without ``extra``.
+    """
+    items = [item if isinstance(item, tuple) else (None, item) for item in records]
+    members = defaultdict(list)     # group: indices into items, in the records' order
+    unnamed = {}                    # index: the error of a record whose group is unknown
+    for i, (_, rec) in enumerate(items):
+        try:
+            members[group_name(rec)].append(i)
+        except Exception as exc:    # raised below, unless the record is skipped first
+            unnamed[i] = exc
+    names = sorted(members)
+
+    def task(k):
+        gname = names[k]
+        kept, refused = [], []
+        for i in members[gname]:
+            path, rec = items[i]
+            try:
+                rec, rate, chosen, note = _judged(rec)
+            except _MALFORMED as exc:
+                refused.append((i, str(exc) or type(exc).__name__))
+                continue
+            kept.append((path, rec, rate, note, chosen))
+        return (_summarize_group(gname, kept) if kept else None, refused,
+                extra(gname, [items[i][1] for i in members[gname]]) if extra else None)
+
+    with Shared(len(names), task, workers) as shared:
+        done = shared.results()
+    refused = {i: message for _, out, _ in done for i, message in out}
+    for i, exc in unnamed.items():
+        try:
+            _judged(items[i][1])
+        except _MALFORMED as skip:
+            refused[i] = str(skip) or type(skip).__name__
+        else:
+            raise exc
+
+    hosts, seen_hosts = {}, set()
     skipped_names = [Path(p).name for p, _ in skipped]
     last_end = first_start = None
     suites, versions = set(), set()
-    seen_hosts = set()
-    for item in records:
-        path, rec = item if isinstance(item, tuple) else (None, item)
-        try:
-            rec = plausibility.judge(rec)  # records written before the checks existed too
-            samples = rec["timings"].get("train", {}).get("samples", [])
-            rate, chosen, note = stats.steady_state(samples)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    for i, (path, rec) in enumerate(items):
+        if i in refused:
             skipped_names.append(Path(path).name if path else rec.get("name", "?"))
             if warn is not None:
-                warn_skipped([(path, ResultFormatError(str(exc) or type(exc).__name__,
-                                                       path=path))], warn)
+                warn_skipped([(path, ResultFormatError(refused[i], path=path))], warn)
             continue
-        groups[group_name(rec)].append((path, rec, rate, note, chosen))
         host = rec.get("host") or {}
         if isinstance(host, dict) and host.get("cpu_model") and _new(seen_hosts, host):
             facts = _host_facts(host)
@@ -267,9 +330,8 @@ def summarize(records, skipped=(), warn=None):
                 f" (commit {commit[:12]}{', modified' if host.get('milarun_dirty') else ''})"
                 if isinstance(commit, str) and commit else ""))
 
-    tests = {}
-    for gname in sorted(groups):
-        tests[gname] = _summarize_group(gname, groups[gname])
+    tests = {name: summary for name, (summary, _, _) in zip(names, done) if summary is not None}
+    extras = {name: value for name, (_, _, value) in zip(names, done)} if extra else {}
     return {
         "format": SUMMARY_FORMAT,
         "version": SUMMARY_VERSION,
@@ -284,7 +346,7 @@ def summarize(records, skipped=(), warn=None):
         "provenance": {"results": None, "suites": sorted(suites), "profile": None,
                        "profile_sha256": None, "milarun": sorted(versions),
                        "first": _iso(first_start)},
-    }
+    }, extras
 
 
 def _new(seen, host):

@@ -73,6 +73,7 @@ class Shared:
         workers = min(workers, count)
         self.children = []   # (pid, read end of its results pipe)
         self.queue = None
+        self.redone = 0
         if workers < 2 or count > MAX_TASKS or threading.active_count() > 1:
             return
         read, write = os.pipe()
@@ -146,7 +147,7 @@ class Shared:
         Raises:
             whatever a task raises (in the parent).
         """
-        done = {}
+        done, forked = {}, bool(self.children)
         while (i := self._take()) is not None:
             done[i] = self.run(i)
         for pid, out in self.children:
@@ -162,6 +163,8 @@ class Shared:
             os.waitpid(pid, 0)
         self.children = []
         self._close()
+        #: tasks this process did again (a worker took them and did not send them back)
+        self.redone = sum(1 for i in range(self.count) if i not in done) if forked else 0
         return [done[i] if i in done else self.run(i) for i in range(self.count)]
 
     def _close(self):

@@ -5,6 +5,7 @@ escaped; only the SVG produced by :mod:`milarun.report.plots` is inserted as
 markup.
 """
 
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -118,50 +119,37 @@ def trace_links(refs, results_dir, html_path=None):
     return links
 
 
-class ThroughputPlots:
-    """The throughput plot of every test of ``records`` (result dicts or ``(path,
-    record)`` pairs), as :meth:`milarun.report.plots.Plotter.throughput` draws it,
-    drawn by this process and forked workers (:class:`milarun.host.forkpool.Shared`):
-    the workers start at once, so the plots are drawn while this process does
-    something else (the summary), and :meth:`results` draws what is left.
+@functools.cache
+def _plotter():
+    """This process's plotter (one figure, reused: a plot does not depend on the ones
+    drawn before it)."""
+    return Plotter()
 
-    A context manager (leaving it early stops the workers). ``workers``: as for
-    :class:`~milarun.host.forkpool.Shared` (1: this process draws every plot).
-    """
 
-    def __init__(self, records, workers=None):
-        by_group = defaultdict(list)
-        for item in records or ():
-            rec = item[1] if isinstance(item, tuple) else item
-            by_group[group_name(rec)].append(rec)
-        self.by_group, self.groups = by_group, sorted(by_group)
-        self.plotter = None
-        self.shared = Shared(len(self.groups), self._draw, workers)
-
-    def _draw(self, i):
-        # one figure per process, reused: a plot does not depend on the ones before it
-        self.plotter = self.plotter or Plotter()
-        svg, legend, marks = self.plotter.throughput(self.by_group[self.groups[i]])
-        return (svg, [list(entry) for entry in legend], sorted(marks)) if svg else None
-
-    def results(self):
-        """``{group: (svg, legend, marks)}``, tests with nothing to draw left out;
-        ``marks`` is a sorted list."""
-        return {group: value for group, value in zip(self.groups, self.shared.results())
-                if value is not None}
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return self.shared.__exit__(*exc)
+def throughput_plot(group, records):
+    """The throughput plot of one test (``records``: its result records) as plain values
+    (:func:`milarun.analysis.summary.summarize_with` runs it in its workers):
+    ``(svg, legend, marks)`` as :meth:`milarun.report.plots.Plotter.throughput` draws
+    it, legend entries as lists and ``marks`` a sorted list; None when there is nothing
+    to draw."""
+    svg, legend, marks = _plotter().throughput(records)
+    return (svg, [list(entry) for entry in legend], sorted(marks)) if svg else None
 
 
 def throughput_plots(records, workers=None):
-    """``{group: (svg, legend, marks)}``: :meth:`ThroughputPlots.results` of
-    ``records``."""
-    with ThroughputPlots(records, workers) as plots:
-        return plots.results()
+    """``{group: (svg, legend, marks)}``: :func:`throughput_plot` of every test of
+    ``records`` (result dicts or ``(path, record)`` pairs), drawn by this process and
+    forked workers (:class:`milarun.host.forkpool.Shared`; ``workers`` as there);
+    tests with nothing to draw are left out."""
+    by_group = defaultdict(list)
+    for item in records or ():
+        rec = item[1] if isinstance(item, tuple) else item
+        by_group[group_name(rec)].append(rec)
+    groups = sorted(by_group)
+    with Shared(len(groups), lambda k: throughput_plot(groups[k], by_group[groups[k]]),
+                workers) as shared:
+        return {group: value for group, value in zip(groups, shared.results())
+                if value is not None}
 
 
 def _env():

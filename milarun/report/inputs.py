@@ -22,13 +22,13 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..analysis.summary import load_results, provenance, summarize
+from ..analysis.summary import load_results, provenance, summarize_with
 from ..errors import ResultFormatError
 from ..formats.cache import entry_key
 from ..formats.store import result_files
 from ..formats.summary import check_summary, read_summary
 from ..measure.stats import steady_states_once
-from .html import ThroughputPlots, trace_refs
+from .html import throughput_plot, trace_refs
 from .iostudy import io_points
 
 #: The cache's kind of entry.
@@ -129,10 +129,10 @@ def load_inputs(source, warn, plots=False, cache=None):
             return inputs
     tee = _Tee(warn)
     records, skipped = load_results(path, warn=tee, files=files)
-    # the plots are drawn by forked workers while this process summarizes
-    with ThroughputPlots(records if plots else ()) as drawing:
-        summary = summarize(records, skipped, warn=tee)
-        drawn = drawing.results() if plots else None
+    # each test's plot is drawn where it is summarized (one steady state, one set of flags)
+    summary, drawn = summarize_with(records, skipped, warn=tee,
+                                    extra=throughput_plot if plots else None)
+    drawn = {group: plot for group, plot in drawn.items() if plot is not None} if plots else None
     inputs = Inputs(summary=summary, results_dir=path, count=len(records),
                     io_points=io_points(records), traces=trace_refs(records),
                     plots=drawn)
