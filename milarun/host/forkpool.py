@@ -51,6 +51,14 @@ def usable_cpus():
         return max(1, os.cpu_count() or 1)
 
 
+def _reap(pid):
+    """Wait for worker ``pid`` to end (already reaped by someone else: nothing to do)."""
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
 class Shared:
     """Tasks ``0 … count-1``, each ``run(i)``, shared with forked workers.
 
@@ -160,7 +168,7 @@ class Shared:
             if isinstance(got, dict):
                 done.update((k, v) for k, v in got.items()
                             if isinstance(k, int) and 0 <= k < self.count)
-            os.waitpid(pid, 0)
+            _reap(pid)
         self.children = []
         self._close()
         #: tasks this process did again (a worker took them and did not send them back)
@@ -182,7 +190,7 @@ class Shared:
             except ProcessLookupError:
                 pass
             os.close(out)
-            os.waitpid(pid, 0)
+            _reap(pid)
         self.children = []
         self._close()
         return False
