@@ -206,3 +206,91 @@ def test_summary_and_plots_the_same_from_one_process_or_two(tmp_path, monkeypatc
     assert drawn == drawn_alone
     assert len(drawn) == 4 and all(v[0].startswith("<svg") for v in drawn.values())
     assert {k: v for k, v in throughput_plots(records, workers=2).items()} == drawn
+
+
+# ---------------------------------------------------------------- review (issue 21 §4)
+
+def test_the_first_failing_task_raises_whoever_took_it():
+    """Tasks 0 and 1 both raise; the worker takes 0 while the parent is busy: the
+    parent must still raise task 0's error, as one process does (not task 1's)."""
+    def run(i):
+        raise ValueError(f"task {i}")
+
+    for workers in (1, 2):
+        with pytest.raises(ValueError, match="task 0"):
+            with Shared(2, run, workers) as shared:
+                time.sleep(0.3)     # the worker takes task 0 meanwhile
+                shared.results()
+    assert _no_zombie()
+
+
+def test_a_pipe_smaller_than_the_queue_does_not_hang(monkeypatch):
+    """A pipe of one page (a user past pipe-user-pages-soft) cannot hold 2,000 tasks:
+    the parent does them alone instead of waiting forever to write the queue."""
+    import fcntl
+    import signal
+
+    real_pipe = os.pipe
+
+    def small_pipe():
+        read, write = real_pipe()
+        fcntl.fcntl(write, 1031, 4096)     # F_SETPIPE_SZ
+        return read, write
+
+    monkeypatch.setattr(forkpool.os, "pipe", small_pipe)
+
+    def hang(*_):
+        raise RuntimeError("the queue's write blocked")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(3)
+    try:
+        with Shared(2000, lambda i: i * 2, 2) as shared:
+            assert shared.results() == [i * 2 for i in range(2000)]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert _no_zombie()
+
+
+def test_an_interrupt_between_two_forks_leaves_no_worker(monkeypatch):
+    """Ctrl-C after the first fork, before the second: the worker already forked is
+    killed and reaped (the ``with`` block was never entered to do it)."""
+    real_pipe, calls = os.pipe, []
+
+    def pipe():
+        calls.append(1)
+        if len(calls) == 3:     # the queue's, the first worker's, then this one
+            raise KeyboardInterrupt
+        return real_pipe()
+
+    monkeypatch.setattr(forkpool.os, "pipe", pipe)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(KeyboardInterrupt):
+        Shared(10, lambda i: time.sleep(0.05), 3)
+    assert _children_of(os.getpid()) == []
+    assert _no_zombie()
+    assert set(os.listdir("/proc/self/fd")) <= before
+
+
+def test_a_worker_does_not_run_the_parents_stop_handler(tmp_path):
+    """The parent's SIGTERM handler (the launcher's stop request) is not the worker's:
+    a worker sent SIGTERM ends; it does not run the handler and go on."""
+    import signal
+
+    ran = tmp_path / "ran"
+
+    def handler(*_):
+        ran.write_text(str(os.getpid()))
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        with Shared(20, lambda i: time.sleep(0.05) or i, 2) as shared:
+            time.sleep(0.1)
+            pid = shared.children[0][0]
+            os.kill(pid, signal.SIGTERM)
+            assert shared.results() == list(range(20))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert not ran.exists()
+    assert _no_zombie()

@@ -84,38 +84,50 @@ class Shared:
         self.redone = 0
         if workers < 2 or count > MAX_TASKS or threading.active_count() > 1:
             return
+        sys.stdout.flush()   # or the workers' copies would write it again
+        sys.stderr.flush()
         read, write = os.pipe()
+        tokens = b"".join(_TOKEN.pack(i) for i in range(count))
         try:
-            if count * _TOKEN.size > 65536:
-                fcntl.fcntl(write, _F_SETPIPE_SZ, count * _TOKEN.size)
-            os.write(write, b"".join(_TOKEN.pack(i) for i in range(count)))
+            if len(tokens) > 65536:
+                fcntl.fcntl(write, _F_SETPIPE_SZ, len(tokens))
+            # never wait for room: this process is the queue's only reader, and a pipe
+            # may hold less than 64 KiB (a user past pipe-user-pages-soft gets one page)
+            os.set_blocking(write, False)
+            if os.write(write, tokens) != len(tokens):
+                raise BlockingIOError("the queue does not fit in its pipe")
         except OSError:
             os.close(read)
             os.close(write)
             return
         os.close(write)    # the queue's end: an empty pipe without a writer reads b""
         self.queue = read
-        sys.stdout.flush()
-        sys.stderr.flush()
         # the collector would write into every object's header and so copy every page
         gc.freeze()
         parent = os.getpid()
         try:
-            for _ in range(workers - 1):
-                out, into = os.pipe()
-                try:
-                    pid = os.fork()
-                except OSError:
-                    os.close(out)
-                    os.close(into)
-                    break
-                if pid == 0:    # the worker
-                    os.close(out)
-                    self._work(into, parent)    # never returns
-                os.close(into)
-                self.children.append((pid, out))
+            self._fork(workers - 1, parent)
+        except BaseException:   # e.g. Ctrl-C between two forks: no worker outlives it
+            self.__exit__()
+            raise
         finally:
             gc.unfreeze()
+
+    def _fork(self, workers, parent):
+        """Fork ``workers`` workers (fewer when ``fork`` fails)."""
+        for _ in range(workers):
+            out, into = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(out)
+                os.close(into)
+                break
+            if pid == 0:    # the worker
+                os.close(out)
+                self._work(into, parent)    # never returns
+            os.close(into)
+            self.children.append((pid, out))
 
     def _take(self):
         """The next task's number, or None when the queue is empty."""
@@ -131,7 +143,12 @@ class Shared:
             # a parent killed outright takes its workers with it
             set_parent_death_signal(signal.SIGKILL, launcher_pid=parent, parent_at_start=parent)
             gc.disable()
-            signal.signal(signal.SIGINT, signal.SIG_DFL)   # Ctrl-C: end, say nothing
+            # Ctrl-C, a stop or a hang-up: end, say nothing (the parent's handlers, such
+            # as the launcher's stop request, are not the worker's to run)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD,
+                        signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+                if signal.getsignal(sig) not in (signal.SIG_IGN, None):
+                    signal.signal(sig, signal.SIG_DFL)
             done = {}
             while True:
                 i = self._take()
@@ -157,7 +174,10 @@ class Shared:
         """
         done, forked = {}, bool(self.children)
         while (i := self._take()) is not None:
-            done[i] = self.run(i)
+            try:
+                done[i] = self.run(i)
+            except Exception:   # raised again below, in task order (the first that
+                break           # raises, whichever process took it first)
         for pid, out in self.children:
             with open(out, "rb", closefd=True) as f:
                 data = f.read()
@@ -170,7 +190,7 @@ class Shared:
                             if isinstance(k, int) and 0 <= k < self.count)
             _reap(pid)
         self.children = []
-        self._close()
+        self._close()   # tasks still queued (the parent stopped at an error) are redone
         #: tasks this process did again (a worker took them and did not send them back)
         self.redone = sum(1 for i in range(self.count) if i not in done) if forked else 0
         return [done[i] if i in done else self.run(i) for i in range(self.count)]
@@ -184,6 +204,7 @@ class Shared:
         return self
 
     def __exit__(self, *exc):
+        """Kill and reap the workers not gathered by :meth:`results`."""
         for pid, out in self.children:
             try:
                 os.kill(pid, signal.SIGKILL)
