@@ -294,3 +294,81 @@ def test_a_worker_does_not_run_the_parents_stop_handler(tmp_path):
         signal.signal(signal.SIGTERM, old)
     assert not ran.exists()
     assert _no_zombie()
+
+
+def _fixture_records():
+    import copy
+    import json
+    from pathlib import Path
+
+    here = Path(__file__).parent / "fixtures" / "results"
+    recs = [json.loads(p.read_text()) for p in sorted(here.glob("standard.convnet.J0.*.json"))]
+    a, b = recs[0], copy.deepcopy(recs[1])
+    b["host"] = copy.deepcopy(a["host"])
+    for gpu in b["host"]["gpus"]:
+        gpu["name"] = "OTHER " + gpu["name"]
+    return a, b
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_host_seen_again_after_another_is_folded_again(workers):
+    """Hosts A, B, A (same facts, other GPU names): the last one's names win, as when
+    every record was folded (not B's, because A was seen before)."""
+    import copy
+
+    from milarun.analysis.summary import summarize_with
+
+    a, b = _fixture_records()
+    aba = summarize_with([a, b, copy.deepcopy(a)], workers=workers)[0]["hosts"]
+    ba = summarize_with([b, copy.deepcopy(a)], workers=workers)[0]["hosts"]
+    assert aba == ba
+    assert not any("OTHER" in name for host in aba for name in host["gpus"])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_warnings_before_an_error_come_out_as_from_one_record_after_another(workers):
+    """A record skipped (malformed samples), then one whose group is unknown: its
+    warning is written before the error is raised, as one record after another did."""
+    import copy
+    import io
+
+    from milarun.analysis.summary import summarize_with
+
+    a, _ = _fixture_records()
+    bad = copy.deepcopy(a)
+    bad["timings"]["train"]["samples"] = [{"start": 5, "end": 1, "rate": 1}]
+    noname = copy.deepcopy(a)
+    noname.pop("name")
+    noname["partition"] = "nonesuch"
+    warn = io.StringIO()
+    with pytest.raises(KeyError):
+        summarize_with([bad, a, noname], warn=warn, workers=workers)
+    assert "end 1 is before start 5" in warn.getvalue()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failing_test_summary_raises_the_first_in_order_after_the_warnings(
+        workers, monkeypatch):
+    import copy
+    import io
+
+    from milarun.analysis import summary
+
+    a, _ = _fixture_records()
+    recs = []
+    for name in ("t9", "t1", "t5"):
+        rec = copy.deepcopy(a)
+        rec["name"], rec["partition"] = name, "nonesuch"
+        recs.append(rec)
+    bad = copy.deepcopy(a)
+    bad["timings"]["train"]["samples"] = [{"start": 5, "end": 1, "rate": 1}]
+    recs.append(bad)
+
+    def boom(gname, kept):
+        raise ValueError(gname)
+
+    monkeypatch.setattr(summary, "_summarize_group", boom)
+    warn = io.StringIO()
+    with pytest.raises(ValueError, match="t1"):
+        summary.summarize_with(recs, warn=warn, workers=workers)
+    assert "end 1 is before start 5" in warn.getvalue()

@@ -273,10 +273,9 @@ def summarize_with(records, skipped=(), warn=None, extra=None, workers=None):
             members[group_name(rec)].append(i)
         except Exception as exc:    # raised below, unless the record is skipped first
             unnamed[i] = exc
-    names = sorted(members)
+    names = list(members)   # sorted below, as before: a name of another type raises there
 
-    def task(k):
-        gname = names[k]
+    def judged(gname):
         kept, refused = [], []
         for i in members[gname]:
             path, rec = items[i]
@@ -286,21 +285,33 @@ def summarize_with(records, skipped=(), warn=None, extra=None, workers=None):
                 refused.append((i, str(exc) or type(exc).__name__))
                 continue
             kept.append((path, rec, rate, note, chosen))
-        return (_summarize_group(gname, kept) if kept else None, refused,
-                extra(gname, [items[i][1] for i in members[gname]]) if extra else None)
+        return kept, refused
+
+    def task(k):
+        gname = names[k]
+        kept, refused = judged(gname)
+        # an error is raised by this process below, where one process raised it
+        # (after the warnings; the first test in sorted order), not by the pool
+        try:
+            summary = _summarize_group(gname, kept) if kept else None
+        except Exception:
+            summary = _FAILED
+        try:
+            value = extra(gname, [items[i][1] for i in members[gname]]) if extra else None
+        except Exception:
+            value = _FAILED
+        return summary, refused, value
 
     with Shared(len(names), task, workers) as shared:
         done = shared.results()
     refused = {i: message for _, out, _ in done for i, message in out}
-    for i, exc in unnamed.items():
+    for i in unnamed:
         try:
             _judged(items[i][1])
         except _MALFORMED as skip:
             refused[i] = str(skip) or type(skip).__name__
-        else:
-            raise exc
 
-    hosts, seen_hosts = {}, set()
+    hosts, seen_hosts = {}, {}
     skipped_names = [Path(p).name for p, _ in skipped]
     last_end = first_start = None
     suites, versions = set(), set()
@@ -310,12 +321,11 @@ def summarize_with(records, skipped=(), warn=None, extra=None, workers=None):
             if warn is not None:
                 warn_skipped([(path, ResultFormatError(refused[i], path=path))], warn)
             continue
+        if i in unnamed:    # its group: where one record after another raised it
+            raise unnamed[i]
         host = rec.get("host") or {}
-        if isinstance(host, dict) and host.get("cpu_model") and _new(seen_hosts, host):
-            facts = _host_facts(host)
-            entry = hosts.setdefault(repr(sorted(facts.items())), {**facts, "_gpus": {}})
-            entry["_gpus"].update(_host_gpus(host))
-            hostfacts.accumulate(entry, host)
+        if isinstance(host, dict) and host.get("cpu_model"):
+            _fold_host(hosts, seen_hosts, host)
         end = (rec["timings"].get("program") or {}).get("end")
         if finite(end):
             last_end = end if last_end is None else max(last_end, end)
@@ -330,8 +340,18 @@ def summarize_with(records, skipped=(), warn=None, extra=None, workers=None):
                 f" (commit {commit[:12]}{', modified' if host.get('milarun_dirty') else ''})"
                 if isinstance(commit, str) and commit else ""))
 
-    tests = {name: summary for name, (summary, _, _) in zip(names, done) if summary is not None}
-    extras = {name: value for name, (_, _, value) in zip(names, done)} if extra else {}
+    by_name = dict(zip(names, done))
+    tests = {}
+    for name in sorted(name for name, (summary, _, _) in by_name.items() if summary is not None):
+        if _failed(by_name[name][0]):
+            _summarize_group(name, judged(name)[0])     # raises again, here
+        tests[name] = by_name[name][0]
+    extras = {}
+    if extra:
+        for name in sorted(by_name):
+            if _failed(by_name[name][2]):
+                extra(name, [items[i][1] for i in members[name]])   # raises again, here
+            extras[name] = by_name[name][2]
     return {
         "format": SUMMARY_FORMAT,
         "version": SUMMARY_VERSION,
@@ -349,15 +369,34 @@ def summarize_with(records, skipped=(), warn=None, extra=None, workers=None):
     }, extras
 
 
-def _new(seen, host):
-    """False when a ``host`` of the same content was folded in already (the eight
-    children of a node repeat theirs; folding one again changes nothing). Equal
+#: What a task of :func:`summarize_with` gives for a part that raised (raised again by
+#: the parent, in the order one process would raise it).
+_FAILED = "\0failed"
+
+
+def _failed(value):
+    return isinstance(value, str) and value == _FAILED
+
+
+def _fold_host(hosts, seen, host):
+    """Fold one result's ``host`` into ``hosts`` (its entry by host facts), unless the
+    last host folded into that entry had the same content: folding it again right
+    after itself changes nothing (the eight children of a node repeat theirs), but
+    after another one it does (the GPU names and facts of the last one win).
+    ``seen``: ``{repr(host): entry key}``, and ``(entry key, None): last repr``. Equal
     ``repr`` means equal content for parsed JSON (1 and 1.0, True and 1 differ)."""
-    key = repr(host)
-    if key in seen:
-        return False
-    seen.add(key)
-    return True
+    text = repr(host)
+    key = seen.get(text)
+    if key is None:
+        facts = _host_facts(host)
+        key = seen[text] = repr(sorted(facts.items()))
+        hosts.setdefault(key, {**facts, "_gpus": {}})
+    if seen.get((key, None)) == text:
+        return
+    seen[(key, None)] = text
+    entry = hosts[key]
+    entry["_gpus"].update(_host_gpus(host))
+    hostfacts.accumulate(entry, host)
 
 
 def _iso(stamp):
