@@ -2,14 +2,43 @@
 the workers (a worker that raises, dies or is slow changes only the time), workers never
 outlive the pool, and the report's plots are the same drawn by one process or two."""
 
+import functools
 import os
+import sys
 import threading
 import time
+import traceback
 
 import pytest
 
 from milarun.host import forkpool
 from milarun.host.forkpool import Shared
+
+def in_fork(test):
+    """Run the test in a forked copy of this process: pytest's process may hold other
+    tests' threads (a pool forks nothing then) and children (which the checks of
+    leftover workers would count); the copy has neither."""
+    @functools.wraps(test)
+    def wrapper(*args, **kwargs):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                test(*args, **kwargs)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, \
+            "the test failed in its forked process (its traceback is in the captured stderr)"
+    return wrapper
+
 
 BIG = {i: [float(j) for j in range(50)] for i in range(2000)}   # state the workers read
 
@@ -39,6 +68,7 @@ def _no_zombie():
     return False
 
 
+@in_fork
 def test_values_in_task_order_and_workers_take_some():
     def run(i):
         time.sleep(0.02)
@@ -52,6 +82,7 @@ def test_values_in_task_order_and_workers_take_some():
     assert _no_zombie()
 
 
+@in_fork
 def test_one_worker_or_one_task_forks_nothing():
     for count, workers in ((10, 1), (1, 4), (0, 4)):
         with Shared(count, lambda i: (i, os.getpid()), workers=workers) as shared:
@@ -59,6 +90,7 @@ def test_one_worker_or_one_task_forks_nothing():
             assert shared.results() == [(i, os.getpid()) for i in range(count)]
 
 
+@in_fork
 def test_no_fork_while_other_threads_run():
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
@@ -73,6 +105,7 @@ def test_no_fork_while_other_threads_run():
 
 
 @pytest.mark.parametrize("how", ["raises", "dies"])
+@in_fork
 def test_a_failing_worker_changes_nothing_but_time(how):
     parent = os.getpid()
 
@@ -89,6 +122,7 @@ def test_a_failing_worker_changes_nothing_but_time(how):
     assert _no_zombie()
 
 
+@in_fork
 def test_a_task_that_raises_raises_in_the_parent_and_no_worker_is_left():
     def run(i):
         if i == 5:
@@ -103,6 +137,7 @@ def test_a_task_that_raises_raises_in_the_parent_and_no_worker_is_left():
     assert _children_of(os.getpid()) == []
 
 
+@in_fork
 def test_leaving_early_kills_the_workers():
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
@@ -116,6 +151,7 @@ def test_leaving_early_kills_the_workers():
     assert _no_zombie()
 
 
+@in_fork
 def test_values_marshal_cannot_write_are_done_by_the_parent():
     # a worker whose values marshal refuses sends nothing; the parent does its tasks
     parent = os.getpid()
@@ -144,6 +180,7 @@ def _generate(directory, **sizes):
     return bench.generate(directory, **sizes)
 
 
+@in_fork
 def test_results_read_with_a_worker_as_one_by_one(tmp_path):
     """load_results has the schema check done in chunks by a forked worker: the same
     records, the same skipped files and messages, in the same order, as reading each
@@ -179,6 +216,7 @@ def test_results_read_with_a_worker_as_one_by_one(tmp_path):
     assert [r["version"] for p, r in records if p in migrated] == [1, 1, 1]
 
 
+@in_fork
 def test_summary_and_plots_the_same_from_one_process_or_two(tmp_path, monkeypatch):
     """summarize_with's group tasks (summary + plot) give what one process gives, and
     the worker's values come back (none redone: marshal takes every value)."""
@@ -210,6 +248,7 @@ def test_summary_and_plots_the_same_from_one_process_or_two(tmp_path, monkeypatc
 
 # ---------------------------------------------------------------- review (issue 21 §4)
 
+@in_fork
 def test_the_first_failing_task_raises_whoever_took_it():
     """Tasks 0 and 1 both raise; the worker takes 0 while the parent is busy: the
     parent must still raise task 0's error, as one process does (not task 1's)."""
@@ -224,6 +263,7 @@ def test_the_first_failing_task_raises_whoever_took_it():
     assert _no_zombie()
 
 
+@in_fork
 def test_a_pipe_smaller_than_the_queue_does_not_hang(monkeypatch):
     """A pipe of one page (a user past pipe-user-pages-soft) cannot hold 2,000 tasks:
     the parent does them alone instead of waiting forever to write the queue."""
@@ -253,6 +293,7 @@ def test_a_pipe_smaller_than_the_queue_does_not_hang(monkeypatch):
     assert _no_zombie()
 
 
+@in_fork
 def test_an_interrupt_between_two_forks_leaves_no_worker(monkeypatch):
     """Ctrl-C after the first fork, before the second: the worker already forked is
     killed and reaped (the ``with`` block was never entered to do it)."""
@@ -273,6 +314,7 @@ def test_an_interrupt_between_two_forks_leaves_no_worker(monkeypatch):
     assert set(os.listdir("/proc/self/fd")) <= before
 
 
+@in_fork
 def test_a_worker_does_not_run_the_parents_stop_handler(tmp_path):
     """The parent's SIGTERM handler (the launcher's stop request) is not the worker's:
     a worker sent SIGTERM ends; it does not run the handler and go on."""
@@ -311,6 +353,7 @@ def _fixture_records():
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+@in_fork
 def test_a_host_seen_again_after_another_is_folded_again(workers):
     """Hosts A, B, A (same facts, other GPU names): the last one's names win, as when
     every record was folded (not B's, because A was seen before)."""
@@ -326,6 +369,7 @@ def test_a_host_seen_again_after_another_is_folded_again(workers):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+@in_fork
 def test_warnings_before_an_error_come_out_as_from_one_record_after_another(workers):
     """A record skipped (malformed samples), then one whose group is unknown: its
     warning is written before the error is raised, as one record after another did."""
@@ -347,6 +391,7 @@ def test_warnings_before_an_error_come_out_as_from_one_record_after_another(work
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+@in_fork
 def test_a_failing_test_summary_raises_the_first_in_order_after_the_warnings(
         workers, monkeypatch):
     import copy
