@@ -226,15 +226,32 @@ _EMFILE_SCRIPT = textwrap.dedent("""
     server = BarrierServer(secret="s", max_pending=8, log=logged.append).start()
     server.expect("w", ["0", "1"])
     flood = []
-    try:
-        while True:   # until this process (server included) has no descriptor left
-            flood.append(socket.create_connection(("127.0.0.1", server.port), timeout=2))
-    except OSError as exc:
-        assert exc.errno in (errno.EMFILE, errno.ENFILE), exc
-    for _ in range(400):  # connected in the kernel's queue, but accept() has no descriptor
-        if logged:        # (up to 20 s: on a loaded machine the accept thread runs late)
+
+    def fill():   # until this process (server included) has no descriptor left
+        try:
+            while True:
+                flood.append(socket.create_connection(("127.0.0.1", server.port), timeout=2))
+        except OSError as exc:
+            assert exc.errno in (errno.EMFILE, errno.ENFILE), exc
+
+    # A connection must wait in the kernel's queue while no descriptor is left: a socket
+    # made before the flood connects without a new descriptor, and accept() has none for
+    # it (flooding alone leaves none waiting when the accept thread keeps up). Again if a
+    # descriptor came free in between (a pending connection timed out); up to 20 s.
+    for _ in range(40):
+        if flood:
+            flood.pop().close()
+        spare = socket.socket()
+        fill()
+        spare.settimeout(2)
+        spare.connect(("127.0.0.1", server.port))
+        flood.append(spare)
+        for _ in range(10):
+            if logged:
+                break
+            time.sleep(0.05)
+        if logged:
             break
-        time.sleep(0.05)
     for s in flood:
         s.close()
     out = {}
