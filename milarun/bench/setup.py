@@ -188,5 +188,41 @@ def data_loader(dataset, batch_size, workers, device, **kwargs):
         pin_memory=device.type == "cuda", **kwargs)
 
 
-__all__ = ["init_torch", "set_precision",
-           "peak_memory_mib", "dataloader_workers", "data_loader", "PRECISIONS"]
+def rank_loader(dataset, batch_size, workers, device, world, seed, what, hint="",
+                source=None):
+    """:func:`data_loader` over this rank's share of ``dataset``.
+
+    A ``DistributedSampler`` (shuffled with ``seed``, the uneven tail dropped) gives
+    each of ``world.size`` ranks (``world``: :class:`milarun.bench.distributed.World`)
+    the same number of batches, so data-parallel ranks step together.
+
+    Raises:
+        ValueError: the share holds no full batch (:func:`need_a_batch`, with ``what``,
+            ``hint`` and ``source``).
+    """
+    import torch
+
+    sampler = torch.utils.data.DistributedSampler(
+        dataset, num_replicas=world.size, rank=world.rank, shuffle=True, seed=seed,
+        drop_last=True)
+    loader = data_loader(dataset, batch_size, workers, device, sampler=sampler, shuffle=False)
+    need_a_batch(len(loader) > 0, len(dataset), what, batch_size, world.size, hint, source)
+    return loader
+
+
+def need_a_batch(enough, items, what, batch_size, ranks, hint="", source=None):
+    """Refuse a data set too small for one batch on every rank.
+
+    Raises:
+        ValueError: when ``enough`` is false, as ``"[source: ]<items> <what> give no
+            batch of <batch_size> per rank over <ranks> ranks[; hint]"``.
+    """
+    if not enough:
+        where = f"{source}: " if source is not None else ""
+        tail = f"; {hint}" if hint else ""
+        raise ValueError(f"{where}{items} {what} give no batch of {batch_size} per rank "
+                         f"over {ranks} ranks{tail}")
+
+
+__all__ = ["init_torch", "set_precision", "peak_memory_mib", "dataloader_workers",
+           "data_loader", "rank_loader", "need_a_batch", "PRECISIONS"]

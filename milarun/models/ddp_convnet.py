@@ -25,7 +25,7 @@ Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 
 from coleo import Option, default, tooled
 
-from ..bench import Epochs, dataloop, init_torch
+from ..bench import Epochs, dataloop, init_torch, need_a_batch
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
@@ -81,10 +81,8 @@ def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, chan
     autocast = mp.autocast
     loader, dataset = image_loader(folder, "train", image_size, batch_size, workers, device,
                                    shard=(world.rank, world.size), seed=exp.options["seed"])
-    if len(loader) == 0:
-        raise ValueError(f"{len(dataset)} images give no batch of {batch_size} per rank "
-                         f"over {world.size} ranks; lower --batch-size or use a larger "
-                         f"fake_imagenet")
+    need_a_batch(len(loader) > 0, len(dataset), "images", batch_size, world.size,
+                 "lower --batch-size or use a larger fake_imagenet")
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model = build_model(arch, len(dataset.classes)).to(device, memory_format=memory_format)
     ddp = DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)

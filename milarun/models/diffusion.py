@@ -59,7 +59,7 @@ import os
 
 from coleo import Option, default, tooled
 
-from ..bench import Epochs, data_loader, dataloop, init_torch
+from ..bench import Epochs, dataloop, init_torch, rank_loader
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
@@ -262,14 +262,9 @@ def _train(exp, world, images, captions, shape, image_size, latent_size, batch_s
     device = world.device
     meta, items = read_captions(captions)
     dataset = CaptionedImages(images, items, captions / "tokenizer.json", image_size)
-    sampler = torch.utils.data.DistributedSampler(
-        dataset, num_replicas=world.size, rank=world.rank, shuffle=True,
-        seed=exp.options["seed"], drop_last=True)
-    loader = data_loader(dataset, batch_size, workers, device, sampler=sampler, shuffle=False)
-    if len(loader) == 0:
-        raise ValueError(f"{len(dataset)} captioned images give no batch of {batch_size} per "
-                         f"rank over {world.size} ranks; lower --batch-size or build larger "
-                         f"fake_imagenet and captions")
+    loader = rank_loader(dataset, batch_size, workers, device, world, exp.options["seed"],
+                         "captioned images",
+                         hint="lower --batch-size or build larger fake_imagenet and captions")
 
     unet, vae, text = build_models(torch, shape, meta, device)
     exp.metrics.update({

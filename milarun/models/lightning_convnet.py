@@ -32,7 +32,7 @@ import os
 
 from coleo import Option, default, tooled
 
-from ..bench import init_torch, rate_logger, set_precision
+from ..bench import init_torch, need_a_batch, rate_logger, set_precision
 from ..bench.distributed import World, agree_on_counts
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.rate import Step
@@ -99,9 +99,8 @@ def train(exp):
     share = max(0, len(current_cpuset()) // local_size - 1)
     loader, dataset = image_loader(folder, "train", image_size, batch_size,
                                    share if workers < 0 else workers, device)
-    if len(dataset) < batch_size * size:
-        raise ValueError(f"{len(dataset)} images give no batch of {batch_size} per rank "
-                         f"over {size} ranks; lower --batch-size or use a larger fake_imagenet")
+    need_a_batch(len(dataset) >= batch_size * size, len(dataset), "images", batch_size, size,
+                 "lower --batch-size or use a larger fake_imagenet")
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
     exp.metrics["global_batch"] = batch_size * size

@@ -27,7 +27,7 @@ import contextlib
 
 from coleo import Option, default, tooled
 
-from ..bench import Epochs, data_loader, dataloop, init_torch
+from ..bench import Epochs, dataloop, init_torch, rank_loader
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.step import MixedPrecisionStep, make_optimizer
@@ -114,13 +114,9 @@ def _train(exp, world, shards, shape, rank, seq_len, batch_size, precision, lr,
     autocast = mp.autocast if precision in ("bf16", "fp16") else contextlib.nullcontext()
     optimizer = make_optimizer(torch, "AdamW", trainable, device, lr=lr, weight_decay=0.0)
     dataset = token_dataset(torch, shards, seq_len)
-    sampler = torch.utils.data.DistributedSampler(
-        dataset, num_replicas=world.size, rank=world.rank, shuffle=True,
-        seed=exp.options["seed"], drop_last=True)
-    loader = data_loader(dataset, batch_size, workers, device, sampler=sampler, shuffle=False)
-    if len(loader) == 0:
-        raise ValueError(f"{shards.folder}: {len(dataset)} sequences of {seq_len} tokens give "
-                         f"no batch of {batch_size} per rank over {world.size} ranks")
+    loader = rank_loader(dataset, batch_size, workers, device, world, exp.options["seed"],
+                         f"sequences of {seq_len} tokens", source=shards.folder,
+                         hint="lower --batch-size or --seq-len, or build a larger llm_corpus")
     flops_tok = flops_per_token(n_matmul, config.num_hidden_layers, config.hidden_size,
                                 seq_len, "lora", adapter_params=n_adapter)
     steps = dataloop(exp, Epochs(loader))

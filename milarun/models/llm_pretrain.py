@@ -38,7 +38,7 @@ import contextlib
 
 from coleo import Option, default, tooled
 
-from ..bench import Epochs, data_loader, dataloop, init_torch
+from ..bench import Epochs, dataloop, init_torch, rank_loader
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.step import MixedPrecisionStep, make_optimizer
@@ -164,14 +164,9 @@ def _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision
     optimizer = make_optimizer(torch, "AdamW", model.parameters(), device, lr=lr,
                                betas=(0.9, 0.95), weight_decay=0.1)
     dataset = token_dataset(torch, shards, seq_len)
-    sampler = torch.utils.data.DistributedSampler(
-        dataset, num_replicas=world.size, rank=world.rank, shuffle=True,
-        seed=exp.options["seed"], drop_last=True)
-    loader = data_loader(dataset, batch_size, workers, device, sampler=sampler, shuffle=False)
-    if len(loader) == 0:
-        raise ValueError(f"{shards.folder}: {len(dataset)} sequences of {seq_len} tokens give "
-                         f"no batch of {batch_size} per rank over {world.size} ranks; lower "
-                         f"--batch-size or --seq-len, or build a larger llm_corpus")
+    loader = rank_loader(dataset, batch_size, workers, device, world, exp.options["seed"],
+                         f"sequences of {seq_len} tokens", source=shards.folder,
+                         hint="lower --batch-size or --seq-len, or build a larger llm_corpus")
     flops_tok = flops_per_token(n_matmul, config.num_hidden_layers, config.hidden_size,
                                 seq_len, "train")
     epochs = Epochs(loader)

@@ -28,7 +28,7 @@ import os
 
 from coleo import Option, default, tooled
 
-from ..bench import Epochs, dataloop, init_torch
+from ..bench import Epochs, dataloop, init_torch, need_a_batch
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
@@ -102,10 +102,8 @@ def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, comp
     mp = MixedPrecisionStep(device, precision)
     loader, dataset = image_loader(folder, "train", image_size, batch_size, workers, device,
                                    shard=(world.rank, world.size), seed=exp.options["seed"])
-    if len(loader) == 0:
-        raise ValueError(f"{len(dataset)} images give no batch of {batch_size} per rank "
-                         f"over {world.size} ranks; lower --batch-size or use a larger "
-                         f"fake_imagenet")
+    need_a_batch(len(loader) > 0, len(dataset), "images", batch_size, world.size,
+                 "lower --batch-size or use a larger fake_imagenet")
     model = build_model(arch, image_size, len(dataset.classes)).to(device)
     exp.metrics.update({"arch": arch, "learning_check": True, "params": sum(p.numel() for p in model.parameters()),
                         "image_size": image_size, "global_batch": batch_size * world.size,
