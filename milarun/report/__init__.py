@@ -11,11 +11,10 @@ import sys
 from pathlib import Path
 
 from .. import __version__
-from ..analysis.summary import summarize_dir
 from ..formats.cache import Cache
 from ..formats.summary import read_summary
 from ..formats.thresholds import read_thresholds
-from ..errors import MilarunError, ResultFormatError
+from ..errors import MilarunError
 from ..formats.outfile import UnsafeFileError, write_atomic
 from ..measure.stats import steady_states_once
 from .checks import diff_line
@@ -32,7 +31,7 @@ from .table import (
 from .text import render_text as _render_text
 
 __all__ = ["Report", "build_report", "check_weights", "load_weights", "weight_for",
-           "load_source", "make_report", "render_text", "render_html", "shipped_weights",
+           "make_report", "render_text", "render_html", "shipped_weights",
            "inputs_of"]
 
 
@@ -45,27 +44,6 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
     """HTML report (see :func:`milarun.report.html.render_html`)."""
     return _render_html(report, records=records, results_dir=results_dir,
                         generated=generated, html_path=html_path)
-
-
-def load_source(source, warn=None, only=None):
-    """Read a results directory (``only``: the records to read, as
-    :func:`milarun.analysis.summary.load_results` takes it) or a summary JSON file.
-
-    Returns ``(summary, records, results_dir)``; ``records`` and
-    ``results_dir`` are ``None`` for a summary file. Skipped result files
-    are listed in one warning line on ``warn`` (default: stderr).
-
-    Raises:
-        ResultFormatError: missing path, or a file that is not a summary.
-    """
-    warn = warn or sys.stderr
-    path = Path(source)
-    if path.is_dir():
-        summary, records = summarize_dir(path, warn=warn, only=only)
-        return summary, records, path
-    if path.is_file():
-        return read_summary(path), None, None
-    raise ResultFormatError("no such results directory or summary file", path=path)
 
 
 def shipped_weights(suite):

@@ -93,7 +93,7 @@ def _from_value(value, directory):
 
 
 @steady_states_once()   # the summary and the plots share each result's steady state
-def load_inputs(source, warn, plots=False, cache=None):
+def load_inputs(source, warn, plots=False, cache=None, only=None):
     """Read ``source`` (a results folder or a summary file) for the report.
 
     Args:
@@ -102,19 +102,23 @@ def load_inputs(source, warn, plots=False, cache=None):
         plots: also draw every test's throughput plot (for the HTML page).
         cache: a :class:`milarun.formats.cache.Cache`, or None to compute
             everything (``milarun report --no-cache``).
+        only: the records to read, as :func:`milarun.analysis.summary.load_results`
+            takes it (a bundle's chained records; the cache is then not used).
 
     Returns:
         an :class:`Inputs`.
 
     Raises:
         ResultFormatError: a missing source, a file that is not a summary, or a
-            folder without a usable result (as :func:`milarun.report.load_source`).
+            folder without a usable result.
     """
     path = Path(source)
     if path.is_file():
         return Inputs(summary=read_summary(path))
     if not path.is_dir():
         raise ResultFormatError("no such results directory or summary file", path=path)
+    if only is not None:
+        cache = None
     files = list(result_files(path))
     key = _key(path, files) if cache is not None else None
     value = cache.get(KIND, key) if cache is not None else None
@@ -128,7 +132,7 @@ def load_inputs(source, warn, plots=False, cache=None):
             provenance(inputs.summary, path)
             return inputs
     tee = _Tee(warn)
-    records, skipped = load_results(path, warn=tee, files=files)
+    records, skipped = load_results(path, warn=tee, only=only, files=files)
     # each test's plot is drawn where it is summarized (one steady state, one set of flags)
     summary, drawn = summarize_with(records, skipped, warn=tee,
                                     extra=throughput_plot if plots else None)

@@ -9,7 +9,7 @@ For each bidder (a results bundle: its folder's name, or ``NAME=PATH``):
   is ``unreadable`` with that error line, and has no score.
 * **score, node score, their 95 % intervals, the score by family, the failure rate**:
   the report's own (:func:`milarun.report.table.build_report` on the bundle's summary,
-  :func:`milarun.report.load_source`): the score formula lives there only. Every bidder
+  read by :func:`milarun.report.inputs.load_inputs`): the score formula lives there only. Every bidder
   is scored with the same weights (``--weights``, else the shipped weights of the one
   profile every bundle ran, else every test weighs 1: :func:`resolve_weights`).
 * **price per score point** = ``price / score`` and **per node-score point** =
@@ -42,7 +42,8 @@ from ..errors import MilarunError, ResultFormatError
 from ..formats.manifest import ManifestError, chained_records
 from ..formats.prices import BIDDER_NAME, read_prices
 from ..formats.terminal import one_line, terminal_safe
-from . import load_source, shipped_weights, shown_path, summary_suites, write_text
+from . import shipped_weights, shown_path, summary_suites, write_text
+from .inputs import load_inputs
 from .family import FAMILIES, LABELS as FAMILY_LABELS, OTHER
 from .formatting import fmt_num, fmt_pct
 from .html import _env
@@ -325,7 +326,7 @@ def build_tender(bundles, rules, prices=None, weights=None, warn=None):
         bidder = Bidder(name=name, path=path, price=price_map.get(name))
         try:
             bidder.verdict = verify_one(path, rules)
-            summaries[name] = load_source(path, warn=warn, only=_chained(path))[0]
+            summaries[name] = load_inputs(path, warn, only=_chained(path)).summary
         except MilarunError as exc:
             if not _inside(exc.path, path):
                 raise
