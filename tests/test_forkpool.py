@@ -181,7 +181,7 @@ def _generate(directory, **sizes):
 
 
 @in_fork
-def test_results_read_with_a_worker_as_one_by_one(tmp_path):
+def test_results_read_with_a_worker_as_one_by_one(tmp_path, monkeypatch):
     """load_results has the schema check done in chunks by a forked worker: the same
     records, the same skipped files and messages, in the same order, as reading each
     file alone (store.parse_results), with bad files spread over several chunks."""
@@ -189,6 +189,29 @@ def test_results_read_with_a_worker_as_one_by_one(tmp_path):
 
     from milarun.analysis import summary
     from milarun.formats.store import parse_results, result_files
+
+    parent, mine, pools = os.getpid(), [], []
+
+    marks = tmp_path.parent / f"{tmp_path.name}-taken"
+    marks.mkdir()
+
+    class Slow(Shared):
+        # the parent holds its first chunk until the worker has taken one
+        def __init__(self, count, run, workers=None):
+            def slow(i):
+                if os.getpid() != parent:
+                    (marks / str(i)).touch()
+                else:
+                    mine.append(i)
+                    deadline = time.monotonic() + 60
+                    while (len(mine) == 1 and not any(marks.iterdir())
+                           and time.monotonic() < deadline):
+                        time.sleep(0.01)
+                return run(i)
+            super().__init__(count, slow, 2)
+            pools.append(self)
+
+    monkeypatch.setattr(summary, "Shared", Slow)
 
     assert _generate(tmp_path, tests=3, devices=5, runs=30, nsamples=6) == 450
     names = sorted(p.name for p in tmp_path.iterdir())
@@ -214,6 +237,8 @@ def test_results_read_with_a_worker_as_one_by_one(tmp_path):
             + [(p, str(r)) for p, r in expected if isinstance(r, Exception)])
     migrated = {tmp_path / names[37 * k] for k in (1, 5, 9)}
     assert [r["version"] for p, r in records if p in migrated] == [1, 1, 1]
+    # the worker checked chunks (the parent did not do all 3) and its answers came back
+    assert len(pools) == 1 and pools[0].redone == 0 and len(mine) < 3
 
 
 @in_fork
