@@ -23,8 +23,10 @@ def command(opts, rest):
 
     # lazy: `milarun devices --help` loads only this command
     from ..host.inventory import inventory, render
+    from ..host.stack import check_stack
     from ..launcher.bounds import check_bounds
 
+    check_stack()
     check_bounds(1, cpu_slots, None)   # --cpu-slots in 1..cores, as milarun jobs says
     inv = inventory(cpu_slots)
     if opts.count:

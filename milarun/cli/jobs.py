@@ -46,8 +46,10 @@ def command(opts, rest):
     line the tests print.
     """
     # lazy, for start-up: `milarun --help` imports every cli module, a run needs the launcher
+    from ..host.stack import check_stack
     from ..launcher.suite import run_jobs
 
+    check_stack()
     return run_jobs(opts.profile, rest, dataroot=opts.dataroot, out=opts.out,
                     resume=opts.resume, names=opts.name, repeat=opts.repeat,
                     no_cgexec=opts.no_cgexec, cpu_slots=opts.cpu_slots, timeout=opts.timeout,

@@ -73,9 +73,11 @@ def run_experiment(function, argv, out=None, dataroot=None, name=None,
     # lazy, for start-up: `milarun --help` imports every cli module (bench: the child side)
     from ..bench.experiment import Experiment
     from ..formats.record import validate
+    from ..host.stack import check_stack
     from ..host.supervise import from_environment
 
     from_environment()  # die with the launcher, even as a torchrun rank
+    check_stack()       # an unsupported torch is one line, before any import of it
     fn = resolve_function(function)
     check_out(out)
     extra = child.decode_extra(extra)
