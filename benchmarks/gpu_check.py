@@ -3,11 +3,28 @@
 **Status: written against the real torch 2.13 and nvidia-ml-py APIs, but it has
 not yet run on a GPU**; only its CPU mode (``--device cpu``) has run, in
 ``tests/test_gpu_check.py``, and its CUDA branches against fakes (fake CUDA
-events, a fake NVML, fake torch device properties).
+events, a fake NVML, fake torch device properties and device names).
 
-Each check ends in PASS, FAIL or SKIP, with its figure, its target and, for a
-SKIP or a FAIL, the reason. ``--out FILE`` writes every figure as one JSON file;
-the exit status is 1 when any check FAILs, 2 on bad arguments, else 0.
+**Five minutes on one GPU.** The run is planned against ``--budget`` seconds
+(default 300, dataset preparation included): each check has an estimate (s, from
+its options: see :func:`estimate` and the constants beside :data:`START_S`, each
+with its basis), the plan is printed first (check, estimate, cumulative, basis),
+the ``lite`` pass shrinks to fit (its last tests left out) and a check that still
+does not fit is left out, the plan says which. While it runs, a check that would
+end past the budget (time spent + its estimate) says SKIP "budget". Each check's
+wall time is printed as it ends, beside its estimate, and both are in ``--out``.
+``--dry-run`` prints the plan and exits 0, running nothing on the device
+(``--device cuda --dry-run`` plans for one GPU on a machine without one).
+
+Each check ends in PASS, WARN, FAIL or SKIP, with its figure, its target and, for
+anything but a PASS, the reason. WARN: a figure far from the reference a buyer
+compares it with (:data:`REFERENCES`, by GPU name: the published maximum achievable
+bf16 matmul, the datasheet's memory bandwidth, PCIe Gen5 x16 practice), with the
+ratio; it does not fail the run, and the last lines list every WARN. A GPU without
+a known reference shows its figure and "none known" (SKIP), never a WARN.
+``--out FILE`` writes every figure as one JSON file, the format of a GPU baseline
+(``baselines/gpu/README.md``); the exit status is 1 when any check FAILs, 2 on
+bad arguments, else 0.
 
 Checks (``--only`` / ``--skip`` take their names, comma-separated):
 
@@ -35,7 +52,19 @@ Checks (``--only`` / ``--skip`` take their names, comma-separated):
     (2·n³: n³ multiply-adds of an n × n × n GEMM). The bare loop runs before and
     after milarun's run and the reference is the mean of the two (a GPU that
     heats or clocks down between them moves both halves alike). Target:
-    milarun ÷ bare ≥ 0.97 per precision (the issue-22 target).
+    milarun ÷ bare ≥ 0.97 per precision (the issue-22 target). And the bare bf16
+    figure against the GPU's published maximum achievable bf16 matmul (TFLOP/s,
+    random inputs: H100 SXM 795, A100 SXM 271, B200 1745, MI300X 668): WARN below
+    0.8 × (:data:`MATMUL_REF_MIN`).
+``bandwidth``
+    On ``cuda:0``, in GB/s (1e9 bytes/s), each timed with synchronize + perf_counter over
+    ``--bandwidth-seconds`` (1 s) of back-to-back ``copy_`` of
+    ``--bandwidth-mib`` (1024 MiB): a device-to-device copy, counted 2 × its size
+    (read and write, as STREAM's copy), against the datasheet's memory bandwidth
+    (H100 SXM 3.35 TB/s, H100 PCIe 2.0, H200 4.8, A100 80GB SXM 2.039, B200 8,
+    MI300X 5.3), WARN below 0.7 × (:data:`MEMORY_REF_MIN`); host-to-device and
+    device-to-host copies from and to pinned memory against PCIe Gen5 x16 practice
+    (55 GB/s), WARN below 0.7 × (:data:`PCIE_REF_MIN`: a Gen4 or x8 link WARNs).
 ``nvml``
     Through nvidia-ml-py, directly, while a fp16 matmul load runs on every
     visible GPU: power (``nvmlDeviceGetPowerUsage``, mW → W) within
@@ -58,13 +87,19 @@ Checks (``--only`` / ``--skip`` take their names, comma-separated):
     check's run is checked too: its ``gpu_monitor`` power within the same
     bounds and its energy never decreasing.
 ``lite``
-    Every test of ``profiles/lite.json`` (``--lite-profile``, ``--lite-name``)
-    once, briefly: ``milarun jobs PROFILE --no-cgexec --timeout T -- --max-count 1
+    One test per workload family (the report's families,
+    ``milarun.report.family``: the first test of each family in profile order that
+    runs on one GPU) of ``profiles/lite.json`` on a GPU (``--lite-profile``;
+    ``--lite-name`` names the tests instead; on the CPU: ``toy_reg`` of
+    ``profiles/cpu.json``), their datasets prepared in tiny presets (the tests'
+    own prepare commands with ``--size tiny``: a functional check needs no more) in
+    the work folder, or kept in ``-d DATAROOT``'s ``gpu_check-tiny/`` folder,
+    briefly: ``milarun jobs PROFILE --no-cgexec --timeout T --name … -- --max-count 1
     --min-steady 1 --warmup 1 --sample-duration 0.25`` (the last value of a
-    repeated option wins, so this overrides the profile's counts: each test
-    trains for one warm-up window and 1 s of steady state). PASS per test when
-    every record it wrote says ``success``; FAIL with the record's error reason,
-    or when it wrote none.
+    repeated option wins, so this overrides the profile's counts: each test trains
+    for one warm-up window and 1 s of steady state). PASS per test when every
+    record it wrote says ``success``; FAIL with the record's error reason, or when
+    it wrote none.
 ``ddp``
     A DDP step and an FSDP (``fully_shard``) step over NCCL on 2 GPUs
     (``torchrun --standalone --nproc-per-node 2`` running this script as a
@@ -85,13 +120,14 @@ Checks (``--only`` / ``--skip`` take their names, comma-separated):
 
 Usage::
 
-    python benchmarks/gpu_check.py [-d DATAROOT] [--out gpu_check.json]
-        [--only rate,matmul] [--skip lite] [--device cuda|cpu]
+    python benchmarks/gpu_check.py [--budget 300] [--dry-run] [--out gpu_check.json]
+        [-d DATAROOT] [--only rate,matmul] [--skip lite] [--device cuda|cpu]
 
 On the CPU (``--device cpu``, the default when torch sees no CUDA device) the
 timing checks run with tiny sizes and say SKIP (their targets are about the GPU
-timers) with their figures; ``nvml`` and ``ddp`` say SKIP; ``lite`` and
-``cgroups`` run as on a GPU.
+timers) with their figures; ``bandwidth`` shows its figures (no reference for a
+CPU); ``nvml`` and ``ddp`` say SKIP; ``lite`` runs one test and ``cgroups`` runs
+as on a GPU. It takes under a minute on a 2-core host.
 """
 
 import argparse
@@ -99,6 +135,7 @@ import datetime
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -111,11 +148,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# The only milarun imports (the bench layer's public API: the rate logger and its timers).
+# The only milarun imports: the bench layer's public API (the rate logger and its timers)
+# and the report's workload families (the lite pass's one test per family).
 from milarun.bench.rate import CudaEventTimer, PerfCounterTimer, RateLogger  # noqa: E402
+from milarun.report.family import FAMILIES, OTHER, family_of  # noqa: E402
 
-CHECKS = ("rate", "matmul", "nvml", "lite", "ddp", "cgroups")
-PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+CHECKS = ("rate", "matmul", "bandwidth", "nvml", "lite", "ddp", "cgroups")
+PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+#: Format version of the --out file (2: WARN, the plan, the references, bandwidth).
+VERSION = 2
 
 #: rate: instrumented ÷ bare within this relative distance of 1 (issue 22).
 RATE_TOLERANCE = 0.01
@@ -128,6 +169,75 @@ POWER_LIMIT_MARGIN = 1.05
 #: ddp: max |parameter difference| against the single-model step (fp32, TF32 off).
 DIST_TOLERANCE = 1e-4
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+#: The figures a buyer compares with, per GPU: ``(pattern, label, references)``; the
+#: first pattern found in the device's name (case-insensitive) wins, so the more
+#: specific names come first ("GH200" before "H200", "H100 PCIe" before "H100"). A
+#: reference not given is "none known" for that GPU: its figure is shown, never a WARN.
+#:
+#: ``matmul_bf16_tflops`` (1e12 FLOP/s): the published maximum achievable bf16 dense
+#: matmul throughput, measured with random inputs, as issue 32 quotes it (H100 SXM 795,
+#: A100 SXM 271, B200 1745, MI300X 668); none for the other parts.
+#: ``memory_tb_s`` (1e12 bytes/s): the vendors' datasheets: NVIDIA H100 Tensor Core GPU
+#: (SXM 3.35, PCIe 2.0), NVIDIA H200 (4.8, SXM and NVL), NVIDIA A100 (80GB SXM 2.039,
+#: 80GB PCIe 1.935, 40GB 1.555), NVIDIA HGX/DGX B200 (8 per GPU), AMD Instinct MI300X
+#: (5.3).
+#: ``pcie_gb_s`` (1e9 bytes/s, each direction): pinned host-device copies over PCIe
+#: Gen5 x16 in practice, about 55 (issue 32; the link carries 32 GT/s x 16 lanes x
+#: 128/130 = 63 GB/s before packet overheads), for the GPUs whose host link is Gen5 x16
+#: (H100, H200, B200, MI300X); none for the A100 (Gen4) and the GH200 (NVLink-C2C).
+REFERENCES = (
+    ("GH200", "GH200", {}),
+    ("H100 PCIe", "H100 PCIe", {"memory_tb_s": 2.0, "pcie_gb_s": 55.0}),
+    ("H100 NVL", "H100 NVL", {"pcie_gb_s": 55.0}),
+    ("H100", "H100 SXM", {"matmul_bf16_tflops": 795.0, "memory_tb_s": 3.35,
+                          "pcie_gb_s": 55.0}),
+    ("H200", "H200", {"memory_tb_s": 4.8, "pcie_gb_s": 55.0}),
+    ("A100-SXM4-80GB", "A100 80GB SXM", {"matmul_bf16_tflops": 271.0, "memory_tb_s": 2.039}),
+    ("A100-SXM4-40GB", "A100 40GB SXM", {"matmul_bf16_tflops": 271.0, "memory_tb_s": 1.555}),
+    ("A100 80GB PCIe", "A100 80GB PCIe", {"memory_tb_s": 1.935}),
+    ("A100-PCIE-40GB", "A100 40GB PCIe", {"memory_tb_s": 1.555}),
+    ("B200", "B200", {"matmul_bf16_tflops": 1745.0, "memory_tb_s": 8.0, "pcie_gb_s": 55.0}),
+    ("MI300X", "MI300X", {"matmul_bf16_tflops": 668.0, "memory_tb_s": 5.3, "pcie_gb_s": 55.0}),
+)
+#: WARN below these fractions of the reference (figure / reference):
+#: matmul: the reference is itself an achievable figure (the best shape of a sweep), so a
+#: healthy GPU is within about 10 % of it at the check's one shape (8192³); 0.8 leaves
+#: room for that shape and for clocks, and catches a GPU a fifth slower than its peers.
+MATMUL_REF_MIN = 0.8
+#: memory: the reference is the datasheet's interface peak, which a copy kernel does not
+#: reach (refresh, page and read/write turn-around overheads: copies typically reach
+#: 80-90 % of it on HBM); 0.7 marks a GPU well below that, not one at the usual efficiency.
+MEMORY_REF_MIN = 0.7
+#: PCIe: 0.7 x 55 = 38.5 GB/s is above what a Gen4 x16 link carries (about 25 GB/s in
+#: practice, half of Gen5), so a link trained at Gen4 or at x8 WARNs, as it should.
+PCIE_REF_MIN = 0.7
+
+# --------------------------------------------------------------------------- the plan
+#
+# Estimated seconds of each part of a run on one GPU, written before the check ever ran
+# on one: guesses from the work each does, to be corrected from the "seconds" the --out
+# file records (each check's estimate sits beside its actual time there).
+#: Interpreter start, import torch and the CUDA context (s), by "is it cuda" (the CPU
+#: figure: 6.7 s measured on a loaded 2-core host, 3 s on a quiet one).
+START_S = {True: 10.0, False: 5.0}
+#: A ``python -m milarun`` child that runs a workload (s): interpreter, torch import, CUDA
+#: context, model build and first steps, record written. A guess for a GPU node's CPUs;
+#: the CPU figure is what a lite test took on a loaded 2-core host (9 to 24 s).
+CHILD_S = {True: 12.0, False: 15.0}
+#: The lite pass's tests on the CPU without ``--lite-name`` or ``--lite-profile``: one,
+#: the launcher's path; a test per family there is ``milarun jobs profiles/cpu.json``'s
+#: run, and takes minutes on a small host.
+CPU_LITE = ("toy_reg",)
+#: The lite pass's dataroot inside ``-d``: its tiny datasets beside the full runs'
+#: datasets, never over them (a build of another size replaces one of the same name).
+TINY_FOLDER = "gpu_check-tiny"
+#: A tiny dataset build (s): each takes about 1 s on a 2-core host (measured).
+TINY_DATASET_S = 2.0
+#: ``milarun jobs`` itself (s): its start, the session, the nodes' identities, the summary.
+JOBS_S = 5.0
+#: torchrun with 2 ranks: start, NCCL initialisation, a few steps (s).
+TORCHRUN_S = 20.0
 
 # Arguments every lite / cgroups test gets after the profile's own (the last value wins).
 SHORT_ARGS = ["--max-count", "1", "--min-steady", "1", "--warmup", "1",
@@ -173,12 +283,53 @@ def skip(reason, target=None, figure=None):
     return {"verdict": SKIP, "figure": figure, "target": target, "reason": reason}
 
 
+def references_for(gpu_name):
+    """``(label, references)`` of :data:`REFERENCES` for a device name (e.g. "NVIDIA H100
+    80GB HBM3" is ``("H100 SXM", {...})``); ``(None, {})`` for a device without one."""
+    name = str(gpu_name or "").lower()
+    for pattern, label, refs in REFERENCES:
+        if pattern.lower() in name:
+            return label, refs
+    return None, {}
+
+
+def verdict_reference(measured, reference, minimum, unit, what):
+    """A figure against the reference a buyer compares with (both in ``unit``):
+    PASS when ``measured / reference >= minimum``, WARN below it with the ratio, SKIP
+    (the figure kept) when no reference is known (``reference`` None), FAIL without a
+    figure (the measurement failed). ``what`` names the reference, e.g. "H100 SXM
+    datasheet memory bandwidth"."""
+    if not _positive(measured):
+        return {"verdict": FAIL, "figure": None, "target": "a measured figure",
+                "reason": f"no figure (measured {measured})"}
+    if reference is None:
+        return skip(f"reference: none known ({what})", "none known", measured)
+    ratio = measured / reference
+    target = f"reference {reference:g} {unit} ({what}); WARN below {minimum:g} x"
+    ok = ratio >= minimum
+    return {"verdict": PASS if ok else WARN, "figure": measured, "target": target,
+            "reason": None if ok else f"{ratio:.2f} x the reference {reference:g} {unit}"}
+
+
+def reference_part(name, measured, gpu_name, key, scale, minimum, unit, what, **figures):
+    """The part of ``measured`` against ``REFERENCES[gpu][key] × scale`` (in ``unit``)."""
+    label, refs = references_for(gpu_name)
+    ref = refs.get(key)
+    ref = None if ref is None else ref * scale
+    v = verdict_reference(measured, ref, minimum, unit,
+                          f"{label} {what}" if label else f"{what} of {gpu_name!r}")
+    return _part(name, v, unit=unit, reference=ref, reference_of=label,
+                 ratio=measured / ref if ref and _positive(measured) else None, **figures)
+
+
 def combine(parts):
-    """The verdict of several parts: FAIL if any FAILs, else PASS if any PASSes, else SKIP."""
+    """The verdict of several parts: FAIL if any FAILs, else WARN if any WARNs, else PASS
+    if any PASSes, else SKIP."""
     verdicts = [p["verdict"] for p in parts]
-    if FAIL in verdicts:
-        return FAIL
-    return PASS if PASS in verdicts else SKIP
+    for v in (FAIL, WARN, PASS):
+        if v in verdicts:
+            return v
+    return SKIP
 
 
 def _positive(x):
@@ -239,7 +390,8 @@ def steady_rate(samples):
 
 
 class Torch:
-    """torch, the device and its synchronize, imported once."""
+    """torch, the device, its name (the key of :data:`REFERENCES`) and its synchronize,
+    imported once."""
 
     def __init__(self, device):
         import torch
@@ -250,6 +402,7 @@ class Torch:
         self.torch = torch
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        self.name = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
 
     def sync(self):
         if self.cuda:
@@ -391,12 +544,17 @@ def bare_tflops(T, precision, size, seconds):
         del a, b, c
 
 
+def matmul_precisions(args, cuda):
+    """``--matmul-precisions``, else the four of :data:`PRECISIONS` on a GPU, fp32 on the CPU."""
+    if args.matmul_precisions:
+        return args.matmul_precisions.split(",")
+    return list(PRECISIONS) if cuda else ["fp32"]
+
+
 def check_matmul(args, T, work, state):
     cuda = T.cuda
     size = args.matmul_size or (8192 if cuda else 128)
-    precisions = list(PRECISIONS) if cuda else ["fp32"]
-    if args.matmul_precisions:
-        precisions = args.matmul_precisions.split(",")
+    precisions = matmul_precisions(args, cuda)
     seconds = args.matmul_seconds
     before = {p: bare_tflops(T, p, size, seconds) for p in precisions}
     if cuda:
@@ -414,7 +572,11 @@ def check_matmul(args, T, work, state):
                "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     proc = milarun_cli(argv, timeout=300, env=env)
     after = {p: bare_tflops(T, p, size, seconds) for p in precisions}
-    parts = []
+    # the bare bf16 loop against the GPU's published maximum achievable bf16 matmul
+    parts = [reference_part("bf16 vs reference", (before["bf16"] + after["bf16"]) / 2, T.name,
+                            "matmul_bf16_tflops", 1.0, MATMUL_REF_MIN, "TFLOP/s",
+                            "max achievable bf16 matmul", size=size)] \
+        if "bf16" in precisions else []
     rec = None
     if out.exists():
         try:
@@ -425,17 +587,65 @@ def check_matmul(args, T, work, state):
         why = (rec or {}).get("error") or last_line(proc.stderr)
         return [_part("milarun run", verdict_bool(False, None, "the run succeeds",
                                                   f"milarun run matmul failed: {why}"),
-                      returncode=proc.returncode)]
+                      returncode=proc.returncode), *parts]
     state["matmul_record"] = rec
+    ours = []
     for p in precisions:
         ref = (before[p] + after[p]) / 2
         got = rec.get("metrics", {}).get(f"tflops_{p}")
         v = verdict_at_least(got, ref, MATMUL_MIN_RATIO, f"{p} milarun/bare")
-        parts.append(_part(p, on_cpu(v, "cuda" if cuda else T.device.type), size=size,
-                           milarun_tflops=got,
-                           bare_tflops_before=before[p], bare_tflops_after=after[p],
-                           bare_tflops=ref))
-    return parts
+        ours.append(_part(p, on_cpu(v, "cuda" if cuda else T.device.type), size=size,
+                          milarun_tflops=got,
+                          bare_tflops_before=before[p], bare_tflops_after=after[p],
+                          bare_tflops=ref))
+    return ours + parts
+
+
+# --------------------------------------------------------------------------- bandwidth
+
+def copy_gb_s(T, dst, src, nbytes, seconds):
+    """GB/s (1e9 bytes/s) of back-to-back ``dst.copy_(src, non_blocking=True)``, counting
+    ``nbytes`` per copy, timed with synchronize + perf_counter over about ``seconds``."""
+    def work():
+        dst.copy_(src, non_blocking=True)
+
+    for _ in range(2):
+        work()
+    n, _ = repeats_for(T, work, seconds)
+    T.sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        work()
+    T.sync()
+    return nbytes * n / (time.perf_counter() - t0) / 1e9
+
+
+def check_bandwidth(args, T):
+    """Device-memory bandwidth (a device-to-device copy of ``--bandwidth-mib`` MiB: it
+    reads and writes that many bytes, 2 x counted, as STREAM's and BabelStream's copy
+    count) against the datasheet's, and pinned host-to-device and device-to-host copies
+    of the same size against PCIe Gen5 x16 practice; all in GB/s (1e9 bytes/s)."""
+    torch = T.torch
+    mib = args.bandwidth_mib or (1024 if T.cuda else 8)
+    nbytes = mib << 20
+    seconds = args.bandwidth_seconds
+    a = torch.empty(nbytes // 4, dtype=torch.float32, device=T.device)
+    b = torch.empty_like(a)
+    device_copy = copy_gb_s(T, b, a, 2 * nbytes, seconds)
+    del b
+    host = torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=T.cuda)
+    h2d = copy_gb_s(T, a, host, nbytes, seconds)
+    d2h = copy_gb_s(T, host, a, nbytes, seconds)
+    del a, host
+    common = {"mib": mib}
+    return [reference_part("device copy", device_copy, T.name, "memory_tb_s", 1000.0,
+                           MEMORY_REF_MIN, "GB/s", "datasheet memory bandwidth", **common),
+            reference_part("host to device", h2d, T.name, "pcie_gb_s", 1.0, PCIE_REF_MIN,
+                           "GB/s", "PCIe Gen5 x16 pinned copies in practice", pinned=T.cuda,
+                           **common),
+            reference_part("device to host", d2h, T.name, "pcie_gb_s", 1.0, PCIE_REF_MIN,
+                           "GB/s", "PCIe Gen5 x16 pinned copies in practice", pinned=T.cuda,
+                           **common)]
 
 
 # --------------------------------------------------------------------------- nvml
@@ -641,31 +851,85 @@ def check_nvml(args, T, state):
 
 # --------------------------------------------------------------------------- lite
 
-def check_lite(args, T, work):
-    dataroot = args.dataroot or os.environ.get("MILARUN_DATAROOT")
-    if not dataroot:
-        return [_part("lite", skip("needs -d DATAROOT or MILARUN_DATAROOT (the tests' data; "
-                                   "scripts/download.sh prepares it)"))]
-    names = ["--name", *args.lite_name] if args.lite_name else []
-    proc = milarun_cli(["profile", args.lite_profile, *names], timeout=60)
+def lite_profile(args, cuda):
+    """The lite pass's profile: ``--lite-profile``, else profiles/lite.json on a GPU and
+    profiles/cpu.json (the same families, CPU-sized) on the CPU."""
+    return args.lite_profile or str(ROOT / "profiles" / ("lite.json" if cuda else "cpu.json"))
+
+
+def pick_per_family(jobs):
+    """One test per workload family of a loaded profile ``{name: job}``: per family
+    (:func:`milarun.report.family.family_of` of its tags), the first test in profile
+    order that runs on one GPU (plan type ``per-gpu``, no ``multi-gpu`` tag); in the
+    order of :data:`~milarun.report.family.FAMILIES`, then ``other``."""
+    first = {}
+    for name, job in jobs.items():
+        if name == "*" or name.startswith("_"):
+            continue
+        tags = job.get("tags") or []
+        if (job.get("partition_scheme") or {}).get("type", "per-gpu") != "per-gpu" \
+                or "multi-gpu" in tags:
+            continue
+        first.setdefault(family_of(tags), name)
+    return [first[f] for f in FAMILIES + (OTHER,) if f in first]
+
+
+def tiny(command):
+    """A prepare command with its dataset size preset made ``tiny``."""
+    return re.sub(r"--size(\s+|=)\S+", "--size tiny", command)
+
+
+def lite_tests(args, cuda):
+    """The lite pass's tests, ``[{"name", "family", "prepare"}]`` (``prepare``: the
+    commands, tiny): ``--lite-name``, else :func:`pick_per_family` of the profile
+    (:data:`CPU_LITE` on the CPU with the default profile).
+
+    Raises:
+        RuntimeError: the profile does not load (``milarun profile``'s last line).
+    """
+    wanted = args.lite_name or (None if cuda or args.lite_profile else list(CPU_LITE))
+    names = ["--name", *wanted] if wanted else []
+    proc = milarun_cli(["profile", lite_profile(args, cuda), *names], timeout=60)
     if proc.returncode != 0:
-        return [_part("lite", verdict_bool(False, None, "the profile loads",
-                                           last_line(proc.stderr)))]
-    jobs = [n for n in json.loads(proc.stdout) if n != "*" and not n.startswith("_")]
+        raise RuntimeError(f"the profile does not load: {last_line(proc.stderr)}")
+    jobs = json.loads(proc.stdout)
+    picked = wanted or pick_per_family(jobs)
+    return [{"name": n, "family": family_of(jobs[n].get("tags") or []),
+             "prepare": [tiny(c) for c in jobs[n].get("prepare") or []]}
+            for n in picked if n in jobs]
+
+
+def check_lite(args, T, work, tests):
+    """``tests`` (:func:`lite_tests`) through ``milarun jobs``, their datasets prepared
+    in tiny presets in ``-d``'s :data:`TINY_FOLDER` (default: a folder of the work
+    folder)."""
+    if not tests:
+        return [_part("lite", verdict_bool(False, None, "tests to run",
+                                           "no test picked from the profile"))]
+    profile = lite_profile(args, T.cuda)
+    dataroot = str(Path(args.dataroot) / TINY_FOLDER if args.dataroot else Path(work) / "data")
+    Path(dataroot).mkdir(parents=True, exist_ok=True)
+    derived = Path(work) / "lite-tiny.json"
+    derived.write_text(json.dumps({
+        "include": [str(Path(profile).resolve())],
+        **{t["name"]: {"prepare": t["prepare"]} for t in tests if t["prepare"]}}))
+    names = [t["name"] for t in tests]
     out = Path(work) / "lite"
     extra = ["--device", "cpu"] if T.device.type == "cpu" else []
     slots = ["--cpu-slots", "1"] if T.device.type == "cpu" else []
-    cmd = ["jobs", args.lite_profile, "-d", dataroot, "-o", str(out), "--no-cgexec",
-           "--timeout", str(args.lite_timeout), *slots, *names, "--", *SHORT_ARGS, *extra]
+    cmd = ["jobs", str(derived), "-d", dataroot, "-o", str(out), "--no-cgexec",
+           "--timeout", str(args.lite_timeout), *slots, "--name", *names,
+           "--", *SHORT_ARGS, *extra]
     t0 = time.perf_counter()
-    proc = milarun_cli(cmd, timeout=args.lite_timeout * (len(jobs) + 2) + 600)
+    proc = milarun_cli(cmd, timeout=args.lite_timeout * (len(names) + 1) + 120)
     seconds = time.perf_counter() - t0
     if proc.returncode == 2:
         return [_part("lite", verdict_bool(False, None, "milarun jobs starts",
                                            last_line(proc.stderr)))]
     records = read_records(out)
     parts = []
-    for job in jobs:
+    for t in tests:
+        job = t["name"]
         mine = [r for r in records if r.get("job_name") == job]
         failed = [r for r in mine if not r["success"]]
         rates = [steady_rate(((r.get("timings") or {}).get("train") or {}).get("samples")
@@ -680,10 +944,11 @@ def check_lite(args, T, work):
                             f"{str((r.get('error') or {}).get('message'))[:200]}"
                             for r in failed)
             v = verdict_bool(not failed, len(mine), "every record says success", why)
-        parts.append(_part(job, v, records=len(mine), items_s=rates))
+        parts.append(_part(job, v, family=t["family"], records=len(mine), items_s=rates))
     parts.append(_part("milarun jobs", verdict_bool(
         proc.returncode == 0, proc.returncode, "exit status 0",
-        f"exit status {proc.returncode}: {last_line(proc.stdout)}"), seconds=seconds))
+        f"exit status {proc.returncode}: {last_line(proc.stdout)}"), seconds=seconds,
+        profile=profile, dataroot=dataroot))
     return parts
 
 
@@ -870,16 +1135,112 @@ def check_cgroups(args, T, work):
                   cpus=[len((r.get("host") or {}).get("cpuset") or []) for r in records])]
 
 
+# --------------------------------------------------------------------------- plan
+
+def estimate(name, args, cuda, gpus, tests):
+    """``(seconds, basis)``: the estimated wall time of check ``name`` on ``gpus`` GPUs
+    (``cuda``) or the CPU, from its options, and how it is reckoned (see :data:`START_S`
+    and the constants beside it)."""
+    child = CHILD_S[cuda]
+    if name == "rate":
+        return (args.rate_pairs * 2 * args.rate_seconds + 0.2 * args.rate_seconds + 2.0,
+                f"{args.rate_pairs} pairs x 2 loops x {args.rate_seconds:g} s, calibration "
+                f"0.2 x {args.rate_seconds:g} s, model and warm-up 2 s")
+    if name == "matmul":
+        n = len(matmul_precisions(args, cuda))
+        return (2 * n * (1.2 * args.matmul_seconds + 0.5) + child + 1.0 + args.matmul_steady,
+                f"bare loops 2 x {n} precision(s) x ({args.matmul_seconds:g} s + calibration, "
+                f"set-up); milarun run: child {child:g} s, warm-up 1 s, steady "
+                f"{args.matmul_steady:g} s")
+    if name == "bandwidth":
+        return (3 * 1.2 * args.bandwidth_seconds + 1.0,
+                f"3 copies x ({args.bandwidth_seconds:g} s + calibration), allocations 1 s")
+    if name == "nvml":
+        if not cuda:
+            return 0.0, "SKIP on the CPU"
+        return (5.0 + args.nvml_seconds,
+                f"milarun devices 3 s, load warm-up 2 s, sampling {args.nvml_seconds:g} s")
+    if name == "lite":
+        datasets = {c for t in tests for c in t["prepare"]}
+        return (JOBS_S + TINY_DATASET_S * len(datasets) + len(tests) * (child + 2.0),
+                f"{len(tests)} test(s) x (child {child:g} s + 1 warm-up window + 1 s steady), "
+                f"{len(datasets)} tiny dataset(s) x {TINY_DATASET_S:g} s, milarun jobs "
+                f"{JOBS_S:g} s")
+    if name == "ddp":
+        if (gpus >= 2) if cuda else args.cpu_dist:
+            return TORCHRUN_S, "torchrun, 2 ranks: start, process group, a few steps"
+        return 0.0, "SKIP: " + ("needs 2 GPUs" if cuda else "NCCL on the CPU (see --cpu-dist)")
+    if name == "cgroups":
+        return 3.0 + child + 2.0, (f"dry run 3 s; one toy_reg per GPU: child {child:g} s, "
+                                   "warm-up and 1 s steady")
+    raise ValueError(name)
+
+
+def make_plan(args, selected, cuda, gpus, tests):
+    """The run's plan: ``[{"check", "estimate_s", "basis", "run", "note"}]``, ``start``
+    (the interpreter, torch, the CUDA context) first, then the ``selected`` checks in
+    :data:`CHECKS` order. Each is kept while its estimate fits what is left of
+    ``--budget`` (s); the lite pass first shrinks to fit, leaving out its last tests (the
+    families last in :data:`~milarun.report.family.FAMILIES` order; ``tests`` is
+    shortened in place; it keeps one); a check that still does not fit has ``run``
+    False and says so in ``note``."""
+    rows = [{"check": "start", "estimate_s": START_S[cuda],
+             "basis": "interpreter, import torch" + (", CUDA context" if cuda else ""),
+             "run": True, "note": None}]
+    left = args.budget - START_S[cuda]
+    for name in CHECKS:
+        if name not in selected:
+            continue
+        est, basis = estimate(name, args, cuda, gpus, tests)
+        note = None
+        if name == "lite":
+            dropped = []
+            while est > left and len(tests) > 1:
+                dropped.insert(0, tests.pop()["name"])
+                est, basis = estimate(name, args, cuda, gpus, tests)
+            if dropped:
+                note = f"shrunk to fit the budget: left out {', '.join(dropped)}"
+        run = est <= left
+        if run:
+            left -= est
+        else:
+            note = f"does not fit the budget: about {est:.0f} s, {max(left, 0):.0f} s left"
+        rows.append({"check": name, "estimate_s": est, "basis": basis, "run": run,
+                     "note": note})
+    return rows
+
+
+def show_plan(rows, budget, where, tests):
+    print(f"gpu_check plan: {where}, budget {budget:g} s", flush=True)
+    print(f"  {'check':10} {'estimate':>8} {'cumul.':>7}  basis")
+    total = 0.0
+    for r in rows:
+        total += r["estimate_s"] if r["run"] else 0.0
+        cum = f"{total:6.0f}s" if r["run"] else "      -"
+        note = f" [{r['note']}]" if r["note"] else ""
+        print(f"  {r['check']:10} {r['estimate_s']:7.0f}s {cum}  {r['basis']}{note}")
+    if tests and any(r["check"] == "lite" and r["run"] for r in rows):
+        print("  lite tests: " + ", ".join(f"{t['name']} ({t['family']})" for t in tests))
+    print(f"  planned: {total:.0f} s of {budget:g} s", flush=True)
+
+
 # --------------------------------------------------------------------------- main
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="auto: cuda when torch sees a GPU, else cpu")
+    p.add_argument("--budget", type=float, default=300.0,
+                   help="seconds the whole run may take (default 300): the plan leaves out "
+                   "what does not fit, and a check that would end past it says SKIP")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan and exit (runs nothing on the device)")
     p.add_argument("--only", default=None, help=f"comma-separated among {','.join(CHECKS)}")
     p.add_argument("--skip", default=None, help="comma-separated checks to leave out")
     p.add_argument("--out", default=None, help="write the figures to this JSON file")
-    p.add_argument("-d", "--dataroot", default=None, help="for lite (default $MILARUN_DATAROOT)")
+    p.add_argument("-d", "--dataroot", default=None,
+                   help="keep the lite pass's tiny datasets in DATAROOT/gpu_check-tiny "
+                   "between runs (default: in the work folder, built each run)")
     p.add_argument("--workdir", default=None, help="keep the runs' files here (default: a "
                    "temporary folder, removed)")
     p.add_argument("--rate-seconds", type=float, default=None,
@@ -892,12 +1253,18 @@ def parse(argv):
                    help="bare loop length per precision (s; 2 on cuda, 0.2 on cpu)")
     p.add_argument("--matmul-steady", type=float, default=None,
                    help="milarun's --min-steady for matmul (s; 5 on cuda, 1 on cpu)")
+    p.add_argument("--bandwidth-mib", type=int, default=None,
+                   help="size of each copy (MiB; 1024 on cuda, 8 on cpu)")
+    p.add_argument("--bandwidth-seconds", type=float, default=None,
+                   help="length of each timed copy loop (s; 1 on cuda, 0.1 on cpu)")
     p.add_argument("--nvml-seconds", type=float, default=8.0)
     p.add_argument("--nvml-interval", type=float, default=0.1)
     p.add_argument("--nvml-size", type=int, default=8192, help="side of the fp16 load's matrices")
-    p.add_argument("--lite-profile", default=str(ROOT / "profiles" / "lite.json"))
-    p.add_argument("--lite-name", nargs="+", default=None, help="only these tests of it")
-    p.add_argument("--lite-timeout", type=int, default=180, help="per test (s)")
+    p.add_argument("--lite-profile", default=None, help="default: profiles/lite.json on cuda, "
+                   "profiles/cpu.json on cpu")
+    p.add_argument("--lite-name", nargs="+", default=None,
+                   help="run these tests of it (default: one per workload family)")
+    p.add_argument("--lite-timeout", type=int, default=120, help="per test (s)")
     p.add_argument("--cgroup-experiment", default="milarun.models.toy_reg:main",
                    help="the workload of the cgroups wave")
     p.add_argument("--cpu-dist", action="store_true",
@@ -913,59 +1280,92 @@ def parse(argv):
             p.error(f"--{opt}: unknown check(s) {', '.join(bad)}; choose among "
                     f"{', '.join(CHECKS)}")
         setattr(args, opt, names)
+    if not (math.isfinite(args.budget) and args.budget > 0):
+        p.error(f"--budget: {args.budget:g} is not a positive number of seconds")
     return args
 
 
 def main(argv=None):
+    t_all = time.perf_counter()
     args = parse(argv)
     # CUDA numbers GPUs as NVML does (milarun's children get the same: accel/nvidia.py)
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if args.worker == "dist":
         return dist_worker(args)
-    import torch
+    torch = None
+    if args.device != "cpu" or not args.dry_run:
+        import torch
 
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not args.dry_run and not torch.cuda.is_available():
         print("gpu_check: error: --device cuda: torch sees no CUDA device", file=sys.stderr)
         return 2
     cuda = args.device == "cuda"
+    gpus = torch.cuda.device_count() if cuda else 0
     args.rate_seconds = args.rate_seconds or (3.0 if cuda else 0.3)
     args.matmul_seconds = args.matmul_seconds or (2.0 if cuda else 0.2)
     args.matmul_steady = args.matmul_steady or (5.0 if cuda else 1.0)
-    T = Torch("cuda:0" if cuda else "cpu")
+    args.bandwidth_seconds = args.bandwidth_seconds or (1.0 if cuda else 0.1)
     selected = [c for c in (args.only or CHECKS) if c not in (args.skip or ())]
-    report = {"version": 1, "script": "benchmarks/gpu_check.py", "device": args.device,
+    tests, lite_error = [], None
+    if "lite" in selected:
+        try:
+            tests = lite_tests(args, cuda)
+        except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
+            lite_error = f"{exc.__class__.__name__}: {exc}"
+    where = (f"cuda, {gpus} GPU(s)" if gpus else "cuda, planned for 1 GPU (torch sees none "
+             "here)") if cuda else "cpu"
+    plan = make_plan(args, selected, cuda, max(gpus, 1) if cuda else 0, tests)
+    show_plan(plan, args.budget, where, tests)
+    if lite_error:
+        print(f"  lite: {lite_error}", flush=True)
+    if args.dry_run:
+        return 0
+    T = Torch("cuda:0" if cuda else "cpu")
+    label, refs = references_for(T.name)
+    report = {"version": VERSION, "script": "benchmarks/gpu_check.py", "device": args.device,
               "started": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-              "torch": torch.__version__,
-              "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-              if cuda else [],
+              "torch": torch.__version__, "gpu": T.name if cuda else None,
+              "gpus": [torch.cuda.get_device_name(i) for i in range(gpus)],
+              "references": {"of": label, **refs},
               "targets": {"rate": RATE_TOLERANCE, "matmul": MATMUL_MIN_RATIO,
                           "energy": ENERGY_TOLERANCE, "power_limit_margin": POWER_LIMIT_MARGIN,
-                          "dist": DIST_TOLERANCE},
-              "checks": {}}
-    t_all = time.perf_counter()
+                          "dist": DIST_TOLERANCE, "matmul_reference": MATMUL_REF_MIN,
+                          "memory_reference": MEMORY_REF_MIN, "pcie_reference": PCIE_REF_MIN},
+              "budget_s": args.budget, "plan": plan, "checks": {}}
     state = {}
     work = Path(args.workdir or tempfile.mkdtemp(prefix="gpu_check-"))
     work.mkdir(parents=True, exist_ok=True)
     runners = {"rate": lambda: check_rate(args, T),
                "matmul": lambda: check_matmul(args, T, work, state),
+               "bandwidth": lambda: check_bandwidth(args, T),
                "nvml": lambda: check_nvml(args, T, state),
-               "lite": lambda: check_lite(args, T, work),
+               "lite": lambda: check_lite(args, T, work, tests),
                "ddp": lambda: check_ddp(args, T, work),
                "cgroups": lambda: check_cgroups(args, T, work)}
+    report["start_s"] = time.perf_counter() - t_all
     try:
-        for name in CHECKS:
-            if name not in selected:
-                continue
+        for row in plan[1:]:
+            name, est = row["check"], row["estimate_s"]
+            spent = time.perf_counter() - t_all
             t0 = time.perf_counter()
-            try:
-                parts = runners[name]()
-            except Exception as exc:                 # a crash is a FAIL with its reason
-                parts = [_part(name, verdict_bool(False, None, "the check runs",
-                                                  f"{exc.__class__.__name__}: {exc}"))]
+            if not row["run"]:
+                parts = [_part(name, skip(f"budget: {row['note']}"))]
+            elif spent + est > args.budget:
+                parts = [_part(name, skip(f"budget: {spent:.0f} s spent, about {est:.0f} s "
+                                          f"more would pass the {args.budget:g} s budget"))]
+            elif name == "lite" and lite_error:
+                parts = [_part(name, verdict_bool(False, None, "the profile loads",
+                                                  lite_error))]
+            else:
+                try:
+                    parts = runners[name]()
+                except Exception as exc:             # a crash is a FAIL with its reason
+                    parts = [_part(name, verdict_bool(False, None, "the check runs",
+                                                      f"{exc.__class__.__name__}: {exc}"))]
             entry = {"verdict": combine(parts), "seconds": time.perf_counter() - t0,
-                     "parts": parts}
+                     "estimate_s": est, "parts": parts}
             report["checks"][name] = entry
             show(name, entry)
     finally:
@@ -973,17 +1373,25 @@ def main(argv=None):
             shutil.rmtree(work, ignore_errors=True)
     report["seconds"] = time.perf_counter() - t_all
     report["verdict"] = combine(list(report["checks"].values()))
+    report["warnings"] = [f"{name}/{p['name']}: {p['reason']}"
+                          for name, c in report["checks"].items() for p in c["parts"]
+                          if p["verdict"] == WARN]
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1, default=str) + "\n")
-    print(f"gpu_check: {report['verdict']} ({report['seconds']:.0f} s)"
-          + (f"; figures in {args.out}" if args.out else ""))
+    print(f"gpu_check: {report['verdict']} ({report['seconds']:.0f} s of a {args.budget:g} s "
+          "budget)" + (f"; figures in {args.out}" if args.out else ""))
+    if report["warnings"]:
+        print(f"gpu_check: {len(report['warnings'])} WARN: " + "; ".join(report["warnings"]))
     return 1 if report["verdict"] == FAIL else 0
 
 
 def show(name, entry):
-    print(f"{entry['verdict']:4}  {name} ({entry['seconds']:.1f} s)", flush=True)
+    print(f"{entry['verdict']:4}  {name} ({entry['seconds']:.1f} s; estimate "
+          f"{entry['estimate_s']:.0f} s)", flush=True)
     for p in entry["parts"]:
-        line = f"  {p['verdict']:4}  {p['name']}: {_fmt(p['figure'])}"
+        unit = (p.get("figures") or {}).get("unit")
+        line = f"  {p['verdict']:4}  {p['name']}: {_fmt(p['figure'])}" + (f" {unit}" if unit
+                                                                           else "")
         if p.get("target"):
             line += f" (target: {p['target']})"
         if p.get("reason"):

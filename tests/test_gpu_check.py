@@ -52,15 +52,157 @@ def test_matmul_target_is_at_least_97_percent(gc):
 
 
 def test_combine_and_cpu_skip(gc):
-    P, F, S = ({"verdict": v} for v in ("PASS", "FAIL", "SKIP"))
+    P, F, S, W = ({"verdict": v} for v in ("PASS", "FAIL", "SKIP", "WARN"))
     assert gc.combine([P, S]) == "PASS"
     assert gc.combine([P, F, S]) == "FAIL"
     assert gc.combine([S, S]) == "SKIP"
+    assert gc.combine([P, W, S]) == "WARN" and gc.combine([W, F]) == "FAIL"
     # on the CPU a GPU-timer target never PASSes: SKIP, keeping the figure and the reason
     v = gc.on_cpu(gc.verdict_within(99.5, 100.0, 0.01), "cpu")
     assert v["verdict"] == "SKIP" and v["figure"] == pytest.approx(0.995)
     assert "CUDA" in v["reason"] and "would be PASS" in v["reason"]
     assert gc.on_cpu(gc.verdict_within(99.5, 100.0, 0.01), "cuda")["verdict"] == "PASS"
+
+
+@pytest.mark.parametrize("name, label, matmul, memory, pcie", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", 795.0, 3.35, 55.0),
+    ("NVIDIA H100 PCIe", "H100 PCIe", None, 2.0, 55.0),
+    ("NVIDIA H200", "H200", None, 4.8, 55.0),
+    ("NVIDIA GH200 480GB", "GH200", None, None, None),        # not the H200's figures
+    ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM", 271.0, 2.039, None),
+    ("NVIDIA A100-SXM4-40GB", "A100 40GB SXM", 271.0, 1.555, None),
+    ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe", None, 1.935, None),
+    ("NVIDIA B200", "B200", 1745.0, 8.0, 55.0),
+    ("AMD Instinct MI300X", "MI300X", 668.0, 5.3, 55.0),
+    ("NVIDIA L4", None, None, None, None),
+    ("cpu", None, None, None, None),
+])
+def test_references_by_gpu_name(gc, name, label, matmul, memory, pcie):
+    got, refs = gc.references_for(name)
+    assert got == label
+    assert (refs.get("matmul_bf16_tflops"), refs.get("memory_tb_s"), refs.get("pcie_gb_s")) \
+        == (matmul, memory, pcie)
+
+
+def test_a_figure_far_from_its_reference_warns_with_the_ratio(gc):
+    v = gc.verdict_reference(700.0, 795.0, 0.8, "TFLOP/s", "H100 SXM max achievable")
+    assert v["verdict"] == "PASS" and v["figure"] == 700.0 and "795" in v["target"]
+    v = gc.verdict_reference(500.0, 795.0, 0.8, "TFLOP/s", "H100 SXM max achievable")
+    assert v["verdict"] == "WARN" and v["reason"].startswith("0.63 x the reference 795")
+    # no reference known: the figure, never a WARN; no figure: a FAIL
+    v = gc.verdict_reference(500.0, None, 0.8, "TFLOP/s", "max achievable of 'NVIDIA L4'")
+    assert v["verdict"] == "SKIP" and v["figure"] == 500.0 and "none known" in v["reason"]
+    assert gc.verdict_reference(None, 795.0, 0.8, "TFLOP/s", "x")["verdict"] == "FAIL"
+    p = gc.reference_part("device copy", 2000.0, "NVIDIA H100 80GB HBM3", "memory_tb_s",
+                          1000.0, gc.MEMORY_REF_MIN, "GB/s", "datasheet memory bandwidth")
+    assert p["verdict"] == "WARN" and p["figures"]["reference"] == pytest.approx(3350.0)
+    assert p["figures"]["ratio"] == pytest.approx(2000 / 3350)
+    assert p["figures"]["reference_of"] == "H100 SXM" and p["figures"]["unit"] == "GB/s"
+
+
+def test_tiny_presets_in_prepare_commands(gc):
+    assert gc.tiny("{milarun} dataset mnist --size standard -d {dataroot}") \
+        == "{milarun} dataset mnist --size tiny -d {dataroot}"
+    assert gc.tiny("x --size=standard") == "x --size tiny"
+    assert gc.tiny("sh fetch.sh {dataroot}") == "sh fetch.sh {dataroot}"
+
+
+def test_one_test_per_family_first_in_profile_order(gc):
+    jobs = {"*": {}, "_base": {"tags": ["llm"]},
+            "a_fsdp": {"tags": ["llm", "multi-gpu"]},               # not on one GPU
+            "b_ddp": {"tags": ["vision"], "partition_scheme": {"type": "njobs"}},
+            "c_llm": {"tags": ["llm", "nlp"]}, "d_conv": {"tags": ["vision"]},
+            "e_conv": {"tags": ["vision"]}, "f_toy": {"tags": ["toy"]},
+            "g_wlm": {"tags": ["nlp"]}}
+    # FAMILIES order (llm ... nlp, vision), then other
+    assert gc.pick_per_family(jobs) == ["c_llm", "g_wlm", "d_conv", "f_toy"]
+
+
+def test_lite_pass_of_the_gpu_profile_is_one_test_per_family_on_tiny_data(gc):
+    """On a GPU: profiles/lite.json, one single-GPU test per family of the report's
+    families, every dataset prepared in its tiny preset."""
+    from milarun.report.family import FAMILIES, OTHER
+
+    args = gc.parse([])
+    tests = gc.lite_tests(args, cuda=True)
+    families = [t["family"] for t in tests]
+    assert len(set(families)) == len(families) == len(tests) >= 8
+    assert families == [f for f in FAMILIES + (OTHER,) if f in families]
+    assert {"llm_pretrain", "convnet", "toy_reg"} <= {t["name"] for t in tests}
+    commands = [c for t in tests for c in t["prepare"]]
+    assert commands and all("--size tiny" in c and "standard" not in c for c in commands)
+    # on the CPU: the launcher's path, one test
+    assert [t["name"] for t in gc.lite_tests(args, cuda=False)] == list(gc.CPU_LITE)
+
+
+def _tests(n, datasets=1):
+    return [{"name": f"t{i}", "family": f"f{i}", "prepare": [f"d{i % datasets}"]}
+            for i in range(n)]
+
+
+def test_plan_fits_the_budget_shrinking_lite_then_leaving_checks_out(gc):
+    args = gc.parse(["--rate-seconds", "3", "--matmul-seconds", "2", "--matmul-steady", "5",
+                     "--bandwidth-seconds", "1"])
+    tests = _tests(9, datasets=5)
+    plan = gc.make_plan(args, list(gc.CHECKS), cuda=True, gpus=1, tests=tests)
+    assert [r["check"] for r in plan] == ["start", *gc.CHECKS]
+    assert all(r["run"] and not r["note"] for r in plan) and len(tests) == 9
+    total = sum(r["estimate_s"] for r in plan)
+    assert 200 < total <= 300, total                    # one GPU: planned at 5 minutes
+    assert {r["check"]: r["estimate_s"] for r in plan}["ddp"] == 0      # 1 GPU: a SKIP
+    # 120 s: lite keeps the tests that fit (the last ones left out), cgroups no longer fits
+    args.budget = 120
+    tests = _tests(9, datasets=5)
+    plan = {r["check"]: r for r in gc.make_plan(args, list(gc.CHECKS), True, 1, tests)}
+    assert plan["lite"]["run"] and 1 <= len(tests) < 9
+    assert plan["lite"]["note"].startswith("shrunk to fit the budget: left out t")
+    assert "t8" in plan["lite"]["note"] and "t0" not in plan["lite"]["note"]
+    assert not plan["cgroups"]["run"] and "does not fit" in plan["cgroups"]["note"]
+    assert sum(r["estimate_s"] for r in plan.values() if r["run"]) <= 120
+    # 2 GPUs: the ddp check runs
+    args.budget = 300
+    plan = {r["check"]: r for r in gc.make_plan(args, ["ddp"], True, 2, [])}
+    assert plan["ddp"]["estimate_s"] == gc.TORCHRUN_S
+
+
+def test_dry_run_prints_the_gpu_plan_without_a_gpu():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cuda", "--budget", "300",
+                           "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("gpu_check plan: cuda") and "budget 300 s" in out
+    planned = int(out.split("planned: ")[1].split(" s")[0])
+    assert planned <= 300
+    for name in ("start", "rate", "matmul", "bandwidth", "nvml", "lite", "ddp", "cgroups"):
+        assert f"\n  {name} " in out
+    assert "lite tests: llm_pretrain (llm)" in out and "PASS" not in out
+
+
+def test_a_check_that_would_end_past_the_budget_is_skipped(gc, monkeypatch, tmp_path,
+                                                           one_thread):
+    """At run time: the rate check overruns its estimate, the next no longer fits."""
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")      # main sets it: restored after
+    def slow_rate(args, T):
+        time.sleep(1.2)
+        return [gc._part("instrumented/bare", gc.skip("faked"))]
+
+    monkeypatch.setattr(gc, "START_S", {True: 0.0, False: 0.0})
+    monkeypatch.setattr(gc, "estimate", lambda *a: (0.2, "faked"))
+    monkeypatch.setattr(gc, "check_rate", slow_rate)
+    out = tmp_path / "gc.json"
+    rc = gc.main(["--device", "cpu", "--only", "rate,bandwidth", "--budget", "1",
+                  "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["version"] == 2 and report["budget_s"] == 1
+    rate, bw = report["checks"]["rate"], report["checks"]["bandwidth"]
+    assert rate["seconds"] >= 1.2 and rate["estimate_s"] == 0.2
+    assert bw["verdict"] == "SKIP" and bw["parts"][0]["reason"].startswith("budget: ")
+    assert "more would pass the 1 s budget" in bw["parts"][0]["reason"]
+    # left out by the plan
+    rc = gc.main(["--device", "cpu", "--only", "bandwidth", "--budget", "0.1",
+                  "--out", str(out)])
+    (part,) = json.loads(out.read_text())["checks"]["bandwidth"]["parts"]
+    assert part["reason"].startswith("budget: does not fit the budget")
 
 
 def _series(power_w, seconds=8.0, dt=0.1, counter_scale=1.0):
@@ -235,6 +377,12 @@ class CudaOnCpuTorch:
         self._torch = torch
         self.cuda = types.SimpleNamespace(Event=FakeEvent, synchronize=lambda dev=None: None,
                                           empty_cache=lambda: None)
+        self.pinned = []
+
+    def empty(self, *shape, pin_memory=False, **kw):
+        """Pinned host memory needs CUDA: noted, and plain memory given instead."""
+        self.pinned.append(pin_memory)
+        return self._torch.empty(*shape, **kw)
 
     def __getattr__(self, name):
         return getattr(self._torch, name)
@@ -252,11 +400,11 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def fake_cuda_T():
+def fake_cuda_T(name="NVIDIA H100 80GB HBM3"):
     import torch
 
     return types.SimpleNamespace(cuda=True, device=torch.device("cpu"), torch=CudaOnCpuTorch(),
-                                 sync=lambda: None)
+                                 sync=lambda: None, name=name)
 
 
 def test_rate_check_on_the_cuda_path_gives_a_verdict(gc, one_thread):
@@ -291,12 +439,52 @@ def test_matmul_check_on_the_cuda_path_reads_the_record(gc, monkeypatch, tmp_pat
     args = gc.parse(["--matmul-size", "32", "--matmul-seconds", "0.05", "--matmul-steady", "1"])
     state = {}
     parts = {p["name"]: p for p in gc.check_matmul(args, T, tmp_path, state)}
-    assert list(parts) == list(gc.PRECISIONS)
+    assert list(parts) == [*gc.PRECISIONS, "bf16 vs reference"]
+    # the bare bf16 loop (a CPU's, here) against the H100 SXM's max achievable 795 TFLOP/s
+    ref = parts["bf16 vs reference"]
+    assert ref["verdict"] == "WARN" and ref["figures"]["reference"] == 795.0
+    assert ref["figure"] == pytest.approx(parts["bf16"]["figures"]["bare_tflops"])
+    assert ref["figures"]["ratio"] < 0.01 and "x the reference 795 TFLOP/s" in ref["reason"]
     assert parts["fp16"]["verdict"] == "PASS"           # faster than bare: fine
     assert parts["bf16"]["verdict"] == "FAIL" and "below 0.97" in parts["bf16"]["reason"]
     assert seen["env"] == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert seen["argv"][seen["argv"].index("--device") + 1] == "cuda"
     assert state["matmul_record"]["success"]
+
+
+def test_bandwidth_check_on_the_cuda_path_against_the_references(gc, monkeypatch, one_thread):
+    """Device copy (2 x the bytes: read and write) against the datasheet's 3.35 TB/s, host
+    copies from pinned memory against 55 GB/s; the copy rates faked (3000, 20, 54 GB/s)."""
+    rates = iter([3000.0, 20.0, 54.0])
+    seen = []
+
+    def fake_copy(T, dst, src, nbytes, seconds):
+        seen.append(nbytes)
+        return next(rates)
+
+    monkeypatch.setattr(gc, "copy_gb_s", fake_copy)
+    T = fake_cuda_T()
+    args = gc.parse(["--bandwidth-mib", "4", "--bandwidth-seconds", "0.05"])
+    parts = {p["name"]: p for p in gc.check_bandwidth(args, T)}
+    assert seen == [2 * 4 << 20, 4 << 20, 4 << 20] and T.torch.pinned == [False, True]
+    assert parts["device copy"]["verdict"] == "PASS"                    # 0.90 x 3350
+    assert parts["device copy"]["figures"]["reference"] == pytest.approx(3350.0)
+    assert parts["host to device"]["verdict"] == "WARN"                  # 0.36 x 55
+    assert parts["host to device"]["reason"].startswith("0.36 x the reference 55 GB/s")
+    assert parts["device to host"]["verdict"] == "PASS"
+    # an unknown GPU: figures, no WARN
+    rates = iter([1.0, 1.0, 1.0])
+    parts = gc.check_bandwidth(args, fake_cuda_T("NVIDIA L4"))
+    assert [p["verdict"] for p in parts] == ["SKIP"] * 3
+    assert all("none known" in p["reason"] and p["figure"] == 1.0 for p in parts)
+
+
+def test_copy_rate_times_real_copies(gc, one_thread):
+    import torch
+
+    T = types.SimpleNamespace(sync=lambda: None)
+    a, b = torch.zeros(1 << 18), torch.ones(1 << 18)
+    assert gc.copy_gb_s(T, a, b, 1 << 20, 0.05) > 0 and float(a[0]) == 1.0
 
 
 # --------------------------------------------------------------------------- the script on CPU
@@ -324,11 +512,14 @@ def test_cpu_run_writes_its_figures_and_skips_the_cuda_only_checks(tmp_path):
         "--lite-name", "toy_reg", "boom",
         "--cgroup-experiment", "milarun.models.faults:crawl", "--rate-pairs", "2")
     assert report is not None, proc.stderr
-    assert report["version"] == 1 and report["device"] == "cpu"
-    assert set(report["checks"]) == {"rate", "matmul", "nvml", "lite", "ddp", "cgroups"}
+    assert report["version"] == 2 and report["device"] == "cpu"
+    assert set(report["checks"]) == {"rate", "matmul", "bandwidth", "nvml", "lite", "ddp",
+                                      "cgroups"}
+    assert report["budget_s"] == 300 and report["seconds"] < 300
+    assert [r["check"] for r in report["plan"]] == ["start", *report["checks"]]
     for name, check in report["checks"].items():
         assert check["verdict"] in ("PASS", "FAIL", "SKIP")
-        assert check["seconds"] >= 0 and check["parts"]
+        assert check["seconds"] >= 0 and check["estimate_s"] >= 0 and check["parts"]
         for p in check["parts"]:
             assert {"name", "verdict", "figure", "target", "reason"} <= p.keys()
             if p["verdict"] != "PASS":
@@ -345,6 +536,10 @@ def test_cpu_run_writes_its_figures_and_skips_the_cuda_only_checks(tmp_path):
     assert [p["name"] for p in mm] == ["fp32"] and mm[0]["verdict"] == "SKIP"
     assert mm[0]["figures"]["milarun_tflops"] > 0 and mm[0]["figures"]["bare_tflops"] > 0
     assert checks["nvml"]["verdict"] == "SKIP" and "NVIDIA" in checks["nvml"]["parts"][0]["reason"]
+    # bandwidth: the figures, no reference known for a CPU
+    bw = {p["name"]: p for p in checks["bandwidth"]["parts"]}
+    assert set(bw) == {"device copy", "host to device", "device to host"}
+    assert all(p["verdict"] == "SKIP" and p["figure"] > 0 for p in bw.values())
     assert checks["ddp"]["verdict"] == "SKIP"
     assert all("NCCL" in p["reason"] for p in checks["ddp"]["parts"])
     # lite: one verdict per test, from its record
