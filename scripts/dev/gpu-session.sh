@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (a PyTorch image, no internet): install milarun from a
+# carried wheelhouse, run the GPU check within its budget, then the short profile if time
+# is left; every output in at most 8 files under $OUT (the device tool's limit).
+#
+# Prepared here, before the call:
+#   bash scripts/wheelhouse.sh .wheelhouse     # git-ignored; about 17 MB for Python 3.12
+# The call (device tool): carry [".wheelhouse"],
+#   command "bash scripts/dev/gpu-session.sh .wheelhouse 300 120", timeout_s 560
+# Arguments: WHEELHOUSE [CHECK_BUDGET_S (300)] [PROFILE_S (0: no profile run)].
+# Files under $OUT: install.log, nvidia-smi.txt, gpu_check.json, gpu_check.log and, with
+# PROFILE_S > 0, lite.log and lite.tar.gz (the records, the session, summary.json, report.txt).
+set -uo pipefail
+wheels=${1:?usage: gpu-session.sh WHEELHOUSE [CHECK_BUDGET_S] [PROFILE_S]}
+budget=${2:-300}
+profile_s=${3:-0}
+out=${OUT:-$PWD/gpu-session-out}
+mkdir -p "$out"
+t0=$SECONDS
+log() { echo "gpu-session: [$((SECONDS - t0)) s] $*" | tee -a "$out/install.log"; }
+
+nvidia-smi -q >"$out/nvidia-smi.txt" 2>&1 || log "nvidia-smi failed"
+log "python: $(command -v python3) $(python3 --version 2>&1)"
+if ! bash scripts/install-offline.sh "$wheels" >>"$out/install.log" 2>&1; then
+  log "install-offline failed; trying with the checkout on PYTHONPATH and the wheels in a target"
+  bash scripts/install-offline.sh --target /tmp/milarun-site "$wheels" >>"$out/install.log" 2>&1
+  export PYTHONPATH=/tmp/milarun-site:$PWD PATH=/tmp/milarun-site/bin:$PATH
+fi
+python3 -m milarun devices >>"$out/install.log" 2>&1 || log "milarun devices: exit $?"
+log "gpu_check, budget $budget s"
+python3 benchmarks/gpu_check.py --budget "$budget" -d /tmp/milarun-data \
+  --out "$out/gpu_check.json" >"$out/gpu_check.log" 2>&1
+log "gpu_check: exit $?"
+if [ "$profile_s" -gt 0 ]; then
+  res=/tmp/milarun-lite
+  log "profiles/lite.json, at most $profile_s s"
+  timeout --signal=INT --kill-after=20 "$profile_s" python3 -m milarun jobs profiles/lite.json \
+    --no-cgexec -d /tmp/milarun-data -o "$res" >"$out/lite.log" 2>&1
+  log "milarun jobs: exit $?"
+  python3 -m milarun summary "$res" -o "$res/summary.json" >>"$out/lite.log" 2>&1
+  python3 -m milarun report "$res" --weights weights/lite.json >"$res/report.txt" 2>>"$out/lite.log"
+  tar -czf "$out/lite.tar.gz" -C "$(dirname "$res")" "$(basename "$res")"
+fi
+log "done"
