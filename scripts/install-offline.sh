@@ -105,6 +105,10 @@ for item in json.load(open(sys.argv[1]))["install"]:
 EOF
 names=(); files=()
 while read -r name file; do names+=("$name"); files+=("$file"); done <"$work/plan"
+if [ ${#names[@]} = 0 ]; then
+  echo "install-offline: nothing to install: milarun and its dependencies are already there"
+  exit 0
+fi
 case " ${names[*]} " in
   *" torch "*|*" torchvision "*) die "pip would install torch or torchvision from $dir; nothing installed" ;;
 esac

@@ -194,6 +194,8 @@ def test_install_offline_installs_what_the_image_lacks_and_keeps_its_base(image_
     version = subprocess.run([image_env, "-c", "import fakebase; print(fakebase.VERSION)"],
                              capture_output=True, text=True).stdout.strip()
     assert version == "1.0"
+    again = install(image_env, wheels)   # all there: nothing to do, not an error
+    assert again.returncode == 0 and "nothing to install" in again.stdout, again.stderr
 
 
 @pytest.mark.parametrize("requires, extra, message", [

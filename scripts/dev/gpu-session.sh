@@ -9,13 +9,13 @@
 #   command "bash scripts/dev/gpu-session.sh .wheelhouse 300 120", timeout_s 560
 # Arguments: WHEELHOUSE [CHECK_BUDGET_S (300)] [PROFILE_S (0: no profile run)].
 # Files under $OUT: install.log, nvidia-smi.txt, gpu_check.json, gpu_check.log and, with
-# PROFILE_S > 0, lite.log and lite.tar.gz (the records, the session, summary.json, report.txt).
+# PROFILE_S > 0, lite.log, lite-summary.json, lite-report.txt and lite.tar.gz (the records).
 set -uo pipefail
 wheels=${1:?usage: gpu-session.sh WHEELHOUSE [CHECK_BUDGET_S] [PROFILE_S]}
 budget=${2:-300}
 profile_s=${3:-0}
 out=${OUT:-$PWD/gpu-session-out}
-mkdir -p "$out"
+mkdir -p "$out" /tmp/milarun-data
 t0=$SECONDS
 log() { echo "gpu-session: [$((SECONDS - t0)) s] $*" | tee -a "$out/install.log"; }
 
@@ -37,8 +37,8 @@ if [ "$profile_s" -gt 0 ]; then
   timeout --signal=INT --kill-after=20 "$profile_s" python3 -m milarun jobs profiles/lite.json \
     --no-cgexec -d /tmp/milarun-data -o "$res" >"$out/lite.log" 2>&1
   log "milarun jobs: exit $?"
-  python3 -m milarun summary "$res" -o "$res/summary.json" >>"$out/lite.log" 2>&1
-  python3 -m milarun report "$res" --weights weights/lite.json >"$res/report.txt" 2>>"$out/lite.log"
-  tar -czf "$out/lite.tar.gz" -C "$(dirname "$res")" "$(basename "$res")"
+  python3 -m milarun summary "$res" -o "$out/lite-summary.json" >>"$out/lite.log" 2>&1
+  python3 -m milarun report "$res" --weights weights/lite.json >"$out/lite-report.txt" 2>>"$out/lite.log"
+  [ -d "$res" ] && tar -czf "$out/lite.tar.gz" -C "$(dirname "$res")" "$(basename "$res")"
 fi
 log "done"
