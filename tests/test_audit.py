@@ -92,8 +92,9 @@ def vendor(tmp_path_factory):
     with pytest.raises(SystemExit) as exc:
         main(["seal", str(out)])
     assert exc.value.code in (0, None)
+    head = mf.head_of(mf.read_manifest(mf.manifest_path(out)))
     with pytest.raises(SystemExit) as exc:
-        main(["verify", str(out)])
+        main(["verify", str(out), "--expect-head", head])
     assert exc.value.code == 0
     return base, out
 
@@ -231,6 +232,60 @@ def test_check_catches_a_changed_record_and_a_moved_head(vendor, tmp_path, capsy
     mf.Manifest(copy, "20990101-000000-000001").event("end", status="done")
     verdict, _, _ = audit.check_audit(copy, rerun)
     assert [x.name for x in verdict.failed] == ["audit.bundle-head"]
+
+
+def _append_by_hand(outdir, kind, path):
+    """Append one manifest entry of ``kind`` for ``path`` to ``outdir``'s chain, in the last
+    entry's session, as a bidder's own tools would (hashlib and json, from the documented
+    canonical form: the entry without ``hash``, keys sorted, compact)."""
+    mpath = Path(outdir) / ".milarun" / "manifest.jsonl"
+    entries = [json.loads(line) for line in mpath.read_text().splitlines()]
+    data = (Path(outdir) / path).read_bytes()
+    last = entries[-1]
+    e = {"seq": len(entries), "session": last["session"], "kind": kind,
+         "time": last["time"] + 1, "path": path, "prev": last["hash"],
+         "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    e["hash"] = hashlib.sha256(json.dumps(e, sort_keys=True, separators=(",", ":"),
+                                          ensure_ascii=False).encode()).hexdigest()
+    with open(mpath, "a") as f:
+        f.write(json.dumps(e, sort_keys=True, separators=(",", ":")) + "\n")
+
+
+@pytest.mark.parametrize("kind", ["session", "weights"])
+def test_check_reads_the_identity_only_from_a_chain_verify_accepts(vendor, tmp_path, kind):
+    base, out = vendor
+    copy = tmp_path / "vendor"
+    shutil.copytree(out, copy)
+    # the bidder's session file rewritten with the delivered machine's identity, entered
+    # again after its session's end, before the folder is sent
+    spath = copy / ".milarun" / "session.json"
+    session = json.loads(spath.read_text())
+    for s in session["sessions"]:
+        s["identity"] = {node: IDENTITY for node in s["identity"]}
+    spath.write_text(json.dumps(session))
+    _append_by_hand(copy, kind, ".milarun/session.json")
+    profile = tmp_path / "audit.json"
+    if kind == "weights":   # not the session file's own entry: no audit is planned on it
+        assert plan(copy, profile, sample=1, seed=1) == 2
+        return
+    assert plan(copy, profile, sample=1, seed=1) == 0
+    # the rerun, on the delivered machine (IDENTITY): the vendor's own record as its record
+    rerun = tmp_path / "rerun"
+    c = json.loads(profile.read_text())["_audit"]["chosen"][0]
+    sid = "20990101-000000-000000"
+    (rerun / ".milarun" / f"profile-{sid}").mkdir(parents=True)
+    shutil.copy(profile, rerun / ".milarun" / f"profile-{sid}" / "0-audit.json")
+    (rerun / ".milarun" / "session.json").write_text(json.dumps(
+        {"format": "milarun-session", "version": 1, "invocation": {},
+         "sessions": [{"id": sid, "identity": session["sessions"][0]["identity"]}]}))
+    shutil.copy(copy / c["record"], rerun / c["record"])
+    verdict, rows, _ = audit.check_audit(copy, rerun)
+    failed = {x.name for x in verdict.failed}
+    assert {"audit.vendor-record", "audit.identity"} <= failed, [
+        (x.name, x.detail) for x in verdict.failed]
+    assert any("does not accept" in x.detail for x in verdict.failed
+               if x.name == "audit.vendor-record")
+    assert "GPU-aaaa" not in next(x.detail for x in verdict.failed if x.name == "audit.identity")
 
 
 @pytest.mark.parametrize("plan_entry, key", [

@@ -9,6 +9,7 @@ integrity; a vendor who also rewrites the chain, the seal and the signature
 the content: those tests name it.
 """
 
+import base64
 import copy
 import datetime
 import hashlib
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from conftest import ROOT
 from milarun.analysis.summary import summarize
@@ -882,3 +884,230 @@ def test_example_rules_file_is_valid():
     bad["max_failure_rate"] = 2
     with pytest.raises(RulesError, match="max_failure_rate: must be a fraction"):
         check(bad, "rules", path="tender-rules.json", error_cls=RulesError)
+
+
+# --- after the head: what a bidder's own tools can append (issue 33 §1, §2) --------------------
+#
+# These forgeries are made the way a dishonest bidder's tools would make them: from the
+# documented formats (the manifest's canonical entry, bundle.json, an Ed25519 signature in
+# base64), with hashlib, json and cryptography, not milarun's hashing or sealing helpers.
+
+def _forged_digest(path):
+    data = Path(path).read_bytes()
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def _forged_hash(entry):
+    body = {k: v for k, v in entry.items() if k != "hash"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"),
+                                     ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def _forged_entries(out):
+    return [json.loads(line) for line in
+            (Path(out) / ".milarun" / "manifest.jsonl").read_text().splitlines()]
+
+
+def _forged_chain(out, entries):
+    """Every entry's file digest taken from the disk, every hash recomputed, written."""
+    prev = "0" * 64
+    for i, e in enumerate(entries):
+        if e.get("path") and (Path(out) / e["path"]).is_file():
+            e["sha256"], e["bytes"] = _forged_digest(Path(out) / e["path"])
+        e["seq"], e["prev"] = i, prev
+        e["hash"] = prev = _forged_hash(e)
+    (Path(out) / ".milarun" / "manifest.jsonl").write_text(
+        "".join(json.dumps(e, sort_keys=True, separators=(",", ":")) + "\n" for e in entries))
+    return entries
+
+
+def _forged_append(out, entries, kind, path):
+    """``entries`` and one entry of ``kind`` naming ``path`` after them (the last
+    session's), chained."""
+    last = entries[-1]
+    e = {"seq": len(entries), "session": last["session"], "kind": kind,
+         "time": last["time"] + 1, "path": path, "prev": last["hash"]}
+    e["sha256"], e["bytes"] = _forged_digest(Path(out) / path)
+    e["hash"] = _forged_hash(e)
+    (Path(out) / ".milarun" / "manifest.jsonl").write_text(
+        "".join(json.dumps(x, sort_keys=True, separators=(",", ":")) + "\n"
+                for x in entries + [e]))
+    return entries + [e]
+
+
+def _forged_seal(out, private_pem, **changes):
+    """bundle.json made again for the chain as it is now (head, entry count, ``changes``),
+    signed with the bidder's own key."""
+    entries = _forged_entries(out)
+    data = json.loads((Path(out) / "bundle.json").read_text())
+    data.update(head=entries[-1]["hash"], entries=len(entries), **changes)
+    raw = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
+    (Path(out) / "bundle.json").write_bytes(raw)
+    key = load_pem_private_key(Path(private_pem).read_bytes(), password=None)
+    (Path(out) / "bundle.json.sig").write_text(base64.b64encode(key.sign(raw)).decode() + "\n")
+    return data
+
+
+def _run_head(out):
+    """The head the run printed: its last ``end`` entry's hash."""
+    return next(e for e in reversed(_forged_entries(out)) if e["kind"] == "end")["hash"]
+
+
+def _up_to_run_head(out):
+    """The chain up to the head the run printed (the seal's weights entry dropped)."""
+    entries = _forged_entries(out)
+    while entries[-1]["kind"] != "end":
+        entries.pop()
+    return entries
+
+
+#: Another machine's GPUs: eight of them on another host.
+OTHER_GPUS = [{"uuid": f"GPU-0000000{i}-feed-beef", "serial": f"99{i:011d}",
+               "pci_bus_id": f"0000:{i + 16:02x}:00.0", "name": "NVIDIA H200"} for i in range(8)]
+
+
+def _pinned(bundle, head, **kw):
+    return bundle.verify(expect_head=head, public_key=bundle.public, **kw)
+
+
+def test_a_fail_record_entered_after_the_head_as_the_weights_copy_is_caught(bundle):
+    head = _run_head(bundle.out)
+    fail = next(e for e in _forged_entries(bundle.out)
+                if e["kind"] == "record" and e["success"] is False)
+    good = read_json(next(bundle.out / e["path"] for e in _forged_entries(bundle.out)
+                          if e["kind"] == "record" and e["success"] is True))
+    bad = read_json(bundle.out / fail["path"])
+    forged = dict(good, **{k: bad[k] for k in ("name", "run", "device", "devices", "call")})
+    for s in forged["timings"]["train"]["samples"]:       # ten times faster
+        s["rate"] *= 10
+        s["end"] = s["start"] + (s["end"] - s["start"]) / 10
+    (bundle.out / fail["path"]).write_text(json.dumps(forged))
+    # the seal's one entry after the head, naming the record instead of the weights copy
+    entries = _forged_append(bundle.out, _up_to_run_head(bundle.out), "weights", fail["path"])
+    _forged_seal(bundle.out, bundle.private, weights_sha256=entries[-1]["sha256"],
+                 weights=fail["path"])
+    v = _pinned(bundle, head)
+    assert not {"integrity.chain", "integrity.file-changed", "integrity.signature"} & failed(v)
+    for name in ("integrity.after-head", "integrity.entry-kind", "integrity.expected-head",
+                 "integrity.bundle-head"):
+        assert_caught(v, name)
+    # the record is read and checked though its last entry is not a record's
+    assert "completeness.record-launch" in failed(v)
+    assert v.level == "NOT VERIFIED"
+
+
+def test_a_session_file_entered_after_the_head_with_other_gpus_is_caught(bundle):
+    head = _run_head(bundle.out)
+    spath = bundle.out / ".milarun" / "session.json"
+    session = json.loads(spath.read_text())
+    for s in session["sessions"]:
+        for ident in (s.get("identity") or {}).values():
+            ident["gpus"] = OTHER_GPUS
+    spath.write_text(json.dumps(session))
+    entries = _forged_append(bundle.out, _up_to_run_head(bundle.out), "weights",
+                             ".milarun/session.json")
+    identity = {n: i for s in session["sessions"] for n, i in (s.get("identity") or {}).items()}
+    _forged_seal(bundle.out, bundle.private, identity=identity,
+                 weights_sha256=entries[-1]["sha256"], weights=".milarun/session.json")
+    v = _pinned(bundle, head)
+    assert not {"integrity.chain", "integrity.file-changed", "integrity.signature",
+                "integrity.bundle-session"} & failed(v)
+    for name in ("integrity.after-head", "integrity.entry-kind", "integrity.expected-head"):
+        assert_caught(v, name)
+    # unpinned, the same chain is caught too: its shape is not what seal writes
+    assert_caught(bundle.verify(), "integrity.after-head")
+
+
+def test_a_session_entry_appended_after_its_end_is_caught_unpinned(bundle):
+    spath = bundle.out / ".milarun" / "session.json"
+    session = json.loads(spath.read_text())
+    session["sessions"][0]["identity"] = {"forged-host": {"hostname": "forged-host",
+                                                          "gpus": OTHER_GPUS}}
+    spath.write_text(json.dumps(session))
+    _forged_append(bundle.out, _up_to_run_head(bundle.out), "session", ".milarun/session.json")
+    _forged_seal(bundle.out, bundle.private, weights_sha256=None,
+                 identity=session["sessions"][0]["identity"])
+    v = bundle.verify()
+    assert_caught(v, "integrity.after-head")
+    assert "after the end of its session" in next(
+        c.detail for c in v.failed if c.name == "integrity.after-head")
+
+
+def test_a_bundle_file_with_another_machines_gpus_re_signed_is_caught(bundle):
+    head = _run_head(bundle.out)
+    data = json.loads((bundle.out / "bundle.json").read_text())
+    node = next(iter(data["identity"]))
+    other = dict(data["identity"][node], hostname="elsewhere", gpus=OTHER_GPUS)
+    _forged_seal(bundle.out, bundle.private, identity={"elsewhere": other})
+    v = _pinned(bundle, head)
+    assert not {"integrity.signature", "integrity.bundle-head",
+                "integrity.expected-head"} & failed(v)
+    assert_caught(v, "integrity.bundle-session")
+    details = " ".join(c.detail for c in v.failed)
+    assert "node elsewhere" in details and f"node {node}" in details
+    # one node's GPUs changed, the host kept: every node is compared
+    _forged_seal(bundle.out, bundle.private,
+                 identity={node: dict(data["identity"][node], gpus=OTHER_GPUS)})
+    assert_caught(_pinned(bundle, head), "integrity.bundle-session")
+    # the profile hash
+    _forged_seal(bundle.out, bundle.private, identity=data["identity"],
+                 profile_sha256="ab" * 32)
+    assert_caught(_pinned(bundle, head), "integrity.bundle-session")
+
+
+def test_a_chain_rewritten_end_to_end_is_consistent_not_pinned(bundle, capsys):
+    pinned_head = _run_head(bundle.out)
+    for e in _forged_entries(bundle.out):        # every PASS record twice as fast
+        if e["kind"] == "record" and e["success"]:
+            path = bundle.out / e["path"]
+            rec = json.loads(path.read_text())
+            train = rec["timings"]["train"]
+            for s in train["samples"]:
+                s["count"] *= 2
+                s["rate"] = s["count"] / (s["end"] - s["start"])
+            train["count"] *= 2
+            path.write_text(json.dumps(rec))
+    _forged_chain(bundle.out, _forged_entries(bundle.out))
+    _forged_seal(bundle.out, bundle.private)
+    v = bundle.verify()
+    assert v.ok and v.level == "CONSISTENT, NOT PINNED" and v.exit_code == 3, render_text(v)
+    assert render_text(v).rstrip().splitlines()[-1].startswith(
+        "CONSISTENT, NOT PINNED: all ")
+    assert "not pinned" in render_text(v).splitlines()[1]
+    assert v.to_json()["level"] == "CONSISTENT, NOT PINNED" and v.to_json()["pinned"] is False
+    html = render_html(v)
+    assert 'data-level="CONSISTENT, NOT PINNED"' in html and "class=\"bad\"" in html
+    # the head the bidder sent when the run ended: the rewrite is caught
+    assert_caught(_pinned(bundle, pinned_head), "integrity.expected-head")
+    # rules that require pinning make an unpinned verdict a failed clause
+    v = bundle.verify(rules=bundle.rules(require_pinned=True))
+    assert_caught(v, "integrity.expected-head")
+    assert "require a pinned" in next(c.detail for c in v.failed
+                                      if c.name == "integrity.expected-head")
+    with pytest.raises(SystemExit) as exit_:
+        main(["verify", str(bundle.out)])
+    assert exit_.value.code == 3
+    assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("CONSISTENT, NOT PINNED")
+
+
+def test_the_pinned_verdict_says_what_was_checked(bundle):
+    head = _run_head(bundle.out)
+    v = _pinned(bundle, head)
+    assert v.level == "VERIFIED" and v.exit_code == 0
+    assert render_text(v).rstrip().endswith("(chain head pinned; signature checked under "
+                                            "--public-key)")
+    v = bundle.verify(expect_head=head, public_key=None)
+    assert v.exit_code == 0 and render_text(v).rstrip().endswith(
+        "signature not checked: no --public-key)")
+    assert v.to_json()["signed"] is False and v.to_json()["pinned"] is True
+
+
+def test_a_weights_copy_that_is_not_a_weights_file_is_caught(bundle):
+    copy = bundle.out / ".milarun" / "weights.json"
+    copy.write_text('{"tiny.ok": "heavy"}\n')
+    entries = _forged_append(bundle.out, _up_to_run_head(bundle.out), "weights",
+                             ".milarun/weights.json")
+    _forged_seal(bundle.out, bundle.private, weights_sha256=entries[-1]["sha256"])
+    v = _pinned(bundle, _run_head(bundle.out))
+    assert not {"integrity.file-changed", "integrity.bundle-head"} & failed(v)
+    assert_caught(v, "integrity.after-head")

@@ -29,8 +29,10 @@ def command(opts, rest):
     completeness (every planned launch has exactly one outcome), compliance (overrides
     listed; judged against --rules), consistency (statistics recomputed from the raw
     samples, times, barrier, energy, host facts) and, with --rules, the performance
-    clauses. Prints the verdict clause by clause; exit status 0 when every clause held,
-    1 when one failed, 2 on bad input (docs/tender.md)."""
+    clauses. Prints the verdict clause by clause and its level; exit status 0 when
+    VERIFIED (every clause held, the head pinned with --expect-head), 1 when a clause
+    failed, 3 when every clause held but no head was pinned (CONSISTENT, NOT PINNED),
+    2 on bad input (docs/tender.md)."""
     return run_verify(opts.outdir, rules=opts.rules, expect_head=opts.expect_head,
                       public_key=opts.public_key, html=opts.html, json_out=opts.json)
 
@@ -38,7 +40,8 @@ def command(opts, rest):
 def run_verify(outdir, rules=None, expect_head=None, public_key=None, html=None,
                json_out=None, stdout=None):
     """Verify ``outdir``, print the text verdict on ``stdout``, write the HTML and JSON
-    files asked for; returns the exit status (0 verified, 1 a clause failed).
+    files asked for; returns the exit status (0 VERIFIED, 1 a clause failed, 3 every
+    clause held but the head was not pinned: :attr:`Verdict.exit_code`).
 
     Raises:
         MilarunError: bad input (rules file, key, --expect-head, folder), or an output

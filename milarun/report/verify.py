@@ -9,7 +9,7 @@ vendor's files).
 """
 
 from ..formats.terminal import terminal_safe
-from ..verify.verdict import SECTIONS
+from ..verify.verdict import LEVEL_FAILED, LEVEL_NOT_PINNED, LEVEL_VERIFIED, SECTIONS
 
 
 def grouped(verdict):
@@ -24,12 +24,23 @@ def grouped(verdict):
 
 
 def summary_line(verdict):
-    """``VERIFIED (n clauses held)`` or ``NOT VERIFIED: k of n clauses failed (names)``."""
+    """The verdict's level (:attr:`milarun.verify.verdict.Verdict.level`) in one line:
+    ``VERIFIED: all n clauses held (…)``, ``CONSISTENT, NOT PINNED: all n clauses held,
+    but …`` or ``NOT VERIFIED: k of n clauses failed (names)``."""
     failed = verdict.failed
+    n = len(verdict.clauses)
+    if verdict.level == LEVEL_NOT_PINNED:
+        return (f"{LEVEL_NOT_PINNED}: all {n} clauses held, but no --expect-head: nothing "
+                "ties this chain to what ran (a chain rewritten end to end and sealed again "
+                "reads the same)")
     if verdict.ok:
-        return f"VERIFIED: all {len(verdict.clauses)} clauses held"
+        if verdict.pinned is None:
+            return f"{LEVEL_VERIFIED}: all {n} clauses held"
+        return (f"{LEVEL_VERIFIED}: all {n} clauses held (chain head pinned; "
+                + ("signature checked under --public-key)" if verdict.signed
+                   else "signature not checked: no --public-key)"))
     names = sorted({c.name for c in failed})
-    return (f"NOT VERIFIED: {len(failed)} of {len(verdict.clauses)} clauses failed ("
+    return (f"{LEVEL_FAILED}: {len(failed)} of {n} clauses failed ("
             + ", ".join(names[:12]) + (" ..." if len(names) > 12 else "") + ")")
 
 
@@ -37,7 +48,9 @@ def text_lines(verdict):
     """The verdict as lines of text (terminal-safe: a vendor's strings cannot move the
     cursor or colour the terminal)."""
     lines = [f"bundle: {verdict.bundle}",
-             f"chain head: {verdict.head or '-'}",
+             f"chain head: {verdict.head or '-'}" + (
+                 "" if verdict.pinned is None else
+                 " (pinned: --expect-head)" if verdict.pinned else " (not pinned)"),
              f"sessions: {verdict.sessions}"]
     if verdict.overrides:
         lines.append(f"overrides ({len(verdict.overrides)}):")

@@ -61,6 +61,7 @@ from ..formats.store import iter_results, load_result, write_json_atomic
 from ..launcher.session import meta_dir, read_session
 from ..measure import confidence, stats
 from ..profile.language import load_profile
+from .check import after_head_problems, entry_kind_problems
 from .verdict import Verdict
 
 #: ``format`` and ``version`` of the audit plan.
@@ -602,6 +603,17 @@ def check_audit(outdir, auditdir):
         vendor_session = {}
         verdict.add("audit", "audit.vendor-record", False,
                     f"the bundle's session file is {problem}", [".milarun/session.json"])
+    # the identity is read only from a chain whose shape milarun verify accepts: an entry
+    # appended after a session's end, or a file entered again under another kind, could
+    # stand for a session or plan file rewritten with other hardware
+    unaccepted = after_head_problems(entries) + entry_kind_problems(entries)
+    if unaccepted:
+        vendor_session = {}
+        verdict.add("audit", "audit.vendor-record", False,
+                    f"the bundle's chain has entries milarun verify does not accept "
+                    f"(integrity.after-head, integrity.entry-kind): {unaccepted[0]}"
+                    + (f" (and {len(unaccepted) - 1} more)" if len(unaccepted) > 1 else "")
+                    + "; its hardware identity is not read", [".milarun/manifest.jsonl"])
     tolerance = plan["tolerance"]
     reruns = _rerun_records(auditdir)
     rows, identities = [], {}
@@ -620,6 +632,7 @@ def check_audit(outdir, auditdir):
             if pair not in identities:
                 rerun_sid = _session_of(audit_session, rerun_path)
                 ok, detail = compare_identity(
+                    None if unaccepted else
                     recorded_identity(outdir, vendor_session, c["session"], c.get("node"),
                                       entries),
                     recorded_identity(auditdir, audit_session, rerun_sid, node))

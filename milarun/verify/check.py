@@ -68,6 +68,7 @@ from ..launcher.session import SESSION_ID_FORMAT, digest_of_contents, read_sessi
 from ..measure.confidence import LEVEL, mean_interval
 from ..profile.language import load_profile
 from .keys import check_signature, load_public
+from .seal import WEIGHTS_COPY, SealError, merged_identity, read_weights
 from .verdict import Verdict
 
 #: Most failed clauses of one name listed one by one (the rest in one more clause).
@@ -201,7 +202,8 @@ def verify_bundle(outdir, rules=None, expect_head=None, public_key=None):
     outdir = Path(outdir)
     if not outdir.is_dir():
         raise MilarunError("not a results folder", path=outdir)
-    v = Verdict(bundle=str(outdir))
+    v = Verdict(bundle=str(outdir), pinned=expect_head is not None,
+                signed=public_key is not None)
     b = Bundle(outdir)
     steps = [("integrity", lambda: check_integrity(b, v, expect_head=expect_head,
                                                    public_key=public_key, rules=rules)),
@@ -287,8 +289,11 @@ def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
     _report(v, "integrity", "integrity.unchained-file", outside,
             "no result-like file outside the chain")
 
-    for path, e in b.last.items():
-        if e["kind"] == "record" and path not in absent:
+    # every path a record entry names is read as a record, whatever entry came last: an
+    # entry of another kind appended for it must not take it out of the checks
+    record_paths = dict.fromkeys(e["path"] for e in b.entries if e["kind"] == "record")
+    for path in record_paths:
+        if path not in absent:
             try:    # read once: iter_results loaded the records it found
                 rec = found.get(path)
                 if rec is None:
@@ -299,7 +304,107 @@ def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
             except MilarunError as exc:
                 v.add("integrity", "integrity.record", False, f"unreadable record: {exc}", [path])
 
+    _shape_clauses(b, v)
     _bundle_clauses(b, v, expect_head, public_key, rules)
+
+
+def after_head_problems(entries):
+    """What follows a session's end in manifest ``entries`` besides the seal's one entry:
+    ``[line]``, empty when the chain has the shape ``milarun jobs`` and ``milarun seal``
+    write (:mod:`milarun.launcher.chain`: a session's ``end`` is its last entry;
+    :mod:`milarun.verify.seal`: at most one ``weights`` entry, at :data:`WEIGHTS_COPY`;
+    a ``--resume`` after sealing puts it before the new session's entries). An entry
+    appended after a head names a file whose content the checks would otherwise take
+    from that entry."""
+    problems, ended, copies = [], {}, 0
+    for e in entries:
+        what = f"manifest entry {e['seq']} ({e['kind']}" + (
+            f" {e['path']})" if e.get("path") else ")")
+        if e["kind"] == "weights":
+            copies += 1
+            if e["path"] != WEIGHTS_COPY:
+                problems.append(f"{what}: the seal enters only its weights copy, {WEIGHTS_COPY}")
+            elif copies > 1:
+                problems.append(f"{what}: a second weights entry; the seal enters one")
+            continue
+        if e["session"] in ended:
+            problems.append(f"{what}: after the end of its session {e['session']} (entry "
+                            f"{ended[e['session']]}); only the seal's weights copy may follow")
+        if e["kind"] == "end":
+            ended.setdefault(e["session"], e["seq"])
+    return problems
+
+
+def entry_kind_problems(entries):
+    """``[line]`` for each file entered under more than one kind (a record entered again
+    as the weights copy, the session file as a log): each file has one kind."""
+    kinds = defaultdict(dict)
+    for e in entries:
+        if e["kind"] not in EVENTS:
+            kinds[e["path"]].setdefault(e["kind"], e["seq"])
+    return [f"{path}: entered as " + ", ".join(f"{k} (entry {seq})" for k, seq in got.items())
+            for path, got in kinds.items() if len(got) > 1]
+
+
+def _shape_clauses(b, v):
+    """``integrity.after-head`` (:func:`after_head_problems`, and the weights copy a weights
+    file) and ``integrity.entry-kind`` (:func:`entry_kind_problems`)."""
+    problems = [(line, []) for line in after_head_problems(b.entries)]
+    copy = b.last.get(WEIGHTS_COPY)
+    if copy is not None and copy["kind"] == "weights" and (b.outdir / WEIGHTS_COPY).is_file():
+        try:
+            read_weights(b.outdir / WEIGHTS_COPY)
+        except SealError as exc:
+            problems.append((f"the seal's weights copy is not a weights file: {exc}",
+                             [WEIGHTS_COPY]))
+    _report(v, "integrity", "integrity.after-head", problems,
+            "no entry follows a session's end but the seal's weights copy "
+            f"({WEIGHTS_COPY}, a weights file)")
+    _report(v, "integrity", "integrity.entry-kind",
+            [(line, [line.partition(":")[0]]) for line in entry_kind_problems(b.entries)],
+            "each file is entered under one kind")
+
+
+def _show_identity(ident):
+    """A node's identity in one short line: host name and GPU UUIDs or serials."""
+    if not isinstance(ident, dict):
+        return "none"
+    gpus = [str(g.get("uuid") or g.get("serial")) for g in _list(ident.get("gpus"))
+            if isinstance(g, dict)]
+    text = f"host {ident.get('hostname')!r}, {len(gpus)} GPU(s)"
+    return text + (f" {', '.join(gpus)}" if gpus else "")
+
+
+def _bundle_session_clause(b, v):
+    """``integrity.bundle-session``: ``bundle.json``'s hardware identity (every node) and
+    profile SHA-256 are those of the session file (merged over its sessions as
+    :func:`milarun.verify.seal.merged_identity` does), which the chain holds."""
+    try:
+        saved = read_session(b.outdir)
+    except MilarunError as exc:
+        saved, why = None, str(exc)
+    else:
+        why = "no session file (.milarun/session.json)"
+    if saved is None:
+        v.add("integrity", "integrity.bundle-session", False,
+              f"bundle.json cannot be compared with the session file: {why}",
+              ["bundle.json", ".milarun/session.json"])
+        return
+    wrong = []
+    sealed = b.bundle["identity"]
+    recorded, _ = merged_identity(saved)
+    for node in sorted(set(sealed) | set(recorded)):
+        if sealed.get(node) != recorded.get(node):
+            wrong.append(f"node {node}: bundle.json has {_show_identity(sealed.get(node))}, "
+                         f"the session file {_show_identity(recorded.get(node))}")
+    want = (saved.get("invocation") or {}).get("profile_sha256")
+    if b.bundle["profile_sha256"] != want:
+        wrong.append(f"profile_sha256 {b.bundle['profile_sha256']} is not the session "
+                     f"file's {want}")
+    _report(v, "integrity", "integrity.bundle-session",
+            [(line, ["bundle.json", ".milarun/session.json"]) for line in wrong],
+            f"bundle.json's hardware identity ({len(sealed)} node(s)) and profile SHA-256 "
+            "are the session file's")
 
 
 #: ``format`` of the JSON files a results folder may hold besides records (a summary
@@ -341,6 +446,9 @@ def _bundle_clauses(b, v, expect_head, public_key, rules):
             if b.bundle["weights_sha256"] != sealed:
                 wrong.append(f"weights_sha256 {b.bundle['weights_sha256']} is not the chained "
                              f"weights copy's {sealed}")
+            if b.bundle.get("weights", WEIGHTS_COPY) != WEIGHTS_COPY:
+                wrong.append(f"weights {b.bundle['weights']!r} is not the seal's copy "
+                             f"{WEIGHTS_COPY}")
             if list(b.bundle["sessions"]) != b.session_ids:
                 wrong.append(f"sessions {b.bundle['sessions']} are not the manifest's "
                              f"{b.session_ids}")
@@ -348,18 +456,26 @@ def _bundle_clauses(b, v, expect_head, public_key, rules):
                   "; ".join(wrong) if wrong else
                   f"bundle.json seals the chain's head and its {len(b.entries)} entries",
                   ["bundle.json"])
+            _bundle_session_clause(b, v)
     if expect_head is not None:
         want = str(expect_head).strip().lower()
         # the head printed at the end of the run; `milarun seal --weights` may add only
-        # its weights entry after it
+        # its weights entry, at its one path, after it
         at = next((i for i, e in enumerate(b.entries or []) if e["hash"] == want), None)
         after = b.entries[at + 1:] if at is not None else []
-        ok = at is not None and (not after or (len(after) == 1 and after[0]["kind"] == "weights"))
+        ok = at is not None and (not after or (
+            len(after) == 1 and after[0]["kind"] == "weights"
+            and after[0]["path"] == WEIGHTS_COPY))
         v.add("integrity", "integrity.expected-head", ok,
               f"the chain head is {v.head}" + (
                   "" if v.head == want else
                   f", the expected {want} followed by the seal's weights entry" if ok else
-                  f", not the expected {want} (nor it followed by the seal's weights only)"))
+                  f", not the expected {want} (nor it followed by the seal's weights copy "
+                  f"{WEIGHTS_COPY} only)"))
+    elif rules and rules.get("require_pinned"):
+        v.add("integrity", "integrity.expected-head", False,
+              "the rules require a pinned chain head: give --expect-head, the head the "
+              "vendor sent when the run ended")
     need = bool(rules and rules.get("require_signature"))
     if public_key is None:
         if need:
@@ -1146,6 +1262,6 @@ def _power_clause(tests, v, limit):
               f"no GPU power readings: the power envelope ({limit:g} W) cannot be checked")
 
 
-__all__ = ["Bundle", "OVERRIDES", "check_compliance", "check_completeness",
-           "check_consistency", "check_integrity", "check_performance", "find_overrides",
-           "verify_bundle"]
+__all__ = ["Bundle", "OVERRIDES", "after_head_problems", "check_compliance",
+           "check_completeness", "check_consistency", "check_integrity", "check_performance",
+           "entry_kind_problems", "find_overrides", "verify_bundle"]

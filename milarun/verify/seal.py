@@ -16,7 +16,8 @@ sessions wrote; sealing adds, in this order:
 It refuses (one line, exit 2; nothing written): a folder without a manifest, a broken
 chain (:func:`milarun.formats.manifest.check_chain`), a session still writing into
 the folder (its lock held: :class:`milarun.launcher.session.OutdirLock`), a session
-file that is not the one its last manifest entry hashed, or a folder already sealed
+file that is not the one its last manifest entry hashed, a chain whose ``weights``
+entries are not one entry at :data:`WEIGHTS_COPY`, or a folder already sealed
 (``bundle.json`` or its signature exists: never overwritten; remove them to seal
 again). The lock is held while sealing, so no session starts meanwhile.
 """
@@ -168,6 +169,10 @@ def _seal(outdir, mpath, sign, weights, say, warn):
     count = len(entries)
     copy_path = outdir / WEIGHTS_COPY
     entered = [e for e in entries if e["kind"] == "weights"]
+    if any(e["path"] != WEIGHTS_COPY for e in entered) or len(entered) > 1:
+        # verify accepts one weights entry, at its path (integrity.after-head)
+        _refuse(f"the chain holds a weights entry that is not the seal's one copy "
+                f"({WEIGHTS_COPY}); it cannot be sealed", mpath)
     if weights is not None:
         want = hashlib.sha256(weights).hexdigest()
         if entered and entered[-1]["sha256"] != want:

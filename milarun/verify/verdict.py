@@ -9,9 +9,17 @@ from dataclasses import dataclass, field
 #: The sections of a verdict, in the order they are shown.
 SECTIONS = ("integrity", "completeness", "compliance", "consistency", "performance", "audit")
 
-#: Exit status of ``milarun verify``: every clause held / a clause failed
-#: (bad input is a ``MilarunError``: 2).
-VERIFIED, FAILED = 0, 1
+#: Exit status of ``milarun verify``: every clause held with the chain head pinned / a
+#: clause failed / every clause held but no head was pinned (bad input is a
+#: ``MilarunError``: 2). Only ``VERIFIED`` is 0, so that a script's ``verify && accept``
+#: never accepts a bundle nothing tied to what ran.
+VERIFIED, FAILED, NOT_PINNED = 0, 1, 3
+
+#: The verdict's level (``Verdict.level``): what it proves (docs/tender.md, "What a
+#: verdict proves").
+LEVEL_VERIFIED = "VERIFIED"
+LEVEL_NOT_PINNED = "CONSISTENT, NOT PINNED"
+LEVEL_FAILED = "NOT VERIFIED"
 
 
 @dataclass
@@ -50,6 +58,10 @@ class Verdict:
             when the rules allow them.
         sessions: how many sessions wrote the folder (a resumed run is several).
         head: the manifest's chain head (hex), or None without a manifest.
+        pinned: True when the chain was checked against the head the buyer received
+            (``--expect-head``), False when not, None where pinning does not apply (an
+            audit's verdict).
+        signed: True when ``bundle.json.sig`` was checked under the buyer's public key.
     """
 
     bundle: str
@@ -57,6 +69,8 @@ class Verdict:
     overrides: list = field(default_factory=list)
     sessions: int = 0
     head: str = None
+    pinned: bool = None
+    signed: bool = False
 
     def add(self, section, name, ok, detail, paths=()):
         """Append a clause; returns it."""
@@ -77,10 +91,22 @@ class Verdict:
         return bool(self.clauses) and not self.failed
 
     @property
+    def level(self):
+        """:data:`LEVEL_FAILED` when a clause failed; :data:`LEVEL_NOT_PINNED` when every
+        clause held but the head was not pinned (a chain rewritten end to end and sealed
+        again reads the same); else :data:`LEVEL_VERIFIED`."""
+        if not self.ok:
+            return LEVEL_FAILED
+        return LEVEL_NOT_PINNED if self.pinned is False else LEVEL_VERIFIED
+
+    @property
     def exit_code(self):
-        return VERIFIED if self.ok else FAILED
+        """:data:`VERIFIED` (0), :data:`FAILED` (1) or :data:`NOT_PINNED` (3), by
+        :attr:`level`."""
+        return {LEVEL_VERIFIED: VERIFIED, LEVEL_NOT_PINNED: NOT_PINNED}.get(self.level, FAILED)
 
     def to_json(self):
-        return {"bundle": self.bundle, "ok": self.ok, "sessions": self.sessions,
+        return {"bundle": self.bundle, "level": self.level, "ok": self.ok,
+                "pinned": self.pinned, "signed": self.signed, "sessions": self.sessions,
                 "head": self.head, "overrides": list(self.overrides),
                 "clauses": [c.to_json() for c in self.clauses]}
