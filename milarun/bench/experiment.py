@@ -17,6 +17,7 @@ from ..formats.journal import Journal
 from ..formats.jsonfile import check
 from ..formats.record import new_result
 from ..formats.store import journal_path, result_filename, write_result
+from ..formats.terminal import one_line, terminal_safe
 from ..host import accel, facts as hostfacts, isolation
 from ..measure import plausibility
 from .distributed import World
@@ -348,13 +349,19 @@ class Experiment:
         self.result["call"]["arguments"] = self.arguments
         return thunk(opts=opts, args=(self, fn))
 
-    def execute(self, function, fn, argv):
+    def execute(self, function, fn, argv, verbose=False):
         """Run ``fn(self, argv)`` and write the result.
+
+        A failure is recorded with its traceback. On the console, a
+        :class:`~milarun.errors.MilarunError` (a bad dataset, a bad option: what
+        the user can fix) is one line ``milarun: error: …``, as in the CLI; any
+        other failure, or any with ``verbose``, prints the traceback.
 
         Args:
             function: ``"module:function"`` recorded for reruns.
             fn: the model's ``main(experiment, argv)``.
             argv: list of test arguments.
+            verbose: print the traceback of a MilarunError too.
 
         Returns:
             0 on success, 1 when the test raised (the result says why).
@@ -374,6 +381,7 @@ class Experiment:
         res["timings"]["program"] = {"start": start, "origin": max(0.0, origin)}
         res["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
         self._open_journal(start)
+        one_line_error = False
         try:
             fn(self, list(argv))
             res["success"] = True
@@ -390,6 +398,7 @@ class Experiment:
             res["error"] = {"reason": getattr(exc, "fail_reason", None) or "error",
                             "type": exc.__class__.__name__,
                             "message": str(exc), "traceback": traceback.format_exc()}
+            one_line_error = isinstance(exc, MilarunError) and not verbose
             if isinstance(exc, KeyboardInterrupt):
                 res["error"]["reason"] = "interrupted"
             elif exc.__class__.__name__ == "OutOfMemoryError":   # torch's, on any device
@@ -412,7 +421,12 @@ class Experiment:
         res["metrics"].update(self.metrics)
         if self.device is not None:
             res["peak_memory_mib"] = peak_memory_mib(self.device)
-        if res["error"] and res["error"].get("traceback"):
+        if one_line_error:
+            # the record keeps the traceback; the message names the file or option
+            print(f"milarun: {res['error']['reason']}: "
+                  f"{terminal_safe(one_line(res['error']['message']))}",
+                  file=sys.stderr)
+        elif res["error"] and res["error"].get("traceback"):
             print(res["error"]["traceback"], file=sys.stderr)
         # nan-loss, no-steady-state: a FAIL record. Only the record's writer checks: the
         # other ranks of a torchrun job time no windows (RateLogger.follow), and their

@@ -41,7 +41,8 @@ OPTIONS = tuple(positional(name, help) if aliases is None else
 def command(opts, rest):
     """Run one experiment in this process and write its result."""
     return run_experiment(opts.function, rest, out=opts.out, dataroot=opts.dataroot,
-                          name=opts.experiment_name, job_id=opts.job_id, extra=opts.extra)
+                          name=opts.experiment_name, job_id=opts.job_id, extra=opts.extra,
+                          verbose=getattr(opts, "verbose", False))
 
 
 def check_out(out):
@@ -68,8 +69,9 @@ def check_out(out):
 
 
 def run_experiment(function, argv, out=None, dataroot=None, name=None,
-                   job_id="0.0", extra=None):
-    """Resolve ``function``, build an Experiment and run it; returns the exit code."""
+                   job_id="0.0", extra=None, verbose=False):
+    """Resolve ``function``, build an Experiment and run it; returns the exit code.
+    With ``verbose``, a failure that is a MilarunError prints its traceback too."""
     # lazy, for start-up: `milarun --help` imports every cli module (bench: the child side)
     from ..bench.experiment import Experiment
     from ..formats.record import validate
@@ -89,4 +91,4 @@ def run_experiment(function, argv, out=None, dataroot=None, name=None,
         validate(exp.result)  # a bad --experiment-name or --job-id fails now, not after training
     except ResultFormatError as exc:
         raise MilarunError(f"--experiment-name/--job-id/--extra: {exc}")
-    return exp.execute(function, fn, argv)
+    return exp.execute(function, fn, argv, verbose=verbose)

@@ -65,6 +65,21 @@ STANDARD_MB = {"fake_imagenet": 550, "coco": 330, "movielens": 100, "wmt16": 58,
                "wikitext2": 11, "bsds500": 20, "llm_corpus": 18, "captions": 2}
 
 
+class DatasetError(MilarunError, ValueError):
+    """A dataset on disk that cannot be used (malformed, truncated, inconsistent, or
+    naming files outside its folder): one line, starting with the file's path.
+
+    A :class:`~milarun.errors.MilarunError`, so the child records it as a FAIL and
+    prints one line, no traceback (``milarun run --verbose`` shows it); a
+    ``ValueError`` for the readers that document one.
+    """
+
+
+class DatasetMissing(MilarunError, FileNotFoundError):
+    """A dataset that was never built (or no dataroot): one line with the command
+    that builds it; a ``FileNotFoundError`` as :func:`require` documents."""
+
+
 def dataset_dir(dataroot, name):
     """Folder that holds dataset ``name`` under ``dataroot``."""
     return Path(dataroot) / name
@@ -74,13 +89,13 @@ def require(dataroot, name):
     """Folder of dataset ``name`` for a model to read; raises when it was never built.
 
     Raises:
-        FileNotFoundError: with the command that builds it.
+        DatasetMissing: (a ``FileNotFoundError``) with the command that builds it.
     """
     if dataroot is None:
-        raise FileNotFoundError("no dataroot: pass -d DATAROOT or set $MILARUN_DATAROOT")
+        raise DatasetMissing("no dataroot: pass -d DATAROOT or set $MILARUN_DATAROOT")
     folder = dataset_dir(dataroot, name)
     if not (folder / STAMP).exists():
-        raise FileNotFoundError(f"dataset {name} is missing or incomplete in {folder}; "
+        raise DatasetMissing(f"dataset {name} is missing or incomplete in {folder}; "
                                 f"run: milarun dataset {name} -d {dataroot}")
     return folder
 

@@ -41,17 +41,22 @@ length per prompt: log-normal, median ``max_prompt_tokens / 4``, clipped to
 Inference's Llama 2 70B set has a median input of ~1k tokens of up to 3k).
 
 The reader (:class:`TokenShards`) checks every file against ``meta.json``
-and raises ``ValueError`` naming the file that does not match. Nothing here
+and raises :class:`~milarun.datasets.DatasetError` (a ``ValueError``) naming the
+file that does not match; a ``.npy`` header is checked against the file's size
+before anything is allocated. Nothing here
 imports torch.
 """
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import MilarunError
 from ..formats.jsonfile import read_json
+from . import DatasetError
 from .wikitext2 import vocabulary
 
 VERSION = 1
@@ -171,7 +176,71 @@ def build(root, params, seed):
 
 def _need(cond, path, why):
     if not cond:
-        raise ValueError(f"{path}: {why}")
+        raise DatasetError(f"{path}: {why}")
+
+
+def _member(folder, name, where, missing="missing; rebuild: milarun dataset llm_corpus"):
+    """The file ``folder / name`` that ``meta.json`` names at ``where``: a regular file
+    inside ``folder``.
+
+    Raises:
+        DatasetError: ``name`` is not a usable relative path (not a string, a NUL,
+            too long), the file is outside ``folder``, missing or not a regular file.
+    """
+    meta = folder / "meta.json"
+    _need(isinstance(name, str) and name and "\0" not in name, meta,
+          f"{where} must be a file name inside the dataset folder")
+    path = folder / name
+    try:
+        inside = path.resolve().is_relative_to(folder.resolve())
+        regular = inside and path.is_file()
+    except (OSError, RuntimeError) as exc:    # too long a name, a symlink loop
+        why = getattr(exc, "strerror", None) or _first_line(exc)
+        raise DatasetError(f"{path}: {why}") from None
+    _need(inside, path, "outside the dataset folder")
+    _need(regular, path, missing)
+    return path
+
+
+def _first_line(exc):
+    """The first line of ``exc``'s message (numpy's may run over several)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else exc.__class__.__name__
+
+
+def _load_vector(path, what):
+    """The 1-D integer array in ``.npy`` file ``path``, its header checked against the
+    file's size before anything is allocated (a hostile header declaring 10**12
+    items is refused, not allocated).
+
+    Raises:
+        DatasetError: not a ``.npy`` file, a header too large, not a 1-D integer
+            array, or a size that does not match the header (truncated).
+    """
+    fmt = np.lib.format
+    try:
+        # non-blocking: a FIFO swapped in after the check cannot hang the open
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            _need(stat.S_ISREG(os.fstat(f.fileno()).st_mode), path, "not a regular file")
+            version = fmt.read_magic(f)
+            if version == (1, 0):
+                shape, _, dtype = fmt.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, _, dtype = fmt.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"unsupported .npy version {version}")
+            _need(len(shape) == 1 and dtype.kind in "iu" and not dtype.hasobject, path,
+                  f"{what} must be a 1-D integer array, not {dtype} of shape {shape}")
+            left = os.fstat(f.fileno()).st_size - f.tell()
+            _need(shape[0] * dtype.itemsize == left, path,
+                  f"{left} bytes of data, but its header says {shape[0]} {dtype} items "
+                  "(truncated or padded)")
+            return np.fromfile(f, dtype=dtype, count=shape[0])
+    except DatasetError:
+        raise
+    except (OSError, ValueError, EOFError, SyntaxError) as exc:
+        # numpy's header parser raises all of these for a malformed or oversized header
+        raise DatasetError(f"{path}: not a .npy {what} file ({_first_line(exc)})") from None
 
 
 class TokenShards:
@@ -184,9 +253,9 @@ class TokenShards:
         tokens: training tokens in all shards.
 
     Raises:
-        ValueError: a missing or malformed ``meta.json``, tokenizer, shard or
-            index, or a shard whose size or index does not match ``meta.json``;
-            the message starts with the file's path.
+        DatasetError: (a ``ValueError``) a missing or malformed ``meta.json``,
+            tokenizer, shard or index, or a shard whose size or index does not
+            match ``meta.json``; the message starts with the file's path.
     """
 
     def __init__(self, folder):
@@ -195,7 +264,7 @@ class TokenShards:
         try:
             meta = read_json(path, max_bytes=MAX_META_BYTES)
         except MilarunError as exc:
-            raise ValueError(str(exc)) from exc
+            raise DatasetError(str(exc)) from exc
         _need(isinstance(meta, dict) and meta.get("format") == _FORMAT, path,
               f"not a {_FORMAT} file (key 'format')")
         _need(meta.get("dtype") in ("uint16", "uint32"), path, "key 'dtype' must be uint16 or uint32")
@@ -211,36 +280,36 @@ class TokenShards:
         self.dtype = np.dtype(meta["dtype"])
         _need(self.vocab_size <= np.iinfo(self.dtype).max + 1, path,
               f"key 'vocab_size' {self.vocab_size} does not fit {meta['dtype']} ids")
-        tok = folder / meta.get("tokenizer", "tokenizer.json")
-        _need(tok.is_file(), tok, "the tokenizer is missing; rebuild: milarun dataset llm_corpus")
+        _need(self.eos_id < self.vocab_size, path,
+              f"key 'eos_id' {self.eos_id} is not below 'vocab_size' {self.vocab_size}")
+        _member(folder, meta.get("tokenizer", "tokenizer.json"), "key 'tokenizer'",
+                missing="the tokenizer is missing; rebuild: milarun dataset llm_corpus")
         self.shards = []
         for i, s in enumerate(meta["shards"]):
             _need(isinstance(s, dict) and isinstance(s.get("bin"), str)
-                  and isinstance(s.get("idx"), str) and type(s.get("tokens")) is int,
-                  path, f"key 'shards'[{i}] needs 'bin', 'idx' and 'tokens'")
-            self.shards.append(self._shard(folder, s))
+                  and isinstance(s.get("idx"), str) and type(s.get("tokens")) is int
+                  and s["tokens"] >= 0,
+                  path, f"key 'shards'[{i}] needs 'bin', 'idx' and 'tokens' (>= 0)")
+            self.shards.append(self._shard(folder, i, s))
         self.tokens = sum(len(s) for s in self.shards)
         _need(self.tokens == meta["tokens"], path, "key 'tokens' is not the shards' sum")
 
-    def _shard(self, folder, s):
-        bin_path, idx_path = folder / s["bin"], folder / s["idx"]
-        for p in (bin_path, idx_path):
-            _need(p.resolve().is_relative_to(folder.resolve()), p, "outside the dataset folder")
-            _need(p.is_file(), p, "missing; rebuild: milarun dataset llm_corpus")
+    def _shard(self, folder, i, s):
+        bin_path = _member(folder, s["bin"], f"key 'shards'[{i}].bin")
+        idx_path = _member(folder, s["idx"], f"key 'shards'[{i}].idx")
         size = bin_path.stat().st_size
         _need(size == s["tokens"] * self.dtype.itemsize, bin_path,
               f"{size} bytes, but meta.json says {s['tokens']} {self.dtype} tokens")
-        try:
-            offsets = np.load(idx_path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"{idx_path}: not a numpy index ({exc})") from exc
-        _need(offsets.ndim == 1 and offsets.dtype.kind in "iu" and len(offsets) >= 2
-              and offsets[0] == 0 and offsets[-1] == s["tokens"]
+        offsets = _load_vector(idx_path, "index")
+        _need(len(offsets) >= 2 and offsets[0] == 0 and offsets[-1] == s["tokens"]
               and bool(np.all(np.diff(offsets) > 0)), idx_path,
               f"the document offsets do not match the shard's {s['tokens']} tokens")
         if s["tokens"] == 0:
             return np.zeros(0, dtype=self.dtype)
-        data = np.memmap(bin_path, dtype=self.dtype, mode="r")
+        try:
+            data = np.memmap(bin_path, dtype=self.dtype, mode="r")
+        except (OSError, ValueError) as exc:
+            raise DatasetError(f"{bin_path}: cannot be read ({_first_line(exc)})") from None
         # an id past the vocabulary would index outside the embedding on the device
         _need(int(data.max()) < self.vocab_size, bin_path,
               f"holds token ids >= the vocabulary size {self.vocab_size}")
@@ -252,13 +321,13 @@ class TokenShards:
         across documents, never across shards.
 
         Raises:
-            ValueError: no shard holds one window.
+            DatasetError: no shard holds one window.
         """
         out = [(i, start) for i, s in enumerate(self.shards)
                for start in range(0, len(s) - seq_len, seq_len)]
         if not out:
-            raise ValueError(f"{self.folder}: no shard holds one sequence of {seq_len + 1} "
-                             f"tokens; lower --seq-len or build a larger llm_corpus")
+            raise DatasetError(f"{self.folder}: no shard holds one sequence of {seq_len + 1} "
+                               f"tokens; lower --seq-len or build a larger llm_corpus")
         return out
 
     def window(self, shard, start, seq_len):
@@ -270,24 +339,25 @@ class TokenShards:
         mixed prompt length of each (int64, tokens).
 
         Raises:
-            ValueError: a prompts file missing or not of the size ``meta.json`` gives.
+            DatasetError: a prompts file missing, malformed or not of the size
+                ``meta.json`` gives.
         """
         p = self.meta.get("prompts")
         path = self.folder / "meta.json"
         _need(isinstance(p, dict) and type(p.get("count")) is int
-              and type(p.get("max_tokens")) is int, path, "key 'prompts' is malformed")
-        bin_path = self.folder / p["bin"]
-        len_path = self.folder / p["lengths"]
-        for q in (bin_path, len_path):
-            _need(q.resolve().is_relative_to(self.folder.resolve()), q,
-                  "outside the dataset folder")
-            _need(q.is_file(), q, "missing; rebuild: milarun dataset llm_corpus")
+              and type(p.get("max_tokens")) is int and p["count"] >= 1
+              and p["max_tokens"] >= 1, path, "key 'prompts' is malformed")
+        bin_path = _member(self.folder, p.get("bin"), "key 'prompts'.bin")
+        len_path = _member(self.folder, p.get("lengths"), "key 'prompts'.lengths")
         want = p["count"] * p["max_tokens"] * self.dtype.itemsize
         _need(bin_path.stat().st_size == want, bin_path,
               f"expected {want} bytes for {p['count']} prompts of {p['max_tokens']} tokens")
-        rows = np.fromfile(bin_path, dtype=self.dtype).astype(np.int64)
-        lengths = np.load(len_path, allow_pickle=False)
-        _need(lengths.shape == (p["count"],) and lengths.dtype.kind in "iu", len_path,
+        try:
+            rows = np.fromfile(bin_path, dtype=self.dtype).astype(np.int64)
+        except (OSError, ValueError) as exc:
+            raise DatasetError(f"{bin_path}: cannot be read ({_first_line(exc)})") from None
+        lengths = _load_vector(len_path, "prompt lengths")
+        _need(lengths.shape == (p["count"],), len_path,
               f"expected {p['count']} integer lengths")
         _need(bool(np.all((lengths >= 1) & (lengths <= p["max_tokens"]))), len_path,
               f"prompt lengths must be from 1 to {p['max_tokens']}")

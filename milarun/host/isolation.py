@@ -5,12 +5,13 @@ Read side (used inside the child): ``current_cpuset``, ``current_cgroup``,
 
 Parent side: ``cgroup_version``, ``split_students`` (the cpuset/memory plan
 that ``scripts/cgroup_setup.sh`` applies, through :mod:`milarun.host.students`),
-``missing_groups``,
+``check_group_spec`` (a plain group under the root), ``missing_groups``,
 ``oom_kill_count``, ``process_cpus`` (the cores of each process of a
 multi-process test) and ``wrap`` (the cgexec/numactl/exec-prefix argv).
 """
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -100,6 +101,35 @@ def cgroup_version():
         return 1
     if (CGROOT / "cgroup.controllers").exists():
         return 2
+    return None
+
+
+#: Controllers of a cgroup spec: lower-case names separated by commas.
+_CONTROLLERS = re.compile(r"[a-z0-9_]+(,[a-z0-9_]+)*")
+#: One part of a group's path: a plain name (``.`` and ``..`` are refused apart).
+_GROUP_PART = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def check_group_spec(spec):
+    """Why ``spec`` (``"controllers:group"``) is not a plain cgroup under the cgroup
+    root, or None when it is.
+
+    The group is a relative path of plain names (letters, digits, ``_.-``), none
+    of them ``.`` or ``..``, no ``/`` at the start or end: ``cgexec -g`` and the
+    existence check join it to the root, so ``../../tmp/x`` would put the pid into
+    any file named ``tasks`` and ``/x`` names a group the student split never made.
+    """
+    ctrls, sep, group = spec.partition(":")
+    if not sep or not _CONTROLLERS.fullmatch(ctrls):
+        return "the controllers must be lower-case names separated by commas"
+    if group.startswith("/"):
+        return "the group must be relative to the cgroup root (no '/' at the start)"
+    parts = group.split("/")
+    if any(not _GROUP_PART.fullmatch(part) for part in parts):
+        return ("the group must be a path of names of letters, digits, '_', '.' and '-' "
+                "(no empty part)")
+    if any(part in (".", "..") for part in parts):
+        return "the group must stay under the cgroup root (no '.' or '..' part)"
     return None
 
 

@@ -79,12 +79,14 @@ hold: the merged keys without the language keys (:data:`LANGUAGE_KEYS`).
 
 import ast
 import copy
+import importlib.machinery
 import importlib.util
 import itertools
 import math
 import os
 import re
 import string
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +94,7 @@ from ..plan import types as plantypes
 from ..errors import ProfileError
 from ..formats import entrypoint
 from ..formats.jsonfile import first_error, key_path, load_schema, read_json
+from ..host import isolation
 
 DEFAULT_TIMEOUT = 1800.0
 #: The longest timeout (s) of a test: the ``maximum`` of a job's ``timeout`` in
@@ -306,16 +309,25 @@ def _err(path, where, key, message):
 def check_experiment(spec):
     """Check that ``"module:function"`` exists *without importing the module*.
 
-    The module is found with ``importlib.util.find_spec`` and its source is
-    parsed for a top-level ``def function``, so the launcher never imports
-    torch. Returns None when fine, else a message.
+    The module is found without importing it or its packages (:func:`_find_spec`),
+    and its source is parsed for a top-level ``def``, assignment or import of the
+    function's name, so the launcher never imports torch or a workload. A module
+    this process has already loaded (``sys``, ``os``, a built-in) is looked up on
+    the loaded module; one found without Python source (an extension module, a
+    ``.pyc`` only) is accepted, its function is checked when the child imports it.
+    Returns None when fine, else a message.
     """
     try:
         mod_name, fn_name = entrypoint.parse(spec)
     except ValueError as exc:
         return str(exc)
+    loaded = sys.modules.get(mod_name)
+    if loaded is not None:
+        if not callable(getattr(loaded, fn_name, None)):
+            return f"module {mod_name!r} has no function {fn_name!r}"
+        return None
     try:
-        found = importlib.util.find_spec(mod_name)
+        found = _find_spec(mod_name)
     except (ImportError, ValueError) as exc:
         return f"cannot import module {mod_name!r} ({exc})"
     if found is None:
@@ -323,18 +335,68 @@ def check_experiment(spec):
     origin = found.origin
     if origin and origin.endswith(".py"):
         try:
-            tree = ast.parse(Path(origin).read_text())
-        except (OSError, SyntaxError) as exc:
+            tree = ast.parse(Path(origin).read_bytes())
+        except (OSError, SyntaxError, ValueError) as exc:
             return f"cannot read module {mod_name!r} ({exc})"
-        names = {n.name for n in tree.body
-                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        names |= {t.id for n in tree.body if isinstance(n, ast.Assign)
-                  for t in n.targets if isinstance(t, ast.Name)}
-        names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom)
-                  for a in n.names}
-        if fn_name not in names:
+        names = _top_level_names(tree)
+        if fn_name not in names and "*" not in names and "__getattr__" not in names:
             return f"module {mod_name!r} has no function {fn_name!r}"
     return None
+
+
+#: ``try`` statements: ``ast.TryStar`` (``except*``) from Python 3.11.
+_TRY = (ast.Try, getattr(ast, "TryStar", ast.Try))
+
+
+def _top_level_names(tree):
+    """The names a module's source binds at its top level, in ``if``/``try``/``with``
+    blocks too (``try: from fast import f`` / ``except ImportError: def f``); ``*``
+    for a star import, whose names only an import would tell."""
+    names = set()
+    todo = list(tree.body)
+    while todo:
+        n = todo.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            names |= {t.id for target in targets for t in ast.walk(target)
+                      if isinstance(t, ast.Name)}
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            names |= {a.asname or a.name.split(".")[0] for a in n.names}
+        elif isinstance(n, (ast.If, *_TRY, ast.With, ast.For, ast.While)):
+            todo.extend(n.body + n.orelse if not isinstance(n, ast.With) else n.body)
+            if isinstance(n, _TRY):
+                todo.extend(n.finalbody)
+                todo.extend(s for h in n.handlers for s in h.body)
+    return names
+
+
+def _find_spec(mod_name):
+    """The module spec of ``mod_name``, or None, without importing it or its parent
+    packages (``importlib.util.find_spec("torch.nn")`` would import torch): each
+    part is searched for in the folders of the part before it.
+
+    Raises:
+        ImportError: a parent is not a package.
+        ValueError: a malformed name.
+    """
+    parts = mod_name.split(".")
+    found = importlib.util.find_spec(parts[0])
+    for i in range(1, len(parts)):
+        if found is None:
+            return None
+        name = ".".join(parts[:i + 1])
+        parent = sys.modules.get(".".join(parts[:i]))
+        if parent is not None:
+            # loaded already (milarun.models, say): its own finders know best
+            found = importlib.util.find_spec(name)
+            continue
+        if found.submodule_search_locations is None:
+            raise ImportError(f"{'.'.join(parts[:i])!r} is not a package")
+        found = importlib.machinery.PathFinder.find_spec(
+            name, list(found.submodule_search_locations))
+    return found
 
 
 def check_template(text, fields):
@@ -389,8 +451,8 @@ def validate_job(path, name, d, origin=None, experiments=None):
 
     The schema (``milarun/formats/schemas/profile.schema.json#/$defs/job``) checks
     keys, types and ranges; this adds what a schema cannot: the experiment's
-    module and function exist, and the cgroup, prepare and argument templates
-    fill.
+    module and function exist, the cgroup, prepare and argument templates
+    fill, and the cgroup names a plain group under the cgroup root.
 
     Args:
         origin: ``f(keys) -> (path, where)``: the file and the words (``"job 'a'"``)
@@ -438,6 +500,10 @@ def validate_job(path, name, d, origin=None, experiments=None):
             if problem.startswith("unknown placeholder"):
                 problem += " (only {device})"
             raise fail(["partition_scheme", "cgroup"], problem)
+        # checked here, not when cgroups are used: --no-cgexec must not let it through
+        problem = isolation.check_group_spec(cg.format(**{f: 0 for f in CGROUP_FIELDS}))
+        if problem:
+            raise fail(["partition_scheme", "cgroup"], f"{cg!r}: {problem}")
     for cmd in d.get("prepare", []):
         # the launcher fills it with shell-quoted strings
         problem = check_template(cmd, {f: "x" for f in PREPARE_FIELDS})

@@ -6,13 +6,14 @@ the tender reply; ``milarun seal --sign KEY`` signs the bundle file's bytes;
 deterministic signatures, 32-byte keys, no parameters to get wrong.
 
 Files: the private key is PKCS#8 PEM (unencrypted, written mode 0600), the
-public key SubjectPublicKeyInfo PEM, a signature the 64 raw bytes in base64 on
+public key SubjectPublicKeyInfo PEM (mode 0644), a signature the 64 raw bytes in base64 on
 one line.
 """
 
 import base64
 import binascii
 import os
+from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -21,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (Ed25519PrivateKey
 
 from ..errors import MilarunError
 from ..formats.jsonfile import read_bytes
-from ..formats.outfile import write_atomic
+from ..formats.outfile import fsync_dir
 
 #: Largest key or signature file read (bytes).
 MAX_KEY_BYTES = 16 * 2**10
@@ -32,23 +33,85 @@ class KeyFileError(MilarunError):
 
 
 def keygen(private_path, public_path):
-    """Write a new Ed25519 key pair: ``private_path`` (mode 0600) and ``public_path``.
+    """Write a new Ed25519 key pair: ``private_path`` (mode 0600) and ``public_path``
+    (mode 0644), both new files.
+
+    Each file is created with ``O_EXCL`` and its mode (never wider, whatever the
+    umask, and set exactly by ``fchmod`` before a byte is written), so the private
+    key is never readable by others, not even for a moment, and a file that
+    appeared meanwhile is never overwritten. Nothing is left behind on an error.
 
     Raises:
-        MilarunError: either file exists already (never overwritten).
-        OSError: a file cannot be written.
+        KeyFileError: the two paths are one file, either exists already, its folder
+            is missing or not a folder, or a file cannot be written (nothing written).
     """
+    if _where(private_path) == _where(public_path):
+        raise KeyFileError("is given as both the private and the public key; name two "
+                           "files", path=public_path)
+    private_path, public_path = Path(private_path), Path(public_path)
     for path in (private_path, public_path):
         if os.path.lexists(path):
             raise KeyFileError("exists already; milarun keygen never overwrites a key", path=path)
+        folder = path.parent
+        if not folder.is_dir():
+            what = "does not exist" if not os.path.lexists(folder) else "is not a folder"
+            raise KeyFileError(f"cannot write the key: its folder {folder} {what}", path=path)
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
     public = key.public_key().public_bytes(serialization.Encoding.PEM,
                                            serialization.PublicFormat.SubjectPublicKeyInfo)
-    write_atomic(private_path, private)
-    os.chmod(private_path, 0o600)
-    write_atomic(public_path, public)
+    written = []
+    try:
+        for path, data, mode in ((private_path, private, 0o600), (public_path, public, 0o644)):
+            _write_new(path, data, mode)
+            written.append(path)
+    except BaseException:
+        # a pair or nothing: a lone private key would only be deleted or reused by mistake
+        for path in written:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        raise
+
+
+def _where(path):
+    """``path`` with its folder resolved: two names of one file compare equal (the
+    file itself need not exist)."""
+    folder, name = os.path.split(os.fspath(path))
+    return os.path.join(os.path.realpath(folder or "."), name)
+
+
+def _write_new(path, data, mode):
+    """Create ``path`` (``O_EXCL``, no link followed) with exactly ``mode`` and write
+    ``data``, fsynced; a file that fails part-way is removed.
+
+    Raises:
+        KeyFileError: the file exists or cannot be created or written.
+    """
+    try:
+        # created with ``mode`` (less the umask: never wider), then exactly ``mode``
+        # before any byte is written, whatever the umask
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     mode)
+    except FileExistsError:
+        raise KeyFileError("exists already; milarun keygen never overwrites a key", path=path)
+    except OSError as exc:
+        raise KeyFileError(f"cannot write the key: {exc.strerror}", path=path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        os.unlink(path)
+        raise KeyFileError(f"cannot write the key: {exc.strerror}", path=path)
+    except BaseException:
+        os.unlink(path)
+        raise
+    fsync_dir(path.parent)
 
 
 def load_private(path):
