@@ -22,6 +22,9 @@ from milarun.errors import MilarunError
 from milarun.report import make_report
 from milarun.report import tender as tender_module
 from milarun.report.tender import build_tender, parse_bidders, rank
+from milarun.formats.bundle import bundle_path, signature_path
+from milarun.formats.manifest import entry_hash, file_digest, manifest_path
+from milarun.verify import keys
 from milarun.verify.seal import seal
 from milarun.verify.verdict import Verdict
 
@@ -94,7 +97,7 @@ def fake_verify(monkeypatch):
     """verify_one faked: every bundle passes but those named in ``failing``."""
     state = SimpleNamespace(failing={"cheat"}, calls=[])
 
-    def fake(path, rules):
+    def fake(path, rules, expect_head=None, public_key=None):
         state.calls.append((str(path), rules))
         return _verdict(path, Path(path).name not in state.failing)
 
@@ -121,8 +124,8 @@ def test_failing_bidder_is_last_even_with_the_best_score(bundles, fake_verify, t
     assert by["cheat"].score > 2.5 * by["acme"].score
     assert [b.name for b in t.bidders] == ["acme", "slowco", "cheat"]
     assert [b.rank for b in t.bidders] == [1, 2, None]
-    assert by["cheat"].status == "1 clause(s) failed"
-    assert by["acme"].status == "verified"
+    assert by["cheat"].status == "NOT VERIFIED: 1 clause(s) failed"
+    assert by["acme"].status == "VERIFIED"
     # the rules file was handed to the verification of every bundle
     assert sorted(c[1] for c in fake_verify.calls) == ["rules.json"] * 3
     assert t.exit_code == 0
@@ -257,7 +260,7 @@ def test_none_verified_exits_1(bundles, fake_verify, capsys):
 def test_unreadable_bundle_is_shown_not_ranked(bundles, monkeypatch, tmp_path):
     """An error naming a file inside a bundle marks that bidder unreadable; an error
     naming any other file (the rules) is bad input."""
-    def fake(path, rules):
+    def fake(path, rules, expect_head=None, public_key=None):
         if Path(path).name == "slowco":
             raise MilarunError("bad chain", path=Path(path) / ".milarun" / "manifest.jsonl",
                                key="3.prev")
@@ -268,7 +271,7 @@ def test_unreadable_bundle_is_shown_not_ranked(bundles, monkeypatch, tmp_path):
     monkeypatch.setattr(tender_module, "verify_one", fake)
     t = build_tender(_args(bundles, "slowco", "acme"), str(tmp_path / "rules.json"))
     assert [(b.name, b.rank, b.status) for b in t.bidders] == [
-        ("acme", 1, "verified"), ("slowco", None, "unreadable")]
+        ("acme", 1, "VERIFIED"), ("slowco", None, "unreadable")]
     assert "manifest.jsonl: 3.prev: bad chain" in t.bidders[1].error
     with pytest.raises(MilarunError, match="rules.json: performance: bad rule"):
         build_tender(_args(bundles, "acme", "cheat"), str(tmp_path / "rules.json"))
@@ -320,7 +323,7 @@ def test_html_page(bundles, fake_verify, tmp_path, capsys):
     rows = table.split('<tr class="')[1:]
     assert [r.split('id="bidder-')[1].split('"')[0] for r in rows] == [
         "acme", "slowco", "cheat"]
-    assert rows[2].startswith("unverified") and "1 clause(s) failed" in rows[2]
+    assert rows[2].startswith("unverified") and "NOT VERIFIED: 1 clause(s) failed" in rows[2]
     assert "<th>price / node score</th>" in table and "<th>compute score</th>" in table
     assert "integrity.file-changed: acme.fit.J0.0.json changed" in html
     assert '<table id="pairs">' in html and 'class="good">' in html
@@ -350,11 +353,15 @@ def test_real_verification_never_ranks_the_tampered_bundle_first(bundles, tmp_pa
                                                        "extra_args"]}))
     code, io = run_cli(["tender", *_args(bundles, "cheat", "slowco", "acme"),
                         "--rules", str(rules), "--json", str(tmp_path / "t.json")], capsys)
-    assert code == 0, io.err
+    # BUNDLE arguments carry no head: the best is CONSISTENT, NOT PINNED (exit 3)
+    assert code == 3, io.err
+    assert "none was pinned" in io.err
     data = json.loads((tmp_path / "t.json").read_text())
-    rows = {b["name"]: b for b in data["bidders"]} if "bidders" in data else data
-    assert rows["acme"]["verified"] and rows["slowco"]["verified"], io.out
-    assert not rows["cheat"]["verified"]
+    rows = {b["name"]: b for b in data["bidders"]}
+    for name in ("acme", "slowco"):
+        assert rows[name]["level"] == "CONSISTENT, NOT PINNED", io.out
+        assert not rows[name]["verified"] and rows[name]["pinned"] is False
+    assert rows["cheat"]["level"] == "NOT VERIFIED" and rows["cheat"]["rank"] is None
     table = [line.split() for line in io.out.splitlines()
              if len(line.split()) > 2 and line.split()[0] in rows]
     assert [(r[0], r[1]) for r in table][:3] == [("acme", "1"), ("slowco", "2"), ("cheat", "-")]
@@ -381,3 +388,229 @@ def _inflate_one(path, factor):
         s["count"] *= factor
         s["rate"] *= factor
     path.write_text(json.dumps(rec))
+
+
+# --- the bidders file: every bidder pinned (issue 33 §3) -------------------------------------
+
+RULES_SIGNED = {"allowed_overrides": ["no_cgexec", "cpu_slots", "extra_args"],
+                "require_signature": True}
+
+
+def _reseal(folder, private):
+    """The bidder's own seal, signed with its own key (an earlier seal removed)."""
+    for done in (bundle_path(folder), signature_path(folder)):
+        if done.exists():
+            done.unlink()
+    seal(folder, sign=private, say=lambda line: None)
+    return json.loads(bundle_path(folder).read_text())["head"]
+
+
+def _rewrite_end_to_end(folder, factor=2):
+    """Every PASS record ``factor`` times faster, consistently (rates from counts), every
+    manifest hash recomputed: what a bidder who owns its folder and its key can do."""
+    mpath = manifest_path(folder)
+    entries = [json.loads(line) for line in mpath.read_text().splitlines()]
+    for e in entries:
+        if e["kind"] == "record" and e.get("success"):
+            path = folder / e["path"]
+            rec = json.loads(path.read_text())
+            train = rec["timings"]["train"]
+            for s in train["samples"]:
+                s["count"] *= factor
+                s["rate"] = s["count"] / (s["end"] - s["start"])
+            train["count"] *= factor
+            path.write_text(json.dumps(rec))
+    prev = "0" * 64
+    for i, e in enumerate(entries):
+        if e.get("path") and (folder / e["path"]).is_file():
+            e["sha256"], e["bytes"] = file_digest(folder / e["path"])
+        e["seq"], e["prev"] = i, prev
+        e["hash"] = prev = entry_hash(e)
+    mpath.write_text("".join(json.dumps(e, sort_keys=True, separators=(",", ":")) + "\n"
+                             for e in entries))
+
+
+@pytest.fixture(scope="module")
+def signed(bundles, tmp_path_factory):
+    """Bidders sealed and signed with their own keys: ``acme`` and ``slowco`` as run;
+    ``forger`` (acme's run, rewritten end to end twice as fast and sealed again with its
+    own key) and ``acme``'s original head; ``rules``."""
+    base = tmp_path_factory.mktemp("signed")
+    out = SimpleNamespace(base=base, heads={}, rules=base / "rules.json")
+    out.rules.write_text(json.dumps(RULES_SIGNED))
+    for name, src in (("acme", "acme"), ("slowco", "slowco"), ("forger", "acme")):
+        folder = base / "bids" / name
+        shutil.copytree(bundles[src], folder)
+        keys.keygen(base / f"{name}.pem", base / f"{name}.pub")
+        out.heads[name] = _reseal(folder, base / f"{name}.pem")
+    _rewrite_end_to_end(base / "bids" / "forger")
+    out.heads["forger-new"] = _reseal(base / "bids" / "forger", base / "forger.pem")
+    return out
+
+
+def _bidders_file(where, bidders, name="bidders.json"):
+    path = Path(where) / name
+    path.write_text(json.dumps({"version": 1, "bidders": bidders}))
+    return path
+
+
+def _entry(name, folder=None, head=None, key=None, **more):
+    e = {"name": name, "bundle": f"bids/{folder or name}"}
+    if head:
+        e["head"] = head
+    if key:
+        e["public_key"] = f"{key}.pub"
+    return {**e, **more}
+
+
+def test_bidders_file_pins_every_bidder(signed, capsys):
+    """acme pinned and signed: VERIFIED; forger rewritten end to end, re-sealed with its
+    own key, pinned to the head it first sent: NOT VERIFIED (the head), never ranked;
+    slowco unpinned: CONSISTENT, NOT PINNED, ranked after acme though acme is the
+    only pinned one; `require_signature` holds for every correctly signed bidder."""
+    path = _bidders_file(signed.base, [
+        _entry("slowco", key="slowco", price=1000, currency="EUR"),
+        _entry("forger", head=signed.heads["forger"], key="forger",
+               head_received="2026-11-26T10:49:12Z", price=100, currency="EUR"),
+        _entry("acme", head=signed.heads["acme"].upper(), key="acme",
+               head_received="2026-11-26T10:50:00+01:00", price=412000, currency="EUR")])
+    out = signed.base / "t.json"
+    code, io = run_cli(["tender", "--bidders", str(path), "--rules", str(signed.rules),
+                        "--json", str(out), "--html", str(signed.base / "t.html")], capsys)
+    assert code == 0, io.err
+    data = json.loads(out.read_text())
+    rows = {b["name"]: b for b in data["bidders"]}
+    assert [b["name"] for b in data["bidders"]] == ["acme", "slowco", "forger"]
+    assert rows["acme"]["level"] == "VERIFIED" and rows["acme"]["rank"] == 1
+    assert rows["acme"]["signed"] == "yes" and rows["acme"]["pinned"] is True
+    assert rows["slowco"]["level"] == "CONSISTENT, NOT PINNED" and rows["slowco"]["rank"] == 2
+    assert rows["slowco"]["signed"] == "yes" and rows["slowco"]["pinned"] is False
+    assert rows["forger"]["level"] == "NOT VERIFIED" and rows["forger"]["rank"] is None
+    assert [c["name"] for c in rows["forger"]["failed"]] == ["integrity.expected-head"]
+    # the rewrite is consistent and signed: only the head catches it; it scores best
+    assert rows["forger"]["signed"] == "yes"
+    assert rows["forger"]["score"] > 1.5 * rows["acme"]["score"]
+    # paths resolved against the bidders file's folder; prices folded in
+    assert rows["acme"]["bundle"] == str(signed.base / "bids" / "acme")
+    assert data["currency"] == "EUR" and rows["acme"]["price"] == 412000
+    assert rows["acme"]["price_per_score"] == pytest.approx(412000 / rows["acme"]["score"])
+    # the text: levels, signed, the head's arrival, the unpinned mark
+    assert _row(io.out, "acme").split()[1:5] == ["1", "VERIFIED", "yes",
+                                                 "2026-11-26T10:50:00+01:00"]
+    assert _row(io.out, "slowco").split()[1:7] == ["2", "(unpinned)", "CONSISTENT,", "NOT",
+                                                   "PINNED", "yes"]
+    assert "forger: not verified:" in io.out and "integrity.expected-head" in io.out
+    assert "slowco: CONSISTENT, NOT PINNED: every clause held, but no head" in io.out
+    html = (signed.base / "t.html").read_text()
+    assert 'class="unpinned" id="bidder-slowco" data-level="CONSISTENT, NOT PINNED"' in html
+    assert 'class="verified" id="bidder-acme" data-level="VERIFIED"' in html
+
+
+def test_require_signature_without_keys_fails_every_bidder(signed, capsys):
+    # correctly signed bidders, but no key given: the rules' signature clause fails
+    path = _bidders_file(signed.base, [_entry("acme", head=signed.heads["acme"])],
+                         name="nokey.json")
+    code, io = run_cli(["tender", "--bidders", str(path), "--rules", str(signed.rules)], capsys)
+    assert code == 1 and "no bidder's bundle verified" in io.err
+    assert "integrity.signature" in io.out and "require a signed bundle" in io.out
+    assert "1 clause(s) failed  no key" in _row(io.out, "acme")
+    # the same bundle under another bidder's key: a bad signature, not ranked
+    path = _bidders_file(signed.base, [_entry("acme", head=signed.heads["acme"],
+                                              key="slowco")], name="otherkey.json")
+    code, io = run_cli(["tender", "--bidders", str(path), "--rules", str(signed.rules)], capsys)
+    assert code == 1 and _row(io.out, "acme").split()[1:5] == ["-", "NOT", "VERIFIED:", "1"]
+    assert "BAD" in _row(io.out, "acme")
+
+
+def test_a_torn_manifest_is_unreadable_not_clauses(signed, tmp_path, capsys):
+    torn = tmp_path / "bids" / "torn"
+    shutil.copytree(signed.base / "bids" / "acme", torn)
+    mpath = manifest_path(torn)
+    raw = mpath.read_bytes()
+    mpath.write_bytes(raw[:len(raw) - 40])        # cut mid-line
+    shutil.copy(signed.base / "acme.pub", tmp_path / "acme.pub")
+    path = _bidders_file(tmp_path, [_entry("torn", head=signed.heads["acme"], key="acme")])
+    code, io = run_cli(["tender", "--bidders", str(path), "--rules", str(signed.rules),
+                        "--json", str(tmp_path / "t.json")], capsys)
+    assert code == 1
+    row = json.loads((tmp_path / "t.json").read_text())["bidders"][0]
+    assert (row["level"], row["status"], row["rank"]) == ("unreadable", "unreadable", None)
+    assert row["failure_rate"] is None and row["score"] is None and row["failed"] == []
+    assert "manifest" in row["error"]
+    assert "clause(s) failed" not in io.out and "torn: unreadable: " in io.out
+
+
+@pytest.mark.parametrize("make, key", [
+    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
+                                         "pirce": 1}]}, "bidders.0.pirce"),
+    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme"},
+                                        {"name": "x", "bundle": "bids/nope"}]},
+     "bidders.1.bundle"),
+    (lambda: {"version": 1, "bidders": [{"name": "acme"}]}, "bidders.0.bundle"),
+    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme"},
+                                        {"name": "acme", "bundle": "bids/slowco"}]},
+     "bidders.1.name"),
+    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
+                                         "head": "xyz" * 21 + "a"}]}, "bidders.0.head"),
+    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
+                                         "price": 5}]}, "bidders.0.currency"),
+    (lambda: {"version": 1, "bidders": [
+        {"name": "acme", "bundle": "bids/acme", "price": 5, "currency": "EUR"},
+        {"name": "b", "bundle": "bids/slowco", "price": 5, "currency": "USD"}]},
+     "bidders.1.currency"),
+    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
+                                         "head_received": "2026-11-26"}]},
+     "bidders.0.head_received"),
+    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
+                                         "head_received": "2026-11-26T10:00Z"}]},
+     "bidders.0.head"),
+    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
+                                         "head": "ab" * 32,
+                                         "head_received": "2026-13-40T10:00Z"}]},
+     "bidders.0.head_received"),
+    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
+                                         "public_key": "nope.pub"}]}, "bidders.0.public_key"),
+    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
+                                         "public_key": "rules.json"}]},
+     "bidders.0.public_key"),
+    (lambda: {"version": 2, "bidders": []}, "version"),
+])
+def test_bad_bidders_file_is_one_line_exit_2(signed, fake_verify, capsys, make, key):
+    path = signed.base / "bad-bidders.json"
+    path.write_text(json.dumps(make()))
+    code, io = run_cli(["tender", "--bidders", str(path), "--rules", str(signed.rules)], capsys)
+    assert code == 2, io.err
+    assert io.err.startswith(f"milarun: error: {path}: {key}: "), io.err
+    assert io.err.count("\n") == 1 and io.out == "" and "Traceback" not in io.err
+    assert fake_verify.calls == []   # refused before any bundle is verified
+
+
+def test_bidders_file_refuses_prices_and_bundle_arguments(signed, fake_verify, capsys):
+    path = _bidders_file(signed.base, [_entry("acme")], name="one.json")
+    prices = signed.base / "prices.json"
+    prices.write_text(json.dumps({"currency": "EUR", "bidders": {"acme": 1}}))
+    code, io = run_cli(["tender", "--bidders", str(path), "--rules", "r.json",
+                        "--prices", str(prices)], capsys)
+    assert code == 2 and "--prices folds into --bidders" in io.err
+    code, io = run_cli(["tender", str(signed.base / "bids" / "acme"), "--bidders", str(path),
+                        "--rules", "r.json"], capsys)
+    assert code == 2 and "not both" in io.err
+    code, io = run_cli(["tender", "--rules", "r.json"], capsys)
+    assert code == 2 and "no bidder given" in io.err
+    assert fake_verify.calls == []
+
+
+def test_perf_per_watt_column_only_where_a_report_has_energy():
+    """The report's own perf/W (items/J) beside the price columns, only when some bidder's
+    records hold GPU energy (the CPU bundles above have none)."""
+    def bidder(name, ppw):
+        report = SimpleNamespace(perf_per_watt=ppw, families=[], node_score=None,
+                                 score=None, failure_rate=0.0, rpp=None, node_rpp=None)
+        return tender_module.Bidder(name=name, path=name, report=report,
+                                    verdict=_verdict(name, True))
+    t = tender_module.Tender(bidders=[bidder("a", 12.345678), bidder("b", None)], rules="r")
+    assert "perf/W (items/J)" in tender_module.columns(t)
+    assert tender_module.cells(t, t.bidders[0])["perf/W (items/J)"] == "12.35"
+    assert tender_module.cells(t, t.bidders[1])["perf/W (items/J)"] == "-"
+    t.bidders = [bidder("b", None)]
+    assert "perf/W (items/J)" not in tender_module.columns(t)

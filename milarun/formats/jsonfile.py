@@ -338,7 +338,7 @@ def _show(value):
 
 _BASE = "https://milarun.invalid/schemas/"
 SCHEMAS = ("common", "profile", "result", "summary", "weights", "system", "thresholds",
-           "bundle", "prices", "rules")
+           "bundle", "prices", "rules", "bidders")
 
 
 #: Largest float; a bigger int is not a finite "number".

@@ -1,12 +1,19 @@
 """Scoring a tender: every bidder's bundle verified and ranked in one table (``milarun
 tender``; docs/tender.md, "Ranking the bidders (the buyer)").
 
-For each bidder (a results bundle: its folder's name, or ``NAME=PATH``):
+The bidders come from a bidders file (``--bidders``, :mod:`milarun.formats.bidders`:
+each bidder's bundle, public key, the head received and when, its price), or from the
+command line (``BUNDLE...``: a folder's name or ``NAME=PATH``; no head, no key: every such
+bidder is unpinned, at best ``CONSISTENT, NOT PINNED``).
 
 * **verification**: :func:`verify_one` (:func:`milarun.verify.check.verify_bundle` with
-  the tender's rules): ``verified``, or ``N clause(s) failed``; a bundle whose files
-  verify or the report refuse as bad input (an error naming a file inside the bundle)
-  is ``unreadable`` with that error line, and has no score.
+  the tender's rules, the bidder's head and public key: the call ``milarun verify
+  --expect-head HEAD --public-key KEY`` makes): the verdict's level, ``VERIFIED``,
+  ``CONSISTENT, NOT PINNED`` or ``NOT VERIFIED`` (N clauses failed), and whether the
+  signature was checked; a bundle whose manifest cannot be read (missing, torn), or whose
+  files verify or the report refuse as bad input (an error naming a file inside the
+  bundle) is ``unreadable`` with that error line, and has no score, no clause count and
+  no failure rate.
 * **score, node score, their 95 % intervals, the score by family, the failure rate**:
   the report's own (:func:`milarun.report.table.build_report` on the bundle's summary,
   read by :func:`milarun.report.inputs.load_inputs`): the score formula lives there only. Every bidder
@@ -16,6 +23,9 @@ For each bidder (a results bundle: its folder's name, or ``NAME=PATH``):
   ``price / node score``: the report's RPP and ``node_rpp``, computed by
   :func:`~milarun.report.table.build_report` from the bidder's price (prices file:
   :mod:`milarun.formats.prices`); ``-`` without a price.
+* **perf/W** (items/J): the report's ``perf_per_watt``, a column only when some
+  bidder's records hold GPU energy. Energy per score point (J) is not computed: the
+  report defines no such figure yet.
 * **pairwise significance** (:func:`pairwise`): for each pair of scored bidders A, B,
   A's report with B's summary as baseline (exactly ``milarun report A --compare B``):
   the score ratio over the tests both have and its interval
@@ -26,9 +36,10 @@ For each bidder (a results bundle: its folder's name, or ``NAME=PATH``):
   (:func:`milarun.report.text.ratio_verdict`), ``within noise`` when it holds 1,
   ``noise unknown`` when no interval exists (fewer than 2 results in every test).
 
-Ranking (:func:`rank`): verified bidders first, then by score (highest first; no score
-last), then by name; a bidder that failed verification is never ranked above one that
-passed, whatever its score: it is shown, without a rank.
+Ranking (:func:`rank`): ``VERIFIED`` bidders first (the head pinned), then the
+``CONSISTENT, NOT PINNED`` ones (ranked after them, marked ``unpinned``), each tier by
+score (highest first; no score last), then by name; a bidder that failed verification or
+is unreadable is never ranked: it is shown below, without a rank, whatever its score.
 """
 
 import math
@@ -39,7 +50,8 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import MilarunError, ResultFormatError
-from ..formats.manifest import ManifestError, chained_records
+from ..formats.bidders import read_bidders
+from ..formats.manifest import ManifestError, manifest_path, read_manifest
 from ..formats.prices import BIDDER_NAME, read_prices
 from ..formats.terminal import one_line, terminal_safe
 from . import shipped_weights, shown_path, summary_suites, write_text
@@ -50,11 +62,21 @@ from .html import _env
 from .table import build_report, load_weights
 from .text import fmt_interval, ratio_verdict
 
+#: A verdict's levels (:attr:`milarun.verify.verdict.Verdict.level`), and the tender's
+#: own for a bundle that could not be read.
+VERIFIED, NOT_PINNED, NOT_VERIFIED, UNREADABLE = (
+    "VERIFIED", "CONSISTENT, NOT PINNED", "NOT VERIFIED", "unreadable")
+
 #: What a pair's difference is called (``Pair.sig``).
 SIGNIFICANT, WITHIN_NOISE, NOISE_UNKNOWN = "significant", "within noise", "noise unknown"
 
 #: The mark of each in the text and HTML matrix.
 MARKS = {SIGNIFICANT: "*", WITHIN_NOISE: "=", NOISE_UNKNOWN: "?"}
+
+#: The line under the ranking table.
+RANK_LEGEND = ("ranked: VERIFIED bidders (head pinned) by score, then CONSISTENT, NOT PINNED "
+               "ones by score, marked (unpinned); a bidder that failed verification or is "
+               "unreadable is shown without a rank, below them")
 
 #: The line under the pairwise matrix.
 PAIR_LEGEND = ("row / column: the row's score over the column's, over the tests both have "
@@ -75,8 +97,12 @@ class Bidder:
     """One bidder of a tender.
 
     Attributes:
-        name: its name (the bundle folder's name, or NAME of ``NAME=PATH``).
-        path: the bundle folder, as given.
+        name: its name (the bidders file's, the bundle folder's name, or NAME of
+            ``NAME=PATH``).
+        path: the bundle folder (resolved against the bidders file's folder).
+        head: the chain head the buyer received (hex), or None: unpinned.
+        head_received: when it arrived (ISO 8601, as the bidders file says), or None.
+        public_key: the bidder's public key file, or None: the signature not checked.
         verdict: :class:`milarun.verify.verdict.Verdict` of the bundle, or None
             (unreadable).
         error: the one-line error that made the bundle unreadable, or None.
@@ -87,6 +113,9 @@ class Bidder:
 
     name: str
     path: str
+    head: object = None
+    head_received: object = None
+    public_key: object = None
     verdict: object = None
     error: str = None
     report: object = None
@@ -94,19 +123,44 @@ class Bidder:
     rank: object = None
 
     @property
+    def level(self):
+        """:data:`VERIFIED`, :data:`NOT_PINNED`, :data:`NOT_VERIFIED` (the verdict's
+        level) or :data:`UNREADABLE`."""
+        if self.error is not None or self.verdict is None:
+            return UNREADABLE
+        return self.verdict.level
+
+    @property
     def verified(self):
-        """True when every clause of the bundle's verdict held."""
-        return self.error is None and self.verdict is not None and self.verdict.ok
+        """True when every clause held with the head pinned (level ``VERIFIED``)."""
+        return self.level == VERIFIED
+
+    @property
+    def unpinned(self):
+        """True when every clause held but no head was given (``CONSISTENT, NOT
+        PINNED``): ranked after every verified bidder, marked."""
+        return self.level == NOT_PINNED
 
     @property
     def status(self):
-        """``verified``, ``N clause(s) failed`` or ``unreadable``."""
-        if self.error is not None or self.verdict is None:
-            return "unreadable"
-        if self.verdict.ok:
-            return "verified"
+        """``VERIFIED``, ``CONSISTENT, NOT PINNED``, ``NOT VERIFIED: N clause(s) failed``
+        or ``unreadable``."""
+        if self.level != NOT_VERIFIED:
+            return self.level
         failed = len(self.verdict.failed)
-        return f"{failed} clause(s) failed" if failed else "no clause checked"
+        return (f"{NOT_VERIFIED}: {failed} clause(s) failed" if failed
+                else f"{NOT_VERIFIED}: no clause checked")
+
+    @property
+    def signed(self):
+        """``yes`` (the signature checked under the bidder's key and it held), ``BAD``
+        (checked, and it failed), ``no key`` (not checked) or ``-`` (unreadable)."""
+        if self.level == UNREADABLE:
+            return "-"
+        if self.public_key is None:
+            return "no key"
+        bad = any(c.name == "integrity.signature" for c in self.verdict.failed)
+        return "BAD" if bad else "yes"
 
     @property
     def score(self):
@@ -130,30 +184,45 @@ class Tender:
     families: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
 
+    #: The bidders file (shown path), or None: bidders from the command line.
+    bidders_file: object = None
+
     @property
     def exit_code(self):
-        """0 when at least one bidder verified, else 1."""
-        return 0 if any(b.verified for b in self.bidders) else 1
+        """0 when at least one bidder is ``VERIFIED``; else 3 when one is ``CONSISTENT,
+        NOT PINNED`` (as ``milarun verify``); else 1."""
+        if any(b.verified for b in self.bidders):
+            return 0
+        return 3 if any(getattr(b, "unpinned", False) for b in self.bidders) else 1
 
 
 # --- pure functions (no files) ----------------------------------------------------------
 
+def tier(bidder):
+    """0 ``VERIFIED``, 1 ``CONSISTENT, NOT PINNED`` (``unpinned``), 2 failed or
+    unreadable."""
+    if bidder.verified:
+        return 0
+    return 1 if getattr(bidder, "unpinned", False) else 2
+
+
 def sort_key(bidder):
-    """The ranking order: verified first, then the highest score (no score last), then
-    the name. A bidder that failed verification sorts after every verified one, whatever
-    its score."""
+    """The ranking order: verified first, then unpinned, then the others; within each,
+    the highest score (no score last), then the name. An unpinned bidder sorts after
+    every verified one and a failed one after both, whatever its score."""
     score = bidder.score
-    return (not bidder.verified, score is None, -(score or 0.0), bidder.name)
+    return (tier(bidder), score is None, -(score or 0.0), bidder.name)
 
 
 def rank(bidders):
-    """``bidders`` (objects with ``verified``, ``score``, ``name`` and a settable ``rank``)
-    sorted by :func:`sort_key`, each verified one given its rank 1, 2, ... and the
-    others ``rank`` None. Returns the sorted list."""
+    """``bidders`` (objects with ``verified``, ``unpinned`` (optional), ``score``,
+    ``name`` and a settable ``rank``) sorted by :func:`sort_key`; each verified, then
+    each unpinned one given its rank 1, 2, ..., the others ``rank`` None. Returns the
+    sorted list."""
     ordered = sorted(bidders, key=sort_key)
     position = 0
     for b in ordered:
-        if b.verified:
+        if tier(b) < 2:
             position += 1
             b.rank = position
         else:
@@ -248,9 +317,11 @@ def family_score(bidder, label):
 
 # --- building a tender (reads files) ----------------------------------------------------
 
-def verify_one(path, rules):
+def verify_one(path, rules, expect_head=None, public_key=None):
     """The :class:`milarun.verify.verdict.Verdict` of bundle ``path`` against ``rules``
-    (a rules file path): :func:`milarun.verify.check.verify_bundle`.
+    (a rules file path), pinned to ``expect_head`` and its signature checked under
+    ``public_key`` when given: :func:`milarun.verify.check.verify_bundle`, the call
+    ``milarun verify`` makes.
 
     Raises:
         MilarunError: what ``verify_bundle`` raises on bad input.
@@ -259,7 +330,7 @@ def verify_one(path, rules):
     # inside because verify/check.py is built beside this module
     from ..verify.check import verify_bundle
 
-    return verify_bundle(path, rules=rules)
+    return verify_bundle(path, rules=rules, expect_head=expect_head, public_key=public_key)
 
 
 def _inside(error_path, folder):
@@ -293,45 +364,95 @@ def resolve_weights(weights, summaries):
 
 
 def _chained(path):
-    """The records a bidder's score counts: those its manifest chains (verify names any
-    other as a failure); every record when the manifest cannot be read (the bundle then
-    fails verification and is not ranked)."""
-    try:
-        return chained_records(path)
-    except ManifestError:
-        return None
-
-
-def build_tender(bundles, rules, prices=None, weights=None, warn=None):
-    """Verify, score and rank the bidders of ``bundles`` (command-line arguments:
-    :func:`parse_bidders`) against the rules file ``rules``; ``prices`` a prices file
-    (:func:`milarun.formats.prices.read_prices`), ``weights`` a weights file, or None.
-    Returns a :class:`Tender`.
+    """The records a bidder's score counts: those its manifest's entries name (verify
+    names any other as a failure; a broken chain fails verification, and its score still
+    counts only what the manifest names).
 
     Raises:
-        MilarunError: a missing bundle folder, a bad prices or weights file, a price for
-            an unknown bidder, a bad rules file (verify's error): one line naming the
+        ManifestError: the manifest is missing, unreadable or torn: the bidder is
+            unreadable (no score, no failure rate).
+    """
+    return {e["path"] for e in read_manifest(manifest_path(path)) if e["kind"] == "record"}
+
+
+def _manifest_unreadable(verdict):
+    """The detail of a failed ``integrity.manifest`` clause (no manifest, or one that
+    cannot be read: torn, malformed, empty), or None."""
+    return next((c.detail for c in verdict.failed if c.name == "integrity.manifest"), None)
+
+
+def _from_bidders_file(path, bundles, prices):
+    """``(currency, [Bidder])`` of the bidders file ``path``; every public key loaded
+    first, so a bad one is bad input naming the file and the key.
+
+    Raises:
+        MilarunError: BUNDLE arguments or ``--prices`` beside ``--bidders``, or a bad
+            bidders file or key (:func:`milarun.formats.bidders.read_bidders`).
+    """
+    # why: verify/keys.py loads `cryptography`; only a bidders file with keys needs it
+    from ..verify.keys import load_public
+
+    if bundles:
+        raise MilarunError("give the bidders either in --bidders or as BUNDLE arguments, "
+                           "not both")
+    if prices is not None:
+        raise MilarunError("--prices folds into --bidders: give each bidder's price and "
+                           "currency in the bidders file (docs/tender.md)")
+    currency, entries = read_bidders(path)
+    for e in entries:
+        if e.public_key is not None:
+            try:
+                load_public(e.public_key)
+            except MilarunError as exc:
+                raise ResultFormatError(one_line(str(exc))[:400], path=path,
+                                        key=f"{e.key}.public_key")
+    return currency, [Bidder(name=e.name, path=e.bundle, head=e.head,
+                             head_received=e.head_received, public_key=e.public_key,
+                             price=e.price) for e in entries]
+
+
+def build_tender(bundles, rules, prices=None, weights=None, warn=None, bidders_file=None):
+    """Verify, score and rank the bidders against the rules file ``rules``: those of the
+    bidders file ``bidders_file`` (:mod:`milarun.formats.bidders`: each pinned to its
+    head, its signature checked under its key, its price), else those of ``bundles``
+    (command-line arguments: :func:`parse_bidders`; unpinned, unsigned) with ``prices`` a
+    prices file (:func:`milarun.formats.prices.read_prices`) or None; ``weights`` a
+    weights file, or None. Returns a :class:`Tender`.
+
+    Raises:
+        MilarunError: a missing bundle folder, a bad bidders, prices or weights file or
+            public key, a price for an unknown bidder, ``--prices`` or BUNDLE arguments
+            beside ``--bidders``, a bad rules file (verify's error): one line naming the
             file and the key.
     """
     warn = warn or sys.stderr
-    named = parse_bidders(bundles)
-    currency, price_map = (None, {})
-    if prices is not None:
-        currency, price_map = read_prices(prices)
-        check_prices(price_map, [n for n, _ in named], prices)
+    if bidders_file is not None:
+        currency, bidders = _from_bidders_file(bidders_file, bundles, prices)
+    else:
+        named = parse_bidders(bundles)
+        currency, price_map = (None, {})
+        if prices is not None:
+            currency, price_map = read_prices(prices)
+            check_prices(price_map, [n for n, _ in named], prices)
+        bidders = [Bidder(name=name, path=path, price=price_map.get(name))
+                   for name, path in named]
     if weights is not None:
         load_weights(weights)   # a bad weights file is refused before any bundle is read
-    bidders, summaries = [], {}
-    for name, path in named:
-        bidder = Bidder(name=name, path=path, price=price_map.get(name))
+    summaries = {}
+    for bidder in bidders:
+        path = bidder.path
         try:
-            bidder.verdict = verify_one(path, rules)
-            summaries[name] = load_inputs(path, warn, only=_chained(path)).summary
+            bidder.verdict = verify_one(path, rules, expect_head=bidder.head,
+                                        public_key=bidder.public_key)
+            torn = _manifest_unreadable(bidder.verdict)
+            if torn is not None:     # no chain: nothing to count, no clause to show
+                bidder.error = one_line(torn)
+                continue
+            summaries[bidder.name] = load_inputs(path, warn, only=_chained(path)).summary
         except MilarunError as exc:
             if not _inside(exc.path, path):
                 raise
             bidder.error = one_line(str(exc))
-        bidders.append(bidder)
     weights_map, weights_shown, note = resolve_weights(weights, summaries.values())
     for bidder in bidders:
         if bidder.name in summaries:
@@ -341,6 +462,7 @@ def build_tender(bundles, rules, prices=None, weights=None, warn=None):
     scored = {b.name: summaries[b.name] for b in ordered if b.score is not None}
     tender = Tender(bidders=ordered, rules=shown_path(rules), currency=currency,
                     prices=shown_path(prices) if prices else None,
+                    bidders_file=shown_path(bidders_file) if bidders_file else None,
                     weights=weights_shown, weights_note=note,
                     pairs=pairwise(scored, weights_map), families=family_labels(ordered))
     tender.warnings = [f"{b.name}: {w}" for b in ordered if b.report for w in b.report.warnings]
@@ -351,10 +473,15 @@ def build_tender(bundles, rules, prices=None, weights=None, warn=None):
 
 def columns(tender):
     """The columns of the ranking table."""
-    cols = ["rank", "verification", "score", "score 95% CI", "node score",
-            "node score 95% CI"]
+    cols = ["rank", "verification", "signed"]
+    if any(b.head_received for b in tender.bidders):
+        cols += ["head received"]
+    cols += ["score", "score 95% CI", "node score", "node score 95% CI"]
     cols += [f"{label} score" for label in tender.families]
     cols += ["failure rate"]
+    if any(b.report is not None and b.report.perf_per_watt is not None
+           for b in tender.bidders):
+        cols += ["perf/W (items/J)"]
     if tender.currency is not None:
         cols += [f"price ({tender.currency})", "price / score", "price / node score"]
     return cols
@@ -369,13 +496,18 @@ def _ci(report, which):
 def cells(tender, bidder):
     """``{column: text}`` of one bidder's row (text, HTML and JSON read the same)."""
     r = bidder.report
-    row = {"rank": "-" if bidder.rank is None else str(bidder.rank),
+    rank = "-" if bidder.rank is None else str(bidder.rank)
+    row = {"rank": rank + " (unpinned)" if bidder.rank is not None and not bidder.verified
+           else rank,
            "verification": bidder.status,
+           "signed": bidder.signed,
+           "head received": bidder.head_received or "-",
            "score": fmt_num(bidder.score),
            "score 95% CI": _ci(r, "score"),
            "node score": fmt_num(r.node_score if r else None),
            "node score 95% CI": _ci(r, "node_score"),
-           "failure rate": "-" if r is None else fmt_pct(r.failure_rate)}
+           "failure rate": "-" if r is None else fmt_pct(r.failure_rate),
+           "perf/W (items/J)": fmt_num(r.perf_per_watt if r else None, ".4g")}
     for label in tender.families:
         row[f"{label} score"] = fmt_num(family_score(bidder, label))
     if tender.currency is not None:
@@ -412,11 +544,23 @@ def pair_line(a, b, p):
 
 def header_items(tender):
     """``[(label, text)]``: what the tender table was made from."""
-    return [("rules", tender.rules),
+    if tender.bidders_file:
+        who = (f"{tender.bidders_file} (each bundle verified with the head received and "
+               "the public key the file gives)")
+    else:
+        who = ("the command line (no head, no key: every bidder unpinned; give them in "
+               "--bidders)")
+    if tender.bidders_file:
+        priced = (f"{tender.bidders_file} ({tender.currency})" if tender.currency
+                  else "none (no price in the bidders file)")
+    else:
+        priced = (f"{tender.prices} ({tender.currency})" if tender.prices
+                  else "none (no --prices)")
+    return [("bidders", who),
+            ("rules", tender.rules),
             ("weights", tender.weights_note if tender.weights is None
              else f"{tender.weights} ({tender.weights_note})"),
-            ("prices", f"{tender.prices} ({tender.currency})" if tender.prices
-             else "none (no --prices)"),
+            ("prices", priced),
             ("milarun", __version__)]
 
 
@@ -445,10 +589,12 @@ def text_lines(tender):
                          index=pd.Index([b.name for b in tender.bidders], name="bidder"),
                          columns=cols)
     lines.append(frame.to_string())
-    lines.append("ranked: verified bidders by score; a bidder that failed verification is "
-                 "shown without a rank, below every verified one")
+    lines.append(RANK_LEGEND)
     for b in tender.bidders:
-        if b.error is not None:
+        if b.unpinned:
+            lines.append(f"{b.name}: {NOT_PINNED}: every clause held, but no head was given: "
+                         "a chain rewritten end to end reads the same")
+        elif b.error is not None:
             lines.append(f"{b.name}: unreadable: {b.error}")
         elif b.verdict is not None and not b.verdict.ok:
             lines.append(f"{b.name}: not verified:")
@@ -489,17 +635,22 @@ def to_json(tender):
         r = b.report
         bidders.append({
             "name": b.name, "bundle": b.path, "rank": b.rank, "verified": b.verified,
-            "status": b.status, "error": b.error,
-            "failed": [c.to_json() for c in b.verdict.failed] if b.verdict else [],
+            "level": b.level, "pinned": b.head is not None, "head": b.head,
+            "head_received": b.head_received, "public_key": b.public_key,
+            "signed": b.signed, "status": b.status, "error": b.error,
+            "failed": ([c.to_json() for c in b.verdict.failed]
+                       if b.verdict and b.error is None else []),
             "score": b.score, "score_ci": _interval_json(r.score_ci if r else None),
             "node_score": r.node_score if r else None,
             "node_score_ci": _interval_json(r.node_score_ci if r else None),
             "families": {f["label"]: f["score"] for f in (r.families if r else [])},
             "failure_rate": r.failure_rate if r else None,
+            "perf_per_watt": r.perf_per_watt if r else None,
             "price": b.price,
             "price_per_score": r.rpp if r and b.price else None,
             "price_per_node_score": r.node_rpp if r and b.price else None})
     return {"format": "milarun-tender", "milarun": __version__, "rules": tender.rules,
+            "bidders_file": tender.bidders_file,
             "weights": tender.weights, "prices": tender.prices, "currency": tender.currency,
             "bidders": bidders,
             "pairs": [{"row": a, "column": b, "ratio": p.ratio, "ci": _interval_json(p.ci),
@@ -514,7 +665,10 @@ def render_html(tender, generated=None):
     names = [b.name for b in tender.bidders if b.score is not None]
     return _env().get_template("tender.html.j2").render(
         inputs=header_items(tender), columns=cols, generated=generated,
-        rows=[{"name": b.name, "verified": b.verified, "cells": cells(tender, b),
+        rank_legend=RANK_LEGEND,
+        rows=[{"name": b.name, "verified": b.verified, "level": b.level,
+               "tier": ("verified", "unpinned", "unverified")[tier(b)],
+               "cells": cells(tender, b),
                "failed": ([f"{c.name}: {c.detail}" for c in b.verdict.failed]
                           if b.verdict is not None and b.error is None else [])
                + ([f"unreadable: {b.error}"] if b.error else [])}
@@ -537,7 +691,7 @@ def _band(p):
 
 
 def make_tender(bundles, rules, prices=None, weights=None, html=None, json_out=None,
-                warn=None, generated=None):
+                warn=None, generated=None, bidders_file=None):
     """Build the tender (:func:`build_tender`), write its HTML page and JSON file when
     asked; returns ``(tender, text)``.
 
@@ -548,7 +702,8 @@ def make_tender(bundles, rules, prices=None, weights=None, html=None, json_out=N
     import datetime
     import json
 
-    tender = build_tender(bundles, rules, prices=prices, weights=weights, warn=warn)
+    tender = build_tender(bundles, rules, prices=prices, weights=weights, warn=warn,
+                          bidders_file=bidders_file)
     text = render_text(tender)
     if html:
         generated = generated or datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -559,6 +714,6 @@ def make_tender(bundles, rules, prices=None, weights=None, html=None, json_out=N
     return tender, text
 
 
-__all__ = ["Bidder", "Pair", "Tender", "build_tender", "make_tender", "pair", "pairwise",
-           "parse_bidders", "rank", "render_html", "render_text", "sort_key", "to_json",
-           "verify_one"]
+__all__ = ["NOT_PINNED", "NOT_VERIFIED", "UNREADABLE", "VERIFIED", "Bidder", "Pair", "Tender",
+           "build_tender", "make_tender", "pair", "pairwise", "parse_bidders", "rank",
+           "render_html", "render_text", "sort_key", "tier", "to_json", "verify_one"]
