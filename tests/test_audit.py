@@ -473,3 +473,32 @@ def test_identity_from_the_plan_file(tmp_path):
     # the session file's identity comes first
     other = {"sessions": [{"id": sid, "identity": {"vm": {"cpu_model": "Z"}}}]}
     assert audit.recorded_identity(tmp_path, other, sid, "vm") == {"cpu_model": "Z"}
+
+
+def test_check_lists_each_configuration_difference(vendor, tmp_path, capsys):
+    """Issue 33 §4: the rerun on the bundle's machine, its kernel changed in its identity's
+    configuration: ``audit.config`` fails, naming both values; the rest holds."""
+    base, out = vendor
+    profile = tmp_path / "audit.json"
+    assert plan(out, profile, sample=1, seed=1) == 0
+    rerun = tmp_path / "rerun"
+    c = json.loads(profile.read_text())["_audit"]["chosen"][0]
+    sid = "20990101-000000-000000"
+    (rerun / ".milarun" / f"profile-{sid}").mkdir(parents=True)
+    shutil.copy(profile, rerun / ".milarun" / f"profile-{sid}" / "0-audit.json")
+    ident = json.loads((out / ".milarun" / "session.json").read_text())["sessions"][0]["identity"]
+    (node, mine), = ident.items()
+    assert mine["version"] == 2 and "config" in mine
+    delivered = json.loads(json.dumps(mine))
+    delivered["config"]["node"]["kernel"] = "0.0.1-delivered"
+    (rerun / ".milarun" / "session.json").write_text(json.dumps(
+        {"format": "milarun-session", "version": 1, "invocation": {},
+         "sessions": [{"id": sid, "identity": {node: delivered}}]}))
+    shutil.copy(out / c["record"], rerun / c["record"])
+    verdict, rows, _ = audit.check_audit(out, rerun)
+    (failed,) = verdict.failed
+    assert failed.name == "audit.config" and "0.0.1-delivered delivered" in failed.detail
+    assert rows[0]["verdict"] == "reproduced"
+    capsys.readouterr()
+    assert cli("audit", "check", str(out), str(rerun)) == 1
+    assert "FAILED audit.config" in capsys.readouterr().out

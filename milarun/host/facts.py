@@ -42,6 +42,11 @@ MACHINE_KEYS = ("milarun_version", "milarun_commit", "milarun_dirty", "kernel",
 #: Per-GPU facts, collapsed per host to one value (or ``"a/b"`` when GPUs differ).
 GPU_KEYS = ("power_limit_w", "power_limit_default_w", "sm_clock_max_mhz", "mem_clock_max_mhz",
             "sm_clock_app_mhz", "mem_clock_app_mhz", "persistence_mode", "ecc_mode")
+#: The per-GPU configuration a node's hardware identity holds (``config.gpus[]``:
+#: :func:`milarun.host.identity.config`), by the names of ``host.gpus[]`` where a record
+#: has the same fact (``mig_mode`` and ``vbios`` are the identity's only).
+GPU_CONFIG_KEYS = ("power_limit_w", "sm_clock_app_mhz", "mem_clock_app_mhz", "ecc_mode",
+                   "mig_mode", "persistence_mode", "driver", "vbios")
 #: Per-student limits, kept per host as the tightest value seen.
 STUDENT_KEYS = ("student_cpus", "memory_limit_mib", "cgroup_cpu_quota")
 #: What ``--compare`` checks, with the words it uses.

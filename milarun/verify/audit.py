@@ -13,7 +13,10 @@ readers; nothing the bundle names is imported or run):
   entry (a ``_`` entry never runs), so the rerun's folder carries the plan it
   was run from in its own profile copy.
 * :func:`check_audit` (``milarun audit check``): the rerun's hardware identity
-  must be the bundle's, and each chosen launch's throughput must be reproduced
+  must be the bundle's, its configuration (the identity's ``config``: power limits,
+  clocks, ECC, MIG and persistence modes, driver, VBIOS, kernel, CPU governors,
+  container image) the bid's (:func:`compare_config`, one failed ``audit.config``
+  clause per difference), and each chosen launch's throughput must be reproduced
   by the rerun of its test on the same device.
 
 **A per-GPU launch reruns as its whole test.** The profile language cannot pin
@@ -556,6 +559,75 @@ def compare_identity(vendor, rerun):
     return True, "the same machine: " + ", ".join(matched)
 
 
+#: The configuration an audit compares (the identity's ``config``,
+#: :func:`milarun.host.identity.config`), with its words and unit.
+NODE_CONFIG = (("kernel", "kernel", ""), ("cpu_governors", "CPU governors", ""),
+               ("container_image_id", "container image", ""))
+GPU_CONFIG = (("power_limit_w", "power limit", " W"),
+              ("sm_clock_app_mhz", "SM application clock", " MHz"),
+              ("mem_clock_app_mhz", "memory application clock", " MHz"),
+              ("ecc_mode", "ECC", ""), ("mig_mode", "MIG mode", ""),
+              ("persistence_mode", "persistence mode", ""), ("driver", "driver", ""),
+              ("vbios", "VBIOS", ""))
+
+
+def _config_value(value, unit):
+    if value is None:
+        return "not read"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
+    return f"{value}{unit}"
+
+
+def _config_gpus(config):
+    """``{key: GPU config}`` of a ``config``: by UUID, else by index."""
+    out = {}
+    for g in config.get("gpus") if isinstance(config.get("gpus"), list) else []:
+        if isinstance(g, dict):
+            uuid = g.get("uuid")
+            out[uuid if isinstance(uuid, str) and uuid else f"index {g.get('index')}"] = g
+    return out
+
+
+def compare_config(vendor, rerun):
+    """The differences between the configuration (``config``) of the bundle's node
+    identity ``vendor`` and the rerun's ``rerun``: one line each ("GPU 3 power limit
+    700 W in the bid, 500 W delivered"); every difference counts, a value read on one
+    side only included (a lowered power limit is a finding, as a raised one). A side
+    whose identity has no ``config`` (identity version 1) gives one line saying so."""
+    configs = []
+    for side, ident in (("the bundle", vendor), ("the rerun", rerun)):
+        config = ident.get("config") if isinstance(ident, dict) else None
+        if not isinstance(config, dict):
+            return [f"configuration not recorded in {side} (its identity has no config)"]
+        configs.append(config)
+    bid, got = configs
+    out = []
+    nb = bid.get("node") if isinstance(bid.get("node"), dict) else {}
+    ng = got.get("node") if isinstance(got.get("node"), dict) else {}
+    for key, words, unit in NODE_CONFIG:
+        if nb.get(key) != ng.get(key):
+            out.append(f"{words} {_config_value(nb.get(key), unit)} in the bid, "
+                       f"{_config_value(ng.get(key), unit)} delivered")
+    gb, gg = _config_gpus(bid), _config_gpus(got)
+    for key in list(gb) + [k for k in gg if k not in gb]:
+        a, b = gb.get(key), gg.get(key)
+        label = f"GPU {(a or b).get('index')}"
+        if a is None or b is None:
+            out.append(f"{label} ({key}) configured only in the "
+                       + ("delivered machine" if a is None else "bid"))
+            continue
+        for name, words, unit in GPU_CONFIG:
+            if a.get(name) != b.get(name):
+                out.append(f"{label} {words} {_config_value(a.get(name), unit)} in the bid, "
+                           f"{_config_value(b.get(name), unit)} delivered")
+    return out
+
+
 def _rerun_records(auditdir):
     """``{(job_name, device): [(path, record)]}`` of the rerun's records (PASS first, then
     by run)."""
@@ -577,7 +649,8 @@ def check_audit(outdir, auditdir):
     Returns:
         ``(verdict, rows, plan)``: a :class:`milarun.verify.verdict.Verdict` whose clauses are in
         section ``"audit"`` (``audit.bundle-head``, ``audit.vendor-record``,
-        ``audit.identity``, ``audit.rerun``, ``audit.command``, ``audit.throughput``), and
+        ``audit.identity``, ``audit.config``, ``audit.rerun``, ``audit.command``,
+        ``audit.throughput``), and
         one dict per chosen launch (``name``, ``job``, ``run``, ``device``, ``vendor_rate``,
         ``rerun_rate`` in items/s, ``ratio``, ``ratio_ci``, ``vendor_ci``, ``verdict``:
         ``"reproduced"``, ``"not reproduced"`` or ``"not compared"``, ``why``), and the
@@ -631,14 +704,20 @@ def check_audit(outdir, auditdir):
             pair = (c["session"], c.get("node"), node)
             if pair not in identities:
                 rerun_sid = _session_of(audit_session, rerun_path)
-                ok, detail = compare_identity(
-                    None if unaccepted else
-                    recorded_identity(outdir, vendor_session, c["session"], c.get("node"),
-                                      entries),
-                    recorded_identity(auditdir, audit_session, rerun_sid, node))
+                bid = None if unaccepted else recorded_identity(
+                    outdir, vendor_session, c["session"], c.get("node"), entries)
+                delivered = recorded_identity(auditdir, audit_session, rerun_sid, node)
+                ok, detail = compare_identity(bid, delivered)
                 identities[pair] = ok
-                verdict.add("audit", "audit.identity", ok,
-                            f"bundle node {c.get('node')} / rerun node {node}: {detail}")
+                where = f"bundle node {c.get('node')} / rerun node {node}"
+                verdict.add("audit", "audit.identity", ok, f"{where}: {detail}")
+                if ok:   # another machine's configuration is not compared
+                    differences = compare_config(bid, delivered)
+                    for line in differences:
+                        verdict.add("audit", "audit.config", False, f"{where}: {line}")
+                    if not differences:
+                        verdict.add("audit", "audit.config", True,
+                                    f"{where}: the configuration of the bid")
         if vendor is None:
             row["why"] = "the vendor's record cannot be used"
             continue

@@ -33,7 +33,9 @@ use them; docs/tender.md lists them):
   lie inside their session's time in the manifest; a concurrent wave's barrier
   releases agree; GPU energy counters never go back and agree with the power readings;
   the host facts (hostname, CPU model, memory, GPU UUIDs and serials) are the same in
-  every record of one node and equal the session's hardware identity where recorded.
+  every record of one node and equal the session's hardware identity where recorded;
+  each record's configuration (kernel, CPU governor, per GPU power limit, application
+  clocks, ECC, persistence, driver) is its node's identity's ``config`` where both hold it.
 * **performance** (:func:`check_performance`, rules only): per test group, the lower
   bound of the confidence interval of the mean steady-state throughput
   (:func:`milarun.measure.confidence.mean_interval`) against ``min_throughput``; the
@@ -982,6 +984,7 @@ def check_consistency(b, v):
     _barrier_clause(b, v)
     _energy_clause(b, v)
     _host_clause(b, v)
+    _config_clause(b, v)
 
 
 def _copy_clause(b, v):
@@ -1182,6 +1185,82 @@ def _host_clause(b, v):
     _report(v, "consistency", "consistency.host-facts", problems,
             f"host facts agree in every record of each of {len(nodes)} node(s)"
             + (" and with the session's hardware identity" if identity else ""))
+
+
+#: The per-GPU configuration a record's ``host.gpus[]`` and the identity's
+#: ``config.gpus[]`` both hold (``mig_mode`` and ``vbios`` are the identity's only).
+CONFIG_GPU_FACTS = ("power_limit_w", "sm_clock_app_mhz", "mem_clock_app_mhz", "ecc_mode",
+                    "persistence_mode", "driver")
+
+
+def _session_identity(b, sid, node):
+    """The identity session ``sid`` recorded for ``node`` (the session file's, else its
+    plan's), None when it recorded none."""
+    for s in _list((b.session or {}).get("sessions")):
+        if isinstance(s, dict) and s.get("id") == sid and isinstance(s.get("identity"), dict):
+            ident = s["identity"].get(node)
+            if isinstance(ident, dict):
+                return ident
+    ident = ((b.plans.get(sid) or {}).get("identity") or {}) if isinstance(sid, str) else {}
+    found = ident.get(node) if isinstance(ident, dict) else None
+    return found if isinstance(found, dict) else None
+
+
+def _governors(value):
+    """The set of governors of a record's ``cpu_governor`` (``"a"`` or ``"mixed: a, b"``)."""
+    if not isinstance(value, str) or not value:
+        return set()
+    return {g.strip() for g in value.removeprefix("mixed:").split(",") if g.strip()}
+
+
+def config_problems(host, config):
+    """What a record's ``host`` facts say against its node's identity ``config``
+    (``{"node", "gpus"}``, :func:`milarun.host.identity.config`), where both hold the
+    value: the kernel, the CPU governors (the record's, of its own CPUs, among the
+    node's) and per GPU (by UUID) :data:`CONFIG_GPU_FACTS`. A list of lines."""
+    out = []
+    node = config.get("node") if isinstance(config.get("node"), dict) else {}
+    kernel = host.get("kernel")
+    if node.get("kernel") is not None and kernel is not None and kernel != node["kernel"]:
+        out.append(f"kernel {kernel!r}, the identity's {node['kernel']!r}")
+    mine, theirs = _governors(host.get("cpu_governor")), node.get("cpu_governors")
+    if mine and isinstance(theirs, list) and theirs and not mine <= set(map(str, theirs)):
+        out.append(f"CPU governor {host.get('cpu_governor')!r}, the identity's "
+                   f"{', '.join(map(str, theirs))}")
+    by_uuid = {g["uuid"]: g for g in _list(config.get("gpus"))
+               if isinstance(g, dict) and isinstance(g.get("uuid"), str) and g["uuid"]}
+    for g in _list(host.get("gpus")):
+        ref = by_uuid.get(g.get("uuid")) if isinstance(g, dict) else None
+        if ref is None:
+            continue
+        for key in CONFIG_GPU_FACTS:
+            if g.get(key) is not None and ref.get(key) is not None and g[key] != ref[key]:
+                out.append(f"GPU {g.get('index')} ({g['uuid']}) {key} {g[key]!r}, the "
+                           f"identity's {ref[key]!r}")
+    return out
+
+
+def _config_clause(b, v):
+    """``consistency.config``: every record's host and GPU facts agree with the
+    configuration in its node's identity, as its session recorded it, where both hold
+    the value (:func:`config_problems`)."""
+    fallback = _identity(b)
+    problems, compared = [], 0
+    for path, rec in sorted(b.records.items()):
+        host = rec.get("host") if isinstance(rec.get("host"), dict) else {}
+        node = node_of(rec) or host.get("hostname")
+        entry = b.last.get(path) or {}
+        ident = _session_identity(b, entry.get("session"), node) or fallback.get(node)
+        config = ident.get("config") if isinstance(ident, dict) else None
+        if not isinstance(config, dict):
+            continue
+        compared += 1
+        for line in config_problems(host, config):
+            problems.append((f"node {node}: {path}: {line}", [path]))
+    _report(v, "consistency", "consistency.config", problems,
+            f"the configuration in {compared} record(s) agrees with its node's identity"
+            if compared else "no identity records a configuration (identity version 1): "
+                             "nothing to compare")
 
 
 # --- performance -------------------------------------------------------------------------------

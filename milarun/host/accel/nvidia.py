@@ -25,7 +25,7 @@ instance.
 
 import os
 
-from ..facts import gpu_facts
+from ..facts import GPU_CONFIG_KEYS, gpu_facts
 from .base import Accelerator, Backend, Reading, reading, unreadable
 from .sysfs import local_cpus, normalize_bdf, numa_node
 
@@ -387,3 +387,35 @@ class NvidiaBackend(Backend):
             return gpu_facts(self._init(), device.handle[1])
         except Exception:
             return {}
+
+    def config(self, device):
+        """The configuration of ``device``'s GPU that moves the numbers (a MIG instance
+        gives its GPU's), for the node's identity
+        (:data:`milarun.host.facts.GPU_CONFIG_KEYS`): the enforced power limit (W), the
+        application clocks (MHz), ECC and persistence mode (bool, the current mode) as
+        :func:`milarun.host.facts.gpu_facts` reads them for every record; MIG mode
+        (``nvmlDeviceGetMigMode``, the current one), the driver version
+        (``nvmlSystemGetDriverVersion``) and the VBIOS version
+        (``nvmlDeviceGetVbiosVersion``). Each value is None where NVML does not answer
+        (``NotSupported``, ``NoPermission``, a pynvml without the call). Never raises."""
+        out = dict.fromkeys(GPU_CONFIG_KEYS)
+        try:
+            nv = self._init()
+            parent = device.handle[1]
+        except Exception:
+            return out
+        facts = {}
+        try:
+            facts = gpu_facts(nv, parent)
+        except Exception:
+            pass
+        out.update({k: facts.get(k) for k in GPU_CONFIG_KEYS if k in facts})
+        mode = _call(nv, "nvmlDeviceGetMigMode", parent)
+        current = mode[0] if isinstance(mode, (list, tuple)) and mode else mode
+        if isinstance(current, int):
+            out["mig_mode"] = current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
+        for key, value in (("driver", _call(nv, "nvmlSystemGetDriverVersion")),
+                           ("vbios", _call(nv, "nvmlDeviceGetVbiosVersion", parent))):
+            value = nvml_str(value)
+            out[key] = (value.strip() or None) if isinstance(value, str) else None
+        return out
