@@ -125,17 +125,33 @@ def test_a_changed_milarun_is_a_miss(results, store, tmp_path, monkeypatch):
     assert report(results, tmp_path)[3] is False
 
 
-def test_the_session_file_is_read_every_time(results, store, tmp_path):
-    report(results, tmp_path, html=False)
-    session = results / ".milarun" / "session.json"
-    assert not session.exists()
+def _session(results, profile, stamps):
     from milarun.launcher.session import SESSION_FORMAT, SESSION_VERSION
-    session.parent.mkdir()
+    session = results / ".milarun" / "session.json"
+    session.parent.mkdir(exist_ok=True)
     session.write_text(json.dumps({"format": SESSION_FORMAT, "version": SESSION_VERSION,
-                                   "invocation": {"profile": "profiles/other.json"},
-                                   "sessions": []}))
+                                   "invocation": {"profile": profile},
+                                   "sessions": [{"id": s} for s in stamps]}))
+
+
+def test_the_session_file_is_read_every_time(results, store, tmp_path):
+    assert not (results / ".milarun" / "session.json").exists()
+    # every record's stamp a session of the folder: all of them count
+    stamps = sorted({p.name.rsplit(".", 2)[-2] for p in results.glob("*.json")})
+    _session(results, "profiles/one.json", stamps)
+    report(results, tmp_path, html=False)
+    _session(results, "profiles/other.json", stamps)
     got = inputs_mod.load_inputs(results, io.StringIO(), cache=Cache.from_env())
     assert got.cached and got.summary["provenance"]["profile"] == "profiles/other.json"
+
+
+def test_other_sessions_are_another_key(results, store, tmp_path):
+    stamps = sorted({p.name.rsplit(".", 2)[-2] for p in results.glob("*.json")})
+    _session(results, "profiles/one.json", stamps)
+    first = inputs_mod.load_inputs(results, io.StringIO(), cache=Cache.from_env())
+    _session(results, "profiles/one.json", stamps[1:])   # a record no session wrote now
+    got = inputs_mod.load_inputs(results, io.StringIO(), cache=Cache.from_env())
+    assert not got.cached and got.foreign and not first.foreign
 
 
 def test_no_cache_reads_and_writes_nothing(results, store, tmp_path):

@@ -78,7 +78,7 @@ from ..formats.jsonfile import first_error, parse_json
 from ..formats.record import accepted, migrate
 from ..formats.store import result_files
 from ..formats.summary import SUMMARY_FORMAT, SUMMARY_VERSION
-from ..formats.terminal import terminal_safe
+from ..formats.terminal import one_line
 from ..host import facts as hostfacts
 from ..host.forkpool import Shared
 from ..launcher.session import read_session
@@ -179,11 +179,11 @@ def _accepted(found):
 
 def warn_skipped(skipped, stream=None):
     """Write one warning line per skipped file: ``milarun: warning: skipped <file>: <key>:
-    <message>`` (control characters of a file name or message shown escaped:
-    :func:`milarun.formats.terminal.terminal_safe`)."""
+    <message>`` (control characters of a file name or message, newlines included,
+    shown escaped: :func:`milarun.formats.terminal.one_line`)."""
     stream = stream or sys.stderr
     for path, exc in skipped:
-        print(terminal_safe(f"milarun: warning: skipped {exc if str(exc) else path}"),
+        print(one_line(f"milarun: warning: skipped {exc if str(exc) else path}"),
               file=stream)
 
 

@@ -6,6 +6,8 @@ command runs, so ``milarun --help`` stays fast.
 
 import sys
 
+from ..errors import MilarunError
+from ..formats.terminal import one_line, one_line_error
 from .options import flag, option, positional
 
 
@@ -48,14 +50,17 @@ OPTIONS = (
 
 def command(opts, rest):
     """Print the report table and score of a results directory or summary file."""
-    return run_report(opts.results, weights=opts.weights, compare=opts.compare,
-                      price=opts.price, compare_gpus=opts.compare_gpus,
-                      penalize_variance=opts.penalize_variance, title=opts.title,
-                      html=opts.html, strict=opts.strict, compare_nodes=opts.compare_nodes,
-                      node_threshold=opts.node_threshold, throughput=opts.throughput,
-                      unweighted=opts.unweighted, thresholds=opts.thresholds,
-                      burn_threshold=opts.burn_threshold, family=opts.family,
-                      cache=opts.cache)
+    try:
+        return run_report(opts.results, weights=opts.weights, compare=opts.compare,
+                          price=opts.price, compare_gpus=opts.compare_gpus,
+                          penalize_variance=opts.penalize_variance, title=opts.title,
+                          html=opts.html, strict=opts.strict, compare_nodes=opts.compare_nodes,
+                          node_threshold=opts.node_threshold, throughput=opts.throughput,
+                          unweighted=opts.unweighted, thresholds=opts.thresholds,
+                          burn_threshold=opts.burn_threshold, family=opts.family,
+                          cache=opts.cache)
+    except MilarunError as exc:     # its message names the results folder and files
+        raise one_line_error(exc)
 
 
 def run_report(results, strict=False, stdout=None, warn=None, **options):
@@ -71,7 +76,6 @@ def run_report(results, strict=False, stdout=None, warn=None, **options):
             is read), or a bad input (see :func:`milarun.report.make_report`).
     """
     # lazy, for start-up: `milarun --help` imports every cli module (the report: pandas)
-    from ..formats.terminal import terminal_safe
     from ..report import make_report
     from ..report.table import check_price
 
@@ -82,14 +86,14 @@ def run_report(results, strict=False, stdout=None, warn=None, **options):
         options["price"] = check_price(options["price"])
     report, text = make_report(results, warn=warn, **options)
     for line in report.warnings:
-        print(terminal_safe(f"milarun: warning: {line}"), file=warn)
+        print(one_line(f"milarun: warning: {line}"), file=warn)
     stdout.write(text)
     if strict and report.incomplete:
-        print("milarun: error: --strict: the score is incomplete ("
-              + "; ".join(filter(None, [
-                  report.missing and "missing: " + ", ".join(report.missing),
-                  report.zero and "every run failed: " + ", ".join(report.zero)]))
-              + ")", file=warn)
+        print(one_line("milarun: error: --strict: the score is incomplete ("
+                       + "; ".join(filter(None, [
+                           report.missing and "missing: " + ", ".join(report.missing),
+                           report.zero and "every run failed: " + ", ".join(report.zero)]))
+                       + ")"), file=warn)
         return 1
     clauses = report.acceptance_verdict
     if clauses is not None and not all(c["ok"] for c in clauses):

@@ -8,6 +8,8 @@ Heavy modules (pandas, jinja2) are imported only when the command runs, so ``mil
 
 import sys
 
+from ..errors import MilarunError
+from ..formats.terminal import one_line, one_line_error
 from .options import option, positional
 
 
@@ -43,8 +45,11 @@ def command(opts, rest):
     when at least one bidder is VERIFIED, 3 when none is but one is CONSISTENT, NOT
     PINNED, 1 when none is either, 2 on bad input.
     """
-    return run_tender(opts.bundles, opts.rules, prices=opts.prices, weights=opts.weights,
-                      html=opts.html, json_out=opts.json, bidders_file=opts.bidders)
+    try:
+        return run_tender(opts.bundles, opts.rules, prices=opts.prices, weights=opts.weights,
+                          html=opts.html, json_out=opts.json, bidders_file=opts.bidders)
+    except MilarunError as exc:     # its message names a bidder's folder and files
+        raise one_line_error(exc)
 
 
 def run_tender(bundles, rules, prices=None, weights=None, html=None, json_out=None,
@@ -55,8 +60,6 @@ def run_tender(bundles, rules, prices=None, weights=None, html=None, json_out=No
         MilarunError: no ``--rules``, or bad input (:func:`milarun.report.tender.build_tender`).
     """
     # lazy, for start-up: `milarun --help` imports every cli module (the report: pandas)
-    from ..errors import MilarunError
-    from ..formats.terminal import terminal_safe
     from ..report.tender import make_tender
 
     stdout = stdout or sys.stdout
@@ -70,7 +73,7 @@ def run_tender(bundles, rules, prices=None, weights=None, html=None, json_out=No
     tender, text = make_tender(bundles, rules, prices=prices, weights=weights, html=html,
                                json_out=json_out, warn=warn, bidders_file=bidders_file)
     for line in tender.warnings:
-        print(terminal_safe(f"milarun: warning: {line}"), file=warn)
+        print(one_line(f"milarun: warning: {line}"), file=warn)
     stdout.write(text)
     if tender.exit_code == 3:
         print("milarun: no bidder's bundle VERIFIED: every clause held for "

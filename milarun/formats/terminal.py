@@ -3,6 +3,11 @@
 A record, summary, baseline or profile may come from anyone: an escape sequence
 in it must not clear the screen or draw a fake score, and a newline in a field
 meant as one line must not add a line of its own.
+
+:func:`one_line` is the one formatter of a string a folder supplies (a file name,
+a message, a host fact, a clause's detail) in a line of text output: every control
+character shown escaped, newlines included. :func:`terminal_safe` is for a whole
+text of several lines, built from fields already passed through :func:`one_line`.
 """
 
 import re
@@ -29,7 +34,18 @@ def terminal_safe(text):
 
 
 def one_line(text):
-    """``text`` with its newlines shown as ``\\n``: a string from a file meant as one
-    line (a hostname ``"h\\nscore: 99999.00"``) cannot add a line of its own to
-    the report."""
-    return str(text).replace("\r", "\\r").replace("\n", "\\n")
+    """``text`` (any object: its ``str``) as one terminal-safe line: its newlines shown
+    as ``\\n`` (``\\r`` for CR), every other terminal control character as
+    :func:`terminal_safe` shows it. A string from a file meant as one line (a hostname
+    ``"h\\nscore: 99999.00"``, a file name ``"x\\x1b[31m.json"``) can neither add a
+    line of its own to the output nor act on the terminal."""
+    return terminal_safe(str(text).replace("\r", "\\r").replace("\n", "\\n"))
+
+
+def one_line_error(exc):
+    """``exc`` (a :class:`milarun.errors.MilarunError`) with its message passed through
+    :func:`one_line`, for the CLI's ``milarun: error: …`` line: the path of a folder or
+    file it names (a bundle folder ``"acme\\x1b[31m"``) cannot act on the terminal or
+    add a line. Returns ``exc``, to re-raise."""
+    exc.args = (one_line(str(exc)),)
+    return exc

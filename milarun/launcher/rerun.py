@@ -44,8 +44,6 @@ _FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za
 #: Starts the child without the current folder on ``sys.path`` (``-P``, Python 3.11;
 #: 3.10 has only ``-I``, which also ignores ``PYTHONPATH`` and ``PYTHON*`` variables).
 SAFE_PATH = "-P" if sys.version_info >= (3, 11) else "-I"
-#: A student cgroup a rerun enters: ``controllers:group/path`` of plain names.
-_CGROUP_SPEC = re.compile(r"[a-z_]+(,[a-z_]+)*:/?[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*/?")
 
 
 def _word(text):
@@ -123,8 +121,9 @@ def student_cgroup(record):
         group = spec.split(":", 1)[1].strip("/")
     except (KeyError, IndexError, ValueError):
         return None, f"its cgroup template {_word(template)} does not expand"
-    # a plain group path: "../../tmp/x" would make cgexec write a pid into any "tasks" file
-    if not _CGROUP_SPEC.fullmatch(spec) or any(p in (".", "..") for p in group.split("/")):
+    # a plain group path: "../../tmp/x" would make cgexec write a pid into any "tasks" file;
+    # the launcher's own rule (no leading '/', no '.' or '..' part)
+    if isolation.check_group_spec(spec) is not None:
         return None, f"its cgroup {_word(spec)} is not a plain controllers:group name"
     ran_in = (record.get("host") or {}).get("cgroup") or ""
     if not isinstance(ran_in, str):

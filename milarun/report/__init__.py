@@ -176,6 +176,8 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
                                  else None)
     report.inputs = inputs_of(source, summary, inputs.count, weights, weights_default, compare,
                               price, families)
+    if inputs.foreign:      # records no session of the folder wrote: named, not scored
+        report.inputs["foreign"] = list(inputs.foreign)
     for diff in report.host_diffs:
         print(f"milarun: warning: {compare}: host fact differs from the baseline's: "
               f"{diff_line(diff)}", file=warn or sys.stderr)

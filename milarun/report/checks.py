@@ -20,7 +20,7 @@ checks already made their results failures in the summary).
   from the baseline's is a warning.
 """
 
-from ..formats.terminal import terminal_safe
+from ..formats.terminal import one_line
 from ..host import facts as hostfacts
 from ..measure.flags import VALIDATION, from_summary
 from .formatting import fmt_num, geomean_or_warn
@@ -102,10 +102,11 @@ def flag_html(test, flag):
 
 def diff_line(diff):
     """One host fact that differs from the baseline's (the facts are a vendor's strings:
-    terminal controls shown escaped, :func:`milarun.formats.terminal.terminal_safe`, since
-    ``make_report`` prints this line as a warning)."""
+    terminal controls, newlines included, shown escaped:
+    :func:`milarun.formats.terminal.one_line`, since ``make_report`` prints this line
+    as a warning)."""
     words, ours, base = diff
-    return terminal_safe(f"{words}: {ours} (baseline: {base})")
+    return one_line(f"{words}: {ours} (baseline: {base})")
 
 
 def text_lines(report):

@@ -15,6 +15,14 @@ same as those of the first report. The warnings of skipped files are kept too an
 printed again. What can change without a result file changing is read every time:
 the session file's profile (the summary's provenance), the failure logs and the
 trace files the page links to.
+
+A folder with a session (``.milarun/session.json``) is judged by the rule of
+``milarun jobs --resume`` (:func:`milarun.launcher.session.successful_keys`, the
+one place of that rule): a successful record that none of the folder's sessions
+wrote (copied in from another folder, another session's stamp) is skipped, named in
+the report's header, never scored; the session ids are part of the cache key. The
+seal's own files (``bundle.json``, ``bundle.json.sig``) are not records: they are
+not read, and no warning names them.
 """
 
 import hashlib
@@ -24,9 +32,11 @@ from pathlib import Path
 
 from ..analysis.summary import load_results, provenance, summarize_with
 from ..errors import ResultFormatError
+from ..formats.bundle import bundle_path, signature_path
 from ..formats.cache import entry_key
 from ..formats.store import result_files
 from ..formats.summary import check_summary, read_summary
+from ..launcher.session import read_session, session_times, successful_keys
 from ..measure.stats import steady_states_once
 from .html import throughput_plot, trace_refs
 from .iostudy import io_points
@@ -46,6 +56,8 @@ class Inputs:
     :func:`~milarun.report.html.trace_refs` and
     :func:`~milarun.report.html.throughput_plots` give them (None for a summary
     file; ``plots`` also when not asked for). ``cached``: read from the cache.
+    ``foreign``: the POSIX paths, relative to the folder, of the successful records
+    that no session of the folder wrote (skipped, not scored; empty without a session).
     """
 
     summary: dict
@@ -55,6 +67,7 @@ class Inputs:
     traces: list = None
     plots: dict = None
     cached: bool = False
+    foreign: list = None
 
 
 class _Tee(io.TextIOBase):
@@ -68,9 +81,16 @@ class _Tee(io.TextIOBase):
         return self.stream.write(text)
 
 
-def _key(directory, files):
-    # the folder as given too: the warnings kept name each file by it (results/a.json)
-    parts = [str(directory.resolve()), str(directory)]
+#: Why a record that no session of the folder wrote is not scored.
+FOREIGN = "not written by a session of this folder (copied in?); not counted"
+
+
+def _key(directory, files, sessions):
+    # the folder as given too: the warnings kept name each file by it (results/a.json);
+    # the sessions: they decide which records count
+    parts = [str(directory.resolve()), str(directory),
+             "sessions\0" + ("-" if sessions is None else
+                             ",".join(sorted(t.isoformat() for t in sessions)))]
     for path, raw in files:
         rel = path.relative_to(directory).as_posix()
         # an error is a message (it names the path), a file is its bytes' digest
@@ -88,8 +108,12 @@ def _from_value(value, directory):
             and isinstance(value["io_points"], dict) and isinstance(value["warnings"], str)):
         raise ValueError("malformed entry")
     check_summary(value["summary"])     # an entry edited by hand is a miss, not a crash
+    if not (isinstance(value["foreign"], list)
+            and all(isinstance(p, str) for p in value["foreign"])):
+        raise ValueError("malformed entry")
     return Inputs(summary=value["summary"], results_dir=directory, count=value["count"],
-                  io_points=value["io_points"], traces=traces, plots=plots, cached=True)
+                  io_points=value["io_points"], traces=traces, plots=plots, cached=True,
+                  foreign=value["foreign"])
 
 
 @steady_states_once()   # the summary and the plots share each result's steady state
@@ -119,8 +143,11 @@ def load_inputs(source, warn, plots=False, cache=None, only=None):
         raise ResultFormatError("no such results directory or summary file", path=path)
     if only is not None:
         cache = None
-    files = list(result_files(path))
-    key = _key(path, files) if cache is not None else None
+    seal = {bundle_path(path), signature_path(path)}    # not records (weights: in .milarun/)
+    files = [(p, raw) for p, raw in result_files(path) if p not in seal]
+    saved = read_session(path)
+    sessions = session_times(saved) if saved is not None else None
+    key = _key(path, files, sessions) if cache is not None else None
     value = cache.get(KIND, key) if cache is not None else None
     if isinstance(value, dict) and (not plots or value.get("plots") is not None):
         try:
@@ -131,6 +158,12 @@ def load_inputs(source, warn, plots=False, cache=None, only=None):
             warn.write(value["warnings"])
             provenance(inputs.summary, path)
             return inputs
+    foreign = []
+    if sessions is not None:     # the rule of --resume: only this folder's sessions count
+        foreign = {p for p, _ in successful_keys(path, sessions)[1]}
+        files = [(p, ResultFormatError(FOREIGN, path=p) if p in foreign else raw)
+                 for p, raw in files]
+        foreign = sorted(p.relative_to(path).as_posix() for p in foreign)
     tee = _Tee(warn)
     records, skipped = load_results(path, warn=tee, only=only, files=files)
     # each test's plot is drawn where it is summarized (one steady state, one set of flags)
@@ -139,12 +172,12 @@ def load_inputs(source, warn, plots=False, cache=None, only=None):
     drawn = {group: plot for group, plot in drawn.items() if plot is not None} if plots else None
     inputs = Inputs(summary=summary, results_dir=path, count=len(records),
                     io_points=io_points(records), traces=trace_refs(records),
-                    plots=drawn)
+                    plots=drawn, foreign=foreign)
     if cache is not None:
         cache.put(KIND, key, {
             "summary": summary, "count": inputs.count, "io_points": inputs.io_points,
             "traces": [(Path(p).relative_to(path).as_posix(), trace, group)
                        for p, trace, group in inputs.traces],
-            "plots": inputs.plots, "warnings": "".join(tee.parts)})
+            "plots": inputs.plots, "warnings": "".join(tee.parts), "foreign": foreign})
     provenance(summary, path)
     return inputs

@@ -67,6 +67,10 @@ def header_items(inputs):
         skipped = f", {inputs['skipped']} file(s) skipped" if inputs["skipped"] else ""
         items.append(("results", f"{inputs['source']} ({inputs['records']} result files"
                                  f"{skipped})"))
+        if inputs.get("foreign"):
+            items.append(("not counted", f"{len(inputs['foreign'])} record(s) not written by "
+                                         "a session of this folder: "
+                                         + ", ".join(inputs["foreign"])))
     else:
         made = f" (made from results folder {inputs['folder']})" if inputs.get("folder") else ""
         items.append(("results", f"summary file {inputs['source']}{made}"))

@@ -8,7 +8,7 @@ jinja2 template ``templates/verify.html.j2`` (autoescaped: every detail comes fr
 vendor's files).
 """
 
-from ..formats.terminal import terminal_safe
+from ..formats.terminal import one_line
 from ..verify.verdict import LEVEL_FAILED, LEVEL_NOT_PINNED, LEVEL_VERIFIED, SECTIONS
 
 
@@ -45,8 +45,9 @@ def summary_line(verdict):
 
 
 def text_lines(verdict):
-    """The verdict as lines of text (terminal-safe: a vendor's strings cannot move the
-    cursor or colour the terminal)."""
+    """The verdict as lines of text, each passed through
+    :func:`milarun.formats.terminal.one_line`: a vendor's strings (a file name, a detail)
+    can neither move the cursor, colour the terminal nor start a line of their own."""
     lines = [f"bundle: {verdict.bundle}",
              f"chain head: {verdict.head or '-'}" + (
                  "" if verdict.pinned is None else
@@ -65,7 +66,7 @@ def text_lines(verdict):
         lines += [f"  {'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in clauses]
     lines.append("")
     lines.append(summary_line(verdict))
-    return [terminal_safe(line) for line in lines]
+    return [one_line(line) for line in lines]
 
 
 def render_text(verdict):
