@@ -62,8 +62,11 @@ def test_missing_dataset_is_a_clear_error(tmp_path):
     res = run_model("milarun.models.vae:main", CPU + ["--max-count", "10"],
                     dataroot=tmp_path / "empty", tmp_path=tmp_path)
     assert res["_exit_code"] == 1 and res["success"] is False
-    assert res["error"]["type"] == "FileNotFoundError"
+    # DatasetMissing: a FileNotFoundError (readers that catch it still do) and a
+    # MilarunError (one console line, the traceback kept in the record)
+    assert res["error"]["type"] == "DatasetMissing"
     assert "milarun dataset mnist" in res["error"]["message"]
+    assert "Traceback" in res["error"]["traceback"]
 
 
 def test_convnet_rejects_unknown_arch(tmp_path, core_dataroot):
