@@ -14,7 +14,9 @@ torchrun per node; ``multi-node``/``node-progression``: a rendezvous over
 nodes, under Slurm or ssh). Lightning is told it runs under torchrun
 (``TorchElasticEnvironment``), so it neither spawns processes nor reads
 Slurm's variables (under ``srun``, those describe the torchrun agents, not
-the ranks). Without torchrun it is a world of one.
+the ranks). Without torchrun it is a world of one. The process group is the
+harness's (:func:`milarun.bench.distributed.process_group`; Lightning uses the
+group it finds), so the test ends as every distributed test does.
 
 Measurement: a Lightning callback feeds milarun's rate logger, one step per
 ``on_train_batch_end`` (so windows, warm-up, ``--min-steady``,
@@ -33,7 +35,7 @@ import os
 from coleo import Option, default, tooled
 
 from ..bench import init_torch, need_a_batch, rate_logger, set_precision
-from ..bench.distributed import World, agree_on_counts
+from ..bench.distributed import World, agree_on_counts, process_group
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.rate import Step
 from ..bench.step import make_optimizer
@@ -101,26 +103,17 @@ def train(exp):
                                    share if workers < 0 else workers, device)
     need_a_batch(len(dataset) >= batch_size * size, len(dataset), "images", batch_size, size,
                  "lower --batch-size or use a larger fake_imagenet")
-    if backend == "auto":
-        backend = "nccl" if device.type == "cuda" else "gloo"
     exp.metrics["global_batch"] = batch_size * size
-    _fit(exp, lightning, loader, build_model(arch, len(dataset.classes)), device, precision,
-         lr, backend, size, local_size)
+    # The group is the harness's (Lightning uses one that exists): it ends as every
+    # distributed test's does, and the node's ranks share its cores as theirs do.
+    with process_group(exp, device, backend) as world:
+        _fit(exp, lightning, loader, build_model(arch, len(dataset.classes)), precision, lr,
+             world)
 
 
-def _fit(exp, lightning, loader, model, device, precision, lr, backend, size, local_size):
+def _fit(exp, lightning, loader, model, precision, lr, world):
     import torch
-    import torch.distributed as dist
-    # As in bench.distributed.process_group: imported before the group exists, so
-    # its default arguments do not keep the group alive after it is destroyed.
-    import torch.distributed.nn  # noqa: F401
     from lightning.pytorch.strategies import DDPStrategy
-
-    if device.type == "cpu":
-        # the node's ranks share its cores (as ddp_convnet's ranks do)
-        threads = max(1, torch.get_num_threads() // max(1, local_size))
-        torch.set_num_threads(threads)
-        exp.result["host"]["threads"] = threads
 
     class Module(lightning.LightningModule):
         def __init__(self):
@@ -139,30 +132,23 @@ def _fit(exp, lightning, loader, model, device, precision, lr, backend, size, lo
                                   momentum=0.9, weight_decay=1e-4)
 
     trainer = lightning.Trainer(
-        accelerator="cuda" if device.type == "cuda" else "cpu", devices=local_size,
-        num_nodes=max(1, size // local_size),
-        strategy=DDPStrategy(process_group_backend=backend,
+        accelerator="cuda" if world.device.type == "cuda" else "cpu", devices=world.local_size,
+        num_nodes=max(1, world.size // world.local_size),
+        strategy=DDPStrategy(process_group_backend=world.backend,
                              cluster_environment=cluster_environment()),
         precision=PRECISION[precision], max_epochs=-1, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, callbacks=[rate_callback(exp, backend)])
-    try:
-        trainer.fit(Module(), train_dataloaders=loader)
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        num_sanity_val_steps=0, callbacks=[rate_callback(exp, world)])
+    trainer.fit(Module(), train_dataloaders=loader)
 
 
-def rate_callback(exp, backend):
+def rate_callback(exp, world):
     """A ``lightning.Callback`` that feeds milarun's rate logger and stops the Trainer.
 
-    ``on_train_start`` (the process group exists then) records the job
-    (:meth:`Experiment.gather_hosts`, ``world_size``/``backend``/``rank``
-    metrics), creates the rate logger (``rate_logger``; ranks agree on
-    ``--min-steady`` raises), meets the wave's start barrier and opens its
-    first window; each
+    ``world`` is the :class:`~milarun.bench.distributed.World` of the harness's
+    process group (which recorded the job). ``on_train_start`` creates the rate
+    logger (``rate_logger``; ranks agree on ``--min-steady`` raises), meets the
+    wave's start barrier and opens its first window; each
     ``on_train_batch_end`` is one step of ``len(batch) × world_size`` items
     with the loss logged, and sets ``trainer.should_stop`` once the logger is
     done (the same step on every rank: they count the same items);
@@ -174,19 +160,10 @@ def rate_callback(exp, backend):
     class RateCallback(lightning.Callback):
         def __init__(self):
             self.logger = None
-            self.size = 1
+            self.size = world.size
 
         def on_train_start(self, trainer, module):
-            self.size = trainer.world_size
-            exp.gather_hosts()
-            exp.metrics.update({"world_size": trainer.world_size, "backend": backend,
-                                "rank": trainer.global_rank})
-            if module.device.type == "cuda":
-                exp.device = module.device
             self.logger = rate_logger(exp)
-            world = World(trainer.world_size, trainer.global_rank, trainer.local_rank,
-                          max(1, trainer.world_size // max(1, trainer.num_nodes)), backend,
-                          module.device)
             agree_on_counts(exp, world)
             if self.logger.before_start is not None:
                 self.logger.before_start()   # the wave's start barrier (bench/sync.py)
