@@ -267,3 +267,25 @@ def students():
     undo = ["--remove"] if not existed else []
     subprocess.run(["bash", "scripts/cgroup_setup.sh", "--students", "2", *undo], cwd=ROOT,
                    capture_output=True)
+
+
+#: One short per-gpu launch of a torch-free workload: a real session, records and chain.
+CRAWL_PROFILE = {
+    "ok": {"experiment": "milarun.models.faults:crawl", "partition_scheme": {"type": "per-gpu"},
+           "arguments": {"sample-duration": 0.1, "step-seconds": 0.01, "warmup": 2,
+                         "min-steady": 1, "max-count": 100}},
+}
+
+
+def crawl_run(base, name="run"):
+    """Run :data:`CRAWL_PROFILE` (the suite "tiny") with ``milarun jobs`` on one CPU slot into ``base/name``
+    (data in ``base/data``); returns that results folder."""
+    (base / "data").mkdir(exist_ok=True)
+    profile = base / "tiny.json"   # the suite "tiny": records tiny.ok.*.json
+    profile.write_text(json.dumps(CRAWL_PROFILE))
+    out = base / name
+    proc = subprocess.run([sys.executable, "-m", "milarun", "jobs", str(profile), "--no-cgexec",
+                           "--cpu-slots", "1", "-d", str(base / "data"), "-o", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    return out

@@ -6,34 +6,16 @@ once (one launch on a CPU slot) and sealed.
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import crawl_run
 from milarun.cli import main
 from milarun.verify.seal import seal
 
-PROFILE = {
-    "ok": {"experiment": "milarun.models.faults:crawl", "partition_scheme": {"type": "per-gpu"},
-           "arguments": {"sample-duration": 0.1, "step-seconds": 0.01, "warmup": 2,
-                         "min-steady": 1, "max-count": 100}},
-}
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    base = tmp_path_factory.mktemp("sessions")
-    (base / "data").mkdir()
-    profile = base / "tiny.json"
-    profile.write_text(json.dumps(PROFILE))
-    out = base / "run"
-    proc = subprocess.run([sys.executable, "-m", "milarun", "jobs", str(profile), "--no-cgexec",
-                           "--cpu-slots", "1", "-d", str(base / "data"), "-o", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr
-    return out
+    return crawl_run(tmp_path_factory.mktemp("sessions"))
 
 
 @pytest.fixture

@@ -9,12 +9,10 @@ terminal raw. One real bundle is made once (one launch on a CPU slot, sealed uns
 import json
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import crawl_run
 from milarun.cli import main
 from milarun.formats.terminal import one_line, terminal_safe
 from milarun.verify.seal import seal
@@ -24,24 +22,10 @@ EVIL = "x\nPASS  integrity.forged: all good\x1b[31m"
 #: what the terminal acts on or what starts a line: none may come through raw
 RAW = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 
-PROFILE = {
-    "ok": {"experiment": "milarun.models.faults:crawl", "partition_scheme": {"type": "per-gpu"},
-           "arguments": {"sample-duration": 0.1, "step-seconds": 0.01, "warmup": 2,
-                         "min-steady": 1, "max-count": 100}},
-}
-
-
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     base = tmp_path_factory.mktemp("terminal")
-    (base / "data").mkdir()
-    profile = base / "tiny.json"
-    profile.write_text(json.dumps(PROFILE))
-    out = base / "bundle"
-    proc = subprocess.run([sys.executable, "-m", "milarun", "jobs", str(profile), "--no-cgexec",
-                           "--cpu-slots", "1", "-d", str(base / "data"), "-o", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr
+    out = crawl_run(base, "bundle")
     seal(out, say=lambda line: None, warn=lambda line: None)
     (base / "rules.json").write_text("{}")
     return out
