@@ -6,7 +6,6 @@ a newline in a name must not start a line of its choosing in ``milarun verify``'
 terminal raw. One real bundle is made once (one launch on a CPU slot, sealed unsigned).
 """
 
-import json
 import re
 import shutil
 
