@@ -541,7 +541,6 @@ def bare_tflops(T, precision, size, seconds):
         return 2.0 * size ** 3 * n / (time.perf_counter() - t0) / 1e12
     finally:
         set_tf32(torch, False)
-        del a, b, c
 
 
 def matmul_precisions(args, cuda):
@@ -783,7 +782,7 @@ def check_nvml(args, T, state):
             if thread is None and time.perf_counter() - t0 >= warm:
                 thread = threading.Thread(target=sampler, daemon=True)
                 thread.start()
-            for dev, a, c in mats:
+            for _dev, a, c in mats:
                 for _ in range(4):
                     torch.matmul(a, a, out=c)
             for dev, _, _ in mats:                # at most 4 matmuls queued per GPU

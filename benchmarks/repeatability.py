@@ -216,8 +216,8 @@ def analyze(dirs, weights=None, warn=None, throughput="effective"):
     None]}``; ``values`` lists each run's number (items/s for tests; None where a
     run has no rate for the test, left out of mean, std and cv).
     """
-    from milarun.report import build_report, load_weights
     from milarun.analysis.summary import summarize_dir
+    from milarun.report import build_report, load_weights
 
     weights_map = load_weights(weights) if weights else None
     per_test, scores, node_scores, halves, records = {}, [], [], [], []

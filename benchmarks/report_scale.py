@@ -19,8 +19,8 @@ instead of a temporary directory.
 
 import argparse
 import io
-import os
 import json
+import os
 import random
 import sys
 import tempfile

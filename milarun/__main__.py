@@ -9,6 +9,7 @@ A user's own workload module is found through ``PYTHONPATH`` or an install.
 import os
 import sys
 
+
 def _cwd():
     try:
         return os.getcwd()

@@ -15,8 +15,8 @@ import shlex
 import sys
 
 from milarun.host.devices import Devices
-from milarun.plan.nodes import local_cluster
 from milarun.plan.launches import plan_suite
+from milarun.plan.nodes import local_cluster
 from milarun.profile.language import load_profile
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "profiles_resolved")

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from milarun.bench.setup import WrongDevice, check_device
+from milarun.errors import SetupError
 from milarun.host import accel, devices
 from milarun.host.accel import probe
 from milarun.host.accel.amd import AMDBackend
 from milarun.host.accel.intel import IntelBackend
 from milarun.host.accel.nvidia import NvidiaBackend
-from milarun.bench.setup import WrongDevice, check_device
-from milarun.errors import SetupError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,7 +64,7 @@ def fake_nvml(mig_on=(1,), migs_per_gpu=2, fail_init=False):
     nv.nvmlDeviceGetMaxMigDeviceCount = lambda h: migs_per_gpu + 1
     nv.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle
     nv.nvmlDeviceGetUUID = uuid
-    nv.nvmlDeviceGetName = lambda h: "A100" + (f" MIG 1g.10gb" if h.mig is not None else "")
+    nv.nvmlDeviceGetName = lambda h: "A100" + (" MIG 1g.10gb" if h.mig is not None else "")
     nv.nvmlDeviceGetMemoryInfo = memory
     nv.nvmlDeviceGetCpuAffinity = lambda h, words: [0b1111 << (4 * h.index)]
     nv.nvmlDeviceGetUtilizationRates = util

@@ -16,7 +16,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import ROOT, run_model, steady_samples
 from test_monitor import fake_pynvml
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from milarun.measure import anomalies, stats
 from milarun.analysis.summary import summarize
+from milarun.measure import anomalies, stats
 
 RECORDED = Path(__file__).parent / "fixtures" / "recorded" / "cpu.scaling.timings.json"
 

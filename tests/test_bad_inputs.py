@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from milarun.formats import jsonfile
 from milarun.cli import main
+from milarun.formats import jsonfile
 from milarun.formats import record as result_schema
 
 FIX = Path(__file__).parent / "fixtures"

@@ -6,8 +6,8 @@ import shlex
 
 import pytest
 
-from milarun.cli import parser, split_argv
 from milarun.cli import jobs as jobs_cli
+from milarun.cli import parser, split_argv
 from milarun.cli.options import as_argv
 from milarun.formats import child
 

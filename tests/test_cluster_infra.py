@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import venv_python
 
 pytestmark = pytest.mark.cluster

@@ -4,8 +4,8 @@ import hashlib
 
 import numpy as np
 import pytest
-
 from conftest import build_tiny
+
 from milarun.datasets import prepare
 
 
@@ -38,9 +38,9 @@ def test_wikitext2_reads_back_with_corpus(root):
         # one <eos> per line, plus every whitespace-separated word
         assert (ids == eos).sum() == len(lines)
         assert len(ids) == len(text.split()) + len(lines)
-        assert len(ids) - len(lines) - sum(l.count("=") for l in lines) \
+        assert len(ids) - len(lines) - sum(line.count("=") for line in lines) \
             == SIZES["tiny"][f"{split}_tokens"]
-    assert any(l.startswith(" = ") and l.endswith(" = ") for l in lines)
+    assert any(line.startswith(" = ") and line.endswith(" = ") for line in lines)
     assert "<unk>" in d.word2idx
     assert 100 < len(d) <= SIZES["tiny"]["vocab"] + 2  # + <eos> and "="
     assert d.idx2word[corpus.train[1]] == "="  # the file opens with a blank line, then a heading

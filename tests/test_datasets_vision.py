@@ -4,8 +4,8 @@ import hashlib
 import json
 
 import pytest
-
 from conftest import build_tiny
+
 from milarun.datasets import prepare, resolve_params
 
 
@@ -18,8 +18,8 @@ def _digest(folder):
 
 
 def test_bsds500_tiny_reads_back_with_pil(tiny_dataroot):
-    from PIL import Image
     import numpy as np
+    from PIL import Image
 
     build_tiny(tiny_dataroot, "bsds500")
     _, params = resolve_params("bsds500", "tiny")

@@ -14,9 +14,7 @@ import multiprocessing
 import os
 import socket
 
-import pytest
-
-from milarun.bench.rate import RateLogger, Step
+from milarun.bench.rate import RateLogger
 
 RANKS = 3
 #: Seconds each rank's fake clock advances per step: rank 0 is slow enough that its

@@ -7,7 +7,6 @@ import json
 import math
 
 import pytest
-
 from conftest import SMOKE_ARGS, build_tiny, run_model
 from test_llm import _torchrun
 

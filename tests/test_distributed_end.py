@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, SMOKE_ARGS, build_tiny
 
 LINUX_TASKS = pytest.mark.skipif(not os.path.isdir("/proc/self/task"),

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from milarun.host import isolation
 from milarun.cli import main
+from milarun.host import isolation
 
 TEST = {"experiment": "milarun.models.toy_reg:main",
         "partition_scheme": {"type": "per-gpu", "cgroup": "cpuset,memory:student{device}"},

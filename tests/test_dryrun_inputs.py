@@ -8,8 +8,8 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import ROOT
+
 from milarun.cli import main
 from milarun.host import isolation
 from milarun.profile.language import check_experiment

@@ -5,16 +5,12 @@ $MILARUN_REQUIRE_CGROUPS=1, which turns the skip into a failure.
 """
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import MEMORY, ROOT, cgroup_skip  # noqa: F401 (students: conftest)
-from milarun.host import isolation
 
 pytestmark = [pytest.mark.cgroup]
 

@@ -8,10 +8,10 @@ import types
 
 import pytest
 
-from milarun.measure import energy
-from milarun.formats.record import new_result, validate
 from milarun.analysis.summary import summarize
+from milarun.formats.record import new_result, validate
 from milarun.formats.summary import check_summary, normalize_summary
+from milarun.measure import energy
 
 
 def steady_samples(rate=100.0, n=20, t0=1.0):

@@ -17,7 +17,6 @@ import uuid
 
 import psutil
 import pytest
-
 from conftest import ROOT, cgroup_skip
 
 CRAWL = {"experiment": "milarun.models.faults:crawl",
@@ -263,7 +262,7 @@ def test_a_nearly_full_disk_is_refused_before_launching(tmp_path, tmpfs):
 
 
 def test_disk_full_mid_suite_stops_cleanly_and_keeps_what_was_written(tmp_path, tmpfs):
-    disk = tmpfs(tmp_path / "disk", "size=40m")
+    tmpfs(tmp_path / "disk", "size=40m")
     spam = ("import sys; [print('x' * 4096) for _ in range(20000)]")  # ~80 MB of log
     profile = write_profile(tmp_path, {
         "first": {**CRAWL, "arguments": {"max-count": 3, "warmup": 0}},

@@ -13,7 +13,17 @@ from milarun.analysis.summary import summarize_dir
 from milarun.formats.jsonfile import load_schema
 from milarun.measure import anomalies, plausibility
 from milarun.measure.flags import (
-    ANOMALY, GROUP, RESULT, RULES, VALIDATION, WARNING, Flag, flag, from_summary, to_summary)
+    ANOMALY,
+    GROUP,
+    RESULT,
+    RULES,
+    VALIDATION,
+    WARNING,
+    Flag,
+    flag,
+    from_summary,
+    to_summary,
+)
 from milarun.report import checks, html, make_report, text
 
 RESULTS = Path(__file__).parent / "fixtures" / "results"

@@ -14,6 +14,7 @@ import pytest
 from milarun.host import forkpool
 from milarun.host.forkpool import Shared
 
+
 def in_fork(test):
     """Run the test in a forked copy of this process: pytest's process may hold other
     tests' threads (a pool forks nothing then) and children (which the checks of

@@ -10,9 +10,9 @@ import pytest
 from test_accel import fake_amdsmi
 from test_monitor import fake_pynvml
 
+from milarun.bench.monitor import GPUMonitor
 from milarun.host.accel.amd import AMDBackend
 from milarun.host.accel.nvidia import NvidiaBackend
-from milarun.bench.monitor import GPUMonitor
 
 UINT32_MAX = 0xFFFFFFFF
 

@@ -9,9 +9,10 @@ import sys
 import types
 
 import pytest
-
 from conftest import ROOT
-from milarun.host import facts as hostfacts, isolation
+
+from milarun.host import facts as hostfacts
+from milarun.host import isolation
 
 
 def _write(path, text):
@@ -137,8 +138,8 @@ def test_a_real_record_holds_the_host_facts_and_the_host_load(tmp_path):
 
 
 def summary_with(facts, cpus=4):
-    from milarun.formats.record import new_result
     from milarun.analysis.summary import summarize
+    from milarun.formats.record import new_result
     recs = []
     for dev in (0, 1):
         rec = new_result("s.t", f"0.{dev}", device=str(dev), devices=[dev])
@@ -173,8 +174,8 @@ def test_the_summary_keeps_the_facts_per_host():
 
 
 def test_the_report_header_shows_the_facts():
-    from milarun.report import build_report, render_html, render_text
     from milarun.formats.summary import normalize_summary
+    from milarun.report import build_report, render_html, render_text
     report = build_report(normalize_summary(summary_with(FACTS)))
     text = render_text(report)
     assert ("host facts (h): milarun 0.1.0 (aaaaaaaaaaaa) | kernel 6.8.0 | CPU governor "
@@ -184,8 +185,8 @@ def test_the_report_header_shows_the_facts():
 
 
 def test_compare_warns_when_facts_differ_from_the_baseline(tmp_path):
-    from milarun.report import make_report
     from milarun.formats.summary import write_summary
+    from milarun.report import make_report
     base = tmp_path / "base.json"
     write_summary(summary_with({**FACTS, "cpu_governor": "powersave", "kernel": None}, cpus=8),
                   base)
@@ -219,8 +220,8 @@ def test_compare_warns_when_facts_differ_from_the_baseline(tmp_path):
 
 
 def test_the_accelerator_record_reaches_the_header_and_compare():
-    from milarun.report import build_report, render_text
     from milarun.formats.summary import normalize_summary
+    from milarun.report import build_report, render_text
     amd = {"backend": "amd", "vendor": "AMD", "driver": "6.7.0", "runtime": "6.2.1",
            "runtime_name": "ROCm"}
     nvidia = {"backend": "nvidia", "vendor": "NVIDIA", "driver": "550.54", "runtime": "12.4",

@@ -9,8 +9,8 @@ import struct
 
 import numpy as np
 import pytest
-
 from conftest import build_tiny
+
 from milarun.cli import main
 from milarun.datasets import DatasetError, DatasetMissing, require
 from milarun.datasets.llm_corpus import TokenShards

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import SMOKE_ARGS, build_tiny, run_model, steady_samples
-from milarun.measure import stats
+
 from milarun.bench.rate import RateLogger
 from milarun.bench.trace import ProfileTrace
 from milarun.datasets import prepare, resolve_params
 from milarun.formats.record import new_result, validate
 from milarun.formats.store import iter_results, write_result
+from milarun.measure import stats
 
 
 @pytest.fixture(scope="session")
@@ -204,7 +204,7 @@ def test_profiled_steps_are_flagged_and_left_out_of_the_steady_state(tmp_path):
     logger = RateLogger(sample_duration=1.0, max_count=300, warmup=2,
                         host_clock=clock, origin=0.0)
     logger.tracer = ProfileTrace(exp, "traces", 5, profiler=make)
-    for i, step in enumerate(logger.steps()):
+    for step in logger.steps():
         # 10 items per 0.1 s (100 items/s), but 10x slower under the profiler
         clock.t += 1.0 if logger.window_flags.get("profiled") else 0.1
         step.set_count(10)
@@ -285,8 +285,8 @@ def test_profile_trace_refuses_no_instrument(io_dataroot, tmp_path):
 def test_profile_trace_reaches_the_child_through_jobs_and_rerun(tmp_path):
     """The option is a test argument: ``milarun jobs P -- --profile-trace DIR`` appends it to
     every test's command, and a rerun of the record replays it."""
-    from milarun.launcher.rerun import rerun_command
     from milarun.host.devices import Devices
+    from milarun.launcher.rerun import rerun_command
     from milarun.plan.launches import plan_job
     from milarun.profile.language import load_profile
 
@@ -336,8 +336,8 @@ def io_results(tmp_path):
 
 
 def test_io_tables_pair_traverse_and_train_per_workers(io_results):
-    from milarun.report.iostudy import io_tables
     from milarun.analysis.summary import summarize_dir
+    from milarun.report.iostudy import io_tables
 
     summary, records = summarize_dir(io_results)
     tables = io_tables(summary, records)
@@ -352,8 +352,8 @@ def test_io_tables_pair_traverse_and_train_per_workers(io_results):
 
 
 def test_io_tables_skip_other_tests_and_missing_modes(tmp_path):
-    from milarun.report.iostudy import io_tables
     from milarun.analysis.summary import summarize
+    from milarun.report.iostudy import io_tables
 
     other = io_record("train", "x", 1, 5.0)
     other["call"]["function"] = "milarun.models.convnet:main"
@@ -428,6 +428,7 @@ def test_profiled_spans_stay_out_of_the_effective_throughput():
     ("io-seed", "w", [0, 32, 64, 128, 256], "--workers")])
 def test_io_profiles_sweep_workers_mode_and_dataset(name, axis, values, flag):
     from conftest import ROOT
+
     from milarun.profile.language import load_profile
 
     jobs = load_profile(ROOT / "profiles" / f"{name}.json")

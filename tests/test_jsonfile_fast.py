@@ -4,8 +4,8 @@ same one-line error, on a fuzz of documents and on the edge cases orjson handles
 differently (integers beyond 64 bits, lone surrogates, NaN, BOM, nesting)."""
 
 import json
-import os
 import math
+import os
 import random
 import struct
 import types

@@ -10,12 +10,19 @@ import time
 
 import pytest
 
+from milarun.formats.journal import Journal
 from milarun.launcher import launch as launch_mod
-from milarun.launcher.launch import (Interrupted, StopRequest, SuiteAborted, fail_reason, run_suite,
-                            run_wave, tally)
+from milarun.launcher.launch import (
+    Interrupted,
+    StopRequest,
+    SuiteAborted,
+    fail_reason,
+    run_suite,
+    run_wave,
+    tally,
+)
 from milarun.plan.launches import Launch
 from milarun.profile.language import Job
-from milarun.formats.journal import Journal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAMP = "20261122-000000-000000"
@@ -69,7 +76,7 @@ def test_child_writes_exactly_at_its_planned_path(tmp_path):
 
 def test_a_file_written_elsewhere_is_never_taken_for_the_result(tmp_path):
     # Another session's record with the same name/run/device (the old glob matched it).
-    other = tmp_path / f"t.job.J0.0.20991231-000000-000000.json"
+    other = tmp_path / "t.job.J0.0.20991231-000000-000000.json"
     lch = writer(tmp_path)
     lch.argv[-1] = str(other)
     (out,) = run_wave([lch], tmp_path)

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, SMOKE_ARGS, build_tiny, steady_samples
+
 from milarun.formats.record import validate
 
 pytest.importorskip("lightning")
@@ -109,8 +109,7 @@ def test_lightning_two_nodes_of_a_rendezvous_ignore_slurm_variables(imagenet_roo
 
 
 def test_lightning_is_told_it_runs_under_torchrun():
-    from lightning.pytorch.plugins.environments import (LightningEnvironment,
-                                                        TorchElasticEnvironment)
+    from lightning.pytorch.plugins.environments import LightningEnvironment, TorchElasticEnvironment
 
     from milarun.models.lightning_convnet import cluster_environment
 

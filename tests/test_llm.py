@@ -11,8 +11,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, SMOKE_ARGS, build_tiny, run_model, steady_samples
+
 from milarun.datasets.llm_corpus import TokenShards
 from milarun.formats.record import validate
 from milarun.measure.latency import batch_latency, percentile, serving_level

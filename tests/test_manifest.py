@@ -162,7 +162,7 @@ def test_a_jobs_session_chains_what_it_wrote_and_resume_refuses_a_broken_chain(
     copy = next(e for e in entries if e["kind"] == "profile")
     assert (out / copy["path"]).read_bytes() == profile.read_bytes()
     plan = json.loads((out / next(e for e in entries if e["kind"] == "plan")["path"]).read_text())
-    assert [(l["name"], l["run"], l["device"]) for l in plan["launches"]] == [("p.toy", 0, "0")]
+    assert [(x["name"], x["run"], x["device"]) for x in plan["launches"]] == [("p.toy", 0, "0")]
     # a broken chain: --resume refuses it in one line and leaves the session file as it was
     entries[1]["bytes"] += 1
     _rewrite(out, entries)

@@ -10,12 +10,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, venv_python
 
 pytestmark = pytest.mark.cluster
@@ -138,7 +136,7 @@ def test_scancel_leaves_interrupted_records_and_no_process(slurm_cluster, tmp_pa
 
 def system_file(tmp_path, ssh_nodes, names=("a", "b"), ports=None):
     nodes = []
-    for i, (name, address) in enumerate(zip(names, ssh_nodes.nodes)):
+    for name, address in zip(names, ssh_nodes.nodes):
         nodes.append({"name": name, "address": address, "user": ssh_nodes.user,
                       "port": (ports or {}).get(name, ssh_nodes.port), "key": str(ssh_nodes.key)})
     path = tmp_path / "system.json"

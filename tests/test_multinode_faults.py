@@ -4,9 +4,9 @@ a node that never joins the rendezvous each end as a FAIL record with their reas
 import json
 import socket
 
-from milarun.plan import nodes
 from milarun.host.devices import Devices
 from milarun.launcher.launch import run_wave
+from milarun.plan import nodes
 from milarun.plan.launches import plan_job
 from milarun.profile.language import Job
 

@@ -11,11 +11,11 @@ import time
 import pytest
 from test_monitor import fake_pynvml
 
-from milarun.host import devices
-from milarun.plan import nodes
-from milarun.host.accel.nvidia import NvidiaBackend, nvml_visible
 from milarun.bench.monitor import GPUMonitor
+from milarun.host import devices
+from milarun.host.accel.nvidia import NvidiaBackend, nvml_visible
 from milarun.host.inventory import inventory, render
+from milarun.plan import nodes
 from milarun.plan.launches import plan_job
 from milarun.profile.language import Job
 

@@ -110,8 +110,8 @@ def test_suite_repeats_every_job_in_order():
 def test_dry_run_prints_commands_and_starts_nothing(tmp_path, capsys, monkeypatch):
     import pytest
 
-    from milarun.host import isolation
     from milarun.cli import main
+    from milarun.host import isolation
     monkeypatch.setattr(isolation, "missing_groups", lambda specs: [])   # as if they existed
     profile = tmp_path / "p.json"
     profile.write_text(json.dumps({"a": {"experiment": "milarun.models.toy_reg:main",

@@ -7,11 +7,12 @@ import sys
 
 import pytest
 
-from milarun.plan import nodes, types as plantypes
 from milarun.cli import main
-from milarun.host.devices import Devices
 from milarun.errors import SetupError
 from milarun.formats.jsonfile import load_schema
+from milarun.host.devices import Devices
+from milarun.plan import nodes
+from milarun.plan import types as plantypes
 from milarun.plan.launches import plan_job
 from milarun.profile.language import Job
 
@@ -433,9 +434,9 @@ def test_system_file_paths_are_relative_to_the_file(tmp_path, monkeypatch):
 ])
 def test_a_rank_0_record_of_a_failed_distributed_job_gets_the_job_reason(
         tmp_path, own_reason, tail, done, reason):
-    from milarun.launcher.launch import conclude
     from milarun.formats.record import new_result
     from milarun.formats.store import write_result
+    from milarun.launcher.launch import conclude
 
     (wave,) = plan_job(job("multi-node"), slurm(), 0, tmp_path, "/d", python=PY)
     lch = wave[0]

@@ -8,17 +8,16 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
-from milarun.measure import plausibility
-from milarun.profile.language import load_profile
+
+from milarun.analysis.summary import summarize
 from milarun.formats.record import new_result, validate
 from milarun.formats.store import write_result
-from milarun.analysis.summary import summarize
 from milarun.formats.summary import check_summary, normalize_summary
+from milarun.measure import plausibility
+from milarun.profile.language import load_profile
 
 
 def samples(n=20, rate=100.0, warmup=2, dt=1.0, loss=None):

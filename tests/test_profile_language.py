@@ -4,17 +4,16 @@ placeholders, the 2020 profile shape, and the shipped profiles' resolved jobs.""
 import json
 from pathlib import Path
 
-import pytest
-
-from conftest import ROOT
-from milarun.cli import main
-from milarun.host.devices import Devices
-from milarun.errors import ProfileError, SetupError
-from milarun.plan.nodes import Cluster, Node
-from milarun.plan.launches import placeholder_values, plan_job
-from milarun.profile.language import load_profile, profile_files
-
 import profile_golden
+import pytest
+from conftest import ROOT
+
+from milarun.cli import main
+from milarun.errors import ProfileError, SetupError
+from milarun.host.devices import Devices
+from milarun.plan.launches import placeholder_values, plan_job
+from milarun.plan.nodes import Cluster, Node
+from milarun.profile.language import load_profile, profile_files
 
 TOY = "milarun.models.toy_reg:main"
 CONV = "milarun.models.convnet:main"
@@ -289,9 +288,9 @@ def test_no_dataroot_for_a_dataroot_placeholder(tmp_path):
 
 
 def test_fail_record_and_rerun_carry_the_placeholders(tmp_path):
-    from milarun.launcher.rerun import rerun_command
-    from milarun.launcher.launch import base_record
     from milarun.formats.record import validate
+    from milarun.launcher.launch import base_record
+    from milarun.launcher.rerun import rerun_command
     (job,) = load_profile(write(tmp_path, "p.json", {
         "a": {"experiment": TOY, "arguments": {"--workers": "{cpu_per_gpu}"}}}))
     (wave,) = plan_job(job, GPUS, 0, tmp_path, "/d", python=PY)

@@ -3,11 +3,10 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
+
 from milarun.bench.setup import PRECISIONS
 from milarun.profile.language import EXAMPLE_VALUES, load_profile
 

@@ -12,8 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from milarun.launcher.progress import (SuiteProgress, clean_line, decide_live, estimate_seconds,
-                              format_duration)
+from milarun.launcher.progress import (
+    SuiteProgress,
+    clean_line,
+    decide_live,
+    estimate_seconds,
+    format_duration,
+)
 
 ESC = "\x1b"
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 import milarun
+from milarun.analysis.summary import summarize_dir
 from milarun.cli import main
 from milarun.cli.report import run_report
 from milarun.errors import ResultFormatError
-from milarun.report import build_report, check_weights, load_weights, render_text
-from milarun.analysis.summary import summarize_dir
 from milarun.formats.summary import normalize_summary, read_summary
+from milarun.report import build_report, check_weights, load_weights, render_text
 
 ROOT = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures"
@@ -262,9 +262,9 @@ def test_shipped_weights_are_valid(name):
 
 
 def test_no_steady_state_is_not_called_every_run_failed():
-    from milarun.report.table import zero_reason
-    from milarun.formats.record import new_result
     from milarun.analysis.summary import summarize
+    from milarun.formats.record import new_result
+    from milarun.report.table import zero_reason
 
     rec = new_result("standard.tiny", "0.0")
     rec["success"] = True

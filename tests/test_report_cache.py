@@ -12,8 +12,8 @@ import pytest
 
 from milarun.formats import cache as cache_mod
 from milarun.formats.cache import Cache, cache_dir
-from milarun.report import make_report
 from milarun.report import inputs as inputs_mod
+from milarun.report import make_report
 
 FIX = Path(__file__).parent / "fixtures"
 STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00")

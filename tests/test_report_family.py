@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from milarun.analysis.summary import summarize
 from milarun.cli import main
 from milarun.cli.report import run_report
 from milarun.errors import MilarunError
+from milarun.formats.record import new_result
+from milarun.formats.summary import normalize_summary, read_summary, write_summary
 from milarun.measure import stats
 from milarun.report import build_report, render_html, render_text
 from milarun.report.family import FAMILIES, check_families, family_of
-from milarun.analysis.summary import summarize
-from milarun.formats.record import new_result
-from milarun.formats.summary import normalize_summary, read_summary, write_summary
 
 FIX = Path(__file__).parent / "fixtures"
 RESULTS = FIX / "results"

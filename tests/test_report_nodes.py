@@ -1,7 +1,6 @@
 """Nodes in the summary and the report: per-node statistics, --compare-nodes, the
 scaling efficiency of node-progression groups and their weights."""
 
-import io
 import json
 import math
 from html.parser import HTMLParser
@@ -9,13 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from milarun.analysis.summary import summarize, summarize_dir
 from milarun.cli import main
-from milarun.cli.report import run_report
-from milarun.report import build_report, render_text
 from milarun.formats.record import new_result
 from milarun.formats.store import write_result
-from milarun.analysis.summary import summarize, summarize_dir
 from milarun.formats.summary import normalize_summary, read_summary
+from milarun.report import build_report, render_text
 
 FIX = Path(__file__).parent / "fixtures"
 

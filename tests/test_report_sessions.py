@@ -8,10 +8,11 @@ import json
 import shutil
 
 import pytest
-
 from conftest import crawl_run
+
 from milarun.cli import main
 from milarun.verify.seal import seal
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):

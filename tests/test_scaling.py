@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, SMOKE_ARGS, steady_samples
 
 

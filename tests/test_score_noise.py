@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from milarun.measure import confidence, stats
-from milarun.cli.report import run_report
-from milarun.report import build_report, render_html, render_text
-from milarun.formats.record import new_result
 from milarun.analysis.summary import summarize
+from milarun.cli.report import run_report
+from milarun.formats.record import new_result
 from milarun.formats.summary import normalize_summary, read_summary
+from milarun.measure import confidence, stats
+from milarun.report import build_report, render_html, render_text
 
 FIX = Path(__file__).parent / "fixtures"
 BASE2020 = FIX / "baseline2020.json"
@@ -345,9 +345,8 @@ def test_extreme_but_valid_numbers_give_n_a_or_a_scaled_answer_never_a_traceback
 
 
 def test_a_baseline_with_huge_numbers_reports_n_a(tmp_path):
-    from milarun.formats.summary import write_summary
-
     from milarun.errors import ResultFormatError
+    from milarun.formats.summary import write_summary
 
     conv = entry("s.conv", {"0": [1.0, 2.0]})
     conv["train"].update(mean=1e308, std=1e308, max=1e308)

@@ -5,7 +5,6 @@ signature) and its refusals, ``milarun keygen``."""
 
 import errno
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -370,7 +369,7 @@ def test_seal_refuses_while_a_session_runs(folder):
 
 @pytest.mark.parametrize("where", ["weights copy", "bundle"])
 def test_seal_on_a_full_disk_is_one_line_not_a_traceback(folder, capsys, monkeypatch, where):
-    import milarun.verify.seal as seal_mod     # why: the write to make fail is its own
+    import milarun.verify.seal as seal_mod  # why: the write to make fail is its own
 
     real = seal_mod.write_atomic
 

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
+from test_bad_inputs import GOOD_RESULT, OK_JOB, RESULTS, cli, deep, write
 
 from milarun.formats.outfile import UnsafeFileError, open_append, write_atomic
-from test_bad_inputs import GOOD_RESULT, OK_JOB, RESULTS, cli, deep, write
 
 #: Seconds a command may take before it counts as hanging.
 HANG_S = 30
@@ -149,8 +149,8 @@ def test_meta_folder_symlinked_outside_is_refused(tmp_path, capsys):
 
 
 def test_log_and_journal_symlinks_are_not_appended_to(tmp_path):
-    from milarun.launcher.launch import run_prepare
     from milarun.formats.journal import Journal
+    from milarun.launcher.launch import run_prepare
     victim = write(tmp_path / "victim.txt", "KEEP\n")
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -166,8 +166,9 @@ def test_log_and_journal_symlinks_are_not_appended_to(tmp_path):
 
 
 def test_launch_log_symlink_is_not_appended_to(tmp_path):
-    from milarun.launcher import launch as launch_mod
     from test_launch import launch
+
+    from milarun.launcher import launch as launch_mod
     victim = write(tmp_path / "victim.txt", "KEEP\n")
     lch = launch(tmp_path, "print('APPENDED')")
     (tmp_path / "logs").mkdir()
@@ -178,9 +179,10 @@ def test_launch_log_symlink_is_not_appended_to(tmp_path):
 
 
 def test_sbatch_script_symlink_is_not_written_through(tmp_path):
+    from conftest import ROOT
+
     from milarun.cli import slurm as slurm_cli
     from milarun.errors import SetupError
-    from conftest import ROOT
     (tmp_path / "d").mkdir()
     out = tmp_path / "r"
     out.mkdir()
@@ -193,9 +195,10 @@ def test_sbatch_script_symlink_is_not_written_through(tmp_path):
 
 
 def test_profile_trace_symlink_is_not_written_through(tmp_path):
+    from test_io_study import FakeClock, FakeExp, FakeProfiler
+
     from milarun.bench.rate import RateLogger
     from milarun.bench.trace import ProfileTrace
-    from test_io_study import FakeClock, FakeExp, FakeProfiler
     victim = write(tmp_path / "victim.txt", "KEEP\n")
     (tmp_path / "traces").mkdir()
     (tmp_path / "traces" / "rec.trace.json").symlink_to(victim)

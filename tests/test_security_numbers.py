@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from milarun.measure import stats
+from milarun.analysis.summary import summarize_dir
 from milarun.cli import main
 from milarun.cli.report import run_report
-from milarun.report import build_report, load_weights, render_text
-from milarun.formats.terminal import terminal_safe
-from milarun.analysis.summary import summarize_dir
 from milarun.formats.summary import normalize_summary
+from milarun.formats.terminal import terminal_safe
+from milarun.measure import stats
+from milarun.report import build_report, load_weights, render_text
 
 ROOT = Path(__file__).parent.parent
 RESULTS = Path(__file__).parent / "fixtures" / "results"
@@ -245,10 +245,10 @@ def test_terminal_safe_keeps_ordinary_text():
 # --- energy ---------------------------------------------------------------------------
 
 def test_energy_readings_out_of_range_give_no_energy_not_inf():
-    from milarun.measure import energy
-    from milarun.formats.record import new_result, validate
     from milarun.analysis.summary import summarize
+    from milarun.formats.record import new_result, validate
     from milarun.formats.summary import check_summary
+    from milarun.measure import energy
 
     rec = new_result("s.t", "0.0", device="0", devices=[0], run=0, plan_type="per-gpu")
     rec["timings"]["train"]["samples"] = [

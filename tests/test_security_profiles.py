@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from milarun import datasets
-from milarun.plan import nodes
-from milarun.profile import language as profile
 from milarun.cli import main
-from milarun.host.devices import Devices
 from milarun.errors import ProfileError, SetupError
+from milarun.host.devices import Devices
+from milarun.plan import nodes
 from milarun.plan.launches import plan_job
+from milarun.profile import language as profile
 from milarun.profile.language import load_profile
 
 TOY = "milarun.models.toy_reg:main"

@@ -10,12 +10,11 @@ import sys
 import time
 
 import pytest
+from test_launch import launch, writer
 
+from milarun.formats.store import load_result
 from milarun.launcher import launch as launch_mod
 from milarun.launcher.launch import SuiteAborted, run_suite, tally
-from milarun.formats.store import load_result
-
-from test_launch import launch, writer
 
 #: A journal as a buggy sensor or a hostile child could leave it: two good samples, one
 #: good GPU reading; every other line has a NaN, negative, string or huge field.
@@ -175,10 +174,12 @@ def test_a_background_process_that_ignores_sigterm_is_killed(tmp_path):
 # --- --resume counts only this folder's own records of the planned job ---------------------
 
 def test_resume_ignores_foreign_and_mismatched_successful_records(tmp_path):
+    import datetime
+
+    from test_faults import run_jobs, write_profile
+
     from milarun.formats.store import result_filename, write_result
     from milarun.launcher.session import SESSION_ID_FORMAT
-    from test_faults import run_jobs, write_profile
-    import datetime
 
     flag = tmp_path / "flag"
     profile = write_profile(tmp_path, {

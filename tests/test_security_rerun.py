@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from milarun.host import facts as hostfacts
 from milarun.cli import main
-from milarun.launcher.rerun import SAFE_PATH, record_environ, rerun_command
 from milarun.formats import trust
+from milarun.host import facts as hostfacts
+from milarun.launcher.rerun import SAFE_PATH, record_environ, rerun_command
 
 CRAWL = "milarun.models.faults:crawl"
 FAST = ["--max-count", "2", "--step-seconds", "0.01", "--warmup", "0"]

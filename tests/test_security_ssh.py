@@ -14,11 +14,11 @@ import sys
 
 import pytest
 
-from milarun.plan import nodes
-from milarun.formats.barrier import ENV_SECRET
 from milarun.cli import main
+from milarun.formats.barrier import ENV_SECRET
 from milarun.host.devices import Devices
 from milarun.launcher.launch import _Child
+from milarun.plan import nodes
 from milarun.plan.launches import Launch, plan_job
 from milarun.profile.language import Job
 

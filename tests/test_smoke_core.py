@@ -3,7 +3,6 @@
 import math
 
 import pytest
-
 from conftest import SMOKE_ARGS, build_tiny, run_model, steady_samples
 
 CPU = SMOKE_ARGS + ["--device", "cpu"]

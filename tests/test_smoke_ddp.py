@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, SMOKE_ARGS, build_tiny, run_model, steady_samples
+
 from milarun.bench.experiment import Experiment, _torchrun_rendezvous, host_facts
 from milarun.errors import MilarunError, ResultFormatError
 from milarun.formats.journal import Journal, read_journal

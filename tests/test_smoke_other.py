@@ -3,8 +3,8 @@
 import math
 
 import pytest
-
 from conftest import SMOKE_ARGS, build_tiny, run_model, steady_samples
+
 from milarun.models.wlm import BF16_LSTM_REFUSED, cpu_bf16_lstm_supported
 
 

@@ -7,7 +7,6 @@ it succeeds with at least two steady-state samples and a finite loss.
 import math
 
 import pytest
-
 from conftest import SMOKE_ARGS, build_tiny, run_model, steady_samples
 
 

@@ -3,13 +3,13 @@
 import os
 import subprocess
 import sys
-import tomllib
 from importlib import metadata
 
 import pytest
+import tomllib
+from conftest import ROOT
 from packaging.requirements import Requirement
 
-from conftest import ROOT
 from milarun.host.stack import UnsupportedStack, check_stack, problems, requirements
 
 

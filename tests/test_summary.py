@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from milarun.analysis.summary import summarize, summarize_dir
 from milarun.cli import main
 from milarun.errors import ResultFormatError
-from milarun.analysis.summary import summarize, summarize_dir
 from milarun.formats.summary import normalize_summary, read_summary
 
 FIX = Path(__file__).parent / "fixtures"

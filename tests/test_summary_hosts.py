@@ -1,7 +1,7 @@
 """Results of one machine map to one host, whatever each student saw."""
 
-from milarun.formats.record import new_result
 from milarun.analysis.summary import summarize
+from milarun.formats.record import new_result
 
 
 def result(device, cpuset, limit):

@@ -9,19 +9,19 @@ import time
 
 import pytest
 
+from milarun.analysis.summary import summarize
 from milarun.formats import barrier as barrier_mod
-from milarun.plan import types as plantypes
-from milarun.measure import throughput
 from milarun.formats.barrier import BarrierServer, BarrierTimeout, wait
-from milarun.host.devices import Devices
 from milarun.formats.jsonfile import load_schema
+from milarun.formats.summary import normalize_summary
+from milarun.host.devices import Devices
 from milarun.launcher.launch import check_ready, run_wave
-from milarun.plan.nodes import Cluster, Node
+from milarun.measure import throughput
+from milarun.plan import types as plantypes
 from milarun.plan.launches import plan_job
+from milarun.plan.nodes import Cluster, Node
 from milarun.profile.language import Job
 from milarun.report import build_report, render_text
-from milarun.analysis.summary import summarize
-from milarun.formats.summary import normalize_summary
 
 STAMP = "20261122-000000-000000"
 #: The barriers' secret here (a session draws its own: secrets.token_hex).
@@ -308,6 +308,7 @@ def test_summary_and_report_use_effective_and_keep_the_2020_rule_with_own():
 
 def test_2020_baseline_scores_are_the_same_under_both_rules():
     from pathlib import Path
+
     from milarun.formats.summary import read_summary
     base = read_summary(Path(__file__).parent / "fixtures" / "baseline2020.json")
     a, b = build_report(base), build_report(base, throughput="own")
@@ -405,8 +406,8 @@ def test_check_ready_wants_numactl_for_pinned_launches(monkeypatch):
 def test_rerun_of_a_launchers_fail_record_does_not_wait_at_the_old_barrier(monkeypatch):
     # a child killed before writing its record leaves the launcher's FAIL record, whose
     # environ is the launch's: the rerun must not wait 600 s at a long-gone barrier
-    from milarun.launcher.rerun import rerun_command
     from milarun.launcher.launch import base_record
+    from milarun.launcher.rerun import rerun_command
 
     monkeypatch.setenv("MILARUN_BARRIER", "127.0.0.1:9")  # leaked into the user's shell
     (wave,) = plan_job(crawl_job(), Devices("cpu", [0, 1]), 0, "/o", use_cgexec=False,
@@ -420,8 +421,8 @@ def test_rerun_of_a_launchers_fail_record_does_not_wait_at_the_old_barrier(monke
 
 
 def test_barrier_timeout_bounds():
-    from milarun.launcher.bounds import check_bounds
     from milarun.errors import SetupError
+    from milarun.launcher.bounds import check_bounds
     check_bounds(1, None, None, None, 30.0)
     for bad in (0.0, -1.0, float("nan"), 1e9):
         with pytest.raises(SetupError, match="--barrier-timeout must be a number of seconds"):

@@ -19,11 +19,11 @@ import pytest
 
 from milarun.cli import main
 from milarun.errors import MilarunError
+from milarun.formats.bundle import bundle_path, signature_path
+from milarun.formats.manifest import entry_hash, file_digest, manifest_path
 from milarun.report import make_report
 from milarun.report import tender as tender_module
 from milarun.report.tender import build_tender, parse_bidders, rank
-from milarun.formats.bundle import bundle_path, signature_path
-from milarun.formats.manifest import entry_hash, file_digest, manifest_path
 from milarun.verify import keys
 from milarun.verify.seal import seal
 from milarun.verify.verdict import Verdict

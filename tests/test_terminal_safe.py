@@ -10,8 +10,8 @@ import re
 import shutil
 
 import pytest
-
 from conftest import crawl_run
+
 from milarun.cli import main
 from milarun.formats.terminal import one_line, terminal_safe
 from milarun.verify.seal import seal

@@ -23,15 +23,14 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-from conftest import ROOT
 from milarun.analysis.summary import summarize
 from milarun.cli import main
 from milarun.formats.bundle import bundle_path, signature_path
 from milarun.formats.jsonfile import check, read_json
-from milarun.formats.manifest import (Manifest, entry_hash, file_digest, manifest_path,
-                                      read_manifest)
+from milarun.formats.manifest import Manifest, entry_hash, file_digest, manifest_path, read_manifest
 from milarun.formats.rules import RulesError, read_rules
 from milarun.launcher.session import new_session_id, read_session
 from milarun.measure.confidence import mean_interval

@@ -15,10 +15,8 @@ import zipfile
 from importlib import metadata
 
 import pytest
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
-
 from conftest import ROOT
+from packaging.utils import canonicalize_name
 
 IMAGE = ROOT / "scripts" / "image" / "pytorch-2.11.txt"
 INSTALL = ROOT / "scripts" / "install-offline.sh"

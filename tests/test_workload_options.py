@@ -16,9 +16,15 @@ import milarun.models
 from milarun.bench import options
 from milarun.bench.experiment import _entry
 from milarun.bench.literal_options import make_cli
-from milarun.bench.options import (INFERENCE_PRECISIONS, PRECISIONS, batch_size_option,
-                                   common_options, lr_option, precision_option,
-                                   workers_option)
+from milarun.bench.options import (
+    INFERENCE_PRECISIONS,
+    PRECISIONS,
+    batch_size_option,
+    common_options,
+    lr_option,
+    precision_option,
+    workers_option,
+)
 
 #: option name -> the helper of bench/options.py that declares it
 SHARED = {"lr": lr_option, "batch_size": batch_size_option, "workers": workers_option,

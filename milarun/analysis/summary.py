@@ -82,11 +82,12 @@ from ..formats.terminal import one_line
 from ..host import facts as hostfacts
 from ..host.forkpool import Shared
 from ..launcher.session import read_session
-from ..measure import anomalies, energy, flags as flagmodel, plausibility, stats, throughput
-from .acceptance import acceptance_figures
-from .llm import llm_figures
+from ..measure import anomalies, energy, plausibility, stats, throughput
+from ..measure import flags as flagmodel
 from ..measure.stats import finite
 from ..plan import types as plantypes
+from .acceptance import acceptance_figures
+from .llm import llm_figures
 
 #: Characters of stderr tail kept per failure in a summary.
 TAIL_CHARS = 4000
@@ -448,7 +449,7 @@ def _summarize_group(gname, items):
     interrupted = 0
     steady = {stats.FULL: 0, stats.SHORT: 0, stats.NONE: 0}
     flags, rated = [], []
-    for path, rec, rate, note, chosen in sorted(
+    for path, rec, rate, note, _chosen in sorted(
             items, key=lambda it: (device_key(it[1].get("device", "")),
                                    it[1].get("run", 0) if isinstance(it[1].get("run"), int)
                                    else 0)):

@@ -18,7 +18,8 @@ from ..formats.jsonfile import check
 from ..formats.record import new_result
 from ..formats.store import journal_path, result_filename, write_result
 from ..formats.terminal import one_line, terminal_safe
-from ..host import accel, facts as hostfacts, isolation
+from ..host import accel, isolation
+from ..host import facts as hostfacts
 from ..measure import plausibility
 from .distributed import World
 from .hostload import HostLoadMonitor

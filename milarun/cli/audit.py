@@ -76,7 +76,7 @@ def command(opts, rest):
     verdict, rows, plan = audit.check_audit(*opts.folders)
     sys.stdout.write(audit.format_check(verdict, rows))
     if opts.json:
-        from ..formats.store import write_json_atomic   # why: only with --json
+        from ..formats.store import write_json_atomic  # why: only with --json
         try:
             write_json_atomic(opts.json, audit.check_json(verdict, rows, plan))
         except MilarunError:

@@ -6,7 +6,6 @@ import sys
 
 from .options import flag, option
 
-
 OPTIONS = (
     flag("json_", "Print the inventory as JSON", flags=("--json",)),
     flag("count", "Print only the number of GPUs (none: the --cpu-slots value, else 0)"),

@@ -12,7 +12,6 @@ options sorted by name (the order milarun's help has always had). An option
 show ``NUM`` as their value, others ``VALUE``.
 """
 
-import argparse
 
 
 class Spec:

@@ -5,7 +5,6 @@ import sys
 
 from .options import option, positional
 
-
 OPTIONS = (
     positional("profile", "The job profile (JSON)"),
     option("name", "Only these tests", nargs="+"),

@@ -10,7 +10,6 @@ from ..errors import MilarunError
 from ..formats.terminal import one_line, one_line_error
 from .options import flag, option, positional
 
-
 OPTIONS = (
     positional("results", "Results directory, or a summary JSON file"),
     option("weights", "Weights file: {\"suite.test\": {\"weight\": w}} (default: the shipped "

@@ -3,7 +3,6 @@ the rerun, and why a record is data, never code: :mod:`milarun.launcher.rerun`."
 
 from .options import flag, option, positional
 
-
 OPTIONS = (
     positional("result", "The result file to replay"),
     option("out", "Result directory or .json file (default: print to stdout)", aliases=("-o",)),

@@ -6,7 +6,6 @@ Parsing only: the work is :func:`milarun.verify.seal.seal`'s.
 
 from .options import option, positional
 
-
 OPTIONS = (
     positional("outdir", "The results folder of milarun jobs to seal"),
     option("sign", "Ed25519 private key (PEM, from milarun keygen): also write "

@@ -60,9 +60,9 @@ def slurm(profile, extra_args, dataroot=None, out=None, nodes=1, gpus_per_node=N
         MilarunError: bad profile or options, no dataroot, sbatch missing or refusing.
     """
     # lazy, for start-up: tempfile and the profile language cost milarun --help ~5 ms
-    from ..profile.language import load_profile
     from ..launcher.bounds import check_bounds
     from ..launcher.slurm import check_options, submit
+    from ..profile.language import load_profile
     from .jobs import OPTIONS as JOBS_OPTIONS
 
     load_profile(profile, names, select, exclude)

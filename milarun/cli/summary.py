@@ -10,7 +10,6 @@ import sys
 from ..errors import MilarunError
 from .options import option, positional
 
-
 OPTIONS = (
     positional("results", "The results directory"),
     option("out", "Output file (default: print the JSON on stdout)", aliases=("-o",)),

@@ -12,7 +12,6 @@ from ..errors import MilarunError
 from ..formats.terminal import one_line, one_line_error
 from .options import option, positional
 
-
 OPTIONS = (
     positional("bundles", "Without --bidders: the bidders' results bundles, a folder (the "
                "bidder is named after it) or NAME=PATH; each is verified without a head or "

@@ -11,7 +11,6 @@ from ..errors import MilarunError
 from ..formats.terminal import one_line_error
 from .options import option, positional
 
-
 OPTIONS = (
     positional("outdir", "The results folder (the vendor's bundle)"),
     option("rules", "Tender rules file (docs/tender.md, 'The rules file'): judge compliance "

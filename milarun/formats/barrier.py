@@ -54,9 +54,11 @@ import threading
 import time
 
 from ..errors import say
+
 # the environment variables of the child protocol that the barrier reads
-from .child import (ENV_ADDRESS, ENV_BARRIER_PREFIX as ENV_PREFIX, ENV_DEVICE as ENV_LABEL,
-                    ENV_SECRET, ENV_TIMEOUT, ENV_WAVE)
+from .child import ENV_ADDRESS, ENV_SECRET, ENV_TIMEOUT, ENV_WAVE
+from .child import ENV_BARRIER_PREFIX as ENV_PREFIX
+from .child import ENV_DEVICE as ENV_LABEL
 
 
 def without_barrier(environ):
@@ -391,7 +393,7 @@ def _read_line(conn, deadline=None):
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise socket.timeout("request line too slow")
+                raise TimeoutError("request line too slow")
             conn.settimeout(left)
         chunk = conn.recv(_LINE_BYTES)
         if not chunk:
@@ -515,7 +517,7 @@ def wait(address, wave, label, timeout, clock=time.time, secret=""):
                 # a socket timeout past ~1e9 s overflows the C time_t: wait at most _SOCKET_S
                 sock.settimeout(min(max(0.001, deadline - time.monotonic()), _SOCKET_S))
                 reply = _read_line(sock)
-            except socket.timeout:
+            except TimeoutError:
                 raise BarrierTimeout(f"the other processes of wave {wave} did not reach the "
                                      f"start barrier within {timeout:g} s") from None
             except ConnectionError as exc:

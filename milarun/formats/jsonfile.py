@@ -363,7 +363,7 @@ def load_schema(name):
     return _schemas()[name]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schemas():
     folder = resources.files("milarun.formats") / "schemas"
     return {name: json.loads((folder / f"{name}.schema.json").read_text(encoding="utf-8"))
@@ -393,7 +393,7 @@ def _inline(node, base):
             for k, v in node.items() if k not in ("$defs", "$schema", "$id")}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator_class():
     import jsonschema
 
@@ -418,14 +418,14 @@ def _validator_class():
                                         type_checker=types)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _inlined(ref):
     name, _, fragment = ref.partition("#")
     return _inline({"$ref": f"{name}.schema.json" + (f"#{fragment}" if fragment else "")},
                    name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def validator(ref):
     """A validator for ``ref``: ``"result"`` (a whole schema) or
     ``"summary#/$defs/flat2020"`` (a part of one)."""

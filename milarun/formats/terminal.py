@@ -12,7 +12,6 @@ text of several lines, built from fields already passed through :func:`one_line`
 
 import re
 
-
 #: What a terminal acts on instead of showing: C0 controls but the newline (ESC, CR,
 #: backspace, tab...), DEL, C1 controls (CSI is U+009B), and the bidirectional
 #: overrides, embeddings and isolates (U+202A-U+202E, U+2066-U+2069, with the marks

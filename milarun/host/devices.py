@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from ..errors import SetupError
 from . import accel, isolation
 from .accel import probe
+
 # NVML helpers live with the NVIDIA backend; named here for older importers
 from .accel.nvidia import nvml_str, nvml_visible, visible_indices  # noqa: F401
 from .accel.probe import describe
+
 
 @dataclass
 class Devices:

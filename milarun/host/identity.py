@@ -51,8 +51,8 @@ import socket
 import sys
 from pathlib import Path
 
-from . import devices as devices_mod
 from . import accel
+from . import devices as devices_mod
 from .accel.base import is_unreadable, unreadable
 from .facts import GPU_CONFIG_KEYS, cpu_model, memory_mib
 from .kernel import read_text

@@ -11,7 +11,7 @@ import sys
 import psutil
 
 from .devices import find_gpus
-from .isolation import cpu_cores, format_cpus, student_pool_cpus, numa_nodes_of_cpus, split_students
+from .isolation import cpu_cores, format_cpus, numa_nodes_of_cpus, split_students, student_pool_cpus
 
 
 def student_plan(n, memory_bytes=None):

@@ -17,10 +17,9 @@ measurement; verify will name every record left outside the chain.
 import os
 from pathlib import Path
 
-from ..errors import say
-from ..formats.manifest import Manifest
-from ..errors import MilarunError, ProfileError
+from ..errors import MilarunError, ProfileError, say
 from ..formats.jsonfile import read_bytes
+from ..formats.manifest import Manifest
 from ..formats.outfile import own_dir, write_atomic
 from ..formats.store import write_json_atomic
 from ..profile.language import profile_files

@@ -29,8 +29,8 @@ import sys
 import threading
 import time
 
-from ..host import supervise
 from ..formats.barrier import ENV_SECRET
+from ..host import supervise
 
 #: Seconds between SIGTERM and SIGKILL for the remaining agents.
 GRACE_S = 10.0

@@ -49,13 +49,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..host import isolation, supervise
+from ..errors import SetupError, say
 from ..formats.barrier import without_secret
 from ..formats.journal import read_journal
-from ..formats.record import new_result
-from ..errors import ResultFormatError, SetupError, say
 from ..formats.outfile import open_append, own_dir
+from ..formats.record import new_result
 from ..formats.store import load_result, write_result
+from ..host import isolation, supervise
 
 STDERR_TAIL_LINES = 40
 #: Longest line read from a child at once, and kept of a tail line (bytes, characters).

@@ -24,8 +24,15 @@ from . import dryrun, identities, session
 from .bounds import check_bounds
 from .chain import SessionChain
 from .dryrun import resolve_dataroot
-from .launch import (Interrupted, StopRequest, SuiteAborted, check_ready, run_suite,
-                     stop_on_signals, tally)
+from .launch import (
+    Interrupted,
+    StopRequest,
+    SuiteAborted,
+    check_ready,
+    run_suite,
+    stop_on_signals,
+    tally,
+)
 from .progress import SuiteProgress
 from .session import default_outdir, new_session_id
 

@@ -36,8 +36,8 @@ import math
 from collections import defaultdict
 
 from . import stats
-from .stats import finite
 from .plausibility import steady_window
+from .stats import finite
 
 #: Least fraction of the steady state the readings must cover.
 MIN_COVERAGE = 0.5

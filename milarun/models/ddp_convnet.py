@@ -26,10 +26,10 @@ Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 from coleo import Option, default, tooled
 
 from ..bench import Epochs, dataloop, init_torch, need_a_batch
+from ..bench.distributed import agree_on_counts, process_group
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
-from ..bench.distributed import agree_on_counts, process_group
 from ..datasets import require
 from ..host.isolation import current_cpuset
 from .convnet import build_model

@@ -51,8 +51,12 @@ import threading
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, init_torch, rate_logger
-from ..bench.options import (INFERENCE_PRECISIONS, batch_size_option, precision_option,
-                             workers_option)
+from ..bench.options import (
+    INFERENCE_PRECISIONS,
+    batch_size_option,
+    precision_option,
+    workers_option,
+)
 from ..bench.rate import PerfCounterTimer
 from ..datasets import require
 from ..host.isolation import current_cpuset

@@ -40,8 +40,8 @@ from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
 from ..bench.options import batch_size_option, lr_option, workers_option
-from ..bench.step import make_optimizer
 from ..bench.setup import dataloader_workers
+from ..bench.step import make_optimizer
 from ..datasets import require
 from ..datasets.mydataset import MyDataset
 from ..host.isolation import current_cpuset

@@ -68,8 +68,7 @@ def _lightning():
 def cluster_environment(environ=None):
     """``TorchElasticEnvironment`` under torchrun (``TORCHELASTIC_RUN_ID`` or
     ``LOCAL_WORLD_SIZE`` set), else ``LightningEnvironment`` (a world of one)."""
-    from lightning.pytorch.plugins.environments import (LightningEnvironment,
-                                                        TorchElasticEnvironment)
+    from lightning.pytorch.plugins.environments import LightningEnvironment, TorchElasticEnvironment
 
     environ = os.environ if environ is None else environ
     if "TORCHELASTIC_RUN_ID" in environ or "LOCAL_WORLD_SIZE" in environ:

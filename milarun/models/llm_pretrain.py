@@ -39,13 +39,21 @@ import contextlib
 from coleo import Option, default, tooled
 
 from ..bench import Epochs, dataloop, init_torch, rank_loader
-from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.distributed import agree_on_counts, process_group
+from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 from ..datasets.llm_corpus import TokenShards
-from .llm import (build_model, check_shape, device_name, flops_per_token, llama_config,
-                  matmul_params, record_flops, token_dataset)
+from .llm import (
+    build_model,
+    check_shape,
+    device_name,
+    flops_per_token,
+    llama_config,
+    matmul_params,
+    record_flops,
+    token_dataset,
+)
 
 FSDP_FP16_REFUSED = ("--precision fp16 with FSDP needs a sharded gradient scaler; "
                      "use bf16 (what the field pre-trains in) or fp32")

@@ -42,15 +42,22 @@ import time
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
-from ..bench.options import INFERENCE_PRECISIONS, batch_size_option, precision_option
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.loop import device_sync
+from ..bench.options import INFERENCE_PRECISIONS, batch_size_option, precision_option
 from ..bench.rate import Step
 from ..datasets import require
 from ..datasets.llm_corpus import TokenShards
 from ..measure.latency import batch_latency, serving_level
-from .llm import build_model, check_shape, device_name, flops_per_token, llama_config, \
-    matmul_params, record_flops
+from .llm import (
+    build_model,
+    check_shape,
+    device_name,
+    flops_per_token,
+    llama_config,
+    matmul_params,
+    record_flops,
+)
 
 NO_LOSS = "serving: nothing is trained"
 
@@ -70,8 +77,11 @@ def tensor_parallel(torch, model, world):
         ValueError: the heads or key-value heads do not divide among the ranks.
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     cfg = model.config
     if cfg.num_attention_heads % world.size or cfg.num_key_value_heads % world.size:
@@ -245,7 +255,7 @@ def _serve(exp, world, shards, rows, mixed, shape, batch_size, prompt_len, outpu
     measured = []
     steps = dataloop(exp, Batches(torch, rows, lengths, batch_size, pad))
     agree_on_counts(exp, world)
-    for step, (ids, mask, n_prompt) in steps:
+    for _step, (ids, mask, n_prompt) in steps:
         # each decoded token is a step of the rate logger, counted by the streamer
         measured.append(generate(ids, mask, n_prompt, logger=exp.rate))
     exp.metrics["batches"] = len(measured)   # of the measured level (count: their decode tokens)

@@ -28,10 +28,10 @@ counts ``batch_size × world_size``, so rank 0's throughput is the whole job's.
 from coleo import Option, default, tooled
 
 from ..bench import init_torch, iteration_wrapper
+from ..bench.distributed import agree_on_counts, process_group
 from ..bench.options import batch_size_option, lr_option, precision_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
-from ..bench.distributed import agree_on_counts, process_group
 
 
 def main(exp, argv):

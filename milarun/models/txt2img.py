@@ -33,8 +33,8 @@ from coleo import Option, default, tooled
 from ..bench import init_torch, iteration_wrapper
 from ..bench.options import INFERENCE_PRECISIONS, batch_size_option, precision_option
 from ..datasets import require
-from ..measure.stats import steady_state
 from ..datasets.captions import read_captions
+from ..measure.stats import steady_state
 from .diffusion import SCHEDULE, build_models, check_options
 
 NO_LOSS = "txt2img generates images; nothing is trained"

@@ -31,15 +31,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..host import accel
+from ..errors import SetupError
 from ..formats import child
 from ..formats.barrier import ENV_ADDRESS, ENV_SECRET, ENV_TIMEOUT, ENV_WAVE
-from ..errors import SetupError
+from ..formats.store import journal_path, result_filename
+from ..host import accel
 from ..host.isolation import format_cpus, parse_cpus, wrap
 from ..host.kernel import read_text
 from .nodes import Cluster, local_cluster
 from .types import JOIN_TIMEOUT_S
-from ..formats.store import journal_path, result_filename
 
 #: TCP port of the c10d rendezvous on the main node (torchrun's usual one).
 RDZV_PORT = 29400

@@ -40,9 +40,9 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..errors import SetupError
 from ..formats.barrier import ENV_SECRET
 from ..formats.child import ENV_NODE
-from ..errors import SetupError
 from ..formats.jsonfile import first_error, key_path, read_json
 
 #: Exit status of ``ssh`` when the connection failed or dropped.
@@ -283,7 +283,7 @@ def load_system(path, devices):
         return str(here / os.path.expanduser(value)) if value else None
 
     config = beside(data.get("ssh_config"))
-    for i, entry in enumerate(data["nodes"]):
+    for entry in data["nodes"]:
         port = entry.get("port")
         nodes.append(Node(entry["name"], entry["address"], entry.get("user"),
                           int(port) if port is not None else None, beside(entry.get("key")),

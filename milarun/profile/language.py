@@ -90,11 +90,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..plan import types as plantypes
 from ..errors import ProfileError
 from ..formats import entrypoint
 from ..formats.jsonfile import first_error, key_path, load_schema, read_json
 from ..host import isolation
+from ..plan import types as plantypes
 
 DEFAULT_TIMEOUT = 1800.0
 #: The longest timeout (s) of a test: the ``maximum`` of a job's ``timeout`` in

@@ -11,23 +11,29 @@ import sys
 from pathlib import Path
 
 from .. import __version__
+from ..errors import MilarunError
 from ..formats.cache import Cache
+from ..formats.outfile import UnsafeFileError, write_atomic
 from ..formats.summary import read_summary
 from ..formats.thresholds import read_thresholds
-from ..errors import MilarunError
-from ..formats.outfile import UnsafeFileError, write_atomic
 from ..measure.stats import steady_states_once
+from .acceptance import BURN_THRESHOLD_PCT, acceptance_sections, check_burn_threshold, verdict
 from .checks import diff_line
-from .html import render_html as _render_html
 from .family import check_families
+from .html import render_html as _render_html
 from .inputs import load_inputs
 from .iostudy import io_tables
 from .llm import llm_rows
-from .acceptance import (
-    BURN_THRESHOLD_PCT, acceptance_sections, check_burn_threshold, verdict)
 from .table import (
-    NODE_THRESHOLD_PCT, Report, build_report, check_node_threshold, check_throughput,
-    check_weights, load_weights, weight_for)
+    NODE_THRESHOLD_PCT,
+    Report,
+    build_report,
+    check_node_threshold,
+    check_throughput,
+    check_weights,
+    load_weights,
+    weight_for,
+)
 from .text import render_text as _render_text
 
 __all__ = ["Report", "build_report", "check_weights", "load_weights", "weight_for",

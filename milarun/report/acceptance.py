@@ -17,7 +17,9 @@ test, a size not measured, no expected peak) fails: acceptance is shown, not ass
 
 # the verdict of a thresholds file is pure: it lives in analysis/ (milarun verify uses it)
 from ..analysis.acceptance import BURN_THRESHOLD_PCT, burn_table, size_text, verdict
-from ..analysis.acceptance import figure_text as _gb, gpu_where as _where, pct_text as _pct
+from ..analysis.acceptance import figure_text as _gb
+from ..analysis.acceptance import gpu_where as _where
+from ..analysis.acceptance import pct_text as _pct
 from ..errors import MilarunError
 from .formatting import fmt_num
 from .plots import svg_text
@@ -166,7 +168,7 @@ def _section_lines(s):
         ops = [o["op"] for o in s["ops"]]
         sizes = sorted({r["bytes"] for r in s["rows"]})
         cell = {(r["op"], r["bytes"]): r.get("busbw_gbps") for r in s["rows"]}
-        lines.append(f"  busbw (GB/s) by message size:")
+        lines.append("  busbw (GB/s) by message size:")
         lines += _table(["size", *ops], [[size_text(b), *(_gb(cell.get((o, b))) for o in ops)]
                                          for b in sizes])
         return lines

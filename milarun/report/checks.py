@@ -88,7 +88,7 @@ def flag_html(test, flag):
     """One flag of test ``test`` as HTML (Markup): a validation flag is a row of the
     validation table (test, run, device, node, check, message), an anomaly an item
     of its test's list (``<b>kind</b>: [node N ]device D[ run R]: message``)."""
-    from markupsafe import Markup, escape   # lazy: the text report needs no markupsafe
+    from markupsafe import Markup, escape  # lazy: the text report needs no markupsafe
 
     if flag.family == VALIDATION:
         return Markup(

@@ -13,18 +13,38 @@ from ..analysis.summary import group_name
 from ..formats.store import inside
 from ..host.forkpool import Shared
 from ..measure.anomalies import merged, short_kinds
+from .acceptance import html_view as acceptance_view
 from .checks import diff_line, energy_plot_rows, flag_html, perf_per_watt_line
 from .family import LABELS as FAMILY_LABELS
 from .formatting import fmt_num, fmt_pct
 from .iostudy import plot_svg
 from .llm import latency_plot, serving_cells
-from .acceptance import html_view as acceptance_view
 from .plots import FLAG_COLOUR, Plotter
 from .text import (
-    FAMILY_HEADER, GPU_ONE_RUN, NOISE_HEADER, anomalies_by_test, family_columns, family_filter,
-    family_rows, cell, concurrent_note, fmt_interval,
-    header_items, held_note, node_flag, node_header, node_verdict, noise_cell, noise_columns,
-    nothing_to_compare, one_run_note, overlap_line, ratio_verdict, scaling_cell, scaling_note)
+    FAMILY_HEADER,
+    GPU_ONE_RUN,
+    NOISE_HEADER,
+    anomalies_by_test,
+    cell,
+    concurrent_note,
+    family_columns,
+    family_filter,
+    family_rows,
+    fmt_interval,
+    header_items,
+    held_note,
+    node_flag,
+    node_header,
+    node_verdict,
+    noise_cell,
+    noise_columns,
+    nothing_to_compare,
+    one_run_note,
+    overlap_line,
+    ratio_verdict,
+    scaling_cell,
+    scaling_note,
+)
 
 #: Lines of log shown per failure.
 LOG_TAIL_LINES = 40

@@ -7,8 +7,8 @@ matplotlib XML-escapes any text it writes, so the SVG is safe to inline.
 import io
 import re
 
-from ..measure import anomalies, stats
 from ..analysis.summary import device_key
+from ..measure import anomalies, stats
 
 #: Colour of what the anomaly rules flagged on a plot (slow windows, stalls).
 FLAG_COLOUR = "#d62728"

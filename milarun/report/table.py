@@ -105,7 +105,6 @@ Two tables stand beside the score (they do not change it):
 
 import math
 import statistics
-
 from dataclasses import dataclass, field
 
 from ..analysis.summary import device_key, node_key

@@ -51,14 +51,15 @@ from pathlib import Path
 from .. import __version__
 from ..errors import MilarunError, ResultFormatError
 from ..formats.bidders import read_bidders
-from ..formats.manifest import ManifestError, manifest_path, read_manifest
+from ..formats.manifest import manifest_path, read_manifest
 from ..formats.prices import BIDDER_NAME, read_prices
 from ..formats.terminal import one_line, terminal_safe
 from . import shipped_weights, shown_path, summary_suites, write_text
-from .inputs import load_inputs
-from .family import FAMILIES, LABELS as FAMILY_LABELS, OTHER
+from .family import FAMILIES, OTHER
+from .family import LABELS as FAMILY_LABELS
 from .formatting import fmt_num, fmt_pct
 from .html import _env
+from .inputs import load_inputs
 from .table import build_report, load_weights
 from .text import fmt_interval, ratio_verdict
 

@@ -11,13 +11,13 @@ import math
 from ..formats.terminal import one_line, terminal_safe
 from ..measure.anomalies import merged, short_kinds
 from ..measure.throughput import MIN_OVERLAP
-from .checks import flag_line, header_lines, perf_per_watt_line, text_lines as check_lines
+from .acceptance import text_lines as acceptance_text_lines
+from .checks import flag_line, header_lines, perf_per_watt_line
+from .checks import text_lines as check_lines
 from .family import LABELS as FAMILY_LABELS
 from .formatting import fmt_num, fmt_pct
 from .iostudy import text_lines
 from .llm import text_lines as llm_text_lines
-from .acceptance import text_lines as acceptance_text_lines
-
 
 #: The std% cell of a test with one successful result.
 UNKNOWN_VARIANCE = "unknown (n=1)"

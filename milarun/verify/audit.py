@@ -56,8 +56,14 @@ from ..analysis.summary import device_key, node_of
 from ..errors import MilarunError, ResultFormatError
 from ..formats import entrypoint
 from ..formats.jsonfile import read_bytes, read_json
-from ..formats.manifest import (check_chain, file_digest, head_of,
-                                manifest_path, read_manifest, relative)
+from ..formats.manifest import (
+    check_chain,
+    file_digest,
+    head_of,
+    manifest_path,
+    read_manifest,
+    relative,
+)
 from ..formats.outfile import UnsafeFileError
 from ..formats.rules import read_rules
 from ..formats.store import iter_results, load_result, write_json_atomic

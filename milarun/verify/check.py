@@ -60,8 +60,15 @@ from ..analysis.summary import node_of, summarize
 from ..errors import MilarunError
 from ..formats.bundle import bundle_path, read_bundle, signature_path
 from ..formats.jsonfile import read_bytes, read_json
-from ..formats.manifest import (EVENTS, check_chain, file_digest, head_of, manifest_path,
-                                read_manifest, relative)
+from ..formats.manifest import (
+    EVENTS,
+    check_chain,
+    file_digest,
+    head_of,
+    manifest_path,
+    read_manifest,
+    relative,
+)
 from ..formats.rules import read_rules
 from ..formats.store import iter_results, load_result
 from ..formats.summary import SUMMARY_FORMAT

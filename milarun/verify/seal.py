@@ -29,12 +29,11 @@ import os
 from pathlib import Path
 
 from .. import __version__
-from ..errors import MilarunError, SetupError, say as warn_line
-from ..formats.bundle import (BUNDLE_FORMAT, BUNDLE_VERSION, bundle_path,
-                              signature_path)
+from ..errors import MilarunError, SetupError
+from ..errors import say as warn_line
+from ..formats.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, bundle_path, signature_path
 from ..formats.jsonfile import check, parse_json, read_bytes
-from ..formats.manifest import (Manifest, check_chain, file_digest, manifest_path,
-                                read_manifest)
+from ..formats.manifest import Manifest, check_chain, file_digest, manifest_path, read_manifest
 from ..formats.outfile import write_atomic
 from ..launcher.session import OutdirLock, read_session, session_path
 from . import keys

@@ -30,8 +30,8 @@ recent ROCm releases fill an unsupported struct member with its type's maximum
 import os
 from pathlib import Path
 
-from .base import Accelerator, Backend, Reading, reading, unreadable
 from ..kernel import read_text
+from .base import Accelerator, Backend, Reading, reading, unreadable
 from .sysfs import local_cpus, normalize_bdf, numa_node
 
 

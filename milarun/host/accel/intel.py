@@ -35,9 +35,9 @@ import os
 import time
 from pathlib import Path
 
+from ..kernel import read_text as _read
 from .base import Accelerator, Backend, Reading
 from .sysfs import GPU_CLASSES, driver_of, integrated_intel, local_cpus, numa_node, pci_ids
-from ..kernel import read_text as _read
 
 DRIVERS = ("i915", "xe")
 LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib", "usr/local/lib",
