@@ -37,8 +37,9 @@ def _cpu():
 def once(argv, env):
     """(wall time, CPU time) of one run of ``argv``, in seconds."""
     t0, c0 = time.perf_counter(), _cpu()
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
-                   env=env, cwd="/")   # not a tree's folder: ``-m`` puts the cwd first
+    subprocess.run(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, env=env, cwd="/"
+    )  # not a tree's folder: ``-m`` puts the cwd first
     return time.perf_counter() - t0, _cpu() - c0
 
 
@@ -48,40 +49,52 @@ def main():
     while "--compare" in args:
         i = args.index("--compare")
         compare.append(os.path.abspath(args[i + 1]))
-        del args[i:i + 2]
+        del args[i : i + 2]
     repeats = int(args[0]) if args else 10
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    trees = [(tree if len(tree) <= 31 else "…" + tree[-30:], dict(env, PYTHONPATH=tree))
-             for tree in compare] + [("installed", env)]
+    trees = [
+        (tree if len(tree) <= 31 else "…" + tree[-30:], dict(env, PYTHONPATH=tree))
+        for tree in compare
+    ] + [("installed", env)]
     for _, tree_env in trees:
-        package = subprocess.run([sys.executable, "-c", "import milarun; print(milarun.__file__)"],
-                                 env=tree_env, cwd="/", capture_output=True, text=True,
-                                 check=True).stdout.strip()
+        package = subprocess.run(
+            [sys.executable, "-c", "import milarun; print(milarun.__file__)"],
+            env=tree_env,
+            cwd="/",
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         cli = os.path.join(os.path.dirname(package), "cli")
         cache = os.path.join(cli, "__pycache__")
         compiled = {f.split(".")[0] for f in os.listdir(cache)} if os.path.isdir(cache) else set()
         modules = {f[:-3] for f in os.listdir(cli) if f.endswith(".py")}
         if sys.flags.dont_write_bytecode and not modules <= compiled:
-            print(f"note: {os.path.dirname(package)} is not byte-compiled and "
-                  "PYTHONDONTWRITEBYTECODE is set: its runs include compiling "
-                  f"(python -m compileall -q {os.path.dirname(package)})")
+            print(
+                f"note: {os.path.dirname(package)} is not byte-compiled and "
+                "PYTHONDONTWRITEBYTECODE is set: its runs include compiling "
+                f"(python -m compileall -q {os.path.dirname(package)})"
+            )
     milarun = [sys.executable, "-m", "milarun"]
-    cases = ([("python -c pass", [sys.executable, "-c", "pass"]),
-              ("milarun --help", milarun + ["--help"]),
-              ("milarun --version", milarun + ["--version"])]
-             + [(f"milarun {c} --help", milarun + [c, "--help"]) for c in COMMANDS])
+    cases = [
+        ("python -c pass", [sys.executable, "-c", "pass"]),
+        ("milarun --help", milarun + ["--help"]),
+        ("milarun --version", milarun + ["--version"]),
+    ] + [(f"milarun {c} --help", milarun + [c, "--help"]) for c in COMMANDS]
     header = "".join(f"   {name:>31s}" for name, _ in trees)
     print(f"{'':24s}{header}\n{'':24s}" + "   median ms   max ms   cpu ms" * len(trees))
     for label, argv in cases:
         times = {name: [] for name, _ in trees}
         for _ in range(repeats):
-            for name, tree_env in trees:   # interleaved: both see the same load
+            for name, tree_env in trees:  # interleaved: both see the same load
                 times[name].append(once(argv, tree_env))
-        cols = "".join(f"   {statistics.median(w for w, _ in t) * 1000:9.0f} "
-                       f"{max(w for w, _ in t) * 1000:8.0f} "
-                       f"{statistics.median(c for _, c in t) * 1000:8.0f}"
-                       for t in times.values())
+        cols = "".join(
+            f"   {statistics.median(w for w, _ in t) * 1000:9.0f} "
+            f"{max(w for w, _ in t) * 1000:8.0f} "
+            f"{statistics.median(c for _, c in t) * 1000:8.0f}"
+            for t in times.values()
+        )
         print(f"{label:24s}{cols}", flush=True)
 
 

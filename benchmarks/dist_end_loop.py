@@ -53,14 +53,14 @@ def run_once(profile, test, out, dataroot=None, jobs_args=(), stream=sys.stderr)
     Raises:
         SystemExit: ``milarun jobs`` exited with 2 (bad profile or options).
     """
-    cmd = [sys.executable, "-m", "milarun", "jobs", str(profile), "--name", test,
-           "-o", str(out)]
+    cmd = [sys.executable, "-m", "milarun", "jobs", str(profile), "--name", test, "-o", str(out)]
     if dataroot:
         cmd += ["-d", str(dataroot)]
     cmd += list(jobs_args)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     seconds = time.perf_counter() - start
     if proc.returncode == 2:
         raise SystemExit(f"dist_end_loop: milarun jobs exited with 2:\n{proc.stderr[-2000:]}")
@@ -73,8 +73,14 @@ def run_once(profile, test, out, dataroot=None, jobs_args=(), stream=sys.stderr)
         record = json.loads(records[0].read_text())
         passed = record.get("success") is True
         reason = None if passed else (record.get("error") or {}).get("reason") or "unknown"
-    return {"test": test, "passed": passed, "reason": reason, "terminate": terminate,
-            "seconds": seconds, "code": proc.returncode}
+    return {
+        "test": test,
+        "passed": passed,
+        "reason": reason,
+        "terminate": terminate,
+        "seconds": seconds,
+        "code": proc.returncode,
+    }
 
 
 def tally(outcomes):
@@ -82,9 +88,17 @@ def tally(outcomes):
     (reason -> count), "terminate" (runs), "s_per_run" (mean wall seconds)}}``."""
     table = {}
     for o in outcomes:
-        row = table.setdefault(o["test"], {"runs": 0, "passed": 0, "failed": 0,
-                                           "reasons": collections.Counter(), "terminate": 0,
-                                           "seconds": 0.0})
+        row = table.setdefault(
+            o["test"],
+            {
+                "runs": 0,
+                "passed": 0,
+                "failed": 0,
+                "reasons": collections.Counter(),
+                "terminate": 0,
+                "seconds": 0.0,
+            },
+        )
         row["runs"] += 1
         row["passed" if o["passed"] else "failed"] += 1
         if not o["passed"]:
@@ -99,13 +113,17 @@ def tally(outcomes):
 
 def render(table):
     """The table as text lines."""
-    head = f"{'test':<16} {'runs':>5} {'passed':>7} {'failed':>7} {'terminate':>10} " \
-           f"{'s/run':>7}  failures by reason"
+    head = (
+        f"{'test':<16} {'runs':>5} {'passed':>7} {'failed':>7} {'terminate':>10} "
+        f"{'s/run':>7}  failures by reason"
+    )
     lines = [head, "-" * len(head)]
     for test, row in table.items():
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(row["reasons"].items())) or "-"
-        lines.append(f"{test:<16} {row['runs']:>5} {row['passed']:>7} {row['failed']:>7} "
-                     f"{row['terminate']:>10} {row['s_per_run']:>7.1f}  {reasons}")
+        lines.append(
+            f"{test:<16} {row['runs']:>5} {row['passed']:>7} {row['failed']:>7} "
+            f"{row['terminate']:>10} {row['s_per_run']:>7.1f}  {reasons}"
+        )
     return lines
 
 
@@ -114,35 +132,49 @@ def main(argv=None):
     jobs_args = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, jobs_args = argv[:cut], argv[cut + 1:]
+        argv, jobs_args = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("profile")
     parser.add_argument("tests", nargs="+", help="test names of the profile, run in turn")
     parser.add_argument("-n", "--runs", type=int, default=30, help="runs of each test")
     parser.add_argument("-d", "--dataroot")
-    parser.add_argument("-o", "--outroot", help="results directories (default: a temporary "
-                        "folder, removed at the end)")
+    parser.add_argument(
+        "-o",
+        "--outroot",
+        help="results directories (default: a temporary folder, removed at the end)",
+    )
     parser.add_argument("--json", help="write the outcomes and the table here")
-    parser.add_argument("--interleave", action="store_true",
-                        help="alternate the tests run by run (default: all runs of one, then "
-                        "the next)")
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="alternate the tests run by run (default: all runs of one, then the next)",
+    )
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     with contextlib.ExitStack() as stack:
         outroot = args.outroot or stack.enter_context(
-            tempfile.TemporaryDirectory(prefix="dist_end_loop-"))
-        order = ([(i, t) for i in range(args.runs) for t in args.tests] if args.interleave
-                 else [(i, t) for t in args.tests for i in range(args.runs)])
+            tempfile.TemporaryDirectory(prefix="dist_end_loop-")
+        )
+        order = (
+            [(i, t) for i in range(args.runs) for t in args.tests]
+            if args.interleave
+            else [(i, t) for t in args.tests for i in range(args.runs)]
+        )
         outcomes = []
         for i, test in order:
-            o = run_once(args.profile, test, Path(outroot) / f"{test}-{i}", args.dataroot,
-                         jobs_args)
+            o = run_once(
+                args.profile, test, Path(outroot) / f"{test}-{i}", args.dataroot, jobs_args
+            )
             outcomes.append(o)
             verdict = "PASS" if o["passed"] else f"FAIL {o['reason']}"
             extra = " (terminate called)" if o["terminate"] else ""
-            print(f"dist_end_loop: {test} run {i + 1}/{args.runs}: {verdict}{extra} in "
-                  f"{o['seconds']:.1f} s", file=sys.stderr, flush=True)
+            print(
+                f"dist_end_loop: {test} run {i + 1}/{args.runs}: {verdict}{extra} in "
+                f"{o['seconds']:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     table = tally(outcomes)
     print("\n".join(render(table)))
     if args.json:

@@ -190,8 +190,7 @@ REFERENCES = (
     ("GH200", "GH200", {}),
     ("H100 PCIe", "H100 PCIe", {"memory_tb_s": 2.0, "pcie_gb_s": 55.0}),
     ("H100 NVL", "H100 NVL", {"pcie_gb_s": 55.0}),
-    ("H100", "H100 SXM", {"matmul_bf16_tflops": 795.0, "memory_tb_s": 3.35,
-                          "pcie_gb_s": 55.0}),
+    ("H100", "H100 SXM", {"matmul_bf16_tflops": 795.0, "memory_tb_s": 3.35, "pcie_gb_s": 55.0}),
     ("H200", "H200", {"memory_tb_s": 4.8, "pcie_gb_s": 55.0}),
     ("A100-SXM4-80GB", "A100 80GB SXM", {"matmul_bf16_tflops": 271.0, "memory_tb_s": 2.039}),
     ("A100-SXM4-40GB", "A100 40GB SXM", {"matmul_bf16_tflops": 271.0, "memory_tb_s": 1.555}),
@@ -240,41 +239,61 @@ JOBS_S = 5.0
 TORCHRUN_S = 20.0
 
 # Arguments every lite / cgroups test gets after the profile's own (the last value wins).
-SHORT_ARGS = ["--max-count", "1", "--min-steady", "1", "--warmup", "1",
-              "--sample-duration", "0.25"]
+SHORT_ARGS = ["--max-count", "1", "--min-steady", "1", "--warmup", "1", "--sample-duration", "0.25"]
 
 
 # --------------------------------------------------------------------------- verdicts
+
 
 def verdict_within(measured, reference, tolerance, what="ratio"):
     """PASS when ``measured / reference`` is within ``tolerance`` of 1 (both in the same
     unit, e.g. items/s); FAIL otherwise, or when either is missing or not > 0."""
     target = f"{what} within {100 * tolerance:g}% of 1 ({1 - tolerance:g}..{1 + tolerance:g})"
     if not _positive(measured) or not _positive(reference):
-        return {"verdict": FAIL, "figure": None, "target": target,
-                "reason": f"no figure (measured {measured}, reference {reference})"}
+        return {
+            "verdict": FAIL,
+            "figure": None,
+            "target": target,
+            "reason": f"no figure (measured {measured}, reference {reference})",
+        }
     ratio = measured / reference
     ok = abs(ratio - 1) <= tolerance
-    return {"verdict": PASS if ok else FAIL, "figure": ratio, "target": target,
-            "reason": None if ok else f"{what} {ratio:.4f} is outside the target"}
+    return {
+        "verdict": PASS if ok else FAIL,
+        "figure": ratio,
+        "target": target,
+        "reason": None if ok else f"{what} {ratio:.4f} is outside the target",
+    }
 
 
 def verdict_at_least(measured, reference, minimum, what="ratio"):
     """PASS when ``measured / reference >= minimum``; FAIL otherwise or without figures."""
     target = f"{what} >= {minimum:g}"
     if not _positive(measured) or not _positive(reference):
-        return {"verdict": FAIL, "figure": None, "target": target,
-                "reason": f"no figure (measured {measured}, reference {reference})"}
+        return {
+            "verdict": FAIL,
+            "figure": None,
+            "target": target,
+            "reason": f"no figure (measured {measured}, reference {reference})",
+        }
     ratio = measured / reference
     ok = ratio >= minimum
-    return {"verdict": PASS if ok else FAIL, "figure": ratio, "target": target,
-            "reason": None if ok else f"{what} {ratio:.4f} is below {minimum:g}"}
+    return {
+        "verdict": PASS if ok else FAIL,
+        "figure": ratio,
+        "target": target,
+        "reason": None if ok else f"{what} {ratio:.4f} is below {minimum:g}",
+    }
 
 
 def verdict_bool(ok, figure, target, reason):
     """PASS when ``ok``; else FAIL with ``reason``."""
-    return {"verdict": PASS if ok else FAIL, "figure": figure, "target": target,
-            "reason": None if ok else reason}
+    return {
+        "verdict": PASS if ok else FAIL,
+        "figure": figure,
+        "target": target,
+        "reason": None if ok else reason,
+    }
 
 
 def skip(reason, target=None, figure=None):
@@ -300,15 +319,23 @@ def verdict_reference(measured, reference, minimum, unit, what):
     figure (the measurement failed). ``what`` names the reference, e.g. "H100 SXM
     datasheet memory bandwidth"."""
     if not _positive(measured):
-        return {"verdict": FAIL, "figure": None, "target": "a measured figure",
-                "reason": f"no figure (measured {measured})"}
+        return {
+            "verdict": FAIL,
+            "figure": None,
+            "target": "a measured figure",
+            "reason": f"no figure (measured {measured})",
+        }
     if reference is None:
         return skip(f"reference: none known ({what})", "none known", measured)
     ratio = measured / reference
     target = f"reference {reference:g} {unit} ({what}); WARN below {minimum:g} x"
     ok = ratio >= minimum
-    return {"verdict": PASS if ok else WARN, "figure": measured, "target": target,
-            "reason": None if ok else f"{ratio:.2f} x the reference {reference:g} {unit}"}
+    return {
+        "verdict": PASS if ok else WARN,
+        "figure": measured,
+        "target": target,
+        "reason": None if ok else f"{ratio:.2f} x the reference {reference:g} {unit}",
+    }
 
 
 def reference_part(name, measured, gpu_name, key, scale, minimum, unit, what, **figures):
@@ -316,10 +343,18 @@ def reference_part(name, measured, gpu_name, key, scale, minimum, unit, what, **
     label, refs = references_for(gpu_name)
     ref = refs.get(key)
     ref = None if ref is None else ref * scale
-    v = verdict_reference(measured, ref, minimum, unit,
-                          f"{label} {what}" if label else f"{what} of {gpu_name!r}")
-    return _part(name, v, unit=unit, reference=ref, reference_of=label,
-                 ratio=measured / ref if ref and _positive(measured) else None, **figures)
+    v = verdict_reference(
+        measured, ref, minimum, unit, f"{label} {what}" if label else f"{what} of {gpu_name!r}"
+    )
+    return _part(
+        name,
+        v,
+        unit=unit,
+        reference=ref,
+        reference_of=label,
+        ratio=measured / ref if ref and _positive(measured) else None,
+        **figures,
+    )
 
 
 def combine(parts):
@@ -344,9 +379,13 @@ def on_cpu(v, device):
     """On the CPU a GPU-timer target does not apply: keep the figures, say SKIP."""
     if device == "cuda":
         return v
-    return skip(f"--device {device}: the target is about the CUDA timers; this run only "
-                f"exercised the code path (figure {_fmt(v['figure'])}, would be "
-                f"{v['verdict']})", v["target"], v["figure"])
+    return skip(
+        f"--device {device}: the target is about the CUDA timers; this run only "
+        f"exercised the code path (figure {_fmt(v['figure'])}, would be "
+        f"{v['verdict']})",
+        v["target"],
+        v["figure"],
+    )
 
 
 def _fmt(x):
@@ -355,12 +394,18 @@ def _fmt(x):
 
 # --------------------------------------------------------------------------- helpers
 
+
 def milarun_cli(args, timeout, env=None):
     """Run ``python -m milarun ARGS`` (this interpreter, the repository root as cwd);
     returns the CompletedProcess (text output)."""
-    return subprocess.run([sys.executable, "-m", "milarun", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "milarun", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def last_line(text):
@@ -397,7 +442,7 @@ class Torch:
         import torch
 
         if device == "cpu":
-            torch.set_num_threads(1)    # the CPU mode is for tests on small shared hosts
+            torch.set_num_threads(1)  # the CPU mode is for tests on small shared hosts
 
         self.torch = torch
         self.device = torch.device(device)
@@ -410,6 +455,7 @@ class Torch:
 
 
 # --------------------------------------------------------------------------- rate
+
 
 def mlp_step(T, width, batch, depth=4):
     """A training step of a ``depth``-layer MLP on a fixed batch: forward, MSE loss,
@@ -468,14 +514,16 @@ def instrumented_rate(T, step, steps, batch, sample_duration):
     quantity), the same over the non-warm-up windows only (what a record's steady state
     holds) and the number of windows."""
     timer = CudaEventTimer(T.torch, T.device) if T.cuda else PerfCounterTimer()
-    logger = RateLogger(sample_duration=sample_duration, max_count=steps * batch, warmup=1,
-                        timer=timer)
+    logger = RateLogger(
+        sample_duration=sample_duration, max_count=steps * batch, warmup=1, timer=timer
+    )
     for s in logger.steps():
         step()
         s.set_count(batch)
     T.sync()
-    whole = sum(s["count"] for s in logger.samples) / sum(s["end"] - s["start"]
-                                                         for s in logger.samples)
+    whole = sum(s["count"] for s in logger.samples) / sum(
+        s["end"] - s["start"] for s in logger.samples
+    )
     return whole, steady_rate(logger.samples), len(logger.samples)
 
 
@@ -485,7 +533,7 @@ def check_rate(args, T):
     if args.rate_width:
         width = args.rate_width
     step = mlp_step(T, width, batch)
-    for _ in range(5):                                   # warm-up: kernels, allocator
+    for _ in range(5):  # warm-up: kernels, allocator
         step()
     steps, step_s = repeats_for(T, step, args.rate_seconds, least=20)
     window = min(0.5, args.rate_seconds / 8)
@@ -498,22 +546,35 @@ def check_rate(args, T):
                 got["bare"] = bare_rate(T, step, steps, batch)
             else:
                 got["inst"], got["steady"], got["windows"] = instrumented_rate(
-                    T, step, steps, batch, window)
+                    T, step, steps, batch, window
+                )
         pairs.append(got)
-    ratios = [p["inst"] / p["bare"] for p in pairs
-              if _positive(p["inst"]) and _positive(p["bare"])]
+    ratios = [p["inst"] / p["bare"] for p in pairs if _positive(p["inst"]) and _positive(p["bare"])]
     ratio = statistics.median(ratios) if ratios else None
     v = verdict_within(ratio, 1.0, RATE_TOLERANCE, "instrumented/bare")
-    figures = {"width": width, "batch": batch, "depth": 4, "steps": steps, "step_s": step_s,
-               "sample_duration_s": window,
-               "pairs": [{"instrumented_items_s": p["inst"], "bare_items_s": p["bare"],
-                          "instrumented_steady_items_s": p["steady"],
-                          "windows": p["windows"]} for p in pairs],
-               "ratios": ratios}
+    figures = {
+        "width": width,
+        "batch": batch,
+        "depth": 4,
+        "steps": steps,
+        "step_s": step_s,
+        "sample_duration_s": window,
+        "pairs": [
+            {
+                "instrumented_items_s": p["inst"],
+                "bare_items_s": p["bare"],
+                "instrumented_steady_items_s": p["steady"],
+                "windows": p["windows"],
+            }
+            for p in pairs
+        ],
+        "ratios": ratios,
+    }
     return [_part("instrumented/bare", on_cpu(v, "cuda" if cuda else T.device.type), **figures)]
 
 
 # --------------------------------------------------------------------------- matmul
+
 
 def set_tf32(torch, on):
     torch.backends.cuda.matmul.allow_tf32 = on
@@ -523,8 +584,12 @@ def set_tf32(torch, on):
 def bare_tflops(T, precision, size, seconds):
     """TFLOP/s of back-to-back ``torch.matmul(a, b, out=c)``: 2·n³ × N ÷ seconds ÷ 1e12."""
     torch = T.torch
-    dtype = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
-             "bf16": torch.bfloat16}[precision]
+    dtype = {
+        "fp32": torch.float32,
+        "tf32": torch.float32,
+        "fp16": torch.float16,
+        "bf16": torch.bfloat16,
+    }[precision]
     a = torch.randn(size, size, device=T.device).to(dtype)
     b = torch.randn(size, size, device=T.device).to(dtype)
     c = torch.empty(size, size, device=T.device, dtype=dtype)
@@ -538,7 +603,7 @@ def bare_tflops(T, precision, size, seconds):
         for _ in range(n):
             torch.matmul(a, b, out=c)
         T.sync()
-        return 2.0 * size ** 3 * n / (time.perf_counter() - t0) / 1e12
+        return 2.0 * size**3 * n / (time.perf_counter() - t0) / 1e12
     finally:
         set_tf32(torch, False)
 
@@ -557,25 +622,56 @@ def check_matmul(args, T, work, state):
     seconds = args.matmul_seconds
     before = {p: bare_tflops(T, p, size, seconds) for p in precisions}
     if cuda:
-        T.torch.cuda.empty_cache()      # leave the child the memory this process cached
+        T.torch.cuda.empty_cache()  # leave the child the memory this process cached
     out = Path(work) / "matmul.json"
-    argv = ["run", "milarun.models.matmul:main", "-o", str(out), "--",
-            "--device", "cuda" if cuda else T.device.type, "--size", str(size),
-            "--precisions", ",".join(precisions),
-            "--max-count", "1", "--min-steady", str(args.matmul_steady), "--warmup", "2",
-            "--sample-duration", "0.5"]
+    argv = [
+        "run",
+        "milarun.models.matmul:main",
+        "-o",
+        str(out),
+        "--",
+        "--device",
+        "cuda" if cuda else T.device.type,
+        "--size",
+        str(size),
+        "--precisions",
+        ",".join(precisions),
+        "--max-count",
+        "1",
+        "--min-steady",
+        str(args.matmul_steady),
+        "--warmup",
+        "2",
+        "--sample-duration",
+        "0.5",
+    ]
     env = {}
-    if cuda:      # the GPU of the bare loop (cuda:0 here), numbered as NVML numbers it
+    if cuda:  # the GPU of the bare loop (cuda:0 here), numbered as NVML numbers it
         spec = os.environ.get("CUDA_VISIBLE_DEVICES")
-        env = {"CUDA_VISIBLE_DEVICES": spec.split(",")[0].strip() if spec else "0",
-               "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        env = {
+            "CUDA_VISIBLE_DEVICES": spec.split(",")[0].strip() if spec else "0",
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        }
     proc = milarun_cli(argv, timeout=300, env=env)
     after = {p: bare_tflops(T, p, size, seconds) for p in precisions}
     # the bare bf16 loop against the GPU's published maximum achievable bf16 matmul
-    parts = [reference_part("bf16 vs reference", (before["bf16"] + after["bf16"]) / 2, T.name,
-                            "matmul_bf16_tflops", 1.0, MATMUL_REF_MIN, "TFLOP/s",
-                            "max achievable bf16 matmul", size=size)] \
-        if "bf16" in precisions else []
+    parts = (
+        [
+            reference_part(
+                "bf16 vs reference",
+                (before["bf16"] + after["bf16"]) / 2,
+                T.name,
+                "matmul_bf16_tflops",
+                1.0,
+                MATMUL_REF_MIN,
+                "TFLOP/s",
+                "max achievable bf16 matmul",
+                size=size,
+            )
+        ]
+        if "bf16" in precisions
+        else []
+    )
     rec = None
     if out.exists():
         try:
@@ -584,27 +680,41 @@ def check_matmul(args, T, work, state):
             rec = None
     if proc.returncode != 0 or not rec or not rec.get("success"):
         why = (rec or {}).get("error") or last_line(proc.stderr)
-        return [_part("milarun run", verdict_bool(False, None, "the run succeeds",
-                                                  f"milarun run matmul failed: {why}"),
-                      returncode=proc.returncode), *parts]
+        return [
+            _part(
+                "milarun run",
+                verdict_bool(False, None, "the run succeeds", f"milarun run matmul failed: {why}"),
+                returncode=proc.returncode,
+            ),
+            *parts,
+        ]
     state["matmul_record"] = rec
     ours = []
     for p in precisions:
         ref = (before[p] + after[p]) / 2
         got = rec.get("metrics", {}).get(f"tflops_{p}")
         v = verdict_at_least(got, ref, MATMUL_MIN_RATIO, f"{p} milarun/bare")
-        ours.append(_part(p, on_cpu(v, "cuda" if cuda else T.device.type), size=size,
-                          milarun_tflops=got,
-                          bare_tflops_before=before[p], bare_tflops_after=after[p],
-                          bare_tflops=ref))
+        ours.append(
+            _part(
+                p,
+                on_cpu(v, "cuda" if cuda else T.device.type),
+                size=size,
+                milarun_tflops=got,
+                bare_tflops_before=before[p],
+                bare_tflops_after=after[p],
+                bare_tflops=ref,
+            )
+        )
     return ours + parts
 
 
 # --------------------------------------------------------------------------- bandwidth
 
+
 def copy_gb_s(T, dst, src, nbytes, seconds):
     """GB/s (1e9 bytes/s) of back-to-back ``dst.copy_(src, non_blocking=True)``, counting
     ``nbytes`` per copy, timed with synchronize + perf_counter over about ``seconds``."""
+
     def work():
         dst.copy_(src, non_blocking=True)
 
@@ -637,17 +747,47 @@ def check_bandwidth(args, T):
     d2h = copy_gb_s(T, host, a, nbytes, seconds)
     del a, host
     common = {"mib": mib}
-    return [reference_part("device copy", device_copy, T.name, "memory_tb_s", 1000.0,
-                           MEMORY_REF_MIN, "GB/s", "datasheet memory bandwidth", **common),
-            reference_part("host to device", h2d, T.name, "pcie_gb_s", 1.0, PCIE_REF_MIN,
-                           "GB/s", "PCIe Gen5 x16 pinned copies in practice", pinned=T.cuda,
-                           **common),
-            reference_part("device to host", d2h, T.name, "pcie_gb_s", 1.0, PCIE_REF_MIN,
-                           "GB/s", "PCIe Gen5 x16 pinned copies in practice", pinned=T.cuda,
-                           **common)]
+    return [
+        reference_part(
+            "device copy",
+            device_copy,
+            T.name,
+            "memory_tb_s",
+            1000.0,
+            MEMORY_REF_MIN,
+            "GB/s",
+            "datasheet memory bandwidth",
+            **common,
+        ),
+        reference_part(
+            "host to device",
+            h2d,
+            T.name,
+            "pcie_gb_s",
+            1.0,
+            PCIE_REF_MIN,
+            "GB/s",
+            "PCIe Gen5 x16 pinned copies in practice",
+            pinned=T.cuda,
+            **common,
+        ),
+        reference_part(
+            "device to host",
+            d2h,
+            T.name,
+            "pcie_gb_s",
+            1.0,
+            PCIE_REF_MIN,
+            "GB/s",
+            "PCIe Gen5 x16 pinned copies in practice",
+            pinned=T.cuda,
+            **common,
+        ),
+    ]
 
 
 # --------------------------------------------------------------------------- nvml
+
 
 def _nvml():
     import pynvml
@@ -675,36 +815,61 @@ def _bdf(bus_id):
 def energy_parts(times, powers, energies, limit_w):
     """Verdicts of one GPU's NVML series: times (s), powers (W), energies (J, counter)."""
     parts = []
-    bad = [p for p in powers if not (0 <= p <= POWER_LIMIT_MARGIN * limit_w)] if limit_w \
+    bad = (
+        [p for p in powers if not (0 <= p <= POWER_LIMIT_MARGIN * limit_w)]
+        if limit_w
         else [p for p in powers if p < 0]
-    parts.append(verdict_bool(
-        bool(powers) and not bad, max(powers) if powers else None,
-        f"0 <= power <= {POWER_LIMIT_MARGIN:g} x enforced limit ({_fmt(limit_w)} W)",
-        f"{len(bad)} power reading(s) out of bounds, e.g. {bad[:3]} W" if powers
-        else "no power reading"))
+    )
+    parts.append(
+        verdict_bool(
+            bool(powers) and not bad,
+            max(powers) if powers else None,
+            f"0 <= power <= {POWER_LIMIT_MARGIN:g} x enforced limit ({_fmt(limit_w)} W)",
+            f"{len(bad)} power reading(s) out of bounds, e.g. {bad[:3]} W"
+            if powers
+            else "no power reading",
+        )
+    )
     drops = [(a, b) for a, b in zip(energies, energies[1:]) if b < a]
-    parts.append(verdict_bool(len(energies) >= 2 and not drops, len(energies),
-                              "energy counter never decreases",
-                              f"counter decreased {len(drops)} time(s), e.g. {drops[:2]}"
-                              if drops else "fewer than 2 energy readings"))
-    integral = sum((t1 - t0) * (p0 + p1) / 2
-                   for t0, t1, p0, p1 in zip(times, times[1:], powers, powers[1:]))
+    parts.append(
+        verdict_bool(
+            len(energies) >= 2 and not drops,
+            len(energies),
+            "energy counter never decreases",
+            f"counter decreased {len(drops)} time(s), e.g. {drops[:2]}"
+            if drops
+            else "fewer than 2 energy readings",
+        )
+    )
+    integral = sum(
+        (t1 - t0) * (p0 + p1) / 2 for t0, t1, p0, p1 in zip(times, times[1:], powers, powers[1:])
+    )
     delta = energies[-1] - energies[0] if len(energies) >= 2 else None
     parts.append(verdict_within(delta, integral, ENERGY_TOLERANCE, "counter dE / integral P dt"))
-    return parts, {"mean_power_w": statistics.fmean(powers) if powers else None,
-                   "energy_delta_j": delta, "power_integral_j": integral,
-                   "span_s": times[-1] - times[0] if times else None}
+    return parts, {
+        "mean_power_w": statistics.fmean(powers) if powers else None,
+        "energy_delta_j": delta,
+        "power_integral_j": integral,
+        "span_s": times[-1] - times[0] if times else None,
+    }
 
 
 def check_nvml(args, T, state):
     if not T.cuda:
-        return [_part("nvml", skip(f"--device {T.device.type}: NVML readings are checked on "
-                                   "NVIDIA GPUs only"))]
+        return [
+            _part(
+                "nvml",
+                skip(f"--device {T.device.type}: NVML readings are checked on NVIDIA GPUs only"),
+            )
+        ]
     try:
         nv = _nvml()
     except Exception as exc:
-        return [_part("nvml", verdict_bool(False, None, "NVML starts",
-                                           f"{exc.__class__.__name__}: {exc}"))]
+        return [
+            _part(
+                "nvml", verdict_bool(False, None, "NVML starts", f"{exc.__class__.__name__}: {exc}")
+            )
+        ]
     torch = T.torch
     parts = []
     # milarun's view of the devices, through its CLI
@@ -712,42 +877,72 @@ def check_nvml(args, T, state):
     try:
         inv = json.loads(proc.stdout)
     except ValueError:
-        return [_part("milarun devices", verdict_bool(False, None, "milarun devices --json",
-                                                      last_line(proc.stderr)))]
+        return [
+            _part(
+                "milarun devices",
+                verdict_bool(False, None, "milarun devices --json", last_line(proc.stderr)),
+            )
+        ]
     devices = [d for d in inv.get("devices", []) if d.get("parent") is None]
     if inv.get("backend") != "nvidia" or not devices:
-        parts.append(_part("milarun devices", verdict_bool(
-            False, inv.get("backend"), "backend nvidia with devices",
-            f"milarun sees backend {inv.get('backend')!r}: {inv.get('tried')}")))
+        parts.append(
+            _part(
+                "milarun devices",
+                verdict_bool(
+                    False,
+                    inv.get("backend"),
+                    "backend nvidia with devices",
+                    f"milarun sees backend {inv.get('backend')!r}: {inv.get('tried')}",
+                ),
+            )
+        )
     ntorch = torch.cuda.device_count()
     # milarun lists the visible GPUs in CUDA_VISIBLE_DEVICES order, which is torch's
     # (CUDA_DEVICE_ORDER=PCI_BUS_ID): its k-th device is cuda:k, whatever its NVML index
-    nvml_of = {}                                  # torch index -> NVML index
+    nvml_of = {}  # torch index -> NVML index
     for k, d in enumerate(devices):
         idx = d["index"]
         h = nv.nvmlDeviceGetHandleByIndex(idx)
         nv_uuid = _uuid(nv.nvmlDeviceGetUUID(h))
         nv_bdf = _bdf(nv.nvmlDeviceGetPciInfo(h).busId)
         if k >= ntorch:
-            parts.append(_part(f"gpu{idx} identity", verdict_bool(
-                False, None, "torch sees it", f"torch sees {ntorch} device(s)")))
+            parts.append(
+                _part(
+                    f"gpu{idx} identity",
+                    verdict_bool(False, None, "torch sees it", f"torch sees {ntorch} device(s)"),
+                )
+            )
             continue
         nvml_of[k] = idx
         props = torch.cuda.get_device_properties(k)
         t_uuid = _uuid(props.uuid)
         t_bdf = (props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
-        same = (nv_uuid == _uuid(d.get("uuid") or "") == t_uuid
-                and nv_bdf == _bdf(d.get("pci_bus_id") or "0:0:0.0") == t_bdf)
-        parts.append(_part(f"gpu{idx} identity", verdict_bool(
-            same, d.get("pci_bus_id"), "UUID and PCI bus id agree: NVML, milarun, torch",
-            f"NVML {nv_uuid} {nv_bdf}, milarun {d.get('uuid')} {d.get('pci_bus_id')}, "
-            f"torch cuda:{k} {t_uuid} {t_bdf}"),
-            nvml_uuid=nv_uuid, torch_uuid=t_uuid, milarun_uuid=d.get("uuid"), torch_index=k))
+        same = (
+            nv_uuid == _uuid(d.get("uuid") or "") == t_uuid
+            and nv_bdf == _bdf(d.get("pci_bus_id") or "0:0:0.0") == t_bdf
+        )
+        parts.append(
+            _part(
+                f"gpu{idx} identity",
+                verdict_bool(
+                    same,
+                    d.get("pci_bus_id"),
+                    "UUID and PCI bus id agree: NVML, milarun, torch",
+                    f"NVML {nv_uuid} {nv_bdf}, milarun {d.get('uuid')} {d.get('pci_bus_id')}, "
+                    f"torch cuda:{k} {t_uuid} {t_bdf}",
+                ),
+                nvml_uuid=nv_uuid,
+                torch_uuid=t_uuid,
+                milarun_uuid=d.get("uuid"),
+                torch_index=k,
+            )
+        )
     # readings under load: a fp16 matmul on every torch device, NVML read by a thread
     # (pynvml's ctypes calls release the GIL, so the load keeps being queued meanwhile)
     count = ntorch
-    handles = {nvml_of.get(k, k): nv.nvmlDeviceGetHandleByIndex(nvml_of.get(k, k))
-               for k in range(count)}
+    handles = {
+        nvml_of.get(k, k): nv.nvmlDeviceGetHandleByIndex(nvml_of.get(k, k)) for k in range(count)
+    }
     size = args.nvml_size
     mats = []
     for k in range(count):
@@ -770,11 +965,11 @@ def check_nvml(args, T, state):
                     mem = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)
                     for key, v in zip(("t", "p", "e", "sm", "mem"), (t, p, e, sm, mem)):
                         s[key].append(v)
-            except Exception as exc:          # an NVML error is a finding, not a crash
+            except Exception as exc:  # an NVML error is a finding, not a crash
                 errors.append(f"{exc.__class__.__name__}: {exc}")
                 return
 
-    warm = 2.0                                    # load first, then sample
+    warm = 2.0  # load first, then sample
     t0 = time.perf_counter()
     thread = None
     try:
@@ -785,7 +980,7 @@ def check_nvml(args, T, state):
             for _dev, a, c in mats:
                 for _ in range(4):
                     torch.matmul(a, a, out=c)
-            for dev, _, _ in mats:                # at most 4 matmuls queued per GPU
+            for dev, _, _ in mats:  # at most 4 matmuls queued per GPU
                 torch.cuda.synchronize(dev)
     finally:
         stop.set()
@@ -796,14 +991,17 @@ def check_nvml(args, T, state):
         parts.append(_part("readings", verdict_bool(False, None, "NVML readings", errors[0])))
     for i, h in handles.items():
         s = series[i]
-        n = min(len(s[k]) for k in s)             # an error may cut a row short
+        n = min(len(s[k]) for k in s)  # an error may cut a row short
         s = {k: v[:n] for k, v in s.items()}
         try:
             limit = nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
         except Exception:
             limit = None
-        sub, figs = energy_parts([t - t0 for t in s["t"]], s["p"], s["e"], limit) \
-            if n else ([verdict_bool(False, None, "readings", "no reading")] * 3, {})
+        sub, figs = (
+            energy_parts([t - t0 for t in s["t"]], s["p"], s["e"], limit)
+            if n
+            else ([verdict_bool(False, None, "readings", "no reading")] * 3, {})
+        )
         for name, v in zip(("power", "energy monotonic", "energy vs power"), sub):
             parts.append(_part(f"gpu{i} {name}", v, **(figs if name == "energy vs power" else {})))
         try:
@@ -811,44 +1009,73 @@ def check_nvml(args, T, state):
             max_mem = nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM)
         except Exception:
             max_sm = max_mem = None
-        ok = (bool(s["sm"]) and all(0 < c <= (max_sm or c) for c in s["sm"])
-              and all(0 < c <= (max_mem or c) for c in s["mem"]))
-        parts.append(_part(f"gpu{i} clocks", verdict_bool(
-            ok, statistics.median(s["sm"]) if s["sm"] else None,
-            f"0 < SM clock <= max ({max_sm} MHz), 0 < memory clock <= max ({max_mem} MHz)",
-            f"SM {s['sm'][:5]} MHz, memory {s['mem'][:5]} MHz"),
-            sm_mhz_median=statistics.median(s["sm"]) if s["sm"] else None,
-            mem_mhz_median=statistics.median(s["mem"]) if s["mem"] else None,
-            sm_max_mhz=max_sm, mem_max_mhz=max_mem, power_limit_w=limit))
+        ok = (
+            bool(s["sm"])
+            and all(0 < c <= (max_sm or c) for c in s["sm"])
+            and all(0 < c <= (max_mem or c) for c in s["mem"])
+        )
+        parts.append(
+            _part(
+                f"gpu{i} clocks",
+                verdict_bool(
+                    ok,
+                    statistics.median(s["sm"]) if s["sm"] else None,
+                    f"0 < SM clock <= max ({max_sm} MHz), 0 < memory clock <= max ({max_mem} MHz)",
+                    f"SM {s['sm'][:5]} MHz, memory {s['mem'][:5]} MHz",
+                ),
+                sm_mhz_median=statistics.median(s["sm"]) if s["sm"] else None,
+                mem_mhz_median=statistics.median(s["mem"]) if s["mem"] else None,
+                sm_max_mhz=max_sm,
+                mem_max_mhz=max_mem,
+                power_limit_w=limit,
+            )
+        )
     # milarun's own monitor, in the matmul record
     rec = state.get("matmul_record")
     if rec is None:
-        parts.append(_part("milarun monitor", skip("no matmul record (the matmul check did "
-                                                   "not run or failed)")))
+        parts.append(
+            _part(
+                "milarun monitor", skip("no matmul record (the matmul check did not run or failed)")
+            )
+        )
     else:
         mon = rec.get("gpu_monitor") or {}
         rows = [r for r in mon.get("samples", []) if r.get("power") is not None]
         if not mon.get("available") or not rows:
-            parts.append(_part("milarun monitor", verdict_bool(
-                False, None, "the record's gpu_monitor has power readings",
-                f"available={mon.get('available')}, reason={mon.get('reason')}")))
+            parts.append(
+                _part(
+                    "milarun monitor",
+                    verdict_bool(
+                        False,
+                        None,
+                        "the record's gpu_monitor has power readings",
+                        f"available={mon.get('available')}, reason={mon.get('reason')}",
+                    ),
+                )
+            )
         else:
             dev = rows[0].get("device", 0)
             rows = [r for r in rows if r.get("device", 0) == dev]
             try:
-                limit = nv.nvmlDeviceGetEnforcedPowerLimit(
-                    nv.nvmlDeviceGetHandleByIndex(int(dev))) / 1000.0
+                limit = (
+                    nv.nvmlDeviceGetEnforcedPowerLimit(nv.nvmlDeviceGetHandleByIndex(int(dev)))
+                    / 1000.0
+                )
             except Exception:
                 limit = None
-            sub, figs = energy_parts([r["t"] for r in rows], [r["power"] for r in rows],
-                                     [r["energy"] for r in rows if r.get("energy") is not None],
-                                     limit)
+            sub, figs = energy_parts(
+                [r["t"] for r in rows],
+                [r["power"] for r in rows],
+                [r["energy"] for r in rows if r.get("energy") is not None],
+                limit,
+            )
             parts.append(_part("milarun monitor power", sub[0]))
             parts.append(_part("milarun monitor energy monotonic", sub[1], **figs))
     return parts
 
 
 # --------------------------------------------------------------------------- lite
+
 
 def lite_profile(args, cuda):
     """The lite pass's profile: ``--lite-profile``, else profiles/lite.json on a GPU and
@@ -866,8 +1093,9 @@ def pick_per_family(jobs):
         if name == "*" or name.startswith("_"):
             continue
         tags = job.get("tags") or []
-        if (job.get("partition_scheme") or {}).get("type", "per-gpu") != "per-gpu" \
-                or "multi-gpu" in tags:
+        if (job.get("partition_scheme") or {}).get(
+            "type", "per-gpu"
+        ) != "per-gpu" or "multi-gpu" in tags:
             continue
         first.setdefault(family_of(tags), name)
     return [first[f] for f in FAMILIES + (OTHER,) if f in first]
@@ -893,9 +1121,15 @@ def lite_tests(args, cuda):
         raise RuntimeError(f"the profile does not load: {last_line(proc.stderr)}")
     jobs = json.loads(proc.stdout)
     picked = wanted or pick_per_family(jobs)
-    return [{"name": n, "family": family_of(jobs[n].get("tags") or []),
-             "prepare": [tiny(c) for c in jobs[n].get("prepare") or []]}
-            for n in picked if n in jobs]
+    return [
+        {
+            "name": n,
+            "family": family_of(jobs[n].get("tags") or []),
+            "prepare": [tiny(c) for c in jobs[n].get("prepare") or []],
+        }
+        for n in picked
+        if n in jobs
+    ]
 
 
 def check_lite(args, T, work, tests):
@@ -903,55 +1137,96 @@ def check_lite(args, T, work, tests):
     in tiny presets in ``-d``'s :data:`TINY_FOLDER` (default: a folder of the work
     folder)."""
     if not tests:
-        return [_part("lite", verdict_bool(False, None, "tests to run",
-                                           "no test picked from the profile"))]
+        return [
+            _part(
+                "lite", verdict_bool(False, None, "tests to run", "no test picked from the profile")
+            )
+        ]
     profile = lite_profile(args, T.cuda)
     dataroot = str(Path(args.dataroot) / TINY_FOLDER if args.dataroot else Path(work) / "data")
     Path(dataroot).mkdir(parents=True, exist_ok=True)
     derived = Path(work) / "lite-tiny.json"
-    derived.write_text(json.dumps({
-        "include": [str(Path(profile).resolve())],
-        **{t["name"]: {"prepare": t["prepare"]} for t in tests if t["prepare"]}}))
+    derived.write_text(
+        json.dumps(
+            {
+                "include": [str(Path(profile).resolve())],
+                **{t["name"]: {"prepare": t["prepare"]} for t in tests if t["prepare"]},
+            }
+        )
+    )
     names = [t["name"] for t in tests]
     out = Path(work) / "lite"
     extra = ["--device", "cpu"] if T.device.type == "cpu" else []
     slots = ["--cpu-slots", "1"] if T.device.type == "cpu" else []
-    cmd = ["jobs", str(derived), "-d", dataroot, "-o", str(out), "--no-cgexec",
-           "--timeout", str(args.lite_timeout), *slots, "--name", *names,
-           "--", *SHORT_ARGS, *extra]
+    cmd = [
+        "jobs",
+        str(derived),
+        "-d",
+        dataroot,
+        "-o",
+        str(out),
+        "--no-cgexec",
+        "--timeout",
+        str(args.lite_timeout),
+        *slots,
+        "--name",
+        *names,
+        "--",
+        *SHORT_ARGS,
+        *extra,
+    ]
     t0 = time.perf_counter()
     proc = milarun_cli(cmd, timeout=args.lite_timeout * (len(names) + 1) + 120)
     seconds = time.perf_counter() - t0
     if proc.returncode == 2:
-        return [_part("lite", verdict_bool(False, None, "milarun jobs starts",
-                                           last_line(proc.stderr)))]
+        return [
+            _part("lite", verdict_bool(False, None, "milarun jobs starts", last_line(proc.stderr)))
+        ]
     records = read_records(out)
     parts = []
     for t in tests:
         job = t["name"]
         mine = [r for r in records if r.get("job_name") == job]
         failed = [r for r in mine if not r["success"]]
-        rates = [steady_rate(((r.get("timings") or {}).get("train") or {}).get("samples")
-                             or []) for r in mine]
+        rates = [
+            steady_rate(((r.get("timings") or {}).get("train") or {}).get("samples") or [])
+            for r in mine
+        ]
         if not mine:
             said = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if job in ln]
-            v = verdict_bool(False, 0, "every record says success",
-                             "no record written" + (f"; milarun jobs said: {said[-1]}"
-                                                    if said else ""))
+            v = verdict_bool(
+                False,
+                0,
+                "every record says success",
+                "no record written" + (f"; milarun jobs said: {said[-1]}" if said else ""),
+            )
         else:
-            why = "; ".join(f"{r['job_id']}: {(r.get('error') or {}).get('reason')}: "
-                            f"{str((r.get('error') or {}).get('message'))[:200]}"
-                            for r in failed)
+            why = "; ".join(
+                f"{r['job_id']}: {(r.get('error') or {}).get('reason')}: "
+                f"{str((r.get('error') or {}).get('message'))[:200]}"
+                for r in failed
+            )
             v = verdict_bool(not failed, len(mine), "every record says success", why)
         parts.append(_part(job, v, family=t["family"], records=len(mine), items_s=rates))
-    parts.append(_part("milarun jobs", verdict_bool(
-        proc.returncode == 0, proc.returncode, "exit status 0",
-        f"exit status {proc.returncode}: {last_line(proc.stdout)}"), seconds=seconds,
-        profile=profile, dataroot=dataroot))
+    parts.append(
+        _part(
+            "milarun jobs",
+            verdict_bool(
+                proc.returncode == 0,
+                proc.returncode,
+                "exit status 0",
+                f"exit status {proc.returncode}: {last_line(proc.stdout)}",
+            ),
+            seconds=seconds,
+            profile=profile,
+            dataroot=dataroot,
+        )
+    )
     return parts
 
 
 # --------------------------------------------------------------------------- ddp
+
 
 def dist_worker(args):
     """One torchrun rank: a DDP step and an FSDP step against a single-model step."""
@@ -980,14 +1255,20 @@ def dist_worker(args):
 
     def make():
         torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
-                                   torch.nn.Linear(width, width), torch.nn.ReLU(),
-                                   torch.nn.Linear(width, 1)).to(device)
+        return torch.nn.Sequential(
+            torch.nn.Linear(width, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, 1),
+        ).to(device)
 
     def data(r):
         g = torch.Generator().manual_seed(100 + r)
-        return (torch.randn(batch, width, generator=g).to(device),
-                torch.randn(batch, 1, generator=g).to(device))
+        return (
+            torch.randn(batch, width, generator=g).to(device),
+            torch.randn(batch, 1, generator=g).to(device),
+        )
 
     def one_step(model, x, y):
         opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -1014,11 +1295,15 @@ def dist_worker(args):
 
     ref = make()
     xs, ys = zip(*(data(r) for r in range(world)))
-    one_step(ref, torch.cat(xs), torch.cat(ys))          # mean loss over the whole batch
+    one_step(ref, torch.cat(xs), torch.cat(ys))  # mean loss over the whole batch
     ref_params = [p.detach().clone() for p in ref.parameters()]
     x, y = data(rank)
-    figures = {"world_size": world, "backend": dist.get_backend(), "width": width,
-               "batch_per_rank": batch}
+    figures = {
+        "world_size": world,
+        "backend": dist.get_backend(),
+        "width": width,
+        "batch_per_rank": batch,
+    }
 
     def max_diff(params):
         d = max(float((p - q).abs().max()) for p, q in zip(params, ref_params))
@@ -1049,59 +1334,110 @@ def dist_worker(args):
 def check_ddp(args, T, work):
     cuda = T.cuda
     if cuda and T.torch.cuda.device_count() < 2:
-        return [_part("ddp", skip(f"needs 2 GPUs; torch sees {T.torch.cuda.device_count()}")),
-                _part("fsdp", skip(f"needs 2 GPUs; torch sees {T.torch.cuda.device_count()}"))]
+        return [
+            _part("ddp", skip(f"needs 2 GPUs; torch sees {T.torch.cuda.device_count()}")),
+            _part("fsdp", skip(f"needs 2 GPUs; torch sees {T.torch.cuda.device_count()}")),
+        ]
     if not cuda and not args.cpu_dist:
-        return [_part(n, skip(f"--device {T.device.type}: NCCL needs 2 GPUs (--cpu-dist runs "
-                              "the same steps over gloo)")) for n in ("ddp", "fsdp")]
+        return [
+            _part(
+                n,
+                skip(
+                    f"--device {T.device.type}: NCCL needs 2 GPUs (--cpu-dist runs "
+                    "the same steps over gloo)"
+                ),
+            )
+            for n in ("ddp", "fsdp")
+        ]
     out = Path(work) / "dist.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if cuda:
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0,1")
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "2", str(Path(__file__).resolve()), "--worker", "dist", "--device", T.device.type,
-           "--worker-out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(Path(__file__).resolve()),
+        "--worker",
+        "dist",
+        "--device",
+        T.device.type,
+        "--worker-out",
+        str(out),
+    ]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=300)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         rc, err = proc.returncode, proc.stderr
     except subprocess.TimeoutExpired as exc:
         rc, err = "timeout", str(exc.stderr or "")
     seconds = time.perf_counter() - t0
     if rc != 0 or not out.exists():
         line = next((ln for ln in reversed(err.splitlines()) if "Error" in ln), last_line(err))
-        return [_part(n, verdict_bool(False, None, "the torchrun job ends with status 0",
-                                      f"torchrun exit {rc}: {line}"), seconds=seconds)
-                for n in ("ddp", "fsdp")]
+        return [
+            _part(
+                n,
+                verdict_bool(
+                    False,
+                    None,
+                    "the torchrun job ends with status 0",
+                    f"torchrun exit {rc}: {line}",
+                ),
+                seconds=seconds,
+            )
+            for n in ("ddp", "fsdp")
+        ]
     fig = json.loads(out.read_text())
     parts = []
     for n in ("ddp", "fsdp"):
         diff = fig[f"{n}_max_diff"]
-        v = verdict_bool(diff <= DIST_TOLERANCE, diff,
-                         f"max |param - single-model param| <= {DIST_TOLERANCE:g}",
-                         f"parameters differ by {diff:.3g} after one step")
+        v = verdict_bool(
+            diff <= DIST_TOLERANCE,
+            diff,
+            f"max |param - single-model param| <= {DIST_TOLERANCE:g}",
+            f"parameters differ by {diff:.3g} after one step",
+        )
         if not cuda:
-            v = skip(f"--device {T.device.type}: the check is over NCCL on 2 GPUs; these "
-                     f"steps ran over gloo on the CPU (max diff {diff:.3g}, would be "
-                     f"{v['verdict']})", v["target"], diff)
-        parts.append(_part(n, v, backend=fig["backend"], world_size=fig["world_size"],
-                           step_s=fig[f"{n}_step_s"], seconds=seconds))
+            v = skip(
+                f"--device {T.device.type}: the check is over NCCL on 2 GPUs; these "
+                f"steps ran over gloo on the CPU (max diff {diff:.3g}, would be "
+                f"{v['verdict']})",
+                v["target"],
+                diff,
+            )
+        parts.append(
+            _part(
+                n,
+                v,
+                backend=fig["backend"],
+                world_size=fig["world_size"],
+                step_s=fig[f"{n}_step_s"],
+                seconds=seconds,
+            )
+        )
     return parts
 
 
 # --------------------------------------------------------------------------- cgroups
+
 
 def cgroup_profile(device, experiment="milarun.models.toy_reg:main"):
     """A one-test profile: ``experiment`` per GPU in ``student{device}``, briefly."""
     args = {"--max-count": 1, "--min-steady": 1, "--warmup": 1, "--sample-duration": 0.25}
     if device == "cpu":
         args["--device"] = "cpu"
-    return {"wave": {"experiment": experiment,
-                     "partition_scheme": {"type": "per-gpu",
-                                          "cgroup": "cpuset,memory:student{device}"},
-                     "arguments": args, "timeout": 300}}
+    return {
+        "wave": {
+            "experiment": experiment,
+            "partition_scheme": {"type": "per-gpu", "cgroup": "cpuset,memory:student{device}"},
+            "arguments": args,
+            "timeout": 300,
+        }
+    }
 
 
 def check_cgroups(args, T, work):
@@ -1113,8 +1449,15 @@ def check_cgroups(args, T, work):
     base = ["jobs", str(profile), "-d", str(work / "data"), "-o", str(work / "out"), *slots]
     proc = milarun_cli([*base, "--dry-run"], timeout=120)
     if proc.returncode != 0:
-        return [_part("wave", skip(f"milarun jobs --dry-run refuses: "
-                                   f"{last_line(proc.stderr) or last_line(proc.stdout)}"))]
+        return [
+            _part(
+                "wave",
+                skip(
+                    f"milarun jobs --dry-run refuses: "
+                    f"{last_line(proc.stderr) or last_line(proc.stdout)}"
+                ),
+            )
+        ]
     proc = milarun_cli(base, timeout=600)
     records = read_records(work / "out")
     bad = []
@@ -1127,14 +1470,20 @@ def check_cgroups(args, T, work):
             bad.append(f"{r['job_id']}: ran in cgroup {group!r}, not student{label}")
     ok = proc.returncode == 0 and records and not bad
     why = "; ".join(bad) or f"exit status {proc.returncode}: {last_line(proc.stderr)}"
-    return [_part("wave", verdict_bool(bool(ok), len(records),
-                                       "every device's record: success, in its student cgroup",
-                                       why),
-                  cgroups=[(r.get("host") or {}).get("cgroup") for r in records],
-                  cpus=[len((r.get("host") or {}).get("cpuset") or []) for r in records])]
+    return [
+        _part(
+            "wave",
+            verdict_bool(
+                bool(ok), len(records), "every device's record: success, in its student cgroup", why
+            ),
+            cgroups=[(r.get("host") or {}).get("cgroup") for r in records],
+            cpus=[len((r.get("host") or {}).get("cpuset") or []) for r in records],
+        )
+    ]
 
 
 # --------------------------------------------------------------------------- plan
+
 
 def estimate(name, args, cuda, gpus, tests):
     """``(seconds, basis)``: the estimated wall time of check ``name`` on ``gpus`` GPUs
@@ -1142,36 +1491,47 @@ def estimate(name, args, cuda, gpus, tests):
     and the constants beside it)."""
     child = CHILD_S[cuda]
     if name == "rate":
-        return (args.rate_pairs * 2 * args.rate_seconds + 0.2 * args.rate_seconds + 2.0,
-                f"{args.rate_pairs} pairs x 2 loops x {args.rate_seconds:g} s, calibration "
-                f"0.2 x {args.rate_seconds:g} s, model and warm-up 2 s")
+        return (
+            args.rate_pairs * 2 * args.rate_seconds + 0.2 * args.rate_seconds + 2.0,
+            f"{args.rate_pairs} pairs x 2 loops x {args.rate_seconds:g} s, calibration "
+            f"0.2 x {args.rate_seconds:g} s, model and warm-up 2 s",
+        )
     if name == "matmul":
         n = len(matmul_precisions(args, cuda))
-        return (2 * n * (1.2 * args.matmul_seconds + 0.5) + child + 1.0 + args.matmul_steady,
-                f"bare loops 2 x {n} precision(s) x ({args.matmul_seconds:g} s + calibration, "
-                f"set-up); milarun run: child {child:g} s, warm-up 1 s, steady "
-                f"{args.matmul_steady:g} s")
+        return (
+            2 * n * (1.2 * args.matmul_seconds + 0.5) + child + 1.0 + args.matmul_steady,
+            f"bare loops 2 x {n} precision(s) x ({args.matmul_seconds:g} s + calibration, "
+            f"set-up); milarun run: child {child:g} s, warm-up 1 s, steady "
+            f"{args.matmul_steady:g} s",
+        )
     if name == "bandwidth":
-        return (3 * 1.2 * args.bandwidth_seconds + 1.0,
-                f"3 copies x ({args.bandwidth_seconds:g} s + calibration), allocations 1 s")
+        return (
+            3 * 1.2 * args.bandwidth_seconds + 1.0,
+            f"3 copies x ({args.bandwidth_seconds:g} s + calibration), allocations 1 s",
+        )
     if name == "nvml":
         if not cuda:
             return 0.0, "SKIP on the CPU"
-        return (5.0 + args.nvml_seconds,
-                f"milarun devices 3 s, load warm-up 2 s, sampling {args.nvml_seconds:g} s")
+        return (
+            5.0 + args.nvml_seconds,
+            f"milarun devices 3 s, load warm-up 2 s, sampling {args.nvml_seconds:g} s",
+        )
     if name == "lite":
         datasets = {c for t in tests for c in t["prepare"]}
-        return (JOBS_S + TINY_DATASET_S * len(datasets) + len(tests) * (child + 2.0),
-                f"{len(tests)} test(s) x (child {child:g} s + 1 warm-up window + 1 s steady), "
-                f"{len(datasets)} tiny dataset(s) x {TINY_DATASET_S:g} s, milarun jobs "
-                f"{JOBS_S:g} s")
+        return (
+            JOBS_S + TINY_DATASET_S * len(datasets) + len(tests) * (child + 2.0),
+            f"{len(tests)} test(s) x (child {child:g} s + 1 warm-up window + 1 s steady), "
+            f"{len(datasets)} tiny dataset(s) x {TINY_DATASET_S:g} s, milarun jobs "
+            f"{JOBS_S:g} s",
+        )
     if name == "ddp":
         if (gpus >= 2) if cuda else args.cpu_dist:
             return TORCHRUN_S, "torchrun, 2 ranks: start, process group, a few steps"
         return 0.0, "SKIP: " + ("needs 2 GPUs" if cuda else "NCCL on the CPU (see --cpu-dist)")
     if name == "cgroups":
-        return 3.0 + child + 2.0, (f"dry run 3 s; one toy_reg per GPU: child {child:g} s, "
-                                   "warm-up and 1 s steady")
+        return 3.0 + child + 2.0, (
+            f"dry run 3 s; one toy_reg per GPU: child {child:g} s, warm-up and 1 s steady"
+        )
     raise ValueError(name)
 
 
@@ -1183,9 +1543,15 @@ def make_plan(args, selected, cuda, gpus, tests):
     families last in :data:`~milarun.report.family.FAMILIES` order; ``tests`` is
     shortened in place; it keeps one); a check that still does not fit has ``run``
     False and says so in ``note``."""
-    rows = [{"check": "start", "estimate_s": START_S[cuda],
-             "basis": "interpreter, import torch" + (", CUDA context" if cuda else ""),
-             "run": True, "note": None}]
+    rows = [
+        {
+            "check": "start",
+            "estimate_s": START_S[cuda],
+            "basis": "interpreter, import torch" + (", CUDA context" if cuda else ""),
+            "run": True,
+            "note": None,
+        }
+    ]
     left = args.budget - START_S[cuda]
     for name in CHECKS:
         if name not in selected:
@@ -1204,8 +1570,7 @@ def make_plan(args, selected, cuda, gpus, tests):
             left -= est
         else:
             note = f"does not fit the budget: about {est:.0f} s, {max(left, 0):.0f} s left"
-        rows.append({"check": name, "estimate_s": est, "basis": basis, "run": run,
-                     "note": note})
+        rows.append({"check": name, "estimate_s": est, "basis": basis, "run": run, "note": note})
     return rows
 
 
@@ -1225,49 +1590,101 @@ def show_plan(rows, budget, where, tests):
 
 # --------------------------------------------------------------------------- main
 
+
 def parse(argv):
     p = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__.split("\n")[0])
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                   help="auto: cuda when torch sees a GPU, else cpu")
-    p.add_argument("--budget", type=float, default=300.0,
-                   help="seconds the whole run may take (default 300): the plan leaves out "
-                   "what does not fit, and a check that would end past it says SKIP")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the plan and exit (runs nothing on the device)")
+    p.add_argument(
+        "--device",
+        choices=("auto", "cuda", "cpu"),
+        default="auto",
+        help="auto: cuda when torch sees a GPU, else cpu",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=300.0,
+        help="seconds the whole run may take (default 300): the plan leaves out "
+        "what does not fit, and a check that would end past it says SKIP",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan and exit (runs nothing on the device)",
+    )
     p.add_argument("--only", default=None, help=f"comma-separated among {','.join(CHECKS)}")
     p.add_argument("--skip", default=None, help="comma-separated checks to leave out")
     p.add_argument("--out", default=None, help="write the figures to this JSON file")
-    p.add_argument("-d", "--dataroot", default=None,
-                   help="keep the lite pass's tiny datasets in DATAROOT/gpu_check-tiny "
-                   "between runs (default: in the work folder, built each run)")
-    p.add_argument("--workdir", default=None, help="keep the runs' files here (default: a "
-                   "temporary folder, removed)")
-    p.add_argument("--rate-seconds", type=float, default=None,
-                   help="length of one timed loop (s; 3 on cuda, 0.3 on cpu)")
+    p.add_argument(
+        "-d",
+        "--dataroot",
+        default=None,
+        help="keep the lite pass's tiny datasets in DATAROOT/gpu_check-tiny "
+        "between runs (default: in the work folder, built each run)",
+    )
+    p.add_argument(
+        "--workdir",
+        default=None,
+        help="keep the runs' files here (default: a temporary folder, removed)",
+    )
+    p.add_argument(
+        "--rate-seconds",
+        type=float,
+        default=None,
+        help="length of one timed loop (s; 3 on cuda, 0.3 on cpu)",
+    )
     p.add_argument("--rate-pairs", type=int, default=3)
     p.add_argument("--rate-width", type=int, default=None)
     p.add_argument("--matmul-size", type=int, default=None, help="8192 on cuda, 128 on cpu")
     p.add_argument("--matmul-precisions", default=None)
-    p.add_argument("--matmul-seconds", type=float, default=None,
-                   help="bare loop length per precision (s; 2 on cuda, 0.2 on cpu)")
-    p.add_argument("--matmul-steady", type=float, default=None,
-                   help="milarun's --min-steady for matmul (s; 5 on cuda, 1 on cpu)")
-    p.add_argument("--bandwidth-mib", type=int, default=None,
-                   help="size of each copy (MiB; 1024 on cuda, 8 on cpu)")
-    p.add_argument("--bandwidth-seconds", type=float, default=None,
-                   help="length of each timed copy loop (s; 1 on cuda, 0.1 on cpu)")
+    p.add_argument(
+        "--matmul-seconds",
+        type=float,
+        default=None,
+        help="bare loop length per precision (s; 2 on cuda, 0.2 on cpu)",
+    )
+    p.add_argument(
+        "--matmul-steady",
+        type=float,
+        default=None,
+        help="milarun's --min-steady for matmul (s; 5 on cuda, 1 on cpu)",
+    )
+    p.add_argument(
+        "--bandwidth-mib",
+        type=int,
+        default=None,
+        help="size of each copy (MiB; 1024 on cuda, 8 on cpu)",
+    )
+    p.add_argument(
+        "--bandwidth-seconds",
+        type=float,
+        default=None,
+        help="length of each timed copy loop (s; 1 on cuda, 0.1 on cpu)",
+    )
     p.add_argument("--nvml-seconds", type=float, default=8.0)
     p.add_argument("--nvml-interval", type=float, default=0.1)
     p.add_argument("--nvml-size", type=int, default=8192, help="side of the fp16 load's matrices")
-    p.add_argument("--lite-profile", default=None, help="default: profiles/lite.json on cuda, "
-                   "profiles/cpu.json on cpu")
-    p.add_argument("--lite-name", nargs="+", default=None,
-                   help="run these tests of it (default: one per workload family)")
+    p.add_argument(
+        "--lite-profile",
+        default=None,
+        help="default: profiles/lite.json on cuda, profiles/cpu.json on cpu",
+    )
+    p.add_argument(
+        "--lite-name",
+        nargs="+",
+        default=None,
+        help="run these tests of it (default: one per workload family)",
+    )
     p.add_argument("--lite-timeout", type=int, default=120, help="per test (s)")
-    p.add_argument("--cgroup-experiment", default="milarun.models.toy_reg:main",
-                   help="the workload of the cgroups wave")
-    p.add_argument("--cpu-dist", action="store_true",
-                   help="on the CPU, run the ddp check's steps over gloo (figures only)")
+    p.add_argument(
+        "--cgroup-experiment",
+        default="milarun.models.toy_reg:main",
+        help="the workload of the cgroups wave",
+    )
+    p.add_argument(
+        "--cpu-dist",
+        action="store_true",
+        help="on the CPU, run the ddp check's steps over gloo (figures only)",
+    )
     p.add_argument("--worker", choices=("dist",), help=argparse.SUPPRESS)
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -1276,8 +1693,7 @@ def parse(argv):
         names = [n.strip() for n in val.split(",") if n.strip()] if val else None
         bad = [n for n in names or () if n not in CHECKS]
         if bad:
-            p.error(f"--{opt}: unknown check(s) {', '.join(bad)}; choose among "
-                    f"{', '.join(CHECKS)}")
+            p.error(f"--{opt}: unknown check(s) {', '.join(bad)}; choose among {', '.join(CHECKS)}")
         setattr(args, opt, names)
     if not (math.isfinite(args.budget) and args.budget > 0):
         p.error(f"--budget: {args.budget:g} is not a positive number of seconds")
@@ -1313,8 +1729,11 @@ def main(argv=None):
             tests = lite_tests(args, cuda)
         except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
             lite_error = f"{exc.__class__.__name__}: {exc}"
-    where = (f"cuda, {gpus} GPU(s)" if gpus else "cuda, planned for 1 GPU (torch sees none "
-             "here)") if cuda else "cpu"
+    where = (
+        (f"cuda, {gpus} GPU(s)" if gpus else "cuda, planned for 1 GPU (torch sees none here)")
+        if cuda
+        else "cpu"
+    )
     plan = make_plan(args, selected, cuda, max(gpus, 1) if cuda else 0, tests)
     show_plan(plan, args.budget, where, tests)
     if lite_error:
@@ -1323,26 +1742,41 @@ def main(argv=None):
         return 0
     T = Torch("cuda:0" if cuda else "cpu")
     label, refs = references_for(T.name)
-    report = {"version": VERSION, "script": "benchmarks/gpu_check.py", "device": args.device,
-              "started": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-              "torch": torch.__version__, "gpu": T.name if cuda else None,
-              "gpus": [torch.cuda.get_device_name(i) for i in range(gpus)],
-              "references": {"of": label, **refs},
-              "targets": {"rate": RATE_TOLERANCE, "matmul": MATMUL_MIN_RATIO,
-                          "energy": ENERGY_TOLERANCE, "power_limit_margin": POWER_LIMIT_MARGIN,
-                          "dist": DIST_TOLERANCE, "matmul_reference": MATMUL_REF_MIN,
-                          "memory_reference": MEMORY_REF_MIN, "pcie_reference": PCIE_REF_MIN},
-              "budget_s": args.budget, "plan": plan, "checks": {}}
+    report = {
+        "version": VERSION,
+        "script": "benchmarks/gpu_check.py",
+        "device": args.device,
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "torch": torch.__version__,
+        "gpu": T.name if cuda else None,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(gpus)],
+        "references": {"of": label, **refs},
+        "targets": {
+            "rate": RATE_TOLERANCE,
+            "matmul": MATMUL_MIN_RATIO,
+            "energy": ENERGY_TOLERANCE,
+            "power_limit_margin": POWER_LIMIT_MARGIN,
+            "dist": DIST_TOLERANCE,
+            "matmul_reference": MATMUL_REF_MIN,
+            "memory_reference": MEMORY_REF_MIN,
+            "pcie_reference": PCIE_REF_MIN,
+        },
+        "budget_s": args.budget,
+        "plan": plan,
+        "checks": {},
+    }
     state = {}
     work = Path(args.workdir or tempfile.mkdtemp(prefix="gpu_check-"))
     work.mkdir(parents=True, exist_ok=True)
-    runners = {"rate": lambda: check_rate(args, T),
-               "matmul": lambda: check_matmul(args, T, work, state),
-               "bandwidth": lambda: check_bandwidth(args, T),
-               "nvml": lambda: check_nvml(args, T, state),
-               "lite": lambda: check_lite(args, T, work, tests),
-               "ddp": lambda: check_ddp(args, T, work),
-               "cgroups": lambda: check_cgroups(args, T, work)}
+    runners = {
+        "rate": lambda: check_rate(args, T),
+        "matmul": lambda: check_matmul(args, T, work, state),
+        "bandwidth": lambda: check_bandwidth(args, T),
+        "nvml": lambda: check_nvml(args, T, state),
+        "lite": lambda: check_lite(args, T, work, tests),
+        "ddp": lambda: check_ddp(args, T, work),
+        "cgroups": lambda: check_cgroups(args, T, work),
+    }
     report["start_s"] = time.perf_counter() - t_all
     try:
         for row in plan[1:]:
@@ -1352,19 +1786,35 @@ def main(argv=None):
             if not row["run"]:
                 parts = [_part(name, skip(f"budget: {row['note']}"))]
             elif spent + est > args.budget:
-                parts = [_part(name, skip(f"budget: {spent:.0f} s spent, about {est:.0f} s "
-                                          f"more would pass the {args.budget:g} s budget"))]
+                parts = [
+                    _part(
+                        name,
+                        skip(
+                            f"budget: {spent:.0f} s spent, about {est:.0f} s "
+                            f"more would pass the {args.budget:g} s budget"
+                        ),
+                    )
+                ]
             elif name == "lite" and lite_error:
-                parts = [_part(name, verdict_bool(False, None, "the profile loads",
-                                                  lite_error))]
+                parts = [_part(name, verdict_bool(False, None, "the profile loads", lite_error))]
             else:
                 try:
                     parts = runners[name]()
-                except Exception as exc:             # a crash is a FAIL with its reason
-                    parts = [_part(name, verdict_bool(False, None, "the check runs",
-                                                      f"{exc.__class__.__name__}: {exc}"))]
-            entry = {"verdict": combine(parts), "seconds": time.perf_counter() - t0,
-                     "estimate_s": est, "parts": parts}
+                except Exception as exc:  # a crash is a FAIL with its reason
+                    parts = [
+                        _part(
+                            name,
+                            verdict_bool(
+                                False, None, "the check runs", f"{exc.__class__.__name__}: {exc}"
+                            ),
+                        )
+                    ]
+            entry = {
+                "verdict": combine(parts),
+                "seconds": time.perf_counter() - t0,
+                "estimate_s": est,
+                "parts": parts,
+            }
             report["checks"][name] = entry
             show(name, entry)
     finally:
@@ -1372,25 +1822,34 @@ def main(argv=None):
             shutil.rmtree(work, ignore_errors=True)
     report["seconds"] = time.perf_counter() - t_all
     report["verdict"] = combine(list(report["checks"].values()))
-    report["warnings"] = [f"{name}/{p['name']}: {p['reason']}"
-                          for name, c in report["checks"].items() for p in c["parts"]
-                          if p["verdict"] == WARN]
+    report["warnings"] = [
+        f"{name}/{p['name']}: {p['reason']}"
+        for name, c in report["checks"].items()
+        for p in c["parts"]
+        if p["verdict"] == WARN
+    ]
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1, default=str) + "\n")
-    print(f"gpu_check: {report['verdict']} ({report['seconds']:.0f} s of a {args.budget:g} s "
-          "budget)" + (f"; figures in {args.out}" if args.out else ""))
+    print(
+        f"gpu_check: {report['verdict']} ({report['seconds']:.0f} s of a {args.budget:g} s "
+        "budget)" + (f"; figures in {args.out}" if args.out else "")
+    )
     if report["warnings"]:
         print(f"gpu_check: {len(report['warnings'])} WARN: " + "; ".join(report["warnings"]))
     return 1 if report["verdict"] == FAIL else 0
 
 
 def show(name, entry):
-    print(f"{entry['verdict']:4}  {name} ({entry['seconds']:.1f} s; estimate "
-          f"{entry['estimate_s']:.0f} s)", flush=True)
+    print(
+        f"{entry['verdict']:4}  {name} ({entry['seconds']:.1f} s; estimate "
+        f"{entry['estimate_s']:.0f} s)",
+        flush=True,
+    )
     for p in entry["parts"]:
         unit = (p.get("figures") or {}).get("unit")
-        line = f"  {p['verdict']:4}  {p['name']}: {_fmt(p['figure'])}" + (f" {unit}" if unit
-                                                                           else "")
+        line = f"  {p['verdict']:4}  {p['name']}: {_fmt(p['figure'])}" + (
+            f" {unit}" if unit else ""
+        )
         if p.get("target"):
             line += f" (target: {p['target']})"
         if p.get("reason"):

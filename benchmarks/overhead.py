@@ -46,11 +46,22 @@ from milarun.measure.confidence import median_interval  # noqa: E402
 
 WORKLOADS = {
     # name: (function, argv); max-count sized for about 5 s of training on 2 idle cores
-    "toy_reg": ("milarun.models.toy_reg:main",
-                ["--batch-size", "64", "--max-count", "600000"]),
-    "convnet": ("milarun.models.convnet:main",
-                ["--arch", "resnet18", "--batch-size", "16", "--image-size", "32",
-                 "--workers", "0", "--max-count", "1600"]),
+    "toy_reg": ("milarun.models.toy_reg:main", ["--batch-size", "64", "--max-count", "600000"]),
+    "convnet": (
+        "milarun.models.convnet:main",
+        [
+            "--arch",
+            "resnet18",
+            "--batch-size",
+            "16",
+            "--image-size",
+            "32",
+            "--workers",
+            "0",
+            "--max-count",
+            "1600",
+        ],
+    ),
 }
 
 
@@ -89,8 +100,7 @@ def logger_cost(steps, repeats=5):
 
     best = {True: float("inf"), False: float("inf")}
     for _ in range(repeats):
-        inst = RateLogger(sample_duration=0.5, max_count=steps, warmup=1,
-                          timer=PerfCounterTimer())
+        inst = RateLogger(sample_duration=0.5, max_count=steps, warmup=1, timer=PerfCounterTimer())
         bare = _BareLogger(max_count=steps, warmup=0)
         bare._sync = None
         best[True] = min(best[True], once(inst))
@@ -122,7 +132,7 @@ def measure(name, dataroot, workdir, pairs, device, extra):
     rates = {True: [], False: []}
     windows = 0
     out = Path(workdir) / f"{name}.json"
-    for mode in (True, False):                   # warm-up runs, discarded
+    for mode in (True, False):  # warm-up runs, discarded
         run_once(function, argv, dataroot, out, mode, device)
     for i in range(pairs):
         order = (True, False) if i % 2 == 0 else (False, True)
@@ -131,16 +141,27 @@ def measure(name, dataroot, workdir, pairs, device, extra):
             rates[mode].append(rate)
             if mode:
                 windows = n
-        print(f"  {name} pair {i + 1}: instrumented {rates[True][-1]:.1f} items/s, "
-              f"bare {rates[False][-1]:.1f} items/s", file=sys.stderr)
+        print(
+            f"  {name} pair {i + 1}: instrumented {rates[True][-1]:.1f} items/s, "
+            f"bare {rates[False][-1]:.1f} items/s",
+            file=sys.stderr,
+        )
     inst, bare = statistics.median(rates[True]), statistics.median(rates[False])
     pair_ratios = [a / b for a, b in zip(rates[True], rates[False])]
     interval = median_interval([1 - r for r in pair_ratios])
-    return {"overhead_pairwise_interval": list(interval) if interval else None,"workload": name, "argv": argv, "pairs": pairs, "windows": windows,
-            "instrumented": rates[True], "bare": rates[False],
-            "median_instrumented": inst, "median_bare": bare,
-            "overhead": 1 - inst / bare,
-            "overhead_pairwise_median": 1 - statistics.median(pair_ratios)}
+    return {
+        "overhead_pairwise_interval": list(interval) if interval else None,
+        "workload": name,
+        "argv": argv,
+        "pairs": pairs,
+        "windows": windows,
+        "instrumented": rates[True],
+        "bare": rates[False],
+        "median_instrumented": inst,
+        "median_bare": bare,
+        "overhead": 1 - inst / bare,
+        "overhead_pairwise_median": 1 - statistics.median(pair_ratios),
+    }
 
 
 def main(argv=None):
@@ -148,8 +169,9 @@ def main(argv=None):
     parser.add_argument("--pairs", type=int, default=12)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--workloads", default="toy_reg,convnet")
-    parser.add_argument("--sample-duration", default="0.5",
-                        help="window length of the instrumented runs (s)")
+    parser.add_argument(
+        "--sample-duration", default="0.5", help="window length of the instrumented runs (s)"
+    )
     parser.add_argument("--logger-steps", type=int, default=200000)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
@@ -167,31 +189,46 @@ def main(argv=None):
 
     inst_step, bare_step = logger_cost(args.logger_steps)
     extra = inst_step - bare_step
-    print(f"logger alone: instrumented {inst_step * 1e9:.0f} ns/step, bare {bare_step * 1e9:.0f} "
-          f"ns/step, instrumentation cost {extra * 1e9:.0f} ns/step")
+    print(
+        f"logger alone: instrumented {inst_step * 1e9:.0f} ns/step, bare {bare_step * 1e9:.0f} "
+        f"ns/step, instrumentation cost {extra * 1e9:.0f} ns/step"
+    )
     for r in report:
         batch = int(r["argv"][r["argv"].index("--batch-size") + 1])
         r["step_time_s"] = batch / r["median_bare"]
         r["overhead_from_logger_cost"] = extra / r["step_time_s"]
-        print(f"  {r['workload']}: step {r['step_time_s'] * 1e6:.0f} us -> estimated overhead "
-              f"{100 * r['overhead_from_logger_cost']:.3f}%")
+        print(
+            f"  {r['workload']}: step {r['step_time_s'] * 1e6:.0f} us -> estimated overhead "
+            f"{100 * r['overhead_from_logger_cost']:.3f}%"
+        )
     window = float(args.sample_duration)
-    print(f"journal: {per_line * 1e6:.1f} us per window line, {100 * per_line / window:.4f}% "
-          f"of a {window:g} s window")
-    report.append({"logger_cost_ns_per_step": {"instrumented": inst_step * 1e9,
-                                               "bare": bare_step * 1e9},
-                   "journal_us_per_window": per_line * 1e6})
-    print(f"{'workload':10} {'instrumented':>14} {'bare':>14} {'pairwise':>9} "
-          f"{'95% interval':>17} {'medians':>8} {'windows':>8}")
+    print(
+        f"journal: {per_line * 1e6:.1f} us per window line, {100 * per_line / window:.4f}% "
+        f"of a {window:g} s window"
+    )
+    report.append(
+        {
+            "logger_cost_ns_per_step": {"instrumented": inst_step * 1e9, "bare": bare_step * 1e9},
+            "journal_us_per_window": per_line * 1e6,
+        }
+    )
+    print(
+        f"{'workload':10} {'instrumented':>14} {'bare':>14} {'pairwise':>9} "
+        f"{'95% interval':>17} {'medians':>8} {'windows':>8}"
+    )
     for r in report[:-1]:
         lo_hi = r["overhead_pairwise_interval"]
         shown = f"{100 * lo_hi[0]:+.2f}..{100 * lo_hi[1]:+.2f}%" if lo_hi else "n/a"
-        print(f"{r['workload']:10} {r['median_instrumented']:14.1f} {r['median_bare']:14.1f} "
-              f"{100 * r['overhead_pairwise_median']:8.2f}% {shown:>17} "
-              f"{100 * r['overhead']:7.2f}% {r['windows']:8d}")
-    print("throughput: median items/s over the pairs; pairwise: the median of the per-pair "
-          "overheads (1 - instrumented/bare), with its 95% interval; medians: 1 - "
-          "median(instrumented)/median(bare); target <= 0.5% (pairwise, toy_reg)")
+        print(
+            f"{r['workload']:10} {r['median_instrumented']:14.1f} {r['median_bare']:14.1f} "
+            f"{100 * r['overhead_pairwise_median']:8.2f}% {shown:>17} "
+            f"{100 * r['overhead']:7.2f}% {r['windows']:8d}"
+        )
+    print(
+        "throughput: median items/s over the pairs; pairwise: the median of the per-pair "
+        "overheads (1 - instrumented/bare), with its 95% interval; medians: 1 - "
+        "median(instrumented)/median(bare); target <= 0.5% (pairwise, toy_reg)"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

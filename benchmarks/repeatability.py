@@ -74,8 +74,7 @@ def run_profile(profile, k, outroot, dataroot=None, jobs_args=(), stream=sys.std
         if code not in (0, 1):
             raise SystemExit(f"repeatability: milarun jobs exited with {code}; stopping")
         if code == 1:
-            print(f"repeatability: run {i + 1}: some launches failed; analysed anyway",
-                  file=stream)
+            print(f"repeatability: run {i + 1}: some launches failed; analysed anyway", file=stream)
         dirs.append(out)
     return dirs
 
@@ -85,8 +84,12 @@ def _spread(values):
     from milarun.measure import stats
 
     d = stats.describe(values)
-    return {"values": list(values), "mean": d["mean"], "std": d["std"],
-            "cv": stats.cv(d["mean"], d["std"]) if d["n"] >= 2 else None}
+    return {
+        "values": list(values),
+        "mean": d["mean"],
+        "std": d["std"],
+        "cv": stats.cv(d["mean"], d["std"]) if d["n"] >= 2 else None,
+    }
 
 
 def _window_se(samples):
@@ -128,6 +131,7 @@ def _median_rule(rule2020):
     def rule(samples, *a, **k):
         rate, chosen, note = rule2020(samples, *a, **k)
         return (statistics.median(_rates(chosen)) if rate is not None else None), chosen, note
+
     return rule
 
 
@@ -138,20 +142,23 @@ def _trimmed_rule(rule2020, cut=0.2):
             return rate, chosen, note
         rates = _rates(chosen)
         n = int(len(rates) * cut / 2)
-        core = rates[n:len(rates) - n] or rates
+        core = rates[n : len(rates) - n] or rates
         return statistics.fmean(core), chosen, note
+
     return rule
 
 
 def _warmup_rule(rule2020, pick):
     """The 2020 rule after ``pick(rates) -> k`` more leading windows count as warm-up."""
+
     def rule(samples, *a, **k):
         steady = [s for s in samples if not s.get("warmup")]
-        rates = [s["count"] / (s["end"] - s["start"]) if s["end"] > s["start"] else 0.0
-                 for s in steady]
-        extra = {id(s) for s in steady[:pick(rates, steady)]}
-        return rule2020([dict(s, warmup=True) if id(s) in extra else s for s in samples],
-                        *a, **k)
+        rates = [
+            s["count"] / (s["end"] - s["start"]) if s["end"] > s["start"] else 0.0 for s in steady
+        ]
+        extra = {id(s) for s in steady[: pick(rates, steady)]}
+        return rule2020([dict(s, warmup=True) if id(s) in extra else s for s in samples], *a, **k)
+
     return rule
 
 
@@ -167,7 +174,7 @@ def _adaptive(rates, steady):
     """Leading windows slower than 95 % of the median of the windows after them
     (at most half of them): a ramp that outlasted the fixed warm-up."""
     k = 0
-    while k < len(rates) // 2 and rates[k] < 0.95 * statistics.median(rates[k + 1:]):
+    while k < len(rates) // 2 and rates[k] < 0.95 * statistics.median(rates[k + 1 :]):
         k += 1
     return k
 
@@ -203,8 +210,10 @@ def compare_rules(dirs, weights=None):
         with steady_rule(name):
             study = analyze(dirs, weights=weights, throughput="own")
         cvs = [t["cv"] for t in study["tests"].values() if t["cv"] is not None]
-        out[name] = {"score": study["score"],
-                     "tests_median_cv": statistics.median(cvs) if cvs else None}
+        out[name] = {
+            "score": study["score"],
+            "tests_median_cv": statistics.median(cvs) if cvs else None,
+        }
     return out
 
 
@@ -235,13 +244,18 @@ def analyze(dirs, weights=None, warn=None, throughput="effective"):
     within = within_noise(records)
     for group in sorted(per_test):
         values = [per_test[group].get(str(d)) for d in dirs]
-        tests[group] = {**_spread([v for v in values if v is not None]), "values": values,
-                        "within": within.get(group)}
-    return {"runs": [str(d) for d in dirs], "tests": tests,
-            "score": {**_spread([s for s in scores if s is not None]), "values": scores},
-            "node_score": {**_spread([s for s in node_scores if s is not None]),
-                           "values": node_scores},
-            "score_ci_half": halves}
+        tests[group] = {
+            **_spread([v for v in values if v is not None]),
+            "values": values,
+            "within": within.get(group),
+        }
+    return {
+        "runs": [str(d) for d in dirs],
+        "tests": tests,
+        "score": {**_spread([s for s in scores if s is not None]), "values": scores},
+        "node_score": {**_spread([s for s in node_scores if s is not None]), "values": node_scores},
+        "score_ci_half": halves,
+    }
 
 
 def _pct(x):
@@ -257,27 +271,35 @@ def table(study):
     rows = [(name, t) for name, t in study["tests"].items()]
     rows += [("score", study["score"]), ("node score", study["node_score"])]
     width = max(len(name) for name, _ in rows)
-    lines = [f"{'test':{width}} {'runs':>4} {'mean':>12} {'min':>12} {'max':>12} {'cv':>8} "
-             f"{'within':>8}"]
+    lines = [
+        f"{'test':{width}} {'runs':>4} {'mean':>12} {'min':>12} {'max':>12} {'cv':>8} {'within':>8}"
+    ]
     for name, t in rows:
         vals = [v for v in t["values"] if v is not None]
-        lines.append(f"{name:{width}} {len(vals):4d} {_num(t['mean']):>12} "
-                     f"{_num(min(vals) if vals else None):>12} "
-                     f"{_num(max(vals) if vals else None):>12} {_pct(t['cv']):>8} "
-                     f"{_pct(t.get('within')):>8}")
+        lines.append(
+            f"{name:{width}} {len(vals):4d} {_num(t['mean']):>12} "
+            f"{_num(min(vals) if vals else None):>12} "
+            f"{_num(max(vals) if vals else None):>12} {_pct(t['cv']):>8} "
+            f"{_pct(t.get('within')):>8}"
+        )
     halves = [h for h in study["score_ci_half"] if h is not None]
-    lines.append(f"{len(study['runs'])} runs; cv = std / mean over the runs (sample std); "
-                 "within = a result's own standard error from its windows (median); "
-                 "perf in items/s")
-    lines.append("one run's own 95% CI half-width of the score, mean over the runs: "
-                 + (_pct(sum(halves) / len(halves)) if halves
-                    else "n/a (a scored test has fewer than 2 results in every run)"))
+    lines.append(
+        f"{len(study['runs'])} runs; cv = std / mean over the runs (sample std); "
+        "within = a result's own standard error from its windows (median); "
+        "perf in items/s"
+    )
+    lines.append(
+        "one run's own 95% CI half-width of the score, mean over the runs: "
+        + (
+            _pct(sum(halves) / len(halves))
+            if halves
+            else "n/a (a scored test has fewer than 2 results in every run)"
+        )
+    )
     if study.get("rules"):
-        lines.append("steady-state rules on the same runs (own basis): score cv, "
-                     "median test cv")
+        lines.append("steady-state rules on the same runs (own basis): score cv, median test cv")
         for name, r in study["rules"].items():
-            lines.append(f"  {name:20} {_pct(r['score']['cv']):>8} "
-                         f"{_pct(r['tests_median_cv']):>8}")
+            lines.append(f"  {name:20} {_pct(r['score']['cv']):>8} {_pct(r['tests_median_cv']):>8}")
     return lines
 
 
@@ -286,25 +308,33 @@ def main(argv=None):
     jobs_args = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, jobs_args = argv[:cut], argv[cut + 1:]
+        argv, jobs_args = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("profile", nargs="?", help="job profile to run K times")
     parser.add_argument("-k", type=int, default=5, help="number of runs (default 5)")
     parser.add_argument("-d", "--dataroot", help="dataset root (default: $MILARUN_DATAROOT)")
-    parser.add_argument("-o", "--outroot",
-                        help="folder of the runs' results directories (default: a new one "
-                             "under the temporary folder, kept)")
+    parser.add_argument(
+        "-o",
+        "--outroot",
+        help="folder of the runs' results directories (default: a new one "
+        "under the temporary folder, kept)",
+    )
     parser.add_argument("--weights", help="weights file of the score (default: every test 1)")
-    parser.add_argument("--analyze", nargs="+", metavar="DIR",
-                        help="analyse these results directories; run nothing")
+    parser.add_argument(
+        "--analyze", nargs="+", metavar="DIR", help="analyse these results directories; run nothing"
+    )
     parser.add_argument("--json", help="also write the study to this file")
-    parser.add_argument("--rules", action="store_true",
-                        help="also re-score the runs under each steady-state rule of RULES")
+    parser.add_argument(
+        "--rules",
+        action="store_true",
+        help="also re-score the runs under each steady-state rule of RULES",
+    )
     args = parser.parse_args(argv)
     from milarun.errors import MilarunError
 
     if args.weights:  # before K runs of the profile, not after them
         from milarun.report import load_weights
+
         try:
             load_weights(args.weights)
         except MilarunError as exc:
@@ -323,7 +353,7 @@ def main(argv=None):
         study = analyze(dirs, weights=args.weights, warn=sys.stderr)
         if args.rules:
             study["rules"] = compare_rules(dirs, weights=args.weights)
-    except MilarunError as exc:   # a bad weights file or results folder: one line
+    except MilarunError as exc:  # a bad weights file or results folder: one line
         print(f"repeatability: error: {exc}", file=sys.stderr)
         return 2
     study["profile"] = args.profile

@@ -32,9 +32,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def generate(directory, tests, devices, runs, nsamples, seed=0):
     rng = random.Random(seed)
-    host = {"hostname": "bench", "cpu_model": "Bench CPU", "cpu_count": 64,
-            "gpus": [{"index": i, "name": "GPU", "driver": "1"} for i in range(devices)],
-            "torch": "2.13.0", "cuda": "13.0", "memory_limit_mib": 1024.0}
+    host = {
+        "hostname": "bench",
+        "cpu_model": "Bench CPU",
+        "cpu_count": 64,
+        "gpus": [{"index": i, "name": "GPU", "driver": "1"} for i in range(devices)],
+        "torch": "2.13.0",
+        "cuda": "13.0",
+        "memory_limit_mib": 1024.0,
+    }
     count = 0
     for t in range(tests):
         base = 50.0 + 10 * t
@@ -44,20 +50,39 @@ def generate(directory, tests, devices, runs, nsamples, seed=0):
                 samples = []
                 for i in range(nsamples):
                     r = rate * (0.3 if i < 4 else 1.0)
-                    samples.append({"start": 0.5 * i, "end": 0.5 * i + 0.5,
-                                    "count": r * 0.5, "rate": r, "warmup": i < 4})
+                    samples.append(
+                        {
+                            "start": 0.5 * i,
+                            "end": 0.5 * i + 0.5,
+                            "count": r * 0.5,
+                            "rate": r,
+                            "warmup": i < 4,
+                        }
+                    )
                 ok = rng.random() > 0.002
-                rec = {"version": 1, "name": f"bench.t{t:02d}", "suite": "bench",
-                       "job_name": f"t{t:02d}", "job_id": f"{run}.{dev}", "run": run,
-                       "device": str(dev), "devices": [dev], "device_count": 1,
-                       "partition": "per-gpu", "call": {"function": "x:y", "argv": []},
-                       "host": host,
-                       "timings": {"program": {"start": 1.8e9, "end": 1.8e9 + 31,
-                                               "duration": 31.0},
-                                   "train": {"samples": samples if ok else []}},
-                       "peak_memory_mib": 1000.0, "success": ok,
-                       "error": None if ok else {"reason": "error", "message": "boom",
-                                                 "stderr_tail": "Traceback\nboom\n"}}
+                rec = {
+                    "version": 1,
+                    "name": f"bench.t{t:02d}",
+                    "suite": "bench",
+                    "job_name": f"t{t:02d}",
+                    "job_id": f"{run}.{dev}",
+                    "run": run,
+                    "device": str(dev),
+                    "devices": [dev],
+                    "device_count": 1,
+                    "partition": "per-gpu",
+                    "call": {"function": "x:y", "argv": []},
+                    "host": host,
+                    "timings": {
+                        "program": {"start": 1.8e9, "end": 1.8e9 + 31, "duration": 31.0},
+                        "train": {"samples": samples if ok else []},
+                    },
+                    "peak_memory_mib": 1000.0,
+                    "success": ok,
+                    "error": None
+                    if ok
+                    else {"reason": "error", "message": "boom", "stderr_tail": "Traceback\nboom\n"},
+                }
                 name = f"bench.t{t:02d}.J{run}.{dev}{'' if ok else '.FAIL'}.x.json"
                 (directory / name).write_text(json.dumps(rec))
                 count += 1
@@ -70,8 +95,9 @@ def main(argv=None):
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--runs", type=int, default=25)
     parser.add_argument("--samples", type=int, default=60)
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="generate into DIR once and reuse it (not deleted)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="generate into DIR once and reuse it (not deleted)"
+    )
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,37 +115,51 @@ def main(argv=None):
             print(f"reusing the result files in {results}")
         else:
             n = generate(results, args.tests, args.devices, args.runs, args.samples)
-            print(f"generated {n} result files in {time.perf_counter() - t0:.2f} s "
-                  "(not counted)")
+            print(f"generated {n} result files in {time.perf_counter() - t0:.2f} s (not counted)")
         weights = work / "weights.json"
-        weights.write_text(json.dumps({f"bench.t{i:02d}": {"weight": 1}
-                                       for i in range(args.tests)}))
+        weights.write_text(
+            json.dumps({f"bench.t{i:02d}": {"weight": 1} for i in range(args.tests)})
+        )
         # a cache of this run's own: the user's is neither read nor written
         os.environ["MILARUN_CACHE_DIR"] = str(work / "cache")
 
         from milarun.host.forkpool import usable_cpus
         from milarun.report import make_report
 
-        runs = {}   # name: (wall s, CPU s, text, html)
-        for name, cache in (("no cache (--no-cache)", False), ("cache empty (cold)", True),
-                            ("cache filled (warm)", True)):
+        runs = {}  # name: (wall s, CPU s, text, html)
+        for name, cache in (
+            ("no cache (--no-cache)", False),
+            ("cache empty (cold)", True),
+            ("cache filled (warm)", True),
+        ):
             html = work / f"report-{len(runs)}.html"
             wall, cpu = time.perf_counter(), _cpu()
-            report, text = make_report(results, weights=str(weights), compare_gpus=True,
-                                       price=30000, html=str(html), warn=io.StringIO(),
-                                       cache=cache)
+            report, text = make_report(
+                results,
+                weights=str(weights),
+                compare_gpus=True,
+                price=30000,
+                html=str(html),
+                warn=io.StringIO(),
+                cache=cache,
+            )
             wall, cpu = time.perf_counter() - wall, _cpu() - cpu
             page = html.read_text()
             runs[name] = (wall, cpu, text, page)
         first = next(iter(runs.values()))
-        print(text.splitlines()[0], f"| {len(report.rows)} tests | score {report.score:.2f} "
-              f"| HTML {len(first[3]) / 1e6:.1f} MB, {first[3].count('<svg')} SVG plots")
+        print(
+            text.splitlines()[0],
+            f"| {len(report.rows)} tests | score {report.score:.2f} "
+            f"| HTML {len(first[3]) / 1e6:.1f} MB, {first[3].count('<svg')} SVG plots",
+        )
         print(f"{'summary + text + HTML':34s} {'wall':>6s}   {'CPU':>6s}   same output")
         for name, (wall, cpu, text, page) in runs.items():
             same = text == first[2] and _no_stamp(page) == _no_stamp(first[3])
             print(f"{name:34s} {wall:6.2f} s {cpu:6.2f} s   {'yes' if same else 'NO'}")
-        print("target (issue 21): <= 3 s; CPU: this process's time and its forked workers' "
-              f"(on {usable_cpus()} usable CPUs; load average {os.getloadavg()[0]:.1f})")
+        print(
+            "target (issue 21): <= 3 s; CPU: this process's time and its forked workers' "
+            f"(on {usable_cpus()} usable CPUs; load average {os.getloadavg()[0]:.1f})"
+        )
     return 0
 
 
@@ -133,6 +173,7 @@ def _cpu():
 def _no_stamp(page):
     """The page without its generation time (the one line that differs run to run)."""
     import re
+
     return re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", "", page)
 
 

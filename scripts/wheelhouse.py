@@ -77,8 +77,9 @@ def declared(pyproject=ROOT / "pyproject.toml"):
 
 def not_in_image(requirements, image):
     """The requirements whose package the image does not hold (canonical names)."""
-    return sorted(canonicalize_name(r.name) for r in requirements
-                  if canonicalize_name(r.name) not in image)
+    return sorted(
+        canonicalize_name(r.name) for r in requirements if canonicalize_name(r.name) not in image
+    )
 
 
 def pip_platforms(platform):
@@ -90,12 +91,16 @@ def pip_platforms(platform):
     """
     m = PLATFORM.fullmatch(platform)
     if not m:
-        raise Refused(f"--platform {platform!r}: expected manylinux_2_N_x86_64 or "
-                      "manylinux_2_N_aarch64 (N: the node's glibc minor version, e.g. 28)")
+        raise Refused(
+            f"--platform {platform!r}: expected manylinux_2_N_x86_64 or "
+            "manylinux_2_N_aarch64 (N: the node's glibc minor version, e.g. 28)"
+        )
     glibc, arch = int(m.group(1)), m.group(2)
     if glibc < 17:
-        raise Refused(f"--platform {platform!r}: glibc 2.{glibc} is older than any "
-                      "PyTorch build (manylinux_2_17 at least)")
+        raise Refused(
+            f"--platform {platform!r}: glibc 2.{glibc} is older than any "
+            "PyTorch build (manylinux_2_17 at least)"
+        )
     tags = [f"manylinux_2_{n}_{arch}" for n in range(glibc, 4, -1)]
     tags += [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}"]
     return tags
@@ -124,9 +129,19 @@ def resolve(requirements, image, python_version, platform, work):
     pins.write_text("".join(f"{r}\n" for r in image.values() if r.specifier))
     uv = shutil.which("uv")
     argv = ([uv] if uv else [sys.executable, "-m", "uv"]) + [
-        "pip", "compile", str(reqs), "--constraint", str(pins), "--no-header",
-        "--no-annotate", "--quiet", "--python-version", python_version,
-        "--python-platform", f"{m.group(2)}-manylinux_2_{m.group(1)}"]
+        "pip",
+        "compile",
+        str(reqs),
+        "--constraint",
+        str(pins),
+        "--no-header",
+        "--no-annotate",
+        "--quiet",
+        "--python-version",
+        python_version,
+        "--python-platform",
+        f"{m.group(2)}-manylinux_2_{m.group(1)}",
+    ]
     out = run(argv, f"resolving milarun's dependencies for Python {python_version} on {platform}")
     lacking, held = [], []
     for line in out.splitlines():
@@ -158,15 +173,40 @@ def build(dest, python_version, platform, image_path):
     try:
         wheels = work / "wheels"
         wanted, _ = resolve(declared(), image, python_version, platform, work)
-        print(f"wheelhouse: {len(wanted)} packages the image lacks: "
-              + ", ".join(wanted), flush=True)
-        run(["uv", "build", "--wheel", "--quiet", "--out-dir", str(wheels), str(ROOT)]
-            if shutil.which("uv") else
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels),
-             str(ROOT)], "building the milarun wheel")
-        argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                "--python-version", python_version, "--implementation", "cp",
-                "--dest", str(wheels), "--quiet"]
+        print(
+            f"wheelhouse: {len(wanted)} packages the image lacks: " + ", ".join(wanted), flush=True
+        )
+        run(
+            ["uv", "build", "--wheel", "--quiet", "--out-dir", str(wheels), str(ROOT)]
+            if shutil.which("uv")
+            else [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "-q",
+                "-w",
+                str(wheels),
+                str(ROOT),
+            ],
+            "building the milarun wheel",
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            python_version,
+            "--implementation",
+            "cp",
+            "--dest",
+            str(wheels),
+            "--quiet",
+        ]
         for tag in platforms:
             argv += ["--platform", tag]
         run(argv + wanted, f"downloading wheels for Python {python_version} on {platform}")
@@ -189,23 +229,38 @@ def _move_into(src, dest):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--python-version", default="3.12",
-                        help="the node's Python, 3.N (default 3.12)")
-    parser.add_argument("--platform", default="manylinux_2_28_x86_64",
-                        help="the node's platform tag (default manylinux_2_28_x86_64)")
-    parser.add_argument("--image", default=str(DEFAULT_IMAGE),
-                        help="the image's package list (default scripts/image/pytorch-2.11.txt)")
-    parser.add_argument("--image-packages", action="store_true",
-                        help="print the image's packages that milarun's dependencies "
-                             "resolve to (name==version, one a line) and exit; DIR unused")
+    parser.add_argument(
+        "--python-version", default="3.12", help="the node's Python, 3.N (default 3.12)"
+    )
+    parser.add_argument(
+        "--platform",
+        default="manylinux_2_28_x86_64",
+        help="the node's platform tag (default manylinux_2_28_x86_64)",
+    )
+    parser.add_argument(
+        "--image",
+        default=str(DEFAULT_IMAGE),
+        help="the image's package list (default scripts/image/pytorch-2.11.txt)",
+    )
+    parser.add_argument(
+        "--image-packages",
+        action="store_true",
+        help="print the image's packages that milarun's dependencies "
+        "resolve to (name==version, one a line) and exit; DIR unused",
+    )
     parser.add_argument("dir", nargs="?", help="the folder to create")
     args = parser.parse_args(argv)
     try:
         if args.image_packages:
             pip_platforms(args.platform)
             with tempfile.TemporaryDirectory() as work:
-                _, held = resolve(declared(), read_image(args.image), args.python_version,
-                                  args.platform, Path(work))
+                _, held = resolve(
+                    declared(),
+                    read_image(args.image),
+                    args.python_version,
+                    args.platform,
+                    Path(work),
+                )
             print("\n".join(held))
             return 0
         if not args.dir:
@@ -214,9 +269,11 @@ def main(argv=None):
     except Refused as exc:
         print(f"wheelhouse: error: {exc}", file=sys.stderr)
         return 2
-    print(f"wheelhouse: {args.dir}: {count} wheels, {size / 1e6:.1f} MB "
-          f"(Python {args.python_version}, {args.platform}); install on the node with: "
-          f"bash scripts/install-offline.sh {args.dir}")
+    print(
+        f"wheelhouse: {args.dir}: {count} wheels, {size / 1e6:.1f} MB "
+        f"(Python {args.python_version}, {args.platform}); install on the node with: "
+        f"bash scripts/install-offline.sh {args.dir}"
+    )
     return 0
 
 

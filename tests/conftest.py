@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _OWN_CACHE = None
 if "MILARUN_CACHE_DIR" not in os.environ:
     import tempfile
+
     _OWN_CACHE = os.environ["MILARUN_CACHE_DIR"] = tempfile.mkdtemp(prefix="milarun-test-cache-")
 
 
@@ -49,9 +50,10 @@ def no_smt_siblings(monkeypatch):
     the fake tree (tests/test_smt_split.py)."""
     real = isolation.cpu_cores
     fake = lambda cpus=None, root="/": (  # noqa: E731
-        real(cpus, root) if str(root) != "/" or cpus is None else [[c] for c in sorted(cpus)])
+        real(cpus, root) if str(root) != "/" or cpus is None else [[c] for c in sorted(cpus)]
+    )
     monkeypatch.setattr(isolation, "cpu_cores", fake)
-    monkeypatch.setattr(students_module, "cpu_cores", fake)   # imported by name there
+    monkeypatch.setattr(students_module, "cpu_cores", fake)  # imported by name there
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -77,6 +79,7 @@ def tiny_dataroot(tmp_path_factory):
 def build_tiny(dataroot, *names):
     """Build the tiny size of each named dataset under ``dataroot``."""
     from milarun.datasets import prepare
+
     for name in names:
         prepare(name, dataroot, size="tiny", log=lambda *a: None)
     return dataroot
@@ -85,9 +88,11 @@ def build_tiny(dataroot, *names):
 def run_model(function, argv, dataroot=None, tmp_path=None, name="test.model"):
     """Run ``module:function`` in-process like ``milarun run`` and return the result dict."""
     from milarun.cli.run import run_experiment
+
     out = Path(tmp_path) / "result.json"
-    code = run_experiment(function, list(argv), out=str(out),
-                          dataroot=str(dataroot) if dataroot else None, name=name)
+    code = run_experiment(
+        function, list(argv), out=str(out), dataroot=str(dataroot) if dataroot else None, name=name
+    )
     result = json.loads(out.read_text())
     result["_exit_code"] = code
     return result
@@ -104,6 +109,7 @@ SMOKE_ARGS = ["--sample-duration", "0.001", "--warmup", "1"]
 
 
 # --- The local test cluster (scripts/slurm-local.sh, scripts/sshd-local.sh) ---
+
 
 def venv_python():
     """The python of the repository being tested (``<repo>/.venv/bin/python``), else this one.
@@ -126,7 +132,7 @@ def read_env_file(path):
     values = {}
     for line in Path(path).read_text().splitlines():
         if line.startswith("export ") and "=" in line:
-            name, _, value = line[len("export "):].partition("=")
+            name, _, value = line[len("export ") :].partition("=")
             values[name] = " ".join(shlex.split(value))
     return values
 
@@ -139,6 +145,7 @@ class SlurmCluster:
     other ``SLURM_*`` variable (so an enclosing allocation cannot leak in): pass it to
     srun/sbatch/scancel/scontrol. ``nodes`` are the Slurm node names, ``partition`` the default one.
     """
+
     state: Path
     conf: Path
     env: dict
@@ -153,6 +160,7 @@ class SshNodes:
     ``port``: int; ``key``: the client private key; ``known_hosts``: holds the host key under both
     names; ``config``: an ssh client config (``ssh -F config NODE CMD``) with all of these set.
     """
+
     state: Path
     port: int
     user: str
@@ -163,9 +171,23 @@ class SshNodes:
 
     def ssh_argv(self, node, command):
         """The OpenSSH argv that runs the shell string ``command`` on ``node`` with no prompt."""
-        return ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "IdentitiesOnly=yes",
-                "-i", str(self.key), "-p", str(self.port), f"{self.user}@{node}", command]
+        return [
+            "ssh",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-i",
+            str(self.key),
+            "-p",
+            str(self.port),
+            f"{self.user}@{node}",
+            command,
+        ]
 
 
 @pytest.fixture(scope="session")
@@ -192,8 +214,13 @@ def slurm_cluster():
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["SLURM_CONF"] = str(conf)
     try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True,
-                             text=True, timeout=20)
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %t"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except subprocess.TimeoutExpired:
         cluster_skip(f"sinfo did not answer in 20 s (SLURM_CONF={conf}); {hint}")
     states = dict(line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
@@ -201,8 +228,10 @@ def slurm_cluster():
     # alloc/mix: in service, only busy with another test's job.
     down = [n for n in cluster.nodes if states.get(n) not in ("idle", "alloc", "mix", "comp")]
     if out.returncode != 0 or down:
-        cluster_skip(f"local Slurm cluster not up (SLURM_CONF={conf}): sinfo exit {out.returncode}, "
-                     f"node states {states}, {out.stderr.strip()[-200:]}; {hint}")
+        cluster_skip(
+            f"local Slurm cluster not up (SLURM_CONF={conf}): sinfo exit {out.returncode}, "
+            f"node states {states}, {out.stderr.strip()[-200:]}; {hint}"
+        )
     return cluster
 
 
@@ -218,15 +247,24 @@ def ssh_nodes():
     if not (state / "env").is_file():
         cluster_skip(f"no local sshd ({state}/env missing); {hint}")
     values = read_env_file(state / "env")
-    nodes = SshNodes(state=state, port=int(values["MILARUN_SSH_PORT"]),
-                     user=values["MILARUN_SSH_USER"], key=Path(values["MILARUN_SSH_KEY"]),
-                     known_hosts=Path(values["MILARUN_SSH_KNOWN_HOSTS"]),
-                     config=Path(values["MILARUN_SSH_CONFIG"]),
-                     nodes=tuple(values["MILARUN_SSH_NODES"].split()))
+    nodes = SshNodes(
+        state=state,
+        port=int(values["MILARUN_SSH_PORT"]),
+        user=values["MILARUN_SSH_USER"],
+        key=Path(values["MILARUN_SSH_KEY"]),
+        known_hosts=Path(values["MILARUN_SSH_KNOWN_HOSTS"]),
+        config=Path(values["MILARUN_SSH_CONFIG"]),
+        nodes=tuple(values["MILARUN_SSH_NODES"].split()),
+    )
     for node in nodes.nodes:
         try:
-            out = subprocess.run(nodes.ssh_argv(node, "true"), capture_output=True, text=True,
-                                 timeout=20, stdin=subprocess.DEVNULL)
+            out = subprocess.run(
+                nodes.ssh_argv(node, "true"),
+                capture_output=True,
+                text=True,
+                timeout=20,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             cluster_skip(f"ssh to {node}:{nodes.port} did not answer in 20 s; {hint}")
         if out.returncode != 0:
@@ -252,8 +290,12 @@ def students():
     if len(os.sched_getaffinity(0)) < 2:
         cgroup_skip("needs at least 2 CPUs for 2 exclusive students")
     existed = not isolation.missing_groups(["cpuset,memory:student0", "cpuset,memory:student1"])
-    setup = subprocess.run(["bash", "scripts/cgroup_setup.sh", "--students", "2",
-                            "--memory", MEMORY], cwd=ROOT, capture_output=True, text=True)
+    setup = subprocess.run(
+        ["bash", "scripts/cgroup_setup.sh", "--students", "2", "--memory", MEMORY],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if setup.returncode != 0:
         cgroup_skip(f"cgroup_setup.sh failed: {setup.stderr.strip()}")
     plan = {}
@@ -265,15 +307,24 @@ def students():
     # Leave the host as found: remove the students we created, or give
     # existing ones back the default split (RAM/N) instead of our 2 GiB.
     undo = ["--remove"] if not existed else []
-    subprocess.run(["bash", "scripts/cgroup_setup.sh", "--students", "2", *undo], cwd=ROOT,
-                   capture_output=True)
+    subprocess.run(
+        ["bash", "scripts/cgroup_setup.sh", "--students", "2", *undo], cwd=ROOT, capture_output=True
+    )
 
 
 #: One short per-gpu launch of a torch-free workload: a real session, records and chain.
 CRAWL_PROFILE = {
-    "ok": {"experiment": "milarun.models.faults:crawl", "partition_scheme": {"type": "per-gpu"},
-           "arguments": {"sample-duration": 0.1, "step-seconds": 0.01, "warmup": 2,
-                         "min-steady": 1, "max-count": 100}},
+    "ok": {
+        "experiment": "milarun.models.faults:crawl",
+        "partition_scheme": {"type": "per-gpu"},
+        "arguments": {
+            "sample-duration": 0.1,
+            "step-seconds": 0.01,
+            "warmup": 2,
+            "min-steady": 1,
+            "max-count": 100,
+        },
+    },
 }
 
 
@@ -281,11 +332,28 @@ def crawl_run(base, name="run"):
     """Run :data:`CRAWL_PROFILE` (the suite "tiny") with ``milarun jobs`` on one CPU slot into ``base/name``
     (data in ``base/data``); returns that results folder."""
     (base / "data").mkdir(exist_ok=True)
-    profile = base / "tiny.json"   # the suite "tiny": records tiny.ok.*.json
+    profile = base / "tiny.json"  # the suite "tiny": records tiny.ok.*.json
     profile.write_text(json.dumps(CRAWL_PROFILE))
     out = base / name
-    proc = subprocess.run([sys.executable, "-m", "milarun", "jobs", str(profile), "--no-cgexec",
-                           "--cpu-slots", "1", "-d", str(base / "data"), "-o", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "milarun",
+            "jobs",
+            str(profile),
+            "--no-cgexec",
+            "--cpu-slots",
+            "1",
+            "-d",
+            str(base / "data"),
+            "-o",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr
     return out

@@ -44,15 +44,29 @@ def resolved(path):
                 extra = json.loads(argv[i])
                 assert extra.pop("job") == job.definition
                 argv[i] = "<extra>"
-                launches.append({"device": lch.device, "group": lch.group, "cgroup": lch.cgroup,
-                                 "concurrent": lch.concurrent, "timeout": lch.timeout,
-                                 "env": lch.env, "log": lch.log,
-                                 "result": str(lch.result_path), "extra": extra,
-                                 "command": shlex.join(argv)})
-        out[job.name] = {"full_name": job.full_name, "experiment": job.experiment,
-                         "definition": job.definition, "test_argv": shlex.join(job.argv()),
-                         "prepare": job.prepare, "exec_prefix": job.exec_prefix,
-                         "launches": launches}
+                launches.append(
+                    {
+                        "device": lch.device,
+                        "group": lch.group,
+                        "cgroup": lch.cgroup,
+                        "concurrent": lch.concurrent,
+                        "timeout": lch.timeout,
+                        "env": lch.env,
+                        "log": lch.log,
+                        "result": str(lch.result_path),
+                        "extra": extra,
+                        "command": shlex.join(argv),
+                    }
+                )
+        out[job.name] = {
+            "full_name": job.full_name,
+            "experiment": job.experiment,
+            "definition": job.definition,
+            "test_argv": shlex.join(job.argv()),
+            "prepare": job.prepare,
+            "exec_prefix": job.exec_prefix,
+            "launches": launches,
+        }
     return out
 
 

@@ -46,8 +46,14 @@ def test_recorded_run_without_a_declared_rule_is_short_against_11s(rec):
     rec["timings"]["train"]["min_steady"] = 0.0
     (flag,) = anomalies.result_flags(rec)
     steady = sum(s["end"] - s["start"] for s in samples(rec) if not s["warmup"])
-    assert flag.as_dict() == {"kind": "short-steady", "device": "0", "run": 0,
-                    "steady_s": pytest.approx(steady), "required_s": 11.0, "rule": "window"}
+    assert flag.as_dict() == {
+        "kind": "short-steady",
+        "device": "0",
+        "run": 0,
+        "steady_s": pytest.approx(steady),
+        "required_s": 11.0,
+        "rule": "window",
+    }
     assert 10 < steady < 11
     assert "less than the 11 s of the steady-state rule" in anomalies.describe(flag)
     rec["timings"]["train"]["min_steady"] = 12.0
@@ -72,7 +78,7 @@ def test_planted_stall_inside_one_window(rec):
     assert stall.figures["threshold"] == pytest.approx(10 * statistics.median(steady))
     assert 2.0 < stall.figures["threshold"] < 3.0
     slow = flags["slow-windows"]
-    assert slow.figures["windows"] == 1 and slow.figures["in_steady"] == 0    # before the 10 s window
+    assert slow.figures["windows"] == 1 and slow.figures["in_steady"] == 0  # before the 10 s window
     assert slow.figures["lowest"] == pytest.approx(win["rate"])
 
 
@@ -104,13 +110,12 @@ def test_failed_result_that_hung_until_it_was_killed(rec):
 def test_the_issue_case_a_long_slow_phase_then_fast(rec):
     """cpu.scaling.1 in issue 13: about 19 items/s for 70 s, then about 1300 items/s."""
     warm = [s for s in samples(rec) if s["warmup"]]
-    fast = [s for s in samples(rec) if not s["warmup"]][-28:]     # about 7.5 s
+    fast = [s for s in samples(rec) if not s["warmup"]][-28:]  # about 7.5 s
     fast_rate, _, _ = stats.steady_state(warm + fast)
     t = warm[-1]["end"]
     slow = []
-    for _ in range(41):      # one 32-item step every 1.7 s
-        slow.append({"start": t, "end": t + 1.7, "count": 32, "rate": 32 / 1.7,
-                     "warmup": False})
+    for _ in range(41):  # one 32-item step every 1.7 s
+        slow.append({"start": t, "end": t + 1.7, "count": 32, "rate": 32 / 1.7, "warmup": False})
         t += 1.7
     offset = t - fast[0]["start"]
     for s in fast:
@@ -127,7 +132,7 @@ def test_the_issue_case_a_long_slow_phase_then_fast(rec):
     rate, chosen, _ = stats.steady_state(samples(rec))
     assert flag.figures["in_steady"] == sum(1 for s in chosen if s["rate"] < 20) >= 1
     assert "lowering the rate" in anomalies.describe(flag)
-    assert rate < 0.75 * fast_rate    # what the flag explains: a much lower throughput
+    assert rate < 0.75 * fast_rate  # what the flag explains: a much lower throughput
 
 
 def test_recorded_issue_case_and_why_not_median_minus_k_mad():
@@ -136,8 +141,12 @@ def test_recorded_issue_case_and_why_not_median_minus_k_mad():
     rate, chosen, _ = stats.steady_state(samples(rec))
     flags = {f.id: f for f in anomalies.result_flags(rec)}
     flag = flags["slow-windows"]
-    assert flag.figures["best"] > 900 and flag.figures["windows"] > 100 and flag.figures["seconds"] > 55
-    assert flag.figures["in_steady"] > 5 and rate < 0.6 * flag.figures["best"]   # the rate it halved
+    assert (
+        flag.figures["best"] > 900
+        and flag.figures["windows"] > 100
+        and flag.figures["seconds"] > 55
+    )
+    assert flag.figures["in_steady"] > 5 and rate < 0.6 * flag.figures["best"]  # the rate it halved
     # median - 3.5 * 1.4826 * MAD of the steady-state windows: the window holds both
     # regimes, the MAD is so large that the cut is below zero and flags nothing
     rates = [s["rate"] for s in chosen]
@@ -161,43 +170,54 @@ def test_no_steady_state_is_a_failure_not_an_anomaly(rec):
     for s in samples(rec):
         s["warmup"] = True
     assert kinds(rec) == []
-    rec.update(version=1, name="cpu.x", suite="cpu", job_name="x", partition="normal",
-               error=None)
+    rec.update(version=1, name="cpu.x", suite="cpu", job_name="x", partition="normal", error=None)
     test = summarize([("/r/x.json", rec)])["tests"]["cpu.x"]
     assert test["failure_reasons"] == {"no-steady-state": 1} and test["anomalies"] == []
 
 
-@pytest.mark.parametrize("rates,expected", [
-    ([100.0, 98.0, 102.0, 60.0], [(3, "low")]),     # one slow device of four
-    ([100.0, 70.0], [(1, "low")]),                  # two: the slower, 30 % below
-    ([100.0, 85.0], []),                            # 15 %: within the 20 % floor
-    ([100.0, 100.0, 101.0, 150.0], [(3, "high")]),  # one far above, with 3 others
-    ([100.0], []),
-    ([100.0, 99.0, 101.0, 100.0, 100.5, 98.5, 99.5, 90.0], []),   # 10 % off: not an outlier
-])
+@pytest.mark.parametrize(
+    "rates,expected",
+    [
+        ([100.0, 98.0, 102.0, 60.0], [(3, "low")]),  # one slow device of four
+        ([100.0, 70.0], [(1, "low")]),  # two: the slower, 30 % below
+        ([100.0, 85.0], []),  # 15 %: within the 20 % floor
+        ([100.0, 100.0, 101.0, 150.0], [(3, "high")]),  # one far above, with 3 others
+        ([100.0], []),
+        ([100.0, 99.0, 101.0, 100.0, 100.5, 98.5, 99.5, 90.0], []),  # 10 % off: not an outlier
+    ],
+)
 def test_outlier_rule_is_leave_one_out(rates, expected):
     results = [(str(i), 0, r) for i, r in enumerate(rates)]
     flags = anomalies.group_flags(results)
     assert [(i, f.figures["direction"]) for i, f in flags] == expected
     for i, f in flags:
         others = [r for j, r in enumerate(rates) if j != i]
-        assert f.figures["ref"] == pytest.approx(sorted(others)[len(others) // 2]
-                                         if len(others) % 2 else
-                                         sum(sorted(others)[len(others) // 2 - 1:
-                                                            len(others) // 2 + 1]) / 2)
+        assert f.figures["ref"] == pytest.approx(
+            sorted(others)[len(others) // 2]
+            if len(others) % 2
+            else sum(sorted(others)[len(others) // 2 - 1 : len(others) // 2 + 1]) / 2
+        )
 
 
 def test_outlier_rule_uses_the_mad_when_the_others_spread():
     # others spread widely (MAD-based margin > 20 %): 55 is within it
-    flags = anomalies.group_flags([("0", 0, 100.0), ("1", 0, 60.0), ("2", 0, 120.0),
-                                   ("3", 0, 80.0), ("4", 0, 55.0)])
+    flags = anomalies.group_flags(
+        [("0", 0, 100.0), ("1", 0, 60.0), ("2", 0, 120.0), ("3", 0, 80.0), ("4", 0, 55.0)]
+    )
     assert flags == []
 
 
 def test_summary_holds_the_flags_with_their_files(rec):
-    base = {"version": 1, "name": "cpu.scaling", "suite": "cpu", "job_name": "scaling",
-            "partition": "per-gpu", "device_count": 1, "error": None,
-            "host": {"hostname": "h", "cpu_model": "c", "milarun_version": "0.1.0"}}
+    base = {
+        "version": 1,
+        "name": "cpu.scaling",
+        "suite": "cpu",
+        "job_name": "scaling",
+        "partition": "per-gpu",
+        "device_count": 1,
+        "error": None,
+        "host": {"hostname": "h", "cpu_model": "c", "milarun_version": "0.1.0"},
+    }
     recs = []
     for dev, factor in (("0", 1.0), ("1", 1.0), ("2", 0.5)):
         r = copy.deepcopy(rec)
@@ -216,19 +236,32 @@ def test_summary_holds_the_flags_with_their_files(rec):
     assert [(f["kind"], f["device"], f["file"]) for f in flags] == [
         ("slow-windows", "1", "cpu.scaling.J0.1.json"),
         ("stall", "1", "cpu.scaling.J0.1.json"),
-        ("outlier", "2", "cpu.scaling.J0.2.json")]
+        ("outlier", "2", "cpu.scaling.J0.2.json"),
+    ]
     assert all("spans" not in f and "index" not in f for f in flags)
     assert summary["provenance"]["milarun"] == ["0.1.0"]
     assert summary["provenance"]["suites"] == ["cpu"]
     from milarun.formats.summary import check_summary, normalize_summary
+
     check_summary(summary)
-    assert normalize_summary(json.loads(json.dumps(summary)))["tests"]["cpu.scaling"][
-        "anomalies"] == flags
+    assert (
+        normalize_summary(json.loads(json.dumps(summary)))["tests"]["cpu.scaling"]["anomalies"]
+        == flags
+    )
 
 
 def test_interrupted_launches_get_no_flag(rec):
-    rec.update(success=False, error={"reason": "interrupted"}, device="0", run=0,
-               version=1, name="cpu.x", suite="cpu", job_name="x", partition="normal")
+    rec.update(
+        success=False,
+        error={"reason": "interrupted"},
+        device="0",
+        run=0,
+        version=1,
+        name="cpu.x",
+        suite="cpu",
+        job_name="x",
+        partition="normal",
+    )
     rec["timings"]["program"]["duration"] = 1000.0
     summary = summarize([("/r/x.json", rec)])
     assert summary["tests"]["cpu.x"]["anomalies"] == []

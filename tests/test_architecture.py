@@ -74,25 +74,27 @@ def imports(mods=None):
         def walk(node, in_function):
             for child in ast.iter_child_nodes(node):
                 inside = in_function or isinstance(
-                    child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                    child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+                )
                 targets = []
                 if isinstance(child, ast.Import):
                     targets = [a.name for a in child.names]
                 elif isinstance(child, ast.ImportFrom):
                     if child.level:
                         base = name.split(".") if is_pkg else name.split(".")[:-1]
-                        base = base[:len(base) - (child.level - 1)]
+                        base = base[: len(base) - (child.level - 1)]
                         module = ".".join(base + ([child.module] if child.module else []))
                     else:
                         module = child.module or ""
-                    targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in mods else module
-                               for a in child.names]
+                    targets = [
+                        f"{module}.{a.name}" if f"{module}.{a.name}" in mods else module
+                        for a in child.names
+                    ]
                 for target in targets:
                     if target.split(".")[0] == "milarun":
                         resolved = resolve(target)
                         if resolved != name:
-                            found.append(Import(name, resolved, path, child.lineno,
-                                                in_function))
+                            found.append(Import(name, resolved, path, child.lineno, in_function))
                 walk(child, inside)
 
         walk(tree, False)
@@ -160,10 +162,13 @@ def cycles(edges):
 
 def cli_from_outside(edges):
     """Imports of ``milarun.cli`` by a module outside ``cli/`` (``__main__`` runs it)."""
-    return [e for e in edges
-            if (e.target == "milarun.cli" or e.target.startswith("milarun.cli."))
-            and not (e.source == "milarun.cli" or e.source.startswith("milarun.cli."))
-            and e.source != "milarun.__main__"]
+    return [
+        e
+        for e in edges
+        if (e.target == "milarun.cli" or e.target.startswith("milarun.cli."))
+        and not (e.source == "milarun.cli" or e.source.startswith("milarun.cli."))
+        and e.source != "milarun.__main__"
+    ]
 
 
 def uncommented(edges):
@@ -175,10 +180,14 @@ def uncommented(edges):
             continue
         if e.path not in files:
             tree = ast.parse(e.path.read_text())
-            spans = {n.lineno: n.end_lineno for n in ast.walk(tree)
-                     if isinstance(n, (ast.Import, ast.ImportFrom))}
-            in_import = {line: start for start, end in spans.items()
-                         for line in range(start, end + 1)}
+            spans = {
+                n.lineno: n.end_lineno
+                for n in ast.walk(tree)
+                if isinstance(n, (ast.Import, ast.ImportFrom))
+            }
+            in_import = {
+                line: start for start, end in spans.items() for line in range(start, end + 1)
+            }
             files[e.path] = (e.path.read_text().splitlines(), spans, in_import)
         lines, spans, in_import = files[e.path]
         if any("#" in lines[n - 1] for n in range(e.lineno, spans[e.lineno] + 1)):
@@ -193,8 +202,9 @@ def uncommented(edges):
 
 def test_lint_imports_keeps_every_contract():
     lint = Path(sys.executable).parent / "lint-imports"
-    proc = subprocess.run([str(lint), "--no-cache", "--config", str(CONFIG)], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(lint), "--no-cache", "--config", str(CONFIG)], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 broken" in proc.stdout
 
@@ -228,8 +238,9 @@ def test_the_checks_see_what_they_must(tmp_path):
     """The walker finds imports inside functions and each rule fires on a made-up edge."""
     edges = imports()
     assert any(e.in_function for e in edges)
-    assert any(e.source == "milarun.cli.jobs" and e.target == "milarun.launcher.suite"
-               for e in edges)
+    assert any(
+        e.source == "milarun.cli.jobs" and e.target == "milarun.launcher.suite" for e in edges
+    )
     layers, ignored = read_contract()
     fake = Path(__file__)
 

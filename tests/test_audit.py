@@ -23,28 +23,55 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Each step sleeps 10 ms (about 1000 items/s); 1 s of steady state after 2 warm-up windows.
 PROFILE = {
-    "*": {"partition_scheme": {"type": "per-gpu", "cgroup": None}, "timeout": 60,
-          "arguments": {"--sample-duration": 0.1, "--warmup": 2, "--max-count": 1,
-                        "--min-steady": 1}},
-    "crawl": {"experiment": "milarun.models.faults:crawl",
-              "arguments": {"--step-seconds": 0.01, "--per-step": 10}},
+    "*": {
+        "partition_scheme": {"type": "per-gpu", "cgroup": None},
+        "timeout": 60,
+        "arguments": {"--sample-duration": 0.1, "--warmup": 2, "--max-count": 1, "--min-steady": 1},
+    },
+    "crawl": {
+        "experiment": "milarun.models.faults:crawl",
+        "arguments": {"--step-seconds": 0.01, "--per-step": 10},
+    },
 }
 
 #: A node identity as host/identity.py records it (the session file's
 #: ``sessions[i]["identity"][node]``), for the runs made before it recorded one.
-IDENTITY = {"hostname": "vm", "cpu_model": "AMD EPYC", "memory_mib": 24105,
-            "gpus": [{"uuid": "GPU-aaaa", "serial": "1320000000001", "pci_bus_id": "0:1:0.0",
-                      "name": "H100"},
-                     {"uuid": "GPU-bbbb", "serial": "1320000000002", "pci_bus_id": "0:2:0.0",
-                      "name": "H100"}],
-            "dmi": {"product_uuid": "4c4c4544-0001"}, "nics": {"eth0": "02:00:00:00:00:01"}}
+IDENTITY = {
+    "hostname": "vm",
+    "cpu_model": "AMD EPYC",
+    "memory_mib": 24105,
+    "gpus": [
+        {"uuid": "GPU-aaaa", "serial": "1320000000001", "pci_bus_id": "0:1:0.0", "name": "H100"},
+        {"uuid": "GPU-bbbb", "serial": "1320000000002", "pci_bus_id": "0:2:0.0", "name": "H100"},
+    ],
+    "dmi": {"product_uuid": "4c4c4544-0001"},
+    "nics": {"eth0": "02:00:00:00:00:01"},
+}
 
 
 def jobs(profile, out, dataroot, *extra):
     """``milarun jobs`` on two CPU slots, without cgroups; the finished process."""
-    return subprocess.run([sys.executable, "-m", "milarun", "jobs", str(profile), "-o", str(out),
-                           "-d", str(dataroot), "--cpu-slots", "2", "--no-cgexec", *extra],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "milarun",
+            "jobs",
+            str(profile),
+            "-o",
+            str(out),
+            "-d",
+            str(dataroot),
+            "--cpu-slots",
+            "2",
+            "--no-cgexec",
+            *extra,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def rechain(outdir):
@@ -107,16 +134,27 @@ def cli(*argv):
 
 
 def plan(vendor_out, target, sample=2, seed=26, tolerance=None):
-    argv = ["audit", "plan", str(vendor_out), "--sample", str(sample), "--seed", str(seed),
-            "-o", str(target)]
+    argv = [
+        "audit",
+        "plan",
+        str(vendor_out),
+        "--sample",
+        str(sample),
+        "--seed",
+        str(seed),
+        "-o",
+        str(target),
+    ]
     if tolerance is not None:
         argv += ["--tolerance", str(tolerance)]
     return cli(*argv)
 
 
 def chosen(profile):
-    return [(c["name"], c["run"], c["device"])
-            for c in json.loads(Path(profile).read_text())["_audit"]["chosen"]]
+    return [
+        (c["name"], c["run"], c["device"])
+        for c in json.loads(Path(profile).read_text())["_audit"]["chosen"]
+    ]
 
 
 def test_plan_same_seed_same_launches(vendor, tmp_path, capsys):
@@ -129,7 +167,7 @@ def test_plan_same_seed_same_launches(vendor, tmp_path, capsys):
     for seed in range(12):
         assert plan(out, tmp_path / f"s{seed}.json", seed=seed) == 0
         picks.add(tuple(chosen(tmp_path / f"s{seed}.json")))
-    assert len(picks) > 1    # another seed can pick other launches
+    assert len(picks) > 1  # another seed can pick other launches
     # the plan next to the profile is the one embedded in it, with the records' hashes
     embedded = json.loads((tmp_path / "a.json").read_text())
     written = json.loads((tmp_path / "a.plan.json").read_text())
@@ -140,15 +178,34 @@ def test_plan_same_seed_same_launches(vendor, tmp_path, capsys):
         assert mf.file_digest(out / c["record"])[0] == c["sha256"]
     # the job to rerun, with its arguments in the order the vendor's command line had
     assert list(embedded["crawl"]["arguments"]) == [
-        "--sample-duration", "--warmup", "--max-count", "--min-steady", "--step-seconds",
-        "--per-step"]
+        "--sample-duration",
+        "--warmup",
+        "--max-count",
+        "--min-steady",
+        "--step-seconds",
+        "--per-step",
+    ]
     assert "milarun jobs" in capsys.readouterr().out
-    assert written["review"] == {}     # crawl has no prepare command nor exec_prefix
+    assert written["review"] == {}  # crawl has no prepare command nor exec_prefix
     # the tender's rules file: its SHA-256 goes in the plan
     rules = tmp_path / "rules.json"
     rules.write_text('{"description": "the tender rules", "min_repeats": 2}')
-    assert cli("audit", "plan", str(out), "--sample", "1", "--seed", "5", "-o",
-               str(tmp_path / "r.json"), "--rules", str(rules)) == 0
+    assert (
+        cli(
+            "audit",
+            "plan",
+            str(out),
+            "--sample",
+            "1",
+            "--seed",
+            "5",
+            "-o",
+            str(tmp_path / "r.json"),
+            "--rules",
+            str(rules),
+        )
+        == 0
+    )
     recorded = json.loads((tmp_path / "r.plan.json").read_text())["rules"]
     assert recorded["sha256"] == hashlib.sha256(rules.read_bytes()).hexdigest()
 
@@ -172,8 +229,13 @@ def test_round_trip_reproduced_slowed_and_other_machine(vendor, tmp_path, capsys
     for r in data["launches"]:
         assert 0.75 < r["ratio"] < 1.33 and r["ratio_ci"][0] < r["ratio"] < r["ratio_ci"][1]
     names = {c["name"] for c in data["clauses"]}
-    assert {"audit.identity", "audit.throughput", "audit.command", "audit.bundle-head",
-            "audit.vendor-record"} <= names
+    assert {
+        "audit.identity",
+        "audit.throughput",
+        "audit.command",
+        "audit.bundle-head",
+        "audit.vendor-record",
+    } <= names
 
     # another machine: the same rerun, with other GPUs in its identity
     other = json.loads(json.dumps(IDENTITY))
@@ -215,9 +277,16 @@ def test_check_catches_a_changed_record_and_a_moved_head(vendor, tmp_path, capsy
     shutil.copy(profile, rerun / ".milarun" / f"profile-{sid}" / "0-audit.json")
     # the same machine: the identity the vendor's session recorded
     ident = json.loads((out / ".milarun" / "session.json").read_text())["sessions"][0]["identity"]
-    (rerun / ".milarun" / "session.json").write_text(json.dumps(
-        {"format": "milarun-session", "version": 1, "invocation": {},
-         "sessions": [{"id": sid, "identity": ident}]}))
+    (rerun / ".milarun" / "session.json").write_text(
+        json.dumps(
+            {
+                "format": "milarun-session",
+                "version": 1,
+                "invocation": {},
+                "sessions": [{"id": sid, "identity": ident}],
+            }
+        )
+    )
     shutil.copy(out / c["record"], rerun / c["record"])
     verdict, rows, _ = audit.check_audit(copy, rerun)
     assert verdict.ok and rows[0]["ratio"] == pytest.approx(1.0)
@@ -242,11 +311,19 @@ def _append_by_hand(outdir, kind, path):
     entries = [json.loads(line) for line in mpath.read_text().splitlines()]
     data = (Path(outdir) / path).read_bytes()
     last = entries[-1]
-    e = {"seq": len(entries), "session": last["session"], "kind": kind,
-         "time": last["time"] + 1, "path": path, "prev": last["hash"],
-         "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    e["hash"] = hashlib.sha256(json.dumps(e, sort_keys=True, separators=(",", ":"),
-                                          ensure_ascii=False).encode()).hexdigest()
+    e = {
+        "seq": len(entries),
+        "session": last["session"],
+        "kind": kind,
+        "time": last["time"] + 1,
+        "path": path,
+        "prev": last["hash"],
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "bytes": len(data),
+    }
+    e["hash"] = hashlib.sha256(
+        json.dumps(e, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    ).hexdigest()
     with open(mpath, "a") as f:
         f.write(json.dumps(e, sort_keys=True, separators=(",", ":")) + "\n")
 
@@ -265,7 +342,7 @@ def test_check_reads_the_identity_only_from_a_chain_verify_accepts(vendor, tmp_p
     spath.write_text(json.dumps(session))
     _append_by_hand(copy, kind, ".milarun/session.json")
     profile = tmp_path / "audit.json"
-    if kind == "weights":   # not the session file's own entry: no audit is planned on it
+    if kind == "weights":  # not the session file's own entry: no audit is planned on it
         assert plan(copy, profile, sample=1, seed=1) == 2
         return
     assert plan(copy, profile, sample=1, seed=1) == 0
@@ -275,49 +352,82 @@ def test_check_reads_the_identity_only_from_a_chain_verify_accepts(vendor, tmp_p
     sid = "20990101-000000-000000"
     (rerun / ".milarun" / f"profile-{sid}").mkdir(parents=True)
     shutil.copy(profile, rerun / ".milarun" / f"profile-{sid}" / "0-audit.json")
-    (rerun / ".milarun" / "session.json").write_text(json.dumps(
-        {"format": "milarun-session", "version": 1, "invocation": {},
-         "sessions": [{"id": sid, "identity": session["sessions"][0]["identity"]}]}))
+    (rerun / ".milarun" / "session.json").write_text(
+        json.dumps(
+            {
+                "format": "milarun-session",
+                "version": 1,
+                "invocation": {},
+                "sessions": [{"id": sid, "identity": session["sessions"][0]["identity"]}],
+            }
+        )
+    )
     shutil.copy(copy / c["record"], rerun / c["record"])
     verdict, rows, _ = audit.check_audit(copy, rerun)
     failed = {x.name for x in verdict.failed}
     assert {"audit.vendor-record", "audit.identity"} <= failed, [
-        (x.name, x.detail) for x in verdict.failed]
-    assert any("does not accept" in x.detail for x in verdict.failed
-               if x.name == "audit.vendor-record")
+        (x.name, x.detail) for x in verdict.failed
+    ]
+    assert any(
+        "does not accept" in x.detail for x in verdict.failed if x.name == "audit.vendor-record"
+    )
     assert "GPU-aaaa" not in next(x.detail for x in verdict.failed if x.name == "audit.identity")
 
 
-@pytest.mark.parametrize("plan_entry, key", [
-    ({"format": "other"}, "_audit.format"),
-    ({"format": "milarun-audit-plan", "version": 1, "head": "x", "tolerance": 2,
-      "chosen": [{}]}, "_audit.tolerance"),
-    ({"format": "milarun-audit-plan", "version": 1, "head": "x", "tolerance": 0.1,
-      "chosen": [{"name": "a", "job": "a", "run": "0"}]}, "_audit.chosen.0.run"),
-])
+@pytest.mark.parametrize(
+    "plan_entry, key",
+    [
+        ({"format": "other"}, "_audit.format"),
+        (
+            {
+                "format": "milarun-audit-plan",
+                "version": 1,
+                "head": "x",
+                "tolerance": 2,
+                "chosen": [{}],
+            },
+            "_audit.tolerance",
+        ),
+        (
+            {
+                "format": "milarun-audit-plan",
+                "version": 1,
+                "head": "x",
+                "tolerance": 0.1,
+                "chosen": [{"name": "a", "job": "a", "run": "0"}],
+            },
+            "_audit.chosen.0.run",
+        ),
+    ],
+)
 def test_check_refuses_a_malformed_audit_plan(vendor, tmp_path, capsys, plan_entry, key):
     base, out = vendor
     sid = "20990101-000000-000000"
     folder = tmp_path / "rerun" / ".milarun" / f"profile-{sid}"
     folder.mkdir(parents=True)
     (folder / "0-audit.json").write_text(json.dumps({"_audit": plan_entry}))
-    (folder.parent / "session.json").write_text(json.dumps(
-        {"format": "milarun-session", "version": 1, "invocation": {}, "sessions": [{"id": sid}]}))
+    (folder.parent / "session.json").write_text(
+        json.dumps(
+            {"format": "milarun-session", "version": 1, "invocation": {}, "sessions": [{"id": sid}]}
+        )
+    )
     assert cli("audit", "check", str(out), str(tmp_path / "rerun")) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"0-audit.json: {key}: " in err
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--sample", "5"], "more than the 4 launch(es)"),
-    (["--sample", "0"], "--sample must be a whole number >= 1"),
-    (["--sample", "-2"], "--sample must be a whole number >= 1"),
-    (["--sample", "1", "--tolerance", "1.5"], "--tolerance must be a fraction"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--sample", "5"], "more than the 4 launch(es)"),
+        (["--sample", "0"], "--sample must be a whole number >= 1"),
+        (["--sample", "-2"], "--sample must be a whole number >= 1"),
+        (["--sample", "1", "--tolerance", "1.5"], "--tolerance must be a fraction"),
+    ],
+)
 def test_plan_bad_numbers(vendor, tmp_path, capsys, argv, says):
     base, out = vendor
-    assert cli("audit", "plan", str(out), "--seed", "1", "-o", str(tmp_path / "a.json"),
-               *argv) == 2
+    assert cli("audit", "plan", str(out), "--seed", "1", "-o", str(tmp_path / "a.json"), *argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("milarun: error: ") and says in err
     assert not (tmp_path / "a.json").exists()
@@ -335,22 +445,76 @@ def test_bad_inputs_are_one_line(vendor, tmp_path, capsys):
     path.write_text("".join(lines))
     bad_rules = tmp_path / "rules.json"
     bad_rules.write_text('{"a": 1, "a": 2}')
-    not_rules = tmp_path / "not-rules.json"        # JSON, but not a rules file
+    not_rules = tmp_path / "not-rules.json"  # JSON, but not a rules file
     not_rules.write_text('{"format": 5}')
     cases = [
-        (["audit", "plan", str(out), "--sample", "1", "--seed", "1", "-o",
-          str(tmp_path / "a.json"), "--rules", str(not_rules)], "format: unknown key"),
-        (["audit", "plan", str(out), "--sample", "1", "--seed", "1", "-o",
-          str(tmp_path / "a.json"), "--rules", str(bad_rules)], "duplicate"),
-        (["audit", "plan", str(broken), "--sample", "1", "--seed", "1", "-o",
-          str(tmp_path / "a.json")], "the entry was edited"),
-        (["audit", "plan", str(tmp_path / "nowhere"), "--sample", "1", "--seed", "1", "-o",
-          str(tmp_path / "a.json")], "not a results folder"),
+        (
+            [
+                "audit",
+                "plan",
+                str(out),
+                "--sample",
+                "1",
+                "--seed",
+                "1",
+                "-o",
+                str(tmp_path / "a.json"),
+                "--rules",
+                str(not_rules),
+            ],
+            "format: unknown key",
+        ),
+        (
+            [
+                "audit",
+                "plan",
+                str(out),
+                "--sample",
+                "1",
+                "--seed",
+                "1",
+                "-o",
+                str(tmp_path / "a.json"),
+                "--rules",
+                str(bad_rules),
+            ],
+            "duplicate",
+        ),
+        (
+            [
+                "audit",
+                "plan",
+                str(broken),
+                "--sample",
+                "1",
+                "--seed",
+                "1",
+                "-o",
+                str(tmp_path / "a.json"),
+            ],
+            "the entry was edited",
+        ),
+        (
+            [
+                "audit",
+                "plan",
+                str(tmp_path / "nowhere"),
+                "--sample",
+                "1",
+                "--seed",
+                "1",
+                "-o",
+                str(tmp_path / "a.json"),
+            ],
+            "not a results folder",
+        ),
         (["audit", "check", str(out), str(tmp_path / "nowhere")], "not a results folder"),
         (["audit", "check", str(out), str(out)], "was not run from an audit profile"),
         (["audit", "check", str(broken), str(out)], "the entry was edited"),
-        (["audit", "plan", str(out), "--seed", "1", "-o", str(tmp_path / "a.json")],
-         "needs --sample"),
+        (
+            ["audit", "plan", str(out), "--seed", "1", "-o", str(tmp_path / "a.json")],
+            "needs --sample",
+        ),
         (["audit", "check", str(out)], "takes OUTDIR AUDITDIR"),
         (["audit", "sample", str(out)], "unknown action"),
     ]
@@ -379,7 +543,7 @@ def test_plan_refuses_a_record_reached_through_a_link_to_outside(vendor, tmp_pat
     copy, elsewhere = tmp_path / "vendor", tmp_path / "elsewhere"
     shutil.copytree(out, copy)
     elsewhere.mkdir()
-    (copy / "sub").symlink_to(elsewhere)       # every record now lies outside the bundle
+    (copy / "sub").symlink_to(elsewhere)  # every record now lies outside the bundle
     path = mf.manifest_path(copy)
     entries = mf.read_manifest(path)
     for e in entries:
@@ -411,6 +575,7 @@ def test_plan_refuses_a_job_definition_the_profile_copy_lacks(vendor, tmp_path, 
 
 
 # --- the numbers -------------------------------------------------------------------------
+
 
 def test_compare_rates():
     vendor = (1000.0, (20, 1000.0, 10.0))
@@ -487,13 +652,20 @@ def test_check_lists_each_configuration_difference(vendor, tmp_path, capsys):
     (rerun / ".milarun" / f"profile-{sid}").mkdir(parents=True)
     shutil.copy(profile, rerun / ".milarun" / f"profile-{sid}" / "0-audit.json")
     ident = json.loads((out / ".milarun" / "session.json").read_text())["sessions"][0]["identity"]
-    (node, mine), = ident.items()
+    ((node, mine),) = ident.items()
     assert mine["version"] == 2 and "config" in mine
     delivered = json.loads(json.dumps(mine))
     delivered["config"]["node"]["kernel"] = "0.0.1-delivered"
-    (rerun / ".milarun" / "session.json").write_text(json.dumps(
-        {"format": "milarun-session", "version": 1, "invocation": {},
-         "sessions": [{"id": sid, "identity": {node: delivered}}]}))
+    (rerun / ".milarun" / "session.json").write_text(
+        json.dumps(
+            {
+                "format": "milarun-session",
+                "version": 1,
+                "invocation": {},
+                "sessions": [{"id": sid, "identity": {node: delivered}}],
+            }
+        )
+    )
     shutil.copy(out / c["record"], rerun / c["record"])
     verdict, rows, _ = audit.check_audit(out, rerun)
     (failed,) = verdict.failed

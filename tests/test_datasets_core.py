@@ -34,8 +34,11 @@ def test_mnist_reads_back_through_torchvision(built):
     params = resolve_params("mnist", "tiny")[1]
     folder = built / "mnist"
     assert sorted(p.name for p in (folder / "MNIST" / "raw").iterdir()) == [
-        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte",
-        "train-images-idx3-ubyte", "train-labels-idx1-ubyte"]
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+    ]
     train = MNIST(root=str(folder), train=True, download=False)
     test = MNIST(root=str(folder), train=False, download=False)
     assert len(train) == params["count"] and len(test) == params["test_count"]
@@ -64,6 +67,7 @@ def test_fake_imagenet_reads_back_through_imagefolder(built):
     img, _ = train[5]
     assert img.mode == "RGB" and min(img.size) == params["image_size"]
     import os
+
     for path, label in train.samples:
         assert path.endswith(".jpg")
         assert int(os.path.basename(path)[:-4]) % params["classes"] == label

@@ -38,8 +38,10 @@ def test_wikitext2_reads_back_with_corpus(root):
         # one <eos> per line, plus every whitespace-separated word
         assert (ids == eos).sum() == len(lines)
         assert len(ids) == len(text.split()) + len(lines)
-        assert len(ids) - len(lines) - sum(line.count("=") for line in lines) \
+        assert (
+            len(ids) - len(lines) - sum(line.count("=") for line in lines)
             == SIZES["tiny"][f"{split}_tokens"]
+        )
     assert any(line.startswith(" = ") and line.endswith(" = ") for line in lines)
     assert "<unk>" in d.word2idx
     assert 100 < len(d) <= SIZES["tiny"]["vocab"] + 2  # + <eos> and "="
@@ -71,8 +73,9 @@ def test_wmt16_parallel_files_and_vocab(root):
     batches = corpus.length_batches(32, seed=1)
     assert sorted(i for b in batches for i in b) == list(range(len(corpus)))
     # batches group similar lengths: much tighter than the corpus-wide spread
-    spread = np.mean([max(len(corpus.src[i]) for i in b) - min(len(corpus.src[i]) for i in b)
-                      for b in batches])
+    spread = np.mean(
+        [max(len(corpus.src[i]) for i in b) - min(len(corpus.src[i]) for i in b) for b in batches]
+    )
     lengths = [len(s) for s in corpus.src]
     assert spread < (max(lengths) - min(lengths)) / 4
 

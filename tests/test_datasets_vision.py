@@ -71,8 +71,7 @@ def test_coco_tiny_reads_back_with_pycocotools_and_torchvision(tiny_dataroot):
     ds = CocoDetection(str(root / "train2017"), str(ann_file))
     assert len(ds) == params["count"]
     img, target = ds[0]
-    assert img.size == (coco.loadImgs(ds.ids[0])[0]["width"],
-                        coco.loadImgs(ds.ids[0])[0]["height"])
+    assert img.size == (coco.loadImgs(ds.ids[0])[0]["width"], coco.loadImgs(ds.ids[0])[0]["height"])
     assert len(target) >= params["min_boxes"]
 
     val = COCO(str(root / "annotations" / "instances_val2017.json"))

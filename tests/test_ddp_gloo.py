@@ -42,17 +42,28 @@ def _rank(rank, port, queue):
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=RANKS, timeout=datetime.timedelta(seconds=4))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=RANKS,
+            timeout=datetime.timedelta(seconds=4),
+        )
 
         def agree(extra):
             t = torch.tensor([int(extra)], dtype=torch.int64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             return int(t.item())
 
-        clock = FakeClock(offset=0.2 * rank)   # skewed origins as well as rates
-        logger = RateLogger(sample_duration=0.5, max_count=40, warmup=1, host_clock=clock,
-                            min_steady=2.0, agree=agree)
+        clock = FakeClock(offset=0.2 * rank)  # skewed origins as well as rates
+        logger = RateLogger(
+            sample_duration=0.5,
+            max_count=40,
+            warmup=1,
+            host_clock=clock,
+            min_steady=2.0,
+            agree=agree,
+        )
         steps = 0
         for step in logger.steps():
             clock.t += STEP_S[rank]
@@ -62,7 +73,7 @@ def _rank(rank, port, queue):
             dist.all_reduce(torch.ones(1))
         dist.barrier()
         queue.put((rank, steps, logger.total))
-    except Exception as exc:   # a timeout: the ranks took different collectives
+    except Exception as exc:  # a timeout: the ranks took different collectives
         queue.put((rank, "error", f"{type(exc).__name__}: {exc}"[:200]))
     finally:
         if dist.is_initialized():
@@ -95,7 +106,7 @@ def test_min_steady_decision_is_collective_over_gloo_ranks():
     steps = {g[1] for g in got}
     totals = {g[2] for g in got}
     assert len(steps) == 1 and len(totals) == 1, got
-    assert totals.pop() > 40   # the short ranks' shortfall extended every rank
+    assert totals.pop() > 40  # the short ranks' shortfall extended every rank
 
 
 class FakeMonitor:
@@ -108,10 +119,13 @@ class FakeMonitor:
         self.stopped = True
 
     def record(self):
-        assert self.stopped   # stopped (its last reading taken) before it is gathered
-        return {"available": True, "reason": None, "interval": 1.0,
-                "samples": [{"t": self.t0 + k, "device": 0, "power": self.watts}
-                            for k in range(3)]}
+        assert self.stopped  # stopped (its last reading taken) before it is gathered
+        return {
+            "available": True,
+            "reason": None,
+            "interval": 1.0,
+            "samples": [{"t": self.t0 + k, "device": 0, "power": self.watts} for k in range(3)],
+        }
 
 
 def _node(rank, port, queue):
@@ -120,11 +134,17 @@ def _node(rank, port, queue):
 
     from milarun.bench.experiment import Experiment
 
-    os.environ.update({"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0",
-                       "MILARUN_NODE": f"node{rank}"})
+    os.environ.update(
+        {"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0", "MILARUN_NODE": f"node{rank}"}
+    )
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=2, timeout=datetime.timedelta(seconds=10))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=2,
+            timeout=datetime.timedelta(seconds=10),
+        )
         exp = Experiment("s.t")
         # node 1's experiment started 100 s later on its own clock: its readings' t
         # are 100 s lower than rank 0's for the same instant
@@ -142,7 +162,7 @@ def _node(rank, port, queue):
 def test_every_nodes_gpu_readings_reach_rank_0():
     (_, merged), (_, other) = _run_ranks(_node, 2)
     assert isinstance(merged, dict), merged
-    assert other is None                       # only rank 0 holds the record
+    assert other is None  # only rank 0 holds the record
     assert (merged["nodes"], merged["nodes_sampled"]) == (2, 2)
     by_node = {}
     for row in merged["samples"]:

@@ -16,12 +16,44 @@ DIFFUSION = "milarun.models.diffusion:main"
 VIT = "milarun.models.vit:main"
 # A fixed seed and a learning rate at which the tiny models' loss falls within 40 steps (the
 # UNet's from ~1 to ~0.3; the ViT's from its random start to chance, ln 4, on 4 classes).
-TINY_DIFFUSION = [*SMOKE_ARGS, "--device", "cpu", "--seed", "7", "--shape", "tiny",
-                  "--image-size", "16", "--batch-size", "4", "--precision", "fp32",
-                  "--workers", "0", "--lr", "1e-3"]
-TINY_VIT = [*SMOKE_ARGS, "--device", "cpu", "--seed", "7", "--arch", "vit_tiny_patch16_224",
-            "--image-size", "32", "--batch-size", "8", "--precision", "fp32", "--workers", "0",
-            "--lr", "1e-4"]
+TINY_DIFFUSION = [
+    *SMOKE_ARGS,
+    "--device",
+    "cpu",
+    "--seed",
+    "7",
+    "--shape",
+    "tiny",
+    "--image-size",
+    "16",
+    "--batch-size",
+    "4",
+    "--precision",
+    "fp32",
+    "--workers",
+    "0",
+    "--lr",
+    "1e-3",
+]
+TINY_VIT = [
+    *SMOKE_ARGS,
+    "--device",
+    "cpu",
+    "--seed",
+    "7",
+    "--arch",
+    "vit_tiny_patch16_224",
+    "--image-size",
+    "32",
+    "--batch-size",
+    "8",
+    "--precision",
+    "fp32",
+    "--workers",
+    "0",
+    "--lr",
+    "1e-4",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -30,6 +62,7 @@ def one_core(monkeypatch):
     busy neighbour on the test host slows a step down instead of stalling two spinning
     threads."""
     from milarun.bench import setup
+
     monkeypatch.setattr(setup, "current_cpuset", lambda: {0})
 
 
@@ -53,20 +86,21 @@ def _falls(losses, k=8):
 
 # --- the captions dataset ----------------------------------------------------------------
 
+
 def test_captions_cover_fake_imagenet_and_tokenize_to_77_ids(root):
     from tokenizers import Tokenizer
 
     meta, items = read_captions(root / "captions")
     assert meta["count"] == len(items) == 256 and meta["classes"] == 4
-    for rel, _ in items:                      # every caption names an existing image
+    for rel, _ in items:  # every caption names an existing image
         assert (root / "fake_imagenet" / rel).is_file(), rel
     tok = Tokenizer.from_file(str(root / "captions" / "tokenizer.json"))
     assert tok.get_vocab_size() == meta["vocab_size"]
     ids = tok.encode(items[5][1]).ids
     assert len(ids) == MAX_LENGTH and ids[0] == meta["bos_id"]
     n_words = len(items[5][1].split())
-    assert ids[n_words + 1] == meta["eos_id"] and meta["eos_id"] not in ids[1:n_words + 1]
-    assert tok.token_to_id("<|unk|>") not in ids          # a closed vocabulary
+    assert ids[n_words + 1] == meta["eos_id"] and meta["eos_id"] not in ids[1 : n_words + 1]
+    assert tok.token_to_id("<|unk|>") not in ids  # a closed vocabulary
     # the class decides the noun and the colour, the index the rest; same seed, same text
     line = json.loads((root / "captions" / "captions.jsonl").read_text().splitlines()[5])
     assert line["label"] == 5 % 4 and line["image"] == "train/n00000001/0000005.jpg"
@@ -92,20 +126,33 @@ def test_captions_reader_names_the_bad_file(root, tmp_path):
 
 # --- diffusion ----------------------------------------------------------------------------
 
+
 def test_diffusion_trains_the_unet_and_its_loss_falls(root, tmp_path):
     res = run_model(DIFFUSION, [*TINY_DIFFUSION, "--max-count", "160"], root, tmp_path)
     assert res["success"], res["error"]
     m = res["metrics"]
     assert m["shape"] == "tiny" and m["latent_size"] == 8 and m["prediction"] == "epsilon"
     assert m["parallelism"] == "none" and m["global_batch"] == 4 and not m["precomputed"]
-    assert res["timings"]["train"]["count"] == 160          # items are images
+    assert res["timings"]["train"]["count"] == 160  # items are images
     _falls(_losses(res))
 
 
 def test_diffusion_precomputed_latents_with_v_prediction(root, tmp_path):
-    res = run_model(DIFFUSION, [*TINY_DIFFUSION, "--max-count", "160", "--precomputed",
-                                "--precompute-count", "16", "--prediction", "v_prediction"],
-                    root, tmp_path)
+    res = run_model(
+        DIFFUSION,
+        [
+            *TINY_DIFFUSION,
+            "--max-count",
+            "160",
+            "--precomputed",
+            "--precompute-count",
+            "16",
+            "--prediction",
+            "v_prediction",
+        ],
+        root,
+        tmp_path,
+    )
     assert res["success"], res["error"]
     m = res["metrics"]
     assert m["precomputed"] and m["precomputed_images"] == 16
@@ -114,10 +161,11 @@ def test_diffusion_precomputed_latents_with_v_prediction(root, tmp_path):
 
 
 def test_diffusion_refuses_bad_options(root, tmp_path):
-    for argv, message in ((["--shape", "sd3"], "--shape must be one of sd2, tiny, not 'sd3'"),
-                          (["--prediction", "sample"], "--prediction must be one of epsilon"),
-                          (["--image-size", "18"], "--image-size must be a positive multiple "
-                                                   "of 4 for --shape tiny")):
+    for argv, message in (
+        (["--shape", "sd3"], "--shape must be one of sd2, tiny, not 'sd3'"),
+        (["--prediction", "sample"], "--prediction must be one of epsilon"),
+        (["--image-size", "18"], "--image-size must be a positive multiple of 4 for --shape tiny"),
+    ):
         res = run_model(DIFFUSION, [*TINY_DIFFUSION, *argv], root, tmp_path)
         assert not res["success"] and res["error"]["message"].startswith(message), res["error"]
 
@@ -143,12 +191,27 @@ def test_sd2_shape_is_stable_diffusion_2s_and_its_parts_fit_together():
 
 
 def test_txt2img_generates_images_with_guidance(root, tmp_path):
-    argv = [*SMOKE_ARGS, "--device", "cpu", "--shape", "tiny", "--image-size", "16",
-            "--batch-size", "2", "--precision", "fp32", "--steps", "4", "--max-count", "8"]
+    argv = [
+        *SMOKE_ARGS,
+        "--device",
+        "cpu",
+        "--shape",
+        "tiny",
+        "--image-size",
+        "16",
+        "--batch-size",
+        "2",
+        "--precision",
+        "fp32",
+        "--steps",
+        "4",
+        "--max-count",
+        "8",
+    ]
     res = run_model("milarun.models.txt2img:main", argv, root, tmp_path)
     assert res["success"], res["error"]
     m = res["metrics"]
-    assert m["unet_batch"] == 4 and m["denoising_steps"] == 4         # guided: 2 × the batch
+    assert m["unet_batch"] == 4 and m["denoising_steps"] == 4  # guided: 2 × the batch
     assert m["image_shape"] == "3x16x16" and m["images_finite"]
     assert res["timings"]["train"]["count"] == 8 and m["seconds_per_image"] > 0
     res = run_model("milarun.models.txt2img:main", [*argv, "--steps", "0"], root, tmp_path)
@@ -156,6 +219,7 @@ def test_txt2img_generates_images_with_guidance(root, tmp_path):
 
 
 # --- vit ------------------------------------------------------------------------------
+
 
 def test_vit_trains_and_its_loss_falls(root, tmp_path):
     res = run_model(VIT, [*TINY_VIT, "--max-count", "320"], root, tmp_path)
@@ -170,28 +234,34 @@ def test_vit_trains_and_its_loss_falls(root, tmp_path):
 def test_vit_refuses_bad_options(root, tmp_path):
     res = run_model(VIT, [*TINY_VIT, "--arch", "vit_huge_patch14_224"], root, tmp_path)
     assert not res["success"]
-    assert res["error"]["message"].startswith("--arch must be one of vit_base_patch16_224, "
-                                              "vit_large_patch16_224, vit_tiny_patch16_224")
+    assert res["error"]["message"].startswith(
+        "--arch must be one of vit_base_patch16_224, vit_large_patch16_224, vit_tiny_patch16_224"
+    )
     res = run_model(VIT, [*TINY_VIT, "--image-size", "40"], root, tmp_path)
     assert not res["success"]
     assert "--image-size must be a positive multiple of 16" in res["error"]["message"]
 
 
 def test_vit_ddp_over_two_ranks(root, tmp_path):
-    res = _torchrun(VIT, tmp_path / "r.json",
-                    [*TINY_VIT, "--batch-size", "4", "--max-count", "96"], root)
+    res = _torchrun(
+        VIT, tmp_path / "r.json", [*TINY_VIT, "--batch-size", "4", "--max-count", "96"], root
+    )
     m = res["metrics"]
     assert m["parallelism"] == "ddp" and m["world_size"] == 2 and m["global_batch"] == 8
-    assert res["timings"]["train"]["count"] == 96                 # 12 steps of 2 × 4 images
+    assert res["timings"]["train"]["count"] == 96  # 12 steps of 2 × 4 images
     _losses(res)
 
 
 def test_diffusion_ddp_over_two_ranks(root, tmp_path):
-    res = _torchrun(DIFFUSION, tmp_path / "r.json",
-                    [*TINY_DIFFUSION, "--batch-size", "2", "--max-count", "32"], root)
+    res = _torchrun(
+        DIFFUSION,
+        tmp_path / "r.json",
+        [*TINY_DIFFUSION, "--batch-size", "2", "--max-count", "32"],
+        root,
+    )
     m = res["metrics"]
     assert m["parallelism"] == "ddp" and m["world_size"] == 2 and m["global_batch"] == 4
-    assert res["timings"]["train"]["count"] == 32                 # 8 steps of 2 × 2 images
+    assert res["timings"]["train"]["count"] == 32  # 8 steps of 2 × 2 images
     _losses(res)
 
 
@@ -214,5 +284,6 @@ def test_data_parallel_on_xpu_is_refused_in_one_line(module, root, monkeypatch, 
     argv = TINY_DIFFUSION if module == "diffusion" else TINY_VIT
     res = run_model(f"milarun.models.{module}:main", argv, root, tmp_path)
     assert not res["success"] and res["error"]["reason"] == "wrong-device"
-    assert res["error"]["message"].startswith(f"{module} under torchrun does not run on an "
-                                              "Intel XPU: ")
+    assert res["error"]["message"].startswith(
+        f"{module} under torchrun does not run on an Intel XPU: "
+    )

@@ -17,14 +17,20 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, SMOKE_ARGS, build_tiny
 
-LINUX_TASKS = pytest.mark.skipif(not os.path.isdir("/proc/self/task"),
-                                 reason="needs Linux /proc")
+LINUX_TASKS = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
 
 
 def _env():
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+    for key in (
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "TORCHELASTIC_RUN_ID",
+    ):
         env.pop(key, None)
     return env
 
@@ -77,8 +83,14 @@ for case in ("clean", "keep"):
 
 @LINUX_TASKS
 def test_fsdp_group_is_freed_when_the_block_ends_and_a_kept_one_is_counted():
-    proc = subprocess.run([sys.executable, "-c", _FSDP_CASES], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-c", _FSDP_CASES],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
     # torch's DTensor caches held the mesh, so the group (and its gloo threads) outlived
@@ -135,8 +147,11 @@ def test_no_workload_makes_or_destroys_a_process_group_of_its_own():
         if rel in allowed:
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(rel))):
-            name = (node.func.attr if isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Attribute) else None)
+            name = (
+                node.func.attr
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                else None
+            )
             if name in ("init_process_group", "destroy_process_group"):
                 found.append(f"{rel}:{node.lineno} {name}")
     assert found == []
@@ -160,12 +175,37 @@ def test_fsdp_over_two_ranks_leaves_no_group_on_either_rank(tiny_dataroot, tmp_p
     script = tmp_path / "rank.py"
     script.write_text(_RANK_THEN_THREADS)
     out = tmp_path / "r.json"
-    argv = [*SMOKE_ARGS, "--device", "cpu", "--shape", "tiny", "--precision", "fp32",
-            "--seq-len", "16", "--batch-size", "2", "--workers", "0", "--max-count", "1024"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "2", str(script), "milarun.models.llm_pretrain:main", str(out), str(root), *argv]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=300)
+    argv = [
+        *SMOKE_ARGS,
+        "--device",
+        "cpu",
+        "--shape",
+        "tiny",
+        "--precision",
+        "fp32",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "2",
+        "--workers",
+        "0",
+        "--max-count",
+        "1024",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        "milarun.models.llm_pretrain:main",
+        str(out),
+        str(root),
+        *argv,
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "terminate called" not in proc.stderr
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))

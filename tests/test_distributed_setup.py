@@ -30,8 +30,9 @@ def fake_dist(monkeypatch):
     import torch.distributed as dist
 
     calls = {}
-    monkeypatch.setattr(dist, "init_process_group",
-                        lambda backend, **kw: calls.update(backend=backend, **kw))
+    monkeypatch.setattr(
+        dist, "init_process_group", lambda backend, **kw: calls.update(backend=backend, **kw)
+    )
     monkeypatch.setattr(dist, "destroy_process_group", lambda: None)
     monkeypatch.setattr(dist, "barrier", lambda: None)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.update(set_device=device))
@@ -42,9 +43,16 @@ def fake_dist(monkeypatch):
 
 
 def _torchrun_env(monkeypatch, local_rank=1, local_size=4, **extra):
-    env = {"WORLD_SIZE": str(local_size), "RANK": str(local_rank), "LOCAL_RANK": str(local_rank),
-           "LOCAL_WORLD_SIZE": str(local_size), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": "29500", "OMP_NUM_THREADS": "1", **extra}
+    env = {
+        "WORLD_SIZE": str(local_size),
+        "RANK": str(local_rank),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "OMP_NUM_THREADS": "1",
+        **extra,
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     for k in ("MILARUN_BARRIER", "MILARUN_BARRIER_TIMEOUT"):
@@ -57,7 +65,7 @@ def test_cuda_ranks_share_the_node_cpus_like_cpu_ranks(monkeypatch, fake_dist):
     import torch
 
     _torchrun_env(monkeypatch, local_rank=1, local_size=4)
-    torch.set_num_threads(8)          # what init_torch set: the cpuset's size
+    torch.set_num_threads(8)  # what init_torch set: the cpuset's size
     exp = FakeExp()
     with distributed.process_group(exp, torch.device("cuda")) as world:
         assert torch.get_num_threads() == 2
@@ -69,8 +77,8 @@ def test_cuda_ranks_share_the_node_cpus_like_cpu_ranks(monkeypatch, fake_dist):
 
 def test_rank_threads():
     assert rank_threads(64, 8) == 8
-    assert rank_threads(3, 8) == 1     # never 0
-    assert rank_threads(12, 0) == 12   # a bad LOCAL_WORLD_SIZE divides by 1
+    assert rank_threads(3, 8) == 1  # never 0
+    assert rank_threads(12, 0) == 12  # a bad LOCAL_WORLD_SIZE divides by 1
 
 
 def test_nccl_group_gets_device_id_and_a_timeout_past_the_barrier(monkeypatch, fake_dist):
@@ -78,8 +86,13 @@ def test_nccl_group_gets_device_id_and_a_timeout_past_the_barrier(monkeypatch, f
     # ranks waiting for rank 0 at the start barrier.
     import torch
 
-    _torchrun_env(monkeypatch, local_rank=0, local_size=2, MILARUN_BARRIER="127.0.0.1:5000",
-                  MILARUN_BARRIER_TIMEOUT="3600")
+    _torchrun_env(
+        monkeypatch,
+        local_rank=0,
+        local_size=2,
+        MILARUN_BARRIER="127.0.0.1:5000",
+        MILARUN_BARRIER_TIMEOUT="3600",
+    )
     with distributed.process_group(FakeExp(), torch.device("cuda")):
         pass
     assert fake_dist["backend"] == "nccl"
@@ -90,8 +103,13 @@ def test_nccl_group_gets_device_id_and_a_timeout_past_the_barrier(monkeypatch, f
 def test_gloo_group_keeps_torch_default_timeout_and_no_device_id(monkeypatch, fake_dist):
     import torch
 
-    _torchrun_env(monkeypatch, local_rank=0, local_size=2, MILARUN_BARRIER="127.0.0.1:5000",
-                  MILARUN_BARRIER_TIMEOUT="30")
+    _torchrun_env(
+        monkeypatch,
+        local_rank=0,
+        local_size=2,
+        MILARUN_BARRIER="127.0.0.1:5000",
+        MILARUN_BARRIER_TIMEOUT="30",
+    )
     with distributed.process_group(FakeExp(), torch.device("cpu")):
         pass
     assert fake_dist["backend"] == "gloo" and "device_id" not in fake_dist
@@ -103,7 +121,7 @@ def test_group_timeout_s():
     assert group_timeout_s("gloo", {}) == 1800.0
     env = {"MILARUN_BARRIER": "127.0.0.1:5000", "MILARUN_BARRIER_TIMEOUT": "7200"}
     assert group_timeout_s("nccl", env) == 7200.0 + distributed.BARRIER_MARGIN_S
-    env["MILARUN_BARRIER_TIMEOUT"] = "soon"          # malformed: torch's default
+    env["MILARUN_BARRIER_TIMEOUT"] = "soon"  # malformed: torch's default
     assert group_timeout_s("nccl", env) == 600.0
 
 
@@ -148,15 +166,15 @@ def test_only_local_rank_0_samples_the_nodes_gpus(monkeypatch, local_rank, start
     assert bool(starts) is started
 
 
-def test_several_mig_instances_in_one_whole_node_test_are_refused_with_one_line(monkeypatch,
-                                                                                 fake_dist):
+def test_several_mig_instances_in_one_whole_node_test_are_refused_with_one_line(
+    monkeypatch, fake_dist
+):
     # Item 12: CUDA shows a process one MIG instance; rank 1 would die on set_device.
     import torch
 
     from milarun.bench.setup import WrongDevice
 
-    _torchrun_env(monkeypatch, local_rank=1, local_size=2,
-                  CUDA_VISIBLE_DEVICES="MIG-aaaa,MIG-bbbb")
+    _torchrun_env(monkeypatch, local_rank=1, local_size=2, CUDA_VISIBLE_DEVICES="MIG-aaaa,MIG-bbbb")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(WrongDevice, match="2 MIG instances cannot work"):
         with distributed.process_group(FakeExp(), torch.device("cuda")):

@@ -3,6 +3,7 @@
 Anchors follow GitHub's rule: the heading text lowercased, punctuation other than ``-`` and
 ``_`` removed, spaces turned into ``-``; a repeated heading gets ``-1``, ``-2``, …
 """
+
 import re
 from pathlib import Path
 

@@ -14,9 +14,11 @@ from conftest import MEMORY, ROOT, cgroup_skip  # noqa: F401 (students: conftest
 
 pytestmark = [pytest.mark.cgroup]
 
+
 def milarun(*args):
-    return subprocess.run([sys.executable, "-m", "milarun", *args], cwd=ROOT,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "milarun", *args], cwd=ROOT, capture_output=True, text=True
+    )
 
 
 def results(outdir):
@@ -26,8 +28,12 @@ def results(outdir):
 def test_setup_script_is_idempotent_and_exclusive(students):
     assert sorted(students) == ["student0", "student1"]
     assert not set(students["student0"]) & set(students["student1"])
-    again = subprocess.run(["bash", "scripts/cgroup_setup.sh", "--students", "2", "--memory",
-                            MEMORY], cwd=ROOT, capture_output=True, text=True)
+    again = subprocess.run(
+        ["bash", "scripts/cgroup_setup.sh", "--students", "2", "--memory", MEMORY],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert again.returncode == 0, again.stderr
     assert "student1: cpus=" in again.stdout
 
@@ -36,8 +42,7 @@ def test_setup_script_is_idempotent_and_exclusive(students):
 def test_cpu_profile_in_student_cgroups(students, tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir()
-    proc = milarun("jobs", "profiles/cpu.json", "--cpu-slots", "2", "-d", str(data),
-                   "-o", str(out))
+    proc = milarun("jobs", "profiles/cpu.json", "--cpu-slots", "2", "-d", str(data), "-o", str(out))
     res = results(out)
     failed = {n: (r.get("error") or {}) for n, r in res.items() if not r.get("success")}
     assert proc.returncode == 0, (failed, proc.stdout + proc.stderr[-3000:])
@@ -63,8 +68,9 @@ def test_cpu_profile_in_student_cgroups(students, tmp_path):
 def test_memory_hog_is_oom_killed_and_the_rest_pass(students, tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir()
-    proc = milarun("jobs", "tests/profiles/oom.json", "--cpu-slots", "2", "-d", str(data),
-                   "-o", str(out))
+    proc = milarun(
+        "jobs", "tests/profiles/oom.json", "--cpu-slots", "2", "-d", str(data), "-o", str(out)
+    )
     assert proc.returncode == 1
     assert proc.stdout.strip().endswith("2 passed, 2 failed")
     res = results(out)

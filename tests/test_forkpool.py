@@ -19,6 +19,7 @@ def in_fork(test):
     """Run the test in a forked copy of this process: pytest's process may hold other
     tests' threads (a pool forks nothing then) and children (which the checks of
     leftover workers would count); the copy has neither."""
+
     @functools.wraps(test)
     def wrapper(*args, **kwargs):
         sys.stdout.flush()
@@ -36,12 +37,14 @@ def in_fork(test):
                 sys.stderr.flush()
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, \
+        assert os.waitstatus_to_exitcode(status) == 0, (
             "the test failed in its forked process (its traceback is in the captured stderr)"
+        )
+
     return wrapper
 
 
-BIG = {i: [float(j) for j in range(50)] for i in range(2000)}   # state the workers read
+BIG = {i: [float(j) for j in range(50)] for i in range(2000)}  # state the workers read
 
 
 def _children_of(pid):
@@ -175,7 +178,8 @@ def _generate(directory, **sizes):
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "report_scale", Path(__file__).resolve().parent.parent / "benchmarks" / "report_scale.py")
+        "report_scale", Path(__file__).resolve().parent.parent / "benchmarks" / "report_scale.py"
+    )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench.generate(directory, **sizes)
@@ -205,10 +209,12 @@ def test_results_read_with_a_worker_as_one_by_one(tmp_path, monkeypatch):
                 else:
                     mine.append(i)
                     deadline = time.monotonic() + 60
-                    while (len(mine) == 1 and not any(marks.iterdir())
-                           and time.monotonic() < deadline):
+                    while (
+                        len(mine) == 1 and not any(marks.iterdir()) and time.monotonic() < deadline
+                    ):
                         time.sleep(0.01)
                 return run(i)
+
             super().__init__(count, slow, 2)
             pools.append(self)
 
@@ -216,26 +222,26 @@ def test_results_read_with_a_worker_as_one_by_one(tmp_path, monkeypatch):
 
     assert _generate(tmp_path, tests=3, devices=5, runs=30, nsamples=6) == 450
     names = sorted(p.name for p in tmp_path.iterdir())
-    for k, name in enumerate(names[::37]):       # one bad file in most chunks
+    for k, name in enumerate(names[::37]):  # one bad file in most chunks
         path = tmp_path / name
         rec = json.loads(path.read_text())
         if k % 4 == 0:
-            rec["run"] = "first"                 # the schema refuses it
-        elif k % 4 == 1:                         # version 0: migrated, not refused
+            rec["run"] = "first"  # the schema refuses it
+        elif k % 4 == 1:  # version 0: migrated, not refused
             rec["train"] = rec["timings"].pop("train")
             rec["version"] = 0
         elif k % 4 == 2:
-            rec["version"] = 99                  # newer than ours
+            rec["version"] = 99  # newer than ours
         else:
             path.write_text("{not json")
             continue
         path.write_text(json.dumps(rec))
     expected = list(parse_results(result_files(tmp_path)))
     records, skipped = summary.load_results(tmp_path)
-    assert len(skipped) == 10 and len(records) == 440      # 13 bad, 3 of them migrated
-    assert ([(p, r) for p, r in records] + [(p, str(e)) for p, e in skipped]
-            == [(p, r) for p, r in expected if not isinstance(r, Exception)]
-            + [(p, str(r)) for p, r in expected if isinstance(r, Exception)])
+    assert len(skipped) == 10 and len(records) == 440  # 13 bad, 3 of them migrated
+    assert [(p, r) for p, r in records] + [(p, str(e)) for p, e in skipped] == [
+        (p, r) for p, r in expected if not isinstance(r, Exception)
+    ] + [(p, str(r)) for p, r in expected if isinstance(r, Exception)]
     migrated = {tmp_path / names[37 * k] for k in (1, 5, 9)}
     assert [r["version"] for p, r in records if p in migrated] == [1, 1, 1]
     # the worker checked chunks (the parent did not do all 3) and its answers came back
@@ -274,17 +280,19 @@ def test_summary_and_plots_the_same_from_one_process_or_two(tmp_path, monkeypatc
 
 # ---------------------------------------------------------------- review (issue 21 §4)
 
+
 @in_fork
 def test_the_first_failing_task_raises_whoever_took_it():
     """Tasks 0 and 1 both raise; the worker takes 0 while the parent is busy: the
     parent must still raise task 0's error, as one process does (not task 1's)."""
+
     def run(i):
         raise ValueError(f"task {i}")
 
     for workers in (1, 2):
         with pytest.raises(ValueError, match="task 0"):
             with Shared(2, run, workers) as shared:
-                time.sleep(0.3)     # the worker takes task 0 meanwhile
+                time.sleep(0.3)  # the worker takes task 0 meanwhile
                 shared.results()
     assert _no_zombie()
 
@@ -300,7 +308,7 @@ def test_a_pipe_smaller_than_the_queue_does_not_hang(monkeypatch):
 
     def small_pipe():
         read, write = real_pipe()
-        fcntl.fcntl(write, 1031, 4096)     # F_SETPIPE_SZ
+        fcntl.fcntl(write, 1031, 4096)  # F_SETPIPE_SZ
         return read, write
 
     monkeypatch.setattr(forkpool.os, "pipe", small_pipe)
@@ -327,7 +335,7 @@ def test_an_interrupt_between_two_forks_leaves_no_worker(monkeypatch):
 
     def pipe():
         calls.append(1)
-        if len(calls) == 3:     # the queue's, the first worker's, then this one
+        if len(calls) == 3:  # the queue's, the first worker's, then this one
             raise KeyboardInterrupt
         return real_pipe()
 
@@ -418,8 +426,7 @@ def test_warnings_before_an_error_come_out_as_from_one_record_after_another(work
 
 @pytest.mark.parametrize("workers", [1, 2])
 @in_fork
-def test_a_failing_test_summary_raises_the_first_in_order_after_the_warnings(
-        workers, monkeypatch):
+def test_a_failing_test_summary_raises_the_first_in_order_after_the_warnings(workers, monkeypatch):
     import copy
     import io
 

@@ -26,6 +26,7 @@ def gc():
 
 # --------------------------------------------------------------------------- verdict logic
 
+
 def test_rate_target_is_within_one_percent(gc):
     tol = gc.RATE_TOLERANCE
     assert tol == 0.01
@@ -47,7 +48,7 @@ def test_matmul_target_is_at_least_97_percent(gc):
     assert m == 0.97
     assert gc.verdict_at_least(96.0, 100.0, m)["verdict"] == "FAIL"
     assert gc.verdict_at_least(97.5, 100.0, m)["verdict"] == "PASS"
-    assert gc.verdict_at_least(103.0, 100.0, m)["verdict"] == "PASS"   # faster is fine
+    assert gc.verdict_at_least(103.0, 100.0, m)["verdict"] == "PASS"  # faster is fine
     assert gc.verdict_at_least(None, 100.0, m)["verdict"] == "FAIL"
 
 
@@ -64,24 +65,30 @@ def test_combine_and_cpu_skip(gc):
     assert gc.on_cpu(gc.verdict_within(99.5, 100.0, 0.01), "cuda")["verdict"] == "PASS"
 
 
-@pytest.mark.parametrize("name, label, matmul, memory, pcie", [
-    ("NVIDIA H100 80GB HBM3", "H100 SXM", 795.0, 3.35, 55.0),
-    ("NVIDIA H100 PCIe", "H100 PCIe", None, 2.0, 55.0),
-    ("NVIDIA H200", "H200", None, 4.8, 55.0),
-    ("NVIDIA GH200 480GB", "GH200", None, None, None),        # not the H200's figures
-    ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM", 271.0, 2.039, None),
-    ("NVIDIA A100-SXM4-40GB", "A100 40GB SXM", 271.0, 1.555, None),
-    ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe", None, 1.935, None),
-    ("NVIDIA B200", "B200", 1745.0, 8.0, 55.0),
-    ("AMD Instinct MI300X", "MI300X", 668.0, 5.3, 55.0),
-    ("NVIDIA L4", None, None, None, None),
-    ("cpu", None, None, None, None),
-])
+@pytest.mark.parametrize(
+    "name, label, matmul, memory, pcie",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM", 795.0, 3.35, 55.0),
+        ("NVIDIA H100 PCIe", "H100 PCIe", None, 2.0, 55.0),
+        ("NVIDIA H200", "H200", None, 4.8, 55.0),
+        ("NVIDIA GH200 480GB", "GH200", None, None, None),  # not the H200's figures
+        ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM", 271.0, 2.039, None),
+        ("NVIDIA A100-SXM4-40GB", "A100 40GB SXM", 271.0, 1.555, None),
+        ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe", None, 1.935, None),
+        ("NVIDIA B200", "B200", 1745.0, 8.0, 55.0),
+        ("AMD Instinct MI300X", "MI300X", 668.0, 5.3, 55.0),
+        ("NVIDIA L4", None, None, None, None),
+        ("cpu", None, None, None, None),
+    ],
+)
 def test_references_by_gpu_name(gc, name, label, matmul, memory, pcie):
     got, refs = gc.references_for(name)
     assert got == label
-    assert (refs.get("matmul_bf16_tflops"), refs.get("memory_tb_s"), refs.get("pcie_gb_s")) \
-        == (matmul, memory, pcie)
+    assert (refs.get("matmul_bf16_tflops"), refs.get("memory_tb_s"), refs.get("pcie_gb_s")) == (
+        matmul,
+        memory,
+        pcie,
+    )
 
 
 def test_a_figure_far_from_its_reference_warns_with_the_ratio(gc):
@@ -93,27 +100,42 @@ def test_a_figure_far_from_its_reference_warns_with_the_ratio(gc):
     v = gc.verdict_reference(500.0, None, 0.8, "TFLOP/s", "max achievable of 'NVIDIA L4'")
     assert v["verdict"] == "SKIP" and v["figure"] == 500.0 and "none known" in v["reason"]
     assert gc.verdict_reference(None, 795.0, 0.8, "TFLOP/s", "x")["verdict"] == "FAIL"
-    p = gc.reference_part("device copy", 2000.0, "NVIDIA H100 80GB HBM3", "memory_tb_s",
-                          1000.0, gc.MEMORY_REF_MIN, "GB/s", "datasheet memory bandwidth")
+    p = gc.reference_part(
+        "device copy",
+        2000.0,
+        "NVIDIA H100 80GB HBM3",
+        "memory_tb_s",
+        1000.0,
+        gc.MEMORY_REF_MIN,
+        "GB/s",
+        "datasheet memory bandwidth",
+    )
     assert p["verdict"] == "WARN" and p["figures"]["reference"] == pytest.approx(3350.0)
     assert p["figures"]["ratio"] == pytest.approx(2000 / 3350)
     assert p["figures"]["reference_of"] == "H100 SXM" and p["figures"]["unit"] == "GB/s"
 
 
 def test_tiny_presets_in_prepare_commands(gc):
-    assert gc.tiny("{milarun} dataset mnist --size standard -d {dataroot}") \
+    assert (
+        gc.tiny("{milarun} dataset mnist --size standard -d {dataroot}")
         == "{milarun} dataset mnist --size tiny -d {dataroot}"
+    )
     assert gc.tiny("x --size=standard") == "x --size tiny"
     assert gc.tiny("sh fetch.sh {dataroot}") == "sh fetch.sh {dataroot}"
 
 
 def test_one_test_per_family_first_in_profile_order(gc):
-    jobs = {"*": {}, "_base": {"tags": ["llm"]},
-            "a_fsdp": {"tags": ["llm", "multi-gpu"]},               # not on one GPU
-            "b_ddp": {"tags": ["vision"], "partition_scheme": {"type": "njobs"}},
-            "c_llm": {"tags": ["llm", "nlp"]}, "d_conv": {"tags": ["vision"]},
-            "e_conv": {"tags": ["vision"]}, "f_toy": {"tags": ["toy"]},
-            "g_wlm": {"tags": ["nlp"]}}
+    jobs = {
+        "*": {},
+        "_base": {"tags": ["llm"]},
+        "a_fsdp": {"tags": ["llm", "multi-gpu"]},  # not on one GPU
+        "b_ddp": {"tags": ["vision"], "partition_scheme": {"type": "njobs"}},
+        "c_llm": {"tags": ["llm", "nlp"]},
+        "d_conv": {"tags": ["vision"]},
+        "e_conv": {"tags": ["vision"]},
+        "f_toy": {"tags": ["toy"]},
+        "g_wlm": {"tags": ["nlp"]},
+    }
     # FAMILIES order (llm ... nlp, vision), then other
     assert gc.pick_per_family(jobs) == ["c_llm", "g_wlm", "d_conv", "f_toy"]
 
@@ -136,20 +158,29 @@ def test_lite_pass_of_the_gpu_profile_is_one_test_per_family_on_tiny_data(gc):
 
 
 def _tests(n, datasets=1):
-    return [{"name": f"t{i}", "family": f"f{i}", "prepare": [f"d{i % datasets}"]}
-            for i in range(n)]
+    return [{"name": f"t{i}", "family": f"f{i}", "prepare": [f"d{i % datasets}"]} for i in range(n)]
 
 
 def test_plan_fits_the_budget_shrinking_lite_then_leaving_checks_out(gc):
-    args = gc.parse(["--rate-seconds", "3", "--matmul-seconds", "2", "--matmul-steady", "5",
-                     "--bandwidth-seconds", "1"])
+    args = gc.parse(
+        [
+            "--rate-seconds",
+            "3",
+            "--matmul-seconds",
+            "2",
+            "--matmul-steady",
+            "5",
+            "--bandwidth-seconds",
+            "1",
+        ]
+    )
     tests = _tests(9, datasets=5)
     plan = gc.make_plan(args, list(gc.CHECKS), cuda=True, gpus=1, tests=tests)
     assert [r["check"] for r in plan] == ["start", *gc.CHECKS]
     assert all(r["run"] and not r["note"] for r in plan) and len(tests) == 9
     total = sum(r["estimate_s"] for r in plan)
-    assert 200 < total <= 300, total                    # one GPU: planned at 5 minutes
-    assert {r["check"]: r["estimate_s"] for r in plan}["ddp"] == 0      # 1 GPU: a SKIP
+    assert 200 < total <= 300, total  # one GPU: planned at 5 minutes
+    assert {r["check"]: r["estimate_s"] for r in plan}["ddp"] == 0  # 1 GPU: a SKIP
     # 120 s: lite keeps the tests that fit (the last ones left out), cgroups no longer fits
     args.budget = 120
     tests = _tests(9, datasets=5)
@@ -166,8 +197,13 @@ def test_plan_fits_the_budget_shrinking_lite_then_leaving_checks_out(gc):
 
 
 def test_dry_run_prints_the_gpu_plan_without_a_gpu():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cuda", "--budget", "300",
-                           "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cuda", "--budget", "300", "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert out.startswith("gpu_check plan: cuda") and "budget 300 s" in out
@@ -178,10 +214,10 @@ def test_dry_run_prints_the_gpu_plan_without_a_gpu():
     assert "lite tests: llm_pretrain (llm)" in out and "PASS" not in out
 
 
-def test_a_check_that_would_end_past_the_budget_is_skipped(gc, monkeypatch, tmp_path,
-                                                           one_thread):
+def test_a_check_that_would_end_past_the_budget_is_skipped(gc, monkeypatch, tmp_path, one_thread):
     """At run time: the rate check overruns its estimate, the next no longer fits."""
-    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")      # main sets it: restored after
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # main sets it: restored after
+
     def slow_rate(args, T):
         time.sleep(1.2)
         return [gc._part("instrumented/bare", gc.skip("faked"))]
@@ -190,8 +226,9 @@ def test_a_check_that_would_end_past_the_budget_is_skipped(gc, monkeypatch, tmp_
     monkeypatch.setattr(gc, "estimate", lambda *a: (0.2, "faked"))
     monkeypatch.setattr(gc, "check_rate", slow_rate)
     out = tmp_path / "gc.json"
-    rc = gc.main(["--device", "cpu", "--only", "rate,bandwidth", "--budget", "1",
-                  "--out", str(out)])
+    rc = gc.main(
+        ["--device", "cpu", "--only", "rate,bandwidth", "--budget", "1", "--out", str(out)]
+    )
     report = json.loads(out.read_text())
     assert rc == 0 and report["version"] == 2 and report["budget_s"] == 1
     rate, bw = report["checks"]["rate"], report["checks"]["bandwidth"]
@@ -199,8 +236,7 @@ def test_a_check_that_would_end_past_the_budget_is_skipped(gc, monkeypatch, tmp_
     assert bw["verdict"] == "SKIP" and bw["parts"][0]["reason"].startswith("budget: ")
     assert "more would pass the 1 s budget" in bw["parts"][0]["reason"]
     # left out by the plan
-    rc = gc.main(["--device", "cpu", "--only", "bandwidth", "--budget", "0.1",
-                  "--out", str(out)])
+    rc = gc.main(["--device", "cpu", "--only", "bandwidth", "--budget", "0.1", "--out", str(out)])
     (part,) = json.loads(out.read_text())["checks"]["bandwidth"]["parts"]
     assert part["reason"].startswith("budget: does not fit the budget")
 
@@ -232,7 +268,7 @@ def test_energy_and_power_verdicts(gc):
     t, p, e = _series(300.0)
     p[5] = 740.0
     assert gc.energy_parts(t, p, e, 700.0)[0][0]["verdict"] == "FAIL"
-    p[5] = 730.0      # within the 5% margin
+    p[5] = 730.0  # within the 5% margin
     assert gc.energy_parts(t, p, e, 700.0)[0][0]["verdict"] == "PASS"
     p[5] = -1.0
     assert gc.energy_parts(t, p, e, 700.0)[0][0]["verdict"] == "FAIL"
@@ -251,6 +287,7 @@ def test_bad_check_name_is_one_line(gc, capsys):
 
 
 # --------------------------------------------------------------------------- NVML with fakes
+
 
 class FakeNVML:
     """nvidia-ml-py's calls the check makes, for ``n`` GPUs drawing ``power_w`` (mW in,
@@ -294,26 +331,48 @@ def fake_torch_cuda(n, uuids):
     import torch
 
     def props(i):
-        return types.SimpleNamespace(uuid=uuids[i][4:], pci_domain_id=0, pci_bus_id=0x18 + i,
-                                     pci_device_id=0)
+        return types.SimpleNamespace(
+            uuid=uuids[i][4:], pci_domain_id=0, pci_bus_id=0x18 + i, pci_device_id=0
+        )
 
-    cuda = types.SimpleNamespace(device_count=lambda: n, get_device_properties=props,
-                                 synchronize=lambda dev=None: None)
+    cuda = types.SimpleNamespace(
+        device_count=lambda: n, get_device_properties=props, synchronize=lambda dev=None: None
+    )
     return types.SimpleNamespace(
-        cuda=cuda, float16=torch.float32, device=lambda *a: a,
+        cuda=cuda,
+        float16=torch.float32,
+        device=lambda *a: a,
         randn=lambda *shape, device=None, dtype=None: torch.randn(*shape),
-        empty_like=torch.empty_like, matmul=torch.matmul)
+        empty_like=torch.empty_like,
+        matmul=torch.matmul,
+    )
 
 
 def run_fake_nvml(gc, monkeypatch, nv, torch_uuids=None, record=None):
-    devices = [{"index": i, "visible": str(i), "uuid": nv.uuids[i], "parent": None,
-                "pci_bus_id": f"0000:{0x18 + i:02x}:00.0"} for i in range(nv.n)]
+    devices = [
+        {
+            "index": i,
+            "visible": str(i),
+            "uuid": nv.uuids[i],
+            "parent": None,
+            "pci_bus_id": f"0000:{0x18 + i:02x}:00.0",
+        }
+        for i in range(nv.n)
+    ]
     inv = {"backend": "nvidia", "devices": devices, "tried": {}}
     monkeypatch.setattr(gc, "_nvml", lambda: nv)
-    monkeypatch.setattr(gc, "milarun_cli", lambda args, timeout, env=None: types.SimpleNamespace(
-        returncode=0, stdout=json.dumps(inv), stderr=""))
-    T = types.SimpleNamespace(cuda=True, device=types.SimpleNamespace(type="cuda"),
-                              torch=fake_torch_cuda(nv.n, torch_uuids or nv.uuids))
+    monkeypatch.setattr(
+        gc,
+        "milarun_cli",
+        lambda args, timeout, env=None: types.SimpleNamespace(
+            returncode=0, stdout=json.dumps(inv), stderr=""
+        ),
+    )
+    T = types.SimpleNamespace(
+        cuda=True,
+        device=types.SimpleNamespace(type="cuda"),
+        torch=fake_torch_cuda(nv.n, torch_uuids or nv.uuids),
+    )
     args = gc.parse(["--nvml-seconds", "1.0", "--nvml-interval", "0.05", "--nvml-size", "16"])
     state = {"matmul_record": record} if record else {}
     return {p["name"]: p for p in gc.check_nvml(args, T, state)}
@@ -325,11 +384,19 @@ def test_nvml_check_with_fakes_passes_a_consistent_gpu(gc, monkeypatch):
     record = {"gpu_monitor": {"available": True, "samples": rows}}
     parts = run_fake_nvml(gc, monkeypatch, nv, record=record)
     assert {n: p["verdict"] for n, p in parts.items()} == {
-        "gpu0 identity": "PASS", "gpu1 identity": "PASS",
-        "gpu0 power": "PASS", "gpu0 energy monotonic": "PASS", "gpu0 energy vs power": "PASS",
-        "gpu0 clocks": "PASS", "gpu1 power": "PASS", "gpu1 energy monotonic": "PASS",
-        "gpu1 energy vs power": "PASS", "gpu1 clocks": "PASS",
-        "milarun monitor power": "PASS", "milarun monitor energy monotonic": "PASS"}
+        "gpu0 identity": "PASS",
+        "gpu1 identity": "PASS",
+        "gpu0 power": "PASS",
+        "gpu0 energy monotonic": "PASS",
+        "gpu0 energy vs power": "PASS",
+        "gpu0 clocks": "PASS",
+        "gpu1 power": "PASS",
+        "gpu1 energy monotonic": "PASS",
+        "gpu1 energy vs power": "PASS",
+        "gpu1 clocks": "PASS",
+        "milarun monitor power": "PASS",
+        "milarun monitor energy monotonic": "PASS",
+    }
     f = parts["gpu0 energy vs power"]["figures"]
     assert f["span_s"] > 0.8 and f["mean_power_w"] == pytest.approx(300.0)
     assert parts["gpu0 clocks"]["figures"]["power_limit_w"] == 700.0
@@ -337,7 +404,7 @@ def test_nvml_check_with_fakes_passes_a_consistent_gpu(gc, monkeypatch):
 
 def test_nvml_check_with_fakes_fails_a_slow_counter_and_swapped_gpus(gc, monkeypatch):
     nv = FakeNVML(n=2, counter_scale=0.5)
-    swapped = [nv.uuids[1], nv.uuids[0]]     # torch's cuda:0 is NVML's GPU 1
+    swapped = [nv.uuids[1], nv.uuids[0]]  # torch's cuda:0 is NVML's GPU 1
     parts = run_fake_nvml(gc, monkeypatch, nv, torch_uuids=swapped)
     assert parts["gpu0 identity"]["verdict"] == "FAIL"
     assert "torch cuda:0" in parts["gpu0 identity"]["reason"]
@@ -348,6 +415,7 @@ def test_nvml_check_with_fakes_fails_a_slow_counter_and_swapped_gpus(gc, monkeyp
 
 
 # --------------------------------------------------------------------------- CUDA paths, faked
+
 
 class FakeEvent:
     """torch.cuda.Event on the host clock: record() reads perf_counter, elapsed_time in ms."""
@@ -375,8 +443,9 @@ class CudaOnCpuTorch:
         import torch
 
         self._torch = torch
-        self.cuda = types.SimpleNamespace(Event=FakeEvent, synchronize=lambda dev=None: None,
-                                          empty_cache=lambda: None)
+        self.cuda = types.SimpleNamespace(
+            Event=FakeEvent, synchronize=lambda dev=None: None, empty_cache=lambda: None
+        )
         self.pinned = []
 
     def empty(self, *shape, pin_memory=False, **kw):
@@ -403,8 +472,9 @@ def one_thread():
 def fake_cuda_T(name="NVIDIA H100 80GB HBM3"):
     import torch
 
-    return types.SimpleNamespace(cuda=True, device=torch.device("cpu"), torch=CudaOnCpuTorch(),
-                                 sync=lambda: None, name=name)
+    return types.SimpleNamespace(
+        cuda=True, device=torch.device("cpu"), torch=CudaOnCpuTorch(), sync=lambda: None, name=name
+    )
 
 
 def test_rate_check_on_the_cuda_path_gives_a_verdict(gc, one_thread):
@@ -429,8 +499,14 @@ def test_matmul_check_on_the_cuda_path_reads_the_record(gc, monkeypatch, tmp_pat
         out = Path(argv[argv.index("-o") + 1])
         bare = {p: gc.bare_tflops(T, p, 32, 0.05) for p in gc.PRECISIONS}
         scale = {"fp32": 1.0, "tf32": 1.0, "fp16": 3.0, "bf16": 0.001}
-        out.write_text(json.dumps({"success": True, "metrics": {
-            f"tflops_{p}": bare[p] * scale[p] for p in gc.PRECISIONS}}))
+        out.write_text(
+            json.dumps(
+                {
+                    "success": True,
+                    "metrics": {f"tflops_{p}": bare[p] * scale[p] for p in gc.PRECISIONS},
+                }
+            )
+        )
         return types.SimpleNamespace(returncode=0, stdout="", stderr="")
 
     T = fake_cuda_T()
@@ -445,7 +521,7 @@ def test_matmul_check_on_the_cuda_path_reads_the_record(gc, monkeypatch, tmp_pat
     assert ref["verdict"] == "WARN" and ref["figures"]["reference"] == 795.0
     assert ref["figure"] == pytest.approx(parts["bf16"]["figures"]["bare_tflops"])
     assert ref["figures"]["ratio"] < 0.01 and "x the reference 795 TFLOP/s" in ref["reason"]
-    assert parts["fp16"]["verdict"] == "PASS"           # faster than bare: fine
+    assert parts["fp16"]["verdict"] == "PASS"  # faster than bare: fine
     assert parts["bf16"]["verdict"] == "FAIL" and "below 0.97" in parts["bf16"]["reason"]
     assert seen["env"] == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert seen["argv"][seen["argv"].index("--device") + 1] == "cuda"
@@ -467,9 +543,9 @@ def test_bandwidth_check_on_the_cuda_path_against_the_references(gc, monkeypatch
     args = gc.parse(["--bandwidth-mib", "4", "--bandwidth-seconds", "0.05"])
     parts = {p["name"]: p for p in gc.check_bandwidth(args, T)}
     assert seen == [2 * 4 << 20, 4 << 20, 4 << 20] and T.torch.pinned == [False, True]
-    assert parts["device copy"]["verdict"] == "PASS"                    # 0.90 x 3350
+    assert parts["device copy"]["verdict"] == "PASS"  # 0.90 x 3350
     assert parts["device copy"]["figures"]["reference"] == pytest.approx(3350.0)
-    assert parts["host to device"]["verdict"] == "WARN"                  # 0.36 x 55
+    assert parts["host to device"]["verdict"] == "WARN"  # 0.36 x 55
     assert parts["host to device"]["reason"].startswith("0.36 x the reference 55 GB/s")
     assert parts["device to host"]["verdict"] == "PASS"
     # an unknown GPU: figures, no WARN
@@ -489,10 +565,16 @@ def test_copy_rate_times_real_copies(gc, one_thread):
 
 # --------------------------------------------------------------------------- the script on CPU
 
+
 def run_script(tmp_path, *args, timeout=240):
     out = tmp_path / "gpu_check.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--out", str(out),
-                           *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--out", str(out), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     report = json.loads(out.read_text()) if out.exists() else None
     return proc, report
 
@@ -503,18 +585,40 @@ def test_cpu_run_writes_its_figures_and_skips_the_cuda_only_checks(tmp_path):
     counts overridden by the short arguments) and a fault workload beside it that crashes:
     that FAIL must fail the lite check, the overall verdict and the exit status."""
     profile = tmp_path / "lite-plus.json"
-    profile.write_text(json.dumps({
-        "include": [str(ROOT / "profiles" / "lite.json")],
-        "boom": {"experiment": "milarun.models.faults:crash"}}))
+    profile.write_text(
+        json.dumps(
+            {
+                "include": [str(ROOT / "profiles" / "lite.json")],
+                "boom": {"experiment": "milarun.models.faults:crash"},
+            }
+        )
+    )
     (tmp_path / "data").mkdir()
     proc, report = run_script(
-        tmp_path, "-d", str(tmp_path / "data"), "--lite-profile", str(profile),
-        "--lite-name", "toy_reg", "boom",
-        "--cgroup-experiment", "milarun.models.faults:crawl", "--rate-pairs", "2")
+        tmp_path,
+        "-d",
+        str(tmp_path / "data"),
+        "--lite-profile",
+        str(profile),
+        "--lite-name",
+        "toy_reg",
+        "boom",
+        "--cgroup-experiment",
+        "milarun.models.faults:crawl",
+        "--rate-pairs",
+        "2",
+    )
     assert report is not None, proc.stderr
     assert report["version"] == 2 and report["device"] == "cpu"
-    assert set(report["checks"]) == {"rate", "matmul", "bandwidth", "nvml", "lite", "ddp",
-                                      "cgroups"}
+    assert set(report["checks"]) == {
+        "rate",
+        "matmul",
+        "bandwidth",
+        "nvml",
+        "lite",
+        "ddp",
+        "cgroups",
+    }
     assert report["budget_s"] == 300 and report["seconds"] < 300
     assert [r["check"] for r in report["plan"]] == ["start", *report["checks"]]
     for name, check in report["checks"].items():
@@ -523,7 +627,7 @@ def test_cpu_run_writes_its_figures_and_skips_the_cuda_only_checks(tmp_path):
         for p in check["parts"]:
             assert {"name", "verdict", "figure", "target", "reason"} <= p.keys()
             if p["verdict"] != "PASS":
-                assert p["reason"], (name, p)       # every SKIP and FAIL says why
+                assert p["reason"], (name, p)  # every SKIP and FAIL says why
     checks = report["checks"]
     # CUDA-only targets: SKIP with a reason on the CPU, never PASS; their figures are kept
     rate = checks["rate"]["parts"][0]

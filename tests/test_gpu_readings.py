@@ -19,18 +19,29 @@ UINT32_MAX = 0xFFFFFFFF
 
 # --- item 6: AMD's "not supported" is UINT32_MAX, not 4294967295 W -------------------------
 
-@pytest.mark.parametrize("info,watts", [
-    # recent ROCm: socket_power filled, the old names unsupported (UINT32_MAX)
-    ({"socket_power": 612, "current_socket_power": UINT32_MAX,
-      "average_socket_power": UINT32_MAX}, 612),
-    # socket_power preferred over the others when all are there
-    ({"socket_power": 612, "current_socket_power": 600, "average_socket_power": 590}, 612),
-    # older amdsmi: no socket_power; a sentinel current value falls through to average
-    ({"current_socket_power": 0xFFFF, "average_socket_power": 650}, 650),
-    ({"socket_power": UINT32_MAX, "current_socket_power": 0, "average_socket_power": 0}, None),
-])
-def test_amd_power_sentinels_are_missing_and_socket_power_comes_first(tmp_path, monkeypatch,
-                                                                        info, watts):
+
+@pytest.mark.parametrize(
+    "info,watts",
+    [
+        # recent ROCm: socket_power filled, the old names unsupported (UINT32_MAX)
+        (
+            {
+                "socket_power": 612,
+                "current_socket_power": UINT32_MAX,
+                "average_socket_power": UINT32_MAX,
+            },
+            612,
+        ),
+        # socket_power preferred over the others when all are there
+        ({"socket_power": 612, "current_socket_power": 600, "average_socket_power": 590}, 612),
+        # older amdsmi: no socket_power; a sentinel current value falls through to average
+        ({"current_socket_power": 0xFFFF, "average_socket_power": 650}, 650),
+        ({"socket_power": UINT32_MAX, "current_socket_power": 0, "average_socket_power": 0}, None),
+    ],
+)
+def test_amd_power_sentinels_are_missing_and_socket_power_comes_first(
+    tmp_path, monkeypatch, info, watts
+):
     monkeypatch.delenv("ROCR_VISIBLE_DEVICES", raising=False)
     smi = fake_amdsmi(1)
     smi.amdsmi_get_power_info = lambda h: dict(info)
@@ -55,6 +66,7 @@ def test_amd_load_temperature_and_power_limit_sentinels_are_missing(tmp_path, mo
 
 # --- item 7: one raising NVML reading leaves the others, energy included --------------------
 
+
 def test_nvml_temperature_that_raises_keeps_energy_and_the_rest(monkeypatch):
     nv = fake_pynvml(count=1)
 
@@ -73,7 +85,7 @@ def test_nvml_temperature_that_raises_keeps_energy_and_the_rest(monkeypatch):
     first = samples[0]
     assert first["memory_mib"] == 512 and first["load"] == 90
     assert first["power"] == pytest.approx(300.5)
-    assert first["energy"] == pytest.approx(250.0)      # J since the start: kept
+    assert first["energy"] == pytest.approx(250.0)  # J since the start: kept
 
 
 def test_nvml_memory_that_raises_keeps_the_rest_and_all_failing_raises(monkeypatch):
@@ -88,9 +100,12 @@ def test_nvml_memory_that_raises_keeps_the_rest_and_all_failing_raises(monkeypat
     (dev,) = backend.discover()
     r = backend.read(dev)
     assert (r.memory_mib, r.temperature, r.power) == (None, 60, pytest.approx(300.5))
-    for name in ("nvmlDeviceGetTemperature", "nvmlDeviceGetTotalEnergyConsumption",
-                 "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage"):
+    for name in (
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetPowerUsage",
+    ):
         setattr(nv, name, fails)
     with pytest.raises(RuntimeError, match="NVMLError_Unknown"):
-        backend.read(dev)                                  # the monitor's error row
-
+        backend.read(dev)  # the monitor's error row

@@ -18,9 +18,26 @@ from milarun.datasets.llm_corpus import TokenShards
 IDX = "train/shard-00000.idx.npy"
 BIN = "train/shard-00000.bin"
 LENGTHS = "prompts/lengths.npy"
-TRAIN = ["--sample-duration", "0.001", "--warmup", "1", "--device", "cpu", "--shape", "tiny",
-         "--precision", "fp32", "--seq-len", "32", "--batch-size", "4", "--workers", "0",
-         "--max-count", "50"]
+TRAIN = [
+    "--sample-duration",
+    "0.001",
+    "--warmup",
+    "1",
+    "--device",
+    "cpu",
+    "--shape",
+    "tiny",
+    "--precision",
+    "fp32",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "4",
+    "--workers",
+    "0",
+    "--max-count",
+    "50",
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,34 +68,71 @@ def edit_meta(folder, **changes):
 HOSTILE = {
     # what is written → the file the message must start with, and a part of the message
     "index empty": (lambda f: (f / IDX).write_bytes(b""), IDX, "not a .npy index file (EOF"),
-    "index truncated": (lambda f: (f / IDX).write_bytes((f / IDX).read_bytes()[:-40]), IDX,
-                        "(truncated or padded)"),
-    "index of 10**12 items": (lambda f: (f / IDX).write_bytes(npy((10**12,), data=bytes(64))),
-                              IDX, "header says 1000000000000 int64 items"),
-    "index header of 2 GiB": (lambda f: (f / IDX).write_bytes(
-        b"\x93NUMPY\x02\x00" + struct.pack("<I", 2**31) + b"{"), IDX, "not a .npy index file"),
-    "index header of 20 kB": (lambda f: (f / IDX).write_bytes(npy((3,), pad=20_000,
-                                                                  data=bytes(24))),
-                              IDX, "is large and may not be safe"),
-    "index of objects": (lambda f: np.save(f / IDX, np.array([0, "x"], dtype=object),
-                                           allow_pickle=True), IDX, "not object of shape"),
-    "index of floats": (lambda f: np.save(f / IDX, np.array([0.0, 5.0])), IDX,
-                        "1-D integer array, not float64"),
-    "index not numpy": (lambda f: (f / IDX).write_bytes(b"hello world" * 5), IDX,
-                        "the magic string is not correct"),
-    "shard truncated": (lambda f: (f / BIN).write_bytes((f / BIN).read_bytes()[:-3]), BIN,
-                        "bytes, but meta.json says"),
-    "shard read as uint32": (lambda f: edit_meta(f, dtype="uint32"), BIN,
-                             "bytes, but meta.json says 34214 uint32 tokens"),
-    "shard named with a NUL": (lambda f: edit_meta(f, shards=[
-        {"bin": "train/a\0b", "idx": IDX, "tokens": 1}]), "meta.json",
-        "key 'shards'[0].bin must be a file name"),
-    "shard name too long": (lambda f: edit_meta(f, shards=[
-        {"bin": "a" * 5000, "idx": IDX, "tokens": 1}]), "a" * 100, "File name too long"),
-    "tokenizer not a string": (lambda f: edit_meta(f, tokenizer=5), "meta.json",
-                               "key 'tokenizer' must be a file name"),
-    "eos past the vocabulary": (lambda f: edit_meta(f, eos_id=10**30), "meta.json",
-                                "key 'eos_id' 1000000000000000000000000000000 is not below"),
+    "index truncated": (
+        lambda f: (f / IDX).write_bytes((f / IDX).read_bytes()[:-40]),
+        IDX,
+        "(truncated or padded)",
+    ),
+    "index of 10**12 items": (
+        lambda f: (f / IDX).write_bytes(npy((10**12,), data=bytes(64))),
+        IDX,
+        "header says 1000000000000 int64 items",
+    ),
+    "index header of 2 GiB": (
+        lambda f: (f / IDX).write_bytes(b"\x93NUMPY\x02\x00" + struct.pack("<I", 2**31) + b"{"),
+        IDX,
+        "not a .npy index file",
+    ),
+    "index header of 20 kB": (
+        lambda f: (f / IDX).write_bytes(npy((3,), pad=20_000, data=bytes(24))),
+        IDX,
+        "is large and may not be safe",
+    ),
+    "index of objects": (
+        lambda f: np.save(f / IDX, np.array([0, "x"], dtype=object), allow_pickle=True),
+        IDX,
+        "not object of shape",
+    ),
+    "index of floats": (
+        lambda f: np.save(f / IDX, np.array([0.0, 5.0])),
+        IDX,
+        "1-D integer array, not float64",
+    ),
+    "index not numpy": (
+        lambda f: (f / IDX).write_bytes(b"hello world" * 5),
+        IDX,
+        "the magic string is not correct",
+    ),
+    "shard truncated": (
+        lambda f: (f / BIN).write_bytes((f / BIN).read_bytes()[:-3]),
+        BIN,
+        "bytes, but meta.json says",
+    ),
+    "shard read as uint32": (
+        lambda f: edit_meta(f, dtype="uint32"),
+        BIN,
+        "bytes, but meta.json says 34214 uint32 tokens",
+    ),
+    "shard named with a NUL": (
+        lambda f: edit_meta(f, shards=[{"bin": "train/a\0b", "idx": IDX, "tokens": 1}]),
+        "meta.json",
+        "key 'shards'[0].bin must be a file name",
+    ),
+    "shard name too long": (
+        lambda f: edit_meta(f, shards=[{"bin": "a" * 5000, "idx": IDX, "tokens": 1}]),
+        "a" * 100,
+        "File name too long",
+    ),
+    "tokenizer not a string": (
+        lambda f: edit_meta(f, tokenizer=5),
+        "meta.json",
+        "key 'tokenizer' must be a file name",
+    ),
+    "eos past the vocabulary": (
+        lambda f: edit_meta(f, eos_id=10**30),
+        "meta.json",
+        "key 'eos_id' 1000000000000000000000000000000 is not below",
+    ),
 }
 
 
@@ -94,12 +148,17 @@ def test_a_hostile_file_is_one_dataset_error_naming_it(corpus, tmp_path, case):
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("write, part", [
-    (lambda p: p.write_bytes(b""), "not a .npy prompt lengths file (EOF"),
-    (lambda p: p.write_bytes(npy((10**12,))), "header says 1000000000000 int64 items"),
-    (lambda p: np.save(p, np.array([1, "x"], dtype=object), allow_pickle=True),
-     "1-D integer array, not object"),
-])
+@pytest.mark.parametrize(
+    "write, part",
+    [
+        (lambda p: p.write_bytes(b""), "not a .npy prompt lengths file (EOF"),
+        (lambda p: p.write_bytes(npy((10**12,))), "header says 1000000000000 int64 items"),
+        (
+            lambda p: np.save(p, np.array([1, "x"], dtype=object), allow_pickle=True),
+            "1-D integer array, not object",
+        ),
+    ],
+)
 def test_hostile_prompt_lengths_are_one_dataset_error(corpus, tmp_path, write, part):
     folder = copy(corpus, tmp_path)
     write(folder / LENGTHS)
@@ -123,20 +182,32 @@ def run(argv, capsys):
 
 
 @pytest.mark.parametrize("verbose", [False, True])
-def test_milarun_run_on_a_hostile_shard_is_a_fail_record_and_one_line(corpus, tmp_path,
-                                                                      capsys, verbose):
+def test_milarun_run_on_a_hostile_shard_is_a_fail_record_and_one_line(
+    corpus, tmp_path, capsys, verbose
+):
     folder = copy(corpus, tmp_path)
     (folder / IDX).write_bytes(npy((10**12,), data=bytes(64)))
     out = tmp_path / "r.json"
-    code, err = run(["run", *(["--verbose"] if verbose else []),
-                     "milarun.models.llm_pretrain:main", "-o", out, "-d", folder.parent,
-                     "--", *TRAIN], capsys)
+    code, err = run(
+        [
+            "run",
+            *(["--verbose"] if verbose else []),
+            "milarun.models.llm_pretrain:main",
+            "-o",
+            out,
+            "-d",
+            folder.parent,
+            "--",
+            *TRAIN,
+        ],
+        capsys,
+    )
     record = json.loads(out.read_text())
     assert code == 1 and record["success"] is False
     error = record["error"]
     assert error["reason"] == "error" and error["type"] == "DatasetError"
     assert error["message"].startswith(f"{folder / IDX}: ")
-    assert "Traceback" in error["traceback"]            # the record keeps it
+    assert "Traceback" in error["traceback"]  # the record keeps it
     line = f"milarun: error: {error['message']}"
     if verbose:
         assert "Traceback" in err and line not in err
@@ -146,8 +217,20 @@ def test_milarun_run_on_a_hostile_shard_is_a_fail_record_and_one_line(corpus, tm
 
 
 def test_milarun_run_without_a_dataset_is_one_line(tmp_path, capsys):
-    code, err = run(["run", "milarun.models.llm_pretrain:main", "-o", tmp_path / "r.json",
-                     "-d", tmp_path, "--", *TRAIN], capsys)
+    code, err = run(
+        [
+            "run",
+            "milarun.models.llm_pretrain:main",
+            "-o",
+            tmp_path / "r.json",
+            "-d",
+            tmp_path,
+            "--",
+            *TRAIN,
+        ],
+        capsys,
+    )
     assert code == 1 and "Traceback" not in err, err
-    assert (f"milarun: error: dataset llm_corpus is missing or incomplete in "
-            f"{tmp_path / 'llm_corpus'}") in err
+    assert (
+        f"milarun: error: dataset llm_corpus is missing or incomplete in {tmp_path / 'llm_corpus'}"
+    ) in err

@@ -22,20 +22,28 @@ class Fake:
         self.tree = {(10, 1.0): 50.0}
 
     def monitor(self, **kw):
-        return HostLoadMonitor(interval=1.0, origin=0.0, root=10, clock=lambda: self.now,
-                               host_times=lambda: (self.busy, self.steal),
-                               tree_times=lambda root: dict(self.tree), cpu_count=4, **kw)
+        return HostLoadMonitor(
+            interval=1.0,
+            origin=0.0,
+            root=10,
+            clock=lambda: self.now,
+            host_times=lambda: (self.busy, self.steal),
+            tree_times=lambda root: dict(self.tree),
+            cpu_count=4,
+            **kw,
+        )
 
 
 def test_outside_is_host_busy_minus_the_suite():
     f = Fake()
     mon = f.monitor()
-    assert mon.sample() is None            # the first reading only sets the baseline
+    assert mon.sample() is None  # the first reading only sets the baseline
     f.now, f.busy, f.steal = 2.0, 106.0, 5.4
-    f.tree = {(10, 1.0): 52.0, (11, 1.5): 1.0}   # pid 11 was born in the interval
+    f.tree = {(10, 1.0): 52.0, (11, 1.5): 1.0}  # pid 11 was born in the interval
     row = mon.sample()
-    assert row == pytest.approx({"t": 2.0, "dt": 2.0, "busy": 3.0, "suite": 1.5,
-                                 "outside": 1.5, "steal": 0.2})
+    assert row == pytest.approx(
+        {"t": 2.0, "dt": 2.0, "busy": 3.0, "suite": 1.5, "outside": 1.5, "steal": 0.2}
+    )
     # pid 10 exits; a new process reuses no key: only pid 11's time counts
     f.now, f.busy = 3.0, 107.0
     f.tree = {(11, 1.5): 1.5}
@@ -52,7 +60,7 @@ def test_each_reading_reaches_on_reading_and_a_failing_callback_changes_nothing(
     mon.sample()
     f.now, f.busy = 1.0, 101.0
     row = mon.sample()
-    assert seen == [row]                    # the baseline reading is not an interval
+    assert seen == [row]  # the baseline reading is not an interval
 
     def broken(row):
         raise OSError(28, "No space left on device")
@@ -77,7 +85,7 @@ def test_outside_is_never_negative():
     mon = f.monitor()
     mon.sample()
     f.now, f.busy = 1.0, 100.5
-    f.tree = {(10, 1.0): 51.0}    # the tree read a little later than /proc/stat
+    f.tree = {(10, 1.0): 51.0}  # the tree read a little later than /proc/stat
     assert mon.sample()["outside"] == 0.0
 
 
@@ -94,10 +102,12 @@ def test_the_suite_root_rules():
 def test_the_suite_counts_its_own_cpu_and_the_outside_a_stranger(tmp_path):
     """A busy loop in this process is the suite's; one re-parented away from it is not."""
     pidfile = tmp_path / "pid"
-    spin = "import os,time; open(%r,'w').write(str(os.getpid())); t=time.time()\n" \
-           "while time.time()-t < 20: pass" % str(pidfile)
+    spin = (
+        "import os,time; open(%r,'w').write(str(os.getpid())); t=time.time()\n"
+        "while time.time()-t < 20: pass" % str(pidfile)
+    )
     # the shell exits at once: the spinner is no descendant of ours
-    subprocess.run(["sh", "-c", f"{sys.executable} -c \"{spin}\" >/dev/null 2>&1 &"], check=True)
+    subprocess.run(["sh", "-c", f'{sys.executable} -c "{spin}" >/dev/null 2>&1 &'], check=True)
     deadline = time.time() + 10
     while not pidfile.exists() or not pidfile.read_text():
         assert time.time() < deadline
@@ -120,7 +130,7 @@ def test_the_suite_counts_its_own_cpu_and_the_outside_a_stranger(tmp_path):
     # clock ticks are 10 ms and the readings are not simultaneous: 0.05 s of slack
     assert row["suite"] * dt >= own - 0.05
     assert row["outside"] * dt >= theirs - 0.05
-    assert theirs > 0.1   # the stranger did run (else the last check proves nothing)
+    assert theirs > 0.1  # the stranger did run (else the last check proves nothing)
 
 
 def test_descendants_read_only_the_suites_processes(tmp_path):
@@ -134,12 +144,12 @@ def test_descendants_read_only_the_suites_processes(tmp_path):
         (d / "children").write_text(" ".join(map(str, kids)) + (" " if kids else ""))
 
     task(10, 10, [11, 12])
-    task(10, 13, [14])             # a child forked by another thread of the root
+    task(10, 13, [14])  # a child forked by another thread of the root
     task(11, 11, [15])
     task(12, 12, [])
     task(14, 14, [])
     task(15, 15, [])
-    task(99, 99, [100])            # not in the tree
+    task(99, 99, [100])  # not in the tree
     assert sorted(descendants(10, proc=str(tmp_path))) == [11, 12, 14, 15]
     # a kernel without CONFIG_PROC_CHILDREN: None, and psutil's walk is used instead
     (tmp_path / "20" / "task" / "20").mkdir(parents=True)
@@ -151,8 +161,9 @@ def test_tree_cpu_times_count_real_children():
 
     from milarun.bench.hostload import descendants, tree_cpu_times
 
-    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-            for _ in range(2)]
+    kids = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)
+    ]
     try:
         me = os.getpid()
         found = descendants(me)

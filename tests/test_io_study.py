@@ -24,6 +24,7 @@ def io_dataroot(tiny_dataroot):
 
 # --- datasets ---------------------------------------------------------------------------
 
+
 def test_fashion_mnist_reads_back_through_torchvision(io_dataroot):
     from torchvision.datasets import FashionMNIST
 
@@ -32,8 +33,12 @@ def test_fashion_mnist_reads_back_through_torchvision(io_dataroot):
     raw = root / "FashionMNIST" / "raw"
     # the idx header: magic 0x00000803 (uint8, 3 dimensions), then the dimensions
     head = (raw / "train-images-idx3-ubyte").read_bytes()[:16]
-    assert head == bytes.fromhex("00000803") + params["count"].to_bytes(4, "big") \
+    assert (
+        head
+        == bytes.fromhex("00000803")
+        + params["count"].to_bytes(4, "big")
         + (28).to_bytes(4, "big") * 2
+    )
     for train, key in ((True, "count"), (False, "test_count")):
         ds = FashionMNIST(str(root), train=train, download=False)
         assert len(ds) == params[key]
@@ -48,13 +53,26 @@ def test_fashion_mnist_reads_back_through_torchvision(io_dataroot):
 
 
 def test_fashion_mnist_is_deterministic(tmp_path):
-    a = prepare("fashion_mnist", tmp_path / "a", size="tiny", seed=3, overrides={"count": 64},
-                log=lambda *_: None)
-    b = prepare("fashion_mnist", tmp_path / "b", size="tiny", seed=3, overrides={"count": 64},
-                log=lambda *_: None)
+    a = prepare(
+        "fashion_mnist",
+        tmp_path / "a",
+        size="tiny",
+        seed=3,
+        overrides={"count": 64},
+        log=lambda *_: None,
+    )
+    b = prepare(
+        "fashion_mnist",
+        tmp_path / "b",
+        size="tiny",
+        seed=3,
+        overrides={"count": 64},
+        log=lambda *_: None,
+    )
     for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
-        assert (a / "FashionMNIST/raw" / name).read_bytes() == \
-            (b / "FashionMNIST/raw" / name).read_bytes()
+        assert (a / "FashionMNIST/raw" / name).read_bytes() == (
+            b / "FashionMNIST/raw" / name
+        ).read_bytes()
 
 
 def test_mydataset_layout_and_reader(io_dataroot):
@@ -67,15 +85,14 @@ def test_mydataset_layout_and_reader(io_dataroot):
     files = sorted((folder / "samples").rglob("*.npy"))
     assert len(files) == params["count"]
     labels = np.load(folder / "labels.npy")
-    x = np.load(sample_path(folder, 7))      # plain numpy reads each sample
+    x = np.load(sample_path(folder, 7))  # plain numpy reads each sample
     assert x.dtype == np.float32 and x.shape == (1, 28, 28)
     ds = MyDataset(folder)
     assert len(ds) == params["count"] and ds.shape == (1, 28, 28)
     img, label = ds[7]
     assert np.array_equal(img, x) and label == labels[7]
     # the label shifts the brightness: something to learn
-    means = [np.mean([ds[i][0].mean() for i in range(len(ds)) if ds[i][1] == c])
-             for c in (0, 9)]
+    means = [np.mean([ds[i][0].mean() for i in range(len(ds)) if ds[i][1] == c]) for c in (0, 9)]
     assert means[1] - means[0] > 0.1
     with pytest.raises(IndexError):
         ds[len(ds)]
@@ -111,15 +128,39 @@ def test_dataset_cli_builds_mydataset_with_count_and_lists_both(tmp_path, capsys
 IO = "milarun.models.io:main"
 
 
-@pytest.mark.parametrize("mode,workers,dataset", [
-    ("traverse", 0, "fashion_mnist"), ("traverse", 2, "mydataset"),
-    ("train", 0, "mydataset"), ("train", 2, "fashion_mnist")])
+@pytest.mark.parametrize(
+    "mode,workers,dataset",
+    [
+        ("traverse", 0, "fashion_mnist"),
+        ("traverse", 2, "mydataset"),
+        ("train", 0, "mydataset"),
+        ("train", 2, "fashion_mnist"),
+    ],
+)
 def test_io_modes_and_workers(mode, workers, dataset, io_dataroot, tmp_path):
-    res = run_model(IO, SMOKE_ARGS + ["--mode", mode, "--dataset", dataset, "--workers",
-                                      str(workers), "--batch-size", "32", "--max-count", "640",
-                                      "--persistent-workers", "--prefetch-factor", "3",
-                                      "--device", "cpu"],
-                    dataroot=io_dataroot, tmp_path=tmp_path)
+    res = run_model(
+        IO,
+        SMOKE_ARGS
+        + [
+            "--mode",
+            mode,
+            "--dataset",
+            dataset,
+            "--workers",
+            str(workers),
+            "--batch-size",
+            "32",
+            "--max-count",
+            "640",
+            "--persistent-workers",
+            "--prefetch-factor",
+            "3",
+            "--device",
+            "cpu",
+        ],
+        dataroot=io_dataroot,
+        tmp_path=tmp_path,
+    )
     assert res["_exit_code"] == 0, res["error"]
     assert len(steady_samples(res)) >= 2
     assert res["timings"]["train"]["count"] == 640
@@ -127,7 +168,7 @@ def test_io_modes_and_workers(mode, workers, dataset, io_dataroot, tmp_path):
     assert metrics["workers"] == workers
     assert metrics["persistent_workers"] is (workers > 0)
     assert metrics["prefetch_factor"] == (3 if workers else None)
-    assert metrics["pin_memory"] is False          # CPU: nothing to pin for
+    assert metrics["pin_memory"] is False  # CPU: nothing to pin for
     if mode == "train":
         assert math.isfinite(metrics["loss"])
     else:
@@ -135,11 +176,19 @@ def test_io_modes_and_workers(mode, workers, dataset, io_dataroot, tmp_path):
 
 
 def test_io_rejects_bad_options_and_missing_dataset(io_dataroot, tmp_path):
-    res = run_model(IO, SMOKE_ARGS + ["--mode", "fly", "--max-count", "64"],
-                    dataroot=io_dataroot, tmp_path=tmp_path)
+    res = run_model(
+        IO,
+        SMOKE_ARGS + ["--mode", "fly", "--max-count", "64"],
+        dataroot=io_dataroot,
+        tmp_path=tmp_path,
+    )
     assert res["success"] is False and "--mode must be one of" in res["error"]["message"]
-    res = run_model(IO, SMOKE_ARGS + ["--dataset", "mydataset", "--max-count", "64"],
-                    dataroot=tmp_path, tmp_path=tmp_path)
+    res = run_model(
+        IO,
+        SMOKE_ARGS + ["--dataset", "mydataset", "--max-count", "64"],
+        dataroot=tmp_path,
+        tmp_path=tmp_path,
+    )
     assert res["success"] is False
     assert "milarun dataset mydataset" in res["error"]["message"]
 
@@ -155,6 +204,7 @@ def test_workers_pct_scales_with_cores():
 
 
 # --- --profile-trace ----------------------------------------------------------------------
+
 
 class FakeClock:
     def __init__(self):
@@ -173,7 +223,7 @@ class FakeProfiler:
 
     def start(self):
         self.calls.append("start")
-        self.clock.t += 0.3   # starting a profiler is slow: it must fall in no sample
+        self.clock.t += 0.3  # starting a profiler is slow: it must fall in no sample
 
     def stop(self):
         self.calls.append("stop")
@@ -201,8 +251,7 @@ def test_profiled_steps_are_flagged_and_left_out_of_the_steady_state(tmp_path):
         profilers.append(FakeProfiler(activities, clock, export_cost=2.0))
         return profilers[-1]
 
-    logger = RateLogger(sample_duration=1.0, max_count=300, warmup=2,
-                        host_clock=clock, origin=0.0)
+    logger = RateLogger(sample_duration=1.0, max_count=300, warmup=2, host_clock=clock, origin=0.0)
     logger.tracer = ProfileTrace(exp, "traces", 5, profiler=make)
     for step in logger.steps():
         # 10 items per 0.1 s (100 items/s), but 10x slower under the profiler
@@ -211,14 +260,13 @@ def test_profiled_steps_are_flagged_and_left_out_of_the_steady_state(tmp_path):
     samples = logger.samples
     profiled = [s for s in samples if s.get("profiled")]
     assert profilers[0].calls == ["start", "stop", "export"]
-    assert sum(s["count"] for s in profiled) == 50           # the 5 profiled steps
+    assert sum(s["count"] for s in profiled) == 50  # the 5 profiled steps
     assert all(not s["warmup"] for s in profiled)
-    assert len([s for s in samples if s["warmup"]]) == 2     # profiling waited for them
+    assert len([s for s in samples if s["warmup"]]) == 2  # profiling waited for them
     # the profiler's start and the export are in no sample
     for a, b in zip(samples, samples[1:]):
         assert b["start"] >= a["end"] - 1e-9
-    assert sum(b["start"] - a["end"] for a, b in zip(samples, samples[1:])) == \
-        pytest.approx(2.3)
+    assert sum(b["start"] - a["end"] for a, b in zip(samples, samples[1:])) == pytest.approx(2.3)
     rate, chosen, _ = stats.steady_state(samples)
     assert rate == pytest.approx(100.0)
     assert not any(s.get("profiled") for s in chosen)
@@ -232,8 +280,7 @@ def test_a_run_too_short_to_profile_says_so(tmp_path):
     clock = FakeClock()
     exp = FakeExp(tmp_path / "rec.json")
     logger = RateLogger(sample_duration=1.0, max_count=20, warmup=3, host_clock=clock, origin=0.0)
-    logger.tracer = ProfileTrace(exp, "traces", 5,
-                                 profiler=lambda a: FakeProfiler(a, clock, 0.0))
+    logger.tracer = ProfileTrace(exp, "traces", 5, profiler=lambda a: FakeProfiler(a, clock, 0.0))
     for step in logger.steps():
         clock.t += 0.1
         step.set_count(10)
@@ -250,11 +297,31 @@ def test_profile_steps_are_bounded(tmp_path):
 def test_profile_trace_writes_a_chrome_trace_linked_from_the_record(io_dataroot, tmp_path):
     out = tmp_path / "results"
     out.mkdir()
-    res = run_model(IO, ["--sample-duration", "0.05", "--warmup", "1", "--mode", "train",
-                         "--dataset", "fashion_mnist", "--batch-size", "16",
-                         "--max-count", "480", "--device", "cpu",
-                         "--profile-trace", "traces", "--profile-steps", "3"],
-                    dataroot=io_dataroot, tmp_path=out)
+    res = run_model(
+        IO,
+        [
+            "--sample-duration",
+            "0.05",
+            "--warmup",
+            "1",
+            "--mode",
+            "train",
+            "--dataset",
+            "fashion_mnist",
+            "--batch-size",
+            "16",
+            "--max-count",
+            "480",
+            "--device",
+            "cpu",
+            "--profile-trace",
+            "traces",
+            "--profile-steps",
+            "3",
+        ],
+        dataroot=io_dataroot,
+        tmp_path=out,
+    )
     assert res["_exit_code"] == 0, res["error"]
     link = res["profile_trace"]
     assert link["path"] == "traces/result.trace.json" and link["steps"] == 3
@@ -265,7 +332,7 @@ def test_profile_trace_writes_a_chrome_trace_linked_from_the_record(io_dataroot,
     assert all("ph" in e and "name" in e for e in events)
     steps = {e["name"] for e in events if e["name"].startswith("milarun step")}
     assert steps == {"milarun step 0", "milarun step 1", "milarun step 2"}
-    assert any(e["name"].startswith("aten::conv") for e in events)   # the model ran in it
+    assert any(e["name"].startswith("aten::conv") for e in events)  # the model ran in it
     samples = res["timings"]["train"]["samples"]
     profiled = [s for s in samples if s.get("profiled")]
     assert sum(s["count"] for s in profiled) == 3 * 16
@@ -276,9 +343,11 @@ def test_profile_trace_writes_a_chrome_trace_linked_from_the_record(io_dataroot,
 
 
 def test_profile_trace_refuses_no_instrument(io_dataroot, tmp_path):
-    res = run_model("milarun.models.toy_reg:main",
-                    ["--no-instrument", "--profile-trace", "t", "--max-count", "64"],
-                    tmp_path=tmp_path)
+    res = run_model(
+        "milarun.models.toy_reg:main",
+        ["--no-instrument", "--profile-trace", "t", "--max-count", "64"],
+        tmp_path=tmp_path,
+    )
     assert res["success"] is False and "--no-instrument" in res["error"]["message"]
 
 
@@ -291,39 +360,55 @@ def test_profile_trace_reaches_the_child_through_jobs_and_rerun(tmp_path):
     from milarun.profile.language import load_profile
 
     profile = tmp_path / "p.json"
-    profile.write_text(json.dumps({"t": {"experiment": "milarun.models.toy_reg:main",
-                                         "partition_scheme": {"type": "normal"}}}))
+    profile.write_text(
+        json.dumps(
+            {
+                "t": {
+                    "experiment": "milarun.models.toy_reg:main",
+                    "partition_scheme": {"type": "normal"},
+                }
+            }
+        )
+    )
     (job,) = load_profile(profile)
-    waves = plan_job(job, Devices("cpu", [0]), 0, tmp_path / "out",
-                     extra_args=["--profile-trace", "traces"])
+    waves = plan_job(
+        job, Devices("cpu", [0]), 0, tmp_path / "out", extra_args=["--profile-trace", "traces"]
+    )
     argv = waves[0][0].argv
     assert argv[-2:] == ["--profile-trace", "traces"]
     record = new_result("p.t")
-    record["call"] = {"function": job.experiment, "argv": argv[argv.index("--") + 1:],
-                      "arguments": {}}
+    record["call"] = {
+        "function": job.experiment,
+        "argv": argv[argv.index("--") + 1 :],
+        "arguments": {},
+    }
     replay, _ = rerun_command(record, ["--profile-steps", "4"])
     assert replay[-4:] == ["--profile-trace", "traces", "--profile-steps", "4"]
 
 
 # --- the report view ----------------------------------------------------------------------
 
+
 def io_record(mode, dataset, workers, rate, run=0, **fields):
     rec = new_result(f"io.io-{mode}-{dataset}-w{workers}", f"{run}.0", run=run)
     rec["success"] = True
-    rec["call"] = {"function": IO, "argv": [],
-                   "arguments": {"mode": mode, "dataset": dataset, "workers": workers}}
+    rec["call"] = {
+        "function": IO,
+        "argv": [],
+        "arguments": {"mode": mode, "dataset": dataset, "workers": workers},
+    }
     rec["metrics"] = {"workers": workers}
     rec["timings"]["program"] = {"start": 1.0e9, "end": 1.0e9 + 21, "duration": 21.0}
     rec["timings"]["train"]["samples"] = [
         {"start": float(i), "end": float(i + 1), "count": rate, "rate": rate, "warmup": i == 0}
-        for i in range(20)]
+        for i in range(20)
+    ]
     rec["host"] = {"hostname": "h", "cpu_model": "EPYC", "cpu_count": 2, "gpus": []}
     rec.update(fields)
     return rec
 
 
-RATES = {("traverse", 0): 1000.0, ("train", 0): 800.0,
-         ("traverse", 2): 3000.0, ("train", 2): 900.0}
+RATES = {("traverse", 0): 1000.0, ("train", 0): 800.0, ("traverse", 2): 3000.0, ("train", 2): 900.0}
 
 
 @pytest.fixture
@@ -360,8 +445,15 @@ def test_io_tables_skip_other_tests_and_missing_modes(tmp_path):
     lone = io_record("traverse", "fashion_mnist", 4, 10.0)
     summary = summarize([other, lone])
     (table,) = io_tables(summary, [other, lone])
-    assert table["rows"] == [{"workers": 4, "traverse": 10.0, "train": None, "ratio": None,
-                              "tests": ["io.io-traverse-fashion_mnist-w4"]}]
+    assert table["rows"] == [
+        {
+            "workers": 4,
+            "traverse": 10.0,
+            "train": None,
+            "ratio": None,
+            "tests": ["io.io-traverse-fashion_mnist-w4"],
+        }
+    ]
 
 
 def test_report_shows_the_io_study_and_links_traces(io_results, tmp_path):
@@ -371,12 +463,28 @@ def test_report_shows_the_io_study_and_links_traces(io_results, tmp_path):
     trace_dir = io_results / "traces"
     trace_dir.mkdir()
     (trace_dir / "a.trace.json").write_text('{"traceEvents": []}')
-    write_result(io_record("train", "fashion_mnist", 0, 800.0, run=1,
-                           profile_trace={"path": "traces/a.trace.json", "steps": 3}),
-                 io_results)
-    write_result(io_record("train", "fashion_mnist", 2, 900.0, run=1,
-                           profile_trace={"path": "../../etc/passwd", "steps": 3}),
-                 io_results)
+    write_result(
+        io_record(
+            "train",
+            "fashion_mnist",
+            0,
+            800.0,
+            run=1,
+            profile_trace={"path": "traces/a.trace.json", "steps": 3},
+        ),
+        io_results,
+    )
+    write_result(
+        io_record(
+            "train",
+            "fashion_mnist",
+            2,
+            900.0,
+            run=1,
+            profile_trace={"path": "../../etc/passwd", "steps": 3},
+        ),
+        io_results,
+    )
     html = tmp_path / "report" / "index.html"
     report, text = make_report(str(io_results), html=str(html), warn=open("/dev/null", "w"))
     assert "input-pipeline study (io), dataset fashion_mnist" in text
@@ -384,7 +492,7 @@ def test_report_shows_the_io_study_and_links_traces(io_results, tmp_path):
     assert line.split() == ["2", "3000.0", "900.0", "0.300"]
     page = html.read_text()
     assert 'id="io-study"' in page and 'id="io-mydataset"' in page
-    assert page.count("<svg") >= 2 + len(report.rows)   # two io plots + throughput plots
+    assert page.count("<svg") >= 2 + len(report.rows)  # two io plots + throughput plots
     links = re.findall(r'<a class="trace" href="([^"]+)"', page)
     assert links == ["../results/traces/a.trace.json"]
     assert (html.parent / links[0]).resolve() == (trace_dir / "a.trace.json").resolve()
@@ -405,8 +513,14 @@ def test_profiled_spans_stay_out_of_the_effective_throughput():
     from milarun.measure import throughput
 
     def sample(start, end, rate, **flags):
-        return {"start": start, "end": end, "count": rate * (end - start), "rate": rate,
-                "warmup": False, **flags}
+        return {
+            "start": start,
+            "end": end,
+            "count": rate * (end - start),
+            "rate": rate,
+            "warmup": False,
+            **flags,
+        }
 
     # 100 items/s, then 2 s under the profiler at 10 items/s, 1 s to start and export it
     a = [sample(t, t + 1, 100.0) for t in range(0, 10)]
@@ -414,8 +528,9 @@ def test_profiled_spans_stay_out_of_the_effective_throughput():
     a += [sample(13 + t, 14 + t, 100.0) for t in range(0, 10)]
     b = [sample(t, t + 1, 50.0) for t in range(0, 23)]
     assert throughput.profiled_spans(a) == [(10, 13)]
-    w = throughput.wave([{"label": "a", "anchor": 0.0, "samples": a},
-                         {"label": "b", "anchor": 0.0, "samples": b}])
+    w = throughput.wave(
+        [{"label": "a", "anchor": 0.0, "samples": a}, {"label": "b", "anchor": 0.0, "samples": b}]
+    )
     assert w["effective"]["a"] == pytest.approx(100.0)
     assert w["effective"]["b"] == pytest.approx(50.0)
     assert w["adjusted"] == pytest.approx(150.0)
@@ -423,9 +538,14 @@ def test_profiled_spans_stay_out_of_the_effective_throughput():
 
 # --- the shipped profiles ---------------------------------------------------------------
 
-@pytest.mark.parametrize("name,axis,values,flag", [
-    ("io", "c", [0, 25, 50, 100, 200], "--workers-pct"),
-    ("io-seed", "w", [0, 32, 64, 128, 256], "--workers")])
+
+@pytest.mark.parametrize(
+    "name,axis,values,flag",
+    [
+        ("io", "c", [0, 25, 50, 100, 200], "--workers-pct"),
+        ("io-seed", "w", [0, 32, 64, 128, 256], "--workers"),
+    ],
+)
 def test_io_profiles_sweep_workers_mode_and_dataset(name, axis, values, flag):
     from conftest import ROOT
 
@@ -433,9 +553,12 @@ def test_io_profiles_sweep_workers_mode_and_dataset(name, axis, values, flag):
 
     jobs = load_profile(ROOT / "profiles" / f"{name}.json")
     # the two modes of one workers value run one after the other (drift hits both alike)
-    assert [j.name for j in jobs] == [f"io-{mode}-{dataset}-{axis}{v}"
-                                      for dataset in ("fashion_mnist", "mydataset")
-                                      for v in values for mode in ("traverse", "train")]
+    assert [j.name for j in jobs] == [
+        f"io-{mode}-{dataset}-{axis}{v}"
+        for dataset in ("fashion_mnist", "mydataset")
+        for v in values
+        for mode in ("traverse", "train")
+    ]
     for job in jobs:
         argv = job.argv({"cpu_per_gpu": 16})
         mode, dataset, value = re.fullmatch(r"io-(\w+?)-(\w+)-[cw](\d+)", job.name).groups()
@@ -443,7 +566,7 @@ def test_io_profiles_sweep_workers_mode_and_dataset(name, axis, values, flag):
         assert argv[argv.index("--dataset") + 1] == dataset
         assert argv[argv.index(flag) + 1] == value
         assert "io" in job.tags and job.plan_type == "per-gpu"
-        if name == "io":   # scaled to the student's cores, filled per launch
+        if name == "io":  # scaled to the student's cores, filled per launch
             assert job.placeholders == ["cpu_per_gpu"]
             assert argv[argv.index("--cores") + 1] == "16"
         else:

@@ -17,11 +17,16 @@ import pytest
 from milarun.errors import ResultFormatError
 from milarun.formats import jsonfile
 
-FIXTURE = Path(__file__).parent / "fixtures" / "results" / \
-    "standard.convnet.J0.0.20261121-120000-000000.json"
+FIXTURE = (
+    Path(__file__).parent
+    / "fixtures"
+    / "results"
+    / "standard.convnet.J0.0.20261121-120000-000000.json"
+)
 
 
 # --- the reference: the strict standard-library parse, as parse_json had it -----------
+
 
 class _Refused(ValueError):
     pass
@@ -67,8 +72,9 @@ def _reference(raw):
         return "error", f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
     too_deep = f"nested deeper than {jsonfile.MAX_DEPTH} levels"
     try:
-        data = json.loads(text, parse_constant=_ref_constant, parse_float=_ref_float,
-                          object_pairs_hook=_ref_pairs)
+        data = json.loads(
+            text, parse_constant=_ref_constant, parse_float=_ref_float, object_pairs_hook=_ref_pairs
+        )
     except json.JSONDecodeError as exc:
         return "error", f"invalid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
     except _Refused as exc:
@@ -113,19 +119,99 @@ def _assert_agrees(raw):
 
 # --- the fuzz ---------------------------------------------------------------------------
 
-_INTS = [0, 1, -1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**63 + 1, -2**63, -2**63 - 1,
-         -2**63 + 1, 2**64 - 1, 2**64, 2**64 + 1, -2**64, 10**18, 10**19 - 1, 10**19,
-         -10**18, -10**19, 10**20, -(10**20), 10**300, -(10**299)]
-_FLOATS = ["-0.0", "0.0", "1e308", "1.7976931348623157e308", "-1.7976931348623157e308",
-           "5e-324", "4.9e-324", "2.2250738585072014e-308", "2.225073858507201e-308",
-           "0.1", "1E+2", "1e-05", "1.5e-07", "123456789012345678e-30", "0.30000000000000004",
-           "1234567890.123456789", "0.12345678901234567890123", "1e400", "-1e400",
-           "1.7976931348623159e308", "2e-400", "1e-0000000000000000001", "-0", "1.0e+99",
-           "1" + "0" * 210 + "e99", "9" * 19 + ".5", "1e0309", "7e22", "8.98846567431158e307"]
-_CHARS = ["a", "z", " ", "é", "中", "😀", "\x7f", "\u2028", "0", "9", "-", ":", ",", "{", "}",
-          "[", "]", "e"]
-_ESCAPES = ['\\"', "\\\\", "\\/", "\\b", "\\f", "\\n", "\\r", "\\t", "\\u0000", "\\u00e9",
-            "\\u4e2d", "\\ud83d\\ude00", "\\uFFFF", "\\u001f"]
+_INTS = [
+    0,
+    1,
+    -1,
+    2**31,
+    2**53 + 1,
+    2**63 - 1,
+    2**63,
+    2**63 + 1,
+    -(2**63),
+    -(2**63) - 1,
+    -(2**63) + 1,
+    2**64 - 1,
+    2**64,
+    2**64 + 1,
+    -(2**64),
+    10**18,
+    10**19 - 1,
+    10**19,
+    -(10**18),
+    -(10**19),
+    10**20,
+    -(10**20),
+    10**300,
+    -(10**299),
+]
+_FLOATS = [
+    "-0.0",
+    "0.0",
+    "1e308",
+    "1.7976931348623157e308",
+    "-1.7976931348623157e308",
+    "5e-324",
+    "4.9e-324",
+    "2.2250738585072014e-308",
+    "2.225073858507201e-308",
+    "0.1",
+    "1E+2",
+    "1e-05",
+    "1.5e-07",
+    "123456789012345678e-30",
+    "0.30000000000000004",
+    "1234567890.123456789",
+    "0.12345678901234567890123",
+    "1e400",
+    "-1e400",
+    "1.7976931348623159e308",
+    "2e-400",
+    "1e-0000000000000000001",
+    "-0",
+    "1.0e+99",
+    "1" + "0" * 210 + "e99",
+    "9" * 19 + ".5",
+    "1e0309",
+    "7e22",
+    "8.98846567431158e307",
+]
+_CHARS = [
+    "a",
+    "z",
+    " ",
+    "é",
+    "中",
+    "😀",
+    "\x7f",
+    "\u2028",
+    "0",
+    "9",
+    "-",
+    ":",
+    ",",
+    "{",
+    "}",
+    "[",
+    "]",
+    "e",
+]
+_ESCAPES = [
+    '\\"',
+    "\\\\",
+    "\\/",
+    "\\b",
+    "\\f",
+    "\\n",
+    "\\r",
+    "\\t",
+    "\\u0000",
+    "\\u00e9",
+    "\\u4e2d",
+    "\\ud83d\\ude00",
+    "\\uFFFF",
+    "\\u001f",
+]
 # lone surrogates: the standard library takes them, orjson refuses them
 _LONE = ["\\ud800", "\\udc00", "\\ud800\\ud800", "\\udfff\\ud800", "\\udbff"]
 _BAD_IN_STRINGS = ["\x01", "\\x", "\t", "\\u12", "\\U0041"]
@@ -133,14 +219,14 @@ _BAD_IN_STRINGS = ["\x01", "\\x", "\t", "\\u12", "\\U0041"]
 
 def _random_float(rng):
     kind = rng.random()
-    if kind < 0.4:   # any bit pattern, subnormals included
+    if kind < 0.4:  # any bit pattern, subnormals included
         while True:
             value = struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0]
             if math.isfinite(value):
                 return repr(value)
-    if kind < 0.5:   # a subnormal
+    if kind < 0.5:  # a subnormal
         return repr(struct.unpack("<d", rng.getrandbits(52).to_bytes(8, "little"))[0])
-    if kind < 0.6:   # a long mantissa, written by hand
+    if kind < 0.6:  # a long mantissa, written by hand
         digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 25)))
         exp = rng.choice(["", f"e{rng.randint(-30, 30)}", f"E+{rng.randint(0, 99)}"])
         return f"{rng.choice(['', '-'])}{rng.randint(0, 9)}.{digits}{exp}"
@@ -152,12 +238,15 @@ def _random_float(rng):
 def _random_int(rng):
     kind = rng.random()
     if kind < 0.5:
-        return str(rng.randint(-10**6, 10**6))
+        return str(rng.randint(-(10**6), 10**6))
     if kind < 0.8:
         return str(rng.choice(_INTS) + rng.randint(-2, 2))
     digits = rng.choice([17, 18, 19, 20, 21, 300, 310])
-    return rng.choice(["", "-"]) + str(rng.randint(1, 9)) + "".join(
-        rng.choice("0123456789") for _ in range(digits - 1))
+    return (
+        rng.choice(["", "-"])
+        + str(rng.randint(1, 9))
+        + "".join(rng.choice("0123456789") for _ in range(digits - 1))
+    )
 
 
 def _random_string(rng, bad):
@@ -186,11 +275,11 @@ def _value(rng, depth, bad, container=False):
     kind = rng.random() * (0.6 if container else 1)
     if depth > 0 and kind < 0.35:
         keys = [_random_string(rng, bad) for _ in range(rng.randint(0, 5))]
-        if keys and rng.random() < bad * 2:   # a duplicate key, at any depth
+        if keys and rng.random() < bad * 2:  # a duplicate key, at any depth
             keys.insert(rng.randrange(len(keys) + 1), rng.choice(keys))
         items = [f"{_ws(rng)}{k}{_ws(rng)}:{_ws(rng)}{_value(rng, depth - 1, bad)}" for k in keys]
         if items and rng.random() < bad / 4:
-            items.append("")   # a trailing comma
+            items.append("")  # a trailing comma
         return "{" + ",".join(items) + _ws(rng) + "}"
     if depth > 0 and kind < 0.6:
         items = [_ws(rng) + _value(rng, depth - 1, bad) for _ in range(rng.randint(0, 5))]
@@ -216,7 +305,7 @@ def _document(rng):
     if rng.random() < bad / 4:
         text = "\ufeff" + text
     if rng.random() < bad / 4:
-        text = text[:rng.randrange(len(text) + 1)]
+        text = text[: rng.randrange(len(text) + 1)]
     if rng.random() < 0.2:
         text = _ws(rng) + text + _ws(rng)
     raw = text.encode("utf-8", errors="surrogatepass")
@@ -241,12 +330,13 @@ def test_fuzz_agrees_with_the_strict_parse():
             else:
                 try:
                     orjson.loads(raw)
-                    outcomes["fast"] += 1   # the fast path took it
+                    outcomes["fast"] += 1  # the fast path took it
                 except orjson.JSONDecodeError:
                     outcomes["refused"] += 1
     # the fuzz covers each way through parse_json, not one of them only
-    assert outcomes["fast"] > 1000 and outcomes["big"] > 100 and outcomes["refused"] > 20, \
-        sorted(outcomes.items())
+    assert outcomes["fast"] > 1000 and outcomes["big"] > 100 and outcomes["refused"] > 20, sorted(
+        outcomes.items()
+    )
     assert outcomes["error"] > 200 and outcomes["duplicate"] > 50, sorted(outcomes.items())
 
 
@@ -254,17 +344,46 @@ def _nest(depth, inner="1"):
     return "[" * depth + inner + "]" * depth
 
 
-@pytest.mark.parametrize("text", [
-    *(f"[{n}]" for n in _INTS), *(f"[{f}]" for f in _FLOATS), *_FLOATS, *map(str, _INTS),
-    "[" + "9" * 5000 + "]",            # beyond the int-to-str digit limit: one line
-    '["\\ud800"]', '{"\\udc00": ["\\ud83d\\ude00", "\\ud800\\ud800"]}', '"\\ud800"',
-    "\ufeff[1]", "\ufeff", "[1,]", '{"a": 1,}', "[NaN]", "[-Infinity]", '{"a": Infinity}',
-    "", " ", "[1] x", "[1]\x00", "[\x0c1]", '["a\x1f"]', "null", "true", "1.5", '"x"',
-    _nest(jsonfile.MAX_DEPTH), _nest(jsonfile.MAX_DEPTH + 1), _nest(jsonfile.MAX_DEPTH - 1, "{}"),
-    _nest(jsonfile.MAX_DEPTH, "{}"), _nest(1100), _nest(1100, "NaN"),
-    '{"a": {"b": [{"c": 1, "c": 2}]}}', '[{"a": [{}], "a": 1}]', '{"a": 1, "a": 1}',
-    '{"20261121-120000-000000": 18446744073709551616}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        *(f"[{n}]" for n in _INTS),
+        *(f"[{f}]" for f in _FLOATS),
+        *_FLOATS,
+        *map(str, _INTS),
+        "[" + "9" * 5000 + "]",  # beyond the int-to-str digit limit: one line
+        '["\\ud800"]',
+        '{"\\udc00": ["\\ud83d\\ude00", "\\ud800\\ud800"]}',
+        '"\\ud800"',
+        "\ufeff[1]",
+        "\ufeff",
+        "[1,]",
+        '{"a": 1,}',
+        "[NaN]",
+        "[-Infinity]",
+        '{"a": Infinity}',
+        "",
+        " ",
+        "[1] x",
+        "[1]\x00",
+        "[\x0c1]",
+        '["a\x1f"]',
+        "null",
+        "true",
+        "1.5",
+        '"x"',
+        _nest(jsonfile.MAX_DEPTH),
+        _nest(jsonfile.MAX_DEPTH + 1),
+        _nest(jsonfile.MAX_DEPTH - 1, "{}"),
+        _nest(jsonfile.MAX_DEPTH, "{}"),
+        _nest(1100),
+        _nest(1100, "NaN"),
+        '{"a": {"b": [{"c": 1, "c": 2}]}}',
+        '[{"a": [{}], "a": 1}]',
+        '{"a": 1, "a": 1}',
+        '{"20261121-120000-000000": 18446744073709551616}',
+    ],
+)
 def test_edge_cases_agree_with_the_strict_parse(text):
     _assert_agrees(text)
     _assert_agrees(text.encode("utf-8", errors="surrogatepass"))
@@ -272,7 +391,7 @@ def test_edge_cases_agree_with_the_strict_parse(text):
 
 def test_integers_beyond_64_bits_keep_their_value():
     """orjson would make them floats; parse_json must not."""
-    for n in (2**64, -2**63 - 1, 10**19, -(10**19), 10**300):
+    for n in (2**64, -(2**63) - 1, 10**19, -(10**19), 10**300):
         value = jsonfile.parse_json(f'{{"n": [{n}]}}')["n"][0]
         assert type(value) is int and value == n
 
@@ -288,9 +407,11 @@ def test_duplicate_keys_at_depth_are_refused():
     doc = {"s": [{"a": 1, "b": {"x": [1, 2, {"k": 1}]}}] * 3, "t": {"u": {"v": 1}}}
     text = json.dumps(doc)
     assert jsonfile.parse_json(text) == doc
-    for bad in (text.replace('"k": 1', '"k": 1, "k": 2', 1),
-                text.replace('"v": 1', '"v": 1, "v": 1'),
-                text.replace('"s":', '"t": 1, "s":')):
+    for bad in (
+        text.replace('"k": 1', '"k": 1, "k": 2', 1),
+        text.replace('"v": 1', '"v": 1, "v": 1'),
+        text.replace('"s":', '"t": 1, "s":'),
+    ):
         with pytest.raises(ResultFormatError, match="duplicate key"):
             jsonfile.parse_json(bad)
 
@@ -298,8 +419,11 @@ def test_duplicate_keys_at_depth_are_refused():
 def test_a_result_file_is_parsed_by_orjson(monkeypatch):
     """The speed is the point: a usual result file never reaches the standard library."""
     calls = []
-    fake_json = types.SimpleNamespace(loads=lambda *a, **k: calls.append(a) or json.loads(*a, **k),
-                                      JSONDecodeError=json.JSONDecodeError, dumps=json.dumps)
+    fake_json = types.SimpleNamespace(
+        loads=lambda *a, **k: calls.append(a) or json.loads(*a, **k),
+        JSONDecodeError=json.JSONDecodeError,
+        dumps=json.dumps,
+    )
     monkeypatch.setattr(jsonfile, "json", fake_json)
     raw = FIXTURE.read_bytes()
     assert jsonfile.parse_json(raw) == json.loads(raw)

@@ -41,8 +41,10 @@ def test_keygen_modes_are_0600_and_0644_whatever_the_umask(tmp_path, umask, mask
     assert cli(["keygen", private, public]) == 0
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
     assert stat.S_IMODE(public.stat().st_mode) == 0o644
-    assert keys.load_private(private).public_key().public_bytes_raw() == \
-        keys.load_public(public).public_bytes_raw()
+    assert (
+        keys.load_private(private).public_key().public_bytes_raw()
+        == keys.load_public(public).public_bytes_raw()
+    )
 
 
 def test_keygen_creates_the_private_key_never_wider_than_0600(tmp_path, umask, monkeypatch):
@@ -71,8 +73,9 @@ def test_keygen_refuses_one_file_as_both_keys(tmp_path, capsys, monkeypatch, sec
     (tmp_path / "sub").mkdir()
     (tmp_path / "link").symlink_to(tmp_path)
     err = one_error(capsys, ["k.pem", second])
-    assert err == (f"milarun: error: {second}: is given as both the private and the public "
-                   "key; name two files")
+    assert err == (
+        f"milarun: error: {second}: is given as both the private and the public key; name two files"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "sub"]
 
 
@@ -101,20 +104,23 @@ def test_keygen_refuses_a_path_under_a_file_and_writes_nothing(tmp_path, capsys,
     good, bad = tmp_path / "k", tmp_path / "file" / "k.pub"
     argv = [bad, good] if which == "private" else [good, bad]
     err = one_error(capsys, argv)
-    assert err == (f"milarun: error: {bad}: cannot write the key: its folder {tmp_path / 'file'} "
-                   "is not a folder")
+    assert err == (
+        f"milarun: error: {bad}: cannot write the key: its folder {tmp_path / 'file'} "
+        "is not a folder"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
 def test_keygen_refuses_a_missing_folder_and_writes_nothing(tmp_path, capsys):
     err = one_error(capsys, [tmp_path / "k.pem", tmp_path / "nowhere" / "k.pub"])
-    assert err == (f"milarun: error: {tmp_path / 'nowhere' / 'k.pub'}: cannot write the key: "
-                   f"its folder {tmp_path / 'nowhere'} does not exist")
+    assert err == (
+        f"milarun: error: {tmp_path / 'nowhere' / 'k.pub'}: cannot write the key: "
+        f"its folder {tmp_path / 'nowhere'} does not exist"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
-def test_keygen_removes_the_private_key_when_the_public_one_fails(tmp_path, capsys,
-                                                                   monkeypatch):
+def test_keygen_removes_the_private_key_when_the_public_one_fails(tmp_path, capsys, monkeypatch):
     # a failure the checks before writing cannot see (here: the public key's file
     # appears between the check and its creation)
     private, public = tmp_path / "k.pem", tmp_path / "k.pub"

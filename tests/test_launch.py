@@ -28,25 +28,52 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAMP = "20261122-000000-000000"
 
 
-def launch(tmp_path, code=None, name="t.job", device="0", timeout=30.0, prepare=(),
-           argv=None):
-    job = Job("t", name.split(".")[1], "m:f", plan_type="per-gpu", prepare=list(prepare),
-              definition={"experiment": "m:f"})
+def launch(tmp_path, code=None, name="t.job", device="0", timeout=30.0, prepare=(), argv=None):
+    job = Job(
+        "t",
+        name.split(".")[1],
+        "m:f",
+        plan_type="per-gpu",
+        prepare=list(prepare),
+        definition={"experiment": "m:f"},
+    )
     result = tmp_path / f"{name}.J0.{device}.{STAMP}.json"
-    lch = Launch(name=name, job=job, run=0, device=device, devices=[0],
-                 argv=argv or [sys.executable, "-c", code], env={"MILARUN_X": "1"},
-                 group=name, log=f"{name}.J0.{device}.log", test_argv=["--a", "1"],
-                 timeout=timeout, result_path=result,
-                 fail_path=tmp_path / f"{name}.J0.{device}.FAIL.{STAMP}.json")
+    lch = Launch(
+        name=name,
+        job=job,
+        run=0,
+        device=device,
+        devices=[0],
+        argv=argv or [sys.executable, "-c", code],
+        env={"MILARUN_X": "1"},
+        group=name,
+        log=f"{name}.J0.{device}.log",
+        test_argv=["--a", "1"],
+        timeout=timeout,
+        result_path=result,
+        fail_path=tmp_path / f"{name}.J0.{device}.FAIL.{STAMP}.json",
+    )
     return lch
 
 
 def fault(tmp_path, fn, *args, **kw):
     """A launch of ``milarun run milarun.models.faults:<fn>`` writing at its planned path."""
     lch = launch(tmp_path, argv=["x"], **kw)
-    lch.argv = [sys.executable, "-m", "milarun", "run", f"milarun.models.faults:{fn}",
-                "-o", str(lch.result_path), "--experiment-name", lch.name, "--job-id",
-                lch.job_id, "--", *args]
+    lch.argv = [
+        sys.executable,
+        "-m",
+        "milarun",
+        "run",
+        f"milarun.models.faults:{fn}",
+        "-o",
+        str(lch.result_path),
+        "--experiment-name",
+        lch.name,
+        "--job-id",
+        lch.job_id,
+        "--",
+        *args,
+    ]
     return lch
 
 
@@ -54,10 +81,12 @@ def record(outcome):
     return json.loads(outcome.result_path.read_text())
 
 
-WRITE_OK = ("import sys; from milarun.formats.record import new_result; from milarun.formats.store import write_result; "
-            "r=new_result('t.job','0.0'); r['success']={ok}; "
-            "r['timings']['train']['samples']=[{{'start':0.0,'end':1.0,'count':5,'rate':5.0,"
-            "'warmup':False}}]; write_result(r, sys.argv[1]); sys.exit({rc})")
+WRITE_OK = (
+    "import sys; from milarun.formats.record import new_result; from milarun.formats.store import write_result; "
+    "r=new_result('t.job','0.0'); r['success']={ok}; "
+    "r['timings']['train']['samples']=[{{'start':0.0,'end':1.0,'count':5,'rate':5.0,"
+    "'warmup':False}}]; write_result(r, sys.argv[1]); sys.exit({rc})"
+)
 
 
 def writer(tmp_path, ok=True, rc=0, **kw):
@@ -86,8 +115,9 @@ def test_a_file_written_elsewhere_is_never_taken_for_the_result(tmp_path):
 
 
 def test_nonzero_exit_without_result_becomes_fail_record(tmp_path):
-    (out,) = run_wave([launch(tmp_path, "import sys; print('boom', file=sys.stderr); "
-                                        "sys.exit(3)")], tmp_path)
+    (out,) = run_wave(
+        [launch(tmp_path, "import sys; print('boom', file=sys.stderr); sys.exit(3)")], tmp_path
+    )
     assert not out.success and out.returncode == 3 and out.reason == "error"
     rec = record(out)
     assert out.result_path.name == f"t.job.J0.0.FAIL.{STAMP}.json"
@@ -107,7 +137,8 @@ def test_exit_zero_without_result_is_a_failure(tmp_path):
 @pytest.mark.parametrize("rc", [3, -9])
 def test_success_record_then_bad_exit_is_a_failure_in_tally_and_record(tmp_path, rc):
     code = WRITE_OK.format(ok=True, rc=0).replace(
-        "sys.exit(0)", "import os,signal; os.kill(os.getpid(), 9)" if rc < 0 else f"sys.exit({rc})")
+        "sys.exit(0)", "import os,signal; os.kill(os.getpid(), 9)" if rc < 0 else f"sys.exit({rc})"
+    )
     lch = launch(tmp_path, code)
     lch.argv.append(str(lch.result_path))
     (out,) = run_wave([lch], tmp_path)
@@ -147,8 +178,17 @@ def test_corrupt_child_record_is_reported_not_trusted(tmp_path):
 
 
 def test_timeout_keeps_the_samples_measured_so_far(tmp_path):
-    lch = fault(tmp_path, "crawl", "--max-count", "100000", "--sample-duration", "0.1",
-                "--step-seconds", "0.01", timeout=12.0)  # start-up imports torch: seconds
+    lch = fault(
+        tmp_path,
+        "crawl",
+        "--max-count",
+        "100000",
+        "--sample-duration",
+        "0.1",
+        "--step-seconds",
+        "0.01",
+        timeout=12.0,
+    )  # start-up imports torch: seconds
     (out,) = run_wave([lch], tmp_path, grace=1.0)
     assert out.reason == "timeout" and out.returncode == -signal.SIGTERM
     rec = record(out)
@@ -178,8 +218,7 @@ def test_exit_after_result_from_a_real_experiment(tmp_path):
 
 
 def test_timeout_escalates_to_sigkill(tmp_path):
-    code = ("import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "time.sleep(60)")
+    code = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
     (out,) = run_wave([launch(tmp_path, code, timeout=0.5)], tmp_path, grace=0.5)
     assert out.reason == "timeout" and out.returncode == -signal.SIGKILL
 
@@ -194,18 +233,17 @@ def test_killed_by_signal(tmp_path):
 def test_concurrent_launches_are_awaited_together(tmp_path):
     code = "import time; time.sleep(1)"
     t0 = time.time()
-    outs = run_wave([launch(tmp_path, code, device="0"), launch(tmp_path, code, device="1")],
-                    tmp_path)
+    outs = run_wave(
+        [launch(tmp_path, code, device="0"), launch(tmp_path, code, device="1")], tmp_path
+    )
     assert time.time() - t0 < 1.9  # not 2 s: they ran at once
     assert [o.launch.device for o in outs] == ["0", "1"]
     assert tally(outs) == "0 passed, 2 failed"
 
 
 def test_stop_request_interrupts_and_keeps_the_samples(tmp_path):
-    a = fault(tmp_path, "crawl", "--max-count", "100000", "--sample-duration", "0.1",
-              device="0")
-    b = fault(tmp_path, "crawl", "--max-count", "100000", "--sample-duration", "0.1",
-              device="1")
+    a = fault(tmp_path, "crawl", "--max-count", "100000", "--sample-duration", "0.1", device="0")
+    b = fault(tmp_path, "crawl", "--max-count", "100000", "--sample-duration", "0.1", device="1")
     stop = StopRequest()
     deadline = time.time() + 60
 
@@ -217,8 +255,7 @@ def test_stop_request_interrupts_and_keeps_the_samples(tmp_path):
     import threading
 
     def fire():
-        while time.time() < deadline and (len(later.started) < 2 or
-                                          not a.journal_path.exists()):
+        while time.time() < deadline and (len(later.started) < 2 or not a.journal_path.exists()):
             time.sleep(0.1)
         time.sleep(1.0)  # a few windows
         stop(signal.SIGTERM)
@@ -248,6 +285,7 @@ def test_stop_during_prepare_kills_it_and_raises(tmp_path):
     lch = launch(tmp_path, "pass", prepare=[f"sleep 31.7 && touch {marker}"])
     stop = StopRequest()
     import threading
+
     threading.Timer(1.0, stop, args=(signal.SIGINT,)).start()
     t0 = time.time()
     with pytest.raises(Interrupted) as exc:
@@ -255,8 +293,10 @@ def test_stop_during_prepare_kills_it_and_raises(tmp_path):
     assert time.time() - t0 < 10 and exc.value.signum == signal.SIGINT
     assert exc.value.outcomes == []  # nothing had started: no record
     import psutil
-    survivors = [p for p in psutil.process_iter(["cmdline"])
-                 if "31.7" in " ".join(p.info["cmdline"] or [])]
+
+    survivors = [
+        p for p in psutil.process_iter(["cmdline"]) if "31.7" in " ".join(p.info["cmdline"] or [])
+    ]
     assert survivors == [] and not marker.exists()
 
 
@@ -299,6 +339,7 @@ def test_a_record_that_cannot_be_written_stops_the_suite(tmp_path, monkeypatch):
 
 def test_journal_survives_a_truncated_line(tmp_path):
     from milarun.formats.journal import read_journal
+
     j = Journal(tmp_path / "j.jsonl")
     j.write("start", pid=1, start=10.0)
     j.write("sample", start=0.0, end=1.0, count=3, rate=3.0, warmup=True)
@@ -313,14 +354,15 @@ def test_journal_survives_a_truncated_line(tmp_path):
 
 def test_journal_keeps_only_well_formed_host_load_readings(tmp_path):
     from milarun.formats.journal import read_journal
+
     j = Journal(tmp_path / "j.jsonl")
     row = {"t": 3.0, "dt": 1.0, "busy": 1.5, "suite": 1.2, "outside": 0.3}
     j.write("host_load", **row)
     j.write("host_load", **{**row, "steal": 0.1})
-    j.write("host_load", **{**row, "busy": -1.0})        # negative cores
-    j.write("host_load", **{**row, "outside": "0.3"})    # not a number
-    j.write("host_load", t=4.0, dt=1.0)                  # fields missing
-    j.write("host_load", **row, extra=1)                 # not in the schema
+    j.write("host_load", **{**row, "busy": -1.0})  # negative cores
+    j.write("host_load", **{**row, "outside": "0.3"})  # not a number
+    j.write("host_load", t=4.0, dt=1.0)  # fields missing
+    j.write("host_load", **row, extra=1)  # not in the schema
     j.close()
     got = read_journal(tmp_path / "j.jsonl")
     assert got["host_load"] == [row, {**row, "steal": 0.1}]
@@ -344,8 +386,11 @@ def test_a_write_failure_mid_wave_still_counts_the_whole_wave(tmp_path, monkeypa
         return real(rec, path)
 
     monkeypatch.setattr(launch_mod, "write_result", full_for_one)
-    wave = [writer(tmp_path, device="0"), launch(tmp_path, "import sys; sys.exit(1)", device="1"),
-            writer(tmp_path, device="2")]
+    wave = [
+        writer(tmp_path, device="0"),
+        launch(tmp_path, "import sys; sys.exit(1)", device="1"),
+        writer(tmp_path, device="2"),
+    ]
     with pytest.raises(SuiteAborted) as exc:
         run_suite([wave], tmp_path, None, on_outcome=lambda o: None)
     assert [o.success for o in exc.value.outcomes] == [True, False, True]

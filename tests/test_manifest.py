@@ -37,12 +37,15 @@ def _rewrite(out, entries):
     mf.manifest_path(out).write_text("".join(json.dumps(e) + "\n" for e in entries))
 
 
-@pytest.mark.parametrize("tamper, words", [
-    ("edit", "hash does not match its content"),
-    ("rehash", "prev does not match"),        # an edited entry re-hashed: the next link breaks
-    ("delete", "seq is 2, expected 1"),
-    ("swap", "seq is 2, expected 1"),
-])
+@pytest.mark.parametrize(
+    "tamper, words",
+    [
+        ("edit", "hash does not match its content"),
+        ("rehash", "prev does not match"),  # an edited entry re-hashed: the next link breaks
+        ("delete", "seq is 2, expected 1"),
+        ("swap", "seq is 2, expected 1"),
+    ],
+)
 def test_any_change_to_the_chain_is_found(tmp_path, tamper, words):
     out, _ = _folder(tmp_path)
     entries = mf.read_manifest(mf.manifest_path(out))
@@ -73,11 +76,23 @@ def test_a_new_writer_continues_the_chain_and_refuses_a_broken_one(tmp_path):
         mf.Manifest(out, "S3")
 
 
-@pytest.mark.parametrize("text, ok", [
-    ("r.json", True), ("logs/a.log", True), (".milarun/plan-1.json", True),
-    ("./r.json", False), ("logs//a.log", False), ("logs/./a.log", False), ("logs/", False),
-    ("../r.json", False), ("/etc/passwd", False), ("a\0b", False), ("a\\b", False), ("", False),
-])
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        ("r.json", True),
+        ("logs/a.log", True),
+        (".milarun/plan-1.json", True),
+        ("./r.json", False),
+        ("logs//a.log", False),
+        ("logs/./a.log", False),
+        ("logs/", False),
+        ("../r.json", False),
+        ("/etc/passwd", False),
+        ("a\0b", False),
+        ("a\\b", False),
+        ("", False),
+    ],
+)
 def test_a_manifest_names_each_file_one_way_only(text, ok):
     assert mf.is_safe_relative(text) is ok
 
@@ -87,8 +102,8 @@ def test_a_write_cut_off_by_a_full_disk_leaves_the_chain_readable(tmp_path, monk
     before = mf.manifest_path(out).read_bytes()
     real = os.write
 
-    def full(fd, data):     # the disk fills half-way through the line
-        real(fd, bytes(data[:len(data) // 2]))
+    def full(fd, data):  # the disk fills half-way through the line
+        real(fd, bytes(data[: len(data) // 2]))
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(mf.os, "write", full)
@@ -96,22 +111,34 @@ def test_a_write_cut_off_by_a_full_disk_leaves_the_chain_readable(tmp_path, monk
         m.event("end", status="complete")
     monkeypatch.setattr(mf.os, "write", real)
     assert mf.manifest_path(out).read_bytes() == before
-    m.event("end", status="complete")       # the space is back: the chain goes on
+    m.event("end", status="complete")  # the space is back: the chain goes on
     entries = mf.read_manifest(mf.manifest_path(out))
     assert mf.check_chain(entries) == [] and len(entries) == 5
 
 
-@pytest.mark.parametrize("line, words", [
-    ('{"seq": 0', "incomplete"),                                     # torn last line
-    ('[1, 2]\n', "not a JSON object"),
-    ('{"seq": 0, "session": "s", "kind": "record", "time": 1, "prev": "%s", "hash": "%s", '
-     '"path": "../etc/passwd", "sha256": "%s", "bytes": 1}\n' % ("0" * 64, "0" * 64, "0" * 64),
-     "path: line 1: must be a relative path"),
-    ('{"seq": 0, "session": "s", "kind": "exec", "time": 1, "prev": "%s", "hash": "%s"}\n'
-     % ("0" * 64, "0" * 64), "unknown kind"),
-    ('{"seq": true, "session": "s", "kind": "end", "time": 1, "prev": "%s", "hash": "%s"}\n'
-     % ("0" * 64, "0" * 64), "seq: line 1: must be int"),
-])
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ('{"seq": 0', "incomplete"),  # torn last line
+        ("[1, 2]\n", "not a JSON object"),
+        (
+            '{"seq": 0, "session": "s", "kind": "record", "time": 1, "prev": "%s", "hash": "%s", '
+            '"path": "../etc/passwd", "sha256": "%s", "bytes": 1}\n'
+            % ("0" * 64, "0" * 64, "0" * 64),
+            "path: line 1: must be a relative path",
+        ),
+        (
+            '{"seq": 0, "session": "s", "kind": "exec", "time": 1, "prev": "%s", "hash": "%s"}\n'
+            % ("0" * 64, "0" * 64),
+            "unknown kind",
+        ),
+        (
+            '{"seq": true, "session": "s", "kind": "end", "time": 1, "prev": "%s", "hash": "%s"}\n'
+            % ("0" * 64, "0" * 64),
+            "seq: line 1: must be int",
+        ),
+    ],
+)
 def test_a_malformed_manifest_is_one_line_naming_the_line_and_key(tmp_path, line, words):
     path = tmp_path / "manifest.jsonl"
     path.write_text(line)
@@ -135,18 +162,29 @@ def test_files_are_hashed_never_through_a_symlink_or_a_fifo(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_jobs_session_chains_what_it_wrote_and_resume_refuses_a_broken_chain(
-        tmp_path, capsys):
+def test_a_jobs_session_chains_what_it_wrote_and_resume_refuses_a_broken_chain(tmp_path, capsys):
     from milarun.cli import main
 
     root, out = tmp_path / "data", tmp_path / "out"
     root.mkdir()
     profile = tmp_path / "p.json"
-    profile.write_text(json.dumps({"toy": {
-        "experiment": "milarun.models.toy_reg:main",
-        "partition_scheme": {"type": "per-gpu"},
-        "arguments": {"--max-count": 1, "--min-steady": 1, "--device": "cpu",
-                      "--sample-duration": 0.25, "--warmup": 1}}}))
+    profile.write_text(
+        json.dumps(
+            {
+                "toy": {
+                    "experiment": "milarun.models.toy_reg:main",
+                    "partition_scheme": {"type": "per-gpu"},
+                    "arguments": {
+                        "--max-count": 1,
+                        "--min-steady": 1,
+                        "--device": "cpu",
+                        "--sample-duration": 0.25,
+                        "--warmup": 1,
+                    },
+                }
+            }
+        )
+    )
     with pytest.raises(SystemExit) as exit_:
         main(["jobs", str(profile), "-d", str(root), "-o", str(out), "--no-cgexec"])
     assert exit_.value.code == 0

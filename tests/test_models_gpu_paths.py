@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 # -- item 9: translator tells the decoder its mask is causal -------------------------
 
+
 def test_translator_decoder_gets_causal_hint_so_it_never_reads_the_mask_on_the_host(monkeypatch):
     """Without ``tgt_is_causal=True``, nn.TransformerDecoder compares the bool mask
     with a causal one and calls ``bool()`` on the result every forward (a host
@@ -24,7 +25,7 @@ def test_translator_decoder_gets_causal_hint_so_it_never_reads_the_mask_on_the_h
     real = transformer._detect_is_causal_mask
 
     def spy(mask, is_causal=None, size=None):
-        if mask is not None:   # the encoder has no mask: nothing to compare, no sync
+        if mask is not None:  # the encoder has no mask: nothing to compare, no sync
             seen.append(is_causal)
         return real(mask, is_causal, size)
 
@@ -45,24 +46,33 @@ def test_translator_causal_hint_gives_the_same_output_as_the_detected_mask():
     net = _model_class(torch)(50, 16, 2, 1, 32, 0.0, 0, max_len=20).eval()
     src = torch.randint(1, 50, (2, 6))
     tgt = torch.randint(1, 50, (2, 4))
-    tgt[1, 3] = 0   # padding, so the padding mask and the causal mask combine
+    tgt[1, 3] = 0  # padding, so the padding mask and the causal mask combine
     with torch.no_grad():
         hinted = net(src, tgt)
         t = net.transformer
         mask = t.generate_square_subsequent_mask(4, dtype=torch.bool)
-        ref = t(net.embed_pos(src), net.embed_pos(tgt), tgt_mask=mask,
-                src_key_padding_mask=src == 0, tgt_key_padding_mask=tgt == 0,
-                memory_key_padding_mask=src == 0) @ net.embed.weight.t()
+        ref = (
+            t(
+                net.embed_pos(src),
+                net.embed_pos(tgt),
+                tgt_mask=mask,
+                src_key_padding_mask=src == 0,
+                tgt_key_padding_mask=tgt == 0,
+                memory_key_padding_mask=src == 0,
+            )
+            @ net.embed.weight.t()
+        )
     assert torch.allclose(hinted, ref, atol=1e-5)
 
 
 # -- item 10: fused optimizers, so the fp16 scaler never reads found_inf on the host ---
 
+
 @pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
 def test_make_optimizer_is_fused_on_cuda_and_xpu_and_default_on_the_cpu(name):
     from milarun.bench.step import make_optimizer
 
-    w = torch.nn.Parameter(torch.zeros(3))   # a CPU tensor: torch 2.13 has CPU fused kernels too
+    w = torch.nn.Parameter(torch.zeros(3))  # a CPU tensor: torch 2.13 has CPU fused kernels too
     for kind in ("cuda", "xpu"):
         opt = make_optimizer(torch, name, [w], torch.device(kind), lr=0.1)
         assert opt.defaults["fused"] is True, kind
@@ -119,8 +129,11 @@ def test_scaler_is_on_for_fp16_on_cuda_and_xpu_only(monkeypatch):
     for kind in ("cuda", "xpu", "cpu"):
         for precision in ("fp32", "tf32", "fp16", "bf16"):
             MixedPrecisionStep(torch.device(kind), precision)
-    on = {(kind, p) for (kind, enabled), p in zip(asked, ["fp32", "tf32", "fp16", "bf16"] * 3)
-          if enabled}
+    on = {
+        (kind, p)
+        for (kind, enabled), p in zip(asked, ["fp32", "tf32", "fp16", "bf16"] * 3)
+        if enabled
+    }
     assert on == {("cuda", "fp16"), ("xpu", "fp16")}
 
 
@@ -137,14 +150,18 @@ def test_no_workload_builds_an_optimizer_or_a_scaler_by_hand():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):
                 text = ast.unparse(node.func)
-                if (text.startswith("torch.optim.") and "lr_scheduler" not in text) \
-                        or text.endswith("GradScaler") or text == "grad_scaler" \
-                        or text.startswith("scaler."):
+                if (
+                    (text.startswith("torch.optim.") and "lr_scheduler" not in text)
+                    or text.endswith("GradScaler")
+                    or text == "grad_scaler"
+                    or text.startswith("scaler.")
+                ):
                     offenders.append(f"{path.name}:{node.lineno}: {text}")
     assert not offenders, offenders
 
 
 # -- item 11: infer double-buffers its copies and waits for no stream -----------------
+
 
 class FakeAccel:
     """A fake ``torch.cuda``: streams, events and the current stream, with a log.
@@ -198,6 +215,7 @@ class FakeAccel:
                 yield
             finally:
                 self.current = prev
+
         return ctx()
 
 
@@ -236,8 +254,8 @@ def test_pipeline_copies_on_one_stream_computes_on_another_and_never_waits_per_b
     # the compute stream waits, on the device, for each batch's copy event
     copied = [e[1] for e in api.log if e[0] == "record" and e[2] == copy_s]
     assert [e[2] for e in api.log if e[0] == "wait_event"] == copied
-    assert pipe.finished() == 0 and len(pipe) == 2   # nothing done yet, nothing waited for
-    api.events[1].done = True     # a's done event (events: a copied, a done, b copied, b done)
+    assert pipe.finished() == 0 and len(pipe) == 2  # nothing done yet, nothing waited for
+    api.events[1].done = True  # a's done event (events: a copied, a done, b copied, b done)
     assert pipe.finished() == 4 and len(pipe) == 1
     assert pipe.finished(block=True) == 4 and len(pipe) == 0
     assert [e for e in api.log if e[0] == "event.synchronize"] == [("event.synchronize", 3)]
@@ -269,9 +287,11 @@ def test_run_pipeline_keeps_two_batches_in_flight_and_reports_every_item():
     assert not [e for e in api.log if e[0] == "stream.synchronize"]
     # the copy of batch i+1 is queued before the host waits for batch i
     log = [e for e in api.log if e[0] in ("copy", "event.synchronize")]
-    assert log[:3] == [("copy", 0, pipe.copy_stream.name, True),
-                       ("copy", 1, pipe.copy_stream.name, True),
-                       ("event.synchronize", 1)]
+    assert log[:3] == [
+        ("copy", 0, pipe.copy_stream.name, True),
+        ("copy", 1, pipe.copy_stream.name, True),
+        ("event.synchronize", 1),
+    ]
 
 
 def test_infer_prepares_inputs_in_the_inference_dtype_and_channels_last():
@@ -282,7 +302,7 @@ def test_infer_prepares_inputs_in_the_inference_dtype_and_channels_last():
     assert half.dtype == torch.bfloat16
     y = _prepare(half, torch.bfloat16, torch.channels_last)
     assert y.is_contiguous(memory_format=torch.channels_last)
-    assert _prepare(torch.arange(4), torch.float16, None).dtype == torch.int64   # token ids
+    assert _prepare(torch.arange(4), torch.float16, None).dtype == torch.int64  # token ids
     gpu, cpu = torch.device("cuda"), torch.device("cpu")
     assert use_channels_last("resnet50", "fp16", gpu)
     assert use_channels_last("resnet50", "bf16", torch.device("xpu"))
@@ -292,6 +312,7 @@ def test_infer_prepares_inputs_in_the_inference_dtype_and_channels_last():
 
 
 # -- item 2: Intel XPU is timed by its own events, or refused with one line ----------
+
 
 class FakeXpuModule:
     """What milarun asks of ``torch.xpu``: events, synchronize, device_count."""
@@ -315,7 +336,7 @@ class FakeXpuModule:
             def synchronize(self):
                 mod.log.append("event.synchronize")
 
-            def elapsed_time(self, end):   # milliseconds, as torch's events
+            def elapsed_time(self, end):  # milliseconds, as torch's events
                 return 250.0
 
         self.Event = Event
@@ -341,7 +362,7 @@ def test_rate_logger_times_xpu_windows_with_xpu_events_and_syncs_a_bare_run():
     timer = device_timer(fake, torch.device("xpu", 0))
     assert isinstance(timer, XpuEventTimer)
     a, b = timer.mark(), timer.mark()
-    assert timer.elapsed(a, b) == 0.25   # seconds
+    assert timer.elapsed(a, b) == 0.25  # seconds
     assert fake.xpu.log == ["record", "record", "event.synchronize"]
     assert isinstance(device_timer(fake, torch.device("cuda", 0)), CudaEventTimer)
     assert isinstance(device_timer(fake, torch.device("cpu")), PerfCounterTimer)
@@ -359,8 +380,14 @@ def test_rate_logger_of_an_xpu_experiment_gets_the_xpu_timer(monkeypatch):
     class Exp:
         device = torch.device("xpu", 0)
         origin = 0.0
-        options = {"profile_trace": None, "no_instrument": False, "max_count": 10,
-                   "sample_duration": 1.0, "warmup": 1, "min_steady": 0}
+        options = {
+            "profile_trace": None,
+            "no_instrument": False,
+            "max_count": 10,
+            "sample_duration": 1.0,
+            "warmup": 1,
+            "min_steady": 0,
+        }
 
         def attach_rate(self, logger):
             self.rate = logger
@@ -405,11 +432,14 @@ def test_infer_runs_on_every_xpu_the_process_sees():
     assert accelerator_api(fake, torch.device("cpu")) is None
 
 
-@pytest.mark.parametrize("module,argv", [
-    ("ddp_convnet", ["--batch-size", "2"]),
-    ("scaling", ["--batch-size", "2"]),
-    ("lightning_convnet", ["--batch-size", "2"]),
-])
+@pytest.mark.parametrize(
+    "module,argv",
+    [
+        ("ddp_convnet", ["--batch-size", "2"]),
+        ("scaling", ["--batch-size", "2"]),
+        ("lightning_convnet", ["--batch-size", "2"]),
+    ],
+)
 def test_workloads_not_wired_for_xpu_refuse_it_in_one_line(module, argv, monkeypatch, tmp_path):
     """Never a record that says xpu for work done on the CPU (or on xpu:0 by every rank)."""
     import importlib

@@ -15,7 +15,7 @@ from milarun.bench.rate import CudaEventTimer, RateLogger
 class _Handle:
     def __init__(self, index):
         self.index = index
-        self.energy_mj = 1_000_000 * (index + 1)   # the counter does not start at 0
+        self.energy_mj = 1_000_000 * (index + 1)  # the counter does not start at 0
         self.reads = 0
 
 
@@ -40,10 +40,9 @@ def fake_pynvml(count=2, energy=True, fail_init=False):
     nv.nvmlDeviceGetHandleByIndex = lambda i: handles[i]
     nv.nvmlDeviceGetTotalEnergyConsumption = total_energy
     nv.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=90 + h.index)
-    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=512 * 2**20,
-                                                                 total=80 * 2**30)
+    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=512 * 2**20, total=80 * 2**30)
     nv.nvmlDeviceGetTemperature = lambda h, kind: 60
-    nv.nvmlDeviceGetPowerUsage = lambda h: 300_500   # mW
+    nv.nvmlDeviceGetPowerUsage = lambda h: 300_500  # mW
     nv.nvmlDeviceGetUUID = lambda h: f"GPU-{h.index}aaa-{h.index}"
     nv.nvmlDeviceGetName = lambda h: f"Fake GPU {h.index}".encode()
     nv.nvmlDeviceGetCpuAffinity = lambda h, words: [0b11 << (2 * h.index)]
@@ -61,7 +60,7 @@ def test_monitor_reads_the_visible_gpus_with_units(monkeypatch):
     assert rec["samples"] and {s["device"] for s in rec["samples"]} == {1}
     first, last = rec["samples"][0], rec["samples"][-1]
     assert first["load"] == 91 and first["memory_mib"] == 512 and first["temperature"] == 60
-    assert first["power"] == pytest.approx(300.5)          # W from mW
+    assert first["power"] == pytest.approx(300.5)  # W from mW
     # energy in J since the start: the first reading is 250 J after the baseline
     assert first["energy"] == pytest.approx(250.0)
     assert last["energy"] == pytest.approx(250.0 * len(rec["samples"]))
@@ -78,12 +77,19 @@ def test_monitor_without_an_energy_counter_keeps_the_other_readings(monkeypatch)
     assert all("error" not in s for s in samples)
 
 
-@pytest.mark.parametrize("kwargs,env,reason", [
-    ({"fail_init": True}, None, "NVML unavailable: NVML cannot start (RuntimeError: Driver "
-                                "Not Loaded): is the NVIDIA driver (libnvidia-ml.so) installed "
-                                "and loaded?"),
-    ({}, "", "no visible GPU"),
-])
+@pytest.mark.parametrize(
+    "kwargs,env,reason",
+    [
+        (
+            {"fail_init": True},
+            None,
+            "NVML unavailable: NVML cannot start (RuntimeError: Driver "
+            "Not Loaded): is the NVIDIA driver (libnvidia-ml.so) installed "
+            "and loaded?",
+        ),
+        ({}, "", "no visible GPU"),
+    ],
+)
 def test_monitor_records_why_it_is_off(monkeypatch, kwargs, env, reason):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(**kwargs))
     if env is None:
@@ -113,17 +119,23 @@ class _FakeEvent:
         _FakeEvent.syncs += 1
 
     def elapsed_time(self, end):
-        return (end.t - self.t) * 1000.0   # milliseconds, like torch
+        return (end.t - self.t) * 1000.0  # milliseconds, like torch
 
 
 def test_cuda_event_timer_measures_device_time_with_one_sync_per_window():
     torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_FakeEvent))
     _FakeEvent.clock, _FakeEvent.syncs = 0.0, 0
     host = [0.0]
-    logger = RateLogger(sample_duration=0.5, max_count=32, warmup=0,
-                        timer=CudaEventTimer(torch), host_clock=lambda: host[0], origin=0.0)
+    logger = RateLogger(
+        sample_duration=0.5,
+        max_count=32,
+        warmup=0,
+        timer=CudaEventTimer(torch),
+        host_clock=lambda: host[0],
+        origin=0.0,
+    )
     for step in logger.steps():
-        host[0] += 0.125          # the host queues a step in 0.125 s ...
+        host[0] += 0.125  # the host queues a step in 0.125 s ...
         _FakeEvent.clock += 0.25  # ... the device runs it in 0.25 s (exact in binary)
         step.set_count(2)
     # windows close on host time (4 steps), rates come from device time: 8 items / 1 s
@@ -133,14 +145,17 @@ def test_cuda_event_timer_measures_device_time_with_one_sync_per_window():
     assert _FakeEvent.syncs == len(logger.samples)
 
 
-@pytest.mark.parametrize("spec,expect", [
-    ("2,0", [2, 0]),
-    ("", []),
-    ("1,7,0", [1]),          # like CUDA: an invalid entry hides the rest
-    ("GPU-3", [3]),          # unique UUID prefix
-    ("GPU-", []),            # ambiguous prefix
-    ("0,0", [0]),
-])
+@pytest.mark.parametrize(
+    "spec,expect",
+    [
+        ("2,0", [2, 0]),
+        ("", []),
+        ("1,7,0", [1]),  # like CUDA: an invalid entry hides the rest
+        ("GPU-3", [3]),  # unique UUID prefix
+        ("GPU-", []),  # ambiguous prefix
+        ("0,0", [0]),
+    ],
+)
 def test_visible_indices_follow_cuda_rules(spec, expect):
     from milarun.host.devices import visible_indices
 
@@ -174,11 +189,12 @@ def test_children_use_the_pci_bus_order_of_nvml(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=2))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    job = Job(name="t", suite="s", experiment="milarun.models.toy_reg:main",
-              plan_type="per-gpu")
+    job = Job(name="t", suite="s", experiment="milarun.models.toy_reg:main", plan_type="per-gpu")
     (wave,) = plan_job(job, devices.discover(), 0, "/out")
-    assert [(lch.env["CUDA_VISIBLE_DEVICES"], lch.env["CUDA_DEVICE_ORDER"]) for lch in wave] \
-        == [("GPU-0aaa-0", "PCI_BUS_ID"), ("GPU-1aaa-1", "PCI_BUS_ID")]
+    assert [(lch.env["CUDA_VISIBLE_DEVICES"], lch.env["CUDA_DEVICE_ORDER"]) for lch in wave] == [
+        ("GPU-0aaa-0", "PCI_BUS_ID"),
+        ("GPU-1aaa-1", "PCI_BUS_ID"),
+    ]
 
 
 def test_host_facts_list_only_the_visible_gpus(monkeypatch):
@@ -187,6 +203,7 @@ def test_host_facts_list_only_the_visible_gpus(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=3))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
     gpus = host_facts()["gpus"]
-    assert [{k: g[k] for k in ("index", "name", "driver", "memory_total_mib")} for g in gpus] \
-        == [{"index": 2, "name": "Fake GPU 2", "driver": "999.1", "memory_total_mib": 80 * 1024}]
-    assert gpus[0]["power_limit_w"] is None   # this fake reports no power limit
+    assert [{k: g[k] for k in ("index", "name", "driver", "memory_total_mib")} for g in gpus] == [
+        {"index": 2, "name": "Fake GPU 2", "driver": "999.1", "memory_total_mib": 80 * 1024}
+    ]
+    assert gpus[0]["power_limit_w"] is None  # this fake reports no power limit

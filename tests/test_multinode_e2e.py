@@ -33,8 +33,13 @@ def records(outdir):
 def wait_job(cluster, job, timeout):
     deadline = time.time() + timeout
     while time.time() < deadline:
-        out = subprocess.run(["scontrol", "show", "job", "-o", job], env=cluster.env,
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job],
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         m = re.search(r"JobState=(\S+)", out.stdout)
         if m and m.group(1) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
             return m.group(1)
@@ -43,11 +48,30 @@ def wait_job(cluster, job, timeout):
 
 
 def submit(cluster, outdir, dataroot, names, extra=(), slots=1, cgroups=False):
-    argv = [venv_python(), "-m", "milarun", "slurm", "profiles/cluster-cpu.json", "--nodes", "2",
-            "--cpu-slots", str(slots), "-d", str(dataroot), "-o", str(outdir),
-            "--name", *names] + ([] if cgroups else ["--no-cgexec"]) + ["--", *extra]
-    done = subprocess.run(argv, cwd=ROOT, env=cluster.env, capture_output=True, text=True,
-                          timeout=120)
+    argv = (
+        [
+            venv_python(),
+            "-m",
+            "milarun",
+            "slurm",
+            "profiles/cluster-cpu.json",
+            "--nodes",
+            "2",
+            "--cpu-slots",
+            str(slots),
+            "-d",
+            str(dataroot),
+            "-o",
+            str(outdir),
+            "--name",
+            *names,
+        ]
+        + ([] if cgroups else ["--no-cgexec"])
+        + ["--", *extra]
+    )
+    done = subprocess.run(
+        argv, cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     m = re.search(r"submitted Slurm job (\d+) \(2 node\(s\)\); results in (\S+)", done.stdout)
     assert m and m.group(2) == str(outdir), done.stdout
@@ -64,8 +88,9 @@ def test_milarun_slurm_runs_every_plan_type_across_two_nodes(slurm_cluster, stud
     data = tmp_path / "data"
     data.mkdir()
     out = tmp_path / "results"
-    job = submit(slurm_cluster, out, data, ["toy_reg", "ddp", "scaling"], SHORT, slots=2,
-                 cgroups=True)
+    job = submit(
+        slurm_cluster, out, data, ["toy_reg", "ddp", "scaling"], SHORT, slots=2, cgroups=True
+    )
     state = wait_job(slurm_cluster, job, 600)
     log = (out / "logs" / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", log
@@ -73,15 +98,24 @@ def test_milarun_slurm_runs_every_plan_type_across_two_nodes(slurm_cluster, stud
     recs = records(out)
     assert not [n for n in recs if "FAIL" in n], log
     # per-gpu: one record per slot of each node, named after the node
-    per_gpu = sorted((r["node"], r["device"]) for r in recs.values()
-                     if r["name"] == "cluster-cpu.toy_reg")
-    assert per_gpu == [("node1", "node1.0"), ("node1", "node1.1"), ("node2", "node2.0"),
-                       ("node2", "node2.1")]
-    assert all(f"J0.{r['device']}." in n for n, r in recs.items()
-               if r["name"] == "cluster-cpu.toy_reg")
+    per_gpu = sorted(
+        (r["node"], r["device"]) for r in recs.values() if r["name"] == "cluster-cpu.toy_reg"
+    )
+    assert per_gpu == [
+        ("node1", "node1.0"),
+        ("node1", "node1.1"),
+        ("node2", "node2.0"),
+        ("node2", "node2.1"),
+    ]
+    assert all(
+        f"J0.{r['device']}." in n for n, r in recs.items() if r["name"] == "cluster-cpu.toy_reg"
+    )
     # ... each in the student cgroup of its slot, on its node
-    assert all(r["host"]["cgroup"].endswith(f"student{r['device'][-1]}") for r in recs.values()
-               if r["name"] == "cluster-cpu.toy_reg")
+    assert all(
+        r["host"]["cgroup"].endswith(f"student{r['device'][-1]}")
+        for r in recs.values()
+        if r["name"] == "cluster-cpu.toy_reg"
+    )
     # multi-node: one record, 2 nodes x 2 slots, both node names, the rendezvous
     (ddp,) = [r for r in recs.values() if r["name"] == "cluster-cpu.ddp"]
     assert ddp["distributed"]["world_size"] == 4
@@ -91,14 +125,23 @@ def test_milarun_slurm_runs_every_plan_type_across_two_nodes(slurm_cluster, stud
     assert ddp["distributed"]["rendezvous"]["backend"] == "c10d"
     # node-progression: 1x1, 1x2, 2x1, 2x2, grouped by shape
     from milarun.analysis.summary import summarize_dir
+
     summary, _ = summarize_dir(out)
     groups = sorted(g for g in summary["tests"] if g.startswith("cluster-cpu.scaling."))
-    assert groups == ["cluster-cpu.scaling.1x1", "cluster-cpu.scaling.1x2",
-                      "cluster-cpu.scaling.2x1", "cluster-cpu.scaling.2x2"]
+    assert groups == [
+        "cluster-cpu.scaling.1x1",
+        "cluster-cpu.scaling.1x2",
+        "cluster-cpu.scaling.2x1",
+        "cluster-cpu.scaling.2x2",
+    ]
     assert all(summary["tests"][g]["train"]["mean"] > 0 for g in groups)
-    report = subprocess.run([venv_python(), "-m", "milarun", "report", str(out),
-                             "--compare-nodes"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120)
+    report = subprocess.run(
+        [venv_python(), "-m", "milarun", "report", str(out), "--compare-nodes"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert report.returncode == 0, report.stderr
     assert "scaling of cluster-cpu.scaling" in report.stdout
     assert "node comparison" in report.stdout
@@ -109,8 +152,13 @@ def test_scancel_leaves_interrupted_records_and_no_process(slurm_cluster, tmp_pa
     data = tmp_path / "data"
     data.mkdir()
     out = tmp_path / "results"
-    job = submit(slurm_cluster, out, data, ["toy_reg"],
-                 ["--max-count", "1000000000", "--sample-duration", "0.2"])
+    job = submit(
+        slurm_cluster,
+        out,
+        data,
+        ["toy_reg"],
+        ["--max-count", "1000000000", "--sample-duration", "0.2"],
+    )
     # wait until both tests have closed sample windows (start-up is slow under load)
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -137,8 +185,15 @@ def test_scancel_leaves_interrupted_records_and_no_process(slurm_cluster, tmp_pa
 def system_file(tmp_path, ssh_nodes, names=("a", "b"), ports=None):
     nodes = []
     for name, address in zip(names, ssh_nodes.nodes):
-        nodes.append({"name": name, "address": address, "user": ssh_nodes.user,
-                      "port": (ports or {}).get(name, ssh_nodes.port), "key": str(ssh_nodes.key)})
+        nodes.append(
+            {
+                "name": name,
+                "address": address,
+                "user": ssh_nodes.user,
+                "port": (ports or {}).get(name, ssh_nodes.port),
+                "key": str(ssh_nodes.key),
+            }
+        )
     path = tmp_path / "system.json"
     path.write_text(json.dumps({"ssh_config": str(ssh_nodes.config), "nodes": nodes}))
     return path
@@ -148,9 +203,26 @@ def jobs_over_ssh(system, tmp_path, names, extra=SHORT):
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
     out = tmp_path / "results"
-    argv = [venv_python(), "-m", "milarun", "jobs", "profiles/cluster-cpu.json", "--system",
-            str(system), "--cpu-slots", "1", "--no-cgexec", "-d", str(data), "-o", str(out),
-            "--name", *names, "--", *extra]
+    argv = [
+        venv_python(),
+        "-m",
+        "milarun",
+        "jobs",
+        "profiles/cluster-cpu.json",
+        "--system",
+        str(system),
+        "--cpu-slots",
+        "1",
+        "--no-cgexec",
+        "-d",
+        str(data),
+        "-o",
+        str(out),
+        "--name",
+        *names,
+        "--",
+        *extra,
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     return done, out
@@ -162,8 +234,10 @@ def test_system_file_runs_per_gpu_and_multi_node_over_ssh(ssh_nodes, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 passed, 0 failed" in done.stdout
     recs = records(out)
-    assert sorted(r["node"] for r in recs.values() if r["name"] == "cluster-cpu.toy_reg") == \
-        ["a", "b"]
+    assert sorted(r["node"] for r in recs.values() if r["name"] == "cluster-cpu.toy_reg") == [
+        "a",
+        "b",
+    ]
     (ddp,) = [r for r in recs.values() if r["name"] == "cluster-cpu.ddp"]
     assert ddp["distributed"]["world_size"] == 2
     assert sorted(ddp["distributed"]["node_names"]) == ["a", "b"]
@@ -187,22 +261,46 @@ def test_a_node_lost_mid_run_is_a_fail_record_and_leaves_no_process(ssh_nodes, t
     data = tmp_path / "data"
     data.mkdir()
     out = tmp_path / "results"
-    argv = [venv_python(), "-m", "milarun", "jobs", "profiles/cluster-cpu.json", "--system",
-            str(system), "--cpu-slots", "1", "--no-cgexec", "-d", str(data), "-o", str(out),
-            "--name", "ddp", "--", "--max-count", "100000000", "--sample-duration", "0.2"]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    argv = [
+        venv_python(),
+        "-m",
+        "milarun",
+        "jobs",
+        "profiles/cluster-cpu.json",
+        "--system",
+        str(system),
+        "--cpu-slots",
+        "1",
+        "--no-cgexec",
+        "-d",
+        str(data),
+        "-o",
+        str(out),
+        "--name",
+        "ddp",
+        "--",
+        "--max-count",
+        "100000000",
+        "--sample-duration",
+        "0.2",
+    ]
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         # wait for the multi-node agents of ddp
         deadline = time.time() + 180
         victims = []
         while time.time() < deadline and not victims:
-            ps = subprocess.run(["ps", "-ewwo", "pid,args"], capture_output=True,
-                                text=True).stdout
-            victims = [int(line.split()[0]) for line in ps.splitlines()
-                       if "sshd: " in line and "notty" in line]
-            if not any("torch.distributed.run" in line and str(out) in line
-                       for line in ps.splitlines()):
+            ps = subprocess.run(["ps", "-ewwo", "pid,args"], capture_output=True, text=True).stdout
+            victims = [
+                int(line.split()[0])
+                for line in ps.splitlines()
+                if "sshd: " in line and "notty" in line
+            ]
+            if not any(
+                "torch.distributed.run" in line and str(out) in line for line in ps.splitlines()
+            ):
                 victims = []
             time.sleep(0.5)
         assert victims, "the multi-node agents never started"
@@ -227,9 +325,13 @@ def test_lightning_trains_across_two_slurm_nodes(slurm_cluster, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     out = tmp_path / "results"
-    job = submit(slurm_cluster, out, data, ["lightning"],
-                 ["--max-count", "320", "--sample-duration", "0.2", "--warmup", "1",
-                  "--min-steady", "0.4"])
+    job = submit(
+        slurm_cluster,
+        out,
+        data,
+        ["lightning"],
+        ["--max-count", "320", "--sample-duration", "0.2", "--warmup", "1", "--min-steady", "0.4"],
+    )
     state = wait_job(slurm_cluster, job, 600)
     log = (out / "logs" / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", log

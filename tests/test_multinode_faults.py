@@ -18,14 +18,24 @@ def free_port():
 
 
 def fault_job(partition, function, arguments):
-    return Job("faults", function, f"milarun.models.faults:{function}", arguments=arguments,
-               plan_type=partition, launcher="torchrun", timeout=120,
-               definition={"partition_scheme": {"type": partition}})
+    return Job(
+        "faults",
+        function,
+        f"milarun.models.faults:{function}",
+        arguments=arguments,
+        plan_type=partition,
+        launcher="torchrun",
+        timeout=120,
+        definition={"partition_scheme": {"type": partition}},
+    )
 
 
 def test_a_rank_that_dies_fails_the_whole_node_job_as_rank_failed(tmp_path):
-    job = fault_job("njobs", "die", {"--rank": 1, "--signal-name": "SIGKILL",
-                                     "--sample-duration": 0.1, "--warmup": 0})
+    job = fault_job(
+        "njobs",
+        "die",
+        {"--rank": 1, "--signal-name": "SIGKILL", "--sample-duration": 0.1, "--warmup": 0},
+    )
     (wave,) = plan_job(job, Devices("cpu", [0, 1]), 0, tmp_path, tmp_path)
     (outcome,) = run_wave(wave, tmp_path)
     assert not outcome.success and outcome.reason == "rank-failed"
@@ -38,8 +48,11 @@ def test_a_rank_that_dies_fails_the_whole_node_job_as_rank_failed(tmp_path):
 
 def test_a_node_that_never_joins_is_a_rendezvous_timeout(tmp_path):
     # A two-node plan whose second agent is never started: the first waits for it in vain.
-    two = nodes.Cluster("local", [nodes.Node("a", "127.0.0.1", main=True),
-                                  nodes.Node("b", "127.0.0.1")], Devices("cpu", [0]))
+    two = nodes.Cluster(
+        "local",
+        [nodes.Node("a", "127.0.0.1", main=True), nodes.Node("b", "127.0.0.1")],
+        Devices("cpu", [0]),
+    )
     job = fault_job("multi-node", "crawl", {"--max-count": 1000})
     (wave,) = plan_job(job, two, 0, tmp_path, tmp_path, rdzv_port=free_port(), join_timeout=3)
     (lch,) = wave
@@ -53,6 +66,7 @@ def test_a_node_that_never_joins_is_a_rendezvous_timeout(tmp_path):
 def _rank_pids(marker, rank):
     """PIDs of the processes whose command line holds ``marker`` and whose RANK is ``rank``."""
     import os
+
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -77,11 +91,24 @@ def test_a_rank_killed_mid_ddp_is_rank_failed_even_when_rank_0_writes_its_error(
     import threading
     import time
 
-    job = Job("faults", "ddp", "milarun.models.scaling:main",
-              arguments={"--width": 8, "--blocks": 1, "--image-size": 16, "--batch-size": 8,
-                         "--max-count": 100000000, "--sample-duration": 0.2, "--warmup": 0},
-              plan_type="njobs", launcher="torchrun", timeout=120,
-              definition={"partition_scheme": {"type": "njobs"}})
+    job = Job(
+        "faults",
+        "ddp",
+        "milarun.models.scaling:main",
+        arguments={
+            "--width": 8,
+            "--blocks": 1,
+            "--image-size": 16,
+            "--batch-size": 8,
+            "--max-count": 100000000,
+            "--sample-duration": 0.2,
+            "--warmup": 0,
+        },
+        plan_type="njobs",
+        launcher="torchrun",
+        timeout=120,
+        definition={"partition_scheme": {"type": "njobs"}},
+    )
     (wave,) = plan_job(job, Devices("cpu", [0, 1]), 0, tmp_path, tmp_path)
     outcomes = []
     runner = threading.Thread(target=lambda: outcomes.extend(run_wave(wave, tmp_path)))
@@ -110,13 +137,14 @@ def test_a_process_whose_parent_died_while_it_started_exits_at_once():
     # an orphan that nobody supervises: it notices its parent changed and leaves.
     import subprocess
     import sys
-    code = ("from milarun.host import supervise; "
-            "supervise.set_parent_death_signal(launcher_pid=1, parent_at_start=-5); "
-            "print('still here')")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+
+    code = (
+        "from milarun.host import supervise; "
+        "supervise.set_parent_death_signal(launcher_pid=1, parent_at_start=-5); "
+        "print('still here')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "still here" not in done.stdout
     code = code.replace("parent_at_start=-5", "parent_at_start=__import__('os').getppid()")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "still here" in done.stdout

@@ -20,7 +20,7 @@ from milarun.plan.launches import plan_job
 from milarun.profile.language import Job
 
 
-class NVMLError_NoPermission(Exception):   # noqa: N801 (pynvml's class name)
+class NVMLError_NoPermission(Exception):  # noqa: N801 (pynvml's class name)
     def __str__(self):
         return "Insufficient Permissions"
 
@@ -52,9 +52,13 @@ def test_a_gpu_without_permission_is_skipped_with_the_reason(host):
     backend = NvidiaBackend(pynvml=host)
     found = backend.discover()
     assert [(a.index, a.visible_id, a.portable_id) for a in found] == [
-        (0, "GPU-0aaa-0", "0"), (2, "GPU-2aaa-2", "1"), (3, "GPU-3aaa-3", "2")]
-    assert backend.reason.startswith("GPU 1 skipped, it cannot be opened "
-                                     "(NVMLError_NoPermission: Insufficient Permissions)")
+        (0, "GPU-0aaa-0", "0"),
+        (2, "GPU-2aaa-2", "1"),
+        (3, "GPU-3aaa-3", "2"),
+    ]
+    assert backend.reason.startswith(
+        "GPU 1 skipped, it cannot be opened (NVMLError_NoPermission: Insufficient Permissions)"
+    )
     assert nvml_visible(host)[0] == [0, 2, 3]
 
 
@@ -64,8 +68,10 @@ def test_milarun_devices_shows_the_skipped_gpu(host):
     assert set(inv["tried"]) == {"nvidia"}
     lines = render(inv)
     assert lines[2] == "  2: Fake GPU 2, 81920 MiB; visible as GPU-2aaa-2; CPUs 4-5"
-    assert lines[4].startswith("  nvidia: GPU 1 skipped, it cannot be opened "
-                               "(NVMLError_NoPermission: Insufficient Permissions)")
+    assert lines[4].startswith(
+        "  nvidia: GPU 1 skipped, it cannot be opened "
+        "(NVMLError_NoPermission: Insufficient Permissions)"
+    )
 
 
 def test_every_gpu_denied_says_why(monkeypatch):
@@ -76,13 +82,15 @@ def test_every_gpu_denied_says_why(monkeypatch):
 
 
 def test_children_get_their_gpu_by_uuid_and_its_monitor_finds_it(host, monkeypatch):
-    job = Job(name="t", suite="s", experiment="milarun.models.toy_reg:main",
-              plan_type="per-gpu")
+    job = Job(name="t", suite="s", experiment="milarun.models.toy_reg:main", plan_type="per-gpu")
     (wave,) = plan_job(job, devices.discover(), 0, "/out")
-    assert [(lch.device, lch.env["CUDA_VISIBLE_DEVICES"], lch.env["CUDA_DEVICE_ORDER"])
-            for lch in wave] == [("0", "GPU-0aaa-0", "PCI_BUS_ID"),
-                                 ("2", "GPU-2aaa-2", "PCI_BUS_ID"),
-                                 ("3", "GPU-3aaa-3", "PCI_BUS_ID")]
+    assert [
+        (lch.device, lch.env["CUDA_VISIBLE_DEVICES"], lch.env["CUDA_DEVICE_ORDER"]) for lch in wave
+    ] == [
+        ("0", "GPU-0aaa-0", "PCI_BUS_ID"),
+        ("2", "GPU-2aaa-2", "PCI_BUS_ID"),
+        ("3", "GPU-3aaa-3", "PCI_BUS_ID"),
+    ]
     # in the child: the monitor reads that GPU, under the launcher's index
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", wave[1].env["CUDA_VISIBLE_DEVICES"])
     with GPUMonitor(interval=0.01) as mon:
@@ -101,8 +109,9 @@ def test_an_inherited_index_counts_the_gpus_that_open_as_cuda_does(host, monkeyp
 def test_other_nodes_get_cuda_indices_not_this_hosts_uuids(host, tmp_path):
     found = devices.discover()
     system = tmp_path / "system.json"
-    system.write_text('{"nodes": [{"name": "a", "address": "10.0.0.1"}, '
-                      '{"name": "b", "address": "10.0.0.2"}]}')
+    system.write_text(
+        '{"nodes": [{"name": "a", "address": "10.0.0.1"}, {"name": "b", "address": "10.0.0.2"}]}'
+    )
     cluster = nodes.discover(found, system=str(system))
     assert cluster.devices.visible_ids([0, 2, 3]) == ["0", "1", "2"]
     assert nodes.discover(found, environ={}).devices.visible_ids([2]) == ["GPU-2aaa-2"]

@@ -8,12 +8,17 @@ from milarun.cli import main
 from milarun.profile.language import deep_merge, load_profile
 
 OK = {"experiment": "milarun.models.toy_reg:main"}
-KNOWN = ("arguments, description, enabled, exec_prefix, experiment, group, inherits, launcher, "
-         "matrix, name, partition_scheme, prepare, tags, timeout, validation")
+KNOWN = (
+    "arguments, description, enabled, exec_prefix, experiment, group, inherits, launcher, "
+    "matrix, name, partition_scheme, prepare, tags, timeout, validation"
+)
 
 BAD = [
     # (profile text or object, expected message after "<path>: ")
-    ("{not json", "invalid JSON: Expecting property name enclosed in double quotes at line 1, column 2"),
+    (
+        "{not json",
+        "invalid JSON: Expecting property name enclosed in double quotes at line 1, column 2",
+    ),
     ([1, 2], "a profile must be a JSON object of job name → definition"),
     ({}, "the profile defines no job"),
     ({"*": OK}, "the profile defines no job"),
@@ -23,34 +28,68 @@ BAD = [
     ({"a": {**OK, "colour": 1}}, f"job 'a', key 'colour': unknown key (known: {KNOWN})"),
     ({"a": {"arguments": {}}}, "job 'a', key 'experiment': missing; give 'module:function'"),
     ({"a": {"experiment": 5}}, "job 'a', key 'experiment': must be a string 'module:function'"),
-    ({"a": {"experiment": "milarun.models.toy_reg"}},
-     "job 'a', key 'experiment': 'milarun.models.toy_reg' must look like 'module:function'"),
-    ({"a": {"experiment": "milarun.models.nope:main"}},
-     "job 'a', key 'experiment': cannot import module 'milarun.models.nope' (no such module)"),
-    ({"a": {"experiment": "milarun.models.toy_reg:nope"}},
-     "job 'a', key 'experiment': module 'milarun.models.toy_reg' has no function 'nope'"),
-    ({"a": {**OK, "arguments": ["--x"]}},
-     "job 'a', key 'arguments': must be an object of flag → value"),
-    ({"a": {**OK, "arguments": {"--x": [1]}}},
-     "job 'a', key 'arguments.--x': must be a string, number or boolean, not list"),
-    ({"a": {**OK, "partition_scheme": "per-gpu"}},
-     "job 'a', key 'partition_scheme': must be an object with 'type' and 'cgroup'"),
-    ({"a": {**OK, "partition_scheme": {"type": "per-node"}}},
-     "job 'a', key 'partition_scheme.type': 'per-node' is not one of per-gpu, gpu-progression, normal, njobs, multi-node, node-progression, multi-process"),
-    ({"a": {**OK, "partition_scheme": {"kind": "normal"}}},
-     "job 'a', key 'partition_scheme.kind': unknown key (known: cgroup, devices_per_process, gpus_per_node, nodes, processes, type)"),
-    ({"a": {**OK, "partition_scheme": {"cgroup": "student{device}"}}},
-     "job 'a', key 'partition_scheme.cgroup': must look like 'controllers:group', e.g. 'cpuset,memory:student{device}'"),
-    ({"a": {**OK, "partition_scheme": {"cgroup": "cpuset:student{gpu}"}}},
-     "job 'a', key 'partition_scheme.cgroup': unknown placeholder {gpu} (only {device})"),
+    (
+        {"a": {"experiment": "milarun.models.toy_reg"}},
+        "job 'a', key 'experiment': 'milarun.models.toy_reg' must look like 'module:function'",
+    ),
+    (
+        {"a": {"experiment": "milarun.models.nope:main"}},
+        "job 'a', key 'experiment': cannot import module 'milarun.models.nope' (no such module)",
+    ),
+    (
+        {"a": {"experiment": "milarun.models.toy_reg:nope"}},
+        "job 'a', key 'experiment': module 'milarun.models.toy_reg' has no function 'nope'",
+    ),
+    (
+        {"a": {**OK, "arguments": ["--x"]}},
+        "job 'a', key 'arguments': must be an object of flag → value",
+    ),
+    (
+        {"a": {**OK, "arguments": {"--x": [1]}}},
+        "job 'a', key 'arguments.--x': must be a string, number or boolean, not list",
+    ),
+    (
+        {"a": {**OK, "partition_scheme": "per-gpu"}},
+        "job 'a', key 'partition_scheme': must be an object with 'type' and 'cgroup'",
+    ),
+    (
+        {"a": {**OK, "partition_scheme": {"type": "per-node"}}},
+        "job 'a', key 'partition_scheme.type': 'per-node' is not one of per-gpu, gpu-progression, normal, njobs, multi-node, node-progression, multi-process",
+    ),
+    (
+        {"a": {**OK, "partition_scheme": {"kind": "normal"}}},
+        "job 'a', key 'partition_scheme.kind': unknown key (known: cgroup, devices_per_process, gpus_per_node, nodes, processes, type)",
+    ),
+    (
+        {"a": {**OK, "partition_scheme": {"cgroup": "student{device}"}}},
+        "job 'a', key 'partition_scheme.cgroup': must look like 'controllers:group', e.g. 'cpuset,memory:student{device}'",
+    ),
+    (
+        {"a": {**OK, "partition_scheme": {"cgroup": "cpuset:student{gpu}"}}},
+        "job 'a', key 'partition_scheme.cgroup': unknown placeholder {gpu} (only {device})",
+    ),
     ({"a": {**OK, "prepare": "sync"}}, "job 'a', key 'prepare': must be a list of strings"),
-    ({"a": {**OK, "prepare": ["ls {data}"]}},
-     "job 'a', key 'prepare': unknown placeholder {data} (known: dataroot, milarun, outdir, python)"),
-    ({"a": {**OK, "exec_prefix": "nocache"}}, "job 'a', key 'exec_prefix': must be a list of strings"),
+    (
+        {"a": {**OK, "prepare": ["ls {data}"]}},
+        "job 'a', key 'prepare': unknown placeholder {data} (known: dataroot, milarun, outdir, python)",
+    ),
+    (
+        {"a": {**OK, "exec_prefix": "nocache"}},
+        "job 'a', key 'exec_prefix': must be a list of strings",
+    ),
     ({"a": {**OK, "timeout": -1}}, "job 'a', key 'timeout': must be a positive number of seconds"),
-    ({"a": {**OK, "timeout": "1h"}}, "job 'a', key 'timeout': must be a positive number of seconds"),
-    ({"a": {**OK, "launcher": "mpirun"}}, "job 'a', key 'launcher': 'mpirun' is not one of python, torchrun"),
-    ({"*": {"timeout": 0}, "a": OK}, "job 'a', key 'timeout': must be a positive number of seconds"),
+    (
+        {"a": {**OK, "timeout": "1h"}},
+        "job 'a', key 'timeout': must be a positive number of seconds",
+    ),
+    (
+        {"a": {**OK, "launcher": "mpirun"}},
+        "job 'a', key 'launcher': 'mpirun' is not one of python, torchrun",
+    ),
+    (
+        {"*": {"timeout": 0}, "a": OK},
+        "job 'a', key 'timeout': must be a positive number of seconds",
+    ),
 ]
 
 
@@ -74,7 +113,9 @@ def test_missing_profile_file(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["jobs", str(tmp_path / "nope.json"), "--dry-run"])
     assert exc.value.code == 2
-    assert capsys.readouterr().err == f"milarun: error: {tmp_path / 'nope.json'}: profile not found\n"
+    assert (
+        capsys.readouterr().err == f"milarun: error: {tmp_path / 'nope.json'}: profile not found\n"
+    )
 
 
 def test_unknown_name(tmp_path, capsys):
@@ -83,7 +124,8 @@ def test_unknown_name(tmp_path, capsys):
         main(["jobs", str(path), "--dry-run", "--name", "c"])
     assert exc.value.code == 2
     assert capsys.readouterr().err == (
-        f"milarun: error: {path}: unknown job name 'c' (--name); known: a, b\n")
+        f"milarun: error: {path}: unknown job name 'c' (--name); known: a, b\n"
+    )
 
 
 def test_verbose_shows_traceback(tmp_path, capsys):
@@ -95,12 +137,17 @@ def test_verbose_shows_traceback(tmp_path, capsys):
 
 
 def test_deep_merge_keeps_cgroup_template(tmp_path):
-    path = _write(tmp_path, {
-        "*": {"partition_scheme": {"type": "per-gpu", "cgroup": "cpuset,memory:student{device}"},
-              "arguments": {"--seed": 1}},
-        "a": {**OK, "partition_scheme": {"type": "normal"}, "arguments": {"--batch-size": 8}},
-        "_ignored": {"anything": True},
-    })
+    path = _write(
+        tmp_path,
+        {
+            "*": {
+                "partition_scheme": {"type": "per-gpu", "cgroup": "cpuset,memory:student{device}"},
+                "arguments": {"--seed": 1},
+            },
+            "a": {**OK, "partition_scheme": {"type": "normal"}, "arguments": {"--batch-size": 8}},
+            "_ignored": {"anything": True},
+        },
+    )
     (job,) = load_profile(path)
     assert job.plan_type == "normal"
     assert job.cgroup == "cpuset,memory:student{device}"
@@ -117,16 +164,19 @@ def test_deep_merge_does_not_alias():
 
 def test_arguments_render_flags():
     from milarun.profile.language import Job
-    job = Job("s", "a", "m:f", arguments={"--batch-size": 8, "amp": True, "--no": False,
-                                          "lr": 0.5})
+
+    job = Job("s", "a", "m:f", arguments={"--batch-size": 8, "amp": True, "--no": False, "lr": 0.5})
     assert job.argv() == ["--batch-size", "8", "--amp", "--lr", "0.5"]
 
 
 def test_validation_does_not_import_torch(tmp_path):
     import subprocess
     import sys
+
     path = _write(tmp_path, {"a": {"experiment": "milarun.models.toy_reg:main"}})
-    code = ("import sys; from milarun.profile.language import load_profile; "
-            f"load_profile({str(path)!r}); print('torch' in sys.modules)")
+    code = (
+        "import sys; from milarun.profile.language import load_profile; "
+        f"load_profile({str(path)!r}); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -10,9 +10,27 @@ from conftest import ROOT
 from milarun.bench.setup import PRECISIONS
 from milarun.profile.language import EXAMPLE_VALUES, load_profile
 
-STANDARD_TESTS = ["toy_reg", "toy_lstm", "vae", "loader", "convnet", "convnet_fp16", "reso",
-                  "fast_style", "dcgan", "wlm", "wlmfp16", "translator", "ssd", "recom", "cart",
-                  "ppo", "ddp_convnet", "scaling", "matmul"]
+STANDARD_TESTS = [
+    "toy_reg",
+    "toy_lstm",
+    "vae",
+    "loader",
+    "convnet",
+    "convnet_fp16",
+    "reso",
+    "fast_style",
+    "dcgan",
+    "wlm",
+    "wlmfp16",
+    "translator",
+    "ssd",
+    "recom",
+    "cart",
+    "ppo",
+    "ddp_convnet",
+    "scaling",
+    "matmul",
+]
 #: The inference section (multi-process plan type): too slow to start on CPU slots for
 #: the cpu profile (torch and torchvision import on one pinned core each).
 INFERENCE_TESTS = ["infer_resnet50", "infer_encoder"]
@@ -23,15 +41,26 @@ LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_lora_ddp", "llm_serve"
 CPU_LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_serve"]
 #: The cpu profile keeps one test per workload family of the 2020 suite (issue 23: room for
 #: the LLM tests within the quickstart's 5 minutes; docs/profiles.md says what left).
-CPU_TESTS = ["toy_reg", "loader", "convnet", "wlm", "translator", "recom", "ppo", "ddp_convnet",
-             "matmul"]
+CPU_TESTS = [
+    "toy_reg",
+    "loader",
+    "convnet",
+    "wlm",
+    "translator",
+    "recom",
+    "ppo",
+    "ddp_convnet",
+    "matmul",
+]
 #: Diffusion and vision transformers (issue 24): every GPU profile (5gb and 10gb leave out
 #: what cannot fit: SD 2 training, and ViT-L on 5 GB); tiny versions on CPU.
-VISION_TESTS = {"standard": ["diffusion", "diffusion_ddp", "txt2img", "vit_b", "vit_l", "vit_ddp"],
-                "lite": ["diffusion", "diffusion_ddp", "txt2img", "vit_b", "vit_l", "vit_ddp"],
-                "10gb": ["txt2img", "vit_b", "vit_l", "vit_ddp"],
-                "5gb": ["txt2img", "vit_b", "vit_ddp"],
-                "cpu": ["diffusion", "vit"]}
+VISION_TESTS = {
+    "standard": ["diffusion", "diffusion_ddp", "txt2img", "vit_b", "vit_l", "vit_ddp"],
+    "lite": ["diffusion", "diffusion_ddp", "txt2img", "vit_b", "vit_l", "vit_ddp"],
+    "10gb": ["txt2img", "vit_b", "vit_l", "vit_ddp"],
+    "5gb": ["txt2img", "vit_b", "vit_ddp"],
+    "cpu": ["diffusion", "vit"],
+}
 #: The 2020 suite alone, for comparisons with 2020 baselines under the 2020 weights.
 LEGACY_PROFILES = ["legacy2020"]
 PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.json"))
@@ -41,22 +70,47 @@ CLUSTER_PROFILES = ["cluster", "cluster-cpu"]
 STUDY_PROFILES = ["io", "io-seed"]
 #: The acceptance profiles (issue 25, docs/acceptance.md): their own tests only, each
 #: sweep or burn-in ending the test by itself (no --min-steady floor).
-ACCEPTANCE_TESTS = {"acceptance": ["collectives", "collectives_nodes", "collectives_all_nodes",
-                                   "bandwidth", "bandwidth_remote_numa", "matmul", "burn"],
-                    "acceptance-cpu": ["collectives", "bandwidth", "matmul", "burn"]}
+ACCEPTANCE_TESTS = {
+    "acceptance": [
+        "collectives",
+        "collectives_nodes",
+        "collectives_all_nodes",
+        "bandwidth",
+        "bandwidth_remote_numa",
+        "matmul",
+        "burn",
+    ],
+    "acceptance-cpu": ["collectives", "bandwidth", "matmul", "burn"],
+}
 
 
 def test_standard_dry_run_lists_every_test(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "milarun", "jobs", "profiles/standard.json",
-                           "--dry-run", "--no-cgexec", "-d", str(tmp_path), "-o",
-                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "milarun",
+            "jobs",
+            "profiles/standard.json",
+            "--dry-run",
+            "--no-cgexec",
+            "-d",
+            str(tmp_path),
+            "-o",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     # the dry run checks the exec prefix (nocache) as a real run does; nothing else may fail
     errors = [line for line in proc.stderr.splitlines() if line.startswith("milarun: error:")]
     assert all("exec_prefix program 'nocache'" in line for line in errors), proc.stderr
     assert proc.returncode == (2 if errors else 0)
     out = proc.stdout
-    listed = {line.split()[1].split(".")[1] for line in out.splitlines()
-              if line.startswith("# standard.")}
+    listed = {
+        line.split()[1].split(".")[1] for line in out.splitlines() if line.startswith("# standard.")
+    }
     assert listed == set(STANDARD_TESTS + INFERENCE_TESTS + LLM_TESTS + VISION_TESTS["standard"])
 
 
@@ -92,25 +146,46 @@ def test_profile_validates_and_weights_match(name):
 
 def test_acceptance_profile_dry_runs_on_a_cpu_host(tmp_path):
     (tmp_path / "data").mkdir()
-    proc = subprocess.run([sys.executable, "-m", "milarun", "jobs", "profiles/acceptance.json",
-                           "--dry-run", "--no-cgexec", "-d", str(tmp_path / "data"), "-o",
-                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "milarun",
+            "jobs",
+            "profiles/acceptance.json",
+            "--dry-run",
+            "--no-cgexec",
+            "-d",
+            str(tmp_path / "data"),
+            "-o",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
-    listed = {line.split()[1].split(".")[1] for line in proc.stdout.splitlines()
-              if line.startswith("# acceptance.")}
+    listed = {
+        line.split()[1].split(".")[1]
+        for line in proc.stdout.splitlines()
+        if line.startswith("# acceptance.")
+    }
     assert listed == set(ACCEPTANCE_TESTS["acceptance"])
 
 
 def test_cpu_profile_prepares_its_own_data():
     jobs = load_profile(ROOT / "profiles" / "cpu.json")
     for job in jobs:
-        if any(word in job.experiment for word in ("vae", "loader", "convnet", "reso", "dcgan",
-                                                     "wlm", "translator", "recom")):
+        if any(
+            word in job.experiment
+            for word in ("vae", "loader", "convnet", "reso", "dcgan", "wlm", "translator", "recom")
+        ):
             assert job.prepare and "dataset" in job.prepare[0], job.name
 
 
-@pytest.mark.parametrize("name,floor", [("standard", 30), ("5gb", 30), ("10gb", 30),
-                                        ("lite", 12), ("cluster", 30)])
+@pytest.mark.parametrize(
+    "name,floor", [("standard", 30), ("5gb", 30), ("10gb", 30), ("lite", 12), ("cluster", 30)]
+)
 def test_gpu_profiles_guarantee_their_steady_state(name, floor):
     # --min-steady makes the steady-state length hold on any GPU, whatever
     # the --max-count estimates are worth there.
@@ -127,6 +202,7 @@ class _ParseOnly:
 
         from milarun.bench.experiment import _entry
         from milarun.bench.options import common_options
+
         self.opts, _ = make_cli(_entry, argv=list(argv), extras=[common_options, fn])
 
 
@@ -144,8 +220,10 @@ def test_every_shipped_argument_is_an_option_of_its_test(name, capsys):
         try:
             main(exp, argv)
         except SystemExit as exc:
-            pytest.fail(f"{name}.{job.name}: {argv} rejected: "
-                        f"{capsys.readouterr().err.strip()} (exit {exc.code})")
+            pytest.fail(
+                f"{name}.{job.name}: {argv} rejected: "
+                f"{capsys.readouterr().err.strip()} (exit {exc.code})"
+            )
         parsed = vars(exp.opts)
         for flag, value in job.arguments.items():
             key = flag.lstrip("-").replace("-", "_")

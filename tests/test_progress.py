@@ -24,19 +24,29 @@ ESC = "\x1b"
 
 
 def job(name="a", timeout=1800.0, **arguments):
-    return SimpleNamespace(name=name, full_name=f"s.{name}", timeout=timeout,
-                           arguments=arguments)
+    return SimpleNamespace(name=name, full_name=f"s.{name}", timeout=timeout, arguments=arguments)
 
 
 def launch(j, run=0, device="0", group=None):
-    return SimpleNamespace(job=j, name=j.full_name, run=run, device=device,
-                           group=group or j.full_name, job_id=f"{run}.{device}",
-                           timeout=j.timeout)
+    return SimpleNamespace(
+        job=j,
+        name=j.full_name,
+        run=run,
+        device=device,
+        group=group or j.full_name,
+        job_id=f"{run}.{device}",
+        timeout=j.timeout,
+    )
 
 
 def outcome(lch, success=True, duration=1.0, reason=None):
-    return SimpleNamespace(launch=lch, success=success, reason=reason, duration=duration,
-                           result_path=f"/out/{lch.group}.J{lch.job_id}.json")
+    return SimpleNamespace(
+        launch=lch,
+        success=success,
+        reason=reason,
+        duration=duration,
+        result_path=f"/out/{lch.group}.J{lch.job_id}.json",
+    )
 
 
 class Clock:
@@ -56,6 +66,7 @@ def suite():
 
 
 # -- estimate_seconds ---------------------------------------------------------------------
+
 
 def test_estimate_uses_the_option_defaults_when_unset():
     # bench/options.py: min_steady 0 s, warmup 3 windows of 0.5 s
@@ -81,11 +92,12 @@ def test_estimate_ignores_bad_values():
 
 
 def test_progress_and_estimate_do_not_import_torch():
-    code = ("import sys; from types import SimpleNamespace as N; "
-            "from milarun.launcher.progress import estimate_seconds as e; "
-            "print(e(N(arguments={}, timeout=10.0)), 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    code = (
+        "import sys; from types import SimpleNamespace as N; "
+        "from milarun.launcher.progress import estimate_seconds as e; "
+        "print(e(N(arguments={}, timeout=10.0)), 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split()[1] == "False"
 
 
@@ -96,6 +108,7 @@ def test_format_duration():
 
 
 # -- time left ------------------------------------------------------------------------------
+
 
 def test_eta_falls_as_launches_finish_and_uses_measured_durations():
     a, b, launches = suite()
@@ -120,8 +133,14 @@ def test_eta_falls_as_launches_finish_and_uses_measured_durations():
         p.finished(outcome(lch, duration=10.0))
     p.started(launches[4:])
     p.finished(outcome(launches[4], duration=3.0))
-    assert p.status() | {"elapsed_s": 0} == {"done": 5, "total": 5, "passed": 4, "failed": 1,
-                                             "elapsed_s": 0, "eta_s": 0.0}
+    assert p.status() | {"elapsed_s": 0} == {
+        "done": 5,
+        "total": 5,
+        "passed": 4,
+        "failed": 1,
+        "elapsed_s": 0,
+        "eta_s": 0.0,
+    }
 
 
 def test_a_missing_duration_is_measured_from_the_start():
@@ -136,8 +155,14 @@ def test_a_missing_duration_is_measured_from_the_start():
 
 def test_baseline_durations_replace_the_floor_until_measured():
     a, b, launches = suite()
-    p = SuiteProgress(launches, stream=io.StringIO(), live=False, startup=0, clock=Clock(),
-                      baseline={"s.b": 100.0, "s.a": float("nan")})
+    p = SuiteProgress(
+        launches,
+        stream=io.StringIO(),
+        live=False,
+        startup=0,
+        clock=Clock(),
+        baseline={"s.b": 100.0, "s.a": float("nan")},
+    )
     assert p.status()["eta_s"] == pytest.approx(20 + 20 + 100)  # nan ignored: a keeps its floor
 
 
@@ -150,6 +175,7 @@ def test_gpu_progression_steps_are_separate_waves():
 
 # -- plain output ----------------------------------------------------------------------------
 
+
 def test_plain_output_has_counters_and_no_escape_codes():
     a, b, launches = suite()
     clock = Clock()
@@ -161,8 +187,7 @@ def test_plain_output_has_counters_and_no_escape_codes():
             p.child_output(wave[0], "\x1b[31mloss 0.5\x1b[0m")  # not shown: not verbose
             clock.t += 130
             for lch in wave:
-                p.finished(outcome(lch, success=lch is not launches[4], reason="oom",
-                                   duration=130))
+                p.finished(outcome(lch, success=lch is not launches[4], reason="oom", duration=130))
     text = out.getvalue()
     assert ESC not in text and "loss" not in text
     lines = text.splitlines()
@@ -181,8 +206,11 @@ def test_verbose_prefixes_every_child_line_and_strips_escapes():
     p.child_output(launches[1], "epoch 1\n")
     p.child_output(launches[4], b"\x1b[1mbold\x1b[0m\r\n")
     p.child_output(launches[4], "10%\r50%\r")
-    assert out.getvalue().splitlines() == ["[s.a J0.1] epoch 1", "[s.b J0.all] bold",
-                                           "[s.b J0.all] 50%"]
+    assert out.getvalue().splitlines() == [
+        "[s.a J0.1] epoch 1",
+        "[s.b J0.all] bold",
+        "[s.b J0.all] 50%",
+    ]
 
 
 def test_clean_line():
@@ -231,6 +259,7 @@ def test_child_output_is_thread_safe():
 
 # -- closed terminals ----------------------------------------------------------------------
 
+
 class Broken(io.StringIO):
     """A stream that works for ``ok`` writes, then fails like a closed terminal."""
 
@@ -266,9 +295,14 @@ def exercise(p, launches):
     return p.status()
 
 
-@pytest.mark.parametrize("exc", [OSError(errno.EIO, "Input/output error"),
-                                 BrokenPipeError(errno.EPIPE, "Broken pipe"),
-                                 ValueError("I/O operation on closed file")])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        OSError(errno.EIO, "Input/output error"),
+        BrokenPipeError(errno.EPIPE, "Broken pipe"),
+        ValueError("I/O operation on closed file"),
+    ],
+)
 @pytest.mark.parametrize("live", [False, True])
 @pytest.mark.parametrize("verbose", [False, True])
 @pytest.mark.parametrize("ok", [0, 3])
@@ -335,6 +369,7 @@ def test_a_working_stream_loses_nothing():
 
 # -- live display --------------------------------------------------------------------------
 
+
 def test_live_bar_shows_counts_and_the_last_child_line():
     a, b, launches = suite()
     out = io.StringIO()
@@ -368,15 +403,19 @@ def test_live_child_output_from_threads():
     a, b, launches = suite()
     with SuiteProgress(launches, stream=io.StringIO(), live=True) as p:
         p.started(launches[:4])
-        threads = [threading.Thread(target=lambda lch=lch: [p.child_output(lch, f"n {i}")
-                                                            for i in range(200)])
-                   for lch in launches[:4]]
+        threads = [
+            threading.Thread(
+                target=lambda lch=lch: [p.child_output(lch, f"n {i}") for i in range(200)]
+            )
+            for lch in launches[:4]
+        ]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        assert sorted(p._tail_view) == sorted((f"{lch.group} J{lch.job_id}", "n 199")
-                                              for lch in launches[:4])
+        assert sorted(p._tail_view) == sorted(
+            (f"{lch.group} J{lch.job_id}", "n 199") for lch in launches[:4]
+        )
 
 
 class Tty(io.StringIO):
@@ -384,14 +423,17 @@ class Tty(io.StringIO):
         return True
 
 
-@pytest.mark.parametrize("stream, env, live", [
-    (Tty(), {}, True),
-    (Tty(), {"CI": "true"}, False),
-    (Tty(), {"CI": "1"}, False),
-    (Tty(), {"CI": "false"}, True),
-    (Tty(), {"TERM": "dumb"}, False),
-    (io.StringIO(), {}, False),
-])
+@pytest.mark.parametrize(
+    "stream, env, live",
+    [
+        (Tty(), {}, True),
+        (Tty(), {"CI": "true"}, False),
+        (Tty(), {"CI": "1"}, False),
+        (Tty(), {"CI": "false"}, True),
+        (Tty(), {"TERM": "dumb"}, False),
+        (io.StringIO(), {}, False),
+    ],
+)
 def test_decide_live(stream, env, live):
     assert decide_live(stream, env) is live
 

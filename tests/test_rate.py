@@ -32,12 +32,18 @@ class CountingTimer:
 
 def test_windows_rates_and_warmup_flags():
     clock = FakeClock()
-    logger = RateLogger(sample_duration=0.5, max_count=1000, warmup=2,
-                        host_clock=clock, timer=CountingTimer(clock), origin=100.0)
+    logger = RateLogger(
+        sample_duration=0.5,
+        max_count=1000,
+        warmup=2,
+        host_clock=clock,
+        timer=CountingTimer(clock),
+        origin=100.0,
+    )
     steps = 0
     for step in logger.steps():
-        clock.t += 0.125        # each step takes 0.125 s (exact in binary)
-        step.set_count(10)      # 10 items: 80 items/s
+        clock.t += 0.125  # each step takes 0.125 s (exact in binary)
+        step.set_count(10)  # 10 items: 80 items/s
         step.log(loss=1.0 / (steps + 1))
         steps += 1
     assert steps == 100 and logger.total == 1000
@@ -56,8 +62,7 @@ def test_windows_rates_and_warmup_flags():
 def test_one_sync_and_one_mark_per_window_not_per_step():
     clock = FakeClock()
     timer = CountingTimer(clock)
-    logger = RateLogger(sample_duration=1.0, max_count=600, warmup=0, host_clock=clock,
-                        timer=timer)
+    logger = RateLogger(sample_duration=1.0, max_count=600, warmup=0, host_clock=clock, timer=timer)
     for step in logger.steps():
         clock.t += 0.01
         step.set_count(1)
@@ -68,8 +73,9 @@ def test_one_sync_and_one_mark_per_window_not_per_step():
 
 def test_partial_last_window_is_kept_and_max_count_stops():
     clock = FakeClock()
-    logger = RateLogger(sample_duration=1.0, max_count=25, warmup=0, host_clock=clock,
-                        timer=CountingTimer(clock))
+    logger = RateLogger(
+        sample_duration=1.0, max_count=25, warmup=0, host_clock=clock, timer=CountingTimer(clock)
+    )
     for step in logger.steps():
         clock.t += 0.3
         step.set_count(10)
@@ -81,8 +87,9 @@ def test_partial_last_window_is_kept_and_max_count_stops():
 
 def test_loop_restarts_epochs_and_rejects_empty_loader():
     clock = FakeClock()
-    logger = RateLogger(sample_duration=0.2, max_count=7, warmup=0, host_clock=clock,
-                        timer=CountingTimer(clock))
+    logger = RateLogger(
+        sample_duration=0.2, max_count=7, warmup=0, host_clock=clock, timer=CountingTimer(clock)
+    )
     seen = []
     for step, batch in logger.loop([1, 2, 3]):
         clock.t += 0.1
@@ -103,11 +110,17 @@ def test_bad_sample_duration():
 def test_min_steady_extends_past_max_count():
     # 100 items/s; max_count 50 would stop after 0.5 s, inside warm-up
     clock = FakeClock()
-    logger = RateLogger(sample_duration=0.5, max_count=50, warmup=2, host_clock=clock,
-                        timer=CountingTimer(clock), min_steady=3.0)
+    logger = RateLogger(
+        sample_duration=0.5,
+        max_count=50,
+        warmup=2,
+        host_clock=clock,
+        timer=CountingTimer(clock),
+        min_steady=3.0,
+    )
     for step in logger.steps():
         clock.t += 0.125
-        step.set_count(12)      # 96 items/s
+        step.set_count(12)  # 96 items/s
     steady = [s for s in logger.samples if not s["warmup"]]
     steady_s = sum(s["end"] - s["start"] for s in steady)
     assert steady_s >= 3.0
@@ -124,11 +137,17 @@ def test_max_count_1_with_an_instant_first_step_does_not_extend_for_hours():
     # --max-count 1 the first step can take ~0 s: its rate (millions of items/s) must
     # not size the extension; the run still ends right after its steady state
     clock = FakeClock()
-    logger = RateLogger(sample_duration=0.25, max_count=1, warmup=2, host_clock=clock,
-                        timer=CountingTimer(clock), min_steady=2.0)
+    logger = RateLogger(
+        sample_duration=0.25,
+        max_count=1,
+        warmup=2,
+        host_clock=clock,
+        timer=CountingTimer(clock),
+        min_steady=2.0,
+    )
     first = True
     for step in logger.steps():
-        clock.t += 1e-6 if first else 0.05     # then 32 items every 0.05 s: 640 items/s
+        clock.t += 1e-6 if first else 0.05  # then 32 items every 0.05 s: 640 items/s
         first = False
         step.set_count(32)
         assert clock.t - 100.0 < 60, "the extension was sized from the instant first step"
@@ -139,8 +158,14 @@ def test_max_count_1_with_an_instant_first_step_does_not_extend_for_hours():
 
 def test_min_steady_is_a_floor_not_a_cap():
     clock = FakeClock()
-    logger = RateLogger(sample_duration=0.5, max_count=1000, warmup=1, host_clock=clock,
-                        timer=CountingTimer(clock), min_steady=1.0)
+    logger = RateLogger(
+        sample_duration=0.5,
+        max_count=1000,
+        warmup=1,
+        host_clock=clock,
+        timer=CountingTimer(clock),
+        min_steady=1.0,
+    )
     for step in logger.steps():
         clock.t += 0.125
         step.set_count(10)
@@ -150,12 +175,18 @@ def test_min_steady_is_a_floor_not_a_cap():
 
 def test_min_steady_extends_again_when_the_rate_drops():
     clock = FakeClock()
-    logger = RateLogger(sample_duration=0.5, max_count=10, warmup=0, host_clock=clock,
-                        timer=CountingTimer(clock), min_steady=4.0)
+    logger = RateLogger(
+        sample_duration=0.5,
+        max_count=10,
+        warmup=0,
+        host_clock=clock,
+        timer=CountingTimer(clock),
+        min_steady=4.0,
+    )
     n = 0
     for step in logger.steps():
         n += 1
-        clock.t += 0.1 if n <= 10 else 0.4   # the rate falls 4x after 10 steps
+        clock.t += 0.1 if n <= 10 else 0.4  # the rate falls 4x after 10 steps
         step.set_count(1)
     steady_s = sum(s["end"] - s["start"] for s in logger.samples)
     assert steady_s >= 4.0
@@ -176,8 +207,15 @@ def test_first_extension_uses_a_measured_rate_not_the_launch_rate():
         proposals.append(extra)
         return extra
 
-    logger = RateLogger(sample_duration=0.5, max_count=5, warmup=0, host_clock=clock,
-                        timer=DeviceTimer(clock), min_steady=2.0, agree=agree)
+    logger = RateLogger(
+        sample_duration=0.5,
+        max_count=5,
+        warmup=0,
+        host_clock=clock,
+        timer=DeviceTimer(clock),
+        min_steady=2.0,
+        agree=agree,
+    )
     gen = logger.steps()
     for _ in range(5):
         step = next(gen)
@@ -200,11 +238,21 @@ def test_agree_sets_the_same_target_on_every_rank():
         def agree(extra):
             proposals[rank].append(extra)
             return extra
+
         return agree
 
-    loggers = [RateLogger(sample_duration=0.5, max_count=20, warmup=1, host_clock=c,
-                          timer=CountingTimer(c), min_steady=2.0, agree=make_agree(r))
-               for r, c in enumerate(clocks)]
+    loggers = [
+        RateLogger(
+            sample_duration=0.5,
+            max_count=20,
+            warmup=1,
+            host_clock=c,
+            timer=CountingTimer(c),
+            min_steady=2.0,
+            agree=make_agree(r),
+        )
+        for r, c in enumerate(clocks)
+    ]
     # First pass without coordination: the two proposals differ.
     for lg in loggers:
         lg.start()
@@ -220,10 +268,18 @@ def test_agree_sets_the_same_target_on_every_rank():
     # Second pass with MAX agreement: the same target on both ranks.
     clocks = [FakeClock(), FakeClock()]
     target = max(proposals[0][0], proposals[1][0])
-    loggers = [RateLogger(sample_duration=0.5, max_count=20, warmup=1, host_clock=c,
-                          timer=CountingTimer(c), min_steady=2.0,
-                          agree=lambda extra: max(extra, target))
-               for c in clocks]
+    loggers = [
+        RateLogger(
+            sample_duration=0.5,
+            max_count=20,
+            warmup=1,
+            host_clock=c,
+            timer=CountingTimer(c),
+            min_steady=2.0,
+            agree=lambda extra: max(extra, target),
+        )
+        for c in clocks
+    ]
     steps = [0, 0]
     gens = [lg.steps() for lg in loggers]
     for _ in range(10_000):
@@ -253,26 +309,39 @@ def test_every_rank_votes_at_the_count_target_and_follows_the_agreed_extension()
     clock = FakeClock()
     votes = []
 
-    def agree(extra):        # all_reduce(MAX) with a peer that is 30 items short
+    def agree(extra):  # all_reduce(MAX) with a peer that is 30 items short
         votes.append(extra)
         return max(extra, 30) if len(votes) == 1 else extra
 
-    logger = RateLogger(sample_duration=0.5, max_count=40, warmup=1, host_clock=clock,
-                        timer=CountingTimer(clock), min_steady=2.0, agree=agree)
+    logger = RateLogger(
+        sample_duration=0.5,
+        max_count=40,
+        warmup=1,
+        host_clock=clock,
+        timer=CountingTimer(clock),
+        min_steady=2.0,
+        agree=agree,
+    )
     for step in logger.steps():
-        clock.t += 0.1       # 40 steps = 4 s: 3.5 s of steady state, past the floor
+        clock.t += 0.1  # 40 steps = 4 s: 3.5 s of steady state, past the floor
         step.set_count(1)
-    assert votes[0] == 0             # this rank was not short, but it voted
-    assert logger.total == 40 + 30   # and took the peer's extension
-    assert votes[1:] == [0]          # at the new target: voted again, no one short
+    assert votes[0] == 0  # this rank was not short, but it voted
+    assert logger.total == 40 + 30  # and took the peer's extension
+    assert votes[1:] == [0]  # at the new target: voted again, no one short
 
 
 def test_no_extension_when_every_rank_votes_zero():
     clock = FakeClock()
     votes = []
-    logger = RateLogger(sample_duration=0.5, max_count=40, warmup=1, host_clock=clock,
-                        timer=CountingTimer(clock), min_steady=2.0,
-                        agree=lambda extra: votes.append(extra) or extra)
+    logger = RateLogger(
+        sample_duration=0.5,
+        max_count=40,
+        warmup=1,
+        host_clock=clock,
+        timer=CountingTimer(clock),
+        min_steady=2.0,
+        agree=lambda extra: votes.append(extra) or extra,
+    )
     for step in logger.steps():
         clock.t += 0.1
         step.set_count(1)
@@ -284,17 +353,24 @@ def test_a_follower_rank_votes_zero_and_never_times_a_window():
     timer = CountingTimer(clock)
     votes = []
 
-    def agree(extra):        # rank 0 (the timing rank) asks for 25 more items, once
+    def agree(extra):  # rank 0 (the timing rank) asks for 25 more items, once
         votes.append(extra)
         return 25 if len(votes) == 1 else 0
 
-    logger = RateLogger(sample_duration=0.5, max_count=40, warmup=1, host_clock=clock,
-                        timer=timer, min_steady=60.0, agree=agree)
+    logger = RateLogger(
+        sample_duration=0.5,
+        max_count=40,
+        warmup=1,
+        host_clock=clock,
+        timer=timer,
+        min_steady=60.0,
+        agree=agree,
+    )
     logger.follow()
     for step in logger.steps():
         clock.t += 0.1
         step.set_count(1)
-    assert votes == [0, 0]             # short of 60 s by its own clock, yet it votes 0
+    assert votes == [0, 0]  # short of 60 s by its own clock, yet it votes 0
     assert logger.total == 65
-    assert timer.syncs == 0            # the device timer is never synchronized on
-    assert len(logger.samples) <= 2    # no periodic windows (one for the first vote, one at the end)
+    assert timer.syncs == 0  # the device timer is never synchronized on
+    assert len(logger.samples) <= 2  # no periodic windows (one for the first vote, one at the end)

@@ -22,10 +22,12 @@ def script():
     spec.loader.exec_module(module)
     return module
 
-CRAWL = {"experiment": "milarun.models.faults:crawl",
-         "partition_scheme": {"type": "per-gpu"},
-         "arguments": {"max-count": 30, "sample-duration": 0.05, "step-seconds": 0.005,
-                       "warmup": 1}}
+
+CRAWL = {
+    "experiment": "milarun.models.faults:crawl",
+    "partition_scheme": {"type": "per-gpu"},
+    "arguments": {"max-count": 30, "sample-duration": 0.05, "step-seconds": 0.005, "warmup": 1},
+}
 
 
 def test_repeatability_runs_k_times_and_gives_the_cv(tmp_path, capsys):
@@ -34,10 +36,28 @@ def test_repeatability_runs_k_times_and_gives_the_cv(tmp_path, capsys):
     (tmp_path / "data").mkdir()
     study_file = tmp_path / "study.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(profile), "-k", "2", "-d", str(tmp_path / "data"),
-         "-o", str(tmp_path / "runs"), "--json", str(study_file),
-         "--", "--no-cgexec", "--cpu-slots", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            str(SCRIPT),
+            str(profile),
+            "-k",
+            "2",
+            "-d",
+            str(tmp_path / "data"),
+            "-o",
+            str(tmp_path / "runs"),
+            "--json",
+            str(study_file),
+            "--",
+            "--no-cgexec",
+            "--cpu-slots",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     study = json.loads(study_file.read_text())
     # K runs, each in its own results directory
@@ -60,8 +80,9 @@ def test_repeatability_runs_k_times_and_gives_the_cv(tmp_path, capsys):
     # within: a result's own standard error from its windows (crawl's steps are regular)
     assert 0 < study["tests"]["tiny.crawl"]["within"] < 0.5
     assert any(line.startswith("score ") and line.split()[-2].endswith("%") for line in lines)
-    assert lines[-1].startswith("one run's own 95% CI half-width of the score") \
-        and lines[-1].endswith("%")
+    assert lines[-1].startswith("one run's own 95% CI half-width of the score") and lines[
+        -1
+    ].endswith("%")
     # --analyze reads the same folders again and gives the same study
     assert script().main(["--analyze", *study["runs"]]) == 0
     assert capsys.readouterr().out.splitlines()[:4] == lines[:4]
@@ -84,8 +105,10 @@ def test_repeatability_checks_the_weights_before_running_the_profile(tmp_path, c
     bad.write_text('{"a.b": {"weight": -1}}')
     profile = tmp_path / "tiny.json"
     profile.write_text(json.dumps({"crawl": CRAWL}))
-    assert module.main([str(profile), "-k", "2", "--weights", str(bad),
-                        "-o", str(tmp_path / "runs")]) == 2
+    assert (
+        module.main([str(profile), "-k", "2", "--weights", str(bad), "-o", str(tmp_path / "runs")])
+        == 2
+    )
     assert ran == []  # hours of runs are not spent before a typo in --weights shows
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("repeatability: error: ")
@@ -94,8 +117,9 @@ def test_repeatability_checks_the_weights_before_running_the_profile(tmp_path, c
 def _windows(rates, start=1.0, length=0.5, warmup=2):
     out, t = [], start
     for i, r in enumerate(rates):
-        out.append({"start": t, "end": t + length, "count": r * length, "rate": r,
-                    "warmup": i < warmup})
+        out.append(
+            {"start": t, "end": t + length, "count": r * length, "rate": r, "warmup": i < warmup}
+        )
         t += length
     return out
 
@@ -113,13 +137,13 @@ def test_steady_rules_change_only_what_they_name():
         assert stats.steady_state(samples)[0] == pytest.approx(100)
     with mod.steady_rule("20%-trimmed mean"):
         n = int(len(rates) * 0.1)
-        core = rates[n:len(rates) - n]
+        core = rates[n : len(rates) - n]
         assert stats.steady_state(samples)[0] == pytest.approx(sum(core) / len(core))
     with mod.steady_rule("adaptive warm-up"):
         rate, chosen, _ = stats.steady_state(samples)
         assert min(s["rate"] for s in chosen) == 40  # the ramp is gone, the dip stays
         assert [s["rate"] for s in chosen][0] == 100
-    with mod.steady_rule("warm-up + 1 s"):   # two 0.5 s windows more: the ramp
+    with mod.steady_rule("warm-up + 1 s"):  # two 0.5 s windows more: the ramp
         assert [s["rate"] for s in stats.steady_state(samples)[1]][0] == 100
     # the module's rule is back after each block
     assert stats.steady_state(samples)[1] == chosen_2020
@@ -128,10 +152,15 @@ def test_steady_rules_change_only_what_they_name():
 def test_within_noise_is_a_results_standard_error():
     mod = script()
     samples = _windows([10, 10] + [90, 110] * 6, warmup=2)
-    record = {"name": "s.t", "success": True, "partition": "per-gpu",
-              "timings": {"train": {"samples": samples}}}
+    record = {
+        "name": "s.t",
+        "success": True,
+        "partition": "per-gpu",
+        "timings": {"train": {"samples": samples}},
+    }
     chosen = [s["rate"] for s in stats.steady_state(samples)[1]]
     d = stats.describe(chosen)
     expected = d["std"] / d["mean"] / len(chosen) ** 0.5
-    assert mod.within_noise([record, {**record, "success": False}]) == \
-        {"s.t": pytest.approx(expected)}
+    assert mod.within_noise([record, {**record, "success": False}]) == {
+        "s.t": pytest.approx(expected)
+    }

@@ -39,7 +39,8 @@ def assert_text_close(actual, expected):
         for x, y in zip(NUM.findall(a), NUM.findall(e)):
             digits = len(y.split(".")[1])
             assert float(x.replace(",", "")) == pytest.approx(
-                float(y.replace(",", "")), abs=1.01 * 10 ** -digits), (a, e)
+                float(y.replace(",", "")), abs=1.01 * 10**-digits
+            ), (a, e)
 
 
 def summary():
@@ -48,14 +49,22 @@ def summary():
 
 def run_report_object(source, **options):
     from milarun.report import make_report
+
     return make_report(str(source), warn=io.StringIO(), **options)[0]
 
 
 def full_report_text():
     out, err = io.StringIO(), io.StringIO()
-    code = run_report(str(RESULTS), stdout=out, warn=err, weights=str(WEIGHTS),
-                      compare=str(BASE2020), price=30000.0, compare_gpus=True,
-                      title="fixture report")
+    code = run_report(
+        str(RESULTS),
+        stdout=out,
+        warn=err,
+        weights=str(WEIGHTS),
+        compare=str(BASE2020),
+        price=30000.0,
+        compare_gpus=True,
+        title="fixture report",
+    )
     return code, out.getvalue(), err.getvalue()
 
 
@@ -83,15 +92,18 @@ def test_header_names_every_input():
         "price:    $30,000.00",
         f"milarun:  not recorded (results), {milarun.__version__} (this report)",
         "dates:    2026-11-18T11:06:40+00:00 to 2026-11-18T11:20:10+00:00 (UTC, first start "
-        "to last end)"]
+        "to last end)",
+    ]
 
 
 def test_results_of_a_shipped_profile_take_its_weights_and_say_so(tmp_path):
     out = io.StringIO()
     assert run_report(str(RESULTS), stdout=out, warn=io.StringIO()) == 0
     text = out.getvalue()
-    assert ("weights:  weights/standard.json, the shipped weights of profile standard (no "
-            "--weights given; --unweighted for every test weight 1)") in text
+    assert (
+        "weights:  weights/standard.json, the shipped weights of profile standard (no "
+        "--weights given; --unweighted for every test weight 1)"
+    ) in text
     rep = run_report_object(RESULTS)
     assert rep.has_weights and rep.inputs["weights_default"]
     # the same score as --weights weights/standard.json
@@ -105,9 +117,14 @@ def test_results_of_a_shipped_profile_take_its_weights_and_say_so(tmp_path):
 
 def test_suite_without_shipped_weights_is_unweighted(tmp_path):
     s = summary()
-    s["tests"] = {g.replace("standard.", "mine."): {**t, "name": t["name"].replace(
-        "standard.", "mine."), "group": g.replace("standard.", "mine.")}
-        for g, t in s["tests"].items()}
+    s["tests"] = {
+        g.replace("standard.", "mine."): {
+            **t,
+            "name": t["name"].replace("standard.", "mine."),
+            "group": g.replace("standard.", "mine."),
+        }
+        for g, t in s["tests"].items()
+    }
     s["provenance"]["suites"] = ["mine"]
     path = tmp_path / "s.json"
     path.write_text(json.dumps(s))
@@ -165,8 +182,15 @@ def test_without_weights_every_test_weighs_one():
 
 
 def test_pass_at_one_percent():
-    s = normalize_summary({"a.x": {"n": 100, "failures": 1, "train": {
-        "n": 99, "min": 10, "max": 10, "mean": 10.0, "std": 0.0}}})
+    s = normalize_summary(
+        {
+            "a.x": {
+                "n": 100,
+                "failures": 1,
+                "train": {"n": 99, "min": 10, "max": 10, "mean": 10.0, "std": 0.0},
+            }
+        }
+    )
     rep = build_report(s)
     assert rep.failure_rate == pytest.approx(0.01) and rep.verdict == "PASS"
     assert rep.score == pytest.approx(10 * 0.99)
@@ -211,14 +235,17 @@ def test_compare_with_our_summary_is_ratio_one(tmp_path):
     assert all(r["perf_ratio_adj"] == pytest.approx(1.0) for r in rep.rows if r["counted"])
 
 
-@pytest.mark.parametrize("content,key", [
-    ('{"standard.vae": {"weight": "heavy"}}', "standard.vae.weight"),
-    ('{"standard.vae": {"weight": -1}}', "standard.vae.weight"),
-    ('{"standard.vae": 3}', "standard.vae"),
-    ('{"vae": {"weight": 1}}', "vae"),
-    ('[1, 2]', None),
-    ('{"standard.vae": {"wei', None),
-])
+@pytest.mark.parametrize(
+    "content,key",
+    [
+        ('{"standard.vae": {"weight": "heavy"}}', "standard.vae.weight"),
+        ('{"standard.vae": {"weight": -1}}', "standard.vae.weight"),
+        ('{"standard.vae": 3}', "standard.vae"),
+        ('{"vae": {"weight": 1}}', "vae"),
+        ("[1, 2]", None),
+        ('{"standard.vae": {"wei', None),
+    ],
+)
 def test_bad_weights_file_is_one_clear_error(tmp_path, capsys, content, key):
     w = tmp_path / "w.json"
     w.write_text(content)
@@ -235,9 +262,11 @@ def test_bad_baseline_is_one_clear_error(tmp_path, capsys):
     b.write_text('{"something": "else"}')
     assert cli(["report", RESULTS, "--compare", b]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"milarun: error: {b}: not a milarun summary: expected {{\"format\": "
-                   f"\"milarun-summary\", \"version\": 1, \"tests\": {{...}}}} or the 2020 "
-                   f"flat format {{\"suite.test\": {{\"n\", \"failures\", \"train\", ...}}}}"]
+    assert err == [
+        f'milarun: error: {b}: not a milarun summary: expected {{"format": '
+        f'"milarun-summary", "version": 1, "tests": {{...}}}} or the 2020 '
+        f'flat format {{"suite.test": {{"n", "failures", "train", ...}}}}'
+    ]
 
 
 def test_report_of_a_non_summary_file(tmp_path, capsys):
@@ -269,7 +298,8 @@ def test_no_steady_state_is_not_called_every_run_failed():
     rec = new_result("standard.tiny", "0.0")
     rec["success"] = True
     rec["timings"]["train"]["samples"] = [
-        {"start": 1.0, "end": 1.5, "count": 5, "rate": 10.0, "warmup": True}]
+        {"start": 1.0, "end": 1.5, "count": 5, "rate": 10.0, "warmup": True}
+    ]
     s = normalize_summary(json.loads(json.dumps(summarize([("/r/t.json", rec)]))))
     rep = build_report(s, weights={"standard.tiny": 1.0})
     assert rep.zero == ["standard.tiny"]
@@ -285,4 +315,5 @@ def test_no_steady_state_is_not_called_every_run_failed():
     assert zero_reason(t) == "1 of 2 run(s) failed (oom-killed)"
     # a test whose every launch was interrupted has no results, said so
     assert zero_reason({"n": 0, "failures": 0, "interrupted": 2, "train": {"n": 0}}) == (
-        "no results (2 launch(es) interrupted)")
+        "no results (2 launch(es) interrupted)"
+    )

@@ -48,9 +48,16 @@ def report(results, tmp_path, cache=True, html=True, **options):
     inputs_mod_load = pytest.MonkeyPatch()
     inputs_mod_load.setattr("milarun.report.load_inputs", spy)
     try:
-        _, text = make_report(str(results), weights=str(FIX / "weights.json"), price=30000.0,
-                              compare_gpus=True, html=str(page) if html else None,
-                              warn=warn, cache=cache, **options)
+        _, text = make_report(
+            str(results),
+            weights=str(FIX / "weights.json"),
+            price=30000.0,
+            compare_gpus=True,
+            html=str(page) if html else None,
+            warn=warn,
+            cache=cache,
+            **options,
+        )
     finally:
         inputs_mod_load.undo()
     body = STAMP.sub("", page.read_text()) if html else None
@@ -63,7 +70,7 @@ def test_a_second_report_is_read_from_the_cache_and_is_the_same(results, store, 
     second = report(results, tmp_path)
     assert (cold[3], first[3], second[3]) == (False, False, True)
     assert cold[:3] == first[:3] == second[:3]
-    assert "<svg" in second[1] and "skipped" in second[2]   # plots and warnings replayed
+    assert "<svg" in second[1] and "skipped" in second[2]  # plots and warnings replayed
     # the entry is in the cache folder, nothing was added to the results folder
     assert [p.name.split("-")[0] for p in store.iterdir()] == ["report"]
     assert not list(results.rglob("*cache*"))
@@ -79,14 +86,15 @@ def test_other_options_reuse_the_entry(results, store, tmp_path):
 
 def test_an_entry_without_plots_is_computed_again_for_the_html(results, store, tmp_path):
     assert report(results, tmp_path, html=False)[3] is False
-    assert report(results, tmp_path)[3] is False      # drawn now, and kept
+    assert report(results, tmp_path)[3] is False  # drawn now, and kept
     assert report(results, tmp_path, html=False)[3] is True
     assert report(results, tmp_path)[3] is True
 
 
 def _record(results):
-    return sorted(p for p in results.glob("*.json") if "FAIL" not in p.name
-                  and "convnet" in p.name)[0]
+    return sorted(
+        p for p in results.glob("*.json") if "FAIL" not in p.name and "convnet" in p.name
+    )[0]
 
 
 @pytest.mark.parametrize("change", ["one byte", "added", "removed", "renamed"])
@@ -110,11 +118,13 @@ def test_any_change_of_a_result_file_is_a_miss(results, store, tmp_path, change)
 
 def test_the_digest_holds_python_and_the_libraries(monkeypatch):
     from importlib import metadata
+
     monkeypatch.setattr(cache_mod, "_code_digest", None)
     first = cache_mod.code_digest()
     real = metadata.version
-    monkeypatch.setattr(metadata, "version",
-                        lambda name: "9.9" if name == "matplotlib" else real(name))
+    monkeypatch.setattr(
+        metadata, "version", lambda name: "9.9" if name == "matplotlib" else real(name)
+    )
     monkeypatch.setattr(cache_mod, "_code_digest", None)
     assert cache_mod.code_digest() != first
 
@@ -127,11 +137,19 @@ def test_a_changed_milarun_is_a_miss(results, store, tmp_path, monkeypatch):
 
 def _session(results, profile, stamps):
     from milarun.launcher.session import SESSION_FORMAT, SESSION_VERSION
+
     session = results / ".milarun" / "session.json"
     session.parent.mkdir(exist_ok=True)
-    session.write_text(json.dumps({"format": SESSION_FORMAT, "version": SESSION_VERSION,
-                                   "invocation": {"profile": profile},
-                                   "sessions": [{"id": s} for s in stamps]}))
+    session.write_text(
+        json.dumps(
+            {
+                "format": SESSION_FORMAT,
+                "version": SESSION_VERSION,
+                "invocation": {"profile": profile},
+                "sessions": [{"id": s} for s in stamps],
+            }
+        )
+    )
 
 
 def test_the_session_file_is_read_every_time(results, store, tmp_path):
@@ -149,7 +167,7 @@ def test_other_sessions_are_another_key(results, store, tmp_path):
     stamps = sorted({p.name.rsplit(".", 2)[-2] for p in results.glob("*.json")})
     _session(results, "profiles/one.json", stamps)
     first = inputs_mod.load_inputs(results, io.StringIO(), cache=Cache.from_env())
-    _session(results, "profiles/one.json", stamps[1:])   # a record no session wrote now
+    _session(results, "profiles/one.json", stamps[1:])  # a record no session wrote now
     got = inputs_mod.load_inputs(results, io.StringIO(), cache=Cache.from_env())
     assert not got.cached and got.foreign and not first.foreign
 
@@ -179,8 +197,19 @@ def test_an_unusable_cache_folder_is_not_used(results, tmp_path, monkeypatch, ba
         assert not list((tmp_path / ("elsewhere" if bad == "symlink" else "cache")).iterdir())
 
 
-@pytest.mark.parametrize("damage", ["truncated", "not json", "other key", "wrong shape",
-                                    "a list", "warnings", "summary edited", "a fifo"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "truncated",
+        "not json",
+        "other key",
+        "wrong shape",
+        "a list",
+        "warnings",
+        "summary edited",
+        "a fifo",
+    ],
+)
 def test_a_malformed_entry_is_a_miss_and_is_written_again(results, store, tmp_path, damage):
     expected = report(results, tmp_path)[:3]
     (entry,) = store.iterdir()
@@ -193,26 +222,27 @@ def test_a_malformed_entry_is_a_miss_and_is_written_again(results, store, tmp_pa
     elif damage == "other key":
         entry.write_text(json.dumps({**data, "key": "0" * 64}))
     elif damage == "wrong shape":
-        entry.write_text(json.dumps({**data, "value": {**data["value"], "count": "many",
-                                                       "traces": 7}}))
+        entry.write_text(
+            json.dumps({**data, "value": {**data["value"], "count": "many", "traces": 7}})
+        )
     elif damage == "a list":
         entry.write_text(json.dumps({**data, "value": []}))
     elif damage == "warnings":
         entry.write_text(json.dumps({**data, "value": {**data["value"], "warnings": 7}}))
-    elif damage == "summary edited":     # JSON of the right shape outside, not a summary
-        entry.write_text(json.dumps({**data, "value": {**data["value"],
-                                                       "summary": {"tests": {}}}}))
+    elif damage == "summary edited":  # JSON of the right shape outside, not a summary
+        entry.write_text(json.dumps({**data, "value": {**data["value"], "summary": {"tests": {}}}}))
     else:
         os.mkfifo(entry)
     got = report(results, tmp_path)
     assert got[3] is False and got[:3] == expected
-    if damage != "a fifo":   # an entry that is not a file is never written over
+    if damage != "a fifo":  # an entry that is not a file is never written over
         assert report(results, tmp_path)[3] is True
 
 
 def test_a_full_disk_only_costs_the_entry(results, store, tmp_path, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
+
     monkeypatch.setattr(cache_mod, "write_atomic", full)
     expected = report(results, tmp_path, cache=False)[:3]
     got = report(results, tmp_path)
@@ -226,7 +256,7 @@ def test_the_least_recently_used_entries_are_removed(tmp_path, monkeypatch):
     for i in range(5):
         assert store.put("report", f"{i:064x}", {"i": i})
         os.utime(store._path("report", f"{i:064x}"), (1000 + i, 1000 + i))
-    assert store.get("report", f"{2:064x}") == {"i": 2}     # used: now the newest
+    assert store.get("report", f"{2:064x}") == {"i": 2}  # used: now the newest
     store.put("report", f"{9:064x}", {"i": 9})
     kept = sorted(p.name[7:-5].lstrip("0") or "0" for p in (tmp_path / "c").iterdir())
     assert kept == ["2", "4", "9"]
@@ -244,6 +274,7 @@ def test_where_the_cache_is(tmp_path):
 
 def test_the_cli_has_no_cache(results, store, tmp_path, capsys):
     from milarun.cli import main
+
     with pytest.raises(SystemExit) as exc:
         main(["report", str(results), "--no-cache"])
     assert exc.value.code == 0 and not store.exists()
@@ -269,7 +300,9 @@ def test_pruning_removes_entries_only(tmp_path, monkeypatch):
         os.utime(store._path("report", f"{i:064x}"), (2000 + i, 2000 + i))
     assert all(path.exists() for path in theirs)
     assert sorted(p.name for p in root.iterdir() if p not in theirs) == [
-        f"report-{2:064x}.json", f"report-{3:064x}.json"]
+        f"report-{2:064x}.json",
+        f"report-{3:064x}.json",
+    ]
 
 
 def test_the_warnings_name_the_folder_as_given(results, store, tmp_path, monkeypatch):
@@ -291,6 +324,7 @@ def test_an_unreadable_file_of_milarun_is_not_an_error(results, store, tmp_path,
         if path.name == "cache.py" and path.parent.name == "formats":
             raise PermissionError(13, "Permission denied", str(path))
         return real(path)
+
     monkeypatch.setattr(cache_mod, "_code_digest", None)
     monkeypatch.setattr(Path, "read_bytes", read_bytes)
     expected = report(results, tmp_path, cache=False, html=False)[:3]

@@ -23,18 +23,28 @@ RESULTS = FIX / "results"
 
 def entry(name, rates, tags=None):
     """A summary group of per-gpu results: ``rates`` one per run on device 0 (items/s)."""
-    out = {"name": name, "group": name, "partition": "per-gpu", "device_count": 1,
-           "n": len(rates), "failures": 0, "failure_reasons": {}, "failed": [],
-           "train": stats.describe(rates), "total": stats.describe([]),
-           "pergpu": {"0": stats.describe(rates)}}
+    out = {
+        "name": name,
+        "group": name,
+        "partition": "per-gpu",
+        "device_count": 1,
+        "n": len(rates),
+        "failures": 0,
+        "failure_reasons": {},
+        "failed": [],
+        "train": stats.describe(rates),
+        "total": stats.describe([]),
+        "pergpu": {"0": stats.describe(rates)},
+    }
     if tags is not None:
         out["tags"] = tags
     return out
 
 
 def make_summary(*entries):
-    return normalize_summary({"format": "milarun-summary", "version": 1,
-                              "tests": {e["group"]: e for e in entries}})
+    return normalize_summary(
+        {"format": "milarun-summary", "version": 1, "tests": {e["group"]: e for e in entries}}
+    )
 
 
 def adj(rates):
@@ -43,13 +53,23 @@ def adj(rates):
     return d["mean"] * (1 - d["std"] / d["mean"])
 
 
-RATES = {"s.gpt": [99.0, 101.0], "s.llama": [198.0, 202.0], "s.conv": [50.0, 50.0],
-         "s.sd": [10.0, 12.0], "s.io": [300.0, 300.0], "s.toy": [5.0, 5.0]}
-TAGS = {"s.gpt": ["llm", "nlp"], "s.llama": ["nlp", "llm", "multi-gpu"],
-        "s.conv": ["vision", "half"], "s.sd": ["vision", "generative"],
-        "s.io": ["vision", "io"], "s.toy": ["toy"]}
-WEIGHTS = {"s.gpt": 2.0, "s.llama": 1.0, "s.conv": 1.0, "s.sd": 3.0, "s.io": 1.0,
-           "s.toy": 0.0}
+RATES = {
+    "s.gpt": [99.0, 101.0],
+    "s.llama": [198.0, 202.0],
+    "s.conv": [50.0, 50.0],
+    "s.sd": [10.0, 12.0],
+    "s.io": [300.0, 300.0],
+    "s.toy": [5.0, 5.0],
+}
+TAGS = {
+    "s.gpt": ["llm", "nlp"],
+    "s.llama": ["nlp", "llm", "multi-gpu"],
+    "s.conv": ["vision", "half"],
+    "s.sd": ["vision", "generative"],
+    "s.io": ["vision", "io"],
+    "s.toy": ["toy"],
+}
+WEIGHTS = {"s.gpt": 2.0, "s.llama": 1.0, "s.conv": 1.0, "s.sd": 3.0, "s.io": 1.0, "s.toy": 0.0}
 
 
 def tagged(scale=1.0):
@@ -57,8 +77,9 @@ def tagged(scale=1.0):
 
 
 def geomean(tests):
-    return math.exp(sum(WEIGHTS[t] * math.log(adj(RATES[t])) for t in tests)
-                    / sum(WEIGHTS[t] for t in tests))
+    return math.exp(
+        sum(WEIGHTS[t] * math.log(adj(RATES[t])) for t in tests) / sum(WEIGHTS[t] for t in tests)
+    )
 
 
 def test_family_by_priority():
@@ -73,12 +94,15 @@ def test_family_by_priority():
 
 
 def test_shipped_standard_profile_tests_each_have_a_family():
-    profile = json.loads((Path(__file__).parent.parent / "profiles" / "standard.json")
-                         .read_text())
-    families = {name: family_of(e.get("tags", []))
-                for name, e in profile.items() if isinstance(e, dict) and "tags" in e}
-    assert {"llm", "generative", "io", "rl", "recommendation", "nlp", "vision"} \
-        <= set(families.values())
+    profile = json.loads((Path(__file__).parent.parent / "profiles" / "standard.json").read_text())
+    families = {
+        name: family_of(e.get("tags", []))
+        for name, e in profile.items()
+        if isinstance(e, dict) and "tags" in e
+    }
+    assert {"llm", "generative", "io", "rl", "recommendation", "nlp", "vision"} <= set(
+        families.values()
+    )
 
 
 def test_family_scores_by_hand():
@@ -99,7 +123,8 @@ def test_family_scores_by_hand():
     # the whole score is the weighted geometric mean of the families' scores
     parts = [(f["weight"], f["score"]) for f in rep.families if f["score"]]
     assert rep.score == pytest.approx(
-        math.exp(sum(w * math.log(s) for w, s in parts) / sum(w for w, _ in parts)))
+        math.exp(sum(w * math.log(s) for w, s in parts) / sum(w for w, _ in parts))
+    )
     text = render_text(rep)
     assert "score by family" in text
     assert "LLM: s.gpt, s.llama" in text
@@ -127,8 +152,9 @@ def test_family_filter_scores_those_families_only():
     assert rows["s.sd"]["weight"] == 0 and not rows["s.sd"]["counted"]
     assert rows["s.gpt"]["weight"] == 2 and rows["s.gpt"]["counted"]
     # the score by family keeps every test's weight
-    assert {f["family"]: f["score"] for f in rep.families}["generative"] == \
-        pytest.approx(adj(RATES["s.sd"]))
+    assert {f["family"]: f["score"] for f in rep.families}["generative"] == pytest.approx(
+        adj(RATES["s.sd"])
+    )
     assert "--family" in render_text(rep)
     html = render_html(rep)
     assert "(LLM, vision only: --family)" in html and 'id="family-filter"' in html
@@ -140,15 +166,26 @@ def test_family_cli_header_repeat_and_unknown(tmp_path, capsys):
     weights = tmp_path / "w.json"
     weights.write_text(json.dumps({t: {"weight": w} for t, w in WEIGHTS.items()}))
     out = io.StringIO()
-    code = run_report(str(path), stdout=out, warn=io.StringIO(), weights=str(weights),
-                      family=["llm"])
+    code = run_report(
+        str(path), stdout=out, warn=io.StringIO(), weights=str(weights), family=["llm"]
+    )
     assert code == 0
     text = out.getvalue()
     assert "families:" in text and "LLM (--family)" in text
     assert f"score: {geomean(['s.gpt', 's.llama']):.2f} (LLM only: --family)" in text
     with pytest.raises(SystemExit) as exc:
-        main(["report", str(path), "--weights", str(weights), "--family", "llm",
-              "--family", "generative"])
+        main(
+            [
+                "report",
+                str(path),
+                "--weights",
+                str(weights),
+                "--family",
+                "llm",
+                "--family",
+                "generative",
+            ]
+        )
     assert exc.value.code == 0
     got = capsys.readouterr().out
     assert f"score: {geomean(['s.gpt', 's.llama', 's.sd']):.2f}" in got
@@ -177,16 +214,22 @@ def _record(name, tags, rate=100.0):
     rec["success"] = True
     rec["timings"]["program"] = {"start": 1.0e9, "end": 1.0e9 + 21, "duration": 21.0}
     rec["timings"]["train"]["samples"] = [
-        {"start": float(i), "end": float(i + 1), "count": rate, "rate": rate,
-         "warmup": i == 0} for i in range(20)]
+        {"start": float(i), "end": float(i + 1), "count": rate, "rate": rate, "warmup": i == 0}
+        for i in range(20)
+    ]
     if tags is not None:
         rec["job"] = {"experiment": "x:main", "tags": tags}
     return rec
 
 
 def test_summary_keeps_the_records_tags_and_only_then(tmp_path):
-    summary = summarize([_record("s.gpt", ["llm", "nlp"]),
-                         _record("s.gpt", ["llm", "bad tag"]), _record("s.old", None)])
+    summary = summarize(
+        [
+            _record("s.gpt", ["llm", "nlp"]),
+            _record("s.gpt", ["llm", "bad tag"]),
+            _record("s.old", None),
+        ]
+    )
     assert summary["tests"]["s.gpt"]["tags"] == ["llm", "nlp"]
     assert "tags" not in summary["tests"]["s.old"]
     path = tmp_path / "summary.json"
@@ -195,11 +238,11 @@ def test_summary_keeps_the_records_tags_and_only_then(tmp_path):
     assert back["tests"]["s.gpt"]["tags"] == ["llm", "nlp"]
     assert "tags" not in back["tests"]["s.old"]
     rep = build_report(back)
-    assert {f["family"]: f["names"] for f in rep.families} == {"llm": ["s.gpt"],
-                                                                 "other": ["s.old"]}
+    assert {f["family"]: f["names"] for f in rep.families} == {"llm": ["s.gpt"], "other": ["s.old"]}
 
 
 def test_fixture_results_have_no_tags():
     from milarun.analysis.summary import summarize_dir
+
     summary = summarize_dir(RESULTS)[0]
     assert all("tags" not in t for t in summary["tests"].values())

@@ -13,7 +13,7 @@ from milarun.cli import main
 
 FIX = Path(__file__).parent / "fixtures"
 RESULTS = FIX / "results"
-XSS = "<script>alert(1)</script>"    # in standard.wlm's stderr tail
+XSS = "<script>alert(1)</script>"  # in standard.wlm's stderr tail
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -24,12 +24,12 @@ class Scan(HTMLParser):
         super().__init__()
         self.scripts = 0
         self.external = []
-        self.rows = []       # first cell text of each row of table#results (the test)
-        self.links = {}      # test -> the href of its name in table#results
+        self.rows = []  # first cell text of each row of table#results (the test)
+        self.links = {}  # test -> the href of its name in table#results
         self.flag_links = {}  # test -> the href of its red anomaly tag
         self.ids = {}
-        self.legend = []     # (figure id, style of each legend key of a device line)
-        self.figures = {}    # figure id -> its class
+        self.legend = []  # (figure id, style of each legend key of a device line)
+        self.figures = {}  # figure id -> its class
         self._stack = []
         self._in_results = False
         self._cell = None
@@ -94,9 +94,21 @@ def cli(args):
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
     out = tmp_path_factory.mktemp("html") / "r.html"
-    code = cli(["report", RESULTS, "--weights", FIX / "weights.json",
-                "--compare", FIX / "baseline2020.json", "--price", "30000",
-                "--compare-gpus", "--html", out])
+    code = cli(
+        [
+            "report",
+            RESULTS,
+            "--weights",
+            FIX / "weights.json",
+            "--compare",
+            FIX / "baseline2020.json",
+            "--price",
+            "30000",
+            "--compare-gpus",
+            "--html",
+            out,
+        ]
+    )
     assert code == 0
     return out
 
@@ -111,8 +123,14 @@ def check_dom(text):
     assert scan.ids["score-ratio"].strip() == "0.883"
     assert scan.ids["rpp"].strip() == "178.75"
     assert "standard.ssd" in scan.ids["missing"]
-    assert scan.rows == ["standard.convnet", "standard.scaling.1", "standard.scaling.2",
-                         "standard.short", "standard.vae", "standard.wlm"]
+    assert scan.rows == [
+        "standard.convnet",
+        "standard.scaling.1",
+        "standard.scaling.2",
+        "standard.short",
+        "standard.vae",
+        "standard.wlm",
+    ]
     return scan
 
 
@@ -123,8 +141,8 @@ def test_html_is_self_contained_and_escaped(page):
     # one throughput plot per test with successful results (5) + the heat-map
     assert text.count("<svg") == 6
     assert "oom-killed" in text and "logs/standard.vae.J0.1.log" in text
-    assert "step 49: loss" in text          # tail of the log file
-    assert "loading wikitext-2" in text     # stderr_tail of the timeout (no log file)
+    assert "step 49: loss" in text  # tail of the log file
+    assert "loading wikitext-2" in text  # stderr_tail of the timeout (no log file)
     check_dom(text)
 
 
@@ -135,7 +153,7 @@ def test_html_from_summary_has_no_plots(tmp_path):
     assert cli(["report", s, "--html", out]) == 0
     text = out.read_text()
     assert "<svg" not in text and "Plots need the results directory" in text
-    assert "Killed" in text                 # stderr_tail carried by the summary
+    assert "Killed" in text  # stderr_tail carried by the summary
 
 
 def test_html_from_results_without_a_plot_does_not_say_summary(tmp_path):
@@ -160,9 +178,19 @@ def test_rendered_dom_in_headless_chromium(page, tmp_path):
             pytest.fail(f"MILARUN_REQUIRE_BROWSER=1 but {reason}")
         pytest.skip(reason)
     proc = subprocess.run(
-        [exe, "--headless", "--disable-gpu", "--no-sandbox", f"--user-data-dir={tmp_path}",
-         "--dump-dom", page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120)
+        [
+            exe,
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            f"--user-data-dir={tmp_path}",
+            "--dump-dom",
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     dom = proc.stdout
     scan = check_dom(dom)
@@ -182,14 +210,21 @@ def test_legend_keys_are_css_colours_of_their_lines(page):
     text = page.read_text()
     scan = check_dom(text)
     figures = figures_of(text)
-    assert set(figures) == {f"plot-{t}" for t in ["standard.convnet", "standard.scaling.1",
-                                                  "standard.scaling.2", "standard.short",
-                                                  "standard.vae"]}
-    assert len(scan.legend) == 6     # convnet has devices 0 and 1
+    assert set(figures) == {
+        f"plot-{t}"
+        for t in [
+            "standard.convnet",
+            "standard.scaling.1",
+            "standard.scaling.2",
+            "standard.short",
+            "standard.vae",
+        ]
+    }
+    assert len(scan.legend) == 6  # convnet has devices 0 and 1
     for figure, style in scan.legend:
         m = re.fullmatch(r"background: (#[0-9a-f]{6})", style)
-        assert m, style              # a CSS colour, not a Python tuple
-        assert f"stroke: {m.group(1)}" in figures[figure]    # the colour of a line drawn
+        assert m, style  # a CSS colour, not a Python tuple
+        assert f"stroke: {m.group(1)}" in figures[figure]  # the colour of a line drawn
     # the steady-state band and the warm-up dots have their own legend entries
     assert all("steady-state samples" in f and "warm-up" in f for f in figures.values())
 
@@ -200,11 +235,13 @@ def test_rows_link_to_their_plot_and_flags_are_shown(page):
     text = page.read_text()
     scan = check_dom(text)
     assert scan.links["standard.convnet"] == "#plot-standard.convnet"
-    assert scan.links["standard.wlm"] is None           # every run failed: no plot
+    assert scan.links["standard.wlm"] is None  # every run failed: no plot
     assert all(scan.links[t][1:] in scan.figures for t in scan.rows if scan.links[t])
     # the planted stall of convnet: a red tag beside the test, the list, marks on its plot
-    assert scan.flag_links == {"standard.convnet": "#flags-standard.convnet",
-                               "standard.short": "#flags-standard.short"}
+    assert scan.flag_links == {
+        "standard.convnet": "#flags-standard.convnet",
+        "standard.short": "#flags-standard.short",
+    }
     assert "stall" in scan.ids["flags-standard.convnet"]
     assert "slow-windows" in scan.ids["flags-standard.convnet"]
     assert "short-steady" in scan.ids["flags-standard.short"]
@@ -213,10 +250,12 @@ def test_rows_link_to_their_plot_and_flags_are_shown(page):
     assert FLAG_COLOUR in convnet and "slow window" in convnet and ">stall<" in convnet
     assert FLAG_COLOUR not in figures_of(text)["plot-standard.vae"]
     # the header names the inputs; one result is "unknown (n=1)", never 0.00%
-    assert scan.ids["input-weights"] == "weightstests/fixtures/weights.json"   # th + td
+    assert scan.ids["input-weights"] == "weightstests/fixtures/weights.json"  # th + td
     assert "baseline2020.json" in scan.ids["input-baseline"]
-    assert "unknown (n=1)" in text and "0.00%" not in text.split('id="results"')[1].split(
-        "</table>")[0]
+    assert (
+        "unknown (n=1)" in text
+        and "0.00%" not in text.split('id="results"')[1].split("</table>")[0]
+    )
 
 
 def chromium():
@@ -255,24 +294,47 @@ def test_legend_colours_and_grid_in_headless_chromium(page, tmp_path):
     probe = tmp_path / "probe.html"
     probe.write_text(page.read_text().replace("</body>", PROBE))
     proc = subprocess.run(
-        [exe, "--headless", "--disable-gpu", "--no-sandbox", f"--user-data-dir={tmp_path}",
-         "--window-size=1400,2400", "--dump-dom", probe.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120)
+        [
+            exe,
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            f"--user-data-dir={tmp_path}",
+            "--window-size=1400,2400",
+            "--dump-dom",
+            probe.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    found = json.loads(html.unescape(re.search(r'<pre id="probe">(.*?)</pre>', proc.stdout,
-                                               re.S).group(1)))
+    found = json.loads(
+        html.unescape(re.search(r'<pre id="probe">(.*?)</pre>', proc.stdout, re.S).group(1))
+    )
     assert len(found["keys"]) == 6
     for _, computed in found["keys"]:
         # a valid colour computes to an opaque rgb(); an invalid one to transparent
         assert re.fullmatch(r"rgb\(\d+, \d+, \d+\)", computed), computed
-    assert len({c for _, c in found["keys"]}) == 2    # device 0 and device 1
+    assert len({c for _, c in found["keys"]}) == 2  # device 0 and device 1
     assert found["display"] == "grid"
     tops = found["tops"]
-    assert len(tops) == 5 and len(set(tops)) < len(tops)   # side by side at 1400 px
+    assert len(tops) == 5 and len(set(tops)) < len(tops)  # side by side at 1400 px
     # and a screenshot renders
     shot = tmp_path / "report.png"
     proc = subprocess.run(
-        [exe, "--headless", "--disable-gpu", "--no-sandbox", f"--user-data-dir={tmp_path}",
-         "--window-size=1400,2400", f"--screenshot={shot}", page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120)
+        [
+            exe,
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            f"--user-data-dir={tmp_path}",
+            "--window-size=1400,2400",
+            f"--screenshot={shot}",
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

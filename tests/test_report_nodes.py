@@ -26,34 +26,61 @@ def cli(args, capsys):
     return exc.value.code, out.out, out.err
 
 
-def record(name, rate, *, device="0", devices=(0,), partition="per-gpu", run=0,
-           hostname="node1", **fields):
+def record(
+    name, rate, *, device="0", devices=(0,), partition="per-gpu", run=0, hostname="node1", **fields
+):
     """A successful record whose steady-state rate is exactly ``rate`` items/s
     (20 one-second samples, the first a warm-up); ``fields`` are top-level extras."""
-    rec = new_result(name, f"{run}.{device}", device=device, devices=list(devices), run=run,
-                     plan_type=partition)
+    rec = new_result(
+        name, f"{run}.{device}", device=device, devices=list(devices), run=run, plan_type=partition
+    )
     rec["success"] = True
     rec["timings"]["program"] = {"start": 1.0e9, "end": 1.0e9 + 21, "duration": 21.0}
     rec["timings"]["train"]["samples"] = [
         {"start": float(i), "end": float(i + 1), "count": rate, "rate": rate, "warmup": i == 0}
-        for i in range(20)]
-    rec["host"] = {"hostname": hostname, "cpu_model": "EPYC", "cpu_count": 64,
-                   "torch": "2.13.0", "cuda": None, "gpus": []}
+        for i in range(20)
+    ]
+    rec["host"] = {
+        "hostname": hostname,
+        "cpu_model": "EPYC",
+        "cpu_count": 64,
+        "torch": "2.13.0",
+        "cuda": None,
+        "gpus": [],
+    }
     rec.update(fields)
     return rec
 
 
 def per_gpu(name, node, index, rate, run=0):
     """A per-gpu record of device ``index`` on ``node`` of a multi-node cluster."""
-    return record(name, rate, device=f"{node}.{index}", devices=[index], run=run,
-                  hostname=node, node=node, nodes=[node], node_count=1, gpus_per_node=1)
+    return record(
+        name,
+        rate,
+        device=f"{node}.{index}",
+        devices=[index],
+        run=run,
+        hostname=node,
+        node=node,
+        nodes=[node],
+        node_count=1,
+        gpus_per_node=1,
+    )
 
 
 def progression(name, n, g, rate):
     """A node-progression record of ``n`` nodes × ``g`` GPUs per node (whole-job rate)."""
     nodes = [f"node{i + 1}" for i in range(n)]
-    return record(name, rate, device=f"{n}x{g}", devices=list(range(g)),
-                  partition="node-progression", nodes=nodes, node_count=n, gpus_per_node=g)
+    return record(
+        name,
+        rate,
+        device=f"{n}x{g}",
+        devices=list(range(g)),
+        partition="node-progression",
+        nodes=nodes,
+        node_count=n,
+        gpus_per_node=g,
+    )
 
 
 #: mean rate of each node: node3 is 10% below the median in conv, 2% in mm
@@ -69,8 +96,7 @@ def cluster_records(skip=()):
         for node, rate in rates.items():
             # two devices per node, each a little off the node mean
             recs += [per_gpu(name, node, 0, rate + 1), per_gpu(name, node, 1, rate - 1)]
-    recs += [progression("c.ddp", n, g, rate) for (n, g), rate in DDP.items()
-             if (n, g) not in skip]
+    recs += [progression("c.ddp", n, g, rate) for (n, g), rate in DDP.items() if (n, g) not in skip]
     return recs
 
 
@@ -87,13 +113,19 @@ def cluster(tmp_path):
 
 # --- summary ---------------------------------------------------------------------------
 
+
 def test_summary_has_per_node_statistics(cluster):
     summary, records = summarize_dir(cluster)
     assert len(records) == 16
     conv = summary["tests"]["c.conv"]
     assert list(conv["pernode"]) == ["node1", "node2", "node3"]
-    assert conv["pernode"]["node3"] == {"n": 2, "min": 89.0, "max": 91.0, "mean": 90.0,
-                                        "std": pytest.approx(math.sqrt(2))}
+    assert conv["pernode"]["node3"] == {
+        "n": 2,
+        "min": 89.0,
+        "max": 91.0,
+        "mean": 90.0,
+        "std": pytest.approx(math.sqrt(2)),
+    }
     # per-gpu keys carry the node, so they stay distinct across nodes
     assert sorted(conv["pergpu"]) == [f"node{i}.{d}" for i in (1, 2, 3) for d in (0, 1)]
     assert "node_count" not in conv and "gpus_per_node" not in conv
@@ -106,12 +138,11 @@ def test_summary_has_per_node_statistics(cluster):
 
 
 def test_pernode_falls_back_to_the_hostname():
-    recs = [record("s.t", 10.0, device=str(d), devices=[d], hostname="gpu-box")
-            for d in range(2)]
+    recs = [record("s.t", 10.0, device=str(d), devices=[d], hostname="gpu-box") for d in range(2)]
     recs.append(record("s.t", 10.0, device="2", devices=[2], hostname="bad name/"))
     t = summarize(recs)["tests"]["s.t"]
     assert list(t["pernode"]) == ["gpu-box"] and t["pernode"]["gpu-box"]["n"] == 2
-    assert t["train"]["n"] == 3        # an unsafe host name leaves pernode, not the test
+    assert t["train"]["n"] == 3  # an unsafe host name leaves pernode, not the test
 
 
 def test_pernode_orders_node_names_naturally():
@@ -136,8 +167,10 @@ def test_old_summary_without_nodes_still_reads():
         for f in t["failed"]:
             del f["node"]
     s = normalize_summary(old)
-    assert all(t["pernode"] == {} and t["pernode_failures"] == {} and t["node_count"] is None
-               for t in s["tests"].values())
+    assert all(
+        t["pernode"] == {} and t["pernode_failures"] == {} and t["node_count"] is None
+        for t in s["tests"].values()
+    )
     assert s["tests"]["standard.vae"]["failed"][0]["node"] is None
     rep = build_report(s, compare_nodes=True)
     assert rep.node_compare["tests"] == [] and rep.scaling == []
@@ -145,17 +178,18 @@ def test_old_summary_without_nodes_still_reads():
 
 # --- milarun report --compare-nodes ----------------------------------------------------
 
+
 def test_compare_nodes_flags_a_node_10_percent_below_not_2(cluster):
     rep = build_report(summarize_dir(cluster)[0], compare_nodes=True)
     cmp = rep.node_compare
     assert cmp["threshold"] == 5.0
     by_test = {t["test"]: t for t in cmp["tests"]}
-    assert sorted(by_test) == ["c.conv", "c.mm"]     # node-progression: one node per group
+    assert sorted(by_test) == ["c.conv", "c.mm"]  # node-progression: one node per group
     conv = {row["node"]: row for row in by_test["c.conv"]["nodes"]}
     # each node against the median of the OTHER nodes' means
     assert conv["node3"]["ref"] == pytest.approx(100.0)
     assert conv["node3"]["ratio"] == pytest.approx(0.9) and conv["node3"]["slow"]
-    assert conv["node1"]["ref"] == pytest.approx(95.0)          # median(100, 90)
+    assert conv["node1"]["ref"] == pytest.approx(95.0)  # median(100, 90)
     assert conv["node1"]["ratio"] == pytest.approx(100 / 95)
     assert not conv["node1"]["slow"] and not conv["node2"]["slow"]
     mm = {row["node"]: row for row in by_test["c.mm"]["nodes"]}
@@ -173,15 +207,18 @@ def test_compare_nodes_text(cluster, capsys):
     assert lines[start] == (
         "node comparison: mean steady-state throughput (items/s) of each node / ref = median "
         "of the OTHER nodes' means (2 nodes: the peer's mean); SLOW: more than 5% below ref; "
-        "FAILED: failures, no successful result")
-    table = lines[start + 1:start + 9]     # header, index names, 6 rows
+        "FAILED: failures, no successful result"
+    )
+    table = lines[start + 1 : start + 9]  # header, index names, 6 rows
     assert table[0].split() == ["n", "fail", "mean", "ref", "ratio", "flag"]
     assert table[1].split() == ["test", "node"]
     assert table[2].split() == ["c.conv", "node1", "2", "0", "100.00", "95.00", "1.053"]
     assert table[4].split() == ["node3", "2", "0", "90.00", "100.00", "0.900", "SLOW"]
     assert table[7].split() == ["node3", "2", "0", "49.00", "50.00", "0.980"]
-    assert lines[start + 9] == ("verdict: slow nodes (more than 5% below the median of the other "
-                                "nodes): node3 (c.conv 0.900)")
+    assert lines[start + 9] == (
+        "verdict: slow nodes (more than 5% below the median of the other "
+        "nodes): node3 (c.conv 0.900)"
+    )
     assert not lines[start + 10].startswith("verdict")
 
 
@@ -200,11 +237,17 @@ def test_summary_keys_failures_by_node():
     recs.append(failed(record("s.t", 1.0, device="2x1", nodes=["node1", "node2"], node="node1")))
     t = summarize(recs)["tests"]["s.t"]
     assert (t["n"], t["failures"], t["interrupted"]) == (7, 6, 1)
-    assert list(t["pernode"]) == ["node1"]             # node2: every run failed
+    assert list(t["pernode"]) == ["node1"]  # node2: every run failed
     assert t["pernode_failures"] == {"node1": 1, "node2": 4}
     nodes = sorted((f["device"], f["node"]) for f in t["failed"])
-    assert nodes == [("2x1", None), ("node1.1", "node1"), ("node2.0", "node2"),
-                     ("node2.0", "node2"), ("node2.1", "node2"), ("node2.1", "node2")]
+    assert nodes == [
+        ("2x1", None),
+        ("node1.1", "node1"),
+        ("node2.0", "node2"),
+        ("node2.0", "node2"),
+        ("node2.1", "node2"),
+        ("node2.1", "node2"),
+    ]
 
 
 def broken_cluster(tmp_path):
@@ -229,7 +272,7 @@ def test_a_node_whose_runs_all_failed_is_flagged_failed(tmp_path):
     node4 = by_test["c.conv"]["node4"]
     assert (node4["n"], node4["fail"], node4["mean"], node4["ratio"]) == (0, 2, None, None)
     assert node4["failed"] and not node4["slow"]
-    assert node4["ref"] == pytest.approx(100.0)      # median(100, 100, 90)
+    assert node4["ref"] == pytest.approx(100.0)  # median(100, 100, 90)
     # a node without a mean is left out of the others' reference
     assert by_test["c.conv"]["node1"]["ref"] == pytest.approx(95.0)
     assert by_test["c.conv"]["node3"]["slow"]
@@ -246,13 +289,14 @@ def test_failed_node_in_text(tmp_path, capsys):
     assert (code, err) == (0, "")
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("node comparison:"))
-    rows = [line.split() for line in lines[start + 3:start + 10]]
+    rows = [line.split() for line in lines[start + 3 : start + 10]]
     assert rows[3] == ["node4", "0", "2", "-", "100.00", "-", "FAILED"]
     assert rows[5] == ["node2", "2", "1", "50.00", "49.50", "1.010"]
-    assert lines[start + 10:start + 12] == [
+    assert lines[start + 10 : start + 12] == [
         "verdict: slow nodes (more than 5% below the median of the other nodes): "
         "node3 (c.conv 0.900)",
-        "verdict: failed nodes (failures, no successful result): node4 (c.conv: 2 failed)"]
+        "verdict: failed nodes (failures, no successful result): node4 (c.conv: 2 failed)",
+    ]
 
 
 def test_two_nodes_one_all_failed_is_compared():
@@ -261,8 +305,12 @@ def test_two_nodes_one_all_failed_is_compared():
     cmp = build_report(summarize(recs), compare_nodes=True).node_compare
     (t,) = cmp["tests"]
     node1, node2 = t["nodes"]
-    assert (node1["node"], node1["ref"], node1["ratio"], node1["slow"]) == ("node1", None,
-                                                                           None, False)
+    assert (node1["node"], node1["ref"], node1["ratio"], node1["slow"]) == (
+        "node1",
+        None,
+        None,
+        False,
+    )
     assert (node2["node"], node2["ref"], node2["failed"]) == ("node2", 100.0, True)
     assert cmp["failed"] == {"node2": [("s.t", 1)]} and cmp["slow"] == {}
 
@@ -282,19 +330,31 @@ def test_two_nodes_each_is_compared_with_its_peer():
     assert build_report(summarize(recs), compare_nodes=True).node_compare["slow"] == {}
 
 
-@pytest.mark.parametrize("threshold,slow,verdict", [
-    ("1", {"node3": ["c.conv", "c.mm"]}, "verdict: slow nodes (more than 1% below the median of "
-                                         "the other nodes): node3 (c.conv 0.900, c.mm 0.980)"),
-    ("15", {}, "verdict: no slow node (none more than 15% below the median of the other "
-               "nodes), no failed node"),
-    ("10", {}, None),          # exactly 10% below is not more than 10% below
-])
+@pytest.mark.parametrize(
+    "threshold,slow,verdict",
+    [
+        (
+            "1",
+            {"node3": ["c.conv", "c.mm"]},
+            "verdict: slow nodes (more than 1% below the median of "
+            "the other nodes): node3 (c.conv 0.900, c.mm 0.980)",
+        ),
+        (
+            "15",
+            {},
+            "verdict: no slow node (none more than 15% below the median of the other "
+            "nodes), no failed node",
+        ),
+        ("10", {}, None),  # exactly 10% below is not more than 10% below
+    ],
+)
 def test_node_threshold_option(cluster, capsys, threshold, slow, verdict):
     # --node-threshold alone turns the comparison on
     code, out, _ = cli(["report", cluster, "--node-threshold", threshold], capsys)
     assert code == 0
-    rep = build_report(summarize_dir(cluster)[0], compare_nodes=True,
-                       node_threshold=float(threshold))
+    rep = build_report(
+        summarize_dir(cluster)[0], compare_nodes=True, node_threshold=float(threshold)
+    )
     assert {n: [t for t, _ in v] for n, v in rep.node_compare["slow"].items()} == slow
     if verdict:
         assert verdict in out.splitlines()
@@ -306,8 +366,10 @@ def test_nothing_to_compare_is_one_line(capsys):
     code, out, err = cli(["report", FIX / "results", "--compare-nodes"], capsys)
     assert code == 0
     found = [line for line in out.splitlines() if line.startswith("node comparison")]
-    assert found == ["node comparison: nothing to compare: no test has results from 2 or more "
-                     "nodes (nodes seen: fixture-host)"]
+    assert found == [
+        "node comparison: nothing to compare: no test has results from 2 or more "
+        "nodes (nodes seen: fixture-host)"
+    ]
     assert "SLOW" not in out and "verdict:" not in out
 
 
@@ -316,18 +378,21 @@ def test_without_the_option_no_node_table(cluster, capsys):
     assert code == 0 and "node comparison" not in out
 
 
-@pytest.mark.parametrize("value,shown", [("-5", "-5.0"), ("101", "101.0"), ("nan", "nan"),
-                                         ("=-0.5", "-0.5")])
+@pytest.mark.parametrize(
+    "value,shown", [("-5", "-5.0"), ("101", "101.0"), ("nan", "nan"), ("=-0.5", "-0.5")]
+)
 def test_bad_node_threshold_is_one_line(cluster, capsys, value, shown):
     arg = f"--node-threshold{value}" if value.startswith("=") else "--node-threshold"
     args = ["report", cluster, arg] + ([] if value.startswith("=") else [value])
     code, out, err = cli(args, capsys)
     assert (code, out) == (2, "")
-    assert err == ("milarun: error: --node-threshold must be a percentage from 0 to 100, "
-                   f"not {shown}\n")
+    assert err == (
+        f"milarun: error: --node-threshold must be a percentage from 0 to 100, not {shown}\n"
+    )
 
 
 # --- scaling efficiency ----------------------------------------------------------------
+
 
 def test_scaling_efficiency_by_hand(cluster):
     rep = build_report(summarize_dir(cluster)[0])
@@ -336,8 +401,12 @@ def test_scaling_efficiency_by_hand(cluster):
     assert tab["base"] == pytest.approx(100.0)
     eff = {k: c["efficiency"] for k, c in tab["cells"].items()}
     # efficiency(n, g) = T(n, g) / (n * g * T(1, 1))
-    assert eff == {(1, 1): pytest.approx(1.0), (1, 2): pytest.approx(0.95),
-                   (2, 1): pytest.approx(0.90), (2, 2): pytest.approx(0.85)}
+    assert eff == {
+        (1, 1): pytest.approx(1.0),
+        (1, 2): pytest.approx(0.95),
+        (2, 1): pytest.approx(0.90),
+        (2, 2): pytest.approx(0.85),
+    }
     assert tab["cells"][(2, 2)]["throughput"] == pytest.approx(340.0)
 
 
@@ -345,14 +414,16 @@ def test_scaling_table_in_text(cluster, capsys):
     code, out, _ = cli(["report", cluster], capsys)
     assert code == 0
     lines = out.splitlines()
-    i = lines.index("scaling of c.ddp: mean steady-state throughput in items/s "
-                    "(scaling efficiency)")
+    i = lines.index(
+        "scaling of c.ddp: mean steady-state throughput in items/s (scaling efficiency)"
+    )
     assert lines[i + 1].split() == ["1", "GPU/node", "2", "GPU/node"]
     assert lines[i + 2].split() == ["nodes"]
     assert lines[i + 3].split() == ["1", "node(s)", "100.00", "(100.0%)", "190.00", "(95.0%)"]
     assert lines[i + 4].split() == ["2", "node(s)", "180.00", "(90.0%)", "340.00", "(85.0%)"]
-    assert lines[i + 5] == ("efficiency = throughput / (nodes x GPUs per node x 100.00 items/s, "
-                            "the 1x1 throughput)")
+    assert lines[i + 5] == (
+        "efficiency = throughput / (nodes x GPUs per node x 100.00 items/s, the 1x1 throughput)"
+    )
 
 
 def test_scaling_without_1x1_invents_no_baseline(tmp_path):
@@ -362,8 +433,9 @@ def test_scaling_without_1x1_invents_no_baseline(tmp_path):
     assert tab["base"] is None
     assert all(c["efficiency"] is None for c in tab["cells"].values())
     text = render_text(rep)
-    assert "no 1x1 result for c.ddp: there is no per-GPU baseline, so no efficiency is " \
-           "shown" in text
+    assert (
+        "no 1x1 result for c.ddp: there is no per-GPU baseline, so no efficiency is shown" in text
+    )
     assert "%)" not in text.split("scaling of c.ddp")[1]
     assert "190.00" in text and "-" in text.split("1 node(s)")[1].split("\n")[0]
 
@@ -378,12 +450,17 @@ def test_failed_1x1_is_no_baseline():
 
 # --- weights ---------------------------------------------------------------------------
 
+
 def test_node_progression_groups_take_the_suite_job_weight(cluster, tmp_path):
     w = {"c.ddp": 2.0, "c.conv": 1.0}
     rep = build_report(summarize_dir(cluster)[0], weights=w)
     weights = {r["test"]: r["weight"] for r in rep.rows}
     assert {g: weights[g] for g in weights if g.startswith("c.ddp.")} == {
-        "c.ddp.1x1": 2.0, "c.ddp.1x2": 2.0, "c.ddp.2x1": 2.0, "c.ddp.2x2": 2.0}
+        "c.ddp.1x1": 2.0,
+        "c.ddp.1x2": 2.0,
+        "c.ddp.2x1": 2.0,
+        "c.ddp.2x2": 2.0,
+    }
     mm = next(r for r in rep.rows if r["test"] == "c.mm")
     assert not mm["weight"] and not mm["counted"] and rep.missing == []
     # the score: weighted geometric mean over the weighted groups (one result each: std 0)
@@ -398,6 +475,7 @@ def test_node_progression_groups_take_the_suite_job_weight(cluster, tmp_path):
 
 
 # --- HTML ------------------------------------------------------------------------------
+
 
 class Ids(HTMLParser):
     """Text of elements by id, and the ids of SVG-holding figures."""
@@ -433,7 +511,7 @@ def test_html_has_the_node_and_scaling_sections(cluster, tmp_path, capsys):
     assert "SLOW" in cells and cells.count("SLOW") == 1
     assert "node3 (c.conv 0.900)" in scan.ids["node-verdict"]
     scaling = scan.ids["scaling-c.ddp"].split()
-    assert ["340.00", "(85.0%)"] == scaling[scaling.index("340.00"):scaling.index("340.00") + 2]
+    assert ["340.00", "(85.0%)"] == scaling[scaling.index("340.00") : scaling.index("340.00") + 2]
     assert "100.00 (100.0%)" in scan.ids["scaling-c.ddp"]
     assert "scaling-plot" in scan.figures
     # the plot: one line per GPUs-per-node value and the ideal line, labelled by numbers

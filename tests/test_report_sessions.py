@@ -56,7 +56,7 @@ def test_a_record_copied_in_is_named_and_not_scored(folder, capsys, cache):
     flag = [] if cache else ["--no-cache"]
     before = report(folder, capsys, *flag)
     other = _copy_in(folder)
-    for _ in range(2):        # the second from the cache when there is one
+    for _ in range(2):  # the second from the cache when there is one
         after = report(folder, capsys, *flag)
         assert score(after.out) == score(before.out)
         header = next(line for line in after.out.splitlines() if line.startswith("not counted"))
@@ -87,6 +87,6 @@ def test_a_sealed_folder_names_none_of_the_seal_s_files(folder, tmp_path, capsys
     with pytest.raises(SystemExit) as exc:
         main(["tender", str(folder), "--rules", str(rules)])
     got = capsys.readouterr()
-    assert exc.value.code in (1, 3), got.err     # verified or not: no warning of the seal
+    assert exc.value.code in (1, 3), got.err  # verified or not: no warning of the seal
     assert "bundle.json" not in got.err
     assert "skipped" not in got.err

@@ -12,8 +12,9 @@ from milarun.formats.store import iter_results, load_result, result_filename, wr
 
 def test_round_trip(tmp_path):
     rec = new_result("cpu.vae", "2.1", device="1", devices=[1], run=2, plan_type="per-gpu")
-    rec["timings"]["train"]["samples"] = [{"start": 0, "end": 0.5, "count": 10, "rate": 20.0,
-                                            "warmup": True}]
+    rec["timings"]["train"]["samples"] = [
+        {"start": 0, "end": 0.5, "count": 10, "rate": 20.0, "warmup": True}
+    ]
     rec["success"] = True
     path = write_result(rec, tmp_path)
     assert re.fullmatch(r"cpu\.vae\.J2\.1\.\d{8}-\d{6}-\d{6}\.json", path.name)
@@ -24,6 +25,7 @@ def test_round_trip(tmp_path):
 def test_results_get_the_mode_of_a_new_file(tmp_path):
     # a temporary file is 0600; results on a shared disk must stay readable
     import os
+
     old = os.umask(0o027)
     try:
         path = write_result(new_result("s.t"), tmp_path)
@@ -50,13 +52,16 @@ def test_migration_from_version_0():
     assert "train" not in rec and "train" in old  # the input is not modified
 
 
-@pytest.mark.parametrize("data,key", [
-    ({"version": 99}, "version"),
-    ({"version": "1"}, "version"),
-    ({"version": 1, "name": "x"}, "suite"),       # the first missing required field
-    ({**new_result("s.t"), "name": "x"}, "name"),  # not 'suite.test'
-    ({**new_result("s.t"), "run": -1}, "run"),
-])
+@pytest.mark.parametrize(
+    "data,key",
+    [
+        ({"version": 99}, "version"),
+        ({"version": "1"}, "version"),
+        ({"version": 1, "name": "x"}, "suite"),  # the first missing required field
+        ({**new_result("s.t"), "name": "x"}, "name"),  # not 'suite.test'
+        ({**new_result("s.t"), "run": -1}, "run"),
+    ],
+)
 def test_bad_records(data, key):
     with pytest.raises(ResultFormatError) as exc:
         migrate(data, path="f.json")
@@ -80,8 +85,11 @@ def _accepted_per_item(record):
 
     from milarun.formats import jsonfile
 
-    check = fastjsonschema.compile(jsonfile._fast_schema(jsonfile._inlined("result")),
-                                   use_default=False, detailed_exceptions=False)
+    check = fastjsonschema.compile(
+        jsonfile._fast_schema(jsonfile._inlined("result")),
+        use_default=False,
+        detailed_exceptions=False,
+    )
     try:
         check(record)
     except fastjsonschema.JsonSchemaValueException:
@@ -100,14 +108,50 @@ def test_sample_columns_give_the_per_item_answer():
     rec = new_result("s.t")
     rec["timings"]["train"]["samples"] = [
         {"start": 0.5 * i, "end": 0.5 * i + 0.5, "count": 10, "rate": 20.0, "warmup": i < 2}
-        for i in range(12)]
-    rec["gpu_monitor"] = {"available": True, "reason": None, "interval": 1.0, "samples": [
-        {"t": float(i), "device": 0, "load": 50.0, "memory_mib": 10.0, "power": 100.0}
-        for i in range(6)]}
-    values = [None, True, False, -1, -1.0, 0, 2.5, 3.0, 1e9, 1e9 + 1, 1e13, 1e16, 2**60,
-              "x", [], {}, float("inf")]
-    keys = ["start", "end", "count", "rate", "warmup", "profiled", "loss", "extra", "t",
-            "device", "load", "error"]
+        for i in range(12)
+    ]
+    rec["gpu_monitor"] = {
+        "available": True,
+        "reason": None,
+        "interval": 1.0,
+        "samples": [
+            {"t": float(i), "device": 0, "load": 50.0, "memory_mib": 10.0, "power": 100.0}
+            for i in range(6)
+        ],
+    }
+    values = [
+        None,
+        True,
+        False,
+        -1,
+        -1.0,
+        0,
+        2.5,
+        3.0,
+        1e9,
+        1e9 + 1,
+        1e13,
+        1e16,
+        2**60,
+        "x",
+        [],
+        {},
+        float("inf"),
+    ]
+    keys = [
+        "start",
+        "end",
+        "count",
+        "rate",
+        "warmup",
+        "profiled",
+        "loss",
+        "extra",
+        "t",
+        "device",
+        "load",
+        "error",
+    ]
     rng = random.Random(0)
     answers = set()
     for _ in range(300):
@@ -129,13 +173,16 @@ def test_sample_columns_give_the_per_item_answer():
 def test_a_bad_sample_is_named_by_its_index(tmp_path):
     rec = new_result("s.t")
     rec["timings"]["train"]["samples"] = [
-        {"start": 0.0, "end": 1.0, "count": 1, "rate": 1.0, "warmup": False}] * 3
-    rec["timings"]["train"]["samples"][2] = {**rec["timings"]["train"]["samples"][2],
-                                             "rate": -5}
+        {"start": 0.0, "end": 1.0, "count": 1, "rate": 1.0, "warmup": False}
+    ] * 3
+    rec["timings"]["train"]["samples"][2] = {**rec["timings"]["train"]["samples"][2], "rate": -5}
     path = tmp_path / "r.json"
     path.write_text(json.dumps(rec))
-    with pytest.raises(ResultFormatError, match=r"timings\.train\.samples\.2\.rate: must be "
-                                                r">= 0, not -5"):
+    with pytest.raises(
+        ResultFormatError,
+        match=r"timings\.train\.samples\.2\.rate: must be "
+        r">= 0, not -5",
+    ):
         load_result(path)
 
 
@@ -144,14 +191,16 @@ def _rglob_results(directory):
     reference: ``[(path, "record" or the error's message)]``."""
     from milarun.formats.outfile import TMP_PREFIX
     from milarun.formats.store import TRACE_SUFFIX, inside
+
     out = []
     for path in sorted(directory.rglob("*.json*")):
         parts = path.relative_to(directory).parts
         if any(p.startswith(".") for p in parts[:-1]):
             continue
         link, stale = path.is_symlink(), path.name.startswith(TMP_PREFIX)
-        if not stale and (path.name.startswith(".") or path.suffix != ".json"
-                          or path.name.endswith(TRACE_SUFFIX)):
+        if not stale and (
+            path.name.startswith(".") or path.suffix != ".json" or path.name.endswith(TRACE_SUFFIX)
+        ):
             continue
         if not (link or path.is_file()):
             if not path.is_dir():
@@ -172,20 +221,43 @@ def _rglob_results(directory):
 
 def test_iter_results_walks_as_rglob_did(tmp_path, monkeypatch):
     import os
+
     record = json.dumps(new_result("s.t"))
-    for rel in ("a.json", "a-1.json", "a/b.json", "A.json", "b.json.bak", "c.jsonl",
-                "x.trace.json", ".hidden/h.json", ".h.json", "sub/s.json", "sub.json/in.json",
-                "a.json.d/x.json", "z/.tmp-abc.json", ".tmp-top.json", "z/zz/deep.json",
-                "bad.json", "locked/l.json", "locked.json/l.json", ".hid/locked/x.json"):
+    for rel in (
+        "a.json",
+        "a-1.json",
+        "a/b.json",
+        "A.json",
+        "b.json.bak",
+        "c.jsonl",
+        "x.trace.json",
+        ".hidden/h.json",
+        ".h.json",
+        "sub/s.json",
+        "sub.json/in.json",
+        "a.json.d/x.json",
+        "z/.tmp-abc.json",
+        ".tmp-top.json",
+        "z/zz/deep.json",
+        "bad.json",
+        "locked/l.json",
+        "locked.json/l.json",
+        ".hid/locked/x.json",
+    ):
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{" if "tmp" in rel or "bad" in rel else record)
     (tmp_path / "empty.json").mkdir()
     os.mkfifo(tmp_path / "fifo.json")
-    for name, target in (("in.json", "a.json"), ("out.json", "/etc/passwd"),
-                         ("broken.json", "nowhere.json"), ("loop.json", "loop.json"),
-                         ("linkdir", "sub"), ("linkdir.json", "sub"),
-                         ("hidden-target.json", ".hidden/h.json")):
+    for name, target in (
+        ("in.json", "a.json"),
+        ("out.json", "/etc/passwd"),
+        ("broken.json", "nowhere.json"),
+        ("loop.json", "loop.json"),
+        ("linkdir", "sub"),
+        ("linkdir.json", "sub"),
+        ("hidden-target.json", ".hidden/h.json"),
+    ):
         (tmp_path / name).symlink_to(target)
     # a sub-folder that cannot be listed (a user's lost+found): rglob passed over it
     real = os.scandir
@@ -194,6 +266,7 @@ def test_iter_results_walks_as_rglob_did(tmp_path, monkeypatch):
         if os.path.basename(os.fspath(path)) in ("locked", "locked.json"):
             raise PermissionError(13, "Permission denied", os.fspath(path))
         return real(path)
+
     monkeypatch.setattr(os, "scandir", scandir)
     expected = _rglob_results(tmp_path)
     assert [p for p, _ in expected].count(tmp_path / "a.json") == 1

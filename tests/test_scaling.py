@@ -14,11 +14,39 @@ def _torchrun(tmp_path, *args):
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     for key in ("MASTER_ADDR", "MASTER_PORT", "SLURMD_NODENAME"):
         env.pop(key, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", "2", "-m", "milarun", "run", "milarun.models.scaling:main",
-           "-o", str(out), "--experiment-name", "t.scaling", "--job-id", "0.0-1", "--",
-           *SMOKE_ARGS, "--batch-size", "4", "--width", "4", "--blocks", "1",
-           "--image-size", "8", "--classes", "10", "--device", "cpu", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "milarun",
+        "run",
+        "milarun.models.scaling:main",
+        "-o",
+        str(out),
+        "--experiment-name",
+        "t.scaling",
+        "--job-id",
+        "0.0-1",
+        "--",
+        *SMOKE_ARGS,
+        "--batch-size",
+        "4",
+        "--width",
+        "4",
+        "--blocks",
+        "1",
+        "--image-size",
+        "8",
+        "--classes",
+        "10",
+        "--device",
+        "cpu",
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "terminate called" not in proc.stderr, proc.stderr[-3000:]  # a rank's teardown
@@ -76,11 +104,31 @@ def test_process_group_is_gone_when_the_test_returns(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(key, None)
-    argv = [*SMOKE_ARGS, "--batch-size", "4", "--width", "4", "--blocks", "1",
-            "--image-size", "8", "--classes", "10", "--device", "cpu", "--max-count", "16"]
-    proc = subprocess.run([sys.executable, "-c", _THREADS_AFTER_RUN, str(tmp_path / "r.json"),
-                           *argv], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    argv = [
+        *SMOKE_ARGS,
+        "--batch-size",
+        "4",
+        "--width",
+        "4",
+        "--blocks",
+        "1",
+        "--image-size",
+        "8",
+        "--classes",
+        "10",
+        "--device",
+        "cpu",
+        "--max-count",
+        "16",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", _THREADS_AFTER_RUN, str(tmp_path / "r.json"), *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     code, *threads = proc.stdout.split()
     assert code == "0", proc.stderr[-3000:]

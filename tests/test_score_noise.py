@@ -23,9 +23,38 @@ WEIGHTS = FIX / "weights.json"
 
 #: Two-tailed 95% critical values for df = 1..30 (pyperf's _T_DIST_95_CONF_LEVELS, the
 #: usual printed t table, 3 decimals).
-T_TABLE = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
-           2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074,
-           2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+T_TABLE = [
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+]
 
 
 def test_t_quantile_matches_the_printed_table():
@@ -35,11 +64,11 @@ def test_t_quantile_matches_the_printed_table():
 
 def test_t_quantile_to_many_digits():
     # exact values (closed forms: df=1 tan(0.475 pi), df=2 sqrt(2) q / sqrt(1 - q^2)...)
-    assert confidence.t_quantile(0.975, 1) == pytest.approx(math.tan(0.475 * math.pi),
-                                                           rel=1e-10)
+    assert confidence.t_quantile(0.975, 1) == pytest.approx(math.tan(0.475 * math.pi), rel=1e-10)
     q = 2 * 0.975 - 1
-    assert confidence.t_quantile(0.975, 2) == pytest.approx(q * math.sqrt(2 / (1 - q * q)),
-                                                           rel=1e-10)
+    assert confidence.t_quantile(0.975, 2) == pytest.approx(
+        q * math.sqrt(2 / (1 - q * q)), rel=1e-10
+    )
     assert confidence.t_quantile(0.995, 1) == pytest.approx(63.65674116287399, rel=1e-9)
     assert confidence.t_quantile(0.975, 10) == pytest.approx(2.2281388519649385, rel=1e-9)
     assert confidence.t_quantile(0.975, math.inf) == pytest.approx(1.959963984540054)
@@ -55,7 +84,7 @@ def test_t_quantile_to_many_digits():
 
 
 def test_mean_interval_by_hand():
-    d = stats.describe([98.0, 100.0, 102.0, 100.0])   # mean 100, std sqrt(8/3)
+    d = stats.describe([98.0, 100.0, 102.0, 100.0])  # mean 100, std sqrt(8/3)
     ci = confidence.mean_interval(d["n"], d["mean"], d["std"])
     half = 3.182446305284263 * math.sqrt(8 / 3) / 2
     assert (ci.lo, ci.hi, ci.df) == (pytest.approx(100 - half), pytest.approx(100 + half), 3)
@@ -74,7 +103,7 @@ def test_welch_by_hand_clearly_different_is_significant():
     test = confidence.welch_test((3, 12.0, 2.0), (3, 20.0, 2.0))
     assert test.t == pytest.approx(-8 / math.sqrt(8 / 3))
     assert test.df == pytest.approx(4.0)
-    assert test.significant                     # |t| = 4.90 > 2.776
+    assert test.significant  # |t| = 4.90 > 2.776
 
 
 def test_welch_same_distribution_is_within_noise():
@@ -96,9 +125,9 @@ def test_welch_without_spread():
 def test_geomean_interval_by_hand():
     # weights 1 and 3: a = 1/4, 3/4; Var(log mean) = std^2 / (n mean^2)
     parts = [(1.0, [(4, 100.0, 2.0)]), (3.0, [(9, 50.0, 3.0)])]
-    v1 = (1 / 4) ** 2 * 4 / (4 * 100.0 ** 2)
-    v2 = (3 / 4) ** 2 * 9 / (9 * 50.0 ** 2)
-    df = (v1 + v2) ** 2 / (v1 ** 2 / 3 + v2 ** 2 / 8)
+    v1 = (1 / 4) ** 2 * 4 / (4 * 100.0**2)
+    v2 = (3 / 4) ** 2 * 9 / (9 * 50.0**2)
+    df = (v1 + v2) ** 2 / (v1**2 / 3 + v2**2 / 8)
     half = confidence.t_quantile(0.975, df) * math.sqrt(v1 + v2)
     ci = confidence.geomean_interval(70.0, parts)
     assert ci.df == pytest.approx(df)
@@ -115,21 +144,43 @@ def test_geomean_interval_by_hand():
 
 # --- hand-made summaries ---------------------------------------------------------------
 
+
 def entry(name, rates, partition="per-gpu", failed_devices=(), **extra):
     """A summary group: ``rates`` is ``{device: [rate per run]}`` (items/s)."""
     every = [r for rs in rates.values() for r in rs]
-    failed = [{"device": d, "node": None, "run": 0, "reason": "error", "message": None,
-               "returncode": 1, "stderr_tail": None, "file": None} for d in failed_devices]
-    return {"name": name, "group": name, "partition": partition, "device_count": 1,
-            "n": len(every) + len(failed), "failures": len(failed),
-            "failure_reasons": {"error": len(failed)} if failed else {}, "failed": failed,
-            "train": stats.describe(every), "total": stats.describe([]),
-            "pergpu": {d: stats.describe(rs) for d, rs in rates.items()}, **extra}
+    failed = [
+        {
+            "device": d,
+            "node": None,
+            "run": 0,
+            "reason": "error",
+            "message": None,
+            "returncode": 1,
+            "stderr_tail": None,
+            "file": None,
+        }
+        for d in failed_devices
+    ]
+    return {
+        "name": name,
+        "group": name,
+        "partition": partition,
+        "device_count": 1,
+        "n": len(every) + len(failed),
+        "failures": len(failed),
+        "failure_reasons": {"error": len(failed)} if failed else {},
+        "failed": failed,
+        "train": stats.describe(every),
+        "total": stats.describe([]),
+        "pergpu": {d: stats.describe(rs) for d, rs in rates.items()},
+        **extra,
+    }
 
 
 def make_summary(*entries):
-    return normalize_summary({"format": "milarun-summary", "version": 1,
-                              "tests": {e["group"]: e for e in entries}})
+    return normalize_summary(
+        {"format": "milarun-summary", "version": 1, "tests": {e["group"]: e for e in entries}}
+    )
 
 
 def node_of(gpus, rate=100.0):
@@ -137,13 +188,15 @@ def node_of(gpus, rate=100.0):
     device alike, so that std% is the same for 4 and 8 of them)."""
     return make_summary(
         entry("s.conv", {str(d): [rate - 1, rate + 1] for d in range(gpus)}),
-        entry("s.vae", {str(d): [rate / 2, rate / 2] for d in range(gpus)}))
+        entry("s.vae", {str(d): [rate / 2, rate / 2] for d in range(gpus)}),
+    )
 
 
 def test_node_score_doubles_with_twice_the_same_gpus():
     # std% of s.conv moves a little with n (divisor n - 1): compared without that factor
-    four, eight = (build_report(node_of(g), price=10000.0 * g, penalize_variance=False)
-                   for g in (4, 8))
+    four, eight = (
+        build_report(node_of(g), price=10000.0 * g, penalize_variance=False) for g in (4, 8)
+    )
     assert four.score == pytest.approx(eight.score)
     assert eight.node_score == pytest.approx(2 * four.node_score)
     # price / score doubles for the larger node; price per node-score point does not
@@ -168,10 +221,21 @@ def test_whole_node_and_job_tests_keep_their_rate():
     s = make_summary(
         entry("s.normal", {"all": [800.0, 820.0]}, partition="normal"),
         entry("s.step.2", {"0-1": [300.0, 310.0]}, partition="gpu-progression"),
-        entry("s.ddp", {"2x4": [1500.0, 1540.0]}, partition="multi-node", node_count=2,
-              gpus_per_node=4),
-        entry("s.ddp.4x2", {"4x2": [2000.0]}, partition="node-progression", node_count=4,
-              gpus_per_node=2))
+        entry(
+            "s.ddp",
+            {"2x4": [1500.0, 1540.0]},
+            partition="multi-node",
+            node_count=2,
+            gpus_per_node=4,
+        ),
+        entry(
+            "s.ddp.4x2",
+            {"4x2": [2000.0]},
+            partition="node-progression",
+            node_count=4,
+            gpus_per_node=2,
+        ),
+    )
     rows = {r["test"]: r for r in build_report(s).rows}
     assert rows["s.normal"]["node_perf"] == pytest.approx(810.0)
     assert rows["s.step.2"]["node_perf"] == pytest.approx(305.0)
@@ -192,24 +256,45 @@ def test_a_dead_gpu_costs_the_node_once():
 
 def record(name, rate, device, host, partition="per-gpu", **fields):
     """A successful record whose steady-state rate is ``rate`` items/s."""
-    rec = new_result(name, f"0.{device}", device=device, devices=[0], run=0,
-                     plan_type=partition)
+    rec = new_result(name, f"0.{device}", device=device, devices=[0], run=0, plan_type=partition)
     rec["success"] = True
     rec["timings"]["program"] = {"start": 1.0e9, "end": 1.0e9 + 21, "duration": 21.0}
     rec["timings"]["train"]["samples"] = [
         {"start": float(i), "end": float(i + 1), "count": rate, "rate": rate, "warmup": i == 0}
-        for i in range(20)]
+        for i in range(20)
+    ]
     rec["host"] = {"hostname": host, "cpu_model": "EPYC", "cpu_count": 64, "gpus": []}
     rec.update(fields)
     return rec
 
 
 def test_node_throughput_of_a_cluster_from_records():
-    recs = [record("c.conv", 100.0 + d + 10 * i, f"node{i}.{d}", f"node{i}", node=f"node{i}",
-                   nodes=[f"node{i}"], node_count=1, gpus_per_node=1)
-            for i in (1, 2) for d in (0, 1)]
-    recs.append(record("c.ddp", 900.0, "2x2", "node1", partition="multi-node",
-                       nodes=["node1", "node2"], node_count=2, gpus_per_node=2))
+    recs = [
+        record(
+            "c.conv",
+            100.0 + d + 10 * i,
+            f"node{i}.{d}",
+            f"node{i}",
+            node=f"node{i}",
+            nodes=[f"node{i}"],
+            node_count=1,
+            gpus_per_node=1,
+        )
+        for i in (1, 2)
+        for d in (0, 1)
+    ]
+    recs.append(
+        record(
+            "c.ddp",
+            900.0,
+            "2x2",
+            "node1",
+            partition="multi-node",
+            nodes=["node1", "node2"],
+            node_count=2,
+            gpus_per_node=2,
+        )
+    )
     summary = summarize(recs)
     assert summary["tests"]["c.ddp"]["node_count"] == 2
     rows = {r["test"]: r for r in build_report(summary).rows}
@@ -219,6 +304,7 @@ def test_node_throughput_of_a_cluster_from_records():
 
 
 # --- the 2020 baseline ------------------------------------------------------------------
+
 
 def test_2020_scores_unchanged_and_its_noise_unknown():
     from milarun.report import load_weights
@@ -235,9 +321,16 @@ def test_2020_scores_unchanged_and_its_noise_unknown():
     assert "node score: n/a" in render_text(rep)
     # compared with: the score ratio is the same, its noise unknown
     ours = node_of(2)
-    cmp = build_report(make_summary(*[{**e, "name": n, "group": n} for n, e in
-                                      (("standard.convnet", ours["tests"]["s.conv"]),)]),
-                       weights=w, baseline=base)
+    cmp = build_report(
+        make_summary(
+            *[
+                {**e, "name": n, "group": n}
+                for n, e in (("standard.convnet", ours["tests"]["s.conv"]),)
+            ]
+        ),
+        weights=w,
+        baseline=base,
+    )
     assert cmp.score_base == pytest.approx(76.0)
     assert cmp.score_ratio_ci is None and "2020" in cmp.score_ratio_ci_note
     assert cmp.rows[0]["sig"] == "noise unknown"
@@ -246,13 +339,18 @@ def test_2020_scores_unchanged_and_its_noise_unknown():
 
 # --- --compare significance ------------------------------------------------------------
 
+
 def test_compare_marks_significant_and_within_noise():
-    ours = make_summary(entry("s.conv", {"0": [100.0, 101.0], "1": [99.0, 100.0]}),
-                        entry("s.vae", {"0": [100.0, 104.0], "1": [96.0]}),
-                        entry("s.one", {"0": [10.0]}))
-    base = make_summary(entry("s.conv", {"0": [80.0, 81.0], "1": [79.0, 80.0]}),
-                        entry("s.vae", {"0": [101.0, 99.0], "1": [100.0]}),
-                        entry("s.one", {"0": [10.0, 10.5]}))
+    ours = make_summary(
+        entry("s.conv", {"0": [100.0, 101.0], "1": [99.0, 100.0]}),
+        entry("s.vae", {"0": [100.0, 104.0], "1": [96.0]}),
+        entry("s.one", {"0": [10.0]}),
+    )
+    base = make_summary(
+        entry("s.conv", {"0": [80.0, 81.0], "1": [79.0, 80.0]}),
+        entry("s.vae", {"0": [101.0, 99.0], "1": [100.0]}),
+        entry("s.one", {"0": [10.0, 10.5]}),
+    )
     rep = build_report(ours, baseline=base)
     rows = {r["test"]: r for r in rep.rows}
     assert rows["s.conv"]["sig"] == "significant"
@@ -261,8 +359,8 @@ def test_compare_marks_significant_and_within_noise():
     # one test with one result: it is held fixed (no variance) and the report names it
     counted = [r for r in rep.rows if r["counted"]]
     by_hand = confidence.geomean_interval(
-        rep.score, [(r["weight"], [r["sample"]] if r["test"] != "s.one" else [])
-                    for r in counted])
+        rep.score, [(r["weight"], [r["sample"]] if r["test"] != "s.one" else []) for r in counted]
+    )
     assert rep.score_ci == by_hand and rep.score_ci_held == ["s.one"]
     assert rep.score_ci.lo < rep.score < rep.score_ci.hi
     assert rep.score_ratio_ci_held == ["s.one"] and rep.score_ratio_ci is not None
@@ -271,25 +369,29 @@ def test_compare_marks_significant_and_within_noise():
     assert "±0.00%" not in text
     assert "score 95% CI: " in text and "(held fixed, one result: s.one)" in text
     # without hold_unknown (and when every test has one result) there is no interval
-    assert confidence.geomean_interval(rep.score, [(r["weight"], [r["sample"]])
-                                                    for r in counted]) is None
+    assert (
+        confidence.geomean_interval(rep.score, [(r["weight"], [r["sample"]]) for r in counted])
+        is None
+    )
     alone = build_report(make_summary(entry("s.one", {"0": [10.0]})))
     assert alone.score_ci is None and "s.one" in alone.score_ci_note
 
 
 def test_score_ratio_interval():
-    ours = make_summary(entry("s.conv", {"0": [100.0, 102.0, 98.0]}),
-                        entry("s.vae", {"0": [50.0, 51.0, 49.0]}))
-    base = make_summary(entry("s.conv", {"0": [90.0, 91.0, 89.0]}),
-                        entry("s.vae", {"0": [50.0, 52.0, 48.0]}))
+    ours = make_summary(
+        entry("s.conv", {"0": [100.0, 102.0, 98.0]}), entry("s.vae", {"0": [50.0, 51.0, 49.0]})
+    )
+    base = make_summary(
+        entry("s.conv", {"0": [90.0, 91.0, 89.0]}), entry("s.vae", {"0": [50.0, 52.0, 48.0]})
+    )
     rep = build_report(ours, baseline=base, penalize_variance=False)
     ci = rep.score_ratio_ci
     assert ci.lo < rep.score_ratio < ci.hi
     # by hand: terms 1/2 each, ours and the baseline's variances add
-    lv = [4 / (3 * 100 ** 2), 1 / (3 * 50 ** 2), 1 / (3 * 90 ** 2), 4 / (3 * 50 ** 2)]
+    lv = [4 / (3 * 100**2), 1 / (3 * 50**2), 1 / (3 * 90**2), 4 / (3 * 50**2)]
     parts = [v / 4 for v in lv]
     var = sum(parts)
-    df = var ** 2 / sum(p * p / 2 for p in parts)
+    df = var**2 / sum(p * p / 2 for p in parts)
     half = confidence.t_quantile(0.975, df) * math.sqrt(var)
     assert ci.lo == pytest.approx(rep.score_ratio * math.exp(-half))
     assert ci.hi == pytest.approx(rep.score_ratio * math.exp(half))
@@ -311,13 +413,27 @@ def test_cli_and_html_show_node_score_and_intervals(tmp_path):
     write_summary(node_of(4), path)
     out = io.StringIO()
     html = tmp_path / "r.html"
-    assert run_report(str(path), stdout=out, warn=io.StringIO(), price=1000.0,
-                      compare=str(path), html=str(html)) == 0
+    assert (
+        run_report(
+            str(path),
+            stdout=out,
+            warn=io.StringIO(),
+            price=1000.0,
+            compare=str(path),
+            html=str(html),
+        )
+        == 0
+    )
     text = out.getvalue()
     assert "node score: " in text and "score 95% CI: " in text and "within noise" in text
     page = html.read_text()
-    for key in ('id="node-score"', 'id="node-rpp"', 'id="score-ci"', 'id="noise-table"',
-                'id="score-ratio-ci"'):
+    for key in (
+        'id="node-score"',
+        'id="node-rpp"',
+        'id="score-ci"',
+        'id="noise-table"',
+        'id="score-ratio-ci"',
+    ):
         assert key in page
     rep = build_report(node_of(4), price=1000.0)
     assert f">{rep.node_score:.2f}<" in render_html(rep)
@@ -341,7 +457,7 @@ def test_extreme_but_valid_numbers_give_n_a_or_a_scaled_answer_never_a_traceback
     test = confidence.welch_test((4, 100.0, 3.0), (4, 110.0, 2.0))
     va, vb = 9 / 4, 4 / 4
     assert test.t == pytest.approx(-10 / math.sqrt(va + vb))
-    assert test.df == pytest.approx((va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 3))
+    assert test.df == pytest.approx((va + vb) ** 2 / (va**2 / 3 + vb**2 / 3))
 
 
 def test_a_baseline_with_huge_numbers_reports_n_a(tmp_path):
@@ -363,8 +479,12 @@ def test_a_baseline_with_huge_numbers_reports_n_a(tmp_path):
     write_summary(make_summary(tiny, entry("s.vae", {"0": [50.0, 52.0]})), low)
     ours = tmp_path / "ours.json"
     write_summary(node_of(2), ours)
-    for args in ((str(path), {}), (str(ours), {"compare": str(path)}),
-                 (str(path), {"compare": str(path)}), (str(path), {"compare": str(low)})):
+    for args in (
+        (str(path), {}),
+        (str(ours), {"compare": str(path)}),
+        (str(path), {"compare": str(path)}),
+        (str(path), {"compare": str(low)}),
+    ):
         out = io.StringIO()
         assert run_report(args[0], stdout=out, warn=io.StringIO(), **args[1]) in (0, 1)
         assert "inf" not in out.getvalue().replace("info", "")
@@ -379,8 +499,9 @@ def test_a_baseline_with_huge_numbers_reports_n_a(tmp_path):
 def test_one_run_intervals_say_they_leave_out_the_drift_between_runs(tmp_path):
     # two runs of one test: the summary counts them; one run: the report says what its
     # interval holds (the spread between that run's devices, not the run-to-run drift)
-    recs = [record("s.conv", 100.0 + d + run, str(d), "h", run=run)
-            for d in (0, 1) for run in (0, 1)]
+    recs = [
+        record("s.conv", 100.0 + d + run, str(d), "h", run=run) for d in (0, 1) for run in (0, 1)
+    ]
     repeated = summarize(recs)
     assert repeated["tests"]["s.conv"]["runs"] == 2
     single = summarize([r for r in recs if r["run"] == 0])
@@ -404,8 +525,9 @@ def test_one_run_intervals_say_they_leave_out_the_drift_between_runs(tmp_path):
 
 def test_a_baseline_runs_written_as_a_whole_float_is_that_many_runs(tmp_path):
     # JSON's 2.0 is an integer to the schema: read as 2 runs, not as "unknown, one run"
-    recs = [record("s.conv", 100.0 + d + run, str(d), "h", run=run)
-            for d in (0, 1) for run in (0, 1)]
+    recs = [
+        record("s.conv", 100.0 + d + run, str(d), "h", run=run) for d in (0, 1) for run in (0, 1)
+    ]
     repeated = summarize(recs)
     base = json.loads(json.dumps(repeated))
     base["tests"]["s.conv"]["runs"] = 2.0
@@ -416,15 +538,18 @@ def test_a_baseline_runs_written_as_a_whole_float_is_that_many_runs(tmp_path):
 
 def test_median_interval_is_the_sign_test_interval():
     from milarun.measure.confidence import median_interval
+
     # Conover's table: n = 6 -> (x1, x6), n = 12 -> (x3, x10), n = 16 -> (x4, x13) at 95 %
     assert median_interval([5, 1, 4, 2, 6, 3]) == (1, 6)
     assert median_interval(range(1, 13)) == (3, 10)
     assert median_interval(range(16, 0, -1)) == (4, 13)
-    assert median_interval(range(5)) is None            # too few for 95 %
+    assert median_interval(range(5)) is None  # too few for 95 %
     # its coverage by simulation: at least 95 % of intervals hold the true median 0
     import random
+
     rng = random.Random(7)
-    held = sum(lo <= 0 <= hi for lo, hi in (median_interval([rng.gauss(0, 1)
-                                                              for _ in range(12)])
-                                            for _ in range(2000)))
+    held = sum(
+        lo <= 0 <= hi
+        for lo, hi in (median_interval([rng.gauss(0, 1) for _ in range(12)]) for _ in range(2000))
+    )
     assert held / 2000 >= 0.95

@@ -34,6 +34,7 @@ def _waiters(address, wave, labels, timeout=5, secret=SECRET):
             out[label] = wait(address, wave, label, timeout, secret=secret)
         except BarrierTimeout as exc:
             out[label] = exc
+
     threads = [threading.Thread(target=run, args=(label,)) for label in labels]
     for t in threads:
         t.start()
@@ -67,28 +68,34 @@ def no_thread_crash(monkeypatch):
 
 # --- strangers -------------------------------------------------------------------------
 
+
 def test_a_stranger_guessing_the_wave_cannot_release_it(no_thread_crash):
     logged = []
     with BarrierServer(secret=SECRET, log=logged.append) as server:
         server.expect("s.job.J0.w0.20261124-233000", ["0", "1"])
-        wave = "s.job.J0.w0.20261124-233000"   # the id a stranger derives from the start second
+        wave = "s.job.J0.w0.20261124-233000"  # the id a stranger derives from the start second
         threads, out = _waiters(server.address, wave, ["0"])
         deadline = time.monotonic() + 3
         while "0" not in server.state(wave)["arrived"] and time.monotonic() < deadline:
             time.sleep(0.02)
         # the stranger arrives as the missing party, with no, a wrong, a non-string secret
-        answers = {_ask(server.port, _request(wave=wave, label="1")),
-                   _ask(server.port, _request(secret="f" * 32, wave=wave, label="1")),
-                   _ask(server.port, _request(secret=["x"], wave=wave, label="1")),
-                   _ask(server.port, _request(secret=SECRET[:-1] + "\ud800", wave=wave,
-                                              label="1"))}
+        answers = {
+            _ask(server.port, _request(wave=wave, label="1")),
+            _ask(server.port, _request(secret="f" * 32, wave=wave, label="1")),
+            _ask(server.port, _request(secret=["x"], wave=wave, label="1")),
+            _ask(server.port, _request(secret=SECRET[:-1] + "\ud800", wave=wave, label="1")),
+        }
         # ...and cannot tell a right guess from a wrong one: one constant answer
-        answers |= {_ask(server.port, _request(secret="f" * 32, wave="nope", label="1")),
-                    _ask(server.port, _request(secret="f" * 32, wave=wave, label="9"))}
+        answers |= {
+            _ask(server.port, _request(secret="f" * 32, wave="nope", label="1")),
+            _ask(server.port, _request(secret="f" * 32, wave=wave, label="9")),
+        }
         assert answers == {(json.dumps(REFUSED) + "\n").encode()}
         time.sleep(0.3)
-        assert server.state(wave)["released"] is None and list(server.state(wave)["arrived"]) == ["0"]
-        assert threads[0].is_alive() and "0" not in out   # the real party still waits
+        assert server.state(wave)["released"] is None and list(server.state(wave)["arrived"]) == [
+            "0"
+        ]
+        assert threads[0].is_alive() and "0" not in out  # the real party still waits
         assert server.strangers == 6 and server.stranger_peers == ["127.0.0.1"]
         # a second connection for a label already waiting is refused too (one per label)
         with pytest.raises(BarrierTimeout, match="refused this process"):
@@ -100,7 +107,7 @@ def test_a_stranger_guessing_the_wave_cannot_release_it(no_thread_crash):
     out.update(late_out)
     assert out["0"]["arrived_count"] == out["1"]["arrived_count"] == 2
     assert out["0"]["server_release"] == out["1"]["server_release"]
-    assert logged == []   # strangers are counted, never logged one by one
+    assert logged == []  # strangers are counted, never logged one by one
 
 
 def test_authenticated_unknown_wave_and_label_get_the_same_answer():
@@ -109,20 +116,26 @@ def test_authenticated_unknown_wave_and_label_get_the_same_answer():
         wrong_wave = _ask(server.port, _request(secret=SECRET, wave="v", label="0"))
         wrong_label = _ask(server.port, _request(secret=SECRET, wave="w", label="7"))
         assert wrong_wave == wrong_label == (json.dumps(REFUSED) + "\n").encode()
-        assert server.strangers == 0   # they had the secret: processes of this session
+        assert server.strangers == 0  # they had the secret: processes of this session
 
 
-@pytest.mark.parametrize("line", [
-    b"\xff\xfe\xfd\n",                                            # not UTF-8
-    b'{"secret": "' + b"a" * 100_000 + b'"}\n',                     # huge
-    b"[" * 3000 + b"\n",                                          # nested past the recursion limit
-    b"{" * 3000 + b"\n",
-    b'{"secret": "\xff", "wave": "w", "label": "0"}\n',           # a non-UTF-8 secret
-    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-    b'{"wave": "w"',                                              # cut short, then closed
-    b"",                                                          # closed at once
-    b"null\n", b"[1]\n", b'"w"\n', b"1e999999\n",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"\xff\xfe\xfd\n",  # not UTF-8
+        b'{"secret": "' + b"a" * 100_000 + b'"}\n',  # huge
+        b"[" * 3000 + b"\n",  # nested past the recursion limit
+        b"{" * 3000 + b"\n",
+        b'{"secret": "\xff", "wave": "w", "label": "0"}\n',  # a non-UTF-8 secret
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b'{"wave": "w"',  # cut short, then closed
+        b"",  # closed at once
+        b"null\n",
+        b"[1]\n",
+        b'"w"\n',
+        b"1e999999\n",
+    ],
+)
 def test_garbled_lines_are_counted_and_never_print_a_traceback(line, capfd, no_thread_crash):
     logged = []
     with BarrierServer(secret=SECRET, log=logged.append) as server:
@@ -150,11 +163,13 @@ def test_garbled_lines_are_counted_and_never_print_a_traceback(line, capfd, no_t
 
 # --- floods ------------------------------------------------------------------------------
 
+
 def test_a_flood_beyond_the_limit_does_not_keep_the_wave_out(no_thread_crash):
     with BarrierServer(secret=SECRET, max_pending=4, read_s=30) as server:
         server.expect("w", ["0", "1"])
-        flood = [socket.create_connection(("127.0.0.1", server.port), timeout=5)
-                 for _ in range(60)]          # silent: they hold their slot as long as they may
+        flood = [
+            socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(60)
+        ]  # silent: they hold their slot as long as they may
         try:
             time.sleep(0.3)
             threads, out = _waiters(server.address, "w", ["0", "1"])
@@ -178,13 +193,12 @@ def test_a_wave_completes_during_a_sustained_flood(no_thread_crash):
         stop = threading.Event()
         opened = []
 
-        def flood():   # silent connections, held open, while the wave sets up and waits
+        def flood():  # silent connections, held open, while the wave sets up and waits
             held = []
             while not stop.is_set():
                 if len(held) < 300:
                     try:
-                        held.append(socket.create_connection(("127.0.0.1", server.port),
-                                                             timeout=1))
+                        held.append(socket.create_connection(("127.0.0.1", server.port), timeout=1))
                     except OSError:
                         pass
                 else:
@@ -192,6 +206,7 @@ def test_a_wave_completes_during_a_sustained_flood(no_thread_crash):
                 opened.append(1)
             for s in held:
                 s.close()
+
         flooder = threading.Thread(target=flood)
         flooder.start()
         try:
@@ -204,13 +219,13 @@ def test_a_wave_completes_during_a_sustained_flood(no_thread_crash):
             stop.set()
             flooder.join()
     assert out["0"]["arrived_count"] == out["1"]["arrived_count"] == 2, out
-    assert server.strangers > 100   # all but the last 4 silent ones were closed
+    assert server.strangers > 100  # all but the last 4 silent ones were closed
 
 
 def test_pending_connections_time_out():
     with BarrierServer(secret=SECRET, read_s=0.3) as server:
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as conn:
-            conn.sendall(b'{"secret"')   # a byte at a time would not keep it longer either
+            conn.sendall(b'{"secret"')  # a byte at a time would not keep it longer either
             t0 = time.monotonic()
             assert conn.recv(4096) == (json.dumps(REFUSED) + "\n").encode()
             assert time.monotonic() - t0 < 2
@@ -270,14 +285,16 @@ _EMFILE_SCRIPT = textwrap.dedent("""
 
 def test_no_file_descriptor_left_does_not_stop_the_barrier():
     # the issue's `ulimit -n 1024` + 1,100 connections, scaled down to 64
-    proc = subprocess.run([sys.executable, "-c", _EMFILE_SCRIPT], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", _EMFILE_SCRIPT], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Too many open files" in proc.stdout   # the one line the server logged
+    assert "Too many open files" in proc.stdout  # the one line the server logged
     assert "Traceback" not in proc.stderr
 
 
 # --- the secret in the environment, never in a record ---------------------------------
+
 
 def test_the_secret_reaches_the_child_but_not_its_record_nor_a_rerun():
     from milarun.bench.experiment import rerun_environ
@@ -285,11 +302,22 @@ def test_the_secret_reaches_the_child_but_not_its_record_nor_a_rerun():
     from milarun.plan.launches import plan_job
     from milarun.profile.language import Job
 
-    job = Job("s", "crawl", "milarun.models.faults:crawl", plan_type="per-gpu",
-              definition={"partition_scheme": {"type": "per-gpu"}})
-    (wave,) = plan_job(job, Devices("cpu", [0, 1]), 0, "/o", use_cgexec=False,
-                       python="python", barrier={"address": "127.0.0.1:4000", "timeout": 60,
-                                                 "secret": SECRET})
+    job = Job(
+        "s",
+        "crawl",
+        "milarun.models.faults:crawl",
+        plan_type="per-gpu",
+        definition={"partition_scheme": {"type": "per-gpu"}},
+    )
+    (wave,) = plan_job(
+        job,
+        Devices("cpu", [0, 1]),
+        0,
+        "/o",
+        use_cgexec=False,
+        python="python",
+        barrier={"address": "127.0.0.1:4000", "timeout": 60, "secret": SECRET},
+    )
     assert wave[0].env["MILARUN_BARRIER_SECRET"] == SECRET
     assert barrier_mod.from_environment(wave[0].env)["secret"] == SECRET
     rec = base_record(wave[0])
@@ -303,9 +331,11 @@ def test_the_secret_reaches_the_child_but_not_its_record_nor_a_rerun():
 def test_under_slurm_the_secret_stays_out_of_the_srun_command_line():
     # every user of the node can read a command line (ps); srun --export=ALL passes env
     cluster = _cluster("slurm", ["n0", "n1"])
-    argv, env = cluster.on_nodes(["python", "-m", "milarun"],
-                                 {"MILARUN_BARRIER_SECRET": SECRET, "MILARUN_DEVICE": "0"},
-                                 ["n0", "n1"])
+    argv, env = cluster.on_nodes(
+        ["python", "-m", "milarun"],
+        {"MILARUN_BARRIER_SECRET": SECRET, "MILARUN_DEVICE": "0"},
+        ["n0", "n1"],
+    )
     assert argv[0] == "srun" and "--export=ALL" in argv
     assert not [a for a in argv if SECRET in a] and "MILARUN_DEVICE=0" in argv
     assert env == {"MILARUN_BARRIER_SECRET": SECRET}
@@ -331,6 +361,7 @@ def test_the_launcher_reports_the_strangers(capfd):
 
 # --- where it listens -------------------------------------------------------------------
 
+
 def _cluster(kind, addresses):
     nodes = [Node(f"n{i}", address=a, main=i == 0) for i, a in enumerate(addresses)]
     return Cluster(kind, nodes, Devices("cpu", [0]))
@@ -338,13 +369,15 @@ def _cluster(kind, addresses):
 
 @pytest.mark.parametrize("kind", ["slurm", "ssh"])
 def test_nodes_all_on_loopback_get_a_loopback_barrier(kind):
-    for addresses, connect in ((["127.0.0.1", "127.0.0.1"], "127.0.0.1"),
-                               (["localhost", "localhost"], "localhost"),
-                               (["127.0.0.1", "localhost"], "127.0.0.1")):
+    for addresses, connect in (
+        (["127.0.0.1", "127.0.0.1"], "127.0.0.1"),
+        (["localhost", "localhost"], "localhost"),
+        (["127.0.0.1", "localhost"], "127.0.0.1"),
+    ):
         cluster = _cluster(kind, addresses)
         assert suite_mod._barrier_host(cluster) == ("127.0.0.1", connect)
         with suite_mod.start_barrier(cluster) as server:
-            assert server._sock.getsockname()[0] == "127.0.0.1"   # never 0.0.0.0
+            assert server._sock.getsockname()[0] == "127.0.0.1"  # never 0.0.0.0
             assert server.address == f"{connect}:{server.port}"
 
 
@@ -378,10 +411,11 @@ def test_ipv6_and_ipv4_mapped_addresses_are_this_host(monkeypatch):
     assert suite_mod._is_this_host("::1")
     real = socket.getaddrinfo
 
-    def fake(host, *args, **kwargs):   # a name that resolves to IPv6 only
+    def fake(host, *args, **kwargs):  # a name that resolves to IPv6 only
         if host == "v6-only.example":
             return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", 0, 0, 0))]
         return real(host, *args, **kwargs)
+
     monkeypatch.setattr(socket, "getaddrinfo", fake)
     assert suite_mod._is_this_host("v6-only.example")
 
@@ -393,8 +427,10 @@ def test_an_ipv6_loopback_main_node_gets_a_working_barrier(no_thread_crash):
     with suite_mod.start_barrier(cluster) as server:
         assert server.address == f"[::1]:{server.port}"
         server.expect("w", ["0", "1"])
-        assert _ask(server.port, _request(wave="w", label="0"), host="::1") == \
-            (json.dumps(REFUSED) + "\n").encode()
+        assert (
+            _ask(server.port, _request(wave="w", label="0"), host="::1")
+            == (json.dumps(REFUSED) + "\n").encode()
+        )
         threads, out = _waiters(server.address, "w", ["0", "1"], secret=server.secret)
         for t in threads:
             t.join()

@@ -18,8 +18,10 @@ from milarun.launcher.launch import SuiteAborted, run_suite, tally
 
 #: A journal as a buggy sensor or a hostile child could leave it: two good samples, one
 #: good GPU reading; every other line has a NaN, negative, string or huge field.
-GOOD_SAMPLES = [{"start": 0.0, "end": 1.0, "count": 8, "rate": 8.0, "warmup": False},
-                {"start": 1.0, "end": 2.0, "count": 8, "rate": 8.0, "warmup": False}]
+GOOD_SAMPLES = [
+    {"start": 0.0, "end": 1.0, "count": 8, "rate": 8.0, "warmup": False},
+    {"start": 1.0, "end": 2.0, "count": 8, "rate": 8.0, "warmup": False},
+]
 GOOD_MONITOR = {"t": 1.0, "device": 0, "load": 0.5, "power": 100.0}
 BAD_LINES = [
     '{"kind": "start", "pid": 1, "start": NaN}',
@@ -39,11 +41,13 @@ BAD_LINES = [
 
 def bad_journal_launch(tmp_path, name="t.bad"):
     """A launch whose child writes the hostile journal, then exits 1 without a record."""
-    lines = ([json.dumps({"kind": "sample", **s}) for s in GOOD_SAMPLES]
-             + [json.dumps({"kind": "monitor", **GOOD_MONITOR})] + BAD_LINES)
+    lines = (
+        [json.dumps({"kind": "sample", **s}) for s in GOOD_SAMPLES]
+        + [json.dumps({"kind": "monitor", **GOOD_MONITOR})]
+        + BAD_LINES
+    )
     lch = launch(tmp_path, name=name)
-    code = (f"import sys; open(sys.argv[1], 'w').write({chr(10).join(lines)!r} + '\\n'); "
-            "sys.exit(1)")
+    code = f"import sys; open(sys.argv[1], 'w').write({chr(10).join(lines)!r} + '\\n'); sys.exit(1)"
     lch.argv = [sys.executable, "-c", code, str(lch.journal_path)]
     return lch
 
@@ -113,11 +117,14 @@ def test_an_unwritable_record_is_one_loud_line_and_the_suite_goes_on(tmp_path, m
     first = launch(tmp_path, "import sys; sys.exit(1)", name="t.one")
     then = writer(tmp_path, name="t.two")
     lines = []
-    outs = run_suite([[first], [then]], tmp_path, None, on_outcome=lambda o: None,
-                     on_message=lines.append)
+    outs = run_suite(
+        [[first], [then]], tmp_path, None, on_outcome=lambda o: None, on_message=lines.append
+    )
     assert [o.success for o in outs] == [False, True]  # the next launch still ran
-    assert lines == [f"milarun: error: t.one J0.0: cannot write {first.fail_path}: "
-                     "Permission denied; counted as failed, with no record"]
+    assert lines == [
+        f"milarun: error: t.one J0.0: cannot write {first.fail_path}: "
+        "Permission denied; counted as failed, with no record"
+    ]
     assert records_on_disk(tmp_path) == [then.result_path.name]
 
 
@@ -131,8 +138,9 @@ def test_a_full_disk_or_quota_stops_the_suite_with_one_line(tmp_path, monkeypatc
     never = launch(tmp_path, f"open({str(tmp_path / 'ran')!r}, 'w')", name="t.two")
     with pytest.raises(SuiteAborted) as exc:
         run_suite([[first], [never]], tmp_path, None, on_outcome=lambda o: None)
-    assert str(exc.value) == (f"cannot write {first.fail_path}: {os.strerror(code)}; "
-                              "the suite stops here")
+    assert str(exc.value) == (
+        f"cannot write {first.fail_path}: {os.strerror(code)}; the suite stops here"
+    )
     assert not (tmp_path / "ran").exists()
 
 
@@ -173,6 +181,7 @@ def test_a_background_process_that_ignores_sigterm_is_killed(tmp_path):
 
 # --- --resume counts only this folder's own records of the planned job ---------------------
 
+
 def test_resume_ignores_foreign_and_mismatched_successful_records(tmp_path):
     import datetime
 
@@ -182,10 +191,16 @@ def test_resume_ignores_foreign_and_mismatched_successful_records(tmp_path):
     from milarun.launcher.session import SESSION_ID_FORMAT
 
     flag = tmp_path / "flag"
-    profile = write_profile(tmp_path, {
-        "flaky": {"experiment": "milarun.models.faults:flaky",
-                  "partition_scheme": {"type": "per-gpu"},
-                  "arguments": {"pass-if": str(flag), "max-count": 3, "warmup": 0}}})
+    profile = write_profile(
+        tmp_path,
+        {
+            "flaky": {
+                "experiment": "milarun.models.faults:flaky",
+                "partition_scheme": {"type": "per-gpu"},
+                "arguments": {"pass-if": str(flag), "max-count": 3, "warmup": 0},
+            }
+        },
+    )
     out = tmp_path / "out"
     first = run_jobs(tmp_path, "-o", str(out), "--cpu-slots", "1", profile=profile)
     assert first.stdout.strip() == "0 passed, 1 failed", first.stderr
@@ -201,14 +216,18 @@ def test_resume_ignores_foreign_and_mismatched_successful_records(tmp_path):
     # a passing record copied in from another folder: the right job, another session's stamp
     copied = forge(passing["job"], datetime.datetime(2099, 12, 31))
     # this session's stamp, but the record of another job definition
-    other_job = forge({**passing["job"], "arguments": {"max-count": 1}},
-                      datetime.datetime.strptime(sid, SESSION_ID_FORMAT))
+    other_job = forge(
+        {**passing["job"], "arguments": {"max-count": 1}},
+        datetime.datetime.strptime(sid, SESSION_ID_FORMAT),
+    )
     flag.write_text("")
     again = run_jobs(tmp_path, "--resume", str(out), "--cpu-slots", "1", profile=profile)
     assert again.returncode == 0, again.stderr
-    assert ("milarun: --resume: 2 successful record(s) not counted as passed (their launches "
-            f"run again): {copied} (not written by a session of this folder), {other_job} "
-            "(its job definition is not the profile's)") in again.stderr.splitlines()
+    assert (
+        "milarun: --resume: 2 successful record(s) not counted as passed (their launches "
+        f"run again): {copied} (not written by a session of this folder), {other_job} "
+        "(its job definition is not the profile's)"
+    ) in again.stderr.splitlines()
     assert "already passed" not in again.stderr
     assert again.stdout.strip() == "1 passed, 0 failed"  # the launch ran again
     sessions = json.loads((out / ".milarun/session.json").read_text())["sessions"]
@@ -220,8 +239,7 @@ def test_successful_keys_takes_only_records_named_by_the_folder_sessions(tmp_pat
     from milarun.formats.store import result_filename, write_result
     from milarun.launcher.session import session_times, successful_keys
 
-    saved = {"sessions": [{"id": "20261122-000000-000000"}, {"id": 5}, "junk",
-                          {"id": "../../etc"}]}
+    saved = {"sessions": [{"id": "20261122-000000-000000"}, {"id": 5}, "junk", {"id": "../../etc"}]}
     (when,) = session_times(saved)  # malformed entries are left out
     rec = {**new_result("s.t", "0.0"), "success": True, "job": {"a": 1}}
     mine = write_result(rec, tmp_path / result_filename("s.t", 0, "0", True, when))

@@ -29,6 +29,7 @@ def run_cli(argv, capsys):
 def foreign_record(folder, function=CRAWL, environ=None, argv=FAST):
     """A valid record, as a vendor's folder would hold it (never written by milarun here)."""
     from milarun.formats.record import new_result
+
     rec = new_result("vendor.crawl", "0.0")
     rec["call"] = {"function": function, "argv": list(argv), "arguments": {}}
     rec["environ"] = dict(environ or {})
@@ -42,6 +43,7 @@ def foreign_record(folder, function=CRAWL, environ=None, argv=FAST):
 def signed(tmp_path):
     """A record this host's milarun wrote (run in-process: fast), and its output folder."""
     from milarun.cli.run import run_experiment
+
     path = tmp_path / "mine.json"
     assert run_experiment(CRAWL, FAST, out=str(path), name="mine.crawl") == 0
     return path
@@ -54,19 +56,29 @@ def test_hostile_environ_is_dropped_and_its_payloads_do_not_run(tmp_path, capsys
     results = tmp_path / "results"
     (results / "milarun").mkdir(parents=True)
     (results / "milarun" / "__init__.py").write_text(
-        f"open({str(tmp_path / 'package-ran')!r}, 'w').close()\n")
+        f"open({str(tmp_path / 'package-ran')!r}, 'w').close()\n"
+    )
     (results / "sitecustomize.py").write_text(
-        f"open({str(tmp_path / 'site-ran')!r}, 'w').close()\n")
-    environ = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.fsmonitor",
-               "GIT_CONFIG_VALUE_0": f"touch {tmp_path / 'git-ran'}; false",
-               "PYTHONPATH": str(results), "MILARUN_DEVICE": "0", "CUDA_VISIBLE_DEVICES": ""}
+        f"open({str(tmp_path / 'site-ran')!r}, 'w').close()\n"
+    )
+    environ = {
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": "core.fsmonitor",
+        "GIT_CONFIG_VALUE_0": f"touch {tmp_path / 'git-ran'}; false",
+        "PYTHONPATH": str(results),
+        "MILARUN_DEVICE": "0",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     markers = ["git-ran", "site-ran", "package-ran"]
     if shutil.which("gcc"):
         src = tmp_path / "p.c"
-        src.write_text('#include <stdio.h>\n__attribute__((constructor)) static void p(void)'
-                       f'{{ fclose(fopen("{tmp_path / "preload-ran"}", "w")); }}\n')
-        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(results / "p.so"), str(src)],
-                       check=True)
+        src.write_text(
+            "#include <stdio.h>\n__attribute__((constructor)) static void p(void)"
+            f'{{ fclose(fopen("{tmp_path / "preload-ran"}", "w")); }}\n'
+        )
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", "-o", str(results / "p.so"), str(src)], check=True
+        )
         environ["LD_PRELOAD"] = str(results / "p.so")
         markers.append("preload-ran")
     path = foreign_record(results, environ=environ)
@@ -82,24 +94,37 @@ def test_hostile_environ_is_dropped_and_its_payloads_do_not_run(tmp_path, capsys
     assert "milarun: rerun: CUDA_VISIBLE_DEVICES='' MILARUN_DEVICE=0 " in io.err
 
 
-@pytest.mark.parametrize("name,value", [
-    ("CUDA_VISIBLE_DEVICES", "0\nLD_PRELOAD=/tmp/x.so"), ("MILARUN_NODE", "a b"),
-    ("OMP_NUM_THREADS", "1" * 2000), ("MILARUN_BACKEND", "cpu\0"), ("MILARUN_DEVICE", 5),
-    ("NCCL_NET_PLUGIN", "/tmp/x.so"), ("MILARUN_WRITTEN", "/tmp/registry"),
-    ("MILARUN_PDEATHSIG", "1"), ("MILARUN_BARRIER", "127.0.0.1:9")])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("CUDA_VISIBLE_DEVICES", "0\nLD_PRELOAD=/tmp/x.so"),
+        ("MILARUN_NODE", "a b"),
+        ("OMP_NUM_THREADS", "1" * 2000),
+        ("MILARUN_BACKEND", "cpu\0"),
+        ("MILARUN_DEVICE", 5),
+        ("NCCL_NET_PLUGIN", "/tmp/x.so"),
+        ("MILARUN_WRITTEN", "/tmp/registry"),
+        ("MILARUN_PDEATHSIG", "1"),
+        ("MILARUN_BARRIER", "127.0.0.1:9"),
+    ],
+)
 def test_only_plain_values_of_the_variables_milarun_sets_are_taken(name, value, monkeypatch):
     monkeypatch.delenv(name, raising=False)
-    record = {"name": "a.b", "call": {"function": CRAWL, "argv": []},
-              "environ": {name: value, "MILARUN_RUN": "3"}}
+    record = {
+        "name": "a.b",
+        "call": {"function": CRAWL, "argv": []},
+        "environ": {name: value, "MILARUN_RUN": "3"},
+    }
     assert record_environ(record) == ({"MILARUN_RUN": "3"}, [name])
     _, env = rerun_command(record, python="python")
     assert name not in env and env["MILARUN_RUN"] == "3"
 
 
-@pytest.mark.parametrize("function", ["evil:main", "milarun.models.evil:main",
-                                      "milarun.models.faults.x:crawl", "os:system"])
-def test_a_function_outside_milarun_models_is_not_imported(tmp_path, capsys, monkeypatch,
-                                                           function):
+@pytest.mark.parametrize(
+    "function",
+    ["evil:main", "milarun.models.evil:main", "milarun.models.faults.x:crawl", "os:system"],
+)
+def test_a_function_outside_milarun_models_is_not_imported(tmp_path, capsys, monkeypatch, function):
     # evil.py in the current folder (the results folder), and a milarun/models/evil.py
     # beside it: neither is imported, even with --yes
     payload = f"open({str(tmp_path / 'imported')!r}, 'w').close()\ndef main(e, a): pass\n"
@@ -118,10 +143,17 @@ def test_a_function_outside_milarun_models_is_not_imported(tmp_path, capsys, mon
 
 def test_python_m_milarun_run_does_not_import_from_the_current_folder(tmp_path):
     (tmp_path / "evil.py").write_text(
-        f"open({str(tmp_path / 'imported')!r}, 'w').close()\ndef main(e, a): pass\n")
+        f"open({str(tmp_path / 'imported')!r}, 'w').close()\ndef main(e, a): pass\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
-    proc = subprocess.run([sys.executable, "-m", "milarun", "run", "evil:main"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "milarun", "run", "evil:main"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith("milarun: error: cannot import module 'evil'")
     assert not (tmp_path / "imported").exists()
@@ -137,7 +169,8 @@ def test_a_foreign_record_without_yes_is_shown_and_not_run(tmp_path, capsys):
     assert f" {SAFE_PATH} -m milarun run {CRAWL} -o {out} " in lines[-2]
     assert lines[-1] == (
         f"milarun: error: {path}: not run: it was not written by this host's milarun (or was "
-        "changed since); read the command above and pass --yes to run it")
+        "changed since); read the command above and pass --yes to run it"
+    )
     # --dry-run never runs anything, and says a run would need --yes
     code, io = run_cli(["rerun", str(path), "-o", str(out), "--dry-run"], capsys)
     assert code == 0 and not out.exists()
@@ -196,8 +229,9 @@ def _repo(tmp_path):
     subprocess.run(git + ["init", "-q"], check=True)
     subprocess.run(git + ["add", "."], check=True)
     subprocess.run(git + ["commit", "-qm", "i"], check=True)
-    subprocess.run(git + ["config", "core.fsmonitor", f"touch {tmp_path / 'repo-ran'}; false"],
-                   check=True)
+    subprocess.run(
+        git + ["config", "core.fsmonitor", f"touch {tmp_path / 'repo-ran'}; false"], check=True
+    )
     return repo
 
 
@@ -226,10 +260,16 @@ def test_host_facts_do_not_run_git_in_a_clone_someone_else_owns(tmp_path, monkey
 
 def test_a_cgroup_template_with_a_format_spec_is_not_expanded():
     from milarun.launcher.rerun import student_cgroup
-    record = {"device": "1", "host": {"cgroup": "/student1"},
-              "job": {"partition_scheme": {"cgroup": "cpuset:student{device:>999999999}"}}}
+
+    record = {
+        "device": "1",
+        "host": {"cgroup": "/student1"},
+        "job": {"partition_scheme": {"cgroup": "cpuset:student{device:>999999999}"}},
+    }
     assert student_cgroup(record) == (
-        None, "its cgroup template 'cpuset:student{device:>999999999}' does not expand")
+        None,
+        "its cgroup template 'cpuset:student{device:>999999999}' does not expand",
+    )
 
 
 def test_no_home_means_no_registry_not_one_in_the_current_folder(tmp_path, monkeypatch):
@@ -245,14 +285,18 @@ def test_no_home_means_no_registry_not_one_in_the_current_folder(tmp_path, monke
 
 # Found by the hostile review of the first fix.
 
+
 @pytest.mark.parametrize("where", ["argv", "dataroot"])
 def test_option_values_are_never_evaluated(tmp_path, capfd, where):
     # coleo evaluates ":module:code" for every option not typed str; milarun.bench.literal_options
     # takes every value literally, for the workloads' options and milarun's own
     marker = tmp_path / "evaluated"
     payload = f":os:system('touch {marker}') or 0.01"
-    argv = (["--max-count", "2", "--warmup", "0", "--step-seconds", payload]
-            if where == "argv" else FAST)
+    argv = (
+        ["--max-count", "2", "--warmup", "0", "--step-seconds", payload]
+        if where == "argv"
+        else FAST
+    )
     path = foreign_record(tmp_path, argv=argv)
     if where == "dataroot":
         rec = json.loads(path.read_text())
@@ -260,25 +304,33 @@ def test_option_values_are_never_evaluated(tmp_path, capfd, where):
         path.write_text(json.dumps(rec))
     code, io = run_cli(["rerun", str(path), "--yes", "-o", str(tmp_path / "o.json")], capfd)
     assert not marker.exists()
-    if where == "argv":      # a float option: the value is not a number
+    if where == "argv":  # a float option: the value is not a number
         assert code != 0 and "invalid float value" in io.err
-    else:                    # an untyped option: the value is the text itself
+    else:  # an untyped option: the value is the text itself
         assert code == 0, io.err
         assert json.loads((tmp_path / "o.json").read_text())["dataroot"] == payload
 
 
 def test_a_cgroup_path_that_climbs_out_is_not_entered():
     from milarun.launcher.rerun import student_cgroup
-    record = {"device": "0", "host": {"cgroup": "cpu:../../../../tmp/x"},
-              "job": {"partition_scheme": {"cgroup": "cpu:../../../../tmp/x"}}}
+
+    record = {
+        "device": "0",
+        "host": {"cgroup": "cpu:../../../../tmp/x"},
+        "job": {"partition_scheme": {"cgroup": "cpu:../../../../tmp/x"}},
+    }
     spec, why = student_cgroup(record)
     assert spec is None and "not a plain controllers:group name" in why
 
 
 def test_cgroup_lines_show_escape_sequences_escaped():
     from milarun.launcher.rerun import student_cgroup
-    record = {"device": "0", "host": {"cgroup": "/\x1b]0;pwned\x07\x1b[1A"},
-              "job": {"partition_scheme": {"cgroup": "cpu:/\x1b[2J\x1b[8mALL-GOOD"}}}
+
+    record = {
+        "device": "0",
+        "host": {"cgroup": "/\x1b]0;pwned\x07\x1b[1A"},
+        "job": {"partition_scheme": {"cgroup": "cpu:/\x1b[2J\x1b[8mALL-GOOD"}},
+    }
     spec, why = student_cgroup(record)
     assert spec is None and "\x1b" not in why and "\\x1b" in why
     record["job"]["partition_scheme"]["cgroup"] = "cpu:student{device}"
@@ -299,16 +351,16 @@ def test_a_nul_or_an_oversized_command_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("out", ["/dev/full", "afile/x"])
-def test_run_refuses_an_output_it_cannot_write_before_training(tmp_path, capsys, monkeypatch,
-                                                             out):
+def test_run_refuses_an_output_it_cannot_write_before_training(tmp_path, capsys, monkeypatch, out):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("")
     code, io = run_cli(["run", CRAWL, "-o", out, "--"] + FAST, capsys)
     assert code == 2 and "Traceback" not in io.err
     assert io.err.strip().splitlines() == [
         f"milarun: error: -o {out}: {out.split('/x')[0]} is not a folder; the result could "
-        "not be written"]
-    assert os.stat("/dev/full").st_mode & 0o170000 == 0o020000   # still a device
+        "not be written"
+    ]
+    assert os.stat("/dev/full").st_mode & 0o170000 == 0o020000  # still a device
 
 
 def test_slurm_output_folder_is_not_a_symlink(tmp_path, capsys):
@@ -316,7 +368,9 @@ def test_slurm_output_folder_is_not_a_symlink(tmp_path, capsys):
     (tmp_path / "so").mkdir()
     (tmp_path / "victim").mkdir()
     (tmp_path / "so" / "logs").symlink_to(tmp_path / "victim")
-    code, io = run_cli(["slurm", "profiles/cpu.json", "-o", str(tmp_path / "so"),
-                        "-d", str(tmp_path / "data")], capsys)
+    code, io = run_cli(
+        ["slurm", "profiles/cpu.json", "-o", str(tmp_path / "so"), "-d", str(tmp_path / "data")],
+        capsys,
+    )
     assert code == 2 and "is a symbolic link" in io.err
     assert list((tmp_path / "victim").iterdir()) == []

@@ -24,9 +24,14 @@ from milarun.profile.language import Job
 
 
 def ssh_cluster(n):
-    return nodes.Cluster("ssh", [nodes.Node(f"n{i + 1}", f"host{i + 1}", "bench", 2222, "/k",
-                                            main=(i == 0)) for i in range(n)],
-                         Devices("cpu", [0]))
+    return nodes.Cluster(
+        "ssh",
+        [
+            nodes.Node(f"n{i + 1}", f"host{i + 1}", "bench", 2222, "/k", main=(i == 0))
+            for i in range(n)
+        ],
+        Devices("cpu", [0]),
+    )
 
 
 def words(argv):
@@ -41,17 +46,19 @@ def words(argv):
 def test_on_nodes_over_ssh_keeps_the_secret_out_of_every_argv(n):
     secret = secrets.token_hex(16)
     cluster = ssh_cluster(n)
-    argv, env = cluster.on_nodes(["python", "-m", "milarun"],
-                                 {ENV_SECRET: secret, "MILARUN_DEVICE": "0"},
-                                 [f"n{i + 1}" for i in range(n)])
+    argv, env = cluster.on_nodes(
+        ["python", "-m", "milarun"],
+        {ENV_SECRET: secret, "MILARUN_DEVICE": "0"},
+        [f"n{i + 1}" for i in range(n)],
+    )
     assert not [w for w in words(argv) if secret in w]
-    assert "MILARUN_DEVICE=0" in " ".join(words(argv))    # the rest still travel in argv
-    assert env == {ENV_SECRET: secret}                    # the local process's environment
+    assert "MILARUN_DEVICE=0" in " ".join(words(argv))  # the rest still travel in argv
+    assert env == {ENV_SECRET: secret}  # the local process's environment
     if n == 1:
         assert argv[0] == "ssh" and cluster.stdin(argv, env) == secret + "\n"
     else:  # the fanout feeds its agents itself, from its environment
         assert argv[1:3] == ["-m", "milarun.launcher.fanout"] and cluster.stdin(argv, env) is None
-    for agent in ([argv] if n == 1 else json.loads(argv[3])):
+    for agent in [argv] if n == 1 else json.loads(argv[3]):
         assert nodes.READ_SECRET in agent[-1]
 
 
@@ -64,10 +71,21 @@ def test_without_a_secret_nothing_reads_stdin():
 
 def test_a_planned_ssh_wave_feeds_the_secret_on_stdin():
     secret = secrets.token_hex(16)
-    job = Job("s", "crawl", "milarun.models.faults:crawl", plan_type="per-gpu",
-              definition={"partition_scheme": {"type": "per-gpu"}})
-    (wave,) = plan_job(job, ssh_cluster(2), 0, "/o", python="python",
-                       barrier={"address": "host1:4000", "timeout": 60, "secret": secret})
+    job = Job(
+        "s",
+        "crawl",
+        "milarun.models.faults:crawl",
+        plan_type="per-gpu",
+        definition={"partition_scheme": {"type": "per-gpu"}},
+    )
+    (wave,) = plan_job(
+        job,
+        ssh_cluster(2),
+        0,
+        "/o",
+        python="python",
+        barrier={"address": "host1:4000", "timeout": 60, "secret": secret},
+    )
     assert len(wave) == 2
     for lch in wave:
         assert lch.barrier_wave and lch.argv[0] == "ssh"
@@ -81,15 +99,42 @@ def test_a_planned_ssh_wave_feeds_the_secret_on_stdin():
 
 def test_dry_run_over_ssh_shows_the_placeholder_fed_on_stdin(tmp_path, capsys):
     profile = tmp_path / "p.json"
-    profile.write_text(json.dumps({"a": {"experiment": "milarun.models.toy_reg:main",
-                                         "partition_scheme": {"type": "per-gpu"}}}))
+    profile.write_text(
+        json.dumps(
+            {
+                "a": {
+                    "experiment": "milarun.models.toy_reg:main",
+                    "partition_scheme": {"type": "per-gpu"},
+                }
+            }
+        )
+    )
     system = tmp_path / "system.json"
-    system.write_text(json.dumps({"nodes": [{"name": "a", "address": "127.0.0.1"},
-                                            {"name": "b", "address": "localhost"}]}))
+    system.write_text(
+        json.dumps(
+            {
+                "nodes": [
+                    {"name": "a", "address": "127.0.0.1"},
+                    {"name": "b", "address": "localhost"},
+                ]
+            }
+        )
+    )
     (tmp_path / "d").mkdir()
     with pytest.raises(SystemExit) as exc:
-        main(["jobs", str(profile), "--system", str(system), "--dry-run",
-              "-d", str(tmp_path / "d"), "-o", str(tmp_path / "o")])
+        main(
+            [
+                "jobs",
+                str(profile),
+                "--system",
+                str(system),
+                "--dry-run",
+                "-d",
+                str(tmp_path / "d"),
+                "-o",
+                str(tmp_path / "o"),
+            ]
+        )
     assert exc.value.code == 0
     out = capsys.readouterr().out
     # the placeholder shows in ssh's local environment only, and the remote reads stdin
@@ -138,14 +183,18 @@ def fake_ssh(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_the_remote_side_gets_the_secret_in_its_environment_and_no_argv_shows_it(
-        fake_ssh, tmp_path, n):
+    fake_ssh, tmp_path, n
+):
     secret = secrets.token_hex(16)
     cluster = ssh_cluster(n)
     cluster.python = sys.executable
     names = [f"n{i + 1}" for i in range(n)]
     out = tmp_path / "seen"
-    argv, env = cluster.on_nodes([sys.executable, "-c", PAYLOAD, str(out)],
-                                 {ENV_SECRET: secret, "MILARUN_DEVICE": "0"}, names)
+    argv, env = cluster.on_nodes(
+        [sys.executable, "-c", PAYLOAD, str(out)],
+        {ENV_SECRET: secret, "MILARUN_DEVICE": "0"},
+        names,
+    )
     lch = Launch("s.j", None, 0, "0", [0], argv, env, cluster=cluster, log="j.log")
     child = _Child(lch, tmp_path)
     child.start()
@@ -157,7 +206,8 @@ def test_the_remote_side_gets_the_secret_in_its_environment_and_no_argv_shows_it
 
 def test_a_remote_command_given_no_secret_line_stops_with_one_line(fake_ssh):
     argv, env = ssh_cluster(1).on_nodes(["true"], {ENV_SECRET: "x"}, ["n1"])
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=30)
+    done = subprocess.run(
+        argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 2
     assert done.stderr.strip() == "milarun: no barrier secret on stdin"

@@ -9,8 +9,9 @@ from milarun.host.isolation import current_cpuset
 
 
 def _exp(device):
-    return types.SimpleNamespace(options={"seed": 1, "device": device},
-                                 result={"host": {}}, device=None)
+    return types.SimpleNamespace(
+        options={"seed": 1, "device": device}, result={"host": {}}, device=None
+    )
 
 
 def test_cpu_uses_the_students_cores():
@@ -64,9 +65,8 @@ def test_rank_loader_gives_each_rank_its_own_equal_share():
     data = torch.utils.data.TensorDataset(torch.arange(10))
     seen = []
     for rank in (0, 1):
-        loader = rank_loader(data, 2, 0, torch.device("cpu"), World(size=2, rank=rank), 3,
-                             "items")
-        assert len(loader) == 2   # 5 items each, batches of 2, the partial one dropped
+        loader = rank_loader(data, 2, 0, torch.device("cpu"), World(size=2, rank=rank), 3, "items")
+        assert len(loader) == 2  # 5 items each, batches of 2, the partial one dropped
         seen.append({int(v) for (batch,) in loader for v in batch})
     assert not seen[0] & seen[1] and len(seen[0]) == len(seen[1]) == 4
 
@@ -79,7 +79,18 @@ def test_rank_loader_refuses_a_share_without_a_batch():
 
     data = torch.utils.data.TensorDataset(torch.arange(10))
     with pytest.raises(ValueError) as info:
-        rank_loader(data, 8, 0, torch.device("cpu"), World(size=2, rank=1), 3,
-                    "sequences of 4 tokens", hint="lower --batch-size", source="/d/corpus")
-    assert str(info.value) == ("/d/corpus: 10 sequences of 4 tokens give no batch of 8 per "
-                               "rank over 2 ranks; lower --batch-size")
+        rank_loader(
+            data,
+            8,
+            0,
+            torch.device("cpu"),
+            World(size=2, rank=1),
+            3,
+            "sequences of 4 tokens",
+            hint="lower --batch-size",
+            source="/d/corpus",
+        )
+    assert str(info.value) == (
+        "/d/corpus: 10 sequences of 4 tokens give no batch of 8 per "
+        "rank over 2 ranks; lower --batch-size"
+    )

@@ -28,15 +28,19 @@ def test_gpu_backends_follow_the_one_discovery_order():
     assert accel.GPU_BACKENDS == ("nvidia", "amd", "intel")
     order = list(accel.BACKENDS)
     assert [order.index(n) for n in accel.GPU_BACKENDS] == sorted(
-        order.index(n) for n in accel.GPU_BACKENDS)
+        order.index(n) for n in accel.GPU_BACKENDS
+    )
 
 
-@pytest.mark.parametrize("spec, message", [
-    (5, "must be a string 'module:function'"),
-    ("milarun.models.toy_reg", "'milarun.models.toy_reg' must look like 'module:function'"),
-    (":main", "':main' must look like 'module:function'"),
-    ("a.b:c.d", "'a.b:c.d' must look like 'module:function'"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (5, "must be a string 'module:function'"),
+        ("milarun.models.toy_reg", "'milarun.models.toy_reg' must look like 'module:function'"),
+        (":main", "':main' must look like 'module:function'"),
+        ("a.b:c.d", "'a.b:c.d' must look like 'module:function'"),
+    ],
+)
 def test_entrypoint_parse_refuses(spec, message):
     with pytest.raises(ValueError) as exc:
         entrypoint.parse(spec)
@@ -55,12 +59,25 @@ def test_world_from_the_torchrun_environment():
     alone = World.from_environment({})
     assert (alone.size, alone.rank, alone.local_rank, alone.local_size) == (1, 0, 0, 1)
     assert not alone.torchrun and alone.master_addr is None and alone.backend is None
-    world = World.from_environment({
-        "WORLD_SIZE": "8", "RANK": "5", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
-        "GROUP_RANK": "1", "MASTER_ADDR": "node0", "MASTER_PORT": "29400",
-        "TORCHELASTIC_RUN_ID": "abc"})
-    assert (world.size, world.rank, world.local_rank, world.local_size, world.node_rank) == \
-        (8, 5, 1, 4, 1)
+    world = World.from_environment(
+        {
+            "WORLD_SIZE": "8",
+            "RANK": "5",
+            "LOCAL_RANK": "1",
+            "LOCAL_WORLD_SIZE": "4",
+            "GROUP_RANK": "1",
+            "MASTER_ADDR": "node0",
+            "MASTER_PORT": "29400",
+            "TORCHELASTIC_RUN_ID": "abc",
+        }
+    )
+    assert (world.size, world.rank, world.local_rank, world.local_size, world.node_rank) == (
+        8,
+        5,
+        1,
+        4,
+        1,
+    )
     assert (world.master_addr, world.master_port, world.run_id) == ("node0", "29400", "abc")
     assert world.torchrun
     # LOCAL_WORLD_SIZE defaults to the world; an empty variable to its default
@@ -75,14 +92,19 @@ def test_read_text_of_kernel_files(tmp_path):
     (tmp_path / "bad").write_bytes(b"\xff\xfe")
     assert read_text(tmp_path / "cpulist") == "0-3"
     assert read_text(tmp_path / "missing") is None
-    assert read_text(tmp_path / "bad") is None      # not UTF-8
-    assert read_text(tmp_path) is None              # a folder: unreadable
+    assert read_text(tmp_path / "bad") is None  # not UTF-8
+    assert read_text(tmp_path) is None  # a folder: unreadable
 
 
 def _group_of(script):
     import subprocess
-    return subprocess.Popen(["sh", "-c", script], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    return subprocess.Popen(
+        ["sh", "-c", script],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def test_terminate_group_kills_a_group_that_ignores_sigterm_after_the_grace():
@@ -112,8 +134,9 @@ def test_terminate_group_sweeps_what_a_leader_left_and_can_be_cut_short():
     assert len(members) == 2
     t0 = time.monotonic()
     # SIGTERM ends the leader; its group (the background sleep) is swept with it
-    assert supervise.terminate_group([supervise.ProcessGroup(proc)], 30,
-                                     cut_short=lambda: True) == []
+    assert (
+        supervise.terminate_group([supervise.ProcessGroup(proc)], 30, cut_short=lambda: True) == []
+    )
     assert time.monotonic() - t0 < 5
     time.sleep(0.1)
     assert supervise.group_members(proc.pid) == []
@@ -129,8 +152,8 @@ def test_group_stop_steps_a_plain_process_to_sigkill():
     time.sleep(0.3)
     t0 = time.monotonic()
     stop = supervise.GroupStop(proc, 0.3, abandon_s=10, now=t0)
-    assert stop.step(t0 + 0.1) is False and proc.poll() is None   # SIGTERM ignored
-    stop.step(t0 + 0.5)                                              # grace over: SIGKILL
+    assert stop.step(t0 + 0.1) is False and proc.poll() is None  # SIGTERM ignored
+    stop.step(t0 + 0.5)  # grace over: SIGKILL
     proc.wait(timeout=5)
     assert proc.returncode == -9 and stop.step() is True and not stop.abandoned
 
@@ -155,7 +178,7 @@ def test_periodic_sampler_reads_until_stop_then_once_more():
     n = len(s.samples)
     assert n >= 3 and seen == s.samples and s.reason is None
     time.sleep(0.1)
-    assert len(s.samples) == n          # the thread ended
+    assert len(s.samples) == n  # the thread ended
 
 
 def test_periodic_sampler_failure_ends_the_thread_with_a_reason():

@@ -8,8 +8,13 @@ from milarun.measure import stats
 
 
 def sample(start, end, count, warmup=False):
-    return {"start": start, "end": end, "count": count, "rate": count / (end - start),
-            "warmup": warmup}
+    return {
+        "start": start,
+        "end": end,
+        "count": count,
+        "rate": count / (end - start),
+        "warmup": warmup,
+    }
 
 
 def test_steady_state_uses_last_10s_before_final_second():
@@ -29,8 +34,7 @@ def test_steady_state_uses_last_10s_before_final_second():
 def test_steady_state_is_time_weighted():
     # window holds a 9 s sample of 900 items and a 1 s sample of 500 items:
     # sum(count)/sum(duration) = 1400/10 = 140, not mean(100, 500) = 300.
-    samples = [sample(0, 2, 20, False), sample(2, 11, 900), sample(11, 12, 500),
-               sample(12, 13, 1)]
+    samples = [sample(0, 2, 20, False), sample(2, 11, 900), sample(11, 12, 500), sample(12, 13, 1)]
     rate, chosen, note = stats.steady_state(samples)
     assert note == stats.FULL
     assert rate == pytest.approx(1400 / 10)
@@ -81,7 +85,7 @@ def test_perf_adj_by_hand():
 
 def test_weighted_geomean_by_hand():
     # exp((1*ln 10 + 3*ln 1000) / 4) = 10 ** 2.5
-    assert stats.weighted_geomean([10, 1000], [1, 3]) == pytest.approx(10 ** 2.5)
+    assert stats.weighted_geomean([10, 1000], [1, 3]) == pytest.approx(10**2.5)
     # weight 0 is ignored, even for a 0 value
     assert stats.weighted_geomean([0, 4], [0, 2]) == pytest.approx(4)
     assert stats.weighted_geomean([1], [0]) is None
@@ -100,18 +104,17 @@ def test_steady_states_once_computes_each_samples_list_once(monkeypatch):
     expected = compute(samples, stats.STEADY_WINDOW_S, stats.STEADY_TAIL_S)
     with stats.steady_states_once():
         first = stats.steady_state(samples)
-        first[1].clear()                      # a caller's copy: the memo is not touched
+        first[1].clear()  # a caller's copy: the memo is not touched
         assert stats.steady_state(samples) == expected
-        assert stats.steady_state(other) == expected    # an equal list is another list
-        stats.steady_state(samples, window=5.0)         # other parameters: computed
+        assert stats.steady_state(other) == expected  # an equal list is another list
+        stats.steady_state(samples, window=5.0)  # other parameters: computed
     assert [id(s) for s in calls] == [id(samples), id(other), id(samples)]
-    stats.steady_state(samples)                         # outside the block: computed
+    stats.steady_state(samples)  # outside the block: computed
     assert len(calls) == 4
 
 
 def test_steady_states_once_does_not_remember_errors():
-    bad = [sample(0, 1, 1), {"start": 2.0, "end": 1.0, "count": 1, "rate": 1.0,
-                             "warmup": False}]
+    bad = [sample(0, 1, 1), {"start": 2.0, "end": 1.0, "count": 1, "rate": 1.0, "warmup": False}]
     with stats.steady_states_once():
         for _ in range(2):
             with pytest.raises(ValueError, match="samples.1: end 1.0 is before start 2.0"):
@@ -120,8 +123,10 @@ def test_steady_states_once_does_not_remember_errors():
 
 @pytest.mark.parametrize("start,end", [(2.0, 1.0), (2, 1), (2, 1.5)])
 def test_backwards_sample_is_refused(start, end):
-    samples = [sample(0, 1, 1), {"start": start, "end": end, "count": 1, "rate": 1.0,
-                                 "warmup": True}]
+    samples = [
+        sample(0, 1, 1),
+        {"start": start, "end": end, "count": 1, "rate": 1.0, "warmup": True},
+    ]
     with pytest.raises(ValueError, match=f"samples.1: end {end!r} is before start {start!r}"):
         stats.steady_state(samples)
 
@@ -129,6 +134,8 @@ def test_backwards_sample_is_refused(start, end):
 @pytest.mark.parametrize("start,end", [(float("inf"), 1.0), (0.0, float("-inf"))])
 def test_an_infinite_bound_is_not_a_backwards_sample(start, end):
     # only finite numbers are compared (the schema refuses infinities in files)
-    samples = [sample(0, 1, 1), {"start": start, "end": end, "count": 1, "rate": 1.0,
-                                 "warmup": False}]
+    samples = [
+        sample(0, 1, 1),
+        {"start": start, "end": end, "count": 1, "rate": 1.0, "warmup": False},
+    ]
     assert stats.steady_state(samples) == (None, [], stats.NONE)

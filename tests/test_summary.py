@@ -50,8 +50,14 @@ def test_summary_matches_golden(capsys):
 def test_summary_values_by_hand():
     summary, _ = summarize_dir(RESULTS)
     t = summary["tests"]
-    assert sorted(t) == ["standard.convnet", "standard.scaling.1", "standard.scaling.2",
-                         "standard.short", "standard.vae", "standard.wlm"]
+    assert sorted(t) == [
+        "standard.convnet",
+        "standard.scaling.1",
+        "standard.scaling.2",
+        "standard.short",
+        "standard.vae",
+        "standard.wlm",
+    ]
     conv = t["standard.convnet"]
     assert conv["n"] == 4 and conv["failures"] == 0
     assert conv["train"]["mean"] == pytest.approx(100.0)
@@ -65,7 +71,8 @@ def test_summary_values_by_hand():
     assert "Killed" in vae["failed"][0]["stderr_tail"]
     assert vae["train"]["n"] == 1 and vae["train"]["mean"] == pytest.approx(200.0)
     assert t["standard.scaling.2"]["pergpu"] == {
-        "0-1": {"n": 1, "min": 560.0, "max": 560.0, "mean": 560.0, "std": 0.0}}
+        "0-1": {"n": 1, "min": 560.0, "max": 560.0, "mean": 560.0, "std": 0.0}
+    }
     assert t["standard.short"]["steady"] == {"full": 0, "short": 1, "none": 0}
     assert t["standard.wlm"]["train"]["mean"] is None
     assert t["standard.wlm"]["failure_reasons"] == {"timeout": 1}
@@ -84,7 +91,8 @@ def test_unreadable_files_skipped_with_one_warning_each(tmp_path, capsys):
         ": version: format version 99 is newer than this milarun (1)",
         f"milarun: warning: skipped {RESULTS / 'standard.xss.J0.0.20261121-120010-000000.json'}"
         ": name: 'standard.<script>alert(1)</script>' is not a valid test name (like "
-        "'suite.test': letters, digits, '_', '-', and '.' between them)"]
+        "'suite.test': letters, digits, '_', '-', and '.' between them)",
+    ]
     data = json.loads(out.read_text())
     assert data["format"] == "milarun-summary" and data["version"] == 1
     assert len(data["skipped"]) == 4
@@ -116,14 +124,17 @@ def test_reads_2020_flat_format():
     assert base["tests"]["standard.convnet"]["pergpu"]["1"]["n"] == 2
 
 
-@pytest.mark.parametrize("data,key", [
-    ({"hello": "world"}, None),
-    ([], None),
-    ({"format": "milarun-summary", "version": 7, "tests": {}}, "version"),
-    ({"format": "milarun-summary", "version": 1, "tests": {"a.b": {"n": 1}}}, "a.b.train"),
-    ({"a.b": {"n": -1, "train": {}}}, "a.b.n"),
-    ({"a.b": {"n": 1, "failures": 0, "train": {"mean": "fast"}}}, "a.b.train.mean"),
-])
+@pytest.mark.parametrize(
+    "data,key",
+    [
+        ({"hello": "world"}, None),
+        ([], None),
+        ({"format": "milarun-summary", "version": 7, "tests": {}}, "version"),
+        ({"format": "milarun-summary", "version": 1, "tests": {"a.b": {"n": 1}}}, "a.b.train"),
+        ({"a.b": {"n": -1, "train": {}}}, "a.b.n"),
+        ({"a.b": {"n": 1, "failures": 0, "train": {"mean": "fast"}}}, "a.b.train.mean"),
+    ],
+)
 def test_neither_format_is_one_clear_error(data, key):
     with pytest.raises(ResultFormatError) as exc:
         normalize_summary(data, path="x.json")
@@ -140,14 +151,17 @@ def test_missing_dir_is_cli_error(tmp_path, capsys):
 def test_interrupted_records_are_counted_apart_from_failures(tmp_path):
     # An interrupted launch is the operator's doing: it is listed, not a failure,
     # and left out of n (so of the failure rate); its samples do not score.
-    for name in ("standard.convnet.J0.0.20261121-120000-000000.json",
-                 "standard.convnet.J0.1.20261121-120001-000000.json"):
+    for name in (
+        "standard.convnet.J0.0.20261121-120000-000000.json",
+        "standard.convnet.J0.1.20261121-120001-000000.json",
+    ):
         shutil.copy(RESULTS / name, tmp_path / name)
     cut = json.loads((RESULTS / "standard.convnet.J1.0.20261121-120002-000000.json").read_text())
     cut["success"] = False
     cut["error"] = {"reason": "interrupted", "message": "stopped by the launcher"}
     (tmp_path / "standard.convnet.J1.0.FAIL.20261121-120002-000000.json").write_text(
-        json.dumps(cut))
+        json.dumps(cut)
+    )
     # what a session keeps beside its records is not read as results
     (tmp_path / ".milarun").mkdir()
     (tmp_path / ".milarun" / "session.json").write_text("{}")
@@ -161,21 +175,36 @@ def test_interrupted_records_are_counted_apart_from_failures(tmp_path):
 
 def _with_failures(**entry):
     """A one-test summary with 4 results, 2 of them failed, and ``entry`` on top."""
-    test = {"n": 4, "failures": 2, "train": {"n": 2, "min": 1.0, "max": 1.0, "mean": 1.0,
-                                             "std": 0.0}, **entry}
+    test = {
+        "n": 4,
+        "failures": 2,
+        "train": {"n": 2, "min": 1.0, "max": 1.0, "mean": 1.0, "std": 0.0},
+        **entry,
+    }
     return {"format": "milarun-summary", "version": 1, "tests": {"s.t": test}}
 
 
-@pytest.mark.parametrize("entry,message", [
-    ({"pernode_failures": {"node1": 2, "node2": 1}},
-     "x.json: tests.s.t.pernode_failures: more failures per node (3) than failures (2)"),
-    ({"pernode_failures": {"node1": 0}},
-     "x.json: tests.s.t.pernode_failures.node1: must be >= 1, not 0"),
-    ({"pernode_failures": {"../n": 1}}, "x.json: tests.s.t.pernode_failures.'../n': '../n' "
-                                        "is not a valid name"),
-    ({"failed": [{"device": "0", "node": "a/b"}]},
-     "x.json: tests.s.t.failed.0.node: 'a/b' is not a valid name"),
-])
+@pytest.mark.parametrize(
+    "entry,message",
+    [
+        (
+            {"pernode_failures": {"node1": 2, "node2": 1}},
+            "x.json: tests.s.t.pernode_failures: more failures per node (3) than failures (2)",
+        ),
+        (
+            {"pernode_failures": {"node1": 0}},
+            "x.json: tests.s.t.pernode_failures.node1: must be >= 1, not 0",
+        ),
+        (
+            {"pernode_failures": {"../n": 1}},
+            "x.json: tests.s.t.pernode_failures.'../n': '../n' is not a valid name",
+        ),
+        (
+            {"failed": [{"device": "0", "node": "a/b"}]},
+            "x.json: tests.s.t.failed.0.node: 'a/b' is not a valid name",
+        ),
+    ],
+)
 def test_bad_per_node_failures_are_one_line(entry, message):
     with pytest.raises(ResultFormatError) as exc:
         normalize_summary(_with_failures(**entry), path="x.json")
@@ -183,9 +212,10 @@ def test_bad_per_node_failures_are_one_line(entry, message):
 
 
 def test_per_node_failures_round_trip(tmp_path):
-    good = _with_failures(pernode_failures={"node1": 2},
-                          failed=[{"device": "0", "node": "node1"}, {"device": "1", "node": None},
-                                  {"device": "2"}])
+    good = _with_failures(
+        pernode_failures={"node1": 2},
+        failed=[{"device": "0", "node": "node1"}, {"device": "1", "node": None}, {"device": "2"}],
+    )
     s = normalize_summary(good)
     t = s["tests"]["s.t"]
     assert t["pernode_failures"] == {"node1": 2}

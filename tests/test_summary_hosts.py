@@ -5,14 +5,23 @@ from milarun.formats.record import new_result
 
 
 def result(device, cpuset, limit):
-    rec = new_result("s.t", f"0.{device}", device=str(device), devices=[device],
-                     plan_type="per-gpu")
+    rec = new_result(
+        "s.t", f"0.{device}", device=str(device), devices=[device], plan_type="per-gpu"
+    )
     rec["success"] = True
     rec["timings"]["train"]["samples"] = [
-        {"start": i, "end": i + 1, "count": 10, "rate": 10.0, "warmup": i == 0} for i in range(5)]
-    rec["host"] = {"hostname": "node1", "cpu_model": "EPYC", "cpu_count": 64, "cpuset": cpuset,
-                   "memory_limit_mib": limit, "torch": "2.13.0", "cuda": "13.0",
-                   "gpus": [{"index": device, "name": "H100", "driver": "580.1"}]}
+        {"start": i, "end": i + 1, "count": 10, "rate": 10.0, "warmup": i == 0} for i in range(5)
+    ]
+    rec["host"] = {
+        "hostname": "node1",
+        "cpu_model": "EPYC",
+        "cpu_count": 64,
+        "cpuset": cpuset,
+        "memory_limit_mib": limit,
+        "torch": "2.13.0",
+        "cuda": "13.0",
+        "gpus": [{"index": device, "name": "H100", "driver": "580.1"}],
+    }
     return rec
 
 

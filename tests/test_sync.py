@@ -30,6 +30,7 @@ SECRET = "s3cret"
 
 # --- the barrier --------------------------------------------------------------------
 
+
 def _wait_in_thread(address, wave, label, timeout, delay, out):
     def run():
         time.sleep(delay)
@@ -37,6 +38,7 @@ def _wait_in_thread(address, wave, label, timeout, delay, out):
             out[label] = wait(address, wave, label, timeout, secret=SECRET)
         except BarrierTimeout as exc:
             out[label] = exc
+
     t = threading.Thread(target=run)
     t.start()
     return t
@@ -47,8 +49,10 @@ def test_barrier_releases_the_wave_when_the_last_process_arrives():
         server.expect("w", ["0", "1"])
         out = {}
         address = f"127.0.0.1:{server.port}"
-        threads = [_wait_in_thread(address, "w", "0", 5, 0.0, out),
-                   _wait_in_thread(address, "w", "1", 5, 0.4, out)]
+        threads = [
+            _wait_in_thread(address, "w", "0", 5, 0.0, out),
+            _wait_in_thread(address, "w", "1", 5, 0.4, out),
+        ]
         for t in threads:
             t.join()
     first, last = out["0"], out["1"]
@@ -107,14 +111,24 @@ def test_stray_requests_get_an_error_line_and_no_thread_traceback(monkeypatch):
     monkeypatch.setattr(threading, "excepthook", crashes.append)
     with BarrierServer(secret=SECRET) as server:
         server.expect("w", ["0", "1"])
-        for line in (b'{"wave": [1], "label": "0"}\n', b'{"wave": "w", "label": {"a": 1}}\n',
-                     b'{"wave": "w", "label": 0}\n', b"\xff\xfe\n", b"[1]\n", b"GET / HTTP/1.0\r\n\r\n"):
+        for line in (
+            b'{"wave": [1], "label": "0"}\n',
+            b'{"wave": "w", "label": {"a": 1}}\n',
+            b'{"wave": "w", "label": 0}\n',
+            b"\xff\xfe\n",
+            b"[1]\n",
+            b"GET / HTTP/1.0\r\n\r\n",
+        ):
             with socket.create_connection(("127.0.0.1", server.port), timeout=2) as conn:
                 conn.sendall(line)
                 conn.recv(200)  # the error line, or the server closing a garbled request
         time.sleep(0.2)
-        assert server.state("w") == {"labels": ["0", "1"], "arrived": {}, "dropped": [],
-                                     "released": None}
+        assert server.state("w") == {
+            "labels": ["0", "1"],
+            "arrived": {},
+            "dropped": [],
+            "released": None,
+        }
         # the wave still releases its own processes
         out = {}
         address = f"127.0.0.1:{server.port}"
@@ -137,10 +151,19 @@ def test_barrier_timeout_from_the_environment_must_be_finite():
 
 def test_environment_of_a_process_launched_alone_has_no_barrier():
     assert barrier_mod.from_environment({}) is None
-    env = {"MILARUN_BARRIER": "10.0.0.1:4000", "MILARUN_BARRIER_WAVE": "w",
-           "MILARUN_BARRIER_TIMEOUT": "7", "MILARUN_DEVICE": "1"}
-    assert barrier_mod.from_environment(env) == {"address": "10.0.0.1:4000", "wave": "w",
-                                                 "label": "1", "timeout": 7.0, "secret": ""}
+    env = {
+        "MILARUN_BARRIER": "10.0.0.1:4000",
+        "MILARUN_BARRIER_WAVE": "w",
+        "MILARUN_BARRIER_TIMEOUT": "7",
+        "MILARUN_DEVICE": "1",
+    }
+    assert barrier_mod.from_environment(env) == {
+        "address": "10.0.0.1:4000",
+        "wave": "w",
+        "label": "1",
+        "timeout": 7.0,
+        "secret": "",
+    }
     with pytest.raises(ValueError):
         barrier_mod.from_environment({"MILARUN_BARRIER": "nohost"})
 
@@ -153,8 +176,9 @@ def test_a_process_launched_alone_does_not_wait(monkeypatch):
     assert synchronize(exp, environ={}) is None
     assert "barrier" not in exp.result["timings"]
     # a rerun runs alone: the session's barrier is not replayed
-    assert rerun_environ({"MILARUN_BARRIER": "x:1", "MILARUN_BARRIER_WAVE": "w",
-                          "MILARUN_DEVICE": "0"}) == {"MILARUN_DEVICE": "0"}
+    assert rerun_environ(
+        {"MILARUN_BARRIER": "x:1", "MILARUN_BARRIER_WAVE": "w", "MILARUN_DEVICE": "0"}
+    ) == {"MILARUN_DEVICE": "0"}
 
 
 def test_synchronize_records_the_release(monkeypatch):
@@ -164,16 +188,21 @@ def test_synchronize_records_the_release(monkeypatch):
     with BarrierServer(secret=SECRET) as server:
         server.expect("w", ["0"])
         exp = Experiment("t.job")
-        env = {"MILARUN_BARRIER": f"127.0.0.1:{server.port}", "MILARUN_BARRIER_WAVE": "w",
-               "MILARUN_DEVICE": "0", "MILARUN_BARRIER_TIMEOUT": "5",
-               "MILARUN_BARRIER_SECRET": SECRET}
+        env = {
+            "MILARUN_BARRIER": f"127.0.0.1:{server.port}",
+            "MILARUN_BARRIER_WAVE": "w",
+            "MILARUN_DEVICE": "0",
+            "MILARUN_BARRIER_TIMEOUT": "5",
+            "MILARUN_BARRIER_SECRET": SECRET,
+        }
         info = synchronize(exp, environ=env)
     bar = exp.result["timings"]["barrier"]
     assert bar is info and bar["parties"] == 1 and bar["released"] >= bar["arrived"]
     assert 0 < bar["released_at"] < 60
     # the samples' zero on the server's clock
     assert throughput.anchor(exp.result) == pytest.approx(
-        bar["server_release"] - bar["released_at"])
+        bar["server_release"] - bar["released_at"]
+    )
 
 
 def test_torchrun_ranks_meet_after_rank_0_met_the_wave(monkeypatch):
@@ -188,20 +217,24 @@ def test_torchrun_ranks_meet_after_rank_0_met_the_wave(monkeypatch):
     monkeypatch.setattr(dist, "barrier", lambda: calls.append("barrier"))
     with BarrierServer(secret=SECRET) as server:
         server.expect("w", ["node1.all"])
-        env = {"MILARUN_BARRIER": f"127.0.0.1:{server.port}", "MILARUN_BARRIER_WAVE": "w",
-               "MILARUN_DEVICE": "node1.all", "MILARUN_BARRIER_TIMEOUT": "5",
-               "MILARUN_BARRIER_SECRET": SECRET,
-               "WORLD_SIZE": "2"}
+        env = {
+            "MILARUN_BARRIER": f"127.0.0.1:{server.port}",
+            "MILARUN_BARRIER_WAVE": "w",
+            "MILARUN_DEVICE": "node1.all",
+            "MILARUN_BARRIER_TIMEOUT": "5",
+            "MILARUN_BARRIER_SECRET": SECRET,
+            "WORLD_SIZE": "2",
+        }
         rank0 = Experiment("t.job")
         assert synchronize(rank0, environ={**env, "RANK": "0"})["parties"] == 1
         assert calls == ["barrier"]
         rank1 = Experiment("t.job")  # never connects: only rank 0 speaks for its launch
-        info = synchronize(rank1, environ={**env, "RANK": "1",
-                                           "MILARUN_BARRIER_WAVE": "unknown"})
+        info = synchronize(rank1, environ={**env, "RANK": "1", "MILARUN_BARRIER_WAVE": "unknown"})
         assert "server_release" not in info and calls == ["barrier", "barrier"]
 
 
 # --- own / effective / adjusted throughput -------------------------------------------
+
 
 def windows(start, end, rate, warmup=2, length=1.0):
     """Consecutive 1 s samples from ``start`` to ``end`` at ``rate`` (a number or
@@ -209,15 +242,24 @@ def windows(start, end, rate, warmup=2, length=1.0):
     out, t = [], start
     while t < end - 1e-9:
         r = rate(t) if callable(rate) else rate
-        out.append({"start": t, "end": t + length, "count": r * length, "rate": r,
-                    "warmup": len(out) < warmup})
+        out.append(
+            {
+                "start": t,
+                "end": t + length,
+                "count": r * length,
+                "rate": r,
+                "warmup": len(out) < warmup,
+            }
+        )
         t += length
     return out
 
 
 def test_work_in_counts_a_straddling_window_pro_rata():
-    s = [{"start": 0.0, "end": 1.0, "count": 10.0, "rate": 10.0, "warmup": False},
-         {"start": 1.0, "end": 2.0, "count": 20.0, "rate": 20.0, "warmup": False}]
+    s = [
+        {"start": 0.0, "end": 1.0, "count": 10.0, "rate": 10.0, "warmup": False},
+        {"start": 1.0, "end": 2.0, "count": 20.0, "rate": 20.0, "warmup": False},
+    ]
     assert throughput.work_in(s, 0.5, 2.0) == pytest.approx(25.0)
     assert throughput.work_in(s, 3.0, 4.0) == 0
 
@@ -244,19 +286,27 @@ def test_non_overlapping_steady_states_have_no_effective_throughput():
 
 def test_partial_overlap_is_flagged_and_own_overstates_a_process_left_alone():
     # "1" finishes at 16 s; "0" is slow (100/s) while both run, fast (200/s) alone.
-    a = {"label": "0", "anchor": 1000.0, "samples": windows(0, 30, lambda t: 100 if t < 15 else 200)}
+    a = {
+        "label": "0",
+        "anchor": 1000.0,
+        "samples": windows(0, 30, lambda t: 100 if t < 15 else 200),
+    }
     b = {"label": "1", "anchor": 1000.0, "samples": windows(0, 16, 100.0)}
     w = throughput.wave([a, b])
     assert w["interval"] == [1002.0, 1015.0]
     assert w["overlap"] == pytest.approx(13 / 27) and w["flagged"]
-    assert w["own"]["0"] == pytest.approx(200.0)          # its last 10 s, alone
-    assert w["effective"]["0"] == pytest.approx(100.0)    # under the test's load
+    assert w["own"]["0"] == pytest.approx(200.0)  # its last 10 s, alone
+    assert w["effective"]["0"] == pytest.approx(100.0)  # under the test's load
     assert w["adjusted"] == pytest.approx(200.0)
 
 
 def test_anchor_prefers_the_barrier_then_origin_then_start():
-    rec = {"timings": {"program": {"start": 50.0, "origin": 48.0},
-                       "barrier": {"server_release": 100.0, "released_at": 3.0}}}
+    rec = {
+        "timings": {
+            "program": {"start": 50.0, "origin": 48.0},
+            "barrier": {"server_release": 100.0, "released_at": 3.0},
+        }
+    }
     assert throughput.anchor(rec) == 97.0
     del rec["timings"]["barrier"]
     assert throughput.anchor(rec) == 48.0
@@ -266,25 +316,32 @@ def test_anchor_prefers_the_barrier_then_origin_then_start():
 
 def record(device, run, start, samples, released=None):
     from milarun.formats.record import new_result
-    rec = new_result("s.t", f"{run}.{device}", device=device, devices=[int(device)], run=run,
-                     plan_type="per-gpu")
+
+    rec = new_result(
+        "s.t", f"{run}.{device}", device=device, devices=[int(device)], run=run, plan_type="per-gpu"
+    )
     rec["success"] = True
     rec["timings"]["program"] = {"start": start, "end": start + 30, "duration": 30.0}
     rec["timings"]["train"]["samples"] = samples
     if released is not None:
-        rec["timings"]["barrier"] = {"released": released, "server_release": start + 1,
-                                     "released_at": 1.0}
+        rec["timings"]["barrier"] = {
+            "released": released,
+            "server_release": start + 1,
+            "released_at": 1.0,
+        }
     return rec
 
 
 def test_summary_and_report_use_effective_and_keep_the_2020_rule_with_own():
     fast = lambda t: 100 if t < 15 else 200  # noqa: E731
-    recs = [record("0", 0, 1000.0, windows(0, 30, fast), released=1001.000),
-            record("1", 0, 1000.0, windows(0, 16, 100.0), released=1001.002)]
+    recs = [
+        record("0", 0, 1000.0, windows(0, 30, fast), released=1001.000),
+        record("1", 0, 1000.0, windows(0, 16, 100.0), released=1001.002),
+    ]
     summary = normalize_summary(json.loads(json.dumps(summarize(recs))))
     t = summary["tests"]["s.t"]
-    assert t["train"]["mean"] == pytest.approx(150.0)          # own: 200 and 100
-    assert t["effective"]["mean"] == pytest.approx(100.0)      # both 100 under load
+    assert t["train"]["mean"] == pytest.approx(150.0)  # own: 200 and 100
+    assert t["effective"]["mean"] == pytest.approx(100.0)  # both 100 under load
     assert t["adjusted"]["mean"] == pytest.approx(200.0)
     assert t["overlap"] == pytest.approx(13 / 27)
     assert t["sync"] == {"waves": 1, "synchronized": 2, "skew_s": pytest.approx(0.002)}
@@ -297,12 +354,13 @@ def test_summary_and_report_use_effective_and_keep_the_2020_rule_with_own():
     assert "overlap by less than 80% of their length: s.t (48%)" in text
     assert "adjusted throughput 200.00 items/s" in text and "start skew 2.0 ms" in text
     from milarun.report import render_html
+
     page = render_html(rep)
     assert 'id="overlap"' in page and 'id="concurrent-s.t"' in page
     assert "<th>own</th>" in page and "adjusted throughput 200.00 items/s" in page
     legacy = build_report(summary, throughput="own")
     assert legacy.rows[0]["perf"] == pytest.approx(150.0)
-    assert legacy.rows[0]["std"] == pytest.approx((50 * 2 ** 0.5) / 150)
+    assert legacy.rows[0]["std"] == pytest.approx((50 * 2**0.5) / 150)
     assert "own" not in legacy.columns
 
 
@@ -310,23 +368,32 @@ def test_2020_baseline_scores_are_the_same_under_both_rules():
     from pathlib import Path
 
     from milarun.formats.summary import read_summary
+
     base = read_summary(Path(__file__).parent / "fixtures" / "baseline2020.json")
     a, b = build_report(base), build_report(base, throughput="own")
     assert a.score == b.score and a.score is not None
     assert [r["perf_adj"] for r in a.rows] == [r["perf_adj"] for r in b.rows]
     from milarun.errors import MilarunError
+
     with pytest.raises(MilarunError, match="--throughput must be effective or own"):
         build_report(base, throughput="mean")
 
 
 # --- the multi-process plan type ------------------------------------------------------
 
+
 def mp_job(processes=2, k=None, experiment="milarun.models.infer:main", arguments=None):
     scheme = {"type": "multi-process", "processes": processes}
     if k:
         scheme["devices_per_process"] = k
-    return Job("s", "infer", experiment, arguments=arguments or {"--batch-size": 8},
-               plan_type="multi-process", definition={"partition_scheme": scheme})
+    return Job(
+        "s",
+        "infer",
+        experiment,
+        arguments=arguments or {"--batch-size": 8},
+        plan_type="multi-process",
+        definition={"partition_scheme": scheme},
+    )
 
 
 def gpus8():
@@ -343,8 +410,15 @@ def test_schemas_know_every_plan_type():
 
 def test_two_processes_of_four_gpus_pinned_to_their_numa_nodes(monkeypatch):
     monkeypatch.setattr(plantypes, "launcher_cpus", lambda: list(range(36)))
-    (wave,) = plan_job(mp_job(), gpus8(), 0, "/out", "/data", python="py",
-                       barrier={"address": "127.0.0.1:5000", "timeout": 60})
+    (wave,) = plan_job(
+        mp_job(),
+        gpus8(),
+        0,
+        "/out",
+        "/data",
+        python="py",
+        barrier={"address": "127.0.0.1:5000", "timeout": 60},
+    )
     assert [lch.device for lch in wave] == ["0-3", "4-7"]
     assert [lch.devices for lch in wave] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert [lch.env["CUDA_VISIBLE_DEVICES"] for lch in wave] == ["0,1,2,3", "4,5,6,7"]
@@ -372,16 +446,19 @@ def test_multi_process_on_cpu_slots_and_fewer_devices(monkeypatch):
     monkeypatch.setattr(plantypes, "launcher_cpus", lambda: [0, 1, 2, 3])
     job = mp_job(2)
     (wave,) = plan_job(job, Devices("cpu", [0, 1, 2, 3]), 0, "/out", python="py")
-    assert [(lch.device, lch.env["MILARUN_CPUS"]) for lch in wave] == [("0-1", "0-1"),
-                                                                      ("2-3", "2-3")]
+    assert [(lch.device, lch.env["MILARUN_CPUS"]) for lch in wave] == [
+        ("0-1", "0-1"),
+        ("2-3", "2-3"),
+    ]
     # one device: one process, which never waits; the operator is told
     cluster = Cluster("local", [Node("h", "127.0.0.1", main=True)], Devices("cpu", [0]))
-    (alone,) = plan_job(job, cluster, 0, "/out", python="py",
-                        barrier={"address": "127.0.0.1:1", "timeout": 5})
+    (alone,) = plan_job(
+        job, cluster, 0, "/out", python="py", barrier={"address": "127.0.0.1:1", "timeout": 5}
+    )
     assert len(alone) == 1 and alone[0].barrier_wave is None
     assert plantypes.TYPES["multi-process"].notes(job, cluster) == [
-        "multi-process: 2 processes asked; this node's 1 device(s) give 1 process(es) x 1 "
-        "device(s)"]
+        "multi-process: 2 processes asked; this node's 1 device(s) give 1 process(es) x 1 device(s)"
+    ]
     # --no-cgexec: no pinning
     (free,) = plan_job(job, Devices("cpu", [0, 1]), 0, "/out", python="py", use_cgexec=False)
     assert all(lch.cpus is None and "numactl" not in " ".join(lch.argv) for lch in free)
@@ -389,6 +466,7 @@ def test_multi_process_on_cpu_slots_and_fewer_devices(monkeypatch):
 
 def test_process_cpus_without_affinity_splits_the_host():
     from milarun.host.isolation import process_cpus
+
     assert process_cpus([[0], [1]], [[], []], [0, 1, 2, 3]) == [[0, 1], [2, 3]]
     with pytest.raises(ValueError):
         process_cpus([[0], [1]], [[], []], [0])
@@ -396,6 +474,7 @@ def test_process_cpus_without_affinity_splits_the_host():
 
 def test_check_ready_wants_numactl_for_pinned_launches(monkeypatch):
     from milarun.errors import SetupError
+
     monkeypatch.setattr(plantypes, "launcher_cpus", lambda: [0, 1])
     waves = plan_job(mp_job(), Devices("cpu", [0, 1]), 0, "/out", python="py")
     monkeypatch.setattr("shutil.which", lambda name: None)
@@ -410,8 +489,15 @@ def test_rerun_of_a_launchers_fail_record_does_not_wait_at_the_old_barrier(monke
     from milarun.launcher.rerun import rerun_command
 
     monkeypatch.setenv("MILARUN_BARRIER", "127.0.0.1:9")  # leaked into the user's shell
-    (wave,) = plan_job(crawl_job(), Devices("cpu", [0, 1]), 0, "/o", use_cgexec=False,
-                       python="python", barrier={"address": "127.0.0.1:4000", "timeout": 60})
+    (wave,) = plan_job(
+        crawl_job(),
+        Devices("cpu", [0, 1]),
+        0,
+        "/o",
+        use_cgexec=False,
+        python="python",
+        barrier={"address": "127.0.0.1:4000", "timeout": 60},
+    )
     rec = base_record(wave[0])
     assert rec["environ"]["MILARUN_BARRIER"] == "127.0.0.1:4000"  # what the launch had
     _, env = rerun_command(rec, python="python")
@@ -423,6 +509,7 @@ def test_rerun_of_a_launchers_fail_record_does_not_wait_at_the_old_barrier(monke
 def test_barrier_timeout_bounds():
     from milarun.errors import SetupError
     from milarun.launcher.bounds import check_bounds
+
     check_bounds(1, None, None, None, 30.0)
     for bad in (0.0, -1.0, float("nan"), 1e9):
         with pytest.raises(SetupError, match="--barrier-timeout must be a number of seconds"):
@@ -431,18 +518,34 @@ def test_barrier_timeout_bounds():
 
 # --- end to end: waves of real processes ----------------------------------------------
 
+
 def crawl_job():
-    return Job("s", "crawl", "milarun.models.faults:crawl",
-               arguments={"--step-seconds": 0.01, "--max-count": 120, "--sample-duration": 0.1,
-                          "--warmup": 2},
-               plan_type="per-gpu", definition={"partition_scheme": {"type": "per-gpu"}})
+    return Job(
+        "s",
+        "crawl",
+        "milarun.models.faults:crawl",
+        arguments={
+            "--step-seconds": 0.01,
+            "--max-count": 120,
+            "--sample-duration": 0.1,
+            "--warmup": 2,
+        },
+        plan_type="per-gpu",
+        definition={"partition_scheme": {"type": "per-gpu"}},
+    )
 
 
 def test_two_processes_start_their_timed_loops_together(tmp_path):
     with BarrierServer(secret=SECRET) as server:
-        (wave,) = plan_job(crawl_job(), Devices("cpu", [0, 1]), 0, tmp_path,
-                           use_cgexec=False, python=sys.executable,
-                           barrier={"address": server.address, "secret": SECRET, "timeout": 60})
+        (wave,) = plan_job(
+            crawl_job(),
+            Devices("cpu", [0, 1]),
+            0,
+            tmp_path,
+            use_cgexec=False,
+            python=sys.executable,
+            barrier={"address": server.address, "secret": SECRET, "timeout": 60},
+        )
         # a slow set-up on one device; 3 s so a busy host's start-up delay of the
         # fast one (seen at 0.5 s in a loaded run) cannot erase the difference
         wave[1].argv += ["--setup", "3.0"]
@@ -464,9 +567,15 @@ def test_two_processes_start_their_timed_loops_together(tmp_path):
 
 def test_a_process_stuck_in_set_up_fails_the_others_with_barrier_timeout(tmp_path):
     with BarrierServer(secret=SECRET) as server:
-        (wave,) = plan_job(crawl_job(), Devices("cpu", [0, 1]), 0, tmp_path,
-                           use_cgexec=False, python=sys.executable,
-                           barrier={"address": server.address, "secret": SECRET, "timeout": 0.5})
+        (wave,) = plan_job(
+            crawl_job(),
+            Devices("cpu", [0, 1]),
+            0,
+            tmp_path,
+            use_cgexec=False,
+            python=sys.executable,
+            barrier={"address": server.address, "secret": SECRET, "timeout": 0.5},
+        )
         wave[1].argv += ["--setup", "3"]
         outcomes = run_wave(wave, tmp_path, barrier=server)
     first, late = outcomes
@@ -483,16 +592,33 @@ def test_a_process_stuck_in_set_up_fails_the_others_with_barrier_timeout(tmp_pat
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
 def test_multi_process_inference_on_cpu_slots_pinned_and_synchronized(tmp_path):
     import shutil
+
     if shutil.which("numactl") is None:
         pytest.skip("numactl not installed")
     cores = sorted(os.sched_getaffinity(0))[:2]
-    job = mp_job(2, arguments={"--model": "resnet18", "--synthetic": True, "--batch-size": 2,
-                               "--image-size": 32, "--max-count": 120, "--warmup": 2,
-                               "--sample-duration": 0.2, "--device": "cpu"})
+    job = mp_job(
+        2,
+        arguments={
+            "--model": "resnet18",
+            "--synthetic": True,
+            "--batch-size": 2,
+            "--image-size": 32,
+            "--max-count": 120,
+            "--warmup": 2,
+            "--sample-duration": 0.2,
+            "--device": "cpu",
+        },
+    )
     with BarrierServer(secret=SECRET) as server:
         devs = Devices("cpu", [0, 1])
-        (wave,) = plan_job(job, devs, 0, tmp_path, python=sys.executable,
-                           barrier={"address": server.address, "secret": SECRET, "timeout": 120})
+        (wave,) = plan_job(
+            job,
+            devs,
+            0,
+            tmp_path,
+            python=sys.executable,
+            barrier={"address": server.address, "secret": SECRET, "timeout": 120},
+        )
         check_ready([wave])
         outcomes = run_wave(wave, tmp_path, barrier=server)
     assert [o.success for o in outcomes] == [True, True], [o.reason for o in outcomes]
@@ -500,17 +626,20 @@ def test_multi_process_inference_on_cpu_slots_pinned_and_synchronized(tmp_path):
     # pinning is visible in the records: one core each, as numactl was told
     assert [r["host"]["cpuset"] for r in recs] == [[cores[0]], [cores[1]]]
     assert [r["environ"]["MILARUN_CPUS"] for r in recs] == [str(cores[0]), str(cores[1])]
-    assert all(r["partition"] == "multi-process" and r["metrics"]["items_device0"] > 0
-               for r in recs)
+    assert all(
+        r["partition"] == "multi-process" and r["metrics"]["items_device0"] > 0 for r in recs
+    )
     t = summarize(recs)["tests"]["s.infer"]
     assert t["sync"]["synchronized"] == 2
     if t["effective"]["n"] == 2:  # steady states overlapped (they start together)
-        assert t["adjusted"]["mean"] == pytest.approx(sum(
-            v["mean"] for v in t["pergpu_effective"].values()))
+        assert t["adjusted"]["mean"] == pytest.approx(
+            sum(v["mean"] for v in t["pergpu_effective"].values())
+        )
     assert t["overlap"] is not None
 
 
 # --- the inference workload -------------------------------------------------------------
+
 
 class _FakeCuda:
     """Enough of ``torch.cuda`` for :class:`milarun.models.infer.Workers` (no GPU here)."""
@@ -530,6 +659,7 @@ class _FakeCuda:
 
             def wait_event(self, event):
                 log.append(("wait_event", str(device)))
+
         return Stream()
 
     def Event(self):
@@ -540,14 +670,16 @@ class _FakeCuda:
                 pass
 
             def query(self):
-                return False   # never done until waited for: the worker must wait itself
+                return False  # never done until waited for: the worker must wait itself
 
             def synchronize(self):
                 log.append(("event.synchronize",))
+
         return Event()
 
     def stream(self, s):
         import contextlib
+
         self.log.append(("stream", id(s)))
         return contextlib.nullcontext()
 
@@ -563,7 +695,7 @@ class _FakeDevice:
 
 
 class _FakeBatch:
-    dtype = "float16"   # cast before pinning, as infer's loader and --synthetic do
+    dtype = "float16"  # cast before pinning, as infer's loader and --synthetic do
 
     def __init__(self, n, log):
         self.n, self.log = n, log
@@ -605,8 +737,11 @@ def test_workers_run_double_buffered_streams_per_gpu_and_count_completed_items()
     from milarun.models.infer import Workers
 
     log = []
-    fake_torch = types.SimpleNamespace(cuda=_FakeCuda(log), inference_mode=contextlib.nullcontext,
-                                       set_num_threads=lambda n: log.append(("threads", n)))
+    fake_torch = types.SimpleNamespace(
+        cuda=_FakeCuda(log),
+        inference_mode=contextlib.nullcontext,
+        set_num_threads=lambda n: log.append(("threads", n)),
+    )
     devices = [_FakeDevice(0), _FakeDevice(1)]
     pool = Workers(fake_torch, _FakeModel(log), devices, "float16", inflight=2)
     for _ in range(6):
@@ -617,7 +752,7 @@ def test_workers_run_double_buffered_streams_per_gpu_and_count_completed_items()
     # no stream is waited for; a batch counts once its done event is (here: always waited for)
     assert not any(e[0] == "synchronize" for e in log)
     assert sum(e[0] == "event.synchronize" for e in log) == 6
-    assert sum(e[0] == "wait_event" for e in log) == 6   # compute waits for each copy, on the device
+    assert sum(e[0] == "wait_event" for e in log) == 6  # compute waits for each copy, on the device
     assert {e[1] for e in log if e[0] == "infer"} == {"cuda:0", "cuda:1"}
     # one non-blocking copy per batch, already in the inference dtype: no cast on the device
     assert [e[2:] for e in log if e[0] == "to"] == [(None, True)] * 6
@@ -634,8 +769,9 @@ def test_a_failing_worker_stops_the_main_loop():
         def __call__(self, x):
             raise RuntimeError("CUDA error: out of memory")
 
-    fake_torch = types.SimpleNamespace(cuda=_FakeCuda([]), inference_mode=contextlib.nullcontext,
-                                       set_num_threads=lambda n: None)
+    fake_torch = types.SimpleNamespace(
+        cuda=_FakeCuda([]), inference_mode=contextlib.nullcontext, set_num_threads=lambda n: None
+    )
     pool = Workers(fake_torch, Broken([]), [_FakeDevice(0)], "float32", inflight=1)
     pool.submit(_FakeBatch(2, []))
     with pytest.raises(RuntimeError, match="inference worker failed"):
@@ -649,17 +785,53 @@ def test_a_failing_worker_stops_the_main_loop():
 def test_infer_encoder_and_images_from_the_loader_on_cpu(tmp_path, tiny_dataroot):
     from conftest import SMOKE_ARGS, build_tiny, run_model
 
-    enc = run_model("milarun.models.infer:main",
-                    ["--model", "encoder", "--layers", "1", "--d-model", "32", "--heads", "2",
-                     "--seq-len", "16", "--batch-size", "4", "--max-count", "64",
-                     "--precision", "bf16", "--device", "cpu", *SMOKE_ARGS],
-                    tmp_path=tmp_path / "enc")
+    enc = run_model(
+        "milarun.models.infer:main",
+        [
+            "--model",
+            "encoder",
+            "--layers",
+            "1",
+            "--d-model",
+            "32",
+            "--heads",
+            "2",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "4",
+            "--max-count",
+            "64",
+            "--precision",
+            "bf16",
+            "--device",
+            "cpu",
+            *SMOKE_ARGS,
+        ],
+        tmp_path=tmp_path / "enc",
+    )
     assert enc["_exit_code"] == 0 and enc["metrics"]["items_device0"] >= 64
     build_tiny(tiny_dataroot, "fake_imagenet")
-    img = run_model("milarun.models.infer:main",
-                    ["--model", "resnet18", "--batch-size", "4", "--image-size", "32",
-                     "--workers", "0", "--max-count", "32", "--device", "cpu", *SMOKE_ARGS],
-                    dataroot=tiny_dataroot, tmp_path=tmp_path / "img")
+    img = run_model(
+        "milarun.models.infer:main",
+        [
+            "--model",
+            "resnet18",
+            "--batch-size",
+            "4",
+            "--image-size",
+            "32",
+            "--workers",
+            "0",
+            "--max-count",
+            "32",
+            "--device",
+            "cpu",
+            *SMOKE_ARGS,
+        ],
+        dataroot=tiny_dataroot,
+        tmp_path=tmp_path / "img",
+    )
     assert img["_exit_code"] == 0, img["error"]
     assert img["timings"]["train"]["count"] >= 32
     assert "barrier" not in img["timings"]  # launched alone: no wait

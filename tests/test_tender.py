@@ -33,21 +33,48 @@ ROOT = Path(__file__).resolve().parent.parent
 #: One test on 2 CPU slots (2 rates: intervals exist), a short steady state: the whole
 #: fixture is two concurrent `milarun jobs` of one wave each (~20 s idle, ~40 s loaded).
 PROFILE = {
-    "*": {"partition_scheme": {"type": "per-gpu", "cgroup": "cpuset,memory:student{device}"},
-          "arguments": {"--sample-duration": 0.2, "--warmup": 3, "--min-steady": 2,
-                        "--max-count": 1, "--device": "cpu"},
-          "timeout": 120},
-    "fit": {"experiment": "milarun.models.toy_reg:main", "arguments": {"--batch-size": 64},
-            "tags": ["compute"]},
+    "*": {
+        "partition_scheme": {"type": "per-gpu", "cgroup": "cpuset,memory:student{device}"},
+        "arguments": {
+            "--sample-duration": 0.2,
+            "--warmup": 3,
+            "--min-steady": 2,
+            "--max-count": 1,
+            "--device": "cpu",
+        },
+        "timeout": 120,
+    },
+    "fit": {
+        "experiment": "milarun.models.toy_reg:main",
+        "arguments": {"--batch-size": 64},
+        "tags": ["compute"],
+    },
 }
 
 
 def _jobs(profile, dataroot, out, extra=()):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
-        [sys.executable, "-m", "milarun", "jobs", str(profile), "-d", str(dataroot),
-         "-o", str(out), "--no-cgexec", "--cpu-slots", "2", *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "milarun",
+            "jobs",
+            str(profile),
+            "-d",
+            str(dataroot),
+            "-o",
+            str(out),
+            "--no-cgexec",
+            "--cpu-slots",
+            "2",
+            *extra,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _inflate(folder, factor):
@@ -72,12 +99,14 @@ def bundles(tmp_path_factory):
     profile.write_text(json.dumps(PROFILE))
     (base / "data").mkdir()
     acme, slowco, cheat = base / "acme", base / "slowco", base / "cheat"
-    runs = [_jobs(profile, base / "data", acme),
-            _jobs(profile, base / "data", slowco, ["--", "--batch-size", "4"])]
+    runs = [
+        _jobs(profile, base / "data", acme),
+        _jobs(profile, base / "data", slowco, ["--", "--batch-size", "4"]),
+    ]
     for proc in runs:
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out
-    for folder in (acme, slowco):       # each vendor seals its bundle
+    for folder in (acme, slowco):  # each vendor seals its bundle
         seal(folder, say=lambda line: None)
     shutil.copytree(acme, cheat)
     _inflate(cheat, 3)
@@ -117,6 +146,7 @@ def _args(bundles, *names):
 
 # --- ranking --------------------------------------------------------------------------
 
+
 def test_failing_bidder_is_last_even_with_the_best_score(bundles, fake_verify, tmp_path):
     t = build_tender(_args(bundles, "cheat", "slowco", "acme"), "rules.json")
     by = {b.name: b for b in t.bidders}
@@ -150,22 +180,37 @@ def test_scores_are_the_reports(bundles, fake_verify):
         assert b.report.score_ci == report.score_ci
         assert b.report.node_score_ci == report.node_score_ci
         assert {f["label"]: f["score"] for f in b.report.families} == {
-            f["label"]: f["score"] for f in report.families}
+            f["label"]: f["score"] for f in report.families
+        }
         assert {f["label"] for f in report.families} == {"compute"}
 
 
 def test_family_columns_in_family_order():
-    R = lambda *fams: SimpleNamespace(families=[{"family": f, "label": f.upper(), "score": 1.0}  # noqa: E731
-                                                for f in fams])
-    bidders = [SimpleNamespace(report=R("vision", "other")), SimpleNamespace(report=None),
-               SimpleNamespace(report=R("llm", "vision"))]
+    R = lambda *fams: SimpleNamespace(
+        families=[
+            {"family": f, "label": f.upper(), "score": 1.0}  # noqa: E731
+            for f in fams
+        ]
+    )
+    bidders = [
+        SimpleNamespace(report=R("vision", "other")),
+        SimpleNamespace(report=None),
+        SimpleNamespace(report=R("llm", "vision")),
+    ]
     assert tender_module.family_labels(bidders) == ["LLM", "vision", "other"]
 
 
 def test_rank_without_files():
     B = lambda name, ok, score: SimpleNamespace(name=name, verified=ok, score=score, rank=0)  # noqa: E731
-    ordered = rank([B("x", False, 100.0), B("y", True, None), B("z", True, 2.0),
-                    B("w", True, 3.0), B("v", False, None)])
+    ordered = rank(
+        [
+            B("x", False, 100.0),
+            B("y", True, None),
+            B("z", True, 2.0),
+            B("w", True, 3.0),
+            B("v", False, None),
+        ]
+    )
     assert [b.name for b in ordered] == ["w", "z", "y", "x", "v"]
     assert [b.rank for b in ordered] == [1, 2, 3, None, None]
 
@@ -174,7 +219,9 @@ def test_parse_bidders(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "x=y").mkdir()
     assert parse_bidders([str(tmp_path / "a"), f"vendor2={tmp_path / 'a'}"]) == [
-        ("a", str(tmp_path / "a")), ("vendor2", str(tmp_path / "a"))]
+        ("a", str(tmp_path / "a")),
+        ("vendor2", str(tmp_path / "a")),
+    ]
     # an existing folder is a path, even with "=" in its name (then it needs NAME=PATH)
     with pytest.raises(MilarunError, match="'x=y' is not a bidder name"):
         parse_bidders([str(tmp_path / "x=y")])
@@ -189,6 +236,7 @@ def test_parse_bidders(tmp_path):
 
 # --- prices ---------------------------------------------------------------------------
 
+
 def _row(text, name):
     """The line of bidder ``name`` in the ranking table of the text output."""
     return next(line for line in text.splitlines() if line.startswith(name + " "))
@@ -200,12 +248,23 @@ def _money(value):
 
 def test_price_per_point_by_hand(bundles, fake_verify, tmp_path, capsys):
     prices = tmp_path / "prices.json"
-    prices.write_text(json.dumps({"currency": "EUR", "bidders": {"acme": 412000,
-                                                                  "slowco": 1234.5}}))
+    prices.write_text(
+        json.dumps({"currency": "EUR", "bidders": {"acme": 412000, "slowco": 1234.5}})
+    )
     out = tmp_path / "t.json"
-    code, io = run_cli(["tender", *_args(bundles, "acme", "slowco", "cheat"),
-                        "--rules", "r.json", "--prices", str(prices), "--json", str(out)],
-                       capsys)
+    code, io = run_cli(
+        [
+            "tender",
+            *_args(bundles, "acme", "slowco", "cheat"),
+            "--rules",
+            "r.json",
+            "--prices",
+            str(prices),
+            "--json",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, io.err
     data = {b["name"]: b for b in json.loads(out.read_text())["bidders"]}
     for name, price in (("acme", 412000.0), ("slowco", 1234.5)):
@@ -214,35 +273,50 @@ def test_price_per_point_by_hand(bundles, fake_verify, tmp_path, capsys):
         assert data[name]["price_per_node_score"] == pytest.approx(price / node, rel=1e-12)
         # the last three columns: price, price / score, price / node score
         assert _row(io.out, name).split()[-3:] == [
-            f"{price:,.2f}", _money(price / score), _money(price / node)]
+            f"{price:,.2f}",
+            _money(price / score),
+            _money(price / node),
+        ]
     # no price: "-" in the three price columns, null in the JSON
     assert _row(io.out, "cheat").split()[-3:] == ["-", "-", "-"]
     assert data["cheat"]["price_per_score"] is None
 
 
-@pytest.mark.parametrize("content, key", [
-    ({"currency": "EUR", "bidders": {"acme": 1, "initech": 2}}, "bidders.initech"),
-    ({"currency": "EUR", "bidders": {"acme": -5}}, "bidders.acme"),
-    ({"currency": "euro", "bidders": {"acme": 5}}, "currency"),
-    ({"bidders": {"acme": 5}}, "currency"),
-])
+@pytest.mark.parametrize(
+    "content, key",
+    [
+        ({"currency": "EUR", "bidders": {"acme": 1, "initech": 2}}, "bidders.initech"),
+        ({"currency": "EUR", "bidders": {"acme": -5}}, "bidders.acme"),
+        ({"currency": "euro", "bidders": {"acme": 5}}, "currency"),
+        ({"bidders": {"acme": 5}}, "currency"),
+    ],
+)
 def test_prices_file_errors(bundles, fake_verify, tmp_path, capsys, content, key):
     prices = tmp_path / "prices.json"
     prices.write_text(json.dumps(content))
-    code, io = run_cli(["tender", *_args(bundles, "acme"), "--rules", "r.json",
-                        "--prices", str(prices)], capsys)
+    code, io = run_cli(
+        ["tender", *_args(bundles, "acme"), "--rules", "r.json", "--prices", str(prices)], capsys
+    )
     assert code == 2
     assert io.err.startswith(f"milarun: error: {prices}: {key}: ")
     assert io.err.count("\n") == 1 and io.out == ""
-    assert fake_verify.calls == []   # refused before any bundle is verified
+    assert fake_verify.calls == []  # refused before any bundle is verified
 
 
 def test_bad_inputs_exit_2(bundles, fake_verify, tmp_path, capsys):
     code, io = run_cli(["tender", str(tmp_path / "missing"), "--rules", "r.json"], capsys)
-    assert (code, io.err) == (2, f"milarun: error: {tmp_path / 'missing'}: no such bundle "
-                                 "folder\n")
-    code, io = run_cli(["tender", *_args(bundles, "acme"), "--rules", "r.json",
-                        "--weights", str(tmp_path / "w.json")], capsys)
+    assert (code, io.err) == (2, f"milarun: error: {tmp_path / 'missing'}: no such bundle folder\n")
+    code, io = run_cli(
+        [
+            "tender",
+            *_args(bundles, "acme"),
+            "--rules",
+            "r.json",
+            "--weights",
+            str(tmp_path / "w.json"),
+        ],
+        capsys,
+    )
     assert code == 2 and io.err.startswith(f"milarun: error: {tmp_path / 'w.json'}")
     assert io.err.count("\n") == 1
     code, io = run_cli(["tender", *_args(bundles, "acme")], capsys)
@@ -260,10 +334,12 @@ def test_none_verified_exits_1(bundles, fake_verify, capsys):
 def test_unreadable_bundle_is_shown_not_ranked(bundles, monkeypatch, tmp_path):
     """An error naming a file inside a bundle marks that bidder unreadable; an error
     naming any other file (the rules) is bad input."""
+
     def fake(path, rules, expect_head=None, public_key=None):
         if Path(path).name == "slowco":
-            raise MilarunError("bad chain", path=Path(path) / ".milarun" / "manifest.jsonl",
-                               key="3.prev")
+            raise MilarunError(
+                "bad chain", path=Path(path) / ".milarun" / "manifest.jsonl", key="3.prev"
+            )
         if Path(path).name == "cheat":
             raise MilarunError("bad rule", path=rules, key="performance")
         return _verdict(path, True)
@@ -271,13 +347,16 @@ def test_unreadable_bundle_is_shown_not_ranked(bundles, monkeypatch, tmp_path):
     monkeypatch.setattr(tender_module, "verify_one", fake)
     t = build_tender(_args(bundles, "slowco", "acme"), str(tmp_path / "rules.json"))
     assert [(b.name, b.rank, b.status) for b in t.bidders] == [
-        ("acme", 1, "VERIFIED"), ("slowco", None, "unreadable")]
+        ("acme", 1, "VERIFIED"),
+        ("slowco", None, "unreadable"),
+    ]
     assert "manifest.jsonl: 3.prev: bad chain" in t.bidders[1].error
     with pytest.raises(MilarunError, match="rules.json: performance: bad rule"):
         build_tender(_args(bundles, "acme", "cheat"), str(tmp_path / "rules.json"))
 
 
 # --- significance ---------------------------------------------------------------------
+
 
 def test_pairwise_significance(bundles, fake_verify, tmp_path, capsys):
     """acme vs slowco: significant; acme vs its own copy: within noise; and each pair's
@@ -300,29 +379,41 @@ def test_pairwise_significance(bundles, fake_verify, tmp_path, capsys):
     assert "(significant)" in text
     # the marks in the text matrix
     text = tender_module.render_text(t)
-    matrix = text[text.index("row / column"):].splitlines()
+    matrix = text[text.index("row / column") :].splitlines()
     row = next(line for line in matrix if line.startswith("acme "))
     assert f"{fast_slow.ratio:.3f} *" in row and "1.000 =" in row
-    assert (f"acme / slowco: {fast_slow.ratio:.3f}, 95% CI "
-            f"{fast_slow.ci.lo:.3f} to {fast_slow.ci.hi:.3f}: significant") in text
+    assert (
+        f"acme / slowco: {fast_slow.ratio:.3f}, 95% CI "
+        f"{fast_slow.ci.lo:.3f} to {fast_slow.ci.hi:.3f}: significant"
+    ) in text
 
 
 # --- outputs --------------------------------------------------------------------------
+
 
 def test_html_page(bundles, fake_verify, tmp_path, capsys):
     page = tmp_path / "tender.html"
     prices = tmp_path / "prices.json"
     prices.write_text(json.dumps({"currency": "USD", "bidders": {"acme": 100}}))
-    code, io = run_cli(["tender", *_args(bundles, "acme", "slowco", "cheat"),
-                        "--rules", "r.json", "--prices", str(prices), "--html", str(page)],
-                       capsys)
+    code, io = run_cli(
+        [
+            "tender",
+            *_args(bundles, "acme", "slowco", "cheat"),
+            "--rules",
+            "r.json",
+            "--prices",
+            str(prices),
+            "--html",
+            str(page),
+        ],
+        capsys,
+    )
     assert code == 0, io.err
     html = page.read_text()
-    table = html[html.index('<table id="tender">'):]
-    table = table[:table.index("</table>")]
+    table = html[html.index('<table id="tender">') :]
+    table = table[: table.index("</table>")]
     rows = table.split('<tr class="')[1:]
-    assert [r.split('id="bidder-')[1].split('"')[0] for r in rows] == [
-        "acme", "slowco", "cheat"]
+    assert [r.split('id="bidder-')[1].split('"')[0] for r in rows] == ["acme", "slowco", "cheat"]
     assert rows[2].startswith("unverified") and "NOT VERIFIED: 1 clause(s) failed" in rows[2]
     assert "<th>price / node score</th>" in table and "<th>compute score</th>" in table
     assert "integrity.file-changed: acme.fit.J0.0.json changed" in html
@@ -349,10 +440,18 @@ def test_real_verification_never_ranks_the_tampered_bundle_first(bundles, tmp_pa
     # no fake: milarun verify runs on the three sealed bundles; cheat's records were edited
     # after the seal, so its chain no longer matches them
     rules = tmp_path / "rules.json"
-    rules.write_text(json.dumps({"allowed_overrides": ["no_cgexec", "cpu_slots",
-                                                       "extra_args"]}))
-    code, io = run_cli(["tender", *_args(bundles, "cheat", "slowco", "acme"),
-                        "--rules", str(rules), "--json", str(tmp_path / "t.json")], capsys)
+    rules.write_text(json.dumps({"allowed_overrides": ["no_cgexec", "cpu_slots", "extra_args"]}))
+    code, io = run_cli(
+        [
+            "tender",
+            *_args(bundles, "cheat", "slowco", "acme"),
+            "--rules",
+            str(rules),
+            "--json",
+            str(tmp_path / "t.json"),
+        ],
+        capsys,
+    )
     # BUNDLE arguments carry no head: the best is CONSISTENT, NOT PINNED (exit 3)
     assert code == 3, io.err
     assert "none was pinned" in io.err
@@ -362,8 +461,11 @@ def test_real_verification_never_ranks_the_tampered_bundle_first(bundles, tmp_pa
         assert rows[name]["level"] == "CONSISTENT, NOT PINNED", io.out
         assert not rows[name]["verified"] and rows[name]["pinned"] is False
     assert rows["cheat"]["level"] == "NOT VERIFIED" and rows["cheat"]["rank"] is None
-    table = [line.split() for line in io.out.splitlines()
-             if len(line.split()) > 2 and line.split()[0] in rows]
+    table = [
+        line.split()
+        for line in io.out.splitlines()
+        if len(line.split()) > 2 and line.split()[0] in rows
+    ]
     assert [(r[0], r[1]) for r in table][:3] == [("acme", "1"), ("slowco", "2"), ("cheat", "-")]
     assert "integrity.file-changed" in io.out
 
@@ -392,8 +494,10 @@ def _inflate_one(path, factor):
 
 # --- the bidders file: every bidder pinned (issue 33 §3) -------------------------------------
 
-RULES_SIGNED = {"allowed_overrides": ["no_cgexec", "cpu_slots", "extra_args"],
-                "require_signature": True}
+RULES_SIGNED = {
+    "allowed_overrides": ["no_cgexec", "cpu_slots", "extra_args"],
+    "require_signature": True,
+}
 
 
 def _reseal(folder, private):
@@ -426,8 +530,9 @@ def _rewrite_end_to_end(folder, factor=2):
             e["sha256"], e["bytes"] = file_digest(folder / e["path"])
         e["seq"], e["prev"] = i, prev
         e["hash"] = prev = entry_hash(e)
-    mpath.write_text("".join(json.dumps(e, sort_keys=True, separators=(",", ":")) + "\n"
-                             for e in entries))
+    mpath.write_text(
+        "".join(json.dumps(e, sort_keys=True, separators=(",", ":")) + "\n" for e in entries)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -468,15 +573,43 @@ def test_bidders_file_pins_every_bidder(signed, capsys):
     own key, pinned to the head it first sent: NOT VERIFIED (the head), never ranked;
     slowco unpinned: CONSISTENT, NOT PINNED, ranked after acme though acme is the
     only pinned one; `require_signature` holds for every correctly signed bidder."""
-    path = _bidders_file(signed.base, [
-        _entry("slowco", key="slowco", price=1000, currency="EUR"),
-        _entry("forger", head=signed.heads["forger"], key="forger",
-               head_received="2026-11-26T10:49:12Z", price=100, currency="EUR"),
-        _entry("acme", head=signed.heads["acme"].upper(), key="acme",
-               head_received="2026-11-26T10:50:00+01:00", price=412000, currency="EUR")])
+    path = _bidders_file(
+        signed.base,
+        [
+            _entry("slowco", key="slowco", price=1000, currency="EUR"),
+            _entry(
+                "forger",
+                head=signed.heads["forger"],
+                key="forger",
+                head_received="2026-11-26T10:49:12Z",
+                price=100,
+                currency="EUR",
+            ),
+            _entry(
+                "acme",
+                head=signed.heads["acme"].upper(),
+                key="acme",
+                head_received="2026-11-26T10:50:00+01:00",
+                price=412000,
+                currency="EUR",
+            ),
+        ],
+    )
     out = signed.base / "t.json"
-    code, io = run_cli(["tender", "--bidders", str(path), "--rules", str(signed.rules),
-                        "--json", str(out), "--html", str(signed.base / "t.html")], capsys)
+    code, io = run_cli(
+        [
+            "tender",
+            "--bidders",
+            str(path),
+            "--rules",
+            str(signed.rules),
+            "--json",
+            str(out),
+            "--html",
+            str(signed.base / "t.html"),
+        ],
+        capsys,
+    )
     assert code == 0, io.err
     data = json.loads(out.read_text())
     rows = {b["name"]: b for b in data["bidders"]}
@@ -495,10 +628,20 @@ def test_bidders_file_pins_every_bidder(signed, capsys):
     assert data["currency"] == "EUR" and rows["acme"]["price"] == 412000
     assert rows["acme"]["price_per_score"] == pytest.approx(412000 / rows["acme"]["score"])
     # the text: levels, signed, the head's arrival, the unpinned mark
-    assert _row(io.out, "acme").split()[1:5] == ["1", "VERIFIED", "yes",
-                                                 "2026-11-26T10:50:00+01:00"]
-    assert _row(io.out, "slowco").split()[1:7] == ["2", "(unpinned)", "CONSISTENT,", "NOT",
-                                                   "PINNED", "yes"]
+    assert _row(io.out, "acme").split()[1:5] == [
+        "1",
+        "VERIFIED",
+        "yes",
+        "2026-11-26T10:50:00+01:00",
+    ]
+    assert _row(io.out, "slowco").split()[1:7] == [
+        "2",
+        "(unpinned)",
+        "CONSISTENT,",
+        "NOT",
+        "PINNED",
+        "yes",
+    ]
     assert "forger: not verified:" in io.out and "integrity.expected-head" in io.out
     assert "slowco: CONSISTENT, NOT PINNED: every clause held, but no head" in io.out
     html = (signed.base / "t.html").read_text()
@@ -508,15 +651,17 @@ def test_bidders_file_pins_every_bidder(signed, capsys):
 
 def test_require_signature_without_keys_fails_every_bidder(signed, capsys):
     # correctly signed bidders, but no key given: the rules' signature clause fails
-    path = _bidders_file(signed.base, [_entry("acme", head=signed.heads["acme"])],
-                         name="nokey.json")
+    path = _bidders_file(
+        signed.base, [_entry("acme", head=signed.heads["acme"])], name="nokey.json"
+    )
     code, io = run_cli(["tender", "--bidders", str(path), "--rules", str(signed.rules)], capsys)
     assert code == 1 and "no bidder's bundle verified" in io.err
     assert "integrity.signature" in io.out and "require a signed bundle" in io.out
     assert "1 clause(s) failed  no key" in _row(io.out, "acme")
     # the same bundle under another bidder's key: a bad signature, not ranked
-    path = _bidders_file(signed.base, [_entry("acme", head=signed.heads["acme"],
-                                              key="slowco")], name="otherkey.json")
+    path = _bidders_file(
+        signed.base, [_entry("acme", head=signed.heads["acme"], key="slowco")], name="otherkey.json"
+    )
     code, io = run_cli(["tender", "--bidders", str(path), "--rules", str(signed.rules)], capsys)
     assert code == 1 and _row(io.out, "acme").split()[1:5] == ["-", "NOT", "VERIFIED:", "1"]
     assert "BAD" in _row(io.out, "acme")
@@ -527,11 +672,21 @@ def test_a_torn_manifest_is_unreadable_not_clauses(signed, tmp_path, capsys):
     shutil.copytree(signed.base / "bids" / "acme", torn)
     mpath = manifest_path(torn)
     raw = mpath.read_bytes()
-    mpath.write_bytes(raw[:len(raw) - 40])        # cut mid-line
+    mpath.write_bytes(raw[: len(raw) - 40])  # cut mid-line
     shutil.copy(signed.base / "acme.pub", tmp_path / "acme.pub")
     path = _bidders_file(tmp_path, [_entry("torn", head=signed.heads["acme"], key="acme")])
-    code, io = run_cli(["tender", "--bidders", str(path), "--rules", str(signed.rules),
-                        "--json", str(tmp_path / "t.json")], capsys)
+    code, io = run_cli(
+        [
+            "tender",
+            "--bidders",
+            str(path),
+            "--rules",
+            str(signed.rules),
+            "--json",
+            str(tmp_path / "t.json"),
+        ],
+        capsys,
+    )
     assert code == 1
     row = json.loads((tmp_path / "t.json").read_text())["bidders"][0]
     assert (row["level"], row["status"], row["rank"]) == ("unreadable", "unreadable", None)
@@ -540,41 +695,108 @@ def test_a_torn_manifest_is_unreadable_not_clauses(signed, tmp_path, capsys):
     assert "clause(s) failed" not in io.out and "torn: unreadable: " in io.out
 
 
-@pytest.mark.parametrize("make, key", [
-    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
-                                         "pirce": 1}]}, "bidders.0.pirce"),
-    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme"},
-                                        {"name": "x", "bundle": "bids/nope"}]},
-     "bidders.1.bundle"),
-    (lambda: {"version": 1, "bidders": [{"name": "acme"}]}, "bidders.0.bundle"),
-    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme"},
-                                        {"name": "acme", "bundle": "bids/slowco"}]},
-     "bidders.1.name"),
-    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
-                                         "head": "xyz" * 21 + "a"}]}, "bidders.0.head"),
-    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
-                                         "price": 5}]}, "bidders.0.currency"),
-    (lambda: {"version": 1, "bidders": [
-        {"name": "acme", "bundle": "bids/acme", "price": 5, "currency": "EUR"},
-        {"name": "b", "bundle": "bids/slowco", "price": 5, "currency": "USD"}]},
-     "bidders.1.currency"),
-    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
-                                         "head_received": "2026-11-26"}]},
-     "bidders.0.head_received"),
-    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
-                                         "head_received": "2026-11-26T10:00Z"}]},
-     "bidders.0.head"),
-    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
-                                         "head": "ab" * 32,
-                                         "head_received": "2026-13-40T10:00Z"}]},
-     "bidders.0.head_received"),
-    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
-                                         "public_key": "nope.pub"}]}, "bidders.0.public_key"),
-    (lambda: {"version": 1, "bidders": [{"name": "acme", "bundle": "bids/acme",
-                                         "public_key": "rules.json"}]},
-     "bidders.0.public_key"),
-    (lambda: {"version": 2, "bidders": []}, "version"),
-])
+@pytest.mark.parametrize(
+    "make, key",
+    [
+        (
+            lambda: {
+                "version": 1,
+                "bidders": [{"name": "acme", "bundle": "bids/acme", "pirce": 1}],
+            },
+            "bidders.0.pirce",
+        ),
+        (
+            lambda: {
+                "version": 1,
+                "bidders": [
+                    {"name": "acme", "bundle": "bids/acme"},
+                    {"name": "x", "bundle": "bids/nope"},
+                ],
+            },
+            "bidders.1.bundle",
+        ),
+        (lambda: {"version": 1, "bidders": [{"name": "acme"}]}, "bidders.0.bundle"),
+        (
+            lambda: {
+                "version": 1,
+                "bidders": [
+                    {"name": "acme", "bundle": "bids/acme"},
+                    {"name": "acme", "bundle": "bids/slowco"},
+                ],
+            },
+            "bidders.1.name",
+        ),
+        (
+            lambda: {
+                "version": 1,
+                "bidders": [{"name": "acme", "bundle": "bids/acme", "head": "xyz" * 21 + "a"}],
+            },
+            "bidders.0.head",
+        ),
+        (
+            lambda: {
+                "version": 1,
+                "bidders": [{"name": "acme", "bundle": "bids/acme", "price": 5}],
+            },
+            "bidders.0.currency",
+        ),
+        (
+            lambda: {
+                "version": 1,
+                "bidders": [
+                    {"name": "acme", "bundle": "bids/acme", "price": 5, "currency": "EUR"},
+                    {"name": "b", "bundle": "bids/slowco", "price": 5, "currency": "USD"},
+                ],
+            },
+            "bidders.1.currency",
+        ),
+        (
+            lambda: {
+                "version": 1,
+                "bidders": [{"name": "acme", "bundle": "bids/acme", "head_received": "2026-11-26"}],
+            },
+            "bidders.0.head_received",
+        ),
+        (
+            lambda: {
+                "version": 1,
+                "bidders": [
+                    {"name": "acme", "bundle": "bids/acme", "head_received": "2026-11-26T10:00Z"}
+                ],
+            },
+            "bidders.0.head",
+        ),
+        (
+            lambda: {
+                "version": 1,
+                "bidders": [
+                    {
+                        "name": "acme",
+                        "bundle": "bids/acme",
+                        "head": "ab" * 32,
+                        "head_received": "2026-13-40T10:00Z",
+                    }
+                ],
+            },
+            "bidders.0.head_received",
+        ),
+        (
+            lambda: {
+                "version": 1,
+                "bidders": [{"name": "acme", "bundle": "bids/acme", "public_key": "nope.pub"}],
+            },
+            "bidders.0.public_key",
+        ),
+        (
+            lambda: {
+                "version": 1,
+                "bidders": [{"name": "acme", "bundle": "bids/acme", "public_key": "rules.json"}],
+            },
+            "bidders.0.public_key",
+        ),
+        (lambda: {"version": 2, "bidders": []}, "version"),
+    ],
+)
 def test_bad_bidders_file_is_one_line_exit_2(signed, fake_verify, capsys, make, key):
     path = signed.base / "bad-bidders.json"
     path.write_text(json.dumps(make()))
@@ -582,18 +804,21 @@ def test_bad_bidders_file_is_one_line_exit_2(signed, fake_verify, capsys, make, 
     assert code == 2, io.err
     assert io.err.startswith(f"milarun: error: {path}: {key}: "), io.err
     assert io.err.count("\n") == 1 and io.out == "" and "Traceback" not in io.err
-    assert fake_verify.calls == []   # refused before any bundle is verified
+    assert fake_verify.calls == []  # refused before any bundle is verified
 
 
 def test_bidders_file_refuses_prices_and_bundle_arguments(signed, fake_verify, capsys):
     path = _bidders_file(signed.base, [_entry("acme")], name="one.json")
     prices = signed.base / "prices.json"
     prices.write_text(json.dumps({"currency": "EUR", "bidders": {"acme": 1}}))
-    code, io = run_cli(["tender", "--bidders", str(path), "--rules", "r.json",
-                        "--prices", str(prices)], capsys)
+    code, io = run_cli(
+        ["tender", "--bidders", str(path), "--rules", "r.json", "--prices", str(prices)], capsys
+    )
     assert code == 2 and "--prices folds into --bidders" in io.err
-    code, io = run_cli(["tender", str(signed.base / "bids" / "acme"), "--bidders", str(path),
-                        "--rules", "r.json"], capsys)
+    code, io = run_cli(
+        ["tender", str(signed.base / "bids" / "acme"), "--bidders", str(path), "--rules", "r.json"],
+        capsys,
+    )
     assert code == 2 and "not both" in io.err
     code, io = run_cli(["tender", "--rules", "r.json"], capsys)
     assert code == 2 and "no bidder given" in io.err
@@ -603,11 +828,21 @@ def test_bidders_file_refuses_prices_and_bundle_arguments(signed, fake_verify, c
 def test_perf_per_watt_column_only_where_a_report_has_energy():
     """The report's own perf/W (items/J) beside the price columns, only when some bidder's
     records hold GPU energy (the CPU bundles above have none)."""
+
     def bidder(name, ppw):
-        report = SimpleNamespace(perf_per_watt=ppw, families=[], node_score=None,
-                                 score=None, failure_rate=0.0, rpp=None, node_rpp=None)
-        return tender_module.Bidder(name=name, path=name, report=report,
-                                    verdict=_verdict(name, True))
+        report = SimpleNamespace(
+            perf_per_watt=ppw,
+            families=[],
+            node_score=None,
+            score=None,
+            failure_rate=0.0,
+            rpp=None,
+            node_rpp=None,
+        )
+        return tender_module.Bidder(
+            name=name, path=name, report=report, verdict=_verdict(name, True)
+        )
+
     t = tender_module.Tender(bidders=[bidder("a", 12.345678), bidder("b", None)], rules="r")
     assert "perf/W (items/J)" in tender_module.columns(t)
     assert tender_module.cells(t, t.bidders[0])["perf/W (items/J)"] == "12.35"

@@ -21,6 +21,7 @@ EVIL = "x\nPASS  integrity.forged: all good\x1b[31m"
 #: what the terminal acts on or what starts a line: none may come through raw
 RAW = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 
+
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     base = tmp_path_factory.mktemp("terminal")
@@ -53,7 +54,7 @@ def test_one_line_escapes_every_control_character():
     assert one_line(EVIL) == "x\\nPASS  integrity.forged: all good\\x1b[31m"
     assert one_line("a\r\nb\u202ec") == "a\\r\\nb\\u202ec"
     assert one_line(3) == "3"
-    assert terminal_safe("a\nb\x1b") == "a\nb\\x1b"      # a whole text keeps its lines
+    assert terminal_safe("a\nb\x1b") == "a\nb\\x1b"  # a whole text keeps its lines
 
 
 def test_verify_text_shows_a_file_name_with_a_newline_on_one_line(bundle, capsys):
@@ -77,8 +78,9 @@ def test_verify_error_line_of_a_folder_name_with_an_escape_is_escaped(tmp_path, 
 def test_tender_error_line_of_a_bundle_folder_name_with_an_escape(pristine, tmp_path, capsys):
     evil = tmp_path / "acme\x1b[31m"
     shutil.copytree(pristine, evil, symlinks=True)
-    code, out = run_cli(["tender", str(evil), "--rules", str(pristine.parent / "rules.json")],
-                        capsys)
+    code, out = run_cli(
+        ["tender", str(evil), "--rules", str(pristine.parent / "rules.json")], capsys
+    )
     assert code == 2
     assert "acme\\x1b[31m" in out.err
     assert_safe(out.err)
@@ -88,7 +90,7 @@ def test_tender_error_line_of_a_bundle_folder_name_with_an_escape(pristine, tmp_
 def test_tender_text_and_warnings_escape_a_file_name(bundle, capsys):
     (bundle / f"{EVIL}.json").write_text("{}")
     code, out = run_cli(["tender", f"acme={bundle}", "--rules", str(_rules(bundle))], capsys)
-    assert code == 1      # the file outside the chain fails verification
+    assert code == 1  # the file outside the chain fails verification
     assert_safe(out.out)
     assert_safe(out.err)
     assert "x\\nPASS" in out.out + out.err

@@ -73,8 +73,16 @@ def test_the_wheelhouse_holds_what_the_image_lacks_and_never_its_torch():
     image = wheelhouse.read_image(IMAGE)
     wheels = wheelhouse.not_in_image(wheelhouse.declared(), image)
     # The packages such an image was seen to lack (docs/setup.md).
-    assert {"coleo", "jsonschema", "fastjsonschema", "orjson", "diffusers", "gymnasium",
-            "pycocotools", "cryptography"} <= set(wheels)
+    assert {
+        "coleo",
+        "jsonschema",
+        "fastjsonschema",
+        "orjson",
+        "diffusers",
+        "gymnasium",
+        "pycocotools",
+        "cryptography",
+    } <= set(wheels)
     assert not {"torch", "torchvision", "numpy", "transformers", "pillow"} & set(wheels)
 
 
@@ -92,20 +100,26 @@ def test_pip_platforms_name_every_older_glibc():
     assert "manylinux2014_x86_64" in tags and "manylinux_2_29_x86_64" not in tags
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--platform", "win_amd64"], "--platform 'win_amd64': expected manylinux_2_N_x86_64"),
-    (["--platform", "manylinux_2_12_x86_64"], "glibc 2.12 is older than any PyTorch"),
-    (["--python-version", "three"], "--python-version 'three': expected 3.N"),
-    (["--image", "BAD"], "bad.txt:3: not a package requirement"),
-    (["--image", "MISSING"], "none.txt: cannot read the image list"),
-    (["FULL"], "exists and is not an empty folder"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--platform", "win_amd64"], "--platform 'win_amd64': expected manylinux_2_N_x86_64"),
+        (["--platform", "manylinux_2_12_x86_64"], "glibc 2.12 is older than any PyTorch"),
+        (["--python-version", "three"], "--python-version 'three': expected 3.N"),
+        (["--image", "BAD"], "bad.txt:3: not a package requirement"),
+        (["--image", "MISSING"], "none.txt: cannot read the image list"),
+        (["FULL"], "exists and is not an empty folder"),
+    ],
+)
 def test_wheelhouse_bad_input_is_one_line(tmp_path, capsys, args, message):
     (tmp_path / "bad.txt").write_text("# image\ntorch==2.11.0\ntorch ==> 2\n")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.whl").write_text("x")
-    subst = {"BAD": str(tmp_path / "bad.txt"), "MISSING": str(tmp_path / "none.txt"),
-             "FULL": str(tmp_path / "full")}
+    subst = {
+        "BAD": str(tmp_path / "bad.txt"),
+        "MISSING": str(tmp_path / "none.txt"),
+        "FULL": str(tmp_path / "full"),
+    }
     args = [subst.get(a, a) for a in args] + ([] if "FULL" in args else [str(tmp_path / "wheels")])
     assert wheelhouse.main(args) == 2
     err = capsys.readouterr().err.splitlines()
@@ -117,6 +131,7 @@ def test_wheelhouse_bad_input_is_one_line(tmp_path, capsys, args, message):
 
 # --------------------------------------------------------------------- install-offline.sh
 
+
 def make_wheel(folder, name, version, requires=()):
     """A minimal pure-Python wheel: one module ``name`` with ``VERSION``."""
     dist = f"{name}-{version}"
@@ -127,8 +142,9 @@ def make_wheel(folder, name, version, requires=()):
         f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\n"
         "Root-Is-Purelib: true\nTag: py3-none-any\n",
     }
-    files[f"{dist}.dist-info/RECORD"] = "".join(f"{f},,\n" for f in files) + \
-        f"{dist}.dist-info/RECORD,,\n"
+    files[f"{dist}.dist-info/RECORD"] = (
+        "".join(f"{f},,\n" for f in files) + f"{dist}.dist-info/RECORD,,\n"
+    )
     path = folder / f"{dist}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as z:
         for f, text in files.items():
@@ -144,31 +160,41 @@ def image_env(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "venv", str(base / "venv")], check=True)
     python = base / "venv" / "bin" / "python"
     wheel = make_wheel(base, "fakebase", "1.0")
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", str(wheel)],
-                   check=True, env=_pip_env({}))
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-index", str(wheel)],
+        check=True,
+        env=_pip_env({}),
+    )
     return python
 
 
 def _pip_env(extra):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("PIP_") and k != "PYTHONPATH"}
-    env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1",
-               PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "PYTHONPATH"}
+    env.update(
+        PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", **extra
+    )
     return env
 
 
 def install(python, wheels, *args, env=None):
-    return subprocess.run(["bash", str(INSTALL), *args, str(wheels)], capture_output=True,
-                          text=True, env=_pip_env({"PYTHON": str(python), **(env or {})}),
-                          timeout=300)
+    return subprocess.run(
+        ["bash", str(INSTALL), *args, str(wheels)],
+        capture_output=True,
+        text=True,
+        env=_pip_env({"PYTHON": str(python), **(env or {})}),
+        timeout=300,
+    )
 
 
 def has(python, name, path=None):
     """Whether ``python`` imports the test's module ``name`` (not the checkout's milarun:
     run outside it)."""
-    proc = subprocess.run([python, "-c", f"import {name}; print({name}.VERSION)"],
-                          capture_output=True, cwd=python.parent,
-                          env=_pip_env({"PYTHONPATH": str(path)} if path else {}))
+    proc = subprocess.run(
+        [python, "-c", f"import {name}; print({name}.VERSION)"],
+        capture_output=True,
+        cwd=python.parent,
+        env=_pip_env({"PYTHONPATH": str(path)} if path else {}),
+    )
     return proc.returncode == 0
 
 
@@ -177,33 +203,46 @@ def wheels(tmp_path, image_env):
     folder = tmp_path / "wheels"
     folder.mkdir()
     yield folder
-    subprocess.run([image_env, "-m", "pip", "uninstall", "-y", "-q", "milarun", "fakedep",
-                    "fakedeeper"], capture_output=True, env=_pip_env({}))
+    subprocess.run(
+        [image_env, "-m", "pip", "uninstall", "-y", "-q", "milarun", "fakedep", "fakedeeper"],
+        capture_output=True,
+        env=_pip_env({}),
+    )
 
 
 def test_install_offline_installs_what_the_image_lacks_and_keeps_its_base(image_env, wheels):
     make_wheel(wheels, "milarun", "0.1.0", ["fakebase>=1,<2", "fakedep>=1"])
     make_wheel(wheels, "fakedep", "1.0")
-    make_wheel(wheels, "fakebase", "1.5")   # offered, never taken: the image's is in range
+    make_wheel(wheels, "fakebase", "1.5")  # offered, never taken: the image's is in range
     proc = install(image_env, wheels)
     assert proc.returncode == 0, proc.stderr
     assert "installing 2 wheels" in proc.stdout and "milarun fakedep" in proc.stdout
     assert has(image_env, "milarun") and has(image_env, "fakedep")
-    version = subprocess.run([image_env, "-c", "import fakebase; print(fakebase.VERSION)"],
-                             capture_output=True, text=True).stdout.strip()
+    version = subprocess.run(
+        [image_env, "-c", "import fakebase; print(fakebase.VERSION)"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     assert version == "1.0"
-    again = install(image_env, wheels)   # all there: nothing to do, not an error
+    again = install(image_env, wheels)  # all there: nothing to do, not an error
     assert again.returncode == 0 and "nothing to install" in again.stdout, again.stderr
 
 
-@pytest.mark.parametrize("requires, extra, message", [
-    (["fakebase>=2"], [], "fakebase 1.0 is installed; milarun supports fakebase>=2; "
-                          "nothing installed"),
-    (["fakedep"], [], "fakedep is neither installed nor in"),
-    (["fakedep"], [("fakedep", "1.0", ["fakedeeper"])], "nothing installed"),
-])
-def test_install_offline_refuses_before_installing_anything(image_env, wheels, requires,
-                                                             extra, message):
+@pytest.mark.parametrize(
+    "requires, extra, message",
+    [
+        (
+            ["fakebase>=2"],
+            [],
+            "fakebase 1.0 is installed; milarun supports fakebase>=2; nothing installed",
+        ),
+        (["fakedep"], [], "fakedep is neither installed nor in"),
+        (["fakedep"], [("fakedep", "1.0", ["fakedeeper"])], "nothing installed"),
+    ],
+)
+def test_install_offline_refuses_before_installing_anything(
+    image_env, wheels, requires, extra, message
+):
     make_wheel(wheels, "milarun", "0.1.0", requires)
     for name, version, reqs in extra:
         make_wheel(wheels, name, version, reqs)
@@ -228,8 +267,14 @@ def test_install_offline_into_a_target_folder(image_env, wheels, tmp_path):
 
 
 def test_install_offline_bad_arguments(tmp_path, image_env):
-    for args, message in [([str(tmp_path / "none")], "no such folder"),
-                          ([str(tmp_path)], "expected one milarun-*.whl, found 0")]:
-        proc = subprocess.run(["bash", str(INSTALL), *args], capture_output=True, text=True,
-                              env=_pip_env({"PYTHON": str(image_env)}))
+    for args, message in [
+        ([str(tmp_path / "none")], "no such folder"),
+        ([str(tmp_path)], "expected one milarun-*.whl, found 0"),
+    ]:
+        proc = subprocess.run(
+            ["bash", str(INSTALL), *args],
+            capture_output=True,
+            text=True,
+            env=_pip_env({"PYTHON": str(image_env)}),
+        )
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr

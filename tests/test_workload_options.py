@@ -27,8 +27,12 @@ from milarun.bench.options import (
 )
 
 #: option name -> the helper of bench/options.py that declares it
-SHARED = {"lr": lr_option, "batch_size": batch_size_option, "workers": workers_option,
-          "precision": precision_option}
+SHARED = {
+    "lr": lr_option,
+    "batch_size": batch_size_option,
+    "workers": workers_option,
+    "precision": precision_option,
+}
 
 #: Each workload's defaults, as they were when every workload declared its own options
 #: (git show b56c5b9:milarun/models/*.py); they must not move.
@@ -77,9 +81,12 @@ def _entries():
     for info in pkgutil.iter_modules(milarun.models.__path__):
         module = importlib.import_module(f"milarun.models.{info.name}")
         for name, fn in vars(module).items():
-            if (inspect.isfunction(fn) and fn.__module__ == module.__name__
-                    and not name.startswith("_")
-                    and list(inspect.signature(fn).parameters) == ["exp", "argv"]):
+            if (
+                inspect.isfunction(fn)
+                and fn.__module__ == module.__name__
+                and not name.startswith("_")
+                and list(inspect.signature(fn).parameters) == ["exp", "argv"]
+            ):
                 exp = _Capture()
                 fn(exp, [])
                 found.append((f"{info.name}:{name}", exp.fn))
@@ -102,7 +109,8 @@ def _declarers(fn):
     for owner, variables in catalogue([_entry, common_options, fn]).items():
         for name, data in variables.items():
             if data["annotation"] is not None and Option in getattr(
-                    data["annotation"], "members", [data["annotation"]]):
+                data["annotation"], "members", [data["annotation"]]
+            ):
                 found.setdefault(name, []).append(owner)
     return found
 
@@ -139,8 +147,11 @@ def test_each_shared_option_has_one_help_text_across_workloads():
 
 def test_no_workload_declares_a_shared_option_itself():
     declared = re.compile(r"^\s+(lr|batch_size|workers|precision)\s*:\s*Option\b", re.M)
-    offenders = [f"{path.name}: {m.group(0).strip()}" for path in sorted(MODELS_DIR.glob("*.py"))
-                 for m in declared.finditer(path.read_text())]
+    offenders = [
+        f"{path.name}: {m.group(0).strip()}"
+        for path in sorted(MODELS_DIR.glob("*.py"))
+        for m in declared.finditer(path.read_text())
+    ]
     assert offenders == []
 
 
@@ -161,6 +172,7 @@ def test_each_workload_keeps_its_defaults(model, monkeypatch):
         def record(default, **kwargs):
             got[name] = default
             return helper(default, **kwargs)
+
         return record
 
     for name in SHARED:
@@ -199,8 +211,12 @@ def test_the_command_line_replaces_the_default():
 
     @tooled
     def train(exp):
-        return (lr_option(default=0.1), batch_size_option(default=64),
-                workers_option(default=-1), precision_option(default="fp32"))
+        return (
+            lr_option(default=0.1),
+            batch_size_option(default=64),
+            workers_option(default=-1),
+            precision_option(default="fp32"),
+        )
 
     argv = ["--lr", "0.5", "--batch-size", "8", "--workers", "0", "--precision", "bf16"]
     opts, thunk = make_cli(train, argv=argv)
@@ -210,11 +226,17 @@ def test_the_command_line_replaces_the_default():
 
 
 def test_precision_is_checked_against_its_choices():
-    with pytest.raises(ValueError, match=r"--precision must be one of fp32, tf32, fp16, bf16, "
-                                         r"not 'fp8'"):
+    with pytest.raises(
+        ValueError,
+        match=r"--precision must be one of fp32, tf32, fp16, bf16, "
+        r"not 'fp8'",
+    ):
         precision_option(default="fp8")
-    with pytest.raises(ValueError, match=r"--precision must be one of fp32, fp16, bf16, "
-                                         r"not 'tf32'"):
+    with pytest.raises(
+        ValueError,
+        match=r"--precision must be one of fp32, fp16, bf16, "
+        r"not 'tf32'",
+    ):
         precision_option(default="tf32", choices=INFERENCE_PRECISIONS)
 
 

@@ -32,17 +32,24 @@ import statistics
 from ..measure.stats import finite
 
 #: The experiments (entry points) of the acceptance tests, by kind.
-EXPERIMENTS = {"milarun.models.collectives:main": "collectives",
-               "milarun.models.bandwidth:main": "bandwidth",
-               "milarun.models.matmul:main": "matmul",
-               "milarun.models.burn:main": "burn"}
+EXPERIMENTS = {
+    "milarun.models.collectives:main": "collectives",
+    "milarun.models.bandwidth:main": "bandwidth",
+    "milarun.models.matmul:main": "matmul",
+    "milarun.models.burn:main": "burn",
+}
 #: Host-device copy figures of the bandwidth test (``<key>_gbps_gpu<i>``).
 COPY_KEYS = tuple(f"{d}_{k}" for d in ("h2d", "d2h", "bidir") for k in ("pinned", "pageable"))
 #: STREAM kernels.
 STREAM_KERNELS = ("copy", "scale", "add", "triad")
 #: Figures of a burn-in record kept per GPU (numbers).
-BURN_NUMBERS = ("tflops", "throttled_fraction", "clock_start_mhz", "clock_steady_mhz",
-                "clock_low_fraction")
+BURN_NUMBERS = (
+    "tflops",
+    "throttled_fraction",
+    "clock_start_mhz",
+    "clock_steady_mhz",
+    "clock_low_fraction",
+)
 #: Largest figure kept (the summary schema's bound).
 _MAX = 1e12
 #: Longest text kept (names, shapes, reasons).
@@ -125,20 +132,32 @@ def _collectives(records):
             nbytes = row.get("bytes")
             if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
                 continue
-            cell = cells.setdefault((row["op"][:64], nbytes), {"ranks": set(), "busbw": [],
-                                                               "algbw": []})
+            cell = cells.setdefault(
+                (row["op"][:64], nbytes), {"ranks": set(), "busbw": [], "algbw": []}
+            )
             if isinstance(row.get("ranks"), int) and not isinstance(row["ranks"], bool):
                 cell["ranks"].add(row["ranks"])
             cell["busbw"].append(_num(row.get("busbw_gbps")))
             cell["algbw"].append(_num(row.get("algbw_gbps")))
-    order = {op: i for i, op in enumerate(("all_reduce", "all_gather", "reduce_scatter",
-                                           "all_to_all", "broadcast"))}
-    rows = [{"op": op, "bytes": nbytes,
-             "ranks": max(c["ranks"]) if c["ranks"] else None,
-             "busbw_gbps": _median(c["busbw"]), "algbw_gbps": _median(c["algbw"]),
-             "n": sum(v is not None for v in c["busbw"])}
-            for (op, nbytes), c in sorted(cells.items(),
-                                          key=lambda kv: (order.get(kv[0][0], 99), kv[0]))]
+    order = {
+        op: i
+        for i, op in enumerate(
+            ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+        )
+    }
+    rows = [
+        {
+            "op": op,
+            "bytes": nbytes,
+            "ranks": max(c["ranks"]) if c["ranks"] else None,
+            "busbw_gbps": _median(c["busbw"]),
+            "algbw_gbps": _median(c["algbw"]),
+            "n": sum(v is not None for v in c["busbw"]),
+        }
+        for (op, nbytes), c in sorted(
+            cells.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0])
+        )
+    ]
     return {"rows": rows[:1000], "expected_busbw_gbps": peak, "expected_bound": bound}
 
 
@@ -154,29 +173,42 @@ def _bandwidth(records, node_of):
         if any(isinstance(m.get(k), str) for k in ("h2d", "d2h", "d2d")):
             not_applicable = True
         for key, value in m.items():
-            if (match := _COPY.match(key)):
+            if match := _COPY.match(key):
                 copies.setdefault((node, int(match[3])), {}).setdefault(
-                    f"{match[1]}_{match[2]}_gbps", []).append(_num(value))
-            elif (match := _D2D.match(key)):
+                    f"{match[1]}_{match[2]}_gbps", []
+                ).append(_num(value))
+            elif match := _D2D.match(key):
                 d2d.setdefault((node, int(match[1]), int(match[2])), []).append(_num(value))
                 p = m.get(f"d2d_peer_{match[1]}_{match[2]}")
                 peer[(node, int(match[1]), int(match[2]))] = p if isinstance(p, bool) else None
-            elif (match := _STREAM.match(key)):
+            elif match := _STREAM.match(key):
                 dev = match[2] if match[2] is not None else _device(rec)
-                stream.setdefault((node, dev), {}).setdefault(
-                    f"{match[1]}_gbps", []).append(_num(value))
+                stream.setdefault((node, dev), {}).setdefault(f"{match[1]}_gbps", []).append(
+                    _num(value)
+                )
     key = lambda k: ("" if k[0] is None else k[0], *k[1:])  # noqa: E731
     return {
         "not_applicable": not_applicable,
-        "copies": [{"node": n, "gpu": g, **{f"{k}_gbps": _median(figs.get(f"{k}_gbps", []))
-                                            for k in COPY_KEYS}}
-                   for (n, g), figs in sorted(copies.items(), key=key)][:10000],
-        "d2d": [{"node": n, "src": s, "dst": d, "gbps": _median(values),
-                 "peer": peer.get((n, s, d))}
-                for (n, s, d), values in sorted(d2d.items(), key=key)][:100000],
-        "stream": [{"node": n, "device": dev,
-                    **{f"{k}_gbps": _median(figs.get(f"{k}_gbps", [])) for k in STREAM_KERNELS}}
-                   for (n, dev), figs in sorted(stream.items(), key=key)][:10000],
+        "copies": [
+            {
+                "node": n,
+                "gpu": g,
+                **{f"{k}_gbps": _median(figs.get(f"{k}_gbps", [])) for k in COPY_KEYS},
+            }
+            for (n, g), figs in sorted(copies.items(), key=key)
+        ][:10000],
+        "d2d": [
+            {"node": n, "src": s, "dst": d, "gbps": _median(values), "peer": peer.get((n, s, d))}
+            for (n, s, d), values in sorted(d2d.items(), key=key)
+        ][:100000],
+        "stream": [
+            {
+                "node": n,
+                "device": dev,
+                **{f"{k}_gbps": _median(figs.get(f"{k}_gbps", [])) for k in STREAM_KERNELS},
+            }
+            for (n, dev), figs in sorted(stream.items(), key=key)
+        ][:10000],
     }
 
 
@@ -189,8 +221,9 @@ def _matmul(records):
             if match is None or match[1].endswith("_vs_peak"):
                 continue
             p = match[1]
-            entry = precisions.setdefault(p, {"fixed": [], "best": [], "shape": {},
-                                              "peak": None, "supported": False})
+            entry = precisions.setdefault(
+                p, {"fixed": [], "best": [], "shape": {}, "peak": None, "supported": False}
+            )
             fixed, mamf = _num(m.get(key)), _num(m.get(f"mamf_tflops_{p}"))
             if fixed is None and mamf is None:
                 continue
@@ -198,19 +231,31 @@ def _matmul(records):
             entry["fixed"].append(fixed)
             best = max(v for v in (fixed, mamf) if v is not None)
             entry["best"].append(best)
-            shape = _text(m.get(f"mamf_shape_{p}")) if mamf == best else \
-                _text(str(m.get("size"))) if m.get("size") is not None else None
+            shape = (
+                _text(m.get(f"mamf_shape_{p}"))
+                if mamf == best
+                else _text(str(m.get("size")))
+                if m.get("size") is not None
+                else None
+            )
             entry["shape"][best] = shape
             if entry["peak"] is None:
                 entry["peak"] = _num(m.get(f"peak_tflops_{p}"))
     out = []
     for p, e in precisions.items():
         top = max(e["best"]) if e["best"] else None
-        out.append({"precision": p, "supported": e["supported"], "n": len(e["best"]),
-                    "tflops": _median(e["fixed"]), "best_tflops": _median(e["best"]),
-                    "best_tflops_min": min(e["best"]) if e["best"] else None,
-                    "best_shape": e["shape"].get(top) if top is not None else None,
-                    "peak_tflops": e["peak"]})
+        out.append(
+            {
+                "precision": p,
+                "supported": e["supported"],
+                "n": len(e["best"]),
+                "tflops": _median(e["fixed"]),
+                "best_tflops": _median(e["best"]),
+                "best_tflops_min": min(e["best"]) if e["best"] else None,
+                "best_shape": e["shape"].get(top) if top is not None else None,
+                "peak_tflops": e["peak"],
+            }
+        )
     return out[:64]
 
 
@@ -223,21 +268,31 @@ def _burn(records, node_of):
         if reason == "interrupted":
             continue
         reasons = m.get("throttle_reasons")
-        rows.append({"node": node_of(rec), "device": _device(rec),
-                     "run": rec.get("run") if isinstance(rec.get("run"), int)
-                     and not isinstance(rec.get("run"), bool) and rec["run"] >= 0 else None,
-                     **{k: _num(m.get(k)) for k in BURN_NUMBERS},
-                     "throttled": m["throttled"] if isinstance(m.get("throttled"), bool)
-                     else None,
-                     "clock_drop": m["clock_drop"] if isinstance(m.get("clock_drop"), bool)
-                     else None,
-                     "throttle_reasons": _text(reasons if isinstance(reasons, str)
-                                               else ",".join(r for r in reasons
-                                                             if isinstance(r, str))
-                                               if isinstance(reasons, list) else None),
-                     "failure": reason})
-    rows.sort(key=lambda r: ("" if r["node"] is None else r["node"], _devkey(r["device"]),
-                             r["run"] or 0))
+        rows.append(
+            {
+                "node": node_of(rec),
+                "device": _device(rec),
+                "run": rec.get("run")
+                if isinstance(rec.get("run"), int)
+                and not isinstance(rec.get("run"), bool)
+                and rec["run"] >= 0
+                else None,
+                **{k: _num(m.get(k)) for k in BURN_NUMBERS},
+                "throttled": m["throttled"] if isinstance(m.get("throttled"), bool) else None,
+                "clock_drop": m["clock_drop"] if isinstance(m.get("clock_drop"), bool) else None,
+                "throttle_reasons": _text(
+                    reasons
+                    if isinstance(reasons, str)
+                    else ",".join(r for r in reasons if isinstance(r, str))
+                    if isinstance(reasons, list)
+                    else None
+                ),
+                "failure": reason,
+            }
+        )
+    rows.sort(
+        key=lambda r: ("" if r["node"] is None else r["node"], _devkey(r["device"]), r["run"] or 0)
+    )
     return {"gpus": rows[:100000]}
 
 
@@ -339,21 +394,42 @@ def _collective_clauses(op, clause, groups):
     out = []
     for test, body in groups:
         rows = [r for r in body.get("rows") or [] if r["op"] == op]
-        row = ([r for r in rows if r["bytes"] == at] or [None])[0] if at else \
-            (rows[-1] if rows else None)
+        row = (
+            ([r for r in rows if r["bytes"] == at] or [None])[0]
+            if at
+            else (rows[-1] if rows else None)
+        )
         label = f"{name} ({test})"
         if row is None or row.get("busbw_gbps") is None:
-            out.append({"ok": False, "clause": label,
-                        "detail": f"{op} not measured at {size_text(at)}" if at
-                        else f"{op} not measured"})
+            out.append(
+                {
+                    "ok": False,
+                    "clause": label,
+                    "detail": f"{op} not measured at {size_text(at)}"
+                    if at
+                    else f"{op} not measured",
+                }
+            )
             continue
         busbw = row["busbw_gbps"]
-        ok, parts = _floors(busbw, body.get("expected_busbw_gbps"),
-                            clause.get("min_busbw_fraction"), clause.get("min_busbw_gbps"),
-                            "GB/s", "no expected peak recorded",
-                            lambda peak: f"the expected {figure_text(peak)} GB/s")
-        out.append({"ok": ok, "clause": label, "detail": " ".join(
-            [f"busbw {figure_text(busbw)} GB/s at {size_text(row['bytes'])};", *parts])})
+        ok, parts = _floors(
+            busbw,
+            body.get("expected_busbw_gbps"),
+            clause.get("min_busbw_fraction"),
+            clause.get("min_busbw_gbps"),
+            "GB/s",
+            "no expected peak recorded",
+            lambda peak: f"the expected {figure_text(peak)} GB/s",
+        )
+        out.append(
+            {
+                "ok": ok,
+                "clause": label,
+                "detail": " ".join(
+                    [f"busbw {figure_text(busbw)} GB/s at {size_text(row['bytes'])};", *parts]
+                ),
+            }
+        )
     return out
 
 
@@ -368,8 +444,10 @@ def _floors(value, peak, fraction, minimum, unit, no_peak, peak_words):
             parts.append(f"{no_peak} (needed: >= {pct_text(fraction)} of it)")
         else:
             ok &= value / peak >= fraction
-            parts.append(f"= {pct_text(value / peak)} of {peak_words(peak)} "
-                         f"(needed: >= {pct_text(fraction)})")
+            parts.append(
+                f"= {pct_text(value / peak)} of {peak_words(peak)} "
+                f"(needed: >= {pct_text(fraction)})"
+            )
     if minimum is not None:
         ok &= value >= minimum
         parts.append(f"(needed: >= {minimum:g} {unit})")
@@ -385,27 +463,45 @@ def _bandwidth_clauses(clause, groups):
             continue
         for test, body in groups:
             if key == "d2d_gbps":
-                figures = [(f"{c['src']}->{c['dst']}", c, c.get("gbps"))
-                           for c in body.get("d2d") or []]
+                figures = [
+                    (f"{c['src']}->{c['dst']}", c, c.get("gbps")) for c in body.get("d2d") or []
+                ]
             elif key.startswith("stream_"):
-                figures = [(r["device"], r, r.get(key[len("stream_"):]))
-                           for r in body.get("stream") or []]
+                figures = [
+                    (r["device"], r, r.get(key[len("stream_") :])) for r in body.get("stream") or []
+                ]
             else:
                 figures = [(str(c["gpu"]), c, c.get(key)) for c in body.get("copies") or []]
-            measured = [(f"{r['node']}:{w}" if r.get("node") else w, v)
-                        for w, r, v in figures if v is not None]
+            measured = [
+                (f"{r['node']}:{w}" if r.get("node") else w, v)
+                for w, r, v in figures
+                if v is not None
+            ]
             label = f"{name} ({test})"
             if not measured:
-                out.append({"ok": False, "clause": label,
-                            "detail": "not measured" + (" (not applicable: no GPU)"
-                                                        if body.get("not_applicable") else "")})
+                out.append(
+                    {
+                        "ok": False,
+                        "clause": label,
+                        "detail": "not measured"
+                        + (" (not applicable: no GPU)" if body.get("not_applicable") else ""),
+                    }
+                )
                 continue
             where, low = min(measured, key=lambda m: m[1])
             bad = [w for w, v in measured if v < want]
-            out.append({"ok": not bad, "clause": label,
-                        "detail": f"lowest {figure_text(low)} GB/s ({where}) of {len(measured)}"
-                        + (f"; below: {', '.join(bad[:8])}" + (" ..." if len(bad) > 8 else "")
-                           if bad else "")})
+            out.append(
+                {
+                    "ok": not bad,
+                    "clause": label,
+                    "detail": f"lowest {figure_text(low)} GB/s ({where}) of {len(measured)}"
+                    + (
+                        f"; below: {', '.join(bad[:8])}" + (" ..." if len(bad) > 8 else "")
+                        if bad
+                        else ""
+                    ),
+                }
+            )
     return out
 
 
@@ -418,16 +514,31 @@ def _matmul_clauses(p, clause, groups):
         label = f"{name} ({test})"
         entry = next((e for e in body if e["precision"] == p), None)
         if entry is None or not entry.get("supported") or entry.get("best_tflops_min") is None:
-            out.append({"ok": False, "clause": label,
-                        "detail": "not measured" if entry is None else
-                        "not supported on this device"})
+            out.append(
+                {
+                    "ok": False,
+                    "clause": label,
+                    "detail": "not measured" if entry is None else "not supported on this device",
+                }
+            )
             continue
         low = entry["best_tflops_min"]
-        ok, parts = _floors(low, entry.get("peak_tflops"), clause.get("min_peak_fraction"),
-                            clause.get("min_tflops"), "TFLOP/s",
-                            "no datasheet peak for this device", lambda peak: f"the peak {peak:g}")
-        out.append({"ok": ok, "clause": label, "detail": " ".join(
-            [f"best {figure_text(low)} TFLOP/s (lowest GPU);", *parts])})
+        ok, parts = _floors(
+            low,
+            entry.get("peak_tflops"),
+            clause.get("min_peak_fraction"),
+            clause.get("min_tflops"),
+            "TFLOP/s",
+            "no datasheet peak for this device",
+            lambda peak: f"the peak {peak:g}",
+        )
+        out.append(
+            {
+                "ok": ok,
+                "clause": label,
+                "detail": " ".join([f"best {figure_text(low)} TFLOP/s (lowest GPU);", *parts]),
+            }
+        )
     return out
 
 
@@ -435,11 +546,14 @@ def _burn_clauses(clause, groups):
     out = []
     checks = []
     if "max_below_median_pct" in clause:
-        checks.append(("below", f"burn no GPU more than {clause['max_below_median_pct']:g}% "
-                                f"below the median"))
-    for key, text in (("data_corruption", "burn no data corruption"),
-                      ("throttled", "burn no throttling"),
-                      ("clock_drop", "burn no clock drop")):
+        checks.append(
+            ("below", f"burn no GPU more than {clause['max_below_median_pct']:g}% below the median")
+        )
+    for key, text in (
+        ("data_corruption", "burn no data corruption"),
+        ("throttled", "burn no throttling"),
+        ("clock_drop", "burn no clock drop"),
+    ):
         if key in clause:
             checks.append((key, text))
     for key, name in checks:
@@ -457,8 +571,10 @@ def _burn_clauses(clause, groups):
                     out.append({"ok": False, "clause": label, "detail": "no GPU measured"})
                     continue
                 worst = min(rated, key=lambda g: g["pct"])
-                detail = (f"median {figure_text(table['median'])} TFLOP/s over {len(rated)} "
-                          f"GPU(s); lowest {gpu_where(worst)} {worst['pct']:+.1f}%")
+                detail = (
+                    f"median {figure_text(table['median'])} TFLOP/s over {len(rated)} "
+                    f"GPU(s); lowest {gpu_where(worst)} {worst['pct']:+.1f}%"
+                )
             elif key == "data_corruption":
                 bad = [g for g in gpus if g.get("failure") == "data-corruption"]
                 detail = f"{len(gpus)} GPU run(s) checked"
@@ -466,12 +582,20 @@ def _burn_clauses(clause, groups):
                 bad = [g for g in gpus if g.get(key)]
                 known = [g for g in gpus if g.get(key) is not None]
                 if not known:
-                    out.append({"ok": False, "clause": label,
-                                "detail": "no clock readings (no GPU backend reads them)"})
+                    out.append(
+                        {
+                            "ok": False,
+                            "clause": label,
+                            "detail": "no clock readings (no GPU backend reads them)",
+                        }
+                    )
                     continue
                 detail = f"{len(known)} GPU(s) with clock readings"
             if bad:
-                detail += "; flagged: " + ", ".join(gpu_where(g) for g in bad[:8]) + \
-                    (" ..." if len(bad) > 8 else "")
+                detail += (
+                    "; flagged: "
+                    + ", ".join(gpu_where(g) for g in bad[:8])
+                    + (" ..." if len(bad) > 8 else "")
+                )
             out.append({"ok": not bad, "clause": label, "detail": detail})
     return out

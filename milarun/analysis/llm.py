@@ -19,10 +19,21 @@ import statistics
 from ..measure.stats import describe, finite
 
 #: Figures of a serving level that the summary keeps (medians over records).
-SERVING_FIELDS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s",
-                  "tpot_p99_s", "ttft_mean_s", "tpot_mean_s", "prefill_tokens_per_s",
-                  "decode_tokens_per_s", "output_tokens_per_s", "goodput_requests_per_s",
-                  "goodput_fraction")
+SERVING_FIELDS = (
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p90_s",
+    "tpot_p99_s",
+    "ttft_mean_s",
+    "tpot_mean_s",
+    "prefill_tokens_per_s",
+    "decode_tokens_per_s",
+    "output_tokens_per_s",
+    "goodput_requests_per_s",
+    "goodput_fraction",
+)
 #: Largest figure kept (the summary schema's bound).
 _MAX = 1e12
 
@@ -46,7 +57,7 @@ def llm_figures(records):
     """
     flops, peaks, tflops, mfu = [], [], [], []
     levels = {}
-    measured = None     # the first level of a record is the one its rate measured
+    measured = None  # the first level of a record is the one its rate measured
     for rec in records:
         m = rec.get("metrics") if isinstance(rec.get("metrics"), dict) else {}
         f = _num(m.get("flops_per_token"))
@@ -68,17 +79,26 @@ def llm_figures(records):
     if not flops:
         return None
     known = [p for p in peaks if p is not None]
-    out = {"flops_per_token": statistics.median(flops),
-           "peak_tflops": known[0] if known else None,
-           "tflops": describe(tflops), "mfu": describe(mfu), "serving": []}
+    out = {
+        "flops_per_token": statistics.median(flops),
+        "peak_tflops": known[0] if known else None,
+        "tflops": describe(tflops),
+        "mfu": describe(mfu),
+        "serving": [],
+    }
     if measured is not None:
         out["concurrency"] = measured
     for c in sorted(levels):
-        entry = {"concurrency": c,
-                 "requests": sum(lv["requests"] for lv in levels[c]
-                                 if isinstance(lv.get("requests"), int)
-                                 and not isinstance(lv.get("requests"), bool)
-                                 and lv["requests"] >= 0)}
+        entry = {
+            "concurrency": c,
+            "requests": sum(
+                lv["requests"]
+                for lv in levels[c]
+                if isinstance(lv.get("requests"), int)
+                and not isinstance(lv.get("requests"), bool)
+                and lv["requests"] >= 0
+            ),
+        }
         for key in SERVING_FIELDS:
             values = [v for v in (_num(lv.get(key)) for lv in levels[c]) if v is not None]
             entry[key] = statistics.median(values) if values else None

@@ -127,24 +127,29 @@ def load_results(directory, warn=None, only=None, files=None):
     collecting = gc.isenabled()
     gc.disable()
     try:
-        found = []      # (path, parsed document or its error), in the files' order
-        for path, raw in (result_files(directory) if files is None else files):
+        found = []  # (path, parsed document or its error), in the files' order
+        for path, raw in result_files(directory) if files is None else files:
             if only is not None and path.relative_to(directory).as_posix() not in only:
-                found.append((path, ResultFormatError(
-                    "not in the bundle's manifest chain; not counted", path=path)))
+                found.append(
+                    (
+                        path,
+                        ResultFormatError(
+                            "not in the bundle's manifest chain; not counted", path=path
+                        ),
+                    )
+                )
             elif isinstance(raw, Exception):
                 found.append((path, raw))
             else:
                 try:
-                    found.append((path, parse_json(raw, path=path,
-                                                   error_cls=ResultFormatError)))
+                    found.append((path, parse_json(raw, path=path, error_cls=ResultFormatError)))
                 except ResultFormatError as exc:
                     found.append((path, exc))
         for (path, doc), ok in zip(found, _accepted(found)):
             if isinstance(doc, Exception):
                 skipped.append((path, doc))
                 continue
-            try:    # what the schema did not accept: migrated, or refused with the reason
+            try:  # what the schema did not accept: migrated, or refused with the reason
                 records.append((path, doc if ok else migrate(doc, path=path, parsed=True)))
             except ResultFormatError as exc:
                 skipped.append((path, exc))
@@ -154,8 +159,10 @@ def load_results(directory, warn=None, only=None, files=None):
     if warn is not None and skipped:
         warn_skipped(skipped, warn)
     if not records:
-        raise ResultFormatError(f"no usable result in {directory}"
-                                + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))
+        raise ResultFormatError(
+            f"no usable result in {directory}"
+            + (f" ({len(skipped)} file(s) skipped)" if skipped else "")
+        )
     return records, skipped
 
 
@@ -171,8 +178,10 @@ def _accepted(found):
     docs = [doc for _, doc in found]
 
     def check(k):
-        return [not isinstance(doc, Exception) and accepted(doc)
-                for doc in docs[k * _CHUNK:(k + 1) * _CHUNK]]
+        return [
+            not isinstance(doc, Exception) and accepted(doc)
+            for doc in docs[k * _CHUNK : (k + 1) * _CHUNK]
+        ]
 
     with Shared(-(-len(docs) // _CHUNK), check) as shared:
         return [ok for chunk in shared.results() for ok in chunk]
@@ -184,8 +193,7 @@ def warn_skipped(skipped, stream=None):
     shown escaped: :func:`milarun.formats.terminal.one_line`)."""
     stream = stream or sys.stderr
     for path, exc in skipped:
-        print(one_line(f"milarun: warning: skipped {exc if str(exc) else path}"),
-              file=stream)
+        print(one_line(f"milarun: warning: skipped {exc if str(exc) else path}"), file=stream)
 
 
 def _tail(text, limit=TAIL_CHARS):
@@ -213,8 +221,11 @@ def _host_facts(host):
 
 def _host_gpus(host):
     """``{global GPU index: name}`` of the GPUs one result saw."""
-    return {g.get("index", i): g.get("name")
-            for i, g in enumerate(host.get("gpus") or []) if isinstance(g, dict)}
+    return {
+        g.get("index", i): g.get("name")
+        for i, g in enumerate(host.get("gpus") or [])
+        if isinstance(g, dict)
+    }
 
 
 # validation, the summary, the flags and the waves share each result's steady state
@@ -267,14 +278,14 @@ def summarize_with(records, skipped=(), warn=None, extra=None, workers=None):
         ``(summary, {group: extra's value})``; the dict is empty without ``extra``.
     """
     items = [item if isinstance(item, tuple) else (None, item) for item in records]
-    members = defaultdict(list)     # group: indices into items, in the records' order
-    unnamed = {}                    # index: the error of a record whose group is unknown
+    members = defaultdict(list)  # group: indices into items, in the records' order
+    unnamed = {}  # index: the error of a record whose group is unknown
     for i, (_, rec) in enumerate(items):
         try:
             members[group_name(rec)].append(i)
-        except Exception as exc:    # raised below, unless the record is skipped first
+        except Exception as exc:  # raised below, unless the record is skipped first
             unnamed[i] = exc
-    names = list(members)   # sorted below, as before: a name of another type raises there
+    names = list(members)  # sorted below, as before: a name of another type raises there
 
     def judged(gname):
         kept, refused = [], []
@@ -322,7 +333,7 @@ def summarize_with(records, skipped=(), warn=None, extra=None, workers=None):
             if warn is not None:
                 warn_skipped([(path, ResultFormatError(refused[i], path=path))], warn)
             continue
-        if i in unnamed:    # its group: where one record after another raised it
+        if i in unnamed:  # its group: where one record after another raised it
             raise unnamed[i]
         host = rec.get("host") or {}
         if isinstance(host, dict) and host.get("cpu_model"):
@@ -337,36 +348,50 @@ def summarize_with(records, skipped=(), warn=None, extra=None, workers=None):
             suites.add(rec["suite"])
         if isinstance(host, dict) and isinstance(host.get("milarun_version"), str):
             commit = host.get("milarun_commit")
-            versions.add(host["milarun_version"] + (
-                f" (commit {commit[:12]}{', modified' if host.get('milarun_dirty') else ''})"
-                if isinstance(commit, str) and commit else ""))
+            versions.add(
+                host["milarun_version"]
+                + (
+                    f" (commit {commit[:12]}{', modified' if host.get('milarun_dirty') else ''})"
+                    if isinstance(commit, str) and commit
+                    else ""
+                )
+            )
 
     by_name = dict(zip(names, done))
     tests = {}
     for name in sorted(name for name, (summary, _, _) in by_name.items() if summary is not None):
         if _failed(by_name[name][0]):
-            _summarize_group(name, judged(name)[0])     # raises again, here
+            _summarize_group(name, judged(name)[0])  # raises again, here
         tests[name] = by_name[name][0]
     extras = {}
     if extra:
         for name in sorted(by_name):
             if _failed(by_name[name][2]):
-                extra(name, [items[i][1] for i in members[name]])   # raises again, here
+                extra(name, [items[i][1] for i in members[name]])  # raises again, here
             extras[name] = by_name[name][2]
     return {
         "format": SUMMARY_FORMAT,
         "version": SUMMARY_VERSION,
         "date": _iso(last_end),
         "steady_state": {"window_s": stats.STEADY_WINDOW_S, "tail_s": stats.STEADY_TAIL_S},
-        "hosts": [{**{k: v for k, v in h.items() if not k.startswith("_")},
-                   "gpus": [h["_gpus"][i] for i in sorted(h["_gpus"])],
-                   **hostfacts.collapse(h)}
-                  for h in hosts.values()],
+        "hosts": [
+            {
+                **{k: v for k, v in h.items() if not k.startswith("_")},
+                "gpus": [h["_gpus"][i] for i in sorted(h["_gpus"])],
+                **hostfacts.collapse(h),
+            }
+            for h in hosts.values()
+        ],
         "skipped": sorted(skipped_names),
         "tests": tests,
-        "provenance": {"results": None, "suites": sorted(suites), "profile": None,
-                       "profile_sha256": None, "milarun": sorted(versions),
-                       "first": _iso(first_start)},
+        "provenance": {
+            "results": None,
+            "suites": sorted(suites),
+            "profile": None,
+            "profile_sha256": None,
+            "milarun": sorted(versions),
+            "first": _iso(first_start),
+        },
     }, extras
 
 
@@ -405,7 +430,8 @@ def _iso(stamp):
     if stamp is None:
         return None
     return datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).isoformat(
-        timespec="seconds")
+        timespec="seconds"
+    )
 
 
 def device_key(label):
@@ -450,9 +476,12 @@ def _summarize_group(gname, items):
     steady = {stats.FULL: 0, stats.SHORT: 0, stats.NONE: 0}
     flags, rated = [], []
     for path, rec, rate, note, _chosen in sorted(
-            items, key=lambda it: (device_key(it[1].get("device", "")),
-                                   it[1].get("run", 0) if isinstance(it[1].get("run"), int)
-                                   else 0)):
+        items,
+        key=lambda it: (
+            device_key(it[1].get("device", "")),
+            it[1].get("run", 0) if isinstance(it[1].get("run"), int) else 0,
+        ),
+    ):
         mem = rec.get("peak_memory_mib")
         if finite(mem):
             memory.append(float(mem))
@@ -472,16 +501,18 @@ def _summarize_group(gname, items):
             node = node_of(rec)
             if node is not None:
                 pernode_failures[node] += 1
-            failed.append({
-                "device": str(rec.get("device", "")),
-                "node": node,
-                "run": rec.get("run"),
-                "reason": reason,
-                "message": err.get("message"),
-                "returncode": err.get("returncode"),
-                "stderr_tail": _tail(err.get("stderr_tail")),
-                "file": Path(path).name if path else None,
-            })
+            failed.append(
+                {
+                    "device": str(rec.get("device", "")),
+                    "node": node,
+                    "run": rec.get("run"),
+                    "reason": reason,
+                    "message": err.get("message"),
+                    "returncode": err.get("returncode"),
+                    "stderr_tail": _tail(err.get("stderr_tail")),
+                    "file": Path(path).name if path else None,
+                }
+            )
             continue
         steady[note] += 1
         duration = (rec["timings"].get("program") or {}).get("duration")
@@ -495,8 +526,9 @@ def _summarize_group(gname, items):
             node = node_of(rec)
             if node is not None:
                 pernode[node].append(rate)
-    outliers = anomalies.group_flags([(rec.get("device", ""), rec.get("run"), rate)
-                                      for _, rec, rate in rated])
+    outliers = anomalies.group_flags(
+        [(rec.get("device", ""), rec.get("run"), rate) for _, rec, rate in rated]
+    )
     for index, flag in outliers:
         path, rec, _ = rated[index]
         flags.append(flag.at(**(_flag_where(path, rec) or {})))
@@ -505,8 +537,11 @@ def _summarize_group(gname, items):
     partition = first.get("partition", "normal")
     # the group holds one shape of the study: its records all say it (a multi-node
     # job's too: the node score divides its rate by its node count)
-    shape = (plantypes.TYPES["node-progression"].shape(first)
-             if partition in ("node-progression", "multi-node") else None)
+    shape = (
+        plantypes.TYPES["node-progression"].shape(first)
+        if partition in ("node-progression", "multi-node")
+        else None
+    )
     return {
         "name": first["name"],
         "group": gname,
@@ -523,16 +558,20 @@ def _summarize_group(gname, items):
         "total": stats.describe(durations),
         "pergpu": {dev: stats.describe(pergpu[dev]) for dev in sorted(pergpu, key=device_key)},
         "pernode": {node: stats.describe(pernode[node]) for node in sorted(pernode, key=node_key)},
-        "pernode_failures": {node: pernode_failures[node]
-                             for node in sorted(pernode_failures, key=node_key)},
+        "pernode_failures": {
+            node: pernode_failures[node] for node in sorted(pernode_failures, key=node_key)
+        },
         "peak_memory": max(memory) if memory else None,
         "steady": steady,
         **throughput.summarize_waves(scored),
         "anomalies": flags,
         **_checks(items),
         **({"llm": llm} if (llm := llm_figures(scored)) is not None else {}),
-        **({"acceptance": acc} if (acc := acceptance_figures([it[1] for it in items], node_of))
-           is not None else {}),
+        **(
+            {"acceptance": acc}
+            if (acc := acceptance_figures([it[1] for it in items], node_of)) is not None
+            else {}
+        ),
         **({"tags": tags} if (tags := _tags(items)) is not None else {}),
     }
 

@@ -26,16 +26,27 @@ from .experiment import Experiment
 from .loop import Epochs, dataloop, iteration_wrapper, rate_logger
 from .rate import RateLogger
 from .setup import (
-                    data_loader,
-                    dataloader_workers,
-                    init_torch,
-                    need_a_batch,
-                    peak_memory_mib,
-                    rank_loader,
-                    set_precision,
+    data_loader,
+    dataloader_workers,
+    init_torch,
+    need_a_batch,
+    peak_memory_mib,
+    rank_loader,
+    set_precision,
 )
 
-__all__ = ["Experiment", "Epochs", "dataloop", "iteration_wrapper", "rate_logger", "RateLogger",
-           "init_torch", "set_precision",
-           "peak_memory_mib", "dataloader_workers", "data_loader", "rank_loader",
-           "need_a_batch"]
+__all__ = [
+    "Experiment",
+    "Epochs",
+    "dataloop",
+    "iteration_wrapper",
+    "rate_logger",
+    "RateLogger",
+    "init_torch",
+    "set_precision",
+    "peak_memory_mib",
+    "dataloader_workers",
+    "data_loader",
+    "rank_loader",
+    "need_a_batch",
+]

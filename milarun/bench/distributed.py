@@ -90,13 +90,17 @@ class World:
             return int(value) if value else default
 
         size = number("WORLD_SIZE", 1)
-        return cls(size=size, rank=number("RANK", 0), local_rank=number("LOCAL_RANK", 0),
-                   local_size=number("LOCAL_WORLD_SIZE", size),
-                   node_rank=number("GROUP_RANK", 0),
-                   master_addr=environ.get("MASTER_ADDR"),
-                   master_port=environ.get("MASTER_PORT"),
-                   run_id=environ.get("TORCHELASTIC_RUN_ID") or None,
-                   torchrun="WORLD_SIZE" in environ or "LOCAL_RANK" in environ)
+        return cls(
+            size=size,
+            rank=number("RANK", 0),
+            local_rank=number("LOCAL_RANK", 0),
+            local_size=number("LOCAL_WORLD_SIZE", size),
+            node_rank=number("GROUP_RANK", 0),
+            master_addr=environ.get("MASTER_ADDR"),
+            master_port=environ.get("MASTER_PORT"),
+            run_id=environ.get("TORCHELASTIC_RUN_ID") or None,
+            torchrun="WORLD_SIZE" in environ or "LOCAL_RANK" in environ,
+        )
 
 
 @contextlib.contextmanager
@@ -164,13 +168,20 @@ def process_group(exp, device, backend="auto"):
     # be gone (a rank aborted there with "terminate called without an active
     # exception"). Imported now, the defaults are None.
     import torch.distributed.nn  # noqa: F401
+
     timeout = datetime.timedelta(seconds=group_timeout_s(backend))
     extra = {"device_id": device} if backend == "nccl" else {}
     if env.master_addr is not None:
         dist.init_process_group(backend, rank=rank, world_size=size, timeout=timeout, **extra)
     else:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port('127.0.0.1')}",
-                                rank=0, world_size=1, timeout=timeout, **extra)
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{free_port('127.0.0.1')}",
+            rank=0,
+            world_size=1,
+            timeout=timeout,
+            **extra,
+        )
     ended = False
     try:
         exp.gather_hosts()
@@ -193,10 +204,12 @@ def process_group(exp, device, backend="auto"):
 
 def kept_alive_message(count):
     """The one line said when ``count`` process groups outlive ``destroy_process_group``."""
-    return (f"{count} process group(s) still referenced after destroy_process_group: their "
-            "threads are torn down at the interpreter's exit, where a rank can abort (gloo) or "
-            "hang (NCCL) after the result is written (something still holds a model, "
-            "DeviceMesh, DTensor or DDP)")
+    return (
+        f"{count} process group(s) still referenced after destroy_process_group: their "
+        "threads are torn down at the interpreter's exit, where a rank can abort (gloo) or "
+        "hang (NCCL) after the result is written (something still holds a model, "
+        "DeviceMesh, DTensor or DDP)"
+    )
 
 
 #: torch's caches (those of the locked torch, 2.13) that keep a ``DeviceMesh``, and
@@ -207,8 +220,7 @@ MESH_CACHES = (
     ("torch.distributed.tensor.debug", "_clear_sharding_prop_cache", None),
     ("torch.distributed.tensor._redistribute", "clear_redistribute_planner_cache", None),
     ("torch.distributed.tensor._redistribute", "_gen_transform_infos", "cache_clear"),
-    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh",
-     "cache_clear"),
+    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh", "cache_clear"),
 )
 
 
@@ -250,9 +262,9 @@ def release_groups(dist):
     for group in groups:
         try:
             refs.append(weakref.ref(group))
-        except TypeError:   # None, or a stand-in without weak references (a test's fake)
+        except TypeError:  # None, or a stand-in without weak references (a test's fake)
             continue
-    groups = group = None   # this frame holds none of them
+    groups = group = None  # this frame holds none of them
     dist.destroy_process_group()
     forget_meshes()
     gc.collect()
@@ -275,11 +287,15 @@ def check_local_device(torch, local_rank, environ=None):
     visible = [v for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     migs = [v for v in visible if v.strip().startswith("MIG-")]
     if len(migs) > 1:
-        raise WrongDevice(f"a whole-node test over {len(migs)} MIG instances cannot work: CUDA "
-                          "gives a process one MIG instance, so LOCAL_RANK "
-                          f"{local_rank} has no GPU; run MIG instances as a per-gpu test")
-    raise WrongDevice(f"LOCAL_RANK {local_rank} has no GPU: torch sees {count} "
-                      f"(CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES')!r})")
+        raise WrongDevice(
+            f"a whole-node test over {len(migs)} MIG instances cannot work: CUDA "
+            "gives a process one MIG instance, so LOCAL_RANK "
+            f"{local_rank} has no GPU; run MIG instances as a per-gpu test"
+        )
+    raise WrongDevice(
+        f"LOCAL_RANK {local_rank} has no GPU: torch sees {count} "
+        f"(CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES')!r})"
+    )
 
 
 def rank_threads(cpuset_threads, local_size):
@@ -305,7 +321,7 @@ def group_timeout_s(backend, environ=None):
     try:
         config = barrier.from_environment(environ)
     except ValueError:
-        config = None   # malformed: sync.synchronize says so with one line
+        config = None  # malformed: sync.synchronize says so with one line
     if config is None:
         return base
     return max(base, config["timeout"] + BARRIER_MARGIN_S)
@@ -342,5 +358,13 @@ def agree_on_counts(exp, world):
             exp.rate.follow()
 
 
-__all__ = ["World", "process_group", "release_groups", "forget_meshes",
-           "max_over_ranks", "agree_on_counts", "rank_threads", "group_timeout_s"]
+__all__ = [
+    "World",
+    "process_group",
+    "release_groups",
+    "forget_meshes",
+    "max_over_ranks",
+    "agree_on_counts",
+    "rank_threads",
+    "group_timeout_s",
+]

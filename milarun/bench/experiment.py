@@ -30,9 +30,20 @@ from .setup import peak_memory_mib
 from .sync import synchronize
 
 # Variables that change what a rerun does; everything else is left out of results.
-RERUN_ENV_PREFIXES = ("MILARUN_", "CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH_",
-                      "PYTORCH_", "MASTER_", "WORLD_SIZE", "RANK", "LOCAL_RANK",
-                      "PYTHONHASHSEED")
+RERUN_ENV_PREFIXES = (
+    "MILARUN_",
+    "CUDA_",
+    "OMP_",
+    "MKL_",
+    "NCCL_",
+    "TORCH_",
+    "PYTORCH_",
+    "MASTER_",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "PYTHONHASHSEED",
+)
 
 
 # ...except the start barrier of the session's wave: a rerun runs alone (the
@@ -44,8 +55,11 @@ NOT_RERUN_PREFIXES = (ENV_PREFIX, "MILARUN_WRITTEN")
 def rerun_environ(environ=None):
     """The subset of ``environ`` (``os.environ`` by default) needed to rerun a test."""
     environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items()
-            if k.startswith(RERUN_ENV_PREFIXES) and not k.startswith(NOT_RERUN_PREFIXES)}
+    return {
+        k: v
+        for k, v in environ.items()
+        if k.startswith(RERUN_ENV_PREFIXES) and not k.startswith(NOT_RERUN_PREFIXES)
+    }
 
 
 def host_facts():
@@ -78,6 +92,7 @@ def host_facts():
     }
     try:
         import torch
+
         facts["torch"] = torch.__version__
         facts["cuda"] = torch.version.cuda
         facts["cuda_available"] = torch.cuda.is_available()
@@ -108,12 +123,20 @@ def _gpus():
         record = backend.accelerator_record()
         out = []
         for d in found:
-            out.append({"index": d.index, "name": d.name, "driver": record["driver"],
-                        "memory_total_mib": d.memory_mib, "uuid": d.uuid,
-                        "pci_bus_id": d.pci_bus_id, "parent": d.parent,
-                        # the board's serial number (hardware identity, docs/tender.md)
-                        "serial": backend.identity(d).get("serial"),
-                        **backend.facts(d)})
+            out.append(
+                {
+                    "index": d.index,
+                    "name": d.name,
+                    "driver": record["driver"],
+                    "memory_total_mib": d.memory_mib,
+                    "uuid": d.uuid,
+                    "pci_bus_id": d.pci_bus_id,
+                    "parent": d.parent,
+                    # the board's serial number (hardware identity, docs/tender.md)
+                    "serial": backend.identity(d).get("serial"),
+                    **backend.facts(d),
+                }
+            )
         return out, record
     return [], None
 
@@ -121,8 +144,12 @@ def _gpus():
 def _node_name(given):
     """This node's name: Slurm's (srun sets it per node), else the one the launcher gave
     this node's agent (``$MILARUN_NODE``, over ssh), else ``given``, else the hostname."""
-    return (os.environ.get("SLURMD_NODENAME") or os.environ.get("MILARUN_NODE") or given
-            or socket.gethostname())
+    return (
+        os.environ.get("SLURMD_NODENAME")
+        or os.environ.get("MILARUN_NODE")
+        or given
+        or socket.gethostname()
+    )
 
 
 def _torchrun_rendezvous(environ):
@@ -180,11 +207,17 @@ class Experiment:
         extra = dict(extra or {})
         run = extra.get("run", int(job_id.split(".")[0]) if job_id.split(".")[0].isdigit() else 0)
         device = extra.get("device", job_id.split(".", 1)[1] if "." in job_id else "0")
-        self.result = new_result(name, job_id, device=device,
-                                 devices=extra.get("devices", [0]), run=run,
-                                 plan_type=extra.get("partition", "normal"),
-                                 node=extra.get("node"), nodes=extra.get("nodes"),
-                                 gpus_per_node=extra.get("gpus_per_node"))
+        self.result = new_result(
+            name,
+            job_id,
+            device=device,
+            devices=extra.get("devices", [0]),
+            run=run,
+            plan_type=extra.get("partition", "normal"),
+            node=extra.get("node"),
+            nodes=extra.get("nodes"),
+            gpus_per_node=extra.get("gpus_per_node"),
+        )
         for key in ("job", "tags", "partition", "node_count", "placeholders"):
             if key in extra:
                 self.result[key] = extra[key]
@@ -216,8 +249,9 @@ class Experiment:
             path = journal_path(out)
         else:
             res = self.result
-            path = journal_path(os.path.join(out, result_filename(
-                self.name, res["run"], res["device"], True)))
+            path = journal_path(
+                os.path.join(out, result_filename(self.name, res["run"], res["device"], True))
+            )
         try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         except OSError:
@@ -262,13 +296,18 @@ class Experiment:
             return None
         mine = None
         if world.local_rank == 0:
-            mine = {"node": _node_name(self.result.get("node")),
-                    "host": dict(self.result.get("host") or {})}
+            mine = {
+                "node": _node_name(self.result.get("node")),
+                "host": dict(self.result.get("host") or {}),
+            }
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         nodes = [entry for entry in gathered if entry is not None]
-        info = {"world_size": dist.get_world_size(), "backend": str(dist.get_backend()),
-                "rendezvous": self.rendezvous or _torchrun_rendezvous(os.environ)}
+        info = {
+            "world_size": dist.get_world_size(),
+            "backend": str(dist.get_backend()),
+            "rendezvous": self.rendezvous or _torchrun_rendezvous(os.environ),
+        }
         if world.master_addr:
             info["master"] = f"{world.master_addr}:{world.master_port or ''}"
         info["node_names"] = [entry["node"] for entry in nodes]
@@ -310,11 +349,12 @@ class Experiment:
         clock = time.perf_counter() - self.origin
         mine = None
         if lead:
-            record = (self._monitor_holder[0].record() if self._monitor_holder else
-                      {"available": False, "reason": "not started", "interval": None,
-                       "samples": []})
-            mine = {"node": _node_name(self.result.get("node")), "clock": clock,
-                    "monitor": record}
+            record = (
+                self._monitor_holder[0].record()
+                if self._monitor_holder
+                else {"available": False, "reason": "not started", "interval": None, "samples": []}
+            )
+            mine = {"node": _node_name(self.result.get("node")), "clock": clock, "monitor": record}
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         if dist.get_rank() != 0:
@@ -334,9 +374,13 @@ class Experiment:
         self.rate = logger
         logger.before_start = lambda: synchronize(self)
         if self.journal is not None:
-            self.journal.write("train", sample_duration=logger.sample_duration,
-                               warmup=logger.warmup, max_count=logger.max_count,
-                               min_steady=logger.min_steady)
+            self.journal.write(
+                "train",
+                sample_duration=logger.sample_duration,
+                warmup=logger.warmup,
+                max_count=logger.max_count,
+                min_steady=logger.min_steady,
+            )
             logger.on_sample = lambda sample: self.journal.write("sample", **sample)
 
     def cli(self, fn, argv):
@@ -391,24 +435,30 @@ class Experiment:
                 if self.journal is not None:
                     self.journal.close(remove=True)
                 return 0  # --help: nothing to record
-            res["error"] = {"reason": "error", "type": "SystemExit",
-                            "message": f"bad test arguments (exit {exc.code})",
-                            "traceback": None}
+            res["error"] = {
+                "reason": "error",
+                "type": "SystemExit",
+                "message": f"bad test arguments (exit {exc.code})",
+                "traceback": None,
+            }
         except BaseException as exc:  # every failure is recorded, Ctrl-C included
             # an exception may name its own reason (barrier.BarrierTimeout: barrier-timeout)
-            res["error"] = {"reason": getattr(exc, "fail_reason", None) or "error",
-                            "type": exc.__class__.__name__,
-                            "message": str(exc), "traceback": traceback.format_exc()}
+            res["error"] = {
+                "reason": getattr(exc, "fail_reason", None) or "error",
+                "type": exc.__class__.__name__,
+                "message": str(exc),
+                "traceback": traceback.format_exc(),
+            }
             one_line_error = isinstance(exc, MilarunError) and not verbose
             if isinstance(exc, KeyboardInterrupt):
                 res["error"]["reason"] = "interrupted"
-            elif exc.__class__.__name__ == "OutOfMemoryError":   # torch's, on any device
+            elif exc.__class__.__name__ == "OutOfMemoryError":  # torch's, on any device
                 res["error"]["reason"] = "oom"
         finally:
             for monitor in self._monitor_holder:
                 monitor.stop()
                 res["gpu_monitor"] = monitor.record()
-            if self._gathered_monitor is not None:   # every node's, on rank 0
+            if self._gathered_monitor is not None:  # every node's, on rank 0
                 res["gpu_monitor"] = self._gathered_monitor
             if self._host_load is not None:
                 self._host_load.stop()
@@ -424,9 +474,11 @@ class Experiment:
             res["peak_memory_mib"] = peak_memory_mib(self.device)
         if one_line_error:
             # the record keeps the traceback; the message names the file or option
-            print(f"milarun: {res['error']['reason']}: "
-                  f"{terminal_safe(one_line(res['error']['message']))}",
-                  file=sys.stderr)
+            print(
+                f"milarun: {res['error']['reason']}: "
+                f"{terminal_safe(one_line(res['error']['message']))}",
+                file=sys.stderr,
+            )
         elif res["error"] and res["error"].get("traceback"):
             print(res["error"]["traceback"], file=sys.stderr)
         # nan-loss, no-steady-state: a FAIL record. Only the record's writer checks: the
@@ -454,12 +506,14 @@ class Experiment:
         if self.journal is not None:
             on_reading = lambda row: self.journal.write("monitor", **row)  # noqa: E731
             on_load = lambda row: self.journal.write("host_load", **row)  # noqa: E731
-        mon = GPUMonitor(interval=self.options["monitor_interval"], origin=self.origin,
-                         on_reading=on_reading)
+        mon = GPUMonitor(
+            interval=self.options["monitor_interval"], origin=self.origin, on_reading=on_reading
+        )
         self._monitor_holder.append(mon.start())
         # who else uses the host's CPUs (milarun.measure.plausibility flags it)
-        self._host_load = HostLoadMonitor(interval=self.options["monitor_interval"],
-                                          origin=self.origin, on_reading=on_load).start()
+        self._host_load = HostLoadMonitor(
+            interval=self.options["monitor_interval"], origin=self.origin, on_reading=on_load
+        ).start()
 
     def write(self):
         """Write the result to ``out`` (directory or file) or print it to stdout.

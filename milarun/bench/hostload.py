@@ -101,7 +101,7 @@ def descendants(root, proc="/proc"):
         pid = todo.pop()
         try:
             tids = os.listdir(f"{proc}/{pid}/task")
-        except OSError:     # it ended meanwhile
+        except OSError:  # it ended meanwhile
             continue
         for tid in tids:
             try:
@@ -169,9 +169,17 @@ class HostLoadMonitor(PeriodicSampler):
 
     thread_name = "milarun-host-load"
 
-    def __init__(self, interval=1.0, origin=None, root=None, clock=time.perf_counter,
-                 host_times=host_cpu_times, tree_times=tree_cpu_times, cpu_count=None,
-                 on_reading=None):
+    def __init__(
+        self,
+        interval=1.0,
+        origin=None,
+        root=None,
+        clock=time.perf_counter,
+        host_times=host_cpu_times,
+        tree_times=tree_cpu_times,
+        cpu_count=None,
+        on_reading=None,
+    ):
         super().__init__(interval, on_reading, reason="not started")
         self.clock = clock
         self.origin = clock() if origin is None else origin
@@ -206,8 +214,13 @@ class HostLoadMonitor(PeriodicSampler):
             # a process born since the last reading counts from zero
             suite = sum(cpu - tree0.get(key, 0.0) for key, cpu in tree.items())
             used = max(0.0, busy - busy0)
-            row = {"t": now - self.origin, "dt": dt, "busy": used / dt,
-                   "suite": max(0.0, suite) / dt, "outside": max(0.0, used - suite) / dt}
+            row = {
+                "t": now - self.origin,
+                "dt": dt,
+                "busy": used / dt,
+                "suite": max(0.0, suite) / dt,
+                "outside": max(0.0, used - suite) / dt,
+            }
             if steal is not None and steal0 is not None:
                 row["steal"] = max(0.0, steal - steal0) / dt
             self.samples.append(row)
@@ -234,6 +247,11 @@ class HostLoadMonitor(PeriodicSampler):
             pass
 
     def record(self):
-        return {"available": self.available, "reason": self.reason,
-                "interval": self.interval, "cpu_count": self.cpu_count,
-                "suite_root": self.how, "samples": list(self.samples)}
+        return {
+            "available": self.available,
+            "reason": self.reason,
+            "interval": self.interval,
+            "cpu_count": self.cpu_count,
+            "suite_root": self.how,
+            "samples": list(self.samples),
+        }

@@ -56,9 +56,15 @@ class _BareLogger(RateLogger):
             self._sync()
         t1 = time.perf_counter()
         if self.total:
-            self.samples.append({"start": self._t0 - self.origin, "end": t1 - self.origin,
-                                 "count": self.total, "rate": self.total / (t1 - self._t0),
-                                 "warmup": False})
+            self.samples.append(
+                {
+                    "start": self._t0 - self.origin,
+                    "end": t1 - self.origin,
+                    "count": self.total,
+                    "rate": self.total / (t1 - self._t0),
+                    "warmup": False,
+                }
+            )
         if self._last_values:
             self.metrics = {k: _to_float(v) for k, v in self._last_values.items()}
 
@@ -79,8 +85,9 @@ def rate_logger(exp):
     device = exp.device
     tracing = opts.get("profile_trace")
     if tracing and opts["no_instrument"]:
-        raise ValueError("--profile-trace needs the rate logger's windows: "
-                         "leave out --no-instrument")
+        raise ValueError(
+            "--profile-trace needs the rate logger's windows: leave out --no-instrument"
+        )
     import torch
 
     if opts["no_instrument"]:
@@ -88,10 +95,14 @@ def rate_logger(exp):
         logger._sync = device_sync(torch, device)
     else:
         timer = device_timer(torch, device)
-        logger = RateLogger(sample_duration=opts["sample_duration"],
-                            max_count=opts["max_count"], warmup=opts["warmup"],
-                            timer=timer, origin=exp.origin,
-                            min_steady=opts["min_steady"])
+        logger = RateLogger(
+            sample_duration=opts["sample_duration"],
+            max_count=opts["max_count"],
+            warmup=opts["warmup"],
+            timer=timer,
+            origin=exp.origin,
+            min_steady=opts["min_steady"],
+        )
     if tracing:
         logger.tracer = ProfileTrace(exp, tracing, opts["profile_steps"])
     exp.attach_rate(logger)
@@ -126,5 +137,13 @@ def iteration_wrapper(exp):
     return rate_logger(exp).steps()
 
 
-__all__ = ["Epochs", "dataloop", "iteration_wrapper", "rate_logger", "Step", "XpuEventTimer",
-           "device_timer", "device_sync"]
+__all__ = [
+    "Epochs",
+    "dataloop",
+    "iteration_wrapper",
+    "rate_logger",
+    "Step",
+    "XpuEventTimer",
+    "device_timer",
+    "device_sync",
+]

@@ -80,8 +80,12 @@ class GPUMonitor(PeriodicSampler):
             self._notify(row)
 
     def record(self):
-        return {"available": self.available, "reason": self.reason,
-                "interval": self.interval, "samples": self.samples}
+        return {
+            "available": self.available,
+            "reason": self.reason,
+            "interval": self.interval,
+            "samples": self.samples,
+        }
 
 
 def merge_node_monitors(entries, clock):
@@ -116,6 +120,12 @@ def merge_node_monitors(entries, clock):
         shift = clock - entry["clock"]
         for row in monitor.get("samples") or []:
             samples.append({**row, "t": row["t"] + shift, "node": rank})
-    first.update({"samples": samples, "nodes": len(entries), "nodes_sampled": sampled,
-                  "node_gaps": "; ".join(gaps) or None})
+    first.update(
+        {
+            "samples": samples,
+            "nodes": len(entries),
+            "nodes_sampled": sampled,
+            "node_gaps": "; ".join(gaps) or None,
+        }
+    )
     return first

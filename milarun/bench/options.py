@@ -138,5 +138,12 @@ def precision_option(default="fp32", choices=PRECISIONS):
     return precision
 
 
-__all__ = ["common_options", "lr_option", "batch_size_option", "workers_option",
-           "precision_option", "PRECISIONS", "INFERENCE_PRECISIONS"]
+__all__ = [
+    "common_options",
+    "lr_option",
+    "batch_size_option",
+    "workers_option",
+    "precision_option",
+    "PRECISIONS",
+    "INFERENCE_PRECISIONS",
+]

@@ -124,9 +124,19 @@ class RateLogger:
             sample closed while set.
     """
 
-    def __init__(self, sample_duration=0.5, max_count=1000, warmup=3,
-                 timer=None, host_clock=time.perf_counter, origin=None,
-                 min_steady=0.0, agree=None, on_sample=None, before_start=None):
+    def __init__(
+        self,
+        sample_duration=0.5,
+        max_count=1000,
+        warmup=3,
+        timer=None,
+        host_clock=time.perf_counter,
+        origin=None,
+        min_steady=0.0,
+        agree=None,
+        on_sample=None,
+        before_start=None,
+    ):
         if sample_duration <= 0:
             raise ValueError("sample_duration must be > 0 seconds")
         if min_steady < 0:
@@ -173,8 +183,9 @@ class RateLogger:
         if step.values is not None:
             self._last_values = step.values
         now = self.host_clock()
-        finished = (self.max_count is not None and self.total >= self.max_count
-                    and not self._extend(now))
+        finished = (
+            self.max_count is not None and self.total >= self.max_count and not self._extend(now)
+        )
         if finished or now - self._window_host >= self.sample_duration:
             self._close_window(now)
         if self.tracer is not None:
@@ -241,8 +252,9 @@ class RateLogger:
             # the launches, so close one (one sync) to get a real rate.
             self._close_window(now)
         open_s = now - self._window_host
-        steady_s = sum(s["end"] - s["start"] for s in self.samples
-                       if not s["warmup"] and not s.get("profiled"))
+        steady_s = sum(
+            s["end"] - s["start"] for s in self.samples if not s["warmup"] and not s.get("profiled")
+        )
         if len(self.samples) >= self.warmup and not self.window_flags.get("profiled"):
             steady_s += open_s  # the open window is a steady one
         if steady_s >= self.min_steady:

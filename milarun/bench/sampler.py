@@ -68,8 +68,7 @@ class PeriodicSampler:
     def start(self):
         self.available = bool(self._init())
         if self.available:
-            self._thread = threading.Thread(target=self._run, name=self.thread_name,
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
             self._thread.start()
         return self
 

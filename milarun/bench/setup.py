@@ -36,10 +36,9 @@ def init_torch(exp):
     check_device(torch)
     want = opts["device"]
     if want == "auto" and os.environ.get("MILARUN_BACKEND") == "cpu":
-        want = "cpu"   # a CPU slot: an XPU (ZE_AFFINITY_MASK="" hides nothing) stays unused
+        want = "cpu"  # a CPU slot: an XPU (ZE_AFFINITY_MASK="" hides nothing) stays unused
     if want == "auto":
-        want = ("cuda" if torch.cuda.is_available() else
-                "xpu" if _xpu(torch) else "cpu")
+        want = "cuda" if torch.cuda.is_available() else "xpu" if _xpu(torch) else "cpu"
     if want == "xpu" and not _xpu(torch):
         raise WrongDevice("--device xpu was asked for but torch has no usable XPU")
     if want == "cuda":
@@ -94,21 +93,27 @@ def check_device(torch, environ=None):
     version = getattr(torch, "version", None)
     if backend == "intel":
         if not _xpu(torch):
-            raise WrongDevice("the launcher gave an Intel GPU (ZE_AFFINITY_MASK="
-                              f"{environ.get('ZE_AFFINITY_MASK')!r}) but torch has no usable "
-                              "XPU: install torch's XPU build (docs/vendors.md)")
+            raise WrongDevice(
+                "the launcher gave an Intel GPU (ZE_AFFINITY_MASK="
+                f"{environ.get('ZE_AFFINITY_MASK')!r}) but torch has no usable "
+                "XPU: install torch's XPU build (docs/vendors.md)"
+            )
         return
     build = {"nvidia": ("cuda", "CUDA"), "amd": ("hip", "ROCm")}.get(backend)
     if build is None:
         raise WrongDevice(f"unknown device backend {backend!r} ($MILARUN_BACKEND)")
     attr, label = build
     if not getattr(version, attr, None):
-        raise WrongDevice(f"the launcher gave an {backend.upper()} GPU but this torch "
-                          f"({getattr(torch, '__version__', '?')}) is not a {label} build "
-                          "(docs/vendors.md)")
+        raise WrongDevice(
+            f"the launcher gave an {backend.upper()} GPU but this torch "
+            f"({getattr(torch, '__version__', '?')}) is not a {label} build "
+            "(docs/vendors.md)"
+        )
     if not torch.cuda.is_available():
-        raise WrongDevice(f"the launcher gave a {backend.upper()} GPU but torch sees none "
-                          "(driver, visibility variables or permissions)")
+        raise WrongDevice(
+            f"the launcher gave a {backend.upper()} GPU but torch sees none "
+            "(driver, visibility variables or permissions)"
+        )
     want = environ.get("MILARUN_PCI_BUS_ID")
     if want:
         props = torch.cuda.get_device_properties(0)
@@ -119,9 +124,11 @@ def check_device(torch, environ=None):
         except ValueError:
             expected = None
         if expected and all(isinstance(g, int) for g in got) and got != expected:
-            raise WrongDevice(f"torch's device 0 is PCI {got[0]:04x}:{got[1]:02x}:{got[2]:02x}, "
-                              f"not the {want} the launcher gave: the backend's and the "
-                              "runtime's device orders differ")
+            raise WrongDevice(
+                f"torch's device 0 is PCI {got[0]:04x}:{got[1]:02x}:{got[2]:02x}, "
+                f"not the {want} the launcher gave: the backend's and the "
+                "runtime's device orders differ"
+            )
 
 
 def set_precision(device, precision):
@@ -159,6 +166,7 @@ def peak_memory_mib(device):
     if device is not None and device.type == "xpu":
         return torch.xpu.max_memory_allocated(device) / 2**20
     import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -184,12 +192,15 @@ def data_loader(dataset, batch_size, workers, device, **kwargs):
     if "batch_sampler" not in kwargs:
         kwargs = {"batch_size": batch_size, "shuffle": True, "drop_last": True, **kwargs}
     return torch.utils.data.DataLoader(
-        dataset, num_workers=nworkers, persistent_workers=nworkers > 0,
-        pin_memory=device.type == "cuda", **kwargs)
+        dataset,
+        num_workers=nworkers,
+        persistent_workers=nworkers > 0,
+        pin_memory=device.type == "cuda",
+        **kwargs,
+    )
 
 
-def rank_loader(dataset, batch_size, workers, device, world, seed, what, hint="",
-                source=None):
+def rank_loader(dataset, batch_size, workers, device, world, seed, what, hint="", source=None):
     """:func:`data_loader` over this rank's share of ``dataset``.
 
     A ``DistributedSampler`` (shuffled with ``seed``, the uneven tail dropped) gives
@@ -203,8 +214,8 @@ def rank_loader(dataset, batch_size, workers, device, world, seed, what, hint=""
     import torch
 
     sampler = torch.utils.data.DistributedSampler(
-        dataset, num_replicas=world.size, rank=world.rank, shuffle=True, seed=seed,
-        drop_last=True)
+        dataset, num_replicas=world.size, rank=world.rank, shuffle=True, seed=seed, drop_last=True
+    )
     loader = data_loader(dataset, batch_size, workers, device, sampler=sampler, shuffle=False)
     need_a_batch(len(loader) > 0, len(dataset), what, batch_size, world.size, hint, source)
     return loader
@@ -220,9 +231,18 @@ def need_a_batch(enough, items, what, batch_size, ranks, hint="", source=None):
     if not enough:
         where = f"{source}: " if source is not None else ""
         tail = f"; {hint}" if hint else ""
-        raise ValueError(f"{where}{items} {what} give no batch of {batch_size} per rank "
-                         f"over {ranks} ranks{tail}")
+        raise ValueError(
+            f"{where}{items} {what} give no batch of {batch_size} per rank over {ranks} ranks{tail}"
+        )
 
 
-__all__ = ["init_torch", "set_precision", "peak_memory_mib", "dataloader_workers",
-           "data_loader", "rank_loader", "need_a_batch", "PRECISIONS"]
+__all__ = [
+    "init_torch",
+    "set_precision",
+    "peak_memory_mib",
+    "dataloader_workers",
+    "data_loader",
+    "rank_loader",
+    "need_a_batch",
+    "PRECISIONS",
+]

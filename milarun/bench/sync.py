@@ -37,17 +37,30 @@ def synchronize(exp, environ=None):
     info = None
     if World.from_environment(environ).rank == 0:
         try:
-            info = barrier.wait(config["address"], config["wave"], config["label"],
-                                config["timeout"], secret=config["secret"])
+            info = barrier.wait(
+                config["address"],
+                config["wave"],
+                config["label"],
+                config["timeout"],
+                secret=config["secret"],
+            )
         except barrier.BarrierTimeout:
             exp.result["timings"]["barrier"] = {
-                "address": config["address"], "wave": config["wave"],
-                "label": config["label"], "timeout_s": config["timeout"], "released": None}
+                "address": config["address"],
+                "wave": config["wave"],
+                "label": config["label"],
+                "timeout_s": config["timeout"],
+                "released": None,
+            }
             raise
     _rank_barrier(environ)
     if info is None:
-        info = {"address": config["address"], "wave": config["wave"],
-                "label": config["label"], "timeout_s": config["timeout"]}
+        info = {
+            "address": config["address"],
+            "wave": config["wave"],
+            "label": config["label"],
+            "timeout_s": config["timeout"],
+        }
     info["released_at"] = max(0.0, time.perf_counter() - exp.origin)
     exp.result["timings"]["barrier"] = info
     if exp.journal is not None:

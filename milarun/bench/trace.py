@@ -43,13 +43,15 @@ def trace_file(exp, folder):
     rank = World.from_environment().rank
     out = exp.out
     if out is None:
-        record = Path.cwd() / result_filename(exp.name, exp.result["run"],
-                                              exp.result["device"], True)
+        record = Path.cwd() / result_filename(
+            exp.name, exp.result["run"], exp.result["device"], True
+        )
     elif str(out).endswith(".json"):
         record = Path(out)
     else:
-        record = Path(out) / result_filename(exp.name, exp.result["run"],
-                                             exp.result["device"], True)
+        record = Path(out) / result_filename(
+            exp.name, exp.result["run"], exp.result["device"], True
+        )
     return Path(os.path.abspath(trace_path(record, folder, rank=rank)))
 
 
@@ -75,28 +77,35 @@ class ProfileTrace:
         self.path = trace_file(exp, folder)
         self.steps = steps
         self.profiler = profiler
-        self.state = "waiting"   # waiting -> recording -> done
+        self.state = "waiting"  # waiting -> recording -> done
         self.count = 0
         self._prof = None
         self._range = None
         self._start = None
         cuda = exp.device is not None and exp.device.type == "cuda"
         self.activities = ["cpu", "cuda"] if cuda else ["cpu"]
-        self._record(path=None, steps=0, note="the run ended before its warm-up did: "
-                                              "no step was profiled")
+        self._record(
+            path=None, steps=0, note="the run ended before its warm-up did: no step was profiled"
+        )
 
     def _record(self, **fields):
-        self.exp.result["profile_trace"] = {"activities": list(self.activities),
-                                            "start": None, "end": None, "note": None,
-                                            **fields}
+        self.exp.result["profile_trace"] = {
+            "activities": list(self.activities),
+            "start": None,
+            "end": None,
+            "note": None,
+            **fields,
+        }
 
     def _make(self):
         if self.profiler is not None:
             return self.profiler(self.activities)
         import torch
 
-        kinds = {"cpu": torch.profiler.ProfilerActivity.CPU,
-                 "cuda": torch.profiler.ProfilerActivity.CUDA}
+        kinds = {
+            "cpu": torch.profiler.ProfilerActivity.CPU,
+            "cuda": torch.profiler.ProfilerActivity.CUDA,
+        }
         return torch.profiler.profile(activities=[kinds[a] for a in self.activities])
 
     def _enter_step(self):
@@ -152,16 +161,20 @@ class ProfileTrace:
         try:
             self._prof.stop()
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            check_target(self.path)     # torch writes through symlinks: refuse one, or a FIFO
+            check_target(self.path)  # torch writes through symlinks: refuse one, or a FIFO
             self._prof.export_chrome_trace(str(self.path))
-        except Exception as exc:   # a failed trace must not fail the measurement
-            self._record(path=None, steps=self.count, start=self._start, end=end,
-                         note=f"the trace could not be written: {exc}"[:4000])
+        except Exception as exc:  # a failed trace must not fail the measurement
+            self._record(
+                path=None,
+                steps=self.count,
+                start=self._start,
+                end=end,
+                note=f"the trace could not be written: {exc}"[:4000],
+            )
             return
         finally:
             self._prof = None
-        self._record(path=self._link(), steps=self.count, start=self._start, end=end,
-                     note=note)
+        self._record(path=self._link(), steps=self.count, start=self._start, end=end, note=note)
 
     def _link(self):
         """The trace path as the record gives it: relative to the record's folder when inside."""

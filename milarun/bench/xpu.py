@@ -22,8 +22,10 @@ on the CPU under a record that says xpu:
 from .setup import WrongDevice
 
 #: Why the data-parallel workloads refuse an XPU.
-DDP_NOT_WIRED = ("data-parallel training on XPU needs the xccl backend and one xpu:LOCAL_RANK "
-                 "per rank, which milarun.bench.distributed does not set up yet")
+DDP_NOT_WIRED = (
+    "data-parallel training on XPU needs the xccl backend and one xpu:LOCAL_RANK "
+    "per rank, which milarun.bench.distributed does not set up yet"
+)
 #: Why lightning_convnet refuses an XPU.
 LIGHTNING_NOT_WIRED = "Lightning 2.6 has no XPU accelerator"
 

@@ -22,18 +22,38 @@ from .options import add_options
 DESCRIPTION = "milarun: deep-learning server benchmark"
 
 #: The commands, in the order ``milarun --help`` lists them; each is ``milarun.cli.<name>``.
-COMMANDS = ("run", "jobs", "profile", "slurm", "rerun", "dataset", "devices", "summary",
-            "report", "seal", "keygen", "verify", "tender", "audit")
+COMMANDS = (
+    "run",
+    "jobs",
+    "profile",
+    "slurm",
+    "rerun",
+    "dataset",
+    "devices",
+    "summary",
+    "report",
+    "seal",
+    "keygen",
+    "verify",
+    "tender",
+    "audit",
+)
 
 
 #: Commands whose arguments after ``--`` go to the test(s).
-PASS_THROUGH = {"run": "the experiment", "jobs": "every test", "slurm": "every test",
-                "rerun": "the test, after its recorded ones"}
+PASS_THROUGH = {
+    "run": "the experiment",
+    "jobs": "every test",
+    "slurm": "every test",
+    "rerun": "the test, after its recorded ones",
+}
 
 #: Under every command's ``--help``: the options ``main`` handles itself.
-COMMON_HELP = ("common options:\n"
-               "  --verbose, -v         show the traceback of an error (and, for jobs, every\n"
-               "                        line the tests print); anywhere before \"--\"")
+COMMON_HELP = (
+    "common options:\n"
+    "  --verbose, -v         show the traceback of an error (and, for jobs, every\n"
+    '                        line the tests print); anywhere before "--"'
+)
 
 
 class _Commands(argparse._SubParsersAction):
@@ -47,10 +67,11 @@ class _Commands(argparse._SubParsersAction):
             kwargs["help"] = _cleandoc(doc).split("\n\n")[0]
         epilog = COMMON_HELP
         if name in PASS_THROUGH:
-            epilog = ("pass-through:\n  -- ARGS               everything after the first "
-                      f"\"--\" goes, untouched,\n                        to "
-                      f"{PASS_THROUGH[name]}: milarun {name} ... -- --max-count 100\n\n"
-                      + epilog)
+            epilog = (
+                "pass-through:\n  -- ARGS               everything after the first "
+                f'"--" goes, untouched,\n                        to '
+                f"{PASS_THROUGH[name]}: milarun {name} ... -- --max-count 100\n\n" + epilog
+            )
         kwargs.setdefault("epilog", epilog)
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         parser = super().add_parser(name, **kwargs)
@@ -103,9 +124,13 @@ def parser(chosen=None):
     to parse ``chosen``'s command line). None: every command, in full (for
     ``milarun --help``).
     """
-    top = _Parser(prog="milarun", description=DESCRIPTION,
-                  epilog=COMMON_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
-                  argument_default=argparse.SUPPRESS)
+    top = _Parser(
+        prog="milarun",
+        description=DESCRIPTION,
+        epilog=COMMON_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=argparse.SUPPRESS,
+    )
     top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = top.add_subparsers()
     for name in COMMANDS:
@@ -127,8 +152,9 @@ def _chosen(own):
     else None (``milarun``, ``milarun --help``: every command in full)."""
     if own and own[0] in COMMANDS:
         return own[0]
-    if own and all(not a.startswith("-") or (len(a) > 2 and "--version".startswith(a))
-                   for a in own):
+    if own and all(
+        not a.startswith("-") or (len(a) > 2 and "--version".startswith(a)) for a in own
+    ):
         return ""
     return None
 
@@ -137,7 +163,7 @@ def split_argv(argv):
     """Split at the first ``--``: (milarun's own args, the test's args)."""
     if "--" in argv:
         i = argv.index("--")
-        return argv[:i], argv[i + 1:]
+        return argv[:i], argv[i + 1 :]
     return argv, []
 
 
@@ -166,6 +192,7 @@ def _exit_now(code):
             pass
     try:  # and C stdio (extensions' printf), which only libc's exit() would flush
         import ctypes
+
         ctypes.CDLL(None).fflush(None)
     except (OSError, AttributeError):
         pass
@@ -196,14 +223,15 @@ def main(argv=None, process_entry=False):
         top = parser(_chosen(own))
         opts = top.parse_args(own)
         command = getattr(opts, "#command", None)
-        if command is None:    # no command: the help, and a failure
+        if command is None:  # no command: the help, and a failure
             top.print_help()
             sys.exit(1)
-        opts.verbose = verbose    # commands read it when they run (jobs: every line)
+        opts.verbose = verbose  # commands read it when they run (jobs: every line)
         code = command(opts, rest)
     except MilarunError as exc:
         if verbose:
             import traceback
+
             traceback.print_exc()
         print(f"milarun: error: {exc}", file=sys.stderr)
         code = exc.exit_code
@@ -213,6 +241,7 @@ def main(argv=None, process_entry=False):
     except BrokenPipeError:
         # the reader went away (milarun summary … | head): not an error of ours
         import os
+
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 0
     code = code or 0
@@ -221,6 +250,7 @@ def main(argv=None, process_entry=False):
     except (OSError, ValueError):
         # the terminal went away (closed SSH session): the exit status still counts
         import os
+
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if process_entry and own[:1] == ["run"]:
         import os

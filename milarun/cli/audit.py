@@ -13,18 +13,36 @@ from .options import option, positional
 ACTIONS = {"plan": ("OUTDIR",), "check": ("OUTDIR", "AUDITDIR")}
 
 OPTIONS = (
-    positional("action", "plan: pick launches of the bundle and write the audit profile; "
-               "check: compare the rerun with the bundle"),
-    positional("folders", "plan: the vendor's results folder (OUTDIR); check: OUTDIR and the "
-               "rerun's results folder (AUDITDIR)", nargs="*"),
+    positional(
+        "action",
+        "plan: pick launches of the bundle and write the audit profile; "
+        "check: compare the rerun with the bundle",
+    ),
+    positional(
+        "folders",
+        "plan: the vendor's results folder (OUTDIR); check: OUTDIR and the "
+        "rerun's results folder (AUDITDIR)",
+        nargs="*",
+    ),
     option("sample", "plan: how many launches to rerun (K, at least 1)", type=int),
-    option("seed", "plan: the buyer's random seed (an integer, recorded in the plan: the "
-           "same seed picks the same launches)", type=int),
+    option(
+        "seed",
+        "plan: the buyer's random seed (an integer, recorded in the plan: the "
+        "same seed picks the same launches)",
+        type=int,
+    ),
     option("rules", "plan: the tender's rules file, whose SHA-256 the plan records"),
-    option("tolerance", "plan: how much slower than the vendor's rate a rerun may be before "
-           "Welch's test can fail it, a fraction in [0, 1) (default 0.05)", type=float),
-    option("out", "plan: the audit profile to write (the plan goes next to it, "
-           "X.plan.json)", aliases=("-o",)),
+    option(
+        "tolerance",
+        "plan: how much slower than the vendor's rate a rerun may be before "
+        "Welch's test can fail it, a fraction in [0, 1) (default 0.05)",
+        type=float,
+    ),
+    option(
+        "out",
+        "plan: the audit profile to write (the plan goes next to it, X.plan.json)",
+        aliases=("-o",),
+    ),
     option("json", "check: also write the outcome as JSON to this file"),
 )
 
@@ -48,8 +66,10 @@ def command(opts, rest):
         raise MilarunError(f"unknown action {action!r}: plan or check", key="action")
     want = ACTIONS[action]
     if len(opts.folders) != len(want):
-        raise MilarunError(f"audit {action} takes {' '.join(want)}, got "
-                           f"{len(opts.folders)} folder(s)", key="folders")
+        raise MilarunError(
+            f"audit {action} takes {' '.join(want)}, got {len(opts.folders)} folder(s)",
+            key="folders",
+        )
     # lazy, for start-up: `milarun --help` imports every cli module
     from ..verify import audit
 
@@ -58,18 +78,25 @@ def command(opts, rest):
             if getattr(opts, name) is None:
                 raise MilarunError(f"audit plan needs --{name}", key=name)
         tolerance = audit.DEFAULT_TOLERANCE if opts.tolerance is None else opts.tolerance
-        plan = audit.plan_audit(opts.folders[0], opts.sample, opts.seed, opts.out,
-                                rules=opts.rules, tolerance=tolerance)
-        print(f"milarun: audit plan: {len(plan['chosen'])} of {plan['launches']} launch(es) "
-              f"picked with seed {plan['seed']} from chain head {plan['head']}")
+        plan = audit.plan_audit(
+            opts.folders[0], opts.sample, opts.seed, opts.out, rules=opts.rules, tolerance=tolerance
+        )
+        print(
+            f"milarun: audit plan: {len(plan['chosen'])} of {plan['launches']} launch(es) "
+            f"picked with seed {plan['seed']} from chain head {plan['head']}"
+        )
         for c in plan["chosen"]:
             print(f"  {c['name']} J{c['run']} device {c['device']}: {c['record']}")
         for job, what in plan["review"].items():
             for key, value in what.items():
-                print(f"milarun: read before running: {job} {key} (from the vendor's records): "
-                      f"{json.dumps(value)}")
-        print(f"milarun: wrote {opts.out} and {audit.plan_path(opts.out)}; on the delivered "
-              "machine run:")
+                print(
+                    f"milarun: read before running: {job} {key} (from the vendor's records): "
+                    f"{json.dumps(value)}"
+                )
+        print(
+            f"milarun: wrote {opts.out} and {audit.plan_path(opts.out)}; on the delivered "
+            "machine run:"
+        )
         print("  " + " ".join(plan["command"]))
         print(f"then: milarun audit check {opts.folders[0]} AUDITDIR")
         return 0
@@ -77,6 +104,7 @@ def command(opts, rest):
     sys.stdout.write(audit.format_check(verdict, rows))
     if opts.json:
         from ..formats.store import write_json_atomic  # why: only with --json
+
         try:
             write_json_atomic(opts.json, audit.check_json(verdict, rows, plan))
         except MilarunError:

@@ -40,12 +40,20 @@ OPTIONS = (
     option("dataroot", "Dataset root (default: $MILARUN_DATAROOT)", aliases=("-d",)),
     option("size", "Size preset: tiny (tests, CPU) or standard (GPU runs)", default="tiny"),
     option("seed", "Random seed of the generated data", type=int, default=0),
-    option("count", "Override the number of items (images...) where the builder has one: "
-           "1 to 10,000,000", type=int),
-    option("image_size", "Override the image size where the builder has one: 16 to 4096 "
-           "pixels", type=int),
-    flag("list_datasets", "List the known datasets, their size presets and what DATAROOT "
-         "holds, with sizes on disk"),
+    option(
+        "count",
+        "Override the number of items (images...) where the builder has one: 1 to 10,000,000",
+        type=int,
+    ),
+    option(
+        "image_size",
+        "Override the image size where the builder has one: 16 to 4096 pixels",
+        type=int,
+    ),
+    flag(
+        "list_datasets",
+        "List the known datasets, their size presets and what DATAROOT holds, with sizes on disk",
+    ),
 )
 
 
@@ -68,6 +76,11 @@ def command(opts, rest):
     for name in names:
         datasets.resolve_params(name, size, {"count": count, "image_size": image_size})
     for name in names:
-        datasets.prepare(name, dataroot, size=size, seed=seed,
-                         overrides={"count": count, "image_size": image_size})
+        datasets.prepare(
+            name,
+            dataroot,
+            size=size,
+            seed=seed,
+            overrides={"count": count, "image_size": image_size},
+        )
     return 0

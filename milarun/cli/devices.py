@@ -26,7 +26,7 @@ def command(opts, rest):
     from ..launcher.bounds import check_bounds
 
     check_stack()
-    check_bounds(1, cpu_slots, None)   # --cpu-slots in 1..cores, as milarun jobs says
+    check_bounds(1, cpu_slots, None)  # --cpu-slots in 1..cores, as milarun jobs says
     inv = inventory(cpu_slots)
     if opts.count:
         print(len(inv["devices"]) or (cpu_slots or 0))

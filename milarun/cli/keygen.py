@@ -7,8 +7,9 @@ from .options import positional
 
 OPTIONS = (
     positional("private", "Where to write the private key (PEM, mode 0600; keep it secret)"),
-    positional("public", "Where to write the public key (PEM, mode 0644; send it with the "
-                         "tender reply)"),
+    positional(
+        "public", "Where to write the public key (PEM, mode 0644; send it with the tender reply)"
+    ),
 )
 
 

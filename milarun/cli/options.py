@@ -13,14 +13,14 @@ show ``NUM`` as their value, others ``VALUE``.
 """
 
 
-
 class Spec:
     """One argument of a command: what :func:`add_options` needs to add it."""
 
     __slots__ = ("kind", "name", "help", "type", "default", "flags", "nargs", "repeat")
 
-    def __init__(self, kind, name, help, type=None, default=None, flags=(), nargs=None,
-                 repeat=False):
+    def __init__(
+        self, kind, name, help, type=None, default=None, flags=(), nargs=None, repeat=False
+    ):
         self.kind, self.name, self.help, self.type = kind, name, help, type
         self.default, self.flags, self.nargs = default, tuple(flags), nargs
         self.repeat = repeat
@@ -36,9 +36,16 @@ def option(name, help, type=None, default=None, aliases=(), nargs=None, repeat=F
     (``"-d"``); ``type`` converts the value (``int``, ``float``; default: the string);
     ``nargs="+"``: one or more values, a list; ``repeat``: the option may be given
     again, its values adding to the list (``--family llm --family vision``)."""
-    return Spec("option", name, help, type=type, default=default,
-                flags=("--" + name.replace("_", "-"),) + tuple(aliases), nargs=nargs,
-                repeat=repeat)
+    return Spec(
+        "option",
+        name,
+        help,
+        type=type,
+        default=default,
+        flags=("--" + name.replace("_", "-"),) + tuple(aliases),
+        nargs=nargs,
+        repeat=repeat,
+    )
 
 
 def flag(name, help, flags=None, negate=False):
@@ -46,31 +53,38 @@ def flag(name, help, flags=None, negate=False):
     the spelling. ``negate``: the switch is ``--no-name`` instead, which sets it to False
     (default True)."""
     if negate:
-        return Spec("negate", name, help, default=True,
-                    flags=("--no-" + name.replace("_", "-"),))
-    return Spec("flag", name, help, default=False,
-                flags=flags or ("--" + name.replace("_", "-"),))
+        return Spec("negate", name, help, default=True, flags=("--no-" + name.replace("_", "-"),))
+    return Spec("flag", name, help, default=False, flags=flags or ("--" + name.replace("_", "-"),))
 
 
 def add_options(parser, specs):
     """Add ``specs`` to ``parser``: positionals first, in order, then the others by name."""
-    ordered = ([s for s in specs if s.kind == "positional"]
-               + sorted((s for s in specs if s.kind != "positional"), key=lambda s: s.name))
+    ordered = [s for s in specs if s.kind == "positional"] + sorted(
+        (s for s in specs if s.kind != "positional"), key=lambda s: s.name
+    )
     for s in ordered:
         if s.kind == "positional":
-            parser.add_argument(s.name, nargs=s.nargs, metavar=s.name.upper(),
-                                default=s.default, help=s.help)
+            parser.add_argument(
+                s.name, nargs=s.nargs, metavar=s.name.upper(), default=s.default, help=s.help
+            )
         elif s.kind == "flag":
             parser.add_argument(*s.flags, dest=s.name, action="store_true", help=s.help)
         elif s.kind == "negate":
             # in a group of its own, as milarun's help has always shown it
             parser.add_mutually_exclusive_group().add_argument(
-                *s.flags, dest=s.name, action="store_false", help=s.help)
+                *s.flags, dest=s.name, action="store_false", help=s.help
+            )
         else:
-            parser.add_argument(*s.flags, dest=s.name, type=s.type, default=s.default,
-                                nargs=s.nargs, help=s.help,
-                                **({"action": "extend"} if s.repeat else {}),
-                                metavar="NUM" if s.type in (int, float) else "VALUE")
+            parser.add_argument(
+                *s.flags,
+                dest=s.name,
+                type=s.type,
+                default=s.default,
+                nargs=s.nargs,
+                help=s.help,
+                **({"action": "extend"} if s.repeat else {}),
+                metavar="NUM" if s.type in (int, float) else "VALUE",
+            )
     return parser
 
 
@@ -91,7 +105,9 @@ def as_argv(specs, values):
         elif value is None or (s.nargs and not value):
             continue
         else:
-            words = [f"{v:g}" if isinstance(v, float) else str(v)
-                     for v in (value if s.nargs else [value])]
+            words = [
+                f"{v:g}" if isinstance(v, float) else str(v)
+                for v in (value if s.nargs else [value])
+            ]
             argv += words if s.kind == "positional" else [s.flags[0]] + words
     return argv

@@ -9,8 +9,7 @@ OPTIONS = (
     positional("profile", "The job profile (JSON)"),
     option("name", "Only these tests", nargs="+"),
     option("select", "Only the tests with one of these names, groups or tags", nargs="+"),
-    option("exclude", "Leave out the tests with one of these names, groups or tags",
-           nargs="+"),
+    option("exclude", "Leave out the tests with one of these names, groups or tags", nargs="+"),
 )
 
 
@@ -19,8 +18,7 @@ def command(opts, rest):
     applied) as JSON: a plain profile that loads to the same jobs. Launch placeholders
     such as {cpu_per_gpu} stay as written: the plan fills them per launch (see
     ``milarun jobs --dry-run``)."""
-    return print_profile(opts.profile, names=opts.name, select=opts.select,
-                         exclude=opts.exclude)
+    return print_profile(opts.profile, names=opts.name, select=opts.select, exclude=opts.exclude)
 
 
 def resolved_profile(profile, names=None, select=None, exclude=None):
@@ -37,8 +35,12 @@ def resolved_profile(profile, names=None, select=None, exclude=None):
     from ..profile.language import load_profile, profile_files
 
     jobs = load_profile(profile, names, select, exclude)
-    out = {"_resolved_from": {"suite": jobs[0].suite,
-                              "files": [str(p) for p in profile_files(profile)]}}
+    out = {
+        "_resolved_from": {
+            "suite": jobs[0].suite,
+            "files": [str(p) for p in profile_files(profile)],
+        }
+    }
     out.update({job.name: job.as_entry() for job in jobs})
     return out
 
@@ -46,7 +48,8 @@ def resolved_profile(profile, names=None, select=None, exclude=None):
 def print_profile(profile, names=None, select=None, exclude=None, stream=None):
     """Write :func:`resolved_profile` as indented JSON; returns 0."""
     stream = stream or sys.stdout
-    json.dump(resolved_profile(profile, names, select, exclude), stream, indent=2,
-              ensure_ascii=False)
+    json.dump(
+        resolved_profile(profile, names, select, exclude), stream, indent=2, ensure_ascii=False
+    )
     stream.write("\n")
     return 0

@@ -8,8 +8,7 @@ OPTIONS = (
     option("out", "Result directory or .json file (default: print to stdout)", aliases=("-o",)),
     flag("dry_run", "Print the command and do not run it"),
     flag("no_cgexec", "Do not run in the original's student cgroup"),
-    flag("yes", "Run a record this host's milarun did not write (read the printed command "
-         "first)"),
+    flag("yes", "Run a record this host's milarun did not write (read the printed command first)"),
     option("function", "Run this module:function instead of the record's call.function"),
 )
 
@@ -24,6 +23,12 @@ def command(opts, rest):
     command is printed and the exit status is 2."""
     from ..launcher.rerun import rerun  # lazy, for start-up
 
-    return rerun(opts.result, rest, out=opts.out, dry_run=opts.dry_run,
-                 use_cgexec=not opts.no_cgexec, yes=opts.yes, function=opts.function)
-
+    return rerun(
+        opts.result,
+        rest,
+        out=opts.out,
+        dry_run=opts.dry_run,
+        use_cgexec=not opts.no_cgexec,
+        yes=opts.yes,
+        function=opts.function,
+    )

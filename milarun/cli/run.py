@@ -33,16 +33,26 @@ def resolve_function(spec):
     return fn
 
 
-OPTIONS = tuple(positional(name, help) if aliases is None else
-                option(name, help, default=default, aliases=aliases)
-                for name, aliases, default, help in child.OPTIONS)
+OPTIONS = tuple(
+    positional(name, help)
+    if aliases is None
+    else option(name, help, default=default, aliases=aliases)
+    for name, aliases, default, help in child.OPTIONS
+)
 
 
 def command(opts, rest):
     """Run one experiment in this process and write its result."""
-    return run_experiment(opts.function, rest, out=opts.out, dataroot=opts.dataroot,
-                          name=opts.experiment_name, job_id=opts.job_id, extra=opts.extra,
-                          verbose=getattr(opts, "verbose", False))
+    return run_experiment(
+        opts.function,
+        rest,
+        out=opts.out,
+        dataroot=opts.dataroot,
+        name=opts.experiment_name,
+        job_id=opts.job_id,
+        extra=opts.extra,
+        verbose=getattr(opts, "verbose", False),
+    )
 
 
 def check_out(out):
@@ -68,8 +78,9 @@ def check_out(out):
         raise MilarunError(f"-o {out}: {part} is not a folder; the result could not be written")
 
 
-def run_experiment(function, argv, out=None, dataroot=None, name=None,
-                   job_id="0.0", extra=None, verbose=False):
+def run_experiment(
+    function, argv, out=None, dataroot=None, name=None, job_id="0.0", extra=None, verbose=False
+):
     """Resolve ``function``, build an Experiment and run it; returns the exit code.
     With ``verbose``, a failure that is a MilarunError prints its traceback too."""
     # lazy, for start-up: `milarun --help` imports every cli module (bench: the child side)
@@ -79,7 +90,7 @@ def run_experiment(function, argv, out=None, dataroot=None, name=None,
     from ..host.supervise import from_environment
 
     from_environment()  # die with the launcher, even as a torchrun rank
-    check_stack()       # an unsupported torch is one line, before any import of it
+    check_stack()  # an unsupported torch is one line, before any import of it
     fn = resolve_function(function)
     check_out(out)
     extra = child.decode_extra(extra)

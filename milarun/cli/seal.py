@@ -8,10 +8,16 @@ from .options import option, positional
 
 OPTIONS = (
     positional("outdir", "The results folder of milarun jobs to seal"),
-    option("sign", "Ed25519 private key (PEM, from milarun keygen): also write "
-                   "OUTDIR/bundle.json.sig, the signature of bundle.json"),
-    option("weights", "Weights file the buyer scores with: copied to "
-                      "OUTDIR/.milarun/weights.json and entered in the chain"),
+    option(
+        "sign",
+        "Ed25519 private key (PEM, from milarun keygen): also write "
+        "OUTDIR/bundle.json.sig, the signature of bundle.json",
+    ),
+    option(
+        "weights",
+        "Weights file the buyer scores with: copied to "
+        "OUTDIR/.milarun/weights.json and entered in the chain",
+    ),
 )
 
 

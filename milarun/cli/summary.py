@@ -35,7 +35,7 @@ def run_summary(results, out=None, warn=None):
     if out:
         try:
             write_summary(summary, out)
-        except MilarunError:    # UnsafeFileError: a symlink, FIFO or device at ``out``
+        except MilarunError:  # UnsafeFileError: a symlink, FIFO or device at ``out``
             raise
         except OSError as exc:
             raise MilarunError(f"cannot write ({exc.strerror})", path=out)

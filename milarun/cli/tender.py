@@ -13,19 +13,35 @@ from ..formats.terminal import one_line, one_line_error
 from .options import option, positional
 
 OPTIONS = (
-    positional("bundles", "Without --bidders: the bidders' results bundles, a folder (the "
-               "bidder is named after it) or NAME=PATH; each is verified without a head or "
-               "key (CONSISTENT, NOT PINNED at best)", nargs="*"),
-    option("bidders", "Bidders file {\"version\": 1, \"bidders\": [{name, bundle, public_key, "
-           "head, head_received, price, currency}]}: each bundle verified with the head "
-           "received and the public key it gives (docs/tender.md)"),
-    option("rules", "The tender's rules file: every bundle is verified against it "
-           "(milarun verify --rules; docs/tender.md)"),
-    option("prices", "With BUNDLE arguments: prices file {\"currency\": \"EUR\", \"bidders\": "
-           "{name: price}}: adds the price per score point and per node-score point (with "
-           "--bidders, the prices are in the bidders file)"),
-    option("weights", "Weights file for every bidder's score (default: the shipped weights "
-           "of the one profile every bundle ran, else every test weighs 1)"),
+    positional(
+        "bundles",
+        "Without --bidders: the bidders' results bundles, a folder (the "
+        "bidder is named after it) or NAME=PATH; each is verified without a head or "
+        "key (CONSISTENT, NOT PINNED at best)",
+        nargs="*",
+    ),
+    option(
+        "bidders",
+        'Bidders file {"version": 1, "bidders": [{name, bundle, public_key, '
+        "head, head_received, price, currency}]}: each bundle verified with the head "
+        "received and the public key it gives (docs/tender.md)",
+    ),
+    option(
+        "rules",
+        "The tender's rules file: every bundle is verified against it "
+        "(milarun verify --rules; docs/tender.md)",
+    ),
+    option(
+        "prices",
+        'With BUNDLE arguments: prices file {"currency": "EUR", "bidders": '
+        "{name: price}}: adds the price per score point and per node-score point (with "
+        "--bidders, the prices are in the bidders file)",
+    ),
+    option(
+        "weights",
+        "Weights file for every bidder's score (default: the shipped weights "
+        "of the one profile every bundle ran, else every test weighs 1)",
+    ),
     option("html", "Also write the ranking as a self-contained HTML page to this file"),
     option("json", "Also write the ranking as JSON to this file"),
 )
@@ -45,14 +61,30 @@ def command(opts, rest):
     PINNED, 1 when none is either, 2 on bad input.
     """
     try:
-        return run_tender(opts.bundles, opts.rules, prices=opts.prices, weights=opts.weights,
-                          html=opts.html, json_out=opts.json, bidders_file=opts.bidders)
-    except MilarunError as exc:     # its message names a bidder's folder and files
+        return run_tender(
+            opts.bundles,
+            opts.rules,
+            prices=opts.prices,
+            weights=opts.weights,
+            html=opts.html,
+            json_out=opts.json,
+            bidders_file=opts.bidders,
+        )
+    except MilarunError as exc:  # its message names a bidder's folder and files
         raise one_line_error(exc)
 
 
-def run_tender(bundles, rules, prices=None, weights=None, html=None, json_out=None,
-               stdout=None, warn=None, bidders_file=None):
+def run_tender(
+    bundles,
+    rules,
+    prices=None,
+    weights=None,
+    html=None,
+    json_out=None,
+    stdout=None,
+    warn=None,
+    bidders_file=None,
+):
     """Build, print (and write as HTML and JSON) the tender; returns the exit code.
 
     Raises:
@@ -64,20 +96,35 @@ def run_tender(bundles, rules, prices=None, weights=None, html=None, json_out=No
     stdout = stdout or sys.stdout
     warn = warn or sys.stderr
     if not rules:
-        raise MilarunError("--rules is required: the tender's rules file every bundle is "
-                           "verified against (docs/tender.md)")
+        raise MilarunError(
+            "--rules is required: the tender's rules file every bundle is "
+            "verified against (docs/tender.md)"
+        )
     if not bundles and not bidders_file:
-        raise MilarunError("no bidder given: milarun tender --bidders BIDDERS.json --rules "
-                           "RULES (or BUNDLE... for unpinned bidders; docs/tender.md)")
-    tender, text = make_tender(bundles, rules, prices=prices, weights=weights, html=html,
-                               json_out=json_out, warn=warn, bidders_file=bidders_file)
+        raise MilarunError(
+            "no bidder given: milarun tender --bidders BIDDERS.json --rules "
+            "RULES (or BUNDLE... for unpinned bidders; docs/tender.md)"
+        )
+    tender, text = make_tender(
+        bundles,
+        rules,
+        prices=prices,
+        weights=weights,
+        html=html,
+        json_out=json_out,
+        warn=warn,
+        bidders_file=bidders_file,
+    )
     for line in tender.warnings:
         print(one_line(f"milarun: warning: {line}"), file=warn)
     stdout.write(text)
     if tender.exit_code == 3:
-        print("milarun: no bidder's bundle VERIFIED: every clause held for "
-              f"{sum(b.unpinned for b in tender.bidders)} bidder(s), but none was pinned "
-              "to the head received (give each head in --bidders)", file=warn)
+        print(
+            "milarun: no bidder's bundle VERIFIED: every clause held for "
+            f"{sum(b.unpinned for b in tender.bidders)} bidder(s), but none was pinned "
+            "to the head received (give each head in --bidders)",
+            file=warn,
+        )
     elif tender.exit_code:
         print("milarun: error: no bidder's bundle verified", file=warn)
     return tender.exit_code

@@ -13,12 +13,21 @@ from .options import option, positional
 
 OPTIONS = (
     positional("outdir", "The results folder (the vendor's bundle)"),
-    option("rules", "Tender rules file (docs/tender.md, 'The rules file'): judge compliance "
-           "and the performance clauses too"),
-    option("expect_head", "The manifest chain head the vendor sent when the run ended "
-           "(64 hex digits): the bundle's head must equal it"),
-    option("public_key", "The vendor's Ed25519 public key (PEM, from milarun keygen): "
-           "bundle.json.sig must be its valid signature of bundle.json"),
+    option(
+        "rules",
+        "Tender rules file (docs/tender.md, 'The rules file'): judge compliance "
+        "and the performance clauses too",
+    ),
+    option(
+        "expect_head",
+        "The manifest chain head the vendor sent when the run ended "
+        "(64 hex digits): the bundle's head must equal it",
+    ),
+    option(
+        "public_key",
+        "The vendor's Ed25519 public key (PEM, from milarun keygen): "
+        "bundle.json.sig must be its valid signature of bundle.json",
+    ),
     option("html", "Also write the verdict as an HTML page to this file"),
     option("json", "Also write the verdict as JSON to this file"),
 )
@@ -34,14 +43,21 @@ def command(opts, rest):
     failed, 3 when every clause held but no head was pinned (CONSISTENT, NOT PINNED),
     2 on bad input (docs/tender.md)."""
     try:
-        return run_verify(opts.outdir, rules=opts.rules, expect_head=opts.expect_head,
-                          public_key=opts.public_key, html=opts.html, json_out=opts.json)
-    except MilarunError as exc:     # its message names the vendor's folder and files
+        return run_verify(
+            opts.outdir,
+            rules=opts.rules,
+            expect_head=opts.expect_head,
+            public_key=opts.public_key,
+            html=opts.html,
+            json_out=opts.json,
+        )
+    except MilarunError as exc:  # its message names the vendor's folder and files
         raise one_line_error(exc)
 
 
-def run_verify(outdir, rules=None, expect_head=None, public_key=None, html=None,
-               json_out=None, stdout=None):
+def run_verify(
+    outdir, rules=None, expect_head=None, public_key=None, html=None, json_out=None, stdout=None
+):
     """Verify ``outdir``, print the text verdict on ``stdout``, write the HTML and JSON
     files asked for; returns the exit status (0 VERIFIED, 1 a clause failed, 3 every
     clause held but the head was not pinned: :attr:`Verdict.exit_code`).
@@ -56,11 +72,12 @@ def run_verify(outdir, rules=None, expect_head=None, public_key=None, html=None,
     from ..verify.check import verify_bundle
 
     stdout = stdout or sys.stdout
-    verdict = verify_bundle(outdir, rules=rules, expect_head=expect_head,
-                            public_key=public_key)
+    verdict = verify_bundle(outdir, rules=rules, expect_head=expect_head, public_key=public_key)
     stdout.write(render_text(verdict))
-    for path, make in ((html, lambda: render_html(verdict)),
-                       (json_out, lambda: json.dumps(verdict.to_json(), indent=1) + "\n")):
+    for path, make in (
+        (html, lambda: render_html(verdict)),
+        (json_out, lambda: json.dumps(verdict.to_json(), indent=1) + "\n"),
+    ):
         if path:
             try:
                 write_atomic(path, make().encode("utf-8"))

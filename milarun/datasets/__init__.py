@@ -38,17 +38,17 @@ MAX_STAMP_BYTES = 2**20
 
 # name → module under milarun.datasets (imported only when built)
 BUILDERS = {
-    "mnist": "mnist",                  # mnist/MNIST/raw/*-ubyte (torchvision MNIST)
+    "mnist": "mnist",  # mnist/MNIST/raw/*-ubyte (torchvision MNIST)
     "fake_imagenet": "fake_imagenet",  # fake_imagenet/train/<class>/*.jpg (ImageFolder)
-    "bsds500": "bsds500",              # bsds500/BSR/BSDS500/data/images/{train,val,test}/*.jpg
-    "coco": "coco",                    # coco/train2017/*.jpg, coco/annotations/instances_train2017.json
-    "wikitext2": "wikitext2",          # wikitext2/wiki.{train,valid,test}.tokens
-    "wmt16": "wmt16",                  # wmt16/ parallel text + shared vocabulary
-    "movielens": "movielens",          # movielens/ml-20m/ratings.csv
+    "bsds500": "bsds500",  # bsds500/BSR/BSDS500/data/images/{train,val,test}/*.jpg
+    "coco": "coco",  # coco/train2017/*.jpg, coco/annotations/instances_train2017.json
+    "wikitext2": "wikitext2",  # wikitext2/wiki.{train,valid,test}.tokens
+    "wmt16": "wmt16",  # wmt16/ parallel text + shared vocabulary
+    "movielens": "movielens",  # movielens/ml-20m/ratings.csv
     "fashion_mnist": "fashion_mnist",  # fashion_mnist/FashionMNIST/raw/*-ubyte (torchvision FashionMNIST)
-    "llm_corpus": "llm_corpus",        # llm_corpus/tokenizer.json, train/shard-*.bin + .idx.npy, prompts/
-    "mydataset": "mydataset",          # mydataset/samples/<shard>/<index>.npy + labels.npy (io study)
-    "captions": "captions",            # captions/captions.jsonl + tokenizer.json (fake_imagenet's captions)
+    "llm_corpus": "llm_corpus",  # llm_corpus/tokenizer.json, train/shard-*.bin + .idx.npy, prompts/
+    "mydataset": "mydataset",  # mydataset/samples/<shard>/<index>.npy + labels.npy (io study)
+    "captions": "captions",  # captions/captions.jsonl + tokenizer.json (fake_imagenet's captions)
 }
 
 STAMP = ".complete"
@@ -61,8 +61,17 @@ LOCK_TIMEOUT_S = 3600.0
 
 #: About how much a ``--size standard`` build takes on disk (MB), measured on the
 #: development VM (docs/workloads.md, "Datasets"); ``--list-datasets`` shows it.
-STANDARD_MB = {"fake_imagenet": 550, "coco": 330, "movielens": 100, "wmt16": 58, "mnist": 55,
-               "wikitext2": 11, "bsds500": 20, "llm_corpus": 18, "captions": 2}
+STANDARD_MB = {
+    "fake_imagenet": 550,
+    "coco": 330,
+    "movielens": 100,
+    "wmt16": 58,
+    "mnist": 55,
+    "wikitext2": 11,
+    "bsds500": 20,
+    "llm_corpus": 18,
+    "captions": 2,
+}
 
 
 class DatasetError(MilarunError, ValueError):
@@ -95,8 +104,10 @@ def require(dataroot, name):
         raise DatasetMissing("no dataroot: pass -d DATAROOT or set $MILARUN_DATAROOT")
     folder = dataset_dir(dataroot, name)
     if not (folder / STAMP).exists():
-        raise DatasetMissing(f"dataset {name} is missing or incomplete in {folder}; "
-                                f"run: milarun dataset {name} -d {dataroot}")
+        raise DatasetMissing(
+            f"dataset {name} is missing or incomplete in {folder}; "
+            f"run: milarun dataset {name} -d {dataroot}"
+        )
     return folder
 
 
@@ -121,26 +132,29 @@ def resolve_params(name, size, overrides=None):
         if value is None:
             continue
         if key not in params:
-            raise MilarunError(f"dataset {name}: no parameter {key!r}; "
-                               f"known: {', '.join(sorted(params)) or 'none'}")
+            raise MilarunError(
+                f"dataset {name}: no parameter {key!r}; "
+                f"known: {', '.join(sorted(params)) or 'none'}"
+            )
         low, high = OVERRIDE_BOUNDS.get(key, (1, 10_000_000))
         if type(value) is not int or not low <= value <= high:
-            raise MilarunError(f"dataset {name}: --{key.replace('_', '-')} must be an integer "
-                               f"from {low} to {high:,}, not {value!r}")
+            raise MilarunError(
+                f"dataset {name}: --{key.replace('_', '-')} must be an integer "
+                f"from {low} to {high:,}, not {value!r}"
+            )
         params[key] = value
     return mod, params
 
 
 def _stamp(name, params, seed, mod):
-    return {"name": name, "params": params, "seed": seed,
-            "version": getattr(mod, "VERSION", 1)}
+    return {"name": name, "params": params, "seed": seed, "version": getattr(mod, "VERSION", 1)}
 
 
 def is_complete(dataroot, name, size="tiny", seed=0, overrides=None):
     """True when ``dataroot/name`` holds a finished build with these parameters and seed."""
     mod, params = resolve_params(name, size, overrides)
     stamp = dataset_dir(dataroot, name) / STAMP
-    try:    # strict and bounded: a deep, huge or FIFO stamp is "not built", never a hang
+    try:  # strict and bounded: a deep, huge or FIFO stamp is "not built", never a hang
         data = read_json(stamp, max_bytes=MAX_STAMP_BYTES)
     except MilarunError:
         return False
@@ -203,19 +217,22 @@ def _build_lock(dataroot, name, log, timeout):
             except BlockingIOError:
                 if deadline is None:
                     deadline = time.monotonic() + timeout
-                    log(f"milarun: dataset {name}: another build holds {path}; waiting for it "
-                        f"(at most {timeout:g} s)")
+                    log(
+                        f"milarun: dataset {name}: another build holds {path}; waiting for it "
+                        f"(at most {timeout:g} s)"
+                    )
                 elif time.monotonic() >= deadline:
-                    raise SetupError(f"dataset {name}: another build still holds {path} after "
-                                     f"{timeout:g} s; run this again once it ends")
+                    raise SetupError(
+                        f"dataset {name}: another build still holds {path} after "
+                        f"{timeout:g} s; run this again once it ends"
+                    )
                 time.sleep(min(0.2, timeout))
         yield
     finally:
-        os.close(fd)   # releases the lock
+        os.close(fd)  # releases the lock
 
 
-def prepare(name, dataroot, size="tiny", seed=0, overrides=None, log=print,
-            lock_timeout=None):
+def prepare(name, dataroot, size="tiny", seed=0, overrides=None, log=print, lock_timeout=None):
     """Build dataset ``name`` under ``dataroot`` unless a matching build exists.
 
     The build runs under the dataset's lock (see :func:`_build_lock`); the
@@ -252,8 +269,10 @@ def prepare(name, dataroot, size="tiny", seed=0, overrides=None, log=print,
             if partial.exists():
                 shutil.rmtree(partial)
             if final.exists():
-                log(f"milarun: dataset {name} in {final} is incomplete or of another size; "
-                    "rebuilding")
+                log(
+                    f"milarun: dataset {name} in {final} is incomplete or of another size; "
+                    "rebuilding"
+                )
             partial.mkdir()
             t0 = time.perf_counter()
             try:
@@ -271,7 +290,7 @@ def prepare(name, dataroot, size="tiny", seed=0, overrides=None, log=print,
         if exc.errno == errno.ELOOP:
             why = "a symlink where milarun writes (refused, not followed)"
         raise SetupError(f"dataset {name}: cannot build in {root}: {why} ({where})") from exc
-    except ValueError as exc:   # parameters the builder refuses (fake_imagenet classes)
+    except ValueError as exc:  # parameters the builder refuses (fake_imagenet classes)
         raise MilarunError(f"dataset {name}: {exc}") from exc
     log(f"milarun: dataset {name} ({size}) built in {final} in {time.perf_counter() - t0:.1f} s")
     return final

@@ -66,19 +66,92 @@ MAX_META_BYTES = 2**20
 MAX_CAPTIONS_BYTES = 2**31
 _FORMAT = "milarun-captions"
 
-_STYLES = ["photo", "picture", "painting", "drawing", "snapshot", "render", "sketch",
-           "close-up", "photograph", "illustration", "print", "still"]
-_ADJECTIVES = ["small", "large", "bright", "dark", "blurry", "sharp", "old", "new", "striped",
-               "shiny", "dusty", "wet", "tiny", "huge", "round", "tall", "soft", "rough",
-               "faded", "vivid", "quiet", "busy", "lonely", "strange"]
-_COLOURS = ["red", "green", "blue", "yellow", "orange", "purple", "pink", "brown", "black",
-            "white", "grey", "teal", "gold", "silver", "violet", "crimson"]
-_SCENES = ["on a table", "in a field", "near the sea", "at night", "in the snow",
-           "under a tree", "on a street", "in a room", "by a window", "in the rain",
-           "on the grass", "in a forest", "at dawn", "on a shelf", "in the desert",
-           "next to a wall"]
-_LIGHT = ["in soft light", "in harsh light", "with a shadow", "in the morning",
-          "in the evening", "with a bokeh background", "in high contrast", "in black and white"]
+_STYLES = [
+    "photo",
+    "picture",
+    "painting",
+    "drawing",
+    "snapshot",
+    "render",
+    "sketch",
+    "close-up",
+    "photograph",
+    "illustration",
+    "print",
+    "still",
+]
+_ADJECTIVES = [
+    "small",
+    "large",
+    "bright",
+    "dark",
+    "blurry",
+    "sharp",
+    "old",
+    "new",
+    "striped",
+    "shiny",
+    "dusty",
+    "wet",
+    "tiny",
+    "huge",
+    "round",
+    "tall",
+    "soft",
+    "rough",
+    "faded",
+    "vivid",
+    "quiet",
+    "busy",
+    "lonely",
+    "strange",
+]
+_COLOURS = [
+    "red",
+    "green",
+    "blue",
+    "yellow",
+    "orange",
+    "purple",
+    "pink",
+    "brown",
+    "black",
+    "white",
+    "grey",
+    "teal",
+    "gold",
+    "silver",
+    "violet",
+    "crimson",
+]
+_SCENES = [
+    "on a table",
+    "in a field",
+    "near the sea",
+    "at night",
+    "in the snow",
+    "under a tree",
+    "on a street",
+    "in a room",
+    "by a window",
+    "in the rain",
+    "on the grass",
+    "in a forest",
+    "at dawn",
+    "on a shelf",
+    "in the desert",
+    "next to a wall",
+]
+_LIGHT = [
+    "in soft light",
+    "in harsh light",
+    "with a shadow",
+    "in the morning",
+    "in the evening",
+    "with a bokeh background",
+    "in high contrast",
+    "in black and white",
+]
 
 
 def caption(seed, index, label, nouns):
@@ -87,9 +160,10 @@ def caption(seed, index, label, nouns):
     noun = nouns[label]
     colour = _COLOURS[label % len(_COLOURS)]
     words = ["a", _STYLES[int(rng.integers(len(_STYLES)))], "of", "a"]
-    words += [_ADJECTIVES[int(i)] for i in rng.choice(len(_ADJECTIVES),
-                                                      size=int(rng.integers(1, 4)),
-                                                      replace=False)]
+    words += [
+        _ADJECTIVES[int(i)]
+        for i in rng.choice(len(_ADJECTIVES), size=int(rng.integers(1, 4)), replace=False)
+    ]
     words += [noun, "with", colour, "stripes"]
     words += _SCENES[int(rng.integers(len(_SCENES)))].split()
     if rng.random() < 0.5:
@@ -104,13 +178,15 @@ def train_tokenizer(texts):
 
     tok = Tokenizer(models.WordLevel(unk_token=UNK))
     tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                                 pre_tokenizers.Punctuation()])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]
+    )
     trainer = trainers.WordLevelTrainer(special_tokens=[BOS, EOS, UNK], show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A {EOS}", special_tokens=[(BOS, bos), (EOS, eos)])
+        single=f"{BOS} $A {EOS}", special_tokens=[(BOS, bos), (EOS, eos)]
+    )
     tok.enable_truncation(MAX_LENGTH)
     tok.enable_padding(length=MAX_LENGTH, pad_id=eos, pad_token=EOS)
     return tok
@@ -122,21 +198,29 @@ def build(root, params, seed):
     classes, count = params["classes"], params["count"]
     if classes < 1 or count < classes:
         raise ValueError("captions needs classes >= 1 and count >= classes, as fake_imagenet")
-    nouns = vocabulary(classes + 200)[200:]   # past the function words of the Zipf head
+    nouns = vocabulary(classes + 200)[200:]  # past the function words of the Zipf head
     lines, texts = [], []
     for i in range(count):
         label = i % classes
         text = caption(seed, i, label, nouns)
         texts.append(text)
-        image = f"train/{class_name(label)}/{i:07d}.jpg"   # fake_imagenet's layout
+        image = f"train/{class_name(label)}/{i:07d}.jpg"  # fake_imagenet's layout
         lines.append(json.dumps({"image": image, "label": label, "text": text}))
     (root / "captions.jsonl").write_text("\n".join(lines) + "\n")
     tok = train_tokenizer(texts)
     tok.save(str(root / "tokenizer.json"))
-    meta = {"format": _FORMAT, "version": VERSION, "count": count, "classes": classes,
-            "vocab_size": tok.get_vocab_size(), "max_length": MAX_LENGTH,
-            "bos_id": tok.token_to_id(BOS), "eos_id": tok.token_to_id(EOS),
-            "tokenizer": "tokenizer.json", "captions": "captions.jsonl"}
+    meta = {
+        "format": _FORMAT,
+        "version": VERSION,
+        "count": count,
+        "classes": classes,
+        "vocab_size": tok.get_vocab_size(),
+        "max_length": MAX_LENGTH,
+        "bos_id": tok.token_to_id(BOS),
+        "eos_id": tok.token_to_id(EOS),
+        "tokenizer": "tokenizer.json",
+        "captions": "captions.jsonl",
+    }
     (root / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
@@ -171,6 +255,5 @@ def read_captions(folder):
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}: line {n} is not a caption record ({exc})") from exc
     if len(items) != meta.get("count"):
-        raise ValueError(f"{path}: {len(items)} captions, but meta.json says "
-                         f"{meta.get('count')}")
+        raise ValueError(f"{path}: {len(items)} captions, but meta.json says {meta.get('count')}")
     return meta, items

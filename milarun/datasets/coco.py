@@ -33,8 +33,13 @@ SIZES = {
     # for tests on CPU: a few tens of small images
     "tiny": {"count": 16, "val_count": 4, "image_size": 160, "min_boxes": 1, "max_boxes": 4},
     # a few thousand images at COCO's usual resolution
-    "standard": {"count": 4000, "val_count": 500, "image_size": 640,
-                 "min_boxes": 1, "max_boxes": 10},
+    "standard": {
+        "count": 4000,
+        "val_count": 500,
+        "image_size": 640,
+        "min_boxes": 1,
+        "max_boxes": 10,
+    },
 }
 
 # The 80 category ids of COCO 2017 (1..90 without the 10 unused ids).
@@ -43,8 +48,10 @@ CATEGORY_IDS = [i for i in range(1, 91) if i not in (12, 26, 29, 30, 45, 66, 68,
 
 def categories():
     """The ``categories`` list of the annotation files."""
-    return [{"id": cid, "name": f"category_{cid}", "supercategory": f"group_{(cid - 1) // 10}"}
-            for cid in CATEGORY_IDS]
+    return [
+        {"id": cid, "name": f"category_{cid}", "supercategory": f"group_{(cid - 1) // 10}"}
+        for cid in CATEGORY_IDS
+    ]
 
 
 def _category_color(cid):
@@ -58,8 +65,14 @@ def _image_record(rng, image_id, params):
     h = int(rng.integers(max(8, (9 * w) // 16), max(8, (3 * w) // 4) + 1))
     if rng.random() < 0.2:
         w, h = h, w
-    return {"id": image_id, "file_name": f"{image_id:012d}.jpg", "width": w, "height": h,
-            "license": 1, "date_captured": "2017-01-01 00:00:00"}
+    return {
+        "id": image_id,
+        "file_name": f"{image_id:012d}.jpg",
+        "width": w,
+        "height": h,
+        "license": 1,
+        "date_captured": "2017-01-01 00:00:00",
+    }
 
 
 def _objects(rng, w, h, params, first_ann_id, image_id):
@@ -76,15 +89,17 @@ def _objects(rng, w, h, params, first_ann_id, image_id):
         kind = "ellipse" if rng.random() < 0.5 else "rectangle"
         shapes.append((kind, (x, y, x + bw, y + bh), _category_color(cid)))
         x1, y1 = round(x + bw, 2), round(y + bh, 2)
-        anns.append({
-            "id": first_ann_id + k,
-            "image_id": image_id,
-            "category_id": cid,
-            "bbox": [x, y, bw, bh],
-            "area": round(bw * bh, 2),
-            "iscrowd": 0,
-            "segmentation": [[x, y, x1, y, x1, y1, x, y1]],
-        })
+        anns.append(
+            {
+                "id": first_ann_id + k,
+                "image_id": image_id,
+                "category_id": cid,
+                "bbox": [x, y, bw, bh],
+                "area": round(bw * bh, 2),
+                "iscrowd": 0,
+                "segmentation": [[x, y, x1, y, x1, y1, x, y1]],
+            }
+        )
     return anns, shapes
 
 
@@ -104,9 +119,14 @@ def _build_split(root, split, split_index, count, first_image_id, params, seed):
         images.append(rec)
         annotations.extend(anns)
     doc = {
-        "info": {"description": "milarun synthetic COCO-format data set", "version": "1.0",
-                 "year": 2017, "contributor": "milarun", "date_created": "2017-01-01",
-                 "url": ""},
+        "info": {
+            "description": "milarun synthetic COCO-format data set",
+            "version": "1.0",
+            "year": 2017,
+            "contributor": "milarun",
+            "date_created": "2017-01-01",
+            "url": "",
+        },
         "licenses": [{"id": 1, "name": "synthetic", "url": ""}],
         "images": images,
         "annotations": annotations,

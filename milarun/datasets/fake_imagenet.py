@@ -37,8 +37,13 @@ VERSION = 1
 
 SIZES = {
     "tiny": {"count": 256, "val_count": 32, "classes": 4, "image_size": 64, "quality": 90},
-    "standard": {"count": 16000, "val_count": 1000, "classes": 1000, "image_size": 256,
-                 "quality": 90},
+    "standard": {
+        "count": 16000,
+        "val_count": 1000,
+        "classes": 1000,
+        "image_size": 256,
+        "quality": 90,
+    },
 }
 
 SPLITS = (("train", 0, "count"), ("val", 1, "val_count"))
@@ -68,14 +73,17 @@ def make_image(seed, split, index, classes, image_size):
 
     # Class pattern: stripes whose angle and frequency are fixed per class.
     angle = np.pi * ((label * 0.618034) % 1.0)
-    period = 6.0 + (label * 7) % 23                   # pixels, at image_size 256
+    period = 6.0 + (label * 7) % 23  # pixels, at image_size 256
     period *= image_size / 256.0
     ys = np.arange(h, dtype=np.float32)[:, None]
     xs = np.arange(w, dtype=np.float32)[None, :]
     phase = rng.uniform(0, 2 * np.pi)
     stripes = np.cos((xs * np.cos(angle) + ys * np.sin(angle)) * (2 * np.pi / period) + phase)
-    tint = np.array([(label * 37) % 256, (label * 91) % 256, (label * 151) % 256],
-                    dtype=np.float32) / 255.0 - 0.5
+    tint = (
+        np.array([(label * 37) % 256, (label * 91) % 256, (label * 151) % 256], dtype=np.float32)
+        / 255.0
+        - 0.5
+    )
     img = base + stripes[:, :, None] * (40.0 + 30.0 * tint)
     img += rng.standard_normal((h, w, 3), dtype=np.float32) * 10.0
     return np.clip(img, 0, 255).astype(np.uint8)
@@ -109,8 +117,10 @@ def build(root, params, seed, processes=None):
     """
     root = Path(root)
     if params["classes"] < 1 or params["count"] < params["classes"]:
-        raise ValueError("fake_imagenet needs classes >= 1 and count >= classes "
-                         "(every class folder must hold an image)")
+        raise ValueError(
+            "fake_imagenet needs classes >= 1 and count >= classes "
+            "(every class folder must hold an image)"
+        )
     for split_name, _, key in SPLITS:
         if params[key] > 0:
             for c in range(params["classes"]):

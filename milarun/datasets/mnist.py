@@ -32,10 +32,10 @@ SIZES = {
     "standard": {"count": 60000, "test_count": 10000},
 }
 
-SIDE = 28          # final image side (pixels)
-UPSAMPLE = 2       # templates are rendered at SIDE * UPSAMPLE
-STROKES = (0, 1, 2, 3)   # stroke widths of the template variants (template pixels)
-CHUNK = 4096       # images generated per vectorized batch
+SIDE = 28  # final image side (pixels)
+UPSAMPLE = 2  # templates are rendered at SIDE * UPSAMPLE
+STROKES = (0, 1, 2, 3)  # stroke widths of the template variants (template pixels)
+CHUNK = 4096  # images generated per vectorized batch
 
 
 def _templates():
@@ -50,8 +50,14 @@ def _templates():
         for j, stroke in enumerate(STROKES):
             canvas = Image.new("L", (size * 2, size * 2), 0)
             draw = ImageDraw.Draw(canvas)
-            draw.text((size // 2, size // 2), str(digit), fill=255, font=font,
-                      stroke_width=stroke, stroke_fill=255)
+            draw.text(
+                (size // 2, size // 2),
+                str(digit),
+                fill=255,
+                font=font,
+                stroke_width=stroke,
+                stroke_fill=255,
+            )
             box = canvas.getbbox()
             glyph = canvas.crop(box)
             # MNIST digits fit in a 20x20 box inside 28x28: scale the glyph's
@@ -70,11 +76,11 @@ def _render(templates, labels, rng):
     """Images uint8 [len(labels), SIDE, SIDE] for ``labels``, drawn from ``rng``."""
     n = len(labels)
     variant = rng.integers(0, templates.shape[1], size=n)
-    angle = rng.normal(0.0, 0.14, size=n)                 # radians (~8 degrees)
+    angle = rng.normal(0.0, 0.14, size=n)  # radians (~8 degrees)
     scale = rng.uniform(0.85, 1.15, size=n)
-    aspect = rng.uniform(0.8, 1.15, size=n)               # narrower or wider strokes
+    aspect = rng.uniform(0.8, 1.15, size=n)  # narrower or wider strokes
     shear = rng.normal(0.0, 0.15, size=n)
-    shift = rng.normal(0.0, 1.0, size=(n, 2))             # output pixels
+    shift = rng.normal(0.0, 1.0, size=(n, 2))  # output pixels
     contrast = rng.uniform(0.75, 1.0, size=n)
 
     # Output pixel centres, relative to the image centre: [P, 2] as (x, y).
@@ -89,10 +95,10 @@ def _render(templates, labels, rng):
     fwd[:, 1, 0] = scale * aspect * sin
     fwd[:, 1, 1] = scale * (shear * sin + cos)
     inv = np.linalg.inv(fwd).astype(np.float32)
-    rel = grid[None, :, :] - shift[:, None, :].astype(np.float32)      # [n, P, 2]
-    src = np.einsum("nij,npj->npi", inv, rel)                          # [n, P, 2]
+    rel = grid[None, :, :] - shift[:, None, :].astype(np.float32)  # [n, P, 2]
+    src = np.einsum("nij,npj->npi", inv, rel)  # [n, P, 2]
     t_side = SIDE * UPSAMPLE
-    src = src * UPSAMPLE + (t_side - 1) / 2.0 + 1.0    # +1: the zero border
+    src = src * UPSAMPLE + (t_side - 1) / 2.0 + 1.0  # +1: the zero border
     limit = t_side + 1 - 1e-3
     x = np.clip(src[..., 0], 0.0, limit)
     y = np.clip(src[..., 1], 0.0, limit)
@@ -107,11 +113,15 @@ def _render(templates, labels, rng):
     def at(yy, xx):
         return flat[which, yy * row + xx]
 
-    val = (at(y0, x0) * (1 - fx) * (1 - fy) + at(y0, x0 + 1) * fx * (1 - fy)
-           + at(y0 + 1, x0) * (1 - fx) * fy + at(y0 + 1, x0 + 1) * fx * fy)
+    val = (
+        at(y0, x0) * (1 - fx) * (1 - fy)
+        + at(y0, x0 + 1) * fx * (1 - fy)
+        + at(y0 + 1, x0) * (1 - fx) * fy
+        + at(y0 + 1, x0 + 1) * fx * fy
+    )
     val = val * contrast[:, None]
     noise = rng.normal(0.0, 0.04, size=val.shape).astype(np.float32)
-    val = np.where(val > 0.05, val + noise, 0.0)       # clean background, like MNIST
+    val = np.where(val > 0.05, val + noise, 0.0)  # clean background, like MNIST
     img = np.clip(np.rint(val * 255.0), 0, 255).astype(np.uint8)
     return img.reshape(n, SIDE, SIDE)
 
@@ -144,8 +154,7 @@ def write_raw(raw, params, seed, templates):
     ``raw``. Shared with :mod:`.fashion_mnist`, which has the same layout."""
     raw = Path(raw)
     raw.mkdir(parents=True, exist_ok=True)
-    for prefix, count, sub in (("train", params["count"], 0),
-                               ("t10k", params["test_count"], 1)):
+    for prefix, count, sub in (("train", params["count"], 0), ("t10k", params["test_count"], 1)):
         images, labels = generate(count, [seed, sub], templates)
         _write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
         _write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)

@@ -43,13 +43,13 @@ def build(root, params, seed):
     extra = extra / extra.sum() * (total - users * minimum)
     counts = np.minimum(minimum + np.floor(extra).astype(np.int64), movies)
     ranks = np.arange(1, movies + 1, dtype=np.float64)
-    pop = ranks ** -0.9
+    pop = ranks**-0.9
     pop /= pop.sum()
     movie_of_rank = rng.permutation(movies) + 1
     # Oversample, then keep each user's first `count` distinct movies.
     draw = rng.choice(movies, size=int(counts.sum() * 1.3) + 64, p=pop)
     cand_users = np.repeat(np.arange(1, users + 1), np.ceil(counts * 1.3).astype(np.int64) + 1)
-    draw = draw[:len(cand_users)]
+    draw = draw[: len(cand_users)]
     if len(draw) < len(cand_users):
         draw = np.concatenate([draw, rng.integers(0, movies, len(cand_users) - len(draw))])
     df = pd.DataFrame({"userId": cand_users, "movieId": movie_of_rank[draw]})
@@ -60,8 +60,12 @@ def build(root, params, seed):
     # Ratings: a user bias plus a movie bias plus noise, rounded to half stars.
     ubias = rng.normal(0, 0.5, users + 1)
     mbias = rng.normal(0, 0.6, movies + 1)
-    raw = 3.5 + ubias[df["userId"].to_numpy()] + mbias[df["movieId"].to_numpy()] \
+    raw = (
+        3.5
+        + ubias[df["userId"].to_numpy()]
+        + mbias[df["movieId"].to_numpy()]
         + rng.normal(0, 0.7, n)
+    )
     df["rating"] = np.clip(np.round(raw * 2) / 2, 0.5, 5.0)
     start = rng.integers(789_652_000, 1_400_000_000, users + 1)
     df["timestamp"] = start[df["userId"].to_numpy()] + rng.integers(0, 40_000_000, n)
@@ -75,6 +79,13 @@ def load_ratings(folder):
     (int64 ids and timestamps, float32 ratings)."""
     import pandas as pd
 
-    return pd.read_csv(f"{folder}/{RATINGS}", header=0,
-                       dtype={"userId": np.int64, "movieId": np.int64,
-                              "rating": np.float32, "timestamp": np.int64})
+    return pd.read_csv(
+        f"{folder}/{RATINGS}",
+        header=0,
+        dtype={
+            "userId": np.int64,
+            "movieId": np.int64,
+            "rating": np.float32,
+            "timestamp": np.int64,
+        },
+    )

@@ -63,8 +63,7 @@ def build(root, params, seed):
     root = Path(root)
     count, side = params["count"], params["image_size"]
     if count < 1 or side < 1:
-        raise ValueError(f"mydataset needs count >= 1 and image_size >= 1, "
-                         f"not {count} and {side}")
+        raise ValueError(f"mydataset needs count >= 1 and image_size >= 1, not {count} and {side}")
     labels = np.empty(count, dtype=np.int64)
     for shard, lo in enumerate(range(0, count, SHARD)):
         hi = min(count, lo + SHARD)
@@ -78,9 +77,20 @@ def build(root, params, seed):
         for i in range(hi - lo):
             np.save(folder / f"{lo + i:07d}.npy", x[i])
     np.save(root / "labels.npy", labels)
-    (root / "index.json").write_text(json.dumps({
-        "format": FORMAT, "version": VERSION, "count": count, "shape": [1, side, side],
-        "dtype": "float32", "classes": CLASSES, "shard_size": SHARD}, indent=1))
+    (root / "index.json").write_text(
+        json.dumps(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "count": count,
+                "shape": [1, side, side],
+                "dtype": "float32",
+                "classes": CLASSES,
+                "shard_size": SHARD,
+            },
+            indent=1,
+        )
+    )
 
 
 class MyDataset:
@@ -106,9 +116,10 @@ class MyDataset:
         self.folder = Path(folder)
         index_file = self.folder / "index.json"
         if not index_file.exists():
-            raise FileNotFoundError(f"no index.json in {self.folder}; rebuild the dataset "
-                                    f"(milarun dataset mydataset)")
-        try:    # strict and bounded: never a FIFO's hang nor a RecursionError
+            raise FileNotFoundError(
+                f"no index.json in {self.folder}; rebuild the dataset (milarun dataset mydataset)"
+            )
+        try:  # strict and bounded: never a FIFO's hang nor a RecursionError
             index = read_json(index_file)
         except MilarunError as exc:
             raise ValueError(str(exc)) from None
@@ -116,8 +127,10 @@ class MyDataset:
             raise ValueError(f"{index_file}: format: not a {FORMAT} index")
         self.labels = np.load(self.folder / "labels.npy")
         if len(self.labels) != index.get("count"):
-            raise ValueError(f"{index_file}: count: {index.get('count')} but labels.npy "
-                             f"holds {len(self.labels)} labels")
+            raise ValueError(
+                f"{index_file}: count: {index.get('count')} but labels.npy "
+                f"holds {len(self.labels)} labels"
+            )
         self.shape = tuple(index["shape"])
         self.classes = int(index["classes"])
 

@@ -26,23 +26,98 @@ import numpy as np
 VERSION = 1
 
 SIZES = {
-    "tiny": {"train_tokens": 30_000, "valid_tokens": 3_000, "test_tokens": 3_000,
-             "vocab": 800},
-    "standard": {"train_tokens": 2_088_628, "valid_tokens": 217_646,
-                 "test_tokens": 245_569, "vocab": 33_277},
+    "tiny": {"train_tokens": 30_000, "valid_tokens": 3_000, "test_tokens": 3_000, "vocab": 800},
+    "standard": {
+        "train_tokens": 2_088_628,
+        "valid_tokens": 217_646,
+        "test_tokens": 245_569,
+        "vocab": 33_277,
+    },
 }
 
 SPLITS = ("train", "valid", "test")
 
 # Frequent tokens of the real corpus, placed at the head of the Zipf ranking.
-_HEAD = ["the", ",", ".", "of", "and", "in", "to", "a", "<unk>", "was", "\"", "The",
-         "@-@", "'s", "that", "as", "for", "with", "by", "on", "is", "(", ")", "his",
-         "at", "from", "it", "he", "an", "were", "had", "which", "@,@", "@.@", ";",
-         "be", "are", "this", "but", "their", "not", "also", "first", "its", "or"]
+_HEAD = [
+    "the",
+    ",",
+    ".",
+    "of",
+    "and",
+    "in",
+    "to",
+    "a",
+    "<unk>",
+    "was",
+    '"',
+    "The",
+    "@-@",
+    "'s",
+    "that",
+    "as",
+    "for",
+    "with",
+    "by",
+    "on",
+    "is",
+    "(",
+    ")",
+    "his",
+    "at",
+    "from",
+    "it",
+    "he",
+    "an",
+    "were",
+    "had",
+    "which",
+    "@,@",
+    "@.@",
+    ";",
+    "be",
+    "are",
+    "this",
+    "but",
+    "their",
+    "not",
+    "also",
+    "first",
+    "its",
+    "or",
+]
 
-_ONSETS = ["b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t",
-           "v", "w", "z", "br", "ch", "cr", "dr", "fl", "gr", "pl", "pr", "sh", "st",
-           "th", "tr"]
+_ONSETS = [
+    "b",
+    "c",
+    "d",
+    "f",
+    "g",
+    "h",
+    "j",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "w",
+    "z",
+    "br",
+    "ch",
+    "cr",
+    "dr",
+    "fl",
+    "gr",
+    "pl",
+    "pr",
+    "sh",
+    "st",
+    "th",
+    "tr",
+]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "ie", "ou", "y"]
 _CODAS = ["", "", "n", "r", "s", "t", "l", "m", "nd", "st", "ng", "rk"]
 
@@ -91,12 +166,12 @@ def _write_split(path, n_tokens, words, probs, rng):
             depth = 1 if k % (heading_every * 3) == 0 else 2
             n = min(int(rng.integers(1, 5)), n_tokens - pos)
             marks = " ".join(["="] * depth)
-            lines.append(f" {marks} {' '.join(vocab[ids[pos:pos + n]])} {marks} ")
+            lines.append(f" {marks} {' '.join(vocab[ids[pos : pos + n]])} {marks} ")
             lines.append(" ")
             pos += n
         else:
             n = min(int(rng.integers(20, 160)), n_tokens - pos)
-            lines.append(" " + " ".join(vocab[ids[pos:pos + n]]) + " ")
+            lines.append(" " + " ".join(vocab[ids[pos : pos + n]]) + " ")
             lines.append(" ")
             pos += n
         k += 1
@@ -111,7 +186,7 @@ def build(root, params, seed):
     rng = np.random.default_rng(seed)
     words = vocabulary(params["vocab"])
     ranks = np.arange(1, len(words) + 1, dtype=np.float64)
-    probs = ranks ** -1.05
+    probs = ranks**-1.05
     probs /= probs.sum()
     for split in SPLITS:
         _write_split(root / f"wiki.{split}.tokens", params[f"{split}_tokens"], words, probs, rng)
@@ -147,6 +222,7 @@ class Corpus:
 
     def __init__(self, folder, splits=SPLITS):
         from pathlib import Path
+
         self.dictionary = Dictionary()
         for split in splits:
             setattr(self, split, self.tokenize(Path(folder) / f"wiki.{split}.tokens"))

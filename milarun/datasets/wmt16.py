@@ -48,7 +48,7 @@ def _pieces(n):
     rng = np.random.default_rng(12345)
     seen = set()
     while len(out) < n:
-        want = min(n - len(out), 26 ** length)
+        want = min(n - len(out), 26**length)
         tries = 0
         while want > 0 and tries < 40 * (want + 10):
             tries += 1
@@ -99,7 +99,7 @@ def _sentences(rng, n, vocab_size, n_punct, n_final, zipf):
         toks = []
         for _ in range(int(n_words[i])):
             k = int(ncont_per_word[w])
-            toks.extend(conts[c:c + k].tolist())
+            toks.extend(conts[c : c + k].tolist())
             c += k
             toks.append(int(finals[w]))
             w += 1
@@ -110,7 +110,7 @@ def _sentences(rng, n, vocab_size, n_punct, n_final, zipf):
 
 def _zipf_ids(rng, n, size, a):
     ranks = np.arange(1, size + 1, dtype=np.float64)
-    p = ranks ** -a
+    p = ranks**-a
     p /= p.sum()
     return rng.choice(size, size=n, p=p)
 
@@ -133,7 +133,7 @@ def build(root, params, seed):
     """Write the vocabulary and the train/test parallel files into ``root``."""
     rng = np.random.default_rng(seed)
     words = vocabulary(params["vocab"])
-    n_punct = len(_PUNCT[:params["vocab"]])
+    n_punct = len(_PUNCT[: params["vocab"]])
     rest = params["vocab"] - n_punct
     n_cont = rest // 3
     n_final = rest - n_cont
@@ -146,8 +146,10 @@ def build(root, params, seed):
     for split, stem in SPLIT_FILES.items():
         n = params[f"{split}_pairs"]
         sents = _sentences(rng, n, len(words), n_punct, n_final, 1.0)
-        with open(root / f"{stem}.en", "w", encoding="utf-8") as fen, \
-                open(root / f"{stem}.de", "w", encoding="utf-8") as fde:
+        with (
+            open(root / f"{stem}.en", "w", encoding="utf-8") as fen,
+            open(root / f"{stem}.de", "w", encoding="utf-8") as fde,
+        ):
             for s in sents:
                 fen.write(" ".join(vocab[s]) + "\n")
                 fde.write(" ".join(vocab[_translate(s, mapping, rng)]) + "\n")
@@ -195,13 +197,16 @@ class ParallelCorpus:
 
     def __init__(self, folder, split="train", max_len=80, src_lang="en", tgt_lang="de"):
         from pathlib import Path
+
         folder = Path(folder)
         self.vocab = Vocab(folder / VOCAB_FILE)
         stem = SPLIT_FILES[split]
         self.src, self.tgt = [], []
         self.lines = 0
-        with open(folder / f"{stem}.{src_lang}", encoding="utf-8") as fs, \
-                open(folder / f"{stem}.{tgt_lang}", encoding="utf-8") as ft:
+        with (
+            open(folder / f"{stem}.{src_lang}", encoding="utf-8") as fs,
+            open(folder / f"{stem}.{tgt_lang}", encoding="utf-8") as ft,
+        ):
             for ls, lt in zip(fs, ft):
                 self.lines += 1
                 s = self.vocab.encode(ls)
@@ -225,10 +230,10 @@ class ParallelCorpus:
         chunk = batch_size * bucket
         batches = []
         for lo in range(0, len(order), chunk):
-            part = order[lo:lo + chunk]
+            part = order[lo : lo + chunk]
             keys = [(len(self.src[i]), len(self.tgt[i])) for i in part]
             part = part[sorted(range(len(part)), key=keys.__getitem__)]
             for b in range(0, len(part), batch_size):
-                batches.append(part[b:b + batch_size].tolist())
+                batches.append(part[b : b + batch_size].tolist())
         rng.shuffle(batches)
         return batches

@@ -73,6 +73,7 @@ def without_secret(environ):
     what keeps strangers away from the session's barrier)."""
     return {k: v for k, v in environ.items() if k != ENV_SECRET}
 
+
 #: Default of ``milarun jobs --barrier-timeout``: seconds a process that finished its
 #: set-up waits for the slowest of its wave (data sets are read, models built).
 BARRIER_TIMEOUT_S = 600.0
@@ -108,10 +109,10 @@ class BarrierTimeout(RuntimeError):
 class _Wave:
     def __init__(self, labels):
         self.labels = set(labels)
-        self.arrived = {}       # label -> server time of arrival
+        self.arrived = {}  # label -> server time of arrival
         self.dropped = set()
-        self.waiting = set()    # labels with a connection open now (one each at most)
-        self.released = None    # server time of the release
+        self.waiting = set()  # labels with a connection open now (one each at most)
+        self.released = None  # server time of the release
         self.event = threading.Event()
 
 
@@ -146,8 +147,17 @@ class BarrierServer:
         stranger_peers: up to three of their addresses.
     """
 
-    def __init__(self, host="127.0.0.1", port=0, clock=time.time, secret=None, connect=None,
-                 max_pending=MAX_PENDING, read_s=_READ_S, log=None):
+    def __init__(
+        self,
+        host="127.0.0.1",
+        port=0,
+        clock=time.time,
+        secret=None,
+        connect=None,
+        max_pending=MAX_PENDING,
+        read_s=_READ_S,
+        log=None,
+    ):
         self.clock = clock
         self.secret = secret or secrets.token_hex(16)
         self._secret = self.secret.encode()
@@ -159,7 +169,7 @@ class BarrierServer:
         self.stranger_peers = []
         self._lock = threading.Lock()
         self._waves = {}
-        self._pending = collections.OrderedDict()   # token -> connection, oldest first
+        self._pending = collections.OrderedDict()  # token -> connection, oldest first
         self._closing = False
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -182,8 +192,7 @@ class BarrierServer:
 
     def start(self):
         """Start accepting connections (a daemon thread); returns self."""
-        self._thread = threading.Thread(target=self._accept, name="milarun-barrier",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._accept, name="milarun-barrier", daemon=True)
         self._thread.start()
         return self
 
@@ -234,8 +243,12 @@ class BarrierServer:
             w = self._waves.get(wave)
             if w is None:
                 return None
-            return {"labels": sorted(w.labels), "arrived": dict(w.arrived),
-                    "dropped": sorted(w.dropped), "released": w.released}
+            return {
+                "labels": sorted(w.labels),
+                "arrived": dict(w.arrived),
+                "dropped": sorted(w.dropped),
+                "released": w.released,
+            }
 
     def _check(self, w):
         # under self._lock
@@ -264,9 +277,12 @@ class BarrierServer:
                     return
                 # EMFILE, ENFILE, ENOBUFS, ECONNABORTED...: the listening socket is
                 # fine; pause (descriptors free up as connections end) and go on
-                self._log_once(exc.errno, "milarun: warning: the start barrier could not "
-                                          f"accept a connection ({exc.strerror or exc}); "
-                                          "retrying")
+                self._log_once(
+                    exc.errno,
+                    "milarun: warning: the start barrier could not "
+                    f"accept a connection ({exc.strerror or exc}); "
+                    "retrying",
+                )
                 time.sleep(_BACKOFF_S)
                 continue
             except Exception as exc:  # noqa: BLE001 - the loop must outlive anything
@@ -278,11 +294,15 @@ class BarrierServer:
                 if len(self._pending) >= self.max_pending:
                     # a child sends its line at once: the oldest silent one is a stranger
                     _, oldest = self._pending.popitem(last=False)
-                    _shut(oldest)   # its thread then counts it
+                    _shut(oldest)  # its thread then counts it
                 self._pending[token] = conn
             try:
-                threading.Thread(target=self._serve, args=(conn, peer, token),
-                                 name="milarun-barrier-conn", daemon=True).start()
+                threading.Thread(
+                    target=self._serve,
+                    args=(conn, peer, token),
+                    name="milarun-barrier-conn",
+                    daemon=True,
+                ).start()
             except Exception:  # noqa: BLE001 - no thread left: refuse this one
                 with self._lock:
                     self._pending.pop(token, None)
@@ -302,7 +322,7 @@ class BarrierServer:
         except Exception:  # noqa: BLE001 - a broken connection: its process fails on its side
             pass
         finally:
-            with self._lock:   # out of _pending before the descriptor is closed
+            with self._lock:  # out of _pending before the descriptor is closed
                 self._pending.pop(token, None)
             _close(conn)
 
@@ -311,8 +331,9 @@ class BarrierServer:
             request = _read_line(conn, deadline=time.monotonic() + self.read_s)
             given = request.get("secret")
             wave_id, label = request.get("wave"), request.get("label")
-            trusted = (isinstance(given, str) and hmac.compare_digest(
-                given.encode("utf-8", "replace"), self._secret))
+            trusted = isinstance(given, str) and hmac.compare_digest(
+                given.encode("utf-8", "replace"), self._secret
+            )
         except Exception:  # noqa: BLE001 - garbled, huge, not UTF-8, too deep, cut short
             trusted = False
         if not trusted:
@@ -322,11 +343,15 @@ class BarrierServer:
             return
         with self._lock:
             if self._pending.pop(token, None) is None:
-                return   # closed for a newer one while reading: its process connects again
+                return  # closed for a newer one while reading: its process connects again
             # a process of the session from here on: never closed for a newer one
             w = self._waves.get(wave_id) if isinstance(wave_id, str) else None
-            if (w is None or not isinstance(label, str) or label not in w.labels
-                    or label in w.waiting):
+            if (
+                w is None
+                or not isinstance(label, str)
+                or label not in w.labels
+                or label in w.waiting
+            ):
                 w = None
             else:
                 w.waiting.add(label)
@@ -336,7 +361,7 @@ class BarrierServer:
         if w is None:
             _send_quiet(conn, REFUSED)
             return
-        conn.settimeout(self.read_s)   # for the release line: not what was left of the read
+        conn.settimeout(self.read_s)  # for the release line: not what was left of the read
         try:
             while not w.event.wait(_POLL_S):
                 if _hung_up(conn):
@@ -347,8 +372,7 @@ class BarrierServer:
                     return
             if w.released is None or self._closing:
                 return
-            _send(conn, {"go": w.released, "parties": len(w.labels),
-                         "arrived": len(w.arrived)})
+            _send(conn, {"go": w.released, "parties": len(w.labels), "arrived": len(w.arrived)})
         finally:
             with self._lock:
                 w.waiting.discard(label)
@@ -469,9 +493,13 @@ def from_environment(environ=None):
         raise ValueError(f"${ENV_TIMEOUT} is not a number of seconds") from None
     if not (math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"${ENV_TIMEOUT} must be a positive, finite number of seconds")
-    return {"address": address, "wave": environ.get(ENV_WAVE, ""),
-            "label": environ.get(ENV_LABEL, "0"), "timeout": timeout,
-            "secret": environ.get(ENV_SECRET, "")}
+    return {
+        "address": address,
+        "wave": environ.get(ENV_WAVE, ""),
+        "label": environ.get(ENV_LABEL, "0"),
+        "timeout": timeout,
+        "secret": environ.get(ENV_SECRET, ""),
+    }
 
 
 def wait(address, wave, label, timeout, clock=time.time, secret=""):
@@ -503,8 +531,9 @@ def wait(address, wave, label, timeout, clock=time.time, secret=""):
     while reply is None:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise BarrierTimeout(f"cannot reach the start barrier at {address} within "
-                                 f"{timeout:g} s ({last_error})")
+            raise BarrierTimeout(
+                f"cannot reach the start barrier at {address} within {timeout:g} s ({last_error})"
+            )
         try:
             sock = socket.create_connection((host, port), timeout=min(left, 10.0))
         except OSError as exc:
@@ -518,21 +547,34 @@ def wait(address, wave, label, timeout, clock=time.time, secret=""):
                 sock.settimeout(min(max(0.001, deadline - time.monotonic()), _SOCKET_S))
                 reply = _read_line(sock)
             except TimeoutError:
-                raise BarrierTimeout(f"the other processes of wave {wave} did not reach the "
-                                     f"start barrier within {timeout:g} s") from None
+                raise BarrierTimeout(
+                    f"the other processes of wave {wave} did not reach the "
+                    f"start barrier within {timeout:g} s"
+                ) from None
             except ConnectionError as exc:
                 # closed unanswered (a flood of strangers pushed this one out): again
                 last_error = f"the server closed the connection: {exc}"
                 time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
             except (OSError, ValueError) as exc:
-                raise BarrierTimeout(f"the start barrier at {address} closed the connection "
-                                     f"before the release ({exc})") from None
+                raise BarrierTimeout(
+                    f"the start barrier at {address} closed the connection "
+                    f"before the release ({exc})"
+                ) from None
     released = clock()
     if "error" in reply or "go" not in reply:
-        raise BarrierTimeout(f"the start barrier at {address} refused this process: "
-                             f"{reply.get('error', 'no release')}")
-    return {"address": address, "wave": wave, "label": label,
-            "parties": int(reply.get("parties", 0)),
-            "arrived_count": int(reply.get("arrived", 0)),
-            "arrived": start, "released": released, "server_release": float(reply["go"]),
-            "wait_s": max(0.0, released - start), "timeout_s": float(timeout)}
+        raise BarrierTimeout(
+            f"the start barrier at {address} refused this process: "
+            f"{reply.get('error', 'no release')}"
+        )
+    return {
+        "address": address,
+        "wave": wave,
+        "label": label,
+        "parties": int(reply.get("parties", 0)),
+        "arrived_count": int(reply.get("arrived", 0)),
+        "arrived": start,
+        "released": released,
+        "server_release": float(reply["go"]),
+        "wait_s": max(0.0, released - start),
+        "timeout_s": float(timeout),
+    }

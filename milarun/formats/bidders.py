@@ -66,8 +66,13 @@ def read_bidders(path):
             folder or public key file that does not exist: one line naming the file
             and the key.
     """
-    data = check(read_json(path, error_cls=ResultFormatError, max_bytes=MAX_BIDDERS_BYTES,
-                           what="bidders file"), "bidders", path=path)
+    data = check(
+        read_json(
+            path, error_cls=ResultFormatError, max_bytes=MAX_BIDDERS_BYTES, what="bidders file"
+        ),
+        "bidders",
+        path=path,
+    )
     base = Path(path).parent
 
     def fail(message, i, field):
@@ -76,16 +81,26 @@ def read_bidders(path):
     out, seen, currency = [], {}, None
     for i, b in enumerate(data["bidders"]):
         if b["name"] in seen:
-            fail(f"{b['name']!r} is also bidders.{seen[b['name']]}'s name: names are unique",
-                 i, "name")
+            fail(
+                f"{b['name']!r} is also bidders.{seen[b['name']]}'s name: names are unique",
+                i,
+                "name",
+            )
         seen[b["name"]] = i
         if ("price" in b) != ("currency" in b):
-            fail("missing (price and currency go together)", i,
-                 "currency" if "price" in b else "price")
+            fail(
+                "missing (price and currency go together)",
+                i,
+                "currency" if "price" in b else "price",
+            )
         if "currency" in b:
             if currency is not None and b["currency"] != currency[0]:
-                fail(f"{b['currency']} is not bidders.{currency[1]}'s currency {currency[0]}: "
-                     "every price is in one currency", i, "currency")
+                fail(
+                    f"{b['currency']} is not bidders.{currency[1]}'s currency {currency[0]}: "
+                    "every price is in one currency",
+                    i,
+                    "currency",
+                )
             currency = currency or (b["currency"], i)
         if "head_received" in b:
             if "head" not in b:
@@ -93,8 +108,11 @@ def read_bidders(path):
             try:
                 datetime.datetime.fromisoformat(b["head_received"])
             except ValueError:
-                fail(f"{b['head_received']!r} is not a time (ISO 8601: 2026-11-26T10:49:00Z)",
-                     i, "head_received")
+                fail(
+                    f"{b['head_received']!r} is not a time (ISO 8601: 2026-11-26T10:49:00Z)",
+                    i,
+                    "head_received",
+                )
         bundle = _resolve(base, b["bundle"])
         if not Path(bundle).is_dir():
             fail(f"no such bundle folder: {bundle}", i, "bundle")
@@ -103,11 +121,18 @@ def read_bidders(path):
             key = _resolve(base, b["public_key"])
             if not Path(key).is_file():
                 fail(f"no such public key file: {key}", i, "public_key")
-        out.append(BidderEntry(name=b["name"], bundle=bundle, public_key=key,
-                               head=b["head"].lower() if "head" in b else None,
-                               head_received=b.get("head_received"),
-                               price=float(b["price"]) if "price" in b else None,
-                               currency=b.get("currency"), key=f"bidders.{i}"))
+        out.append(
+            BidderEntry(
+                name=b["name"],
+                bundle=bundle,
+                public_key=key,
+                head=b["head"].lower() if "head" in b else None,
+                head_received=b.get("head_received"),
+                price=float(b["price"]) if "price" in b else None,
+                currency=b.get("currency"),
+                key=f"bidders.{i}",
+            )
+        )
     return (currency[0] if currency else None), out
 
 

@@ -46,9 +46,19 @@ def read_bundle(path):
         BundleError: unreadable, not JSON, or a missing or bad key (one line naming
             the file and the key).
     """
-    return check(read_json(path, error_cls=BundleError, max_bytes=MAX_BUNDLE_BYTES,
-                           what="bundle file"), "bundle", path=path, error_cls=BundleError)
+    return check(
+        read_json(path, error_cls=BundleError, max_bytes=MAX_BUNDLE_BYTES, what="bundle file"),
+        "bundle",
+        path=path,
+        error_cls=BundleError,
+    )
 
 
-__all__ = ["BUNDLE_NAME", "SIGNATURE_NAME", "BundleError", "bundle_path", "read_bundle",
-           "signature_path"]
+__all__ = [
+    "BUNDLE_NAME",
+    "SIGNATURE_NAME",
+    "BundleError",
+    "bundle_path",
+    "read_bundle",
+    "signature_path",
+]

@@ -90,7 +90,7 @@ def code_digest():
             h.update(path.relative_to(root).as_posix().encode() + b"\0")
             try:
                 h.update(hashlib.sha256(path.read_bytes()).digest())
-            except OSError:     # not this user's to read (no module is): named, not hashed
+            except OSError:  # not this user's to read (no module is): named, not hashed
                 h.update(b"unreadable")
         _code_digest = h.hexdigest()
     return _code_digest
@@ -128,8 +128,7 @@ class Cache:
             st = os.lstat(self.root)
         except OSError:
             return False
-        return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-                and not st.st_mode & 0o022)
+        return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
 
     def _path(self, kind, key):
         return self.root / f"{kind}-{key}.json"
@@ -144,12 +143,16 @@ class Cache:
             data = parse_json(read_bytes(path, max_bytes=MAX_ENTRY_BYTES), path=path)
         except (MilarunError, OSError):
             return None
-        if not (isinstance(data, dict) and data.get("format") == _FORMAT
-                and data.get("version") == _VERSION and data.get("key") == key
-                and "value" in data):
+        if not (
+            isinstance(data, dict)
+            and data.get("format") == _FORMAT
+            and data.get("version") == _VERSION
+            and data.get("key") == key
+            and "value" in data
+        ):
             return None
         try:
-            os.utime(path)   # recently used: pruned last
+            os.utime(path)  # recently used: pruned last
         except OSError:
             pass
         return data["value"]
@@ -160,8 +163,11 @@ class Cache:
         if not self._usable(create=True):
             return False
         try:
-            text = json.dumps({"format": _FORMAT, "version": _VERSION, "key": key,
-                               "value": value}, allow_nan=False, separators=(",", ":"))
+            text = json.dumps(
+                {"format": _FORMAT, "version": _VERSION, "key": key, "value": value},
+                allow_nan=False,
+                separators=(",", ":"),
+            )
             # 0600: under umask 0 a 0666 entry in a folder others may enter is theirs to edit
             write_atomic(self._path(kind, key), text, durable=False, private=True)
         except (MilarunError, OSError, ValueError, TypeError):

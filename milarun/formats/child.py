@@ -21,20 +21,20 @@ from ..errors import MilarunError
 
 #: The environment of a child, set by the plan (:mod:`milarun.plan.launches`,
 #: :mod:`milarun.plan.nodes`) and by the device backends (:mod:`milarun.host.accel`).
-ENV_DEVICE = "MILARUN_DEVICE"          # the launch's device label ("0", "0-3", "all")
-ENV_RUN = "MILARUN_RUN"                # the repeat index
-ENV_CPUS = "MILARUN_CPUS"              # the CPU list the launch is pinned to
-ENV_NODE = "MILARUN_NODE"              # the node's name, for a launch over ssh
-ENV_BACKEND = "MILARUN_BACKEND"        # the device backend (cpu for a CPU slot)
+ENV_DEVICE = "MILARUN_DEVICE"  # the launch's device label ("0", "0-3", "all")
+ENV_RUN = "MILARUN_RUN"  # the repeat index
+ENV_CPUS = "MILARUN_CPUS"  # the CPU list the launch is pinned to
+ENV_NODE = "MILARUN_NODE"  # the node's name, for a launch over ssh
+ENV_BACKEND = "MILARUN_BACKEND"  # the device backend (cpu for a CPU slot)
 ENV_PCI_BUS_ID = "MILARUN_PCI_BUS_ID"  # the PCI bus id of an AMD device
-ENV_DATAROOT = "MILARUN_DATAROOT"      # the dataset root, without -d
+ENV_DATAROOT = "MILARUN_DATAROOT"  # the dataset root, without -d
 #: The start barrier's variables, given to each process of a concurrent wave
 #: (:mod:`milarun.formats.barrier`); a rerun or a lone process drops them all.
-ENV_ADDRESS = "MILARUN_BARRIER"            # "host:port" of the launcher's server
-ENV_WAVE = "MILARUN_BARRIER_WAVE"          # the wave's id
-ENV_TIMEOUT = "MILARUN_BARRIER_TIMEOUT"    # seconds a process waits at most
-ENV_SECRET = "MILARUN_BARRIER_SECRET"      # the session's secret (never written to a record)
-ENV_BARRIER_PREFIX = "MILARUN_BARRIER"     # what they all start with
+ENV_ADDRESS = "MILARUN_BARRIER"  # "host:port" of the launcher's server
+ENV_WAVE = "MILARUN_BARRIER_WAVE"  # the wave's id
+ENV_TIMEOUT = "MILARUN_BARRIER_TIMEOUT"  # seconds a process waits at most
+ENV_SECRET = "MILARUN_BARRIER_SECRET"  # the session's secret (never written to a record)
+ENV_BARRIER_PREFIX = "MILARUN_BARRIER"  # what they all start with
 #: The launch's labels and pinning, which a rerun takes again from a record's environ.
 ENV_LAUNCH = (ENV_DEVICE, ENV_RUN, ENV_CPUS, ENV_PCI_BUS_ID, ENV_BACKEND, ENV_NODE)
 
@@ -45,8 +45,12 @@ RUN_MODULE = ("-m", "milarun", "run")
 #: An option ``--some-name`` is ``some_name``.
 OPTIONS = (
     ("function", None, None, "The experiment to run, as module:function"),
-    ("out", ("-o",), None,
-     "Result directory, or a file ending in .json (default: print to stdout)"),
+    (
+        "out",
+        ("-o",),
+        None,
+        "Result directory, or a file ending in .json (default: print to stdout)",
+    ),
     ("dataroot", ("-d",), None, f"Dataset root (default: ${ENV_DATAROOT})"),
     ("experiment_name", (), None, "Name of the experiment, suite.job (default: run.<module>)"),
     ("job_id", (), "0.0", "Job id, run.device"),
@@ -55,8 +59,20 @@ OPTIONS = (
 
 #: The record fields the launcher passes with ``--extra``, as the record keeps them.
 #: ``partition`` holds the plan type (its name on disk).
-EXTRA_FIELDS = ("run", "device", "devices", "partition", "job", "tags", "node", "nodes",
-                "node_count", "gpus_per_node", "placeholders", "rendezvous")
+EXTRA_FIELDS = (
+    "run",
+    "device",
+    "devices",
+    "partition",
+    "job",
+    "tags",
+    "node",
+    "nodes",
+    "node_count",
+    "gpus_per_node",
+    "placeholders",
+    "rendezvous",
+)
 #: Those a rerun passes on from a record: all but the rendezvous (a rerun runs alone).
 RERUN_FIELDS = tuple(k for k in EXTRA_FIELDS if k != "rendezvous")
 
@@ -82,8 +98,9 @@ def _flag(name):
     return "--" + name.replace("_", "-")
 
 
-def child_argv(head, function, out=None, dataroot=None, name=None, job_id=None, extra=None,
-               test_argv=()):
+def child_argv(
+    head, function, out=None, dataroot=None, name=None, job_id=None, extra=None, test_argv=()
+):
     """The child's command line: ``head`` (``[python, "-m", "milarun", "run"]`` or a
     torchrun head ending in :data:`RUN_MODULE`), then ``function``, the options of
     :data:`OPTIONS` that are given (``extra`` as sorted JSON), ``--`` and ``test_argv``."""

@@ -48,8 +48,8 @@ def is_shipped(spec):
     match = SHIPPED.fullmatch(spec) if isinstance(spec, str) else None
     if match is None:
         return False
-    models = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          "models")
+    models = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
     name = match.group(1)
-    return (os.path.isfile(os.path.join(models, name + ".py"))
-            or os.path.isfile(os.path.join(models, name, "__init__.py")))
+    return os.path.isfile(os.path.join(models, name + ".py")) or os.path.isfile(
+        os.path.join(models, name, "__init__.py")
+    )

@@ -63,9 +63,11 @@ class Journal:
             return
         with self._lock:
             try:
-                line = json.dumps({"kind": kind,
-                                   **{k: _finite_or_none(v) for k, v in fields.items()}},
-                                  allow_nan=False, default=str)
+                line = json.dumps(
+                    {"kind": kind, **{k: _finite_or_none(v) for k, v in fields.items()}},
+                    allow_nan=False,
+                    default=str,
+                )
                 self._file.write(line + "\n")
                 self._file.flush()
             except (OSError, ValueError) as exc:
@@ -134,9 +136,16 @@ def read_journal(path):
         :data:`MAX_EVENTS`). An absent or unreadable journal gives the empty
         result. Never raises.
     """
-    out = {"start": None, "train": {}, "samples": [], "monitor": [], "host_load": [],
-           "distributed": None,
-           "lines": 0, "bad_lines": 0}
+    out = {
+        "start": None,
+        "train": {},
+        "samples": [],
+        "monitor": [],
+        "host_load": [],
+        "distributed": None,
+        "lines": 0,
+        "bad_lines": 0,
+    }
     try:
         with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:  # never a FIFO
             data = f.read(MAX_JOURNAL_BYTES)

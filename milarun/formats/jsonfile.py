@@ -44,7 +44,6 @@ _MAX_ERRORS = 100
 _VALUE_CHARS = 60
 
 
-
 class _Reject(ValueError):
     """A value JSON allows but milarun does not (NaN, overflow, duplicate key)."""
 
@@ -80,8 +79,10 @@ _ESCAPE = re.compile(rb"\\.", re.S)
 _NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'[]{}":')
 _STRING = re.compile(rb'"[^"]*"')
 # digits -> "0", signs -> "1", exponent marks -> "e", anything else -> " "
-_NUMBER_SHAPE = bytes(48 if c in b"0123456789" else 49 if c in b"+-" else
-                      101 if c in b"eE" else 32 for c in range(256))
+_NUMBER_SHAPE = bytes(
+    48 if c in b"0123456789" else 49 if c in b"+-" else 101 if c in b"eE" else 32
+    for c in range(256)
+)
 #: A run of this many digits may be an integer orjson cannot hold (beyond int64/uint64).
 _LONG_RUN = b"0" * 19
 
@@ -205,8 +206,9 @@ def read_bytes(path, error_cls=ResultFormatError, max_bytes=None, what="file"):
             raise error_cls("too many levels of symbolic links (a symlink loop)", path=path)
         raise error_cls(f"cannot read {what} ({exc.strerror})", path=path)
     if stat.S_ISDIR(mode):
-        raise error_cls(f"is a directory, not a {what}" if what != "file"
-                        else "is a directory", path=path)
+        raise error_cls(
+            f"is a directory, not a {what}" if what != "file" else "is a directory", path=path
+        )
     if not stat.S_ISREG(mode):
         raise error_cls(f"is {kind(mode)}, not a regular file; not read", path=path)
     if len(raw) > limit:
@@ -257,8 +259,9 @@ def parse_json(raw, path=None, error_cls=ResultFormatError):
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error_cls(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
-                        path=path)
+        raise error_cls(
+            f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})", path=path
+        )
     too_deep = f"nested deeper than {MAX_DEPTH} levels"
     may_overflow, may_be_big = _number_risks(raw)
     parse_float = _float if may_overflow else float
@@ -279,7 +282,7 @@ def parse_json(raw, path=None, error_cls=ResultFormatError):
     if not may_be_big:
         try:
             data = orjson.loads(raw)
-        except (ValueError, RecursionError):   # orjson.JSONDecodeError is a ValueError
+        except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
             pass
     if type(data) is not dict and type(data) is not list:
         try:
@@ -296,16 +299,18 @@ def parse_json(raw, path=None, error_cls=ResultFormatError):
     if data is not _AGAIN:
         return data
     try:
-        data = json.loads(text, parse_constant=_constant, parse_float=parse_float,
-                          object_pairs_hook=_pairs)
+        data = json.loads(
+            text, parse_constant=_constant, parse_float=parse_float, object_pairs_hook=_pairs
+        )
     except json.JSONDecodeError as exc:
-        raise error_cls(f"invalid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
-                        path=path)
+        raise error_cls(
+            f"invalid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}", path=path
+        )
     except _Reject as exc:
         raise error_cls(f"invalid JSON: {exc}", path=path)
     except RecursionError:
         raise error_cls(too_deep, path=path)
-    except ValueError as exc:   # e.g. an integer of more than 4300 digits
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
         raise error_cls(f"invalid JSON: {_one_line(str(exc))}", path=path)
     if isinstance(data, (dict, list)) and _depth(raw) > MAX_DEPTH:
         raise error_cls(too_deep, path=path)
@@ -329,16 +334,30 @@ def _show(value):
         text = "an object" if isinstance(value, dict) else "a list"
         return text
     else:
-        text = json.dumps(value) if value is not None and not isinstance(value, float) \
+        text = (
+            json.dumps(value)
+            if value is not None and not isinstance(value, float)
             else ("null" if value is None else repr(value))
+        )
     return text if len(text) <= _VALUE_CHARS else text[:_VALUE_CHARS] + "…"
 
 
 # --- schemas -------------------------------------------------------------------------
 
 _BASE = "https://milarun.invalid/schemas/"
-SCHEMAS = ("common", "profile", "result", "summary", "weights", "system", "thresholds",
-           "bundle", "prices", "rules", "bidders")
+SCHEMAS = (
+    "common",
+    "profile",
+    "result",
+    "summary",
+    "weights",
+    "system",
+    "thresholds",
+    "bundle",
+    "prices",
+    "rules",
+    "bidders",
+)
 
 
 #: Largest float; a bigger int is not a finite "number".
@@ -355,7 +374,8 @@ def _finite_number(checker, instance):
 
 def _finite_integer(checker, instance):
     return _finite_number(checker, instance) and (
-        isinstance(instance, int) or instance.is_integer())
+        isinstance(instance, int) or instance.is_integer()
+    )
 
 
 def load_schema(name):
@@ -366,8 +386,10 @@ def load_schema(name):
 @functools.cache
 def _schemas():
     folder = resources.files("milarun.formats") / "schemas"
-    return {name: json.loads((folder / f"{name}.schema.json").read_text(encoding="utf-8"))
-            for name in SCHEMAS}
+    return {
+        name: json.loads((folder / f"{name}.schema.json").read_text(encoding="utf-8"))
+        for name in SCHEMAS
+    }
 
 
 def _inline(node, base):
@@ -381,7 +403,7 @@ def _inline(node, base):
         ref = node["$ref"]
         name, _, fragment = ref.partition("#")
         if name.startswith(_BASE):
-            name = name[len(_BASE):]
+            name = name[len(_BASE) :]
         target_base = name.removesuffix(".schema.json") if name else base
         target = _schemas()[target_base]
         for part in filter(None, fragment.split("/")):
@@ -389,8 +411,11 @@ def _inline(node, base):
         out = _inline(target, target_base)
         rest = {k: v for k, v in node.items() if k != "$ref"}
         return {"allOf": [out, _inline(rest, base)]} if rest else out
-    return {k: (v if k in ("enum", "const") else _inline(v, base))
-            for k, v in node.items() if k not in ("$defs", "$schema", "$id")}
+    return {
+        k: (v if k in ("enum", "const") else _inline(v, base))
+        for k, v in node.items()
+        if k not in ("$defs", "$schema", "$id")
+    }
 
 
 @functools.cache
@@ -398,8 +423,7 @@ def _validator_class():
     import jsonschema
 
     base = jsonschema.Draft202012Validator
-    types = base.TYPE_CHECKER.redefine_many({"number": _finite_number,
-                                             "integer": _finite_integer})
+    types = base.TYPE_CHECKER.redefine_many({"number": _finite_number, "integer": _finite_integer})
     items = base.VALIDATORS["items"]
 
     def fast_items(validator, subschema, instance, schema):
@@ -414,15 +438,13 @@ def _validator_class():
             if not accepts(item):
                 yield from validator.descend(item, subschema, path=index)
 
-    return jsonschema.validators.extend(base, validators={"items": fast_items},
-                                        type_checker=types)
+    return jsonschema.validators.extend(base, validators={"items": fast_items}, type_checker=types)
 
 
 @functools.cache
 def _inlined(ref):
     name, _, fragment = ref.partition("#")
-    return _inline({"$ref": f"{name}.schema.json" + (f"#{fragment}" if fragment else "")},
-                   name)
+    return _inline({"$ref": f"{name}.schema.json" + (f"#{fragment}" if fragment else "")}, name)
 
 
 @functools.cache
@@ -451,8 +473,7 @@ def _fast_schema(node):
     out = dict(node)
     out.update({k: _fast_schema(node[k]) for k in _ONE if k in node})
     out.update({k: [_fast_schema(s) for s in node[k]] for k in _LIST if k in node})
-    out.update({k: {n: _fast_schema(s) for n, s in node[k].items()}
-                for k in _MAP if k in node})
+    out.update({k: {n: _fast_schema(s) for n, s in node[k].items()} for k in _MAP if k in node})
     types = node.get("type", ())
     if {"number", "integer"} & set([types] if isinstance(types, str) else types):
         out.setdefault("minimum", -_MAX_FLOAT)
@@ -483,8 +504,13 @@ def _has_nan(value):
 
 #: Python types of each JSON Schema type, as parsed JSON holds them (no bool in
 #: "number"; a float in an "integer" column is left to the per-item check).
-_COLUMN_TYPES = {"number": (int, float), "integer": (int,), "boolean": (bool,),
-                 "string": (str,), "null": (type(None),)}
+_COLUMN_TYPES = {
+    "number": (int, float),
+    "integer": (int,),
+    "boolean": (bool,),
+    "string": (str,),
+    "null": (type(None),),
+}
 #: Keywords that say nothing about the value.
 _NOTES = frozenset(("$comment", "x-message", "x-missing", "description", "title"))
 _NUMBERS = frozenset((int, float))
@@ -493,8 +519,12 @@ _NUMBERS = frozenset((int, float))
 def _column_rule(prop):
     """``(types, minimum, maximum, max_length)`` of a property schema made only of
     ``type`` (scalars), ``minimum``, ``maximum`` and ``maxLength``; else None."""
-    if not isinstance(prop, dict) or set(prop) - _NOTES - {"type", "minimum", "maximum",
-                                                            "maxLength"}:
+    if not isinstance(prop, dict) or set(prop) - _NOTES - {
+        "type",
+        "minimum",
+        "maximum",
+        "maxLength",
+    }:
         return None
     names = prop.get("type")
     names = [names] if isinstance(names, str) else names
@@ -515,10 +545,12 @@ def _column_checker(items):
     of :func:`_column_rule`), or None for any other schema. False means "not
     vouched for", not "invalid". An element with a key outside ``properties`` is
     not vouched for."""
-    if (not isinstance(items, dict) or items.get("type") != "object"
-            or set(items) - _NOTES - {"type", "required", "properties",
-                                      "additionalProperties"}
-            or not isinstance(items.get("properties"), dict)):
+    if (
+        not isinstance(items, dict)
+        or items.get("type") != "object"
+        or set(items) - _NOTES - {"type", "required", "properties", "additionalProperties"}
+        or not isinstance(items.get("properties"), dict)
+    ):
         return None
     rules = {k: _column_rule(p) for k, p in items["properties"].items()}
     required = items.get("required", [])
@@ -545,12 +577,13 @@ def _column_checker(items):
             if not seen <= types:
                 return False
             if low is not None or high is not None:
-                numbers = (column if seen <= _NUMBERS
-                           else [v for v in column if type(v) in _NUMBERS])
+                numbers = column if seen <= _NUMBERS else [v for v in column if type(v) in _NUMBERS]
                 # a NaN makes min/max give NaN or skip it: the test then fails or
                 # holds for the other values (the NaN walk has the last word)
-                if numbers and ((low is not None and not min(numbers) >= low)
-                                or (high is not None and not max(numbers) <= high)):
+                if numbers and (
+                    (low is not None and not min(numbers) >= low)
+                    or (high is not None and not max(numbers) <= high)
+                ):
                     return False
             if length is not None and str in seen:
                 if max(len(v) for v in column if type(v) is str) > length:
@@ -571,13 +604,18 @@ def _split_columns(schema):
     def walk(node, keys):
         if not isinstance(node, dict):
             return node
-        if (node.get("type") == "array" and "prefixItems" not in node
-                and _column_checker(node.get("items")) is not None):
+        if (
+            node.get("type") == "array"
+            and "prefixItems" not in node
+            and _column_checker(node.get("items")) is not None
+        ):
             arrays.append((keys, _column_checker(node["items"]), node["items"]))
             return {k: v for k, v in node.items() if k != "items"}
         if isinstance(node.get("properties"), dict):
-            node = {**node, "properties": {k: walk(v, keys + (k,))
-                                           for k, v in node["properties"].items()}}
+            node = {
+                **node,
+                "properties": {k: walk(v, keys + (k,)) for k, v in node["properties"].items()},
+            }
         return node
 
     return walk(schema, ()), arrays
@@ -596,9 +634,14 @@ def _accepts(schema):
         fast = _fast_schema(schema)
         rest, arrays = _split_columns(fast)
         whole = fastjsonschema.compile(rest, use_default=False, detailed_exceptions=False)
-        arrays = [(keys, check, fastjsonschema.compile(items, use_default=False,
-                                                       detailed_exceptions=False))
-                  for keys, check, items in arrays]
+        arrays = [
+            (
+                keys,
+                check,
+                fastjsonschema.compile(items, use_default=False, detailed_exceptions=False),
+            )
+            for keys, check, items in arrays
+        ]
 
         def validate(value):
             """fastjsonschema's check of ``value`` against ``fast``, long arrays by column."""
@@ -616,7 +659,7 @@ def _accepts(schema):
                 validate(value)
             except fastjsonschema.JsonSchemaValueException:
                 return False
-            except TypeError:       # e.g. a non-str key of an in-memory dict
+            except TypeError:  # e.g. a non-str key of an in-memory dict
                 pass
             else:
                 if nan_free or not _has_nan(value):
@@ -651,7 +694,7 @@ def first_error(data, ref, nan_free=False):
         included) and ``message`` one human line.
     """
     if _accepts(_inlined(ref))(data, nan_free):
-        return None     # valid: jsonschema is not even imported
+        return None  # valid: jsonschema is not even imported
     from jsonschema.exceptions import best_match
 
     errors = validator(ref).iter_errors(data)
@@ -673,13 +716,14 @@ def _depth_of_key(error):
     one level below the object that holds it. The shallowest error is reported
     (the first one, in schema order, among equals), since a deep error is often
     a consequence of a shallow one."""
-    named_key = (error.validator in ("required", "additionalProperties")
-                 or "propertyNames" in error.absolute_schema_path)
+    named_key = (
+        error.validator in ("required", "additionalProperties")
+        or "propertyNames" in error.absolute_schema_path
+    )
     return len(error.absolute_path) + named_key
 
 
-def check(data, ref, path=None, error_cls=ResultFormatError, key_prefix=None,
-          nan_free=False):
+def check(data, ref, path=None, error_cls=ResultFormatError, key_prefix=None, nan_free=False):
     """Validate ``data`` against schema ``ref``; return ``data`` when valid.
     ``nan_free``: as for :func:`first_error`.
 
@@ -699,13 +743,21 @@ def check(data, ref, path=None, error_cls=ResultFormatError, key_prefix=None,
 
 def key_path(keys):
     """``["tests", "a.b", "n"]`` → ``"tests.a.b.n"`` (odd keys shown quoted)."""
-    return ".".join(str(k) if isinstance(k, int) or re.fullmatch(r"[\w.@+-]{1,80}", k)
-                    else _show(k) for k in keys)
+    return ".".join(
+        str(k) if isinstance(k, int) or re.fullmatch(r"[\w.@+-]{1,80}", k) else _show(k)
+        for k in keys
+    )
 
 
-_TYPE_WORDS = {"string": "a string", "number": "a finite number", "integer": "an integer",
-               "boolean": "true or false", "object": "an object", "array": "a list",
-               "null": "null"}
+_TYPE_WORDS = {
+    "string": "a string",
+    "number": "a finite number",
+    "integer": "an integer",
+    "boolean": "true or false",
+    "object": "an object",
+    "array": "a list",
+    "null": "null",
+}
 
 
 def _json_type(value):
@@ -740,8 +792,12 @@ def describe(error):
         return keys, prop.get("x-missing", "missing") if isinstance(prop, dict) else "missing"
     if kw in ("additionalProperties", "unevaluatedProperties"):
         known = sorted(schema.get("properties", {}))
-        extra = sorted(k for k in instance if k not in known
-                       and not any(re.search(p, k) for p in schema.get("patternProperties", {})))
+        extra = sorted(
+            k
+            for k in instance
+            if k not in known
+            and not any(re.search(p, k) for p in schema.get("patternProperties", {}))
+        )
         if extra and value is False:
             keys.append(extra[0])
             return keys, f"unknown key (known: {', '.join(known)})"
@@ -749,8 +805,9 @@ def describe(error):
     if isinstance(custom, dict):
         custom = custom.get(kw)
     if custom:
-        return keys, (custom.replace("{value}", _show(instance))
-                      .replace("{type}", type(instance).__name__))
+        return keys, (
+            custom.replace("{value}", _show(instance)).replace("{type}", type(instance).__name__)
+        )
     shown = _show(instance)
     if kw == "type":
         message = f"must be {_expected(value)}, not {_json_type(instance)}"

@@ -51,8 +51,7 @@ MANIFEST_NAME = "manifest.jsonl"
 #: ``prev`` of the first entry.
 GENESIS = "0" * 64
 #: The kinds of entries (see the module's docstring).
-KINDS = ("session", "profile", "plan", "record", "log", "journal", "weights", "unwritten",
-         "end")
+KINDS = ("session", "profile", "plan", "record", "log", "journal", "weights", "unwritten", "end")
 #: Kinds without a file.
 EVENTS = ("unwritten", "end")
 #: Largest manifest read (bytes): 256 MiB (about a million entries).
@@ -61,7 +60,6 @@ MAX_MANIFEST_BYTES = 256 * 2**20
 MAX_LINE_BYTES = 64 * 2**10
 #: Largest file hashed (bytes); a larger one is refused, not truncated.
 MAX_HASHED_BYTES = 16 * 2**30
-
 
 
 class ManifestError(ResultFormatError):
@@ -76,8 +74,9 @@ def manifest_path(outdir):
 def canonical(entry):
     """The bytes that are hashed: ``entry`` without ``hash``, keys sorted, compact, UTF-8."""
     body = {k: v for k, v in entry.items() if k != "hash"}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return json.dumps(
+        body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
 
 
 def entry_hash(entry):
@@ -127,7 +126,8 @@ def is_safe_relative(text):
     # the text's own parts: PurePosixPath would drop "." and empty parts ("./x", "a//b"),
     # and one file could then be named two ways in one chain
     return not PurePosixPath(text).is_absolute() and all(
-        part not in ("", ".", "..") for part in text.split("/"))
+        part not in ("", ".", "..") for part in text.split("/")
+    )
 
 
 class Manifest:
@@ -154,24 +154,35 @@ class Manifest:
             entries = read_manifest(self.path)
             problems = check_chain(entries)
             if problems:
-                raise ManifestError(f"{problems[0]}; this session does not extend a broken "
-                                    "chain (start a new -o)", path=self.path)
+                raise ManifestError(
+                    f"{problems[0]}; this session does not extend a broken chain (start a new -o)",
+                    path=self.path,
+                )
             if entries:
                 self.head, self.seq = entries[-1]["hash"], entries[-1]["seq"] + 1
 
     def _append(self, entry):
-        entry = {"seq": self.seq, "session": self.session, "time": round(time.time(), 6),
-                 **entry, "prev": self.head}
+        entry = {
+            "seq": self.seq,
+            "session": self.session,
+            "time": round(time.time(), 6),
+            **entry,
+            "prev": self.head,
+        }
         entry["hash"] = entry_hash(entry)
-        line = json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False).encode("utf-8") + b"\n"
+        line = (
+            json.dumps(
+                entry, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+            ).encode("utf-8")
+            + b"\n"
+        )
         with open_append(self.path) as f:
-            fd = f.fileno()     # written through the descriptor: nothing left buffered
+            fd = f.fileno()  # written through the descriptor: nothing left buffered
             size = os.fstat(fd).st_size
             try:
                 rest = memoryview(line)
                 while rest:
-                    rest = rest[os.write(fd, rest):]
+                    rest = rest[os.write(fd, rest) :]
                 os.fsync(fd)
             except OSError:
                 # a full disk may have written part of the line: cut it off, so that the
@@ -204,8 +215,14 @@ class Manifest:
 
 
 #: The fields every entry has, with their types.
-_FIELDS = (("seq", int), ("session", str), ("kind", str), ("time", (int, float)),
-           ("prev", str), ("hash", str))
+_FIELDS = (
+    ("seq", int),
+    ("session", str),
+    ("kind", str),
+    ("time", (int, float)),
+    ("prev", str),
+    ("hash", str),
+)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -234,8 +251,9 @@ def read_manifest(path, max_bytes=MAX_MANIFEST_BYTES):
     """
     raw = read_bytes(path, error_cls=ManifestError, max_bytes=max_bytes, what="manifest")
     if raw and not raw.endswith(b"\n"):
-        raise ManifestError("the last line is incomplete (a write was cut off: truncated "
-                            "manifest)", path=path)
+        raise ManifestError(
+            "the last line is incomplete (a write was cut off: truncated manifest)", path=path
+        )
     entries = []
     where = str(path)
     for lineno, line in enumerate(raw.split(b"\n")[:-1] if raw else [], 1):
@@ -251,20 +269,36 @@ def read_manifest(path, max_bytes=MAX_MANIFEST_BYTES):
                 _need(False, path, lineno, key, "missing")
             value = entry[key]
             if not isinstance(value, kind) or isinstance(value, bool):
-                _need(False, path, lineno, key,
-                      f"must be {getattr(kind, '__name__', 'a number')}")
+                _need(False, path, lineno, key, f"must be {getattr(kind, '__name__', 'a number')}")
         if entry["kind"] not in KINDS:
             _need(False, path, lineno, "kind", f"unknown kind {entry['kind'][:40]!r}")
         for key in ("prev", "hash"):
             if not _is_hex64(entry[key]):
                 _need(False, path, lineno, key, "must be 64 lowercase hex digits")
         if entry["kind"] not in EVENTS:
-            _need(is_safe_relative(entry.get("path")), path, lineno, "path",
-                  "must be a relative path inside the results folder")
-            _need(_is_hex64(entry.get("sha256")), path, lineno, "sha256",
-                  "must be 64 lowercase hex digits")
-            _need(isinstance(entry.get("bytes"), int) and not isinstance(entry["bytes"], bool)
-                  and entry["bytes"] >= 0, path, lineno, "bytes", "must be an integer >= 0")
+            _need(
+                is_safe_relative(entry.get("path")),
+                path,
+                lineno,
+                "path",
+                "must be a relative path inside the results folder",
+            )
+            _need(
+                _is_hex64(entry.get("sha256")),
+                path,
+                lineno,
+                "sha256",
+                "must be 64 lowercase hex digits",
+            )
+            _need(
+                isinstance(entry.get("bytes"), int)
+                and not isinstance(entry["bytes"], bool)
+                and entry["bytes"] >= 0,
+                path,
+                lineno,
+                "bytes",
+                "must be an integer >= 0",
+            )
         entries.append(entry)
     return entries
 
@@ -278,11 +312,14 @@ def check_chain(entries):
     for i, entry in enumerate(entries):
         where = f"manifest entry {i} ({entry.get('kind')} {entry.get('path') or ''})".rstrip()
         if entry.get("seq") != i:
-            problems.append(f"{where}: seq is {entry.get('seq')}, expected {i} "
-                            "(an entry was removed, inserted or moved)")
+            problems.append(
+                f"{where}: seq is {entry.get('seq')}, expected {i} "
+                "(an entry was removed, inserted or moved)"
+            )
         if entry.get("prev") != head:
-            problems.append(f"{where}: prev does not match the entry before it "
-                            "(the chain is broken here)")
+            problems.append(
+                f"{where}: prev does not match the entry before it (the chain is broken here)"
+            )
         if entry.get("hash") != entry_hash(entry):
             problems.append(f"{where}: hash does not match its content (the entry was edited)")
         head = entry.get("hash")

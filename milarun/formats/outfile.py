@@ -36,9 +36,14 @@ from ..errors import SetupError
 #: Prefix of the temporary files of atomic writes.
 TMP_PREFIX = ".tmp-"
 
-_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
-          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def kind(mode):
@@ -68,10 +73,14 @@ class UnsafeFileError(SetupError, OSError):
 
 def _refuse(path, mode):
     if stat.S_ISLNK(mode):
-        raise UnsafeFileError("is a symbolic link; milarun does not write through links "
-                              "(remove it or choose another path)", path)
-    raise UnsafeFileError(f"is {kind(mode)}, not a regular file; not replaced "
-                          "(choose another path)", path)
+        raise UnsafeFileError(
+            "is a symbolic link; milarun does not write through links "
+            "(remove it or choose another path)",
+            path,
+        )
+    raise UnsafeFileError(
+        f"is {kind(mode)}, not a regular file; not replaced (choose another path)", path
+    )
 
 
 def check_target(path):
@@ -131,8 +140,7 @@ def write_atomic(path, data, durable=True, private=False):
     if isinstance(data, str):
         data = data.encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=path.suffix or ".tmp",
-                               dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=path.suffix or ".tmp", dir=path.parent)
     try:
         if not private:
             os.fchmod(fd, 0o666 & ~_umask())
@@ -141,7 +149,7 @@ def write_atomic(path, data, durable=True, private=False):
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-        check_target(path)      # again: the writing took time
+        check_target(path)  # again: the writing took time
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -168,7 +176,7 @@ def open_regular(path, flags, mode=0o666):
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):   # swapped in meanwhile
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):  # swapped in meanwhile
             check_target(path)
         raise
     try:
@@ -177,8 +185,11 @@ def open_regular(path, flags, mode=0o666):
             _refuse(path, st.st_mode)
         if st.st_nlink > 1 and flags & (os.O_WRONLY | os.O_RDWR):
             # a hard link to another file: appending or truncating would change it
-            raise UnsafeFileError(f"has {st.st_nlink - 1} other hard link(s); not written "
-                                  "(remove it or choose another path)", path)
+            raise UnsafeFileError(
+                f"has {st.st_nlink - 1} other hard link(s); not written "
+                "(remove it or choose another path)",
+                path,
+            )
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
         os.close(fd)
@@ -208,7 +219,7 @@ def own_dir(path, create=True):
         if create:
             path.mkdir(parents=True, exist_ok=True)
         mode = os.lstat(path).st_mode
-    except FileExistsError:     # a file, or a link to one: said below
+    except FileExistsError:  # a file, or a link to one: said below
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         if create:

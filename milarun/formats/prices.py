@@ -29,8 +29,13 @@ def read_prices(path):
         ResultFormatError: unreadable, not UTF-8, not JSON, larger than 1 MiB, or a bad
             key (one line naming the file and the key).
     """
-    data = check(read_json(path, error_cls=ResultFormatError, max_bytes=MAX_PRICES_BYTES,
-                           what="prices file"), "prices", path=path)
+    data = check(
+        read_json(
+            path, error_cls=ResultFormatError, max_bytes=MAX_PRICES_BYTES, what="prices file"
+        ),
+        "prices",
+        path=path,
+    )
     return data["currency"], {name: float(price) for name, price in data["bidders"].items()}
 
 

@@ -149,8 +149,18 @@ FORMAT_VERSION = 1
 FAIL_REASONS = tuple(load_schema("result")["$defs"]["error"]["properties"]["reason"]["enum"])
 
 
-def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
-               plan_type="normal", node=None, nodes=None, gpus_per_node=None):
+def new_result(
+    name,
+    job_id="0.0",
+    *,
+    device="0",
+    devices=(0,),
+    run=0,
+    plan_type="normal",
+    node=None,
+    nodes=None,
+    gpus_per_node=None,
+):
     """Return an empty version-1 record for experiment ``name`` (``suite.job``).
 
     ``plan_type`` is the plan type's name, the record's ``partition``.
@@ -175,12 +185,17 @@ def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
         "dataroot": None,
         "environ": {},
         "host": {},
-        "timings": {"program": {}, "train": {"sample_duration": None,
-                                             "warmup": 0, "count": 0,
-                                             "samples": []}},
+        "timings": {
+            "program": {},
+            "train": {"sample_duration": None, "warmup": 0, "count": 0, "samples": []},
+        },
         "metrics": {},
-        "gpu_monitor": {"available": False, "reason": "not started",
-                        "interval": None, "samples": []},
+        "gpu_monitor": {
+            "available": False,
+            "reason": "not started",
+            "interval": None,
+            "samples": [],
+        },
         "peak_memory_mib": None,
         "success": False,
         "error": None,
@@ -198,13 +213,19 @@ def new_result(name, job_id="0.0", *, device="0", devices=(0,), run=0,
 
 
 #: The record's versions and migrations (:mod:`milarun.formats.versioned`).
-RESULT_FORMAT = VersionedFormat(FORMAT_VERSION, {
-    # 0: the unversioned layout of early prototypes, which had "train" at the top level
-    0: Migration(lambda r: {**{k: v for k, v in r.items() if k != "train"},
-                            "version": 1,
-                            "timings": {**r.get("timings", {}),
-                                        "train": r.get("train", {"samples": []})}}),
-})
+RESULT_FORMAT = VersionedFormat(
+    FORMAT_VERSION,
+    {
+        # 0: the unversioned layout of early prototypes, which had "train" at the top level
+        0: Migration(
+            lambda r: {
+                **{k: v for k, v in r.items() if k != "train"},
+                "version": 1,
+                "timings": {**r.get("timings", {}), "train": r.get("train", {"samples": []})},
+            }
+        ),
+    },
+)
 
 
 def migrate(record, path=None, parsed=False):
@@ -229,9 +250,12 @@ def accepted(record):
     """True when :func:`migrate` of parsed ``record`` (``parsed=True``) returns it
     unchanged: a record of the current version that the result schema accepts.
     Says nothing of why not (:func:`migrate` does)."""
-    return (isinstance(record, dict) and type(record.get("version")) is int
-            and record["version"] == FORMAT_VERSION
-            and accepts(record, "result", nan_free=True))
+    return (
+        isinstance(record, dict)
+        and type(record.get("version")) is int
+        and record["version"] == FORMAT_VERSION
+        and accepts(record, "result", nan_free=True)
+    )
 
 
 def validate(record, path=None, parsed=False):

@@ -22,8 +22,12 @@ def read_rules(path):
             :data:`MAX_RULES_BYTES`, or a bad or unknown key (one line naming the
             file and the key).
     """
-    return check(read_json(path, error_cls=RulesError, max_bytes=MAX_RULES_BYTES,
-                           what="rules file"), "rules", path=path, error_cls=RulesError)
+    return check(
+        read_json(path, error_cls=RulesError, max_bytes=MAX_RULES_BYTES, what="rules file"),
+        "rules",
+        path=path,
+        error_cls=RulesError,
+    )
 
 
 __all__ = ["MAX_RULES_BYTES", "RulesError", "read_rules"]

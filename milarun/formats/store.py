@@ -129,8 +129,9 @@ def write_result(record, out):
     if out.suffix == ".json":
         path = out
     else:
-        path = out / result_filename(record["name"], record.get("run", 0),
-                                     record.get("device", "0"), record["success"])
+        path = out / result_filename(
+            record["name"], record.get("run", 0), record.get("device", "0"), record["success"]
+        )
     text = json_text(record)
     write_json_atomic(path, record, text=text)
     # the bytes written, not read back: a folder others can write cannot swap them in
@@ -153,8 +154,7 @@ def load_result(path):
 def parse_result(raw, path=None):
     """:func:`load_result` of bytes ``raw`` already read from ``path`` (as
     :func:`result_files` gives them). Raises as :func:`load_result`."""
-    return migrate(parse_json(raw, path=path, error_cls=ResultFormatError), path=path,
-                   parsed=True)
+    return migrate(parse_json(raw, path=path, error_cls=ResultFormatError), path=path, parsed=True)
 
 
 def inside(root, path):
@@ -164,7 +164,7 @@ def inside(root, path):
     try:
         root = Path(root).resolve(strict=True)
         path = Path(path).resolve(strict=True)
-    except (OSError, RuntimeError):   # missing, or a symlink loop
+    except (OSError, RuntimeError):  # missing, or a symlink loop
         return None
     return path if path.is_relative_to(root) and path.is_file() else None
 
@@ -209,14 +209,14 @@ def result_files(directory):
     following symlinks to folders, as ``Path.rglob("*.json*")`` walks them.
     """
     directory = Path(directory)
-    found = []      # (relative parts, entry)
+    found = []  # (relative parts, entry)
     todo = [()]
     while todo:
         rel = todo.pop()
         try:
             with os.scandir(directory.joinpath(*rel)) as it:
                 entries = list(it)
-        except OSError:     # passed over, as rglob does (a lost+found); the top: callers check
+        except OSError:  # passed over, as rglob does (a lost+found); the top: callers check
             continue
         for entry in entries:
             name = entry.name
@@ -233,21 +233,36 @@ def result_files(directory):
         name = entry.name
         link = entry.is_symlink()
         stale = name.startswith(TMP_PREFIX)
-        if not stale and (name.startswith(".") or not name.endswith(".json")
-                          or name.endswith(TRACE_SUFFIX)):
+        if not stale and (
+            name.startswith(".") or not name.endswith(".json") or name.endswith(TRACE_SUFFIX)
+        ):
             continue
         if not (link or entry.is_file(follow_symlinks=False)):
-            if not entry.is_dir(follow_symlinks=False):   # a FIFO, socket or device: said
-                yield path, ResultFormatError("not a regular file (a FIFO, socket or "
-                                              "device); not read", path=path)
+            if not entry.is_dir(follow_symlinks=False):  # a FIFO, socket or device: said
+                yield (
+                    path,
+                    ResultFormatError(
+                        "not a regular file (a FIFO, socket or device); not read", path=path
+                    ),
+                )
             continue
         if link and inside(directory, path) is None:
-            yield path, ResultFormatError("a symbolic link to outside the results folder "
-                                          "(or a broken one); not read", path=path)
+            yield (
+                path,
+                ResultFormatError(
+                    "a symbolic link to outside the results folder (or a broken one); not read",
+                    path=path,
+                ),
+            )
             continue
         if stale:
-            yield path, ResultFormatError("stale temporary file (a writer died before its "
-                                          "rename); not a result", path=path)
+            yield (
+                path,
+                ResultFormatError(
+                    "stale temporary file (a writer died before its rename); not a result",
+                    path=path,
+                ),
+            )
             continue
         try:
             yield path, read_bytes(path, error_cls=ResultFormatError)

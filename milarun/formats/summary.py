@@ -70,28 +70,45 @@ def _from_2020(data):
     tests = {}
     for gname, entry in sorted(data.items()):
         mem = entry.get("peak_memory")
-        if isinstance(mem, dict):   # some 2020 files kept one value per GPU
+        if isinstance(mem, dict):  # some 2020 files kept one value per GPU
             mem = max((v for v in mem.values() if v is not None), default=None)
-        tests[gname] = {"name": gname, "group": gname, "partition": None,
-                        "device_count": None,
-                        **{k: entry[k] for k in ("n", "failures", "train", "total", "pergpu")
-                           if k in entry},
-                        "peak_memory": mem}
-    return {"format": SUMMARY_FORMAT, "version": 1, "origin": "milarun-2020",
-            "date": None, "hosts": [], "skipped": [], "tests": tests}
+        tests[gname] = {
+            "name": gname,
+            "group": gname,
+            "partition": None,
+            "device_count": None,
+            **{k: entry[k] for k in ("n", "failures", "train", "total", "pergpu") if k in entry},
+            "peak_memory": mem,
+        }
+    return {
+        "format": SUMMARY_FORMAT,
+        "version": 1,
+        "origin": "milarun-2020",
+        "date": None,
+        "hosts": [],
+        "skipped": [],
+        "tests": tests,
+    }
 
 
 #: The summary's versions and migrations (:mod:`milarun.formats.versioned`): each old
 #: version is checked against its schema before its step. Version 0 is the flat 2020
 #: milarun format, which has no version field.
-FORMAT = VersionedFormat(SUMMARY_VERSION, {
-    0: Migration(_from_2020, schema="summary#/$defs/flat2020"),
-}, what="summary ", too_new=_UNSUPPORTED, unknown=_UNSUPPORTED)
+FORMAT = VersionedFormat(
+    SUMMARY_VERSION,
+    {
+        0: Migration(_from_2020, schema="summary#/$defs/flat2020"),
+    },
+    what="summary ",
+    too_new=_UNSUPPORTED,
+    unknown=_UNSUPPORTED,
+)
 
 _NOT_A_SUMMARY = (
-    "not a milarun summary: expected {\"format\": \"milarun-summary\", \"version\": 1, "
-    "\"tests\": {...}} or the 2020 flat format {\"suite.test\": {\"n\", \"failures\", "
-    "\"train\", ...}}")
+    'not a milarun summary: expected {"format": "milarun-summary", "version": 1, '
+    '"tests": {...}} or the 2020 flat format {"suite.test": {"n", "failures", '
+    '"train", ...}}'
+)
 
 
 def summary_version(data, path=None):
@@ -105,8 +122,11 @@ def summary_version(data, path=None):
         if data["format"] != SUMMARY_FORMAT:
             raise ResultFormatError(_NOT_A_SUMMARY, path=path)
         return FORMAT.version_of(data, path)
-    if (isinstance(data, dict) and data
-            and all(isinstance(v, dict) and "train" in v and "n" in v for v in data.values())):
+    if (
+        isinstance(data, dict)
+        and data
+        and all(isinstance(v, dict) and "train" in v and "n" in v for v in data.values())
+    ):
         return 0
     raise ResultFormatError(_NOT_A_SUMMARY, path=path)
 
@@ -124,34 +144,51 @@ def _complete(data, path):
     out.setdefault("hosts", [])
     out.setdefault("skipped", [])
     out.setdefault("date", None)
-    out["provenance"] = {"results": None, "suites": [], "profile": None,
-                         "profile_sha256": None, "milarun": [], "first": None,
-                         **(data.get("provenance") or {})}
+    out["provenance"] = {
+        "results": None,
+        "suites": [],
+        "profile": None,
+        "profile_sha256": None,
+        "milarun": [],
+        "first": None,
+        **(data.get("provenance") or {}),
+    }
     tests = {}
     for gname, entry in data["tests"].items():
         n, failures = int(entry["n"]), int(entry.get("failures", 0))
         if failures > n:
-            raise ResultFormatError(f"more failures ({failures}) than results ({n})",
-                                    path=path, key=key_path(["tests", gname, "failures"]))
+            raise ResultFormatError(
+                f"more failures ({failures}) than results ({n})",
+                path=path,
+                key=key_path(["tests", gname, "failures"]),
+            )
         # None: a summary written before runs were counted; 2.0 is an integer to the schema
         runs = None if entry.get("runs") is None else int(entry["runs"])
         rates = int((entry["train"] or {}).get("n") or 0)
         if runs is not None and runs > rates:
             # a run is counted only with a rate: more would hide the one-run note
-            raise ResultFormatError(f"more runs with a rate ({runs}) than rates ({rates})",
-                                    path=path, key=key_path(["tests", gname, "runs"]))
+            raise ResultFormatError(
+                f"more runs with a rate ({runs}) than rates ({rates})",
+                path=path,
+                key=key_path(["tests", gname, "runs"]),
+            )
         runs = entry.get("runs")
-        runs = None if runs is None else int(runs)   # JSON's 2.0 passes the schema as an integer
+        runs = None if runs is None else int(runs)  # JSON's 2.0 passes the schema as an integer
         rated = _stats(entry["train"])["n"]
         if runs is not None and runs > rated:
             raise ResultFormatError(
                 f"more runs with a rate ({runs}) than rates ({rated})",
-                path=path, key=key_path(["tests", gname, "runs"]))
+                path=path,
+                key=key_path(["tests", gname, "runs"]),
+            )
         pernode_failures = {d: int(c) for d, c in (entry.get("pernode_failures") or {}).items()}
         if sum(pernode_failures.values()) > failures:
             raise ResultFormatError(
                 f"more failures per node ({sum(pernode_failures.values())}) than failures "
-                f"({failures})", path=path, key=key_path(["tests", gname, "pernode_failures"]))
+                f"({failures})",
+                path=path,
+                key=key_path(["tests", gname, "pernode_failures"]),
+            )
         tests[gname] = {
             "name": entry.get("name", gname),
             "group": gname,
@@ -174,8 +211,9 @@ def _complete(data, path):
             "steady": dict(entry.get("steady") or {}),
             # concurrent waves (milarun.measure.throughput); None / {} without any
             "effective": _stats(entry["effective"]) if entry.get("effective") else None,
-            "pergpu_effective": {d: _stats(v)
-                                 for d, v in (entry.get("pergpu_effective") or {}).items()},
+            "pergpu_effective": {
+                d: _stats(v) for d, v in (entry.get("pergpu_effective") or {}).items()
+            },
             "adjusted": _stats(entry["adjusted"]) if entry.get("adjusted") else None,
             "overlap": entry.get("overlap"),
             "sync": dict(entry["sync"]) if entry.get("sync") else None,
@@ -183,11 +221,11 @@ def _complete(data, path):
             "energy": entry.get("energy"),
             "anomalies": [dict(f) for f in entry.get("anomalies") or []],
         }
-        if entry.get("llm") is not None:    # LLM tests only (milarun.analysis.llm)
+        if entry.get("llm") is not None:  # LLM tests only (milarun.analysis.llm)
             tests[gname]["llm"] = entry["llm"]
-        if entry.get("acceptance") is not None:     # acceptance tests only (analysis.acceptance)
+        if entry.get("acceptance") is not None:  # acceptance tests only (analysis.acceptance)
             tests[gname]["acceptance"] = entry["acceptance"]
-        if entry.get("tags") is not None:   # the profile tags, when the records kept them
+        if entry.get("tags") is not None:  # the profile tags, when the records kept them
             tests[gname]["tags"] = list(entry["tags"])
     out["tests"] = tests
     return out

@@ -17,13 +17,14 @@ import re
 #: overrides, embeddings and isolates (U+202A-U+202E, U+2066-U+2069, with the marks
 #: U+200E, U+200F and U+061C) that reorder what is shown ("Trojan Source",
 #: CVE-2021-42574).
-_TERMINAL_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f"
-                               "\u202a-\u202e\u2066-\u2069]")
+_TERMINAL_CONTROL = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
 
 
 def _escape(match):
     code = ord(match.group())
-    return f"\\x{code:02x}" if code <= 0xff else f"\\u{code:04x}"
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
 def terminal_safe(text):

@@ -14,8 +14,9 @@ def read_thresholds(path):
         ResultFormatError: unreadable, not UTF-8, not JSON, or a bad clause (one line
             naming the file and the key).
     """
-    return check(read_json(path, error_cls=ResultFormatError, max_bytes=1 << 20),
-                 "thresholds", path=path)
+    return check(
+        read_json(path, error_cls=ResultFormatError, max_bytes=1 << 20), "thresholds", path=path
+    )
 
 
 __all__ = ["read_thresholds"]

@@ -88,8 +88,11 @@ def written_here(data, registry=None):
         return False, f"cannot read {path} ({exc.strerror})"
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
-        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()
-                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_uid != os.geteuid()
+            or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        ):
             return False, f"{path} is not a private file of this user"
         want = digest(data).encode("ascii")
         for line in f:

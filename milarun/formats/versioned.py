@@ -43,11 +43,17 @@ class VersionedFormat:
             are filled).
     """
 
-    def __init__(self, version, migrations=None, *, error_cls=ResultFormatError, what="",
-                 bad="bad {what}format version {version!r}",
-                 too_new="{what}format version {version} is newer than this milarun "
-                         "({current})",
-                 unknown="unknown {what}format version {version}"):
+    def __init__(
+        self,
+        version,
+        migrations=None,
+        *,
+        error_cls=ResultFormatError,
+        what="",
+        bad="bad {what}format version {version!r}",
+        too_new="{what}format version {version} is newer than this milarun ({current})",
+        unknown="unknown {what}format version {version}",
+    ):
         self.version = version
         self.migrations = dict(migrations or {})
         self.error_cls, self.what = error_cls, what
@@ -65,7 +71,7 @@ class VersionedFormat:
         """
         version = data.get("version", default)
         if isinstance(version, bool) or not isinstance(version, int):
-            raise self._error(self.bad, version, path, limit=80)   # any JSON value: bounded
+            raise self._error(self.bad, version, path, limit=80)  # any JSON value: bounded
         return version
 
     def upgrade(self, data, version, path=None):
@@ -90,7 +96,10 @@ class VersionedFormat:
             try:
                 data = migration.step(data)
             except (TypeError, AttributeError, KeyError, ValueError) as exc:
-                raise self.error_cls(f"cannot migrate from {self.what}format version {version} "
-                                     f"({exc.__class__.__name__}: {exc})"[:200], path=path)
+                raise self.error_cls(
+                    f"cannot migrate from {self.what}format version {version} "
+                    f"({exc.__class__.__name__}: {exc})"[:200],
+                    path=path,
+                )
             version = data["version"]
         return data

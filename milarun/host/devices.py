@@ -58,9 +58,17 @@ class Devices:
 
     def first(self, n):
         """These devices cut to the first ``n`` (the node facts kept)."""
-        return Devices(self.kind, self.indices[:n], self.names[:n], self.affinity[:n],
-                       self.cores, self.memory_mib[:n], self.backend, self.visible[:n],
-                       self.accelerators[:n])
+        return Devices(
+            self.kind,
+            self.indices[:n],
+            self.names[:n],
+            self.affinity[:n],
+            self.cores,
+            self.memory_mib[:n],
+            self.backend,
+            self.visible[:n],
+            self.accelerators[:n],
+        )
 
     def visible_ids(self, indices):
         """The visibility values of the devices with these ``indices``, in that order."""
@@ -73,8 +81,12 @@ class Devices:
         env = accel.get(self.backend).child_env(self.visible_ids(indices))
         env["MILARUN_BACKEND"] = self.backend
         found = {a.index: a for a in self.accelerators}
-        if len(indices) == 1 and indices[0] in found and found[indices[0]].parent is None \
-                and found[indices[0]].pci_bus_id:
+        if (
+            len(indices) == 1
+            and indices[0] in found
+            and found[indices[0]].parent is None
+            and found[indices[0]].pci_bus_id
+        ):
             # what the child checks its device against (reason wrong-device)
             env["MILARUN_PCI_BUS_ID"] = found[indices[0]].pci_bus_id
         return env
@@ -83,10 +95,17 @@ class Devices:
 def from_accelerators(backend, found, cores=None):
     """``Devices(kind="gpu")`` of a backend's :class:`~milarun.host.accel.base.Accelerator` list."""
     memory = [a.memory_mib for a in found]
-    return Devices("gpu", [a.index for a in found], [a.name for a in found],
-                   [list(a.cpus) for a in found], cores,
-                   memory if all(m is not None for m in memory) else [],
-                   backend, [a.visible_id for a in found], list(found))
+    return Devices(
+        "gpu",
+        [a.index for a in found],
+        [a.name for a in found],
+        [list(a.cpus) for a in found],
+        cores,
+        memory if all(m is not None for m in memory) else [],
+        backend,
+        [a.visible_id for a in found],
+        list(found),
+    )
 
 
 def find_gpus(backends=accel.GPU_BACKENDS, options=None):
@@ -103,7 +122,7 @@ def find_gpus(backends=accel.GPU_BACKENDS, options=None):
             reasons[name] = f"{exc.__class__.__name__}: {exc}"
             continue
         if found:
-            if getattr(backend, "reason", None):   # devices it skipped
+            if getattr(backend, "reason", None):  # devices it skipped
                 reasons[name] = backend.reason
             return from_accelerators(name, found), reasons
         reasons[name] = getattr(backend, "reason", None) or "no visible device"
@@ -119,11 +138,16 @@ def nvml_gpus():
 
 def silent_fallback_error(seen, reasons):
     """The one line that stops a run on a host whose accelerators no backend sees."""
-    why = "; ".join(f"{name}: {reasons[name]}" for name in accel.GPU_BACKENDS
-                    if name in reasons and accel.VENDOR_OF[name] in seen)
-    return (f"this host has accelerators ({describe(seen)}) but milarun sees none of them"
-            f" ({why or 'no backend for them'}); install the driver and library "
-            f"(docs/vendors.md), or pass --cpu-slots N to run on CPU slots on purpose")
+    why = "; ".join(
+        f"{name}: {reasons[name]}"
+        for name in accel.GPU_BACKENDS
+        if name in reasons and accel.VENDOR_OF[name] in seen
+    )
+    return (
+        f"this host has accelerators ({describe(seen)}) but milarun sees none of them"
+        f" ({why or 'no backend for them'}); install the driver and library "
+        f"(docs/vendors.md), or pass --cpu-slots N to run on CPU slots on purpose"
+    )
 
 
 def discover(cpu_slots=None, root="/", options=None):

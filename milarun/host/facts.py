@@ -37,33 +37,69 @@ from .kernel import read_text
 SYSFS_CPU = Path("/sys/devices/system/cpu")
 
 #: The machine-level facts the summary keeps per host (same for every result of a host).
-MACHINE_KEYS = ("milarun_version", "milarun_commit", "milarun_dirty", "kernel",
-                "cpu_governor", "cpu_freq_driver", "cpu_boost", "cpu_max_mhz")
+MACHINE_KEYS = (
+    "milarun_version",
+    "milarun_commit",
+    "milarun_dirty",
+    "kernel",
+    "cpu_governor",
+    "cpu_freq_driver",
+    "cpu_boost",
+    "cpu_max_mhz",
+)
 #: Per-GPU facts, collapsed per host to one value (or ``"a/b"`` when GPUs differ).
-GPU_KEYS = ("power_limit_w", "power_limit_default_w", "sm_clock_max_mhz", "mem_clock_max_mhz",
-            "sm_clock_app_mhz", "mem_clock_app_mhz", "persistence_mode", "ecc_mode")
+GPU_KEYS = (
+    "power_limit_w",
+    "power_limit_default_w",
+    "sm_clock_max_mhz",
+    "mem_clock_max_mhz",
+    "sm_clock_app_mhz",
+    "mem_clock_app_mhz",
+    "persistence_mode",
+    "ecc_mode",
+)
 #: The per-GPU configuration a node's hardware identity holds (``config.gpus[]``:
 #: :func:`milarun.host.identity.config`), by the names of ``host.gpus[]`` where a record
 #: has the same fact (``mig_mode`` and ``vbios`` are the identity's only).
-GPU_CONFIG_KEYS = ("power_limit_w", "sm_clock_app_mhz", "mem_clock_app_mhz", "ecc_mode",
-                   "mig_mode", "persistence_mode", "driver", "vbios")
+GPU_CONFIG_KEYS = (
+    "power_limit_w",
+    "sm_clock_app_mhz",
+    "mem_clock_app_mhz",
+    "ecc_mode",
+    "mig_mode",
+    "persistence_mode",
+    "driver",
+    "vbios",
+)
 #: Per-student limits, kept per host as the tightest value seen.
 STUDENT_KEYS = ("student_cpus", "memory_limit_mib", "cgroup_cpu_quota")
 #: What ``--compare`` checks, with the words it uses.
-COMPARED = (("cpu_model", "CPU model"), ("gpus", "GPUs"), ("gpu_vendor", "GPU vendor"),
-            ("gpu_backend", "device backend"), ("gpu_runtime", "GPU runtime"),
-            ("driver", "GPU driver"),
-            ("torch", "torch"), ("cuda", "CUDA"), ("milarun_version", "milarun version"),
-            ("milarun_commit", "milarun commit"), ("kernel", "kernel"),
-            ("cpu_governor", "CPU governor"), ("cpu_boost", "CPU boost"),
-            ("cpu_max_mhz", "CPU max MHz"), ("power_limit_w", "GPU power limit (W)"),
-            ("sm_clock_max_mhz", "GPU SM clock max (MHz)"),
-            ("mem_clock_max_mhz", "GPU memory clock max (MHz)"),
-            ("sm_clock_app_mhz", "GPU SM application clock (MHz)"),
-            ("mem_clock_app_mhz", "GPU memory application clock (MHz)"),
-            ("persistence_mode", "GPU persistence mode"), ("ecc_mode", "GPU ECC"),
-            ("student_cpus", "CPUs per student"), ("memory_limit_mib", "memory per student (MiB)"),
-            ("cgroup_cpu_quota", "CPU quota per student (cores)"))
+COMPARED = (
+    ("cpu_model", "CPU model"),
+    ("gpus", "GPUs"),
+    ("gpu_vendor", "GPU vendor"),
+    ("gpu_backend", "device backend"),
+    ("gpu_runtime", "GPU runtime"),
+    ("driver", "GPU driver"),
+    ("torch", "torch"),
+    ("cuda", "CUDA"),
+    ("milarun_version", "milarun version"),
+    ("milarun_commit", "milarun commit"),
+    ("kernel", "kernel"),
+    ("cpu_governor", "CPU governor"),
+    ("cpu_boost", "CPU boost"),
+    ("cpu_max_mhz", "CPU max MHz"),
+    ("power_limit_w", "GPU power limit (W)"),
+    ("sm_clock_max_mhz", "GPU SM clock max (MHz)"),
+    ("mem_clock_max_mhz", "GPU memory clock max (MHz)"),
+    ("sm_clock_app_mhz", "GPU SM application clock (MHz)"),
+    ("mem_clock_app_mhz", "GPU memory application clock (MHz)"),
+    ("persistence_mode", "GPU persistence mode"),
+    ("ecc_mode", "GPU ECC"),
+    ("student_cpus", "CPUs per student"),
+    ("memory_limit_mib", "memory per student (MiB)"),
+    ("cgroup_cpu_quota", "CPU quota per student (cores)"),
+)
 
 
 # ------------------------------------------------------------ collecting (child)
@@ -71,21 +107,40 @@ COMPARED = (("cpu_model", "CPU model"), ("gpus", "GPUs"), ("gpu_vendor", "GPU ve
 #: Environment of the git that reads milarun's commit: none of this process's
 #: ``GIT_*`` (``GIT_CONFIG_COUNT``/``KEY``/``VALUE`` would set ``core.fsmonitor``,
 #: a command git runs), no system or user config, no home, no prompt.
-GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_SYSTEM": os.devnull,
-           "GIT_CONFIG_GLOBAL": os.devnull, "HOME": "/nonexistent", "GIT_TERMINAL_PROMPT": "0",
-           "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
+GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_SYSTEM": os.devnull,
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "HOME": "/nonexistent",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_OPTIONAL_LOCKS": "0",
+    "LC_ALL": "C",
+}
 #: Options on every such git: no file-system monitor (a command), no hooks.
-GIT_OPTS = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
-            "-c", "core.untrackedCache=false")
+GIT_OPTS = (
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.untrackedCache=false",
+)
 
 
 def _git(root, *args):
     """Run ``git ARGS`` in the clone ``root`` with :data:`GIT_ENV` and :data:`GIT_OPTS`;
     the ``CompletedProcess`` (10 s at most)."""
-    env = dict(GIT_ENV, PATH=os.environ.get("PATH") or os.defpath,
-               GIT_CEILING_DIRECTORIES=str(root.parent))
-    return subprocess.run(["git", *GIT_OPTS, "-C", str(root), *args], timeout=10, env=env,
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    env = dict(
+        GIT_ENV, PATH=os.environ.get("PATH") or os.defpath, GIT_CEILING_DIRECTORIES=str(root.parent)
+    )
+    return subprocess.run(
+        ["git", *GIT_OPTS, "-C", str(root), *args],
+        timeout=10,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def milarun_source(package_dir=None):
@@ -109,8 +164,9 @@ def milarun_source(package_dir=None):
         if head.returncode != 0:
             return out
         out["milarun_commit"] = head.stdout.strip() or None
-        status = _git(root, "status", "--porcelain", "--untracked-files=no",
-                      "--ignore-submodules=all")
+        status = _git(
+            root, "status", "--porcelain", "--untracked-files=no", "--ignore-submodules=all"
+        )
         if status.returncode == 0:
             out["milarun_dirty"] = bool(status.stdout.strip())
     except (OSError, subprocess.SubprocessError):
@@ -125,13 +181,17 @@ def cpu_facts(cpus=None, sysfs=SYSFS_CPU):
     sysfs = Path(sysfs)
     if cpus is None:
         cpus = isolation.current_cpuset()
-    governors = sorted({g for c in cpus
-                        if (g := read_text(sysfs / f"cpu{c}" / "cpufreq" / "scaling_governor"))})
-    max_khz = [int(v) for c in cpus
-               if (v := read_text(sysfs / f"cpu{c}" / "cpufreq" / "cpuinfo_max_freq"))
-               and v.isdigit()]
-    drivers = sorted({d for c in cpus
-                      if (d := read_text(sysfs / f"cpu{c}" / "cpufreq" / "scaling_driver"))})
+    governors = sorted(
+        {g for c in cpus if (g := read_text(sysfs / f"cpu{c}" / "cpufreq" / "scaling_governor"))}
+    )
+    max_khz = [
+        int(v)
+        for c in cpus
+        if (v := read_text(sysfs / f"cpu{c}" / "cpufreq" / "cpuinfo_max_freq")) and v.isdigit()
+    ]
+    drivers = sorted(
+        {d for c in cpus if (d := read_text(sysfs / f"cpu{c}" / "cpufreq" / "scaling_driver"))}
+    )
     boost = None
     raw = read_text(sysfs / "cpufreq" / "boost")
     if raw in ("0", "1"):
@@ -142,8 +202,13 @@ def cpu_facts(cpus=None, sysfs=SYSFS_CPU):
             boost = raw == "0"
     return {
         "kernel": platform.release() or None,
-        "cpu_governor": (governors[0] if len(governors) == 1
-                         else "mixed: " + ", ".join(governors) if governors else None),
+        "cpu_governor": (
+            governors[0]
+            if len(governors) == 1
+            else "mixed: " + ", ".join(governors)
+            if governors
+            else None
+        ),
         "cpu_freq_driver": ", ".join(drivers) or None,
         "cpu_boost": boost,
         "cpu_max_mhz": max(max_khz) / 1000.0 if max_khz else None,
@@ -193,10 +258,11 @@ def gpu_facts(pynvml, handle):
     persistence = get("nvmlDeviceGetPersistenceMode")
     ecc = get("nvmlDeviceGetEccMode")
     if isinstance(ecc, (list, tuple)):
-        ecc = ecc[0]   # (current, pending)
+        ecc = ecc[0]  # (current, pending)
     return {
-        "power_limit_w": watts(get("nvmlDeviceGetEnforcedPowerLimit")
-                               or get("nvmlDeviceGetPowerManagementLimit")),
+        "power_limit_w": watts(
+            get("nvmlDeviceGetEnforcedPowerLimit") or get("nvmlDeviceGetPowerManagementLimit")
+        ),
         "power_limit_default_w": watts(get("nvmlDeviceGetPowerManagementDefaultLimit")),
         "sm_clock_max_mhz": get("nvmlDeviceGetMaxClockInfo", sm),
         "mem_clock_max_mhz": get("nvmlDeviceGetMaxClockInfo", mem),
@@ -218,6 +284,7 @@ def host_extras(cpus=None):
 
 
 # ------------------------------------------------------- the summary's hosts
+
 
 def machine_facts(host):
     """The machine-level facts of a result's ``host`` that it has (no None values),
@@ -246,9 +313,11 @@ def accumulate(entry, host):
                 facts.setdefault(g.get("index", i), {}).update(mine)
     student = entry.setdefault("_student", {})
     cpuset = host.get("cpuset")
-    values = {"student_cpus": len(cpuset) if isinstance(cpuset, list) and cpuset else None,
-              "memory_limit_mib": host.get("memory_limit_mib"),
-              "cgroup_cpu_quota": host.get("cgroup_cpu_quota")}
+    values = {
+        "student_cpus": len(cpuset) if isinstance(cpuset, list) and cpuset else None,
+        "memory_limit_mib": host.get("memory_limit_mib"),
+        "cgroup_cpu_quota": host.get("cgroup_cpu_quota"),
+    }
     for key, value in values.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             student[key] = min(student.get(key, value), value)
@@ -319,8 +388,9 @@ def fact_lines(host):
     version = host.get("milarun_version")
     if version:
         commit = host.get("milarun_commit")
-        extra = f" ({commit[:12]}{', modified' if host.get('milarun_dirty') else ''})" \
-            if commit else ""
+        extra = (
+            f" ({commit[:12]}{', modified' if host.get('milarun_dirty') else ''})" if commit else ""
+        )
         parts.append(f"milarun {version}{extra}")
     add("GPU vendor", "gpu_vendor")
     add("backend", "gpu_backend")

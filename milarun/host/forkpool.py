@@ -39,7 +39,7 @@ _TOKEN = struct.Struct("=I")
 _F_SETPIPE_SZ = 1031
 #: The most tasks a queue holds (4 bytes each in a pipe of at most 1 MiB, the
 #: unprivileged limit of ``/proc/sys/fs/pipe-max-size``).
-MAX_TASKS = 2 ** 18
+MAX_TASKS = 2**18
 
 
 def usable_cpus():
@@ -79,12 +79,12 @@ class Shared:
         self.count, self.run = count, run
         workers = usable_cpus() if workers is None else workers
         workers = min(workers, count)
-        self.children = []   # (pid, read end of its results pipe)
+        self.children = []  # (pid, read end of its results pipe)
         self.queue = None
         self.redone = 0
         if workers < 2 or count > MAX_TASKS or threading.active_count() > 1:
             return
-        sys.stdout.flush()   # or the workers' copies would write it again
+        sys.stdout.flush()  # or the workers' copies would write it again
         sys.stderr.flush()
         read, write = os.pipe()
         tokens = b"".join(_TOKEN.pack(i) for i in range(count))
@@ -100,14 +100,14 @@ class Shared:
             os.close(read)
             os.close(write)
             return
-        os.close(write)    # the queue's end: an empty pipe without a writer reads b""
+        os.close(write)  # the queue's end: an empty pipe without a writer reads b""
         self.queue = read
         # the collector would write into every object's header and so copy every page
         gc.freeze()
         parent = os.getpid()
         try:
             self._fork(workers - 1, parent)
-        except BaseException:   # e.g. Ctrl-C between two forks: no worker outlives it
+        except BaseException:  # e.g. Ctrl-C between two forks: no worker outlives it
             self.__exit__()
             raise
         finally:
@@ -123,9 +123,9 @@ class Shared:
                 os.close(out)
                 os.close(into)
                 break
-            if pid == 0:    # the worker
+            if pid == 0:  # the worker
                 os.close(out)
-                self._work(into, parent)    # never returns
+                self._work(into, parent)  # never returns
             os.close(into)
             self.children.append((pid, out))
 
@@ -145,8 +145,15 @@ class Shared:
             gc.disable()
             # Ctrl-C, a stop or a hang-up: end, say nothing (the parent's handlers, such
             # as the launcher's stop request, are not the worker's to run)
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD,
-                        signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+            for sig in (
+                signal.SIGINT,
+                signal.SIGTERM,
+                signal.SIGHUP,
+                signal.SIGCHLD,
+                signal.SIGUSR1,
+                signal.SIGUSR2,
+                signal.SIGALRM,
+            ):
                 if signal.getsignal(sig) not in (signal.SIG_IGN, None):
                     signal.signal(sig, signal.SIG_DFL)
             done = {}
@@ -156,14 +163,14 @@ class Shared:
                     break
                 try:
                     done[i] = self.run(i)
-                except BaseException:   # the parent does it again and raises
+                except BaseException:  # the parent does it again and raises
                     break
             data = marshal.dumps(done)
             with open(into, "wb", closefd=True) as f:
                 f.write(data)
             code = 0
         finally:
-            os._exit(code)   # no atexit, no flush of the parent's buffers
+            os._exit(code)  # no atexit, no flush of the parent's buffers
 
     def results(self):
         """Do tasks until the queue is empty, gather the workers' values, do again
@@ -176,21 +183,22 @@ class Shared:
         while (i := self._take()) is not None:
             try:
                 done[i] = self.run(i)
-            except Exception:   # raised again below, in task order (the first that
-                break           # raises, whichever process took it first)
+            except Exception:  # raised again below, in task order (the first that
+                break  # raises, whichever process took it first)
         for pid, out in self.children:
             with open(out, "rb", closefd=True) as f:
                 data = f.read()
             try:
                 got = marshal.loads(data) if data else {}
             except (EOFError, ValueError, TypeError):
-                got = {}    # a worker that died while writing
+                got = {}  # a worker that died while writing
             if isinstance(got, dict):
-                done.update((k, v) for k, v in got.items()
-                            if isinstance(k, int) and 0 <= k < self.count)
+                done.update(
+                    (k, v) for k, v in got.items() if isinstance(k, int) and 0 <= k < self.count
+                )
             _reap(pid)
         self.children = []
-        self._close()   # tasks still queued (the parent stopped at an error) are redone
+        self._close()  # tasks still queued (the parent stopped at an error) are redone
         #: tasks this process did again (a worker took them and did not send them back)
         self.redone = sum(1 for i in range(self.count) if i not in done) if forked else 0
         return [done[i] if i in done else self.run(i) for i in range(self.count)]

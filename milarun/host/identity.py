@@ -69,9 +69,23 @@ MAX_IDENTITY_BYTES = 1 * 2**20
 #: each container … /run/.containerenv"; with ``--privileged`` it holds ``imageid``).
 CONTAINERENV = "run/.containerenv"
 
-__all__ = ["CONTAINERENV", "DMI_KEYS", "IDENTITY_FORMAT", "IDENTITY_VERSION",
-           "MAX_IDENTITY_BYTES", "config", "container_image_id", "cpu_governors", "dmi",
-           "gpus", "identity", "is_unreadable", "nics", "node_config", "serials"]
+__all__ = [
+    "CONTAINERENV",
+    "DMI_KEYS",
+    "IDENTITY_FORMAT",
+    "IDENTITY_VERSION",
+    "MAX_IDENTITY_BYTES",
+    "config",
+    "container_image_id",
+    "cpu_governors",
+    "dmi",
+    "gpus",
+    "identity",
+    "is_unreadable",
+    "nics",
+    "node_config",
+    "serials",
+]
 
 
 def dmi(root="/"):
@@ -86,8 +100,11 @@ def dmi(root="/"):
         except FileNotFoundError:
             out[key] = None
         except OSError as exc:
-            out[key] = unreadable("not root" if exc.errno in (errno.EACCES, errno.EPERM)
-                                  else exc.strerror or exc.__class__.__name__)
+            out[key] = unreadable(
+                "not root"
+                if exc.errno in (errno.EACCES, errno.EPERM)
+                else exc.strerror or exc.__class__.__name__
+            )
     return out
 
 
@@ -134,9 +151,13 @@ def gpus(options=None, found=_UNREAD):
     for device in devices:
         try:
             ident = backend.identity(device)
-        except Exception as exc:   # a backend's bug: said, never a crash
-            ident = {"name": device.name, "uuid": device.uuid, "pci_bus_id": device.pci_bus_id,
-                     "serial": unreadable(f"{exc.__class__.__name__}: {exc}")}
+        except Exception as exc:  # a backend's bug: said, never a crash
+            ident = {
+                "name": device.name,
+                "uuid": device.uuid,
+                "pci_bus_id": device.pci_bus_id,
+                "serial": unreadable(f"{exc.__class__.__name__}: {exc}"),
+            }
         out.append({"backend": name, "index": device.index, **ident})
     return out
 
@@ -146,8 +167,9 @@ def cpu_governors(root="/"):
     (``ROOT/sys/devices/system/cpu/cpuN/cpufreq/scaling_governor``), as a sorted list;
     None where none can be read (no cpufreq: most VMs)."""
     found = set()
-    for path in glob.glob(str(Path(root) / "sys/devices/system/cpu/cpu[0-9]*/cpufreq"
-                                            "/scaling_governor")):
+    for path in glob.glob(
+        str(Path(root) / "sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor")
+    ):
         value = read_text(path)
         if value:
             found.add(value)
@@ -171,15 +193,18 @@ def container_image_id(root="/"):
 def node_config(root="/"):
     """``{"kernel", "cpu_governors", "container_image_id"}`` of this node (module
     docstring); each None when it cannot be read."""
+
     def safe(fn, *args):
         try:
             return fn(*args)
         except Exception:
             return None
 
-    return {"kernel": safe(lambda: os.uname().release or None),
-            "cpu_governors": safe(cpu_governors, root),
-            "container_image_id": safe(container_image_id, root)}
+    return {
+        "kernel": safe(lambda: os.uname().release or None),
+        "cpu_governors": safe(cpu_governors, root),
+        "container_image_id": safe(container_image_id, root),
+    }
 
 
 def gpu_config(options=None, found=_UNREAD):
@@ -199,7 +224,7 @@ def gpu_config(options=None, found=_UNREAD):
                 values.update({k: v for k, v in read(device).items() if k in values})
             else:
                 values["driver"] = backend.versions().get("driver")
-        except Exception:   # a backend's bug: nothing read, never a crash
+        except Exception:  # a backend's bug: nothing read, never a crash
             pass
         out.append({"index": device.index, "uuid": device.uuid, **values})
     return out
@@ -223,6 +248,7 @@ def identity(root="/", options=None):
         root: where ``sys/`` and ``proc/`` are read from.
         options: per GPU backend, keyword arguments (:func:`gpus`).
     """
+
     def part(fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
@@ -236,14 +262,17 @@ def identity(root="/", options=None):
         failed = unreadable(f"{exc.__class__.__name__}: {exc}")
     else:
         failed = None
-    return {"format": IDENTITY_FORMAT, "version": IDENTITY_VERSION,
-            "hostname": part(socket.gethostname),
-            "gpus": failed or part(gpus, options, found),
-            "dmi": part(dmi, root),
-            "nics": part(nics, root),
-            "cpu_model": part(cpu_model, root),
-            "memory_mib": part(memory_mib, root),
-            "config": config(root, options, found)}
+    return {
+        "format": IDENTITY_FORMAT,
+        "version": IDENTITY_VERSION,
+        "hostname": part(socket.gethostname),
+        "gpus": failed or part(gpus, options, found),
+        "dmi": part(dmi, root),
+        "nics": part(nics, root),
+        "cpu_model": part(cpu_model, root),
+        "memory_mib": part(memory_mib, root),
+        "config": config(root, options, found),
+    }
 
 
 def serials(ident):

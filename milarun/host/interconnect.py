@@ -41,11 +41,16 @@ def infiniband_ports(root="/"):
             continue
         for port in ports:
             state = read_text(port / "state")
-            out.append({"device": dev.name, "port": port.name,
-                        "rate_gbits": parse_ib_rate(read_text(port / "rate")),
-                        "state": state,
-                        "active": bool(state) and "ACTIVE" in state.upper(),
-                        "link_layer": read_text(port / "link_layer")})
+            out.append(
+                {
+                    "device": dev.name,
+                    "port": port.name,
+                    "rate_gbits": parse_ib_rate(read_text(port / "rate")),
+                    "state": state,
+                    "active": bool(state) and "ACTIVE" in state.upper(),
+                    "link_layer": read_text(port / "link_layer"),
+                }
+            )
     return out
 
 

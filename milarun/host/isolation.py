@@ -22,6 +22,7 @@ CGROOT = Path(os.environ.get("MILARUN_CGROUP_ROOT", "/sys/fs/cgroup"))
 
 # ---------------------------------------------------------------- read side
 
+
 def current_cpuset():
     """Sorted list of CPU ids this process may run on (its affinity)."""
     return sorted(os.sched_getaffinity(0))
@@ -94,6 +95,7 @@ def current_cpu_quota(pid="self"):
 
 # -------------------------------------------------------------- parent side
 
+
 def cgroup_version():
     """1 when a v1 cpuset hierarchy is mounted, 2 for a unified hierarchy with
     controllers, None when neither is usable."""
@@ -126,8 +128,9 @@ def check_group_spec(spec):
         return "the group must be relative to the cgroup root (no '/' at the start)"
     parts = group.split("/")
     if any(not _GROUP_PART.fullmatch(part) for part in parts):
-        return ("the group must be a path of names of letters, digits, '_', '.' and '-' "
-                "(no empty part)")
+        return (
+            "the group must be a path of names of letters, digits, '_', '.' and '-' (no empty part)"
+        )
     if any(part in (".", "..") for part in parts):
         return "the group must stay under the cgroup root (no '.' or '..' part)"
     return None
@@ -172,8 +175,10 @@ def oom_kill_count(spec):
     if spec is None:
         return None
     _, group = spec.split(":", 1)
-    for path in (CGROOT / "memory" / group / "memory.oom_control",
-                 CGROOT / group / "memory.events"):
+    for path in (
+        CGROOT / "memory" / group / "memory.oom_control",
+        CGROOT / group / "memory.events",
+    ):
         text = read_text(path)
         if text is None:
             continue
@@ -218,7 +223,7 @@ def split_students(n, cpus, total_memory_bytes, gpu_cpus=None, numa_nodes=None, 
         raise ValueError(f"{len(cpus)} CPUs cannot be split into {n} exclusive students")
     units = _physical_cores(cpus, cores)
     quota = _core_quota(units, n)
-    if not quota:   # fewer whole cores than students: share out CPUs, not cores
+    if not quota:  # fewer whole cores than students: share out CPUs, not cores
         units = [(c,) for c in sorted(cpus)]
         quota = _core_quota(units, n)
     free = list(units)
@@ -232,8 +237,9 @@ def split_students(n, cpus, total_memory_bytes, gpu_cpus=None, numa_nodes=None, 
             free.remove(u)
         chosen = sorted(c for u in chosen for c in u)
         mems = sorted({numa_nodes.get(c, 0) for c in chosen}) if numa_nodes else [0]
-        plan.append({"student": i, "cpus": chosen, "mems": mems,
-                     "memory_bytes": total_memory_bytes // n})
+        plan.append(
+            {"student": i, "cpus": chosen, "mems": mems, "memory_bytes": total_memory_bytes // n}
+        )
     return plan
 
 
@@ -334,8 +340,11 @@ def numactl_argv(cpus):
     """``numactl --localalloc --physcpubind=CPUS``: run on ``cpus`` (list of CPU ids),
     allocating memory on the NUMA node of the CPU that asks (DLBS's pinning of
     multi-process inference benchmarks)."""
-    return [shutil.which("numactl") or "numactl", "--localalloc",
-            f"--physcpubind={format_cpus(cpus)}"]
+    return [
+        shutil.which("numactl") or "numactl",
+        "--localalloc",
+        f"--physcpubind={format_cpus(cpus)}",
+    ]
 
 
 def slot_cpus(n, cpus=None, cores=None):
@@ -414,8 +423,9 @@ def wrap(argv, cgroup=None, exec_prefix=(), use_cgexec=True, cpus=None):
 
 def student_pool_cpus():
     """The CPU ids the students split: the root cpuset's, else this process's affinity."""
-    root_cpus = (read_text(CGROOT / "cpuset" / "cpuset.cpus")
-                 or read_text(CGROOT / "cpuset.cpus.effective"))
+    root_cpus = read_text(CGROOT / "cpuset" / "cpuset.cpus") or read_text(
+        CGROOT / "cpuset.cpus.effective"
+    )
     return parse_cpus(root_cpus) if root_cpus else sorted(os.sched_getaffinity(0))
 
 

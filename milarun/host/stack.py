@@ -37,7 +37,7 @@ def requirements(package=PACKAGE):
     for line in declared:
         req = Requirement(line)
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-            continue   # an extra's requirement, or one for another Python or platform
+            continue  # an extra's requirement, or one for another Python or platform
         out.append(req)
     return out
 

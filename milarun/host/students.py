@@ -26,8 +26,9 @@ def student_plan(n, memory_bytes=None):
     total = memory_bytes or psutil.virtual_memory().total
     gpus, _ = find_gpus()
     affinity = gpus.affinity[:n] if gpus is not None and len(gpus) >= n else None
-    return split_students(n, cpus, total, gpu_cpus=affinity, numa_nodes=numa_nodes_of_cpus(),
-                          cores=cpu_cores(cpus))
+    return split_students(
+        n, cpus, total, gpu_cpus=affinity, numa_nodes=numa_nodes_of_cpus(), cores=cpu_cores(cpus)
+    )
 
 
 def _print_plan(argv=None):
@@ -37,8 +38,10 @@ def _print_plan(argv=None):
     n = int(args[0])
     mem = int(args[1]) if len(args) > 1 else None
     for s in student_plan(n, mem):
-        print(f"student{s['student']} {format_cpus(s['cpus'])} "
-              f"{','.join(map(str, s['mems']))} {s['memory_bytes']}")
+        print(
+            f"student{s['student']} {format_cpus(s['cpus'])} "
+            f"{','.join(map(str, s['mems']))} {s['memory_bytes']}"
+        )
 
 
 if __name__ == "__main__":

@@ -34,9 +34,16 @@ def _setpriv():
     if setpriv is None:
         return None
     try:
-        ok = subprocess.run([setpriv, "--pdeathsig", "KILL", "--", "true"], timeout=10,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL).returncode == 0
+        ok = (
+            subprocess.run(
+                [setpriv, "--pdeathsig", "KILL", "--", "true"],
+                timeout=10,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         ok = False
     return setpriv if ok else None
@@ -62,6 +69,7 @@ def set_parent_death_signal(sig=signal.SIGKILL, launcher_pid=None, parent_at_sta
     """
     try:
         import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
             return False
@@ -91,7 +99,7 @@ def group_members(pgid):
         try:
             with open(f"/proc/{entry.name}/stat", "rb") as f:
                 stat = f.read()
-            state, _ppid, pgrp = stat[stat.rindex(b")") + 2:].split()[:3]
+            state, _ppid, pgrp = stat[stat.rindex(b")") + 2 :].split()[:3]
         except (OSError, ValueError):
             continue  # ended meanwhile
         if int(pgrp) == pgid and state != b"Z":
@@ -128,8 +136,7 @@ class ProcessGroup:
             return None if group_members(self.proc.pid) else self.proc.returncode
         if self.proc.returncode is None:
             try:
-                ended = os.waitid(os.P_PID, self.proc.pid,
-                                  os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                ended = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 ended = True
             if ended is None:

@@ -28,10 +28,15 @@ def check_bounds(repeat, cpu_slots, timeout, join_timeout=None, barrier_timeout=
         raise SetupError(f"--repeat must be between 1 and {MAX_REPEAT}, not {repeat}")
     cores = os.cpu_count() or 1
     if cpu_slots is not None and not 1 <= cpu_slots <= cores:
-        raise SetupError(f"--cpu-slots must be between 1 and the {cores} core(s) of this host, "
-                         f"not {cpu_slots}")
-    for flag, value in (("--timeout", timeout), ("--join-timeout", join_timeout),
-                        ("--barrier-timeout", barrier_timeout)):
+        raise SetupError(
+            f"--cpu-slots must be between 1 and the {cores} core(s) of this host, not {cpu_slots}"
+        )
+    for flag, value in (
+        ("--timeout", timeout),
+        ("--join-timeout", join_timeout),
+        ("--barrier-timeout", barrier_timeout),
+    ):
         if value is not None and not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
-            raise SetupError(f"{flag} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], "
-                             f"not {value}")
+            raise SetupError(
+                f"{flag} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], not {value}"
+            )

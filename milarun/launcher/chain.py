@@ -32,12 +32,21 @@ PLAN_VERSION = 1
 
 def launch_entry(lch):
     """The plan file's description of one launch (JSON, no paths outside the folder)."""
-    return {"name": lch.name, "group": lch.group, "run": lch.run, "device": lch.device,
-            "devices": list(lch.devices), "nodes": list(lch.nodes or []),
-            "job_id": lch.job_id, "test_argv": list(lch.test_argv),
-            "result": Path(lch.result_path).name, "fail": Path(lch.fail_path).name,
-            "log": lch.log, "concurrent": bool(lch.concurrent),
-            "barrier_wave": lch.barrier_wave}
+    return {
+        "name": lch.name,
+        "group": lch.group,
+        "run": lch.run,
+        "device": lch.device,
+        "devices": list(lch.devices),
+        "nodes": list(lch.nodes or []),
+        "job_id": lch.job_id,
+        "test_argv": list(lch.test_argv),
+        "result": Path(lch.result_path).name,
+        "fail": Path(lch.fail_path).name,
+        "log": lch.log,
+        "concurrent": bool(lch.concurrent),
+        "barrier_wave": lch.barrier_wave,
+    }
 
 
 class SessionChain:
@@ -52,7 +61,7 @@ class SessionChain:
         self.outdir = Path(outdir)
         self.session = None
         self.on_message = on_message or say
-        self.manifest = Manifest(outdir)   # ManifestError: a broken chain
+        self.manifest = Manifest(outdir)  # ManifestError: a broken chain
         self.failed = 0
 
     def _try(self, what, fn, *args, **kwargs):
@@ -60,9 +69,11 @@ class SessionChain:
             return fn(*args, **kwargs)
         except (OSError, ValueError, MilarunError) as exc:
             self.failed += 1
-            self.on_message(f"milarun: error: manifest {self.manifest.path}: cannot enter "
-                            f"{what} ({getattr(exc, 'strerror', None) or exc}); it stays "
-                            "outside the chain")
+            self.on_message(
+                f"milarun: error: manifest {self.manifest.path}: cannot enter "
+                f"{what} ({getattr(exc, 'strerror', None) or exc}); it stays "
+                "outside the chain"
+            )
             return None
 
     def start(self, session_id, profile, waves, skipped, resume):
@@ -71,16 +82,25 @@ class SessionChain:
         ``session_id``."""
         self.session = self.manifest.session = session_id
         meta = meta_dir(self.outdir)
-        self._try("the session file", self.manifest.add, "session", session_path(self.outdir),
-                  resume=bool(resume))
+        self._try(
+            "the session file",
+            self.manifest.add,
+            "session",
+            session_path(self.outdir),
+            resume=bool(resume),
+        )
         copies = own_dir(meta / f"profile-{self.session}")
         for n, src in enumerate(profile_files(profile)):
             dst = copies / f"{n}-{Path(src).name}"
             self._try(f"profile file {src}", self._copy, src, dst)
-        plan = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "session": self.session,
-                "resume": bool(resume),
-                "launches": [launch_entry(lch) for wave in waves for lch in wave],
-                "skipped": sorted([list(map(str, key)) for key in skipped])}
+        plan = {
+            "format": PLAN_FORMAT,
+            "version": PLAN_VERSION,
+            "session": self.session,
+            "resume": bool(resume),
+            "launches": [launch_entry(lch) for wave in waves for lch in wave],
+            "skipped": sorted([list(map(str, key)) for key in skipped]),
+        }
         self._try("the plan", self._plan, meta / f"plan-{self.session}.json", plan)
 
     def _copy(self, src, dst):
@@ -96,11 +116,24 @@ class SessionChain:
         lch = o.launch
         key = {"name": lch.name, "run": lch.run, "device": lch.device}
         if o.result_path is not None:
-            self._try(f"record {o.result_path}", self.manifest.add, "record", o.result_path,
-                      launch=key, success=bool(o.success), reason=o.reason)
+            self._try(
+                f"record {o.result_path}",
+                self.manifest.add,
+                "record",
+                o.result_path,
+                launch=key,
+                success=bool(o.success),
+                reason=o.reason,
+            )
         else:
-            self._try("an unwritten record", self.manifest.event, "unwritten", launch=key,
-                      reason=o.reason, error=(o.write_error or "")[:1000])
+            self._try(
+                "an unwritten record",
+                self.manifest.event,
+                "unwritten",
+                launch=key,
+                reason=o.reason,
+                error=(o.write_error or "")[:1000],
+            )
         log = self.outdir / "logs" / lch.log
         if lch.log and os.path.isfile(log) and not os.path.islink(log):
             self._try(f"log {log}", self.manifest.add, "log", log, launch=key)
@@ -116,7 +149,14 @@ class SessionChain:
                 self._try(f"log {log}", self.manifest.add, "log", log)
         passed = sum(o.success for o in outcomes)
         cut = sum(o.reason == "interrupted" for o in outcomes)
-        self._try("the end of the session", self.manifest.event, "end", status=status,
-                  passed=passed, failed=len(outcomes) - passed - cut, interrupted=cut,
-                  unchained=self.failed)
+        self._try(
+            "the end of the session",
+            self.manifest.event,
+            "end",
+            status=status,
+            passed=passed,
+            failed=len(outcomes) - passed - cut,
+            interrupted=cut,
+            unchained=self.failed,
+        )
         return self.manifest.head

@@ -28,8 +28,10 @@ def resolve_dataroot(dataroot):
     if not dataroot:
         raise SetupError("no dataroot: pass -d DATAROOT or set $MILARUN_DATAROOT")
     if not Path(dataroot).is_dir():
-        raise SetupError(f"dataroot {dataroot} does not exist: create it (mkdir -p) and "
-                         f"prepare the data with scripts/download.sh -d {dataroot}")
+        raise SetupError(
+            f"dataroot {dataroot} does not exist: create it (mkdir -p) and "
+            f"prepare the data with scripts/download.sh -d {dataroot}"
+        )
     return str(Path(dataroot).resolve())
 
 
@@ -59,21 +61,33 @@ def check_outdir(outdir, resume):
     except SetupError as exc:
         return [exc]
     if resume and saved is None:
-        errors.append(SetupError("--resume: no milarun session here (no "
-                                 ".milarun/session.json)", path=outdir))
+        errors.append(
+            SetupError("--resume: no milarun session here (no .milarun/session.json)", path=outdir)
+        )
     if not resume and saved is not None:
-        errors.append(SetupError("holds the results of an earlier session: resume it with "
-                                 "--resume, or choose another -o", path=outdir))
+        errors.append(
+            SetupError(
+                "holds the results of an earlier session: resume it with "
+                "--resume, or choose another -o",
+                path=outdir,
+            )
+        )
     base = _writable_ancestor(path)
     if not os.access(base, os.W_OK | os.X_OK):
-        errors.append(SetupError(f"results directory is not writable ({base} is not "
-                                 "writable)", path=path))
+        errors.append(
+            SetupError(f"results directory is not writable ({base} is not writable)", path=path)
+        )
     else:
         free = shutil.disk_usage(base).free / 2**20
         if free < MIN_FREE_MIB:
-            errors.append(SetupError(f"results directory has {free:.1f} MiB free; milarun "
-                                     f"needs at least {MIN_FREE_MIB} MiB for records and "
-                                     "logs", path=path))
+            errors.append(
+                SetupError(
+                    f"results directory has {free:.1f} MiB free; milarun "
+                    f"needs at least {MIN_FREE_MIB} MiB for records and "
+                    "logs",
+                    path=path,
+                )
+            )
     return errors
 
 
@@ -93,15 +107,14 @@ def checks(waves, dataroot, outdir, resume=False, use_cgexec=True):
         errors.append(exc)
         shown_root = dataroot or "$MILARUN_DATAROOT"
     if outdir is None:
-        errors.append(SetupError("no results directory: pass -o OUTDIR or set "
-                                 "$MILARUN_OUTROOT"))
+        errors.append(SetupError("no results directory: pass -o OUTDIR or set $MILARUN_OUTROOT"))
         shown_out = "$MILARUN_OUTROOT/results-<date>"
     else:
         shown_out = str(Path(outdir).resolve())
         errors += check_outdir(shown_out, resume)
     seen = {str(e) for e in errors}
     # programs first, then cgroups: a real run reports whichever comes first in check_ready
-    for use in ((False, True) if use_cgexec else (False,)):
+    for use in (False, True) if use_cgexec else (False,):
         try:
             check_ready(waves, use_cgexec=use)
         except SetupError as exc:
@@ -117,12 +130,17 @@ def show(jobs_, waves, devs, cluster, repeat, sid, dataroot, outdir, stream=None
     out = stream or sys.stdout
     fields = prepare_fields(dataroot, outdir)
     print(f"# session {sid}: the stamp a real run would put in every file name", file=out)
-    print(f"# {len(jobs_)} tests × {repeat} run(s) on {len(devs)} {devs.kind} device(s)"
-          + (f" × {len(cluster.nodes)} nodes ({cluster.kind}: "
-             f"{', '.join(n.name for n in cluster.nodes)})" if cluster.multi else ""),
-          file=out)
-    print("# --extra's \"job\" (the test's whole profile definition) is shown as {…}",
-          file=out)
+    print(
+        f"# {len(jobs_)} tests × {repeat} run(s) on {len(devs)} {devs.kind} device(s)"
+        + (
+            f" × {len(cluster.nodes)} nodes ({cluster.kind}: "
+            f"{', '.join(n.name for n in cluster.nodes)})"
+            if cluster.multi
+            else ""
+        ),
+        file=out,
+    )
+    print("# --extra's \"job\" (the test's whole profile definition) is shown as {…}", file=out)
     for wave in waves:
         for lch in wave:
             if lch.job.prepare and lch is wave[0]:
@@ -140,13 +158,18 @@ def report(errors, cluster, stream=None):
     """Print the verdict of the checks; returns the exit code (0, or 2 on errors)."""
     err = stream or sys.stderr
     if cluster.multi:
-        print("# not checked in a dry run: that every node sees the results folder "
-              "(a real run probes it first)", file=sys.stdout)
+        print(
+            "# not checked in a dry run: that every node sees the results folder "
+            "(a real run probes it first)",
+            file=sys.stdout,
+        )
     for exc in errors:
         print(f"milarun: error: {exc}", file=err)
     if errors:
-        print(f"milarun: --dry-run: {len(errors)} problem(s); a real run would stop at the "
-              "first one", file=err)
+        print(
+            f"milarun: --dry-run: {len(errors)} problem(s); a real run would stop at the first one",
+            file=err,
+        )
         return 2
     print("# checks passed: dataroot, results folder, cgroups, exec prefixes", file=sys.stdout)
     return 0

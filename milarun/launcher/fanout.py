@@ -72,9 +72,12 @@ def run(agents, grace=GRACE_S, secret=None):
     procs = []
     threads = []
     for argv in agents:
-        p = subprocess.Popen(supervise.supervised_argv(argv),
-                             stdin=subprocess.DEVNULL if secret is None else subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        p = subprocess.Popen(
+            supervise.supervised_argv(argv),
+            stdin=subprocess.DEVNULL if secret is None else subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         procs.append(p)
         if secret is not None:  # a pipe buffer holds one line: this never blocks
             _feed(p, secret + "\n")
@@ -119,9 +122,13 @@ def main(argv=None):
     supervise.from_environment()
     try:
         agents = json.loads(argv[0])
-        if not (isinstance(agents, list) and agents
-                and all(isinstance(a, list) and a and all(isinstance(x, str) for x in a)
-                        for a in agents)):
+        if not (
+            isinstance(agents, list)
+            and agents
+            and all(
+                isinstance(a, list) and a and all(isinstance(x, str) for x in a) for a in agents
+            )
+        ):
             raise ValueError("expected a non-empty list of argv lists")
     except (IndexError, ValueError) as exc:
         sys.stderr.write(f"milarun.launcher.fanout: error: {exc}\n")

@@ -65,21 +65,28 @@ def collect(cluster, timeout=IDENTITY_TIMEOUT_S, local=identity):
     if cluster.kind == "local" and not cluster.multi:
         return {cluster.main.name: local()}
     running = []
-    for node in cluster.nodes:   # every node at once: one timeout in all
-        argv, env = cluster.on_nodes([cluster.python, "-m", IDENTITY_MODULE], {}, [node.name],
-                                     tag="milarun-identity")
+    for node in cluster.nodes:  # every node at once: one timeout in all
+        argv, env = cluster.on_nodes(
+            [cluster.python, "-m", IDENTITY_MODULE], {}, [node.name], tag="milarun-identity"
+        )
         try:
             # a group of its own: a late answer is ended with everything it started
-            proc = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         except OSError as exc:
             running.append((node, None, f"cannot run {argv[0]}: {exc.strerror or exc}", [], []))
             continue
         out, err = [], []
         for stream, into in ((proc.stdout, out), (proc.stderr, err)):
-            threading.Thread(target=_read_bounded, args=(stream, MAX_IDENTITY_BYTES, into),
-                             daemon=True).start()
+            threading.Thread(
+                target=_read_bounded, args=(stream, MAX_IDENTITY_BYTES, into), daemon=True
+            ).start()
         running.append((node, proc, None, out, err))
     deadline = time.monotonic() + timeout
     found = {}
@@ -96,19 +103,20 @@ def collect(cluster, timeout=IDENTITY_TIMEOUT_S, local=identity):
                 pass
             proc.wait()
             found[node.name] = {"error": f"no answer within {timeout:g} s"}
-        for _ in range(50):   # the readers finish once the pipes close
+        for _ in range(50):  # the readers finish once the pipes close
             if out and err:
                 break
             time.sleep(0.01)
-        if out and err:   # else a reader still blocks on a pipe something kept open: left
+        if out and err:  # else a reader still blocks on a pipe something kept open: left
             for stream in (proc.stdout, proc.stderr):
                 stream.close()
         if node.name in found:
             continue
         if proc.returncode != 0:
             tail = (err[0] if err else b"").decode("utf-8", "replace").strip().splitlines()
-            found[node.name] = {"error": f"exit status {proc.returncode}"
-                                         + (f": {tail[-1][:300]}" if tail else "")}
+            found[node.name] = {
+                "error": f"exit status {proc.returncode}" + (f": {tail[-1][:300]}" if tail else "")
+            }
             continue
         found[node.name] = parse_answer(out[0] if out else b"", node.name)
     return found

@@ -199,10 +199,14 @@ class _Child:
         self.m0 = time.monotonic()  # for the watchdog: immune to clock steps
         feed = self.launch.stdin
         try:
-            self.proc = subprocess.Popen(supervise.supervised_argv(self.launch.argv), env=env,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         stdin=subprocess.DEVNULL if feed is None
-                                         else subprocess.PIPE, start_new_session=True)
+            self.proc = subprocess.Popen(
+                supervise.supervised_argv(self.launch.argv),
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL if feed is None else subprocess.PIPE,
+                start_new_session=True,
+            )
         except (OSError, ValueError) as exc:  # ValueError: a NUL byte in an argument
             why = exc.strerror if isinstance(exc, OSError) else exc
             self.start_error = f"cannot start {self.launch.argv[0]!r}: {why}"
@@ -285,8 +289,12 @@ def fail_reason(returncode, timed_out, oom_before, oom_after):
 
 
 #: torchrun's words for a rendezvous that did not complete, and for a failed worker.
-_RDZV_FAILED = ("RendezvousTimeoutError", "RendezvousClosedError",
-                "RendezvousConnectionError", "Timed out waiting for rendezvous")
+_RDZV_FAILED = (
+    "RendezvousTimeoutError",
+    "RendezvousClosedError",
+    "RendezvousConnectionError",
+    "Timed out waiting for rendezvous",
+)
 _RANK_FAILED = ("ChildFailedError", "Root Cause (first observed failure)")
 
 
@@ -316,8 +324,9 @@ def distributed_reason(launch, returncode, tail, rendezvous_done=False):
 
 def _spans_processes(launch):
     """True for a launch of several ranks or nodes (one failing rank fails them all)."""
-    return (getattr(launch, "launcher", "python") != "python"
-            and (len(getattr(launch, "devices", [])) > 1 or len(getattr(launch, "nodes", [])) > 1))
+    return getattr(launch, "launcher", "python") != "python" and (
+        len(getattr(launch, "devices", [])) > 1 or len(getattr(launch, "nodes", [])) > 1
+    )
 
 
 def _exit_words(returncode):
@@ -345,16 +354,25 @@ def base_record(launch):
         where = {"nodes": list(launch.nodes), "gpus_per_node": len(launch.devices)}
         if len(launch.nodes) == 1:
             where["node"] = launch.nodes[0]
-    rec = new_result(launch.name, launch.job_id, device=launch.device,
-                     devices=launch.devices, run=launch.run, plan_type=launch.job.plan_type,
-                     **where)
+    rec = new_result(
+        launch.name,
+        launch.job_id,
+        device=launch.device,
+        devices=launch.devices,
+        run=launch.run,
+        plan_type=launch.job.plan_type,
+        **where,
+    )
     rec["job"] = launch.job.definition
     if launch.job.tags:
         rec["tags"] = list(launch.job.tags)
     if getattr(launch, "placeholders", None):
         rec["placeholders"] = dict(launch.placeholders)
-    rec["call"] = {"function": launch.job.experiment, "argv": list(launch.test_argv),
-                   "arguments": {}}
+    rec["call"] = {
+        "function": launch.job.experiment,
+        "argv": list(launch.test_argv),
+        "arguments": {},
+    }
     test_env = getattr(launch, "test_env", None)
     # the barrier's secret stays out: a record is read by others
     rec["environ"] = without_secret(launch.env if test_env is None else test_env)
@@ -369,29 +387,48 @@ def fail_record(launch, own, reason, message, returncode, stderr_tail, start, en
     if own is None:
         rec = base_record(launch)
         first = journal["start"] or start
-        rec["timings"]["program"] = {"start": first, "end": max(end, first),
-                                     "duration": max(0.0, end - first)}
+        rec["timings"]["program"] = {
+            "start": first,
+            "end": max(end, first),
+            "duration": max(0.0, end - first),
+        }
         train = rec["timings"]["train"]
-        train.update({k: v for k, v in journal["train"].items()
-                      if k in ("sample_duration", "warmup", "max_count", "min_steady")})
+        train.update(
+            {
+                k: v
+                for k, v in journal["train"].items()
+                if k in ("sample_duration", "warmup", "max_count", "min_steady")
+            }
+        )
         train["samples"] = journal["samples"]
         train["count"] = int(sum(s["count"] for s in journal["samples"]))
         train["warmup"] = min(int(train.get("warmup") or 0), len(journal["samples"]))
         if journal["monitor"]:
-            rec["gpu_monitor"] = {"available": True, "reason": None, "interval": None,
-                                  "samples": journal["monitor"]}
+            rec["gpu_monitor"] = {
+                "available": True,
+                "reason": None,
+                "interval": None,
+                "samples": journal["monitor"],
+            }
         if journal["host_load"]:
-            rec["host_load"] = {"available": True, "reason": None, "interval": None,
-                                "cpu_count": None, "samples": journal["host_load"]}
+            rec["host_load"] = {
+                "available": True,
+                "reason": None,
+                "interval": None,
+                "cpu_count": None,
+                "samples": journal["host_load"],
+            }
         if journal.get("distributed"):
             rec["distributed"] = journal["distributed"]  # the nodes and hosts it had gathered
     else:
         rec = own
     previous = rec.get("error") if isinstance(rec.get("error"), dict) else {}
-    rec["error"] = {**_fail_error(reason, message, returncode),
-                    "type": previous.get("type") or "ChildFailure",
-                    "stderr_tail": "\n".join(stderr_tail),
-                    "traceback": previous.get("traceback")}
+    rec["error"] = {
+        **_fail_error(reason, message, returncode),
+        "type": previous.get("type") or "ChildFailure",
+        "stderr_tail": "\n".join(stderr_tail),
+        "traceback": previous.get("traceback"),
+    }
     if journal["bad_lines"]:  # the journal lines left out (malformed or out-of-range values)
         rec["error"]["journal_dropped"] = journal["bad_lines"]
     rec["success"] = False
@@ -402,16 +439,27 @@ def fail_record(launch, own, reason, message, returncode, stderr_tail, start, en
 def _fail_error(reason, message, returncode):
     """The ``error`` fields every FAIL record has."""
     sig = -returncode if returncode is not None and returncode < 0 else None
-    return {"reason": reason, "type": "ChildFailure", "message": message,
-            "returncode": returncode, "signal": sig}
+    return {
+        "reason": reason,
+        "type": "ChildFailure",
+        "message": message,
+        "returncode": returncode,
+        "signal": sig,
+    }
 
 
 def minimal_record(launch, reason, message, returncode):
     """The smallest FAIL record of ``launch``: what identifies it (name, job id, run,
     device) and why it failed; the last resort of :func:`write_fail`, when the full
     record does not pass the schema."""
-    rec = new_result(launch.name, launch.job_id, device=launch.device, run=launch.run,
-                     devices=launch.devices, plan_type=launch.job.plan_type)
+    rec = new_result(
+        launch.name,
+        launch.job_id,
+        device=launch.device,
+        run=launch.run,
+        devices=launch.devices,
+        plan_type=launch.job.plan_type,
+    )
     rec["error"] = _fail_error(reason, message, returncode)
     rec["written_by"] = "launcher"
     return rec
@@ -430,15 +478,18 @@ def conclude(child, now=None):
         return Outcome(launch, rc, True, Path(launch.result_path), None, end - child.t0)
     if child.abandoned:
         reason = "timeout"
-        message = ("did not end after SIGKILL (stuck in the kernel, e.g. in a driver call); "
-                   "abandoned")
+        message = (
+            "did not end after SIGKILL (stuck in the kernel, e.g. in a driver call); abandoned"
+        )
     elif child.stopped:
         reason, message = "interrupted", "stopped by the launcher: the suite was interrupted"
     elif ok:
         reason = "exit-after-result"
         if child.timed_out:
-            message = (f"wrote a successful result, then did not exit within the "
-                       f"{launch.timeout:g} s timeout")
+            message = (
+                f"wrote a successful result, then did not exit within the "
+                f"{launch.timeout:g} s timeout"
+            )
         else:
             message = f"wrote a successful result, then {_exit_words(rc)}"
     elif child.timed_out:
@@ -457,8 +508,7 @@ def conclude(child, now=None):
     elif child.start_error:
         reason, message = "error", child.start_error
     else:
-        reason = fail_reason(rc, False, child.oom_before,
-                             isolation.oom_kill_count(launch.cgroup))
+        reason = fail_reason(rc, False, child.oom_before, isolation.oom_kill_count(launch.cgroup))
         if reason == "oom-killed":
             message = f"killed by the OOM killer in cgroup {launch.cgroup}"
         else:
@@ -505,9 +555,11 @@ def write_fail(outcome, own, message, tail, start, end):
     """
     launch = outcome.launch
     rc = outcome.returncode
-    builds = [lambda m: fail_record(launch, own, outcome.reason, m, rc, tail, start, end),
-              lambda m: fail_record(launch, None, outcome.reason, m, rc, tail, start, end),
-              lambda m: minimal_record(launch, outcome.reason, m, rc)]
+    builds = [
+        lambda m: fail_record(launch, own, outcome.reason, m, rc, tail, start, end),
+        lambda m: fail_record(launch, None, outcome.reason, m, rc, tail, start, end),
+        lambda m: minimal_record(launch, outcome.reason, m, rc),
+    ]
     if own is None:
         builds.pop(0)
     refused = []
@@ -611,8 +663,10 @@ def stop_all(children, grace=5.0, stop=None):
 
 def prepare_fields(dataroot, outdir):
     """Values of the ``prepare`` placeholders, shell-quoted (``{milarun}`` is a command)."""
-    fields = {k: shlex.quote(str(v)) for k, v in
-              {"dataroot": dataroot or "", "outdir": outdir, "python": sys.executable}.items()}
+    fields = {
+        k: shlex.quote(str(v))
+        for k, v in {"dataroot": dataroot or "", "outdir": outdir, "python": sys.executable}.items()
+    }
     fields["milarun"] = f"{shlex.quote(sys.executable)} -m milarun"
     return fields
 
@@ -639,9 +693,14 @@ def run_prepare(commands, fields, log_path, stop=None, echo=True, grace=5.0, tim
                 say(f"milarun: prepare: {cmd}")
             env = dict(os.environ, **{supervise.ENV: str(os.getpid())})
             try:
-                proc = subprocess.Popen(supervise.supervised_argv(["sh", "-c", cmd]), stdout=log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True, env=env)
+                proc = subprocess.Popen(
+                    supervise.supervised_argv(["sh", "-c", cmd]),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env=env,
+                )
             except (OSError, ValueError) as exc:  # ValueError: a NUL byte
                 return False, f"cannot run prepare command {cmd!r}: {exc}"
             # it lasts while any process of its group is left, not only its shell
@@ -659,8 +718,10 @@ def run_prepare(commands, fields, log_path, stop=None, echo=True, grace=5.0, tim
             finally:
                 stop_all([group], grace, stop)  # what it left running in the background
             if proc.returncode != 0:
-                return False, (f"prepare command failed with status {proc.returncode}: {cmd} "
-                               f"(output in logs/{Path(log_path).name})")
+                return False, (
+                    f"prepare command failed with status {proc.returncode}: {cmd} "
+                    f"(output in logs/{Path(log_path).name})"
+                )
     return True, None
 
 
@@ -676,24 +737,42 @@ def check_ready(waves, use_cgexec=True):
     groups = sorted({lch.cgroup for lch in launches if lch.cgroup})
     if groups and use_cgexec:
         if shutil.which("cgexec") is None:
-            raise SetupError("cgexec is not installed: run scripts/install-apt-packages.sh "
-                             "(package cgroup-tools) or pass --no-cgexec")
+            raise SetupError(
+                "cgexec is not installed: run scripts/install-apt-packages.sh "
+                "(package cgroup-tools) or pass --no-cgexec"
+            )
         missing = isolation.missing_groups(groups)
         if missing:
             raise SetupError(
                 f"student cgroup(s) {', '.join(missing)} do not exist: run "
-                f"'sudo scripts/cgroup_setup.sh --students {len(groups)}' or pass --no-cgexec")
+                f"'sudo scripts/cgroup_setup.sh --students {len(groups)}' or pass --no-cgexec"
+            )
     if any(getattr(lch, "cpus", None) for lch in launches) and shutil.which("numactl") is None:
-        raise SetupError("numactl is not installed (multi-process tests pin their processes "
-                         "with it): run scripts/install-apt-packages.sh or pass --no-cgexec")
+        raise SetupError(
+            "numactl is not installed (multi-process tests pin their processes "
+            "with it): run scripts/install-apt-packages.sh or pass --no-cgexec"
+        )
     for prefix in sorted({lch.job.exec_prefix[0] for lch in launches if lch.job.exec_prefix}):
         if shutil.which(prefix) is None:
-            raise SetupError(f"exec_prefix program {prefix!r} is not installed "
-                             "(scripts/install-apt-packages.sh installs nocache)")
+            raise SetupError(
+                f"exec_prefix program {prefix!r} is not installed "
+                "(scripts/install-apt-packages.sh installs nocache)"
+            )
 
 
-def run_suite(waves, outdir, dataroot, stop=None, on_line=None, on_outcome=None,
-              on_wave=None, echo=True, grace=5.0, barrier=None, on_message=None):
+def run_suite(
+    waves,
+    outdir,
+    dataroot,
+    stop=None,
+    on_line=None,
+    on_outcome=None,
+    on_wave=None,
+    echo=True,
+    grace=5.0,
+    barrier=None,
+    on_message=None,
+):
     """Run every wave in order; returns the list of all ``Outcome``.
 
     Prepare commands run once per (job, run), before its first wave. A
@@ -736,8 +815,10 @@ def run_suite(waves, outdir, dataroot, stop=None, on_line=None, on_outcome=None,
             if outcome.write_errno in DISK_FULL:  # no later record could be written either
                 raise SuiteAborted(f"{outcome.write_error}; the suite stops here", outcomes)
         for outcome in unwritten:  # this launch only: the suite goes on
-            on_message(f"milarun: error: {outcome.launch.group} J{outcome.launch.job_id}: "
-                       f"{outcome.write_error}; counted as failed, with no record")
+            on_message(
+                f"milarun: error: {outcome.launch.group} J{outcome.launch.job_id}: "
+                f"{outcome.write_error}; counted as failed, with no record"
+            )
 
     try:
         for wave in waves:
@@ -750,9 +831,14 @@ def run_suite(waves, outdir, dataroot, stop=None, on_line=None, on_outcome=None,
                 if first.job.prepare:
                     try:
                         prepared[key] = run_prepare(
-                            first.job.prepare, fields,
-                            logdir / f"{first.name}.J{first.run}.prepare.log", stop, echo, grace,
-                            timeout=first.timeout)
+                            first.job.prepare,
+                            fields,
+                            logdir / f"{first.name}.J{first.run}.prepare.log",
+                            stop,
+                            echo,
+                            grace,
+                            timeout=first.timeout,
+                        )
                     except OSError as exc:
                         prepared[key] = (False, f"cannot run prepare commands: {exc.strerror}")
             ok, message = prepared[key]
@@ -765,8 +851,7 @@ def run_suite(waves, outdir, dataroot, stop=None, on_line=None, on_outcome=None,
                     write_fail(outcome, None, message, [message], now, now)
                 record(failed)
                 continue
-            record(run_wave(wave, outdir, stop=stop, on_line=on_line, grace=grace,
-                            barrier=barrier))
+            record(run_wave(wave, outdir, stop=stop, on_line=on_line, grace=grace, barrier=barrier))
             if stop.signum is not None:
                 raise Interrupted(stop.signum)
     except Interrupted as exc:
@@ -777,8 +862,10 @@ def run_suite(waves, outdir, dataroot, stop=None, on_line=None, on_outcome=None,
 
 def _report(o):
     status = "PASS" if o.success else f"FAIL ({o.reason})"
-    say(f"milarun: {o.launch.group} J{o.launch.job_id}: {status} in {o.duration:.1f} s "
-        f"-> {o.result_path}")
+    say(
+        f"milarun: {o.launch.group} J{o.launch.job_id}: {status} in {o.duration:.1f} s "
+        f"-> {o.result_path}"
+    )
 
 
 def tally(outcomes):

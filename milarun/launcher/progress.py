@@ -34,8 +34,10 @@ from ..formats import child
 
 DEFAULT_STARTUP_S = 10.0  # interpreter, torch import, model and data set up before the first sample
 TAIL_LINES = 8  # running launches whose last line is shown under the live bar
-_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?"
-                      r"|[\x00-\x08\x0b-\x1f\x7f]")
+_CONTROL = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?"
+    r"|[\x00-\x08\x0b-\x1f\x7f]"
+)
 
 
 def _option_defaults():
@@ -174,13 +176,20 @@ class SuiteProgress:
         display_lost: None, or why the display stopped (the stream failed: closed terminal).
     """
 
-    def __init__(self, launches, stream=None, live=None, verbose=False, baseline=None,
-                 startup=DEFAULT_STARTUP_S, clock=time.monotonic):
+    def __init__(
+        self,
+        launches,
+        stream=None,
+        live=None,
+        verbose=False,
+        baseline=None,
+        startup=DEFAULT_STARTUP_S,
+        clock=time.monotonic,
+    ):
         self.launches = list(launches)
         self.total = len(self.launches)
         self.verbose = verbose
-        self.baseline = {g: float(v) for g, v in (baseline or {}).items()
-                         if _number(v, -1) > 0}
+        self.baseline = {g: float(v) for g, v in (baseline or {}).items() if _number(v, -1) > 0}
         self.clock = clock
         self.display_lost = None
         stream = sys.stderr if stream is None else stream
@@ -226,8 +235,13 @@ class SuiteProgress:
             key = (lch.group, lch.run)
             waves[key] = max(waves.get(key, 0.0), self.expected(lch))
         ends = [t + self.expected(lch) for lch, t in self._running.values()]
-        self._snap = (len(self._done), self.passed, self.failed, sum(waves.values()),
-                      max(ends) if ends else None)
+        self._snap = (
+            len(self._done),
+            self.passed,
+            self.failed,
+            sum(waves.values()),
+            max(ends) if ends else None,
+        )
         self._tail_view = tuple(self._tails.values())[-TAIL_LINES:]
         if self.display_lost is not None:
             self._stop_live()
@@ -243,8 +257,14 @@ class SuiteProgress:
     def status(self):
         """``{"done", "total", "passed", "failed", "elapsed_s", "eta_s"}`` (times in s)."""
         snap, now = self._snap, self.clock()
-        return {"done": snap[0], "total": self.total, "passed": snap[1], "failed": snap[2],
-                "elapsed_s": now - self.t0, "eta_s": self._eta(now, snap)}
+        return {
+            "done": snap[0],
+            "total": self.total,
+            "passed": snap[1],
+            "failed": snap[2],
+            "elapsed_s": now - self.t0,
+            "eta_s": self._eta(now, snap),
+        }
 
     def summary_line(self):
         """``"2 min 10 s elapsed, about 3 min 5 s left"`` (or the tally once all are done)."""
@@ -352,6 +372,7 @@ class SuiteProgress:
         if self._progress is None:
             return self._plain(text, prefix="")
         from rich.text import Text
+
         try:
             self._progress.console.print(Text(clean_line(text)), soft_wrap=True)
         except (OSError, ValueError) as exc:  # normally caught by _SafeStream already
@@ -386,22 +407,35 @@ class SuiteProgress:
         class CountColumn(ProgressColumn):
             def render(self, task):
                 done, passed, failed = owner._snap[:3]
-                return Text(f"{done}/{owner.total} ({passed} passed, {failed} failed)",
-                            no_wrap=True, overflow="ellipsis")
+                return Text(
+                    f"{done}/{owner.total} ({passed} passed, {failed} failed)",
+                    no_wrap=True,
+                    overflow="ellipsis",
+                )
 
         class SuiteBar(Progress):
             def get_renderables(self):
                 yield self.make_tasks_table(self.tasks)
                 lines = [Text(f"  {owner.summary_line()}", no_wrap=True, overflow="ellipsis")]
-                lines += [Text(f"  {label}: {line}", style="dim", no_wrap=True,
-                               overflow="ellipsis") for label, line in owner._tail_view]
+                lines += [
+                    Text(f"  {label}: {line}", style="dim", no_wrap=True, overflow="ellipsis")
+                    for label, line in owner._tail_view
+                ]
                 yield Group(*lines)
 
         console = Console(file=self._stream, force_terminal=True)
         # Never capture sys.stdout: it may be a file while the bar is on the terminal
-        self._progress = SuiteBar(TextColumn("milarun"), BarColumn(bar_width=20), CountColumn(),
-                                  console=console, transient=False, refresh_per_second=4,
-                                  redirect_stdout=False, redirect_stderr=self._is_stderr)
-        self._task = self._progress.add_task("suite", total=max(self.total, 1),
-                                             completed=len(self._done))
+        self._progress = SuiteBar(
+            TextColumn("milarun"),
+            BarColumn(bar_width=20),
+            CountColumn(),
+            console=console,
+            transient=False,
+            refresh_per_second=4,
+            redirect_stdout=False,
+            redirect_stderr=self._is_stderr,
+        )
+        self._task = self._progress.add_task(
+            "suite", total=max(self.total, 1), completed=len(self._done)
+        )
         self._progress.start()

@@ -31,12 +31,20 @@ from ..host.isolation import wrap
 #: (``LD_PRELOAD``, ``PYTHONPATH``, ``GIT_*``, ``NCCL_*`` plug-ins, ``TORCH_*``,
 #: the start barrier, ``MILARUN_WRITTEN``, ``MILARUN_PDEATHSIG`` ...) is dropped
 #: and named.
-RERUN_ENV = frozenset({
-    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "ROCR_VISIBLE_DEVICES",
-    "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "ZE_FLAT_DEVICE_HIERARCHY",
-    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONHASHSEED",
-    *child.ENV_LAUNCH,
-})
+RERUN_ENV = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ZE_AFFINITY_MASK",
+        "ZE_FLAT_DEVICE_HIERARCHY",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "PYTHONHASHSEED",
+        *child.ENV_LAUNCH,
+    }
+)
 #: A value kept: device lists, UUIDs (``MIG-GPU-…/1/0``), PCI ids, CPU lists,
 #: numbers, names; at most 1024 characters, no space, quote or control character.
 _ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:/+=@-]{0,1024}")
@@ -53,10 +61,20 @@ def _word(text):
     text = str(text)
     if text.isprintable():
         return shlex.quote(text)
-    return "$'" + "".join(
-        c if c.isprintable() and c not in "\\'" else
-        f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" if ord(c) < 0x10000
-        else f"\\U{ord(c):08x}" for c in text) + "'"
+    return (
+        "$'"
+        + "".join(
+            c
+            if c.isprintable() and c not in "\\'"
+            else f"\\x{ord(c):02x}"
+            if ord(c) < 0x100
+            else f"\\u{ord(c):04x}"
+            if ord(c) < 0x10000
+            else f"\\U{ord(c):08x}"
+            for c in text
+        )
+        + "'"
+    )
 
 
 def record_environ(record):
@@ -66,7 +84,7 @@ def record_environ(record):
     environ = record.get("environ") or {}
     kept, dropped = {}, []
     for name, value in environ.items():
-        if (name in RERUN_ENV and isinstance(value, str) and _ENV_VALUE.fullmatch(value)):
+        if name in RERUN_ENV and isinstance(value, str) and _ENV_VALUE.fullmatch(value):
             kept[name] = value
         else:
             dropped.append(str(name))
@@ -96,7 +114,9 @@ def check_function(record, function=None, path=None):
     raise ResultFormatError(
         f"{_word(spec)} is not a workload of milarun.models: a rerun imports nothing "
         "else (pass --function MODULE:FUNCTION to run a module you trust)",
-        path=path, key="call.function")
+        path=path,
+        key="call.function",
+    )
 
 
 def student_cgroup(record):
@@ -108,13 +128,15 @@ def student_cgroup(record):
     exists here. ``(None, None)``: the job had no student cgroup.
     """
 
-
     template = ((record.get("job") or {}).get("partition_scheme") or {}).get("cgroup")
     if not template:
         return None, None
     # only {device}: a record's "{device:>999999999}" would take the memory
-    if (not isinstance(template, str) or len(template) > 256
-            or re.search(r"[{}]", template.replace("{device}", ""))):
+    if (
+        not isinstance(template, str)
+        or len(template) > 256
+        or re.search(r"[{}]", template.replace("{device}", ""))
+    ):
         return None, f"its cgroup template {_word(template)} does not expand"
     try:
         spec = template.format(device=record.get("device"))
@@ -129,13 +151,17 @@ def student_cgroup(record):
     if not isinstance(ran_in, str):
         ran_in = ""
     if not any(part.rsplit(":", 1)[-1].strip("/") == group for part in ran_in.split(",")):
-        return None, (f"the original ran outside its student cgroup {spec} (in "
-                      f"{_word(ran_in) if ran_in else 'an unknown cgroup'}; --no-cgexec?)")
+        return None, (
+            f"the original ran outside its student cgroup {spec} (in "
+            f"{_word(ran_in) if ran_in else 'an unknown cgroup'}; --no-cgexec?)"
+        )
     if shutil.which("cgexec") is None:
         return None, f"cgexec is not installed (package cgroup-tools) to enter {spec}"
     if isolation.missing_groups([spec]):
-        return None, (f"its student cgroup {spec} does not exist here: "
-                      "sudo scripts/cgroup_setup.sh creates it")
+        return None, (
+            f"its student cgroup {spec} does not exist here: "
+            "sudo scripts/cgroup_setup.sh creates it"
+        )
     return spec, None
 
 
@@ -151,16 +177,23 @@ def rerun_command(record, extra_args=(), out=None, python=None, function=None, p
     python = python or sys.executable
     call = record.get("call") or {}
     extra = {k: record[k] for k in child.RERUN_FIELDS if k in record}
-    argv = child.child_argv([python, SAFE_PATH, *child.RUN_MODULE],
-                            check_function(record, function), out=str(out) if out else None,
-                            dataroot=record.get("dataroot") or None, name=record["name"],
-                            job_id=record.get("job_id", "0.0"), extra=extra,
-                            test_argv=list(call.get("argv", [])) + list(extra_args))
-    for arg in argv:   # the OS cannot pass a NUL (ValueError deep in subprocess)
+    argv = child.child_argv(
+        [python, SAFE_PATH, *child.RUN_MODULE],
+        check_function(record, function),
+        out=str(out) if out else None,
+        dataroot=record.get("dataroot") or None,
+        name=record["name"],
+        job_id=record.get("job_id", "0.0"),
+        extra=extra,
+        test_argv=list(call.get("argv", [])) + list(extra_args),
+    )
+    for arg in argv:  # the OS cannot pass a NUL (ValueError deep in subprocess)
         if not isinstance(arg, str) or "\0" in arg:
-            raise ResultFormatError("its command (call.argv, dataroot or name) holds an "
-                                    f"argument with a NUL character: {_word(str(arg)[:80])}",
-                                    path=path)
+            raise ResultFormatError(
+                "its command (call.argv, dataroot or name) holds an "
+                f"argument with a NUL character: {_word(str(arg)[:80])}",
+                path=path,
+            )
 
     # a rerun runs alone: the start barrier a launcher's FAIL record names is gone
     env = without_barrier({**os.environ, **record_environ(record)[0]})
@@ -181,8 +214,7 @@ def _read_record(path):
     return migrate(parse_json(raw, path=path), path=path), raw
 
 
-def rerun(path, extra_args, out=None, dry_run=False, use_cgexec=True, yes=False,
-          function=None):
+def rerun(path, extra_args, out=None, dry_run=False, use_cgexec=True, yes=False, function=None):
     """Print and run the rebuilt command; returns its exit code.
 
     The command runs in the original's student cgroup (:func:`student_cgroup`)
@@ -198,8 +230,9 @@ def rerun(path, extra_args, out=None, dry_run=False, use_cgexec=True, yes=False,
     """
 
     record, raw = _read_record(path)
-    argv, env = rerun_command(record, extra_args, out, function=check_function(
-        record, function, path=path), path=path)
+    argv, env = rerun_command(
+        record, extra_args, out, function=check_function(record, function, path=path), path=path
+    )
     if use_cgexec:
         spec, why = student_cgroup(record)
         if spec is not None:
@@ -209,8 +242,11 @@ def rerun(path, extra_args, out=None, dry_run=False, use_cgexec=True, yes=False,
             print(f"milarun: rerun: not in a student cgroup: {why}", file=sys.stderr)
     kept, dropped = record_environ(record)
     if dropped:
-        print("milarun: rerun: not taken from the record's environ: "
-              + ", ".join(_word(name) for name in dropped), file=sys.stderr)
+        print(
+            "milarun: rerun: not taken from the record's environ: "
+            + ", ".join(_word(name) for name in dropped),
+            file=sys.stderr,
+        )
     shown = " ".join(f"{k}={_word(v)}" for k, v in sorted(kept.items()))
     line = " ".join(_word(a) for a in argv)
     print(f"milarun: rerun: {shown + ' ' if shown else ''}{line}", file=sys.stderr)
@@ -220,9 +256,10 @@ def rerun(path, extra_args, out=None, dry_run=False, use_cgexec=True, yes=False,
             print(f"milarun: rerun: (dry run) it would need --yes: {why}", file=sys.stderr)
         return 0
     if not ours and not yes:
-        raise MilarunError(f"not run: {why}; read the command above and pass --yes to run it",
-                           path=path)
+        raise MilarunError(
+            f"not run: {why}; read the command above and pass --yes to run it", path=path
+        )
     try:
         return subprocess.call(argv, env=env)
-    except (OSError, ValueError) as exc:   # E2BIG: the record's argv is too long
+    except (OSError, ValueError) as exc:  # E2BIG: the record's argv is too long
         raise MilarunError(f"cannot start the command: {exc}", path=path) from None

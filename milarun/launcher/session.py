@@ -35,8 +35,13 @@ SESSION_FORMAT = "milarun-session"
 SESSION_VERSION = 1
 _UNSUPPORTED = "session format version {version!r} is not supported"
 #: The session file's versions (:mod:`milarun.formats.versioned`; no migration yet).
-SESSION = VersionedFormat(SESSION_VERSION, error_cls=SetupError, bad=_UNSUPPORTED,
-                          too_new=_UNSUPPORTED, unknown=_UNSUPPORTED)
+SESSION = VersionedFormat(
+    SESSION_VERSION,
+    error_cls=SetupError,
+    bad=_UNSUPPORTED,
+    too_new=_UNSUPPORTED,
+    unknown=_UNSUPPORTED,
+)
 #: How :func:`new_session_id` writes a session id (the stamp in the session's file names).
 SESSION_ID_FORMAT = "%Y%m%d-%H%M%S-%f"
 #: Free space (MiB) a results folder needs before anything is launched.
@@ -44,8 +49,19 @@ MIN_FREE_MIB = 32
 #: Largest session file read (bytes): one invocation and a line per session.
 MAX_SESSION_BYTES = 16 * 2**20
 #: The invocation keys ``--resume`` compares with the session file.
-RESUME_KEYS = ("profile_sha256", "suite", "names", "repeat", "cpu_slots", "no_cgexec",
-               "timeout", "extra_args", "dataroot", "devices", "nodes")
+RESUME_KEYS = (
+    "profile_sha256",
+    "suite",
+    "names",
+    "repeat",
+    "cpu_slots",
+    "no_cgexec",
+    "timeout",
+    "extra_args",
+    "dataroot",
+    "devices",
+    "nodes",
+)
 
 
 def default_outdir():
@@ -78,7 +94,7 @@ def check_outdir(outdir, min_free_mib=MIN_FREE_MIB):
     probe = meta_dir(path) / f"probe-{os.getpid()}"
     try:
         own_dir(meta_dir(path))
-        probe.unlink(missing_ok=True)   # whatever a vendor left there: created anew below
+        probe.unlink(missing_ok=True)  # whatever a vendor left there: created anew below
         fd = open_regular(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         with os.fdopen(fd, "wb") as f:
             f.write(b"\0" * 65536)
@@ -95,8 +111,11 @@ def check_outdir(outdir, min_free_mib=MIN_FREE_MIB):
             pass
     free = shutil.disk_usage(path).free / 2**20
     if free < min_free_mib:
-        raise SetupError(f"results directory has {free:.1f} MiB free; milarun needs at least "
-                         f"{min_free_mib} MiB for records and logs", path=path)
+        raise SetupError(
+            f"results directory has {free:.1f} MiB free; milarun needs at least "
+            f"{min_free_mib} MiB for records and logs",
+            path=path,
+        )
 
 
 def check_meta(outdir):
@@ -143,8 +162,11 @@ class OutdirLock:
             os.close(self.fd)
             self.fd = None
             if exc.errno in (errno.EAGAIN, errno.EACCES):
-                raise SetupError(f"in use by another 'milarun jobs' ({holder}); wait for it "
-                                 "or choose another -o", path=self.path.parent.parent)
+                raise SetupError(
+                    f"in use by another 'milarun jobs' ({holder}); wait for it "
+                    "or choose another -o",
+                    path=self.path.parent.parent,
+                )
             raise SetupError(f"cannot lock ({exc.strerror})", path=self.path)
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"pid {os.getpid()}\n".encode(), 0)
@@ -165,7 +187,8 @@ def new_session_id(now=None):
 def profile_digest(path):
     """SHA-256 (hex) of the profile file's bytes; for a profile that includes others,
     of the digests of all its files in turn (an edited included file shows)."""
-    def read(f):    # bounded, and never a FIFO (see read_bytes)
+
+    def read(f):  # bounded, and never a FIFO (see read_bytes)
         return read_bytes(f, error_cls=ProfileError, what="profile")
 
     return digest_of_contents([read(f) for f in profile_files(path)])
@@ -184,8 +207,19 @@ def digest_of_contents(contents):
     return digest.hexdigest()
 
 
-def invocation(profile, suite, names, repeat, cpu_slots, no_cgexec, timeout, extra_args,
-               dataroot, devices, nodes=None):
+def invocation(
+    profile,
+    suite,
+    names,
+    repeat,
+    cpu_slots,
+    no_cgexec,
+    timeout,
+    extra_args,
+    dataroot,
+    devices,
+    nodes=None,
+):
     """The dict of :data:`RESUME_KEYS` describing one ``milarun jobs`` call."""
     return {
         "profile": str(Path(profile).resolve()),
@@ -219,8 +253,7 @@ def read_session(outdir):
     path = session_path(outdir)
     if not os.path.lexists(path):
         return None
-    data = read_json(path, error_cls=SetupError, max_bytes=MAX_SESSION_BYTES,
-                     what="session file")
+    data = read_json(path, error_cls=SetupError, max_bytes=MAX_SESSION_BYTES, what="session file")
     if not isinstance(data, dict) or data.get("format") != SESSION_FORMAT:
         raise SetupError("not a milarun session file", path=path)
     data = SESSION.upgrade(data, SESSION.version_of(data, path), path)
@@ -238,7 +271,10 @@ def check_resume(saved, current, outdir):
                 f"--resume: {what} differs from the run that started this folder "
                 f"(was {json.dumps(saved['invocation'].get(key))}, now "
                 f"{json.dumps(current.get(key))}); resume with the same profile and options "
-                "or use a new -o", path=session_path(outdir), key=f"invocation.{key}")
+                "or use a new -o",
+                path=session_path(outdir),
+                key=f"invocation.{key}",
+            )
 
 
 def record_session(outdir, current, session_id, resume, saved=None, identity=None):
@@ -248,11 +284,18 @@ def record_session(outdir, current, session_id, resume, saved=None, identity=Non
     (:mod:`milarun.launcher.identities`), kept in the session's entry as ``identity``
     (the session file is the first file a session enters in the manifest, so the
     identity is in the chain)."""
-    data = saved or {"format": SESSION_FORMAT, "version": SESSION_VERSION,
-                     "invocation": current, "sessions": []}
-    entry = {"id": session_id, "pid": os.getpid(), "resume": bool(resume),
-             "started": datetime.datetime.now(datetime.timezone.utc)
-             .isoformat(timespec="seconds")}
+    data = saved or {
+        "format": SESSION_FORMAT,
+        "version": SESSION_VERSION,
+        "invocation": current,
+        "sessions": [],
+    }
+    entry = {
+        "id": session_id,
+        "pid": os.getpid(),
+        "resume": bool(resume),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
     if identity is not None:
         entry["identity"] = identity
     data["sessions"].append(entry)
@@ -265,8 +308,11 @@ def session_times(saved):
     for entry in saved.get("sessions", []) if isinstance(saved, dict) else []:
         sid = entry.get("id") if isinstance(entry, dict) else None
         try:
-            times.append(datetime.datetime.strptime(sid, SESSION_ID_FORMAT)
-                         .replace(tzinfo=datetime.timezone.utc))
+            times.append(
+                datetime.datetime.strptime(sid, SESSION_ID_FORMAT).replace(
+                    tzinfo=datetime.timezone.utc
+                )
+            )
         except (TypeError, ValueError):
             pass
     return times
@@ -320,11 +366,15 @@ def open_session(outdir, current, resume, identity=None):
     """
     saved = read_session(outdir)
     if resume and saved is None:
-        raise SetupError("--resume: no milarun session here (no .milarun/session.json)",
-                         path=outdir)
+        raise SetupError(
+            "--resume: no milarun session here (no .milarun/session.json)", path=outdir
+        )
     if not resume and saved is not None:
-        raise SetupError("holds the results of an earlier session: resume it with "
-                         "--resume, or choose another -o", path=outdir)
+        raise SetupError(
+            "holds the results of an earlier session: resume it with "
+            "--resume, or choose another -o",
+            path=outdir,
+        )
     if resume:
         check_resume(saved, current, outdir)
     removed = remove_stale_tmp(outdir)

@@ -37,10 +37,28 @@ from .progress import SuiteProgress
 from .session import default_outdir, new_session_id
 
 
-def run_jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=None, repeat=1,
-             no_cgexec=False, cpu_slots=None, timeout=None, dry_run=False, verbose=False,
-             system=None, single_node=False, rdzv_port=None, join_timeout=None, environ=None,
-             barrier_timeout=None, select=None, exclude=None):
+def run_jobs(
+    profile,
+    extra_args,
+    dataroot=None,
+    out=None,
+    resume=None,
+    names=None,
+    repeat=1,
+    no_cgexec=False,
+    cpu_slots=None,
+    timeout=None,
+    dry_run=False,
+    verbose=False,
+    system=None,
+    single_node=False,
+    rdzv_port=None,
+    join_timeout=None,
+    environ=None,
+    barrier_timeout=None,
+    select=None,
+    exclude=None,
+):
     """``milarun jobs``, its options parsed (one argument each, as ``milarun.cli.jobs``
     names them; ``extra_args``: the arguments after ``--``): validate everything, then
     plan and run the suite, or show it (``dry_run``); returns the exit code.
@@ -68,8 +86,13 @@ def run_jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=No
     if rdzv_port is None:
         # A port of its own: two sessions on one main node never share a rendezvous store.
         rdzv_port = free_port(default=RDZV_PORT)
-    plan_opts = dict(extra_args=extra_args, use_cgexec=not no_cgexec, timeout=timeout,
-                     rdzv_port=rdzv_port, join_timeout=join_timeout or JOIN_TIMEOUT_S)
+    plan_opts = dict(
+        extra_args=extra_args,
+        use_cgexec=not no_cgexec,
+        timeout=timeout,
+        rdzv_port=rdzv_port,
+        join_timeout=join_timeout or JOIN_TIMEOUT_S,
+    )
     for job in jobs_:
         for note in job.kind.notes(job, cluster):
             say(f"milarun: {job.full_name}: {note}")
@@ -79,14 +102,26 @@ def run_jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=No
         # the real run's checks, all of them, without writing; then the same exit status
         sid, when = new_session_id()
         probe = plan_suite(jobs_, cluster, repeat, outdir or ".", dataroot=dataroot, **plan_opts)
-        errors, shown_root, shown_out = dryrun.checks(probe, dataroot, outdir, resume is not None,
-                                                      use_cgexec=not no_cgexec)
+        errors, shown_root, shown_out = dryrun.checks(
+            probe, dataroot, outdir, resume is not None, use_cgexec=not no_cgexec
+        )
         # the real run's server listens on a port the system picks when it starts
         where = _barrier_host(cluster)
-        barrier = where and {"address": join_address(where[1], "PORT"),
-                             "timeout": barrier_timeout, "secret": "SECRET"}
-        waves = plan_suite(jobs_, cluster, repeat, shown_out, dataroot=shown_root, session=when,
-                           barrier=barrier, **plan_opts)
+        barrier = where and {
+            "address": join_address(where[1], "PORT"),
+            "timeout": barrier_timeout,
+            "secret": "SECRET",
+        }
+        waves = plan_suite(
+            jobs_,
+            cluster,
+            repeat,
+            shown_out,
+            dataroot=shown_root,
+            session=when,
+            barrier=barrier,
+            **plan_opts,
+        )
         dryrun.show(jobs_, waves, devs, cluster, repeat, sid, shown_root, shown_out)
         return dryrun.report(errors, cluster)
     dataroot = resolve_dataroot(dataroot)
@@ -96,29 +131,65 @@ def run_jobs(profile, extra_args, dataroot=None, out=None, resume=None, names=No
     if resume is not None and not Path(outdir).is_dir():
         raise SetupError("--resume: no such results directory", path=outdir)
     # Plan once to check cgroups and programs before touching the folder.
-    check_ready(plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, **plan_opts),
-                use_cgexec=not no_cgexec)
+    check_ready(
+        plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, **plan_opts),
+        use_cgexec=not no_cgexec,
+    )
     session.check_outdir(outdir)
     nodes_mod.check_shared_outdir(cluster, outdir)
-    current = session.invocation(profile, jobs_[0].suite, names, repeat, cpu_slots, no_cgexec,
-                                 timeout, extra_args, dataroot, devs,
-                                 nodes=[n.name for n in cluster.nodes] if cluster.multi else None)
-    identity = identities.collect(cluster)   # every node's hardware, for the session file
+    current = session.invocation(
+        profile,
+        jobs_[0].suite,
+        names,
+        repeat,
+        cpu_slots,
+        no_cgexec,
+        timeout,
+        extra_args,
+        dataroot,
+        devs,
+        nodes=[n.name for n in cluster.nodes] if cluster.multi else None,
+    )
+    identity = identities.collect(cluster)  # every node's hardware, for the session file
     with session.OutdirLock(outdir), start_barrier(cluster) as server:
         # read (and check) the manifest before the session file changes: a broken chain
         # stops --resume with nothing written
         chain = SessionChain(outdir)
-        sid, when, done, foreign, removed = session.open_session(outdir, current,
-                                                                 resume is not None,
-                                                                 identity=identity)
-        barrier = server and {"address": server.address, "timeout": barrier_timeout,
-                              "secret": server.secret}
-        waves = plan_suite(jobs_, cluster, repeat, outdir, dataroot=dataroot, session=when,
-                           barrier=barrier, **plan_opts)
+        sid, when, done, foreign, removed = session.open_session(
+            outdir, current, resume is not None, identity=identity
+        )
+        barrier = server and {
+            "address": server.address,
+            "timeout": barrier_timeout,
+            "secret": server.secret,
+        }
+        waves = plan_suite(
+            jobs_,
+            cluster,
+            repeat,
+            outdir,
+            dataroot=dataroot,
+            session=when,
+            barrier=barrier,
+            **plan_opts,
+        )
         waves, skipped, ignored = skip_done(waves, done, foreign)
         chain.start(sid, profile, waves, skipped, resume is not None)
-        return _run(waves, outdir, dataroot, jobs_, devs, sid, skipped, removed, verbose, cluster,
-                    barrier=server, ignored=ignored, chain=chain)
+        return _run(
+            waves,
+            outdir,
+            dataroot,
+            jobs_,
+            devs,
+            sid,
+            skipped,
+            removed,
+            verbose,
+            cluster,
+            barrier=server,
+            ignored=ignored,
+            chain=chain,
+        )
 
 
 def _canonical(value):
@@ -167,8 +238,10 @@ def _ignored_line(ignored, outdir, first=3):
             name = str(path)
         names.append(f"{name if name.isprintable() else ascii(name)} ({why})")
     more = f" and {len(ignored) - first} more" if len(ignored) > first else ""
-    return (f"milarun: --resume: {len(ignored)} successful record(s) not counted as passed "
-            f"(their launches run again): {', '.join(names)}{more}")
+    return (
+        f"milarun: --resume: {len(ignored)} successful record(s) not counted as passed "
+        f"(their launches run again): {', '.join(names)}{more}"
+    )
 
 
 def _barrier_host(cluster):
@@ -213,8 +286,9 @@ def _resolve(address):
     """The IP addresses (``ipaddress`` objects, IPv4-mapped ones as IPv4) ``address``
     resolves to, IPv4 and IPv6 alike; [] when it does not resolve."""
     try:
-        infos = socket.getaddrinfo(str(address).strip("[]"), None, socket.AF_UNSPEC,
-                                   socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(
+            str(address).strip("[]"), None, socket.AF_UNSPEC, socket.SOCK_STREAM
+        )
     except (OSError, UnicodeError, ValueError):
         return []
     out = []
@@ -253,15 +327,18 @@ def start_barrier(cluster):
     """
     where = _barrier_host(cluster)
     if where is None:
-        say(f"milarun: warning: this host is not the main node {cluster.main.name}: the "
+        say(
+            f"milarun: warning: this host is not the main node {cluster.main.name}: the "
             "processes of concurrent tests start without the start barrier (run milarun "
-            "jobs on the main node for synchronized starts)")
+            "jobs on the main node for synchronized starts)"
+        )
         return contextlib.nullcontext(None)
     try:
         server = BarrierServer(where[0], connect=where[1], log=say)
     except OSError as exc:
-        raise SetupError(f"cannot open the start barrier's socket on {where[0]}: "
-                         f"{exc.strerror or exc}")
+        raise SetupError(
+            f"cannot open the start barrier's socket on {where[0]}: {exc.strerror or exc}"
+        )
 
     @contextlib.contextmanager
     def serving():
@@ -270,22 +347,44 @@ def start_barrier(cluster):
                 yield server
         finally:
             if server.strangers:
-                say(f"milarun: warning: the start barrier refused {server.strangers} "
+                say(
+                    f"milarun: warning: the start barrier refused {server.strangers} "
                     f"connection(s) without this session's secret (from "
                     f"{', '.join(server.stranger_peers)}); none could release or hold "
-                    "a wave")
+                    "a wave"
+                )
+
     return serving()
 
 
-def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, cluster=None,
-         barrier=None, ignored=(), chain=None):
+def _run(
+    waves,
+    outdir,
+    dataroot,
+    jobs_,
+    devs,
+    sid,
+    done,
+    removed,
+    verbose,
+    cluster=None,
+    barrier=None,
+    ignored=(),
+    chain=None,
+):
     """Run ``waves`` (what ``--resume`` left of them) under the live progress display and
     the signal handlers, then print the tally; returns the exit code of :func:`run_jobs`."""
     launches = [lch for wave in waves for lch in wave]
-    where = (f" × {len(cluster.nodes)} nodes ({', '.join(n.name for n in cluster.nodes)}, "
-             f"{cluster.kind})" if cluster is not None and cluster.multi else "")
-    say(f"milarun: {len(jobs_)} tests on {len(devs)} {devs.kind} device(s){where}; "
-        f"session {sid}; results in {outdir}")
+    where = (
+        f" × {len(cluster.nodes)} nodes ({', '.join(n.name for n in cluster.nodes)}, "
+        f"{cluster.kind})"
+        if cluster is not None and cluster.multi
+        else ""
+    )
+    say(
+        f"milarun: {len(jobs_)} tests on {len(devs)} {devs.kind} device(s){where}; "
+        f"session {sid}; results in {outdir}"
+    )
     if removed:
         say(f"milarun: removed {len(removed)} stale temporary file(s) of an interrupted write")
     if ignored:
@@ -309,18 +408,30 @@ def _run(waves, outdir, dataroot, jobs_, devs, sid, done, removed, verbose, clus
         if chain is not None:
             chain.on_message = progress.message
         try:
-            outcomes = run_suite(waves, outdir, dataroot, stop=stop, on_line=progress.child_output,
-                                 on_outcome=finished, on_wave=progress.started,
-                                 barrier=barrier, on_message=progress.message)
+            outcomes = run_suite(
+                waves,
+                outdir,
+                dataroot,
+                stop=stop,
+                on_line=progress.child_output,
+                on_outcome=finished,
+                on_wave=progress.started,
+                barrier=barrier,
+                on_message=progress.message,
+            )
         except Interrupted as exc:
             name = signal.Signals(exc.signum).name
-            progress.message(f"milarun: stopped by {name}; {tally(exc.outcomes)}; "
-                             f"results in {outdir}; continue with --resume {outdir}"
-                             f"{head(exc.outcomes, 'interrupted')}")
+            progress.message(
+                f"milarun: stopped by {name}; {tally(exc.outcomes)}; "
+                f"results in {outdir}; continue with --resume {outdir}"
+                f"{head(exc.outcomes, 'interrupted')}"
+            )
             return 128 + exc.signum
         except SuiteAborted as exc:
-            progress.message(f"milarun: error: {exc}; {tally(exc.outcomes)}; "
-                             f"results in {outdir}{head(exc.outcomes, 'aborted')}")
+            progress.message(
+                f"milarun: error: {exc}; {tally(exc.outcomes)}; "
+                f"results in {outdir}{head(exc.outcomes, 'aborted')}"
+            )
             return 1
     try:
         print(tally(outcomes), flush=True)

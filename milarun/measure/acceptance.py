@@ -55,11 +55,20 @@ NVLINK_GBPS_PER_LINK = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 25.0, 6: 25.0, 7:
 #: NVML clock-event (throttle) reason bits that mean power or thermal capping
 #: (``nvmlClocksEventReason*``: SwPowerCap 0x4, HwSlowdown 0x8, SwThermalSlowdown 0x20,
 #: HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80).
-CAPPING_REASONS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal",
-                   0x40: "hw_thermal", 0x80: "hw_power_brake"}
+CAPPING_REASONS = {
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+}
 #: The other bits, named for the record (idle, application clocks, sync boost, display).
-OTHER_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x10: "sync_boost",
-                 0x100: "display_clocks"}
+OTHER_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks",
+    0x10: "sync_boost",
+    0x100: "display_clocks",
+}
 
 
 def bus_factor(op, ranks):
@@ -93,8 +102,10 @@ def message_sizes(max_bytes, min_bytes=MIN_MESSAGE):
     """
     for name, value in (("--min-size", min_bytes), ("--max-size", max_bytes)):
         if not isinstance(value, int) or not MIN_MESSAGE <= value <= MAX_MESSAGE:
-            raise ValueError(f"{name} must be between {MIN_MESSAGE} B and {MAX_MESSAGE} B "
-                             f"(64 GiB), not {value!r}")
+            raise ValueError(
+                f"{name} must be between {MIN_MESSAGE} B and {MAX_MESSAGE} B "
+                f"(64 GiB), not {value!r}"
+            )
     if max_bytes < min_bytes:
         raise ValueError(f"--max-size ({max_bytes} B) is below --min-size ({min_bytes} B)")
     sizes, size = [], min_bytes
@@ -181,15 +192,23 @@ def throttle_metrics(readings, start_fraction=0.1, drop_fraction=0.9, sustained=
         one holds for the mean interval).
     """
     rows = sorted((r for r in readings if r.get("t") is not None), key=lambda r: r["t"])
-    out = {"throttled_fraction": None, "throttled": None, "throttle_reasons": "",
-           "clock_start_mhz": None, "clock_steady_mhz": None, "clock_low_fraction": None,
-           "clock_drop": None}
+    out = {
+        "throttled_fraction": None,
+        "throttled": None,
+        "throttle_reasons": "",
+        "clock_start_mhz": None,
+        "clock_steady_mhz": None,
+        "clock_low_fraction": None,
+        "clock_drop": None,
+    }
     if len(rows) < 2:
         return out
     t0, t1 = rows[0]["t"], rows[-1]["t"]
     step = (t1 - t0) / (len(rows) - 1)
-    spans = [(r, (rows[i + 1]["t"] if i + 1 < len(rows) else t1 + step) - r["t"])
-             for i, r in enumerate(rows)]
+    spans = [
+        (r, (rows[i + 1]["t"] if i + 1 < len(rows) else t1 + step) - r["t"])
+        for i, r in enumerate(rows)
+    ]
     cut = t0 + start_fraction * (t1 + step - t0)
     start = [r.get("sm_clock_mhz") for r, _ in spans if r["t"] < cut]
     start = [c for c in start if c is not None]
@@ -250,7 +269,21 @@ def numa_pages(numa_maps, address):
     return out
 
 
-__all__ = ["BUS_FACTORS", "COLLECTIVES", "STREAM_WORDS", "NVLINK_GBPS_PER_LINK",
-           "CAPPING_REASONS", "bus_factor", "bandwidths", "message_sizes", "elements_for",
-           "stream_bytes", "nvlink_peak_gbps", "expected_busbw_gbps",
-           "reason_names", "throttle_metrics", "first_bad", "numa_pages"]
+__all__ = [
+    "BUS_FACTORS",
+    "COLLECTIVES",
+    "STREAM_WORDS",
+    "NVLINK_GBPS_PER_LINK",
+    "CAPPING_REASONS",
+    "bus_factor",
+    "bandwidths",
+    "message_sizes",
+    "elements_for",
+    "stream_bytes",
+    "nvlink_peak_gbps",
+    "expected_busbw_gbps",
+    "reason_names",
+    "throttle_metrics",
+    "first_bad",
+    "numa_pages",
+]

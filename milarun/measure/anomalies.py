@@ -100,8 +100,9 @@ def reference_rate(steady, chosen):
     if len(steady) < max(MIN_WINDOWS, RUN_WINDOWS):
         return None
     rates = [s["rate"] for s in steady]
-    best = max(statistics.median(rates[i:i + RUN_WINDOWS])
-               for i in range(len(rates) - RUN_WINDOWS + 1))
+    best = max(
+        statistics.median(rates[i : i + RUN_WINDOWS]) for i in range(len(rates) - RUN_WINDOWS + 1)
+    )
     med = statistics.median(s["rate"] for s in chosen) if chosen else best
     return max(med, best), med, best
 
@@ -188,34 +189,43 @@ def _result_flags(record, steady=None):
         need, rule = required_steady(train)
         have = sum(steady_durations)
         if have + 1e-9 < need:
-            flags.append(flag("short-steady", where=where, steady_s=have,
-                              required_s=need, rule=rule))
+            flags.append(
+                flag("short-steady", where=where, steady_s=have, required_s=need, rule=rule)
+            )
     end = max(ends, default=0.0) - stats.STEADY_TAIL_S
     body = [s for s in steady if s["end"] <= end]
     rates = [s["rate"] for s in body]
     # the reference is at most the fastest window: no window under half of that, no flag
-    ref = (reference_rate(body, chosen)
-           if rates and min(rates) < WINDOW_FLOOR * max(rates) else None)
+    ref = reference_rate(body, chosen) if rates and min(rates) < WINDOW_FLOOR * max(rates) else None
     if ref is not None:
         reference, med, best = ref
         threshold = WINDOW_FLOOR * reference
         ids = {id(s) for s in chosen}
         low = [s for s in body if s["rate"] < threshold]
         if low and sum(s["end"] - s["start"] for s in low) >= WINDOW_MIN_S:
-            flags.append(flag("slow-windows", where=where, windows=len(low),
-                              seconds=sum(s["end"] - s["start"] for s in low),
-                              in_steady=sum(1 for s in low if id(s) in ids),
-                              first=low[0]["start"], last=low[-1]["end"],
-                              lowest=min(s["rate"] for s in low), median=med,
-                              best=best, threshold=threshold,
-                              spans=[[s["start"], s["end"]] for s in low]))
+            flags.append(
+                flag(
+                    "slow-windows",
+                    where=where,
+                    windows=len(low),
+                    seconds=sum(s["end"] - s["start"] for s in low),
+                    in_steady=sum(1 for s in low if id(s) in ids),
+                    first=low[0]["start"],
+                    last=low[-1]["end"],
+                    lowest=min(s["rate"] for s in low),
+                    median=med,
+                    best=best,
+                    threshold=threshold,
+                    spans=[[s["start"], s["end"]] for s in low],
+                )
+            )
     if samples:
-        limit = _stall_limit(steady_durations if steady
-                             else list(map(operator.sub, ends, starts)))
+        limit = _stall_limit(steady_durations if steady else list(map(operator.sub, ends, starts)))
         spans = []
         # a window or a gap longer than the limit (any() in C first: most results have none)
-        if (any(map(limit.__lt__, map(operator.sub, ends, starts)))
-                or any(map(limit.__lt__, map(operator.sub, starts[1:], ends)))):
+        if any(map(limit.__lt__, map(operator.sub, ends, starts))) or any(
+            map(limit.__lt__, map(operator.sub, starts[1:], ends))
+        ):
             for prev, cur in zip([None] + samples, samples):
                 if prev is not None and cur["start"] - prev["end"] > limit:
                     spans.append((prev["end"], cur["start"]))
@@ -224,16 +234,29 @@ def _result_flags(record, steady=None):
         at_end = False
         duration = (timings.get("program") or {}).get("duration")
         last = samples[-1]["end"]
-        if (not success and isinstance(duration, (int, float)) and math.isfinite(duration)
-                and duration - last > limit):
+        if (
+            not success
+            and isinstance(duration, (int, float))
+            and math.isfinite(duration)
+            and duration - last > limit
+        ):
             spans.append((last, float(duration)))
             at_end = True
         if spans:
             start, stop = max(spans, key=lambda sp: sp[1] - sp[0])
-            flags.append(flag("stall", where=where, start=start, end=stop,
-                              seconds=stop - start, count=len(spans), threshold=limit,
-                              at_end=at_end and stop == spans[-1][1],
-                              spans=[list(sp) for sp in spans]))
+            flags.append(
+                flag(
+                    "stall",
+                    where=where,
+                    start=start,
+                    end=stop,
+                    seconds=stop - start,
+                    count=len(spans),
+                    threshold=limit,
+                    at_end=at_end and stop == spans[-1][1],
+                    spans=[list(sp) for sp in spans],
+                )
+            )
     return flags
 
 
@@ -261,9 +284,9 @@ def group_flags(results):
         return flags
     rates = [rate for _, _, rate in results]
     if not all(isinstance(r, (int, float)) and math.isfinite(r) for r in rates):
-        return _group_flags_plain(results)   # NaN sorts nowhere: the plain rule decides
+        return _group_flags_plain(results)  # NaN sorts nowhere: the plain rule decides
     ordered = sorted(rates)
-    deviations = {}   # ref -> sorted |rate - ref| of every result
+    deviations = {}  # ref -> sorted |rate - ref| of every result
     for i, (device, run, rate) in enumerate(results):
         ref = _median_without(ordered, rate)
         if not ref > 0:
@@ -284,7 +307,7 @@ def _median_without(ordered, value):
     k = bisect.bisect_left(ordered, value)
     m = len(ordered) - 1
 
-    def at(j):   # the j-th element of ``ordered`` without its k-th
+    def at(j):  # the j-th element of ``ordered`` without its k-th
         return ordered[j] if j < k else ordered[j + 1]
 
     if m % 2 == 1:
@@ -315,9 +338,20 @@ def _outlier(device, run, rate, ref, spread, others, index):
         direction = "high"
     if not direction:
         return []
-    return [(index, flag("outlier", where={"device": str(device), "run": run},
-                         rate=rate, ref=ref, ratio=rate / ref, direction=direction,
-                         others=others))]
+    return [
+        (
+            index,
+            flag(
+                "outlier",
+                where={"device": str(device), "run": run},
+                rate=rate,
+                ref=ref,
+                ratio=rate / ref,
+                direction=direction,
+                others=others,
+            ),
+        )
+    ]
 
 
 def describe(flag):
@@ -345,16 +379,23 @@ def merged(flags):
             have = [g.figures["steady_s"] for g in group]
             who = ", ".join(g.who() for g in group)
             rule = group[0].message.split(", less than ", 1)[1]
-            span = (f"{min(have):.1f}" if f"{min(have):.1f}" == f"{max(have):.1f}"
-                    else f"{min(have):.1f} to {max(have):.1f}")
-            out.append(replace(group[0], subject=f"{len(group)} results ({who})",
-                               message=f"{span} s of steady state, less than {rule}"))
+            span = (
+                f"{min(have):.1f}"
+                if f"{min(have):.1f}" == f"{max(have):.1f}"
+                else f"{min(have):.1f} to {max(have):.1f}"
+            )
+            out.append(
+                replace(
+                    group[0],
+                    subject=f"{len(group)} results ({who})",
+                    message=f"{span} s of steady state, less than {rule}",
+                )
+            )
     return out
 
 
 #: Short words for the text table's ``anomalies`` column, in :data:`KINDS` order.
-SHORT = {"slow-windows": "slow", "stall": "stall", "short-steady": "short",
-         "outlier": "outlier"}
+SHORT = {"slow-windows": "slow", "stall": "stall", "short-steady": "short", "outlier": "outlier"}
 
 
 def short_kinds(flags):

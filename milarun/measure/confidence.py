@@ -68,8 +68,10 @@ def _betacf(a, b, x):
     h = d
     for m in range(1, 1000):
         m2 = 2 * m
-        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)),
-                   -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+        for aa in (
+            m * (b - m) * x / ((qam + m2) * (a + m2)),
+            -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2)),
+        ):
             d = 1.0 + aa * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + aa / c
@@ -86,8 +88,9 @@ def betainc(a, b, x):
         return 0.0
     if x >= 1.0:
         return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                     + a * math.log(x) + b * math.log1p(-x))
+    front = math.exp(
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
     # the continued fraction converges fast on this side of the mean of the beta law
     if x < (a + 1.0) / (a + b + 2.0):
         return front * _betacf(a, b, x) / a
@@ -102,7 +105,7 @@ def t_cdf(t, df):
     return 1.0 - tail if t >= 0 else tail
 
 
-@functools.lru_cache(maxsize=1024)   # a report asks the same few (p, df) for every test
+@functools.lru_cache(maxsize=1024)  # a report asks the same few (p, df) for every test
 def t_quantile(p, df):
     """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``df`` real, > 0,
     or ``inf`` for the normal law), to about 1e-12 relative.
@@ -125,7 +128,7 @@ def t_quantile(p, df):
     lo, hi = 0.0, 2.0
     while t_cdf(hi, df) < p:
         lo, hi = hi, hi * 2.0
-    for _ in range(200):   # bisection: 200 halvings reach the float's resolution
+    for _ in range(200):  # bisection: 200 halvings reach the float's resolution
         mid = 0.5 * (lo + hi)
         if mid in (lo, hi):
             break
@@ -137,8 +140,15 @@ def t_quantile(p, df):
 
 
 def _known(n, mean, std):
-    return (n is not None and n >= 2 and mean is not None and std is not None
-            and math.isfinite(mean) and math.isfinite(std) and std >= 0)
+    return (
+        n is not None
+        and n >= 2
+        and mean is not None
+        and std is not None
+        and math.isfinite(mean)
+        and math.isfinite(std)
+        and std >= 0
+    )
 
 
 def _finite(interval):
@@ -171,9 +181,9 @@ def median_interval(values, level=LEVEL):
     xs = sorted(values)
     n = len(xs)
     alpha = (1.0 - level) / 2.0
-    k, tail = 0, 0.0     # tail: P(Bin(n, 1/2) <= k - 1)
+    k, tail = 0, 0.0  # tail: P(Bin(n, 1/2) <= k - 1)
     while k < n // 2:
-        nxt = tail + math.comb(n, k) / 2.0 ** n
+        nxt = tail + math.comb(n, k) / 2.0**n
         if nxt > alpha:
             break
         k, tail = k + 1, nxt
@@ -276,9 +286,13 @@ def geomean_interval(value, parts, level=LEVEL, hold_unknown=False):
     return _finite(Interval(value * math.exp(-half), value * math.exp(half), df))
 
 
-
 def _known_mean(n, mean):
     """A component with a positive, finite mean of at least one result (its variance may be
     unknown): one that can be held fixed."""
-    return (isinstance(n, int) and n >= 1 and isinstance(mean, (int, float))
-            and math.isfinite(mean) and mean > 0)
+    return (
+        isinstance(n, int)
+        and n >= 1
+        and isinstance(mean, (int, float))
+        and math.isfinite(mean)
+        and mean > 0
+    )

@@ -82,8 +82,11 @@ def device_energy(readings, a, b):
     enough of the interval.
     """
     for key, source in (("energy", "counter"), ("power", "power")):
-        points = sorted((r["t"], r[key]) for r in readings
-                        if finite(r.get("t")) and finite(r.get(key)) and "error" not in r)
+        points = sorted(
+            (r["t"], r[key])
+            for r in readings
+            if finite(r.get("t")) and finite(r.get(key)) and "error" not in r
+        )
         span = _cut(points, a, b)
         if span is None:
             continue
@@ -116,9 +119,11 @@ def _nodes_missing(record, monitor):
     if sampled >= nodes:
         return None
     gaps = monitor.get("node_gaps")
-    return (f"GPU readings of {sampled} of the job's {nodes} nodes only"
-            + (f" ({gaps})" if isinstance(gaps, str) and gaps else "")
-            + ": the energy of the others is unknown")
+    return (
+        f"GPU readings of {sampled} of the job's {nodes} nodes only"
+        + (f" ({gaps})" if isinstance(gaps, str) and gaps else "")
+        + ": the energy of the others is unknown"
+    )
 
 
 def result_energy(record):
@@ -164,13 +169,23 @@ def result_energy(record):
     # Readings of 1e308 J, or ones 1e-300 s apart, overflow: no energy rather than inf
     # (the schema bounds rates and times; a power above 1e9 W is no GPU's either).
     items_per_j = rate / power if power > 0 else None
-    if not (stats.finite(energy) and 0 <= power <= MAX_POWER_W and items <= MAX_ITEMS
-            and (items_per_j is None or stats.finite(items_per_j))):
+    if not (
+        stats.finite(energy)
+        and 0 <= power <= MAX_POWER_W
+        and items <= MAX_ITEMS
+        and (items_per_j is None or stats.finite(items_per_j))
+    ):
         return {"reason": "GPU readings out of range"}
-    return {"power_w": power, "energy_j": energy, "items": items, "rate": rate,
-            "j_per_item": power / rate, "items_per_j": items_per_j,
-            "source": sources.pop() if len(sources) == 1 else "mixed",
-            "gpus": len(by_device)}
+    return {
+        "power_w": power,
+        "energy_j": energy,
+        "items": items,
+        "rate": rate,
+        "j_per_item": power / rate,
+        "items_per_j": items_per_j,
+        "source": sources.pop() if len(sources) == 1 else "mixed",
+        "gpus": len(by_device),
+    }
 
 
 def summarize_energy(items, node_of):
@@ -213,9 +228,16 @@ def summarize_energy(items, node_of):
         "items": count,
         "j_per_item": energy / count if count > 0 else None,
         "items_per_j": count / energy if energy > 0 else None,
-        "pernode": {node: {"power_w": math.fsum(runs.values()) / len(runs),
-                           "j_per_item": (node_totals[node][0] / node_totals[node][1]
-                                          if node_totals[node][1] > 0 else None),
-                           "runs": len(runs)}
-                    for node, runs in sorted(node_runs.items())},
+        "pernode": {
+            node: {
+                "power_w": math.fsum(runs.values()) / len(runs),
+                "j_per_item": (
+                    node_totals[node][0] / node_totals[node][1]
+                    if node_totals[node][1] > 0
+                    else None
+                ),
+                "runs": len(runs),
+            }
+            for node, runs in sorted(node_runs.items())
+        },
     }

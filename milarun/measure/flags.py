@@ -33,34 +33,83 @@ WARNING = "warning"
 @dataclass(frozen=True)
 class Rule:
     """One check that raises flags."""
+
     id: str
-    family: str         # VALIDATION or ANOMALY
-    severity: str       # WARNING
-    scope: str          # RESULT or GROUP
+    family: str  # VALIDATION or ANOMALY
+    severity: str  # WARNING
+    scope: str  # RESULT or GROUP
     description: str
 
 
-RULES = {r.id: r for r in (
-    Rule("gpu-load", VALIDATION, WARNING, RESULT,
-         "a GPU's mean load over the steady state is below gpu_load_threshold"),
-    Rule("gpu-memory", VALIDATION, WARNING, RESULT,
-         "a GPU's mean memory used over its total is below gpu_mem_threshold"),
-    Rule("host-busy", VALIDATION, WARNING, RESULT,
-         "host CPUs busy outside the suite, as a fraction of the host's CPUs, above "
-         "outside_cpu_threshold"),
-    Rule("cpu-steal", VALIDATION, WARNING, RESULT,
-         "steal time, as a fraction of the host's CPUs, above steal_threshold"),
-    Rule("loss-not-decreasing", VALIDATION, WARNING, RESULT,
-         "the training loss at the end is not below that of the first windows"),
-    Rule("slow-windows", ANOMALY, WARNING, RESULT,
-         "non-warm-up windows under half the result's reference rate, 1 s or more in all"),
-    Rule("stall", ANOMALY, WARNING, RESULT,
-         "no window closed for more than max(10 median window durations, 2 s)"),
-    Rule("short-steady", ANOMALY, WARNING, RESULT,
-         "the steady state is shorter than the test's rule"),
-    Rule("outlier", ANOMALY, WARNING, GROUP,
-         "a result's rate is off the median of the other results of its group"),
-)}
+RULES = {
+    r.id: r
+    for r in (
+        Rule(
+            "gpu-load",
+            VALIDATION,
+            WARNING,
+            RESULT,
+            "a GPU's mean load over the steady state is below gpu_load_threshold",
+        ),
+        Rule(
+            "gpu-memory",
+            VALIDATION,
+            WARNING,
+            RESULT,
+            "a GPU's mean memory used over its total is below gpu_mem_threshold",
+        ),
+        Rule(
+            "host-busy",
+            VALIDATION,
+            WARNING,
+            RESULT,
+            "host CPUs busy outside the suite, as a fraction of the host's CPUs, above "
+            "outside_cpu_threshold",
+        ),
+        Rule(
+            "cpu-steal",
+            VALIDATION,
+            WARNING,
+            RESULT,
+            "steal time, as a fraction of the host's CPUs, above steal_threshold",
+        ),
+        Rule(
+            "loss-not-decreasing",
+            VALIDATION,
+            WARNING,
+            RESULT,
+            "the training loss at the end is not below that of the first windows",
+        ),
+        Rule(
+            "slow-windows",
+            ANOMALY,
+            WARNING,
+            RESULT,
+            "non-warm-up windows under half the result's reference rate, 1 s or more in all",
+        ),
+        Rule(
+            "stall",
+            ANOMALY,
+            WARNING,
+            RESULT,
+            "no window closed for more than max(10 median window durations, 2 s)",
+        ),
+        Rule(
+            "short-steady",
+            ANOMALY,
+            WARNING,
+            RESULT,
+            "the steady state is shorter than the test's rule",
+        ),
+        Rule(
+            "outlier",
+            ANOMALY,
+            WARNING,
+            GROUP,
+            "a result's rate is off the median of the other results of its group",
+        ),
+    )
+}
 
 #: The keys that say where a flag is: which result (``device``, ``node``, ``run``,
 #: ``file``) and, for a GPU check, which ``gpu``.
@@ -74,6 +123,7 @@ class Flag:
     (the keys of :data:`WHERE` that are known) and ``figures`` (the check's numbers,
     in their order on disk). ``subject`` replaces the result's name when the flag
     stands for several results (:func:`milarun.measure.anomalies.merged`)."""
+
     id: str
     family: str
     message: str
@@ -121,8 +171,7 @@ class Flag:
 
     def without(self, *figures):
         """The flag less the named figures."""
-        return replace(self, figures={k: v for k, v in self.figures.items()
-                                      if k not in figures})
+        return replace(self, figures={k: v for k, v in self.figures.items() if k not in figures})
 
     def who(self):
         """The result the flag is about: ``[node N ]device D[ run R]`` (or its
@@ -151,6 +200,7 @@ def flag(check, message=None, where=None, **figures):
 
 # ------------------------------------------------------------------ the summary's shapes
 
+
 def to_summary(f):
     """A flag as the summary file holds it: a ``validation_flags`` entry
     (``device``, ``node``, ``run``, ``check``, ``gpu``, ``value``, ``threshold``,
@@ -177,8 +227,9 @@ def from_summary(entry):
     ``check``) or ``anomalies`` entry (it has ``kind``)."""
     where = {k: entry[k] for k in WHERE if k in entry}
     if "check" in entry:
-        figures = {k: v for k, v in entry.items()
-                   if k not in WHERE and k not in ("check", "message")}
+        figures = {
+            k: v for k, v in entry.items() if k not in WHERE and k not in ("check", "message")
+        }
         return Flag(entry["check"], VALIDATION, entry.get("message"), where, figures)
     figures = {k: v for k, v in entry.items() if k not in WHERE and k != "kind"}
     kind = entry.get("kind")
@@ -187,35 +238,52 @@ def from_summary(entry):
 
 # ------------------------------------------------------------------ anomaly sentences
 
+
 def _text(check, fig):
     """The sentence of an anomaly flag, from its figures (the module doc of
     :mod:`milarun.measure.anomalies` has the rules)."""
     if check == "slow-windows":
-        where = (f"{fig['in_steady']} of them in the steady-state samples, lowering the rate"
-                 if fig.get("in_steady") else "none in the steady-state samples")
+        where = (
+            f"{fig['in_steady']} of them in the steady-state samples, lowering the rate"
+            if fig.get("in_steady")
+            else "none in the steady-state samples"
+        )
         best = fig.get("best")
-        ref = (f"the best sustained rate {best:.4g} items/s (steady-state median "
-               f"{fig['median']:.4g})" if best is not None and best > fig["median"]
-               else f"the steady-state median {fig['median']:.4g} items/s")
-        return (f"{fig['windows']} window(s), {fig['seconds']:.1f} s from "
-                f"t={fig['first']:.1f} to {fig['last']:.1f} s, under half of {ref}; "
-                f"lowest {fig['lowest']:.4g}; {where}")
+        ref = (
+            f"the best sustained rate {best:.4g} items/s (steady-state median {fig['median']:.4g})"
+            if best is not None and best > fig["median"]
+            else f"the steady-state median {fig['median']:.4g} items/s"
+        )
+        return (
+            f"{fig['windows']} window(s), {fig['seconds']:.1f} s from "
+            f"t={fig['first']:.1f} to {fig['last']:.1f} s, under half of {ref}; "
+            f"lowest {fig['lowest']:.4g}; {where}"
+        )
     if check == "stall":
         more = f" ({fig['count']} stalls)" if fig.get("count", 1) > 1 else ""
         end = " until it ended" if fig.get("at_end") else ""
-        return (f"no window closed for {fig['seconds']:.1f} s, from t="
-                f"{fig['start']:.1f} to {fig['end']:.1f} s{end}{more}; a stall is over "
-                f"{fig['threshold']:.1f} s")
+        return (
+            f"no window closed for {fig['seconds']:.1f} s, from t="
+            f"{fig['start']:.1f} to {fig['end']:.1f} s{end}{more}; a stall is over "
+            f"{fig['threshold']:.1f} s"
+        )
     if check == "short-steady":
-        rule = ("the test declared (--min-steady)" if fig.get("rule") == "min-steady"
-                else "of the steady-state rule (10 s window + 1 s tail; the test declared "
-                     "no --min-steady)")
-        return (f"{fig['steady_s']:.1f} s of steady state, less than the "
-                f"{fig['required_s']:g} s {rule}")
+        rule = (
+            "the test declared (--min-steady)"
+            if fig.get("rule") == "min-steady"
+            else "of the steady-state rule (10 s window + 1 s tail; the test declared "
+            "no --min-steady)"
+        )
+        return (
+            f"{fig['steady_s']:.1f} s of steady state, less than the {fig['required_s']:g} s {rule}"
+        )
     if check == "outlier":
         pct = abs(1 - fig["ratio"]) * 100
         side = "below" if fig.get("direction") == "low" else "above"
-        ref = ("the other result of the test" if fig.get("others") == 1
-               else f"the median of the {fig.get('others')} other results of the test")
+        ref = (
+            "the other result of the test"
+            if fig.get("others") == 1
+            else f"the median of the {fig.get('others')} other results of the test"
+        )
         return f"{fig['rate']:.4g} items/s, {pct:.0f}% {side} {ref} ({fig['ref']:.4g})"
     return f"{check}"

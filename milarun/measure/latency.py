@@ -63,8 +63,9 @@ def batch_latency(start, first, last, prompt_tokens, requests, output_tokens):
         "ttft_s": ttft,
         "tpot_s": tpot,
         "prefill_tokens_per_s": prompt_tokens / ttft if ttft > 0 else None,
-        "decode_tokens_per_s": (requests * (output_tokens - 1) / decode
-                                if output_tokens > 1 and decode > 0 else None),
+        "decode_tokens_per_s": (
+            requests * (output_tokens - 1) / decode if output_tokens > 1 and decode > 0 else None
+        ),
         "output_tokens_per_s": requests * output_tokens / total if total > 0 else None,
         "duration_s": total,
     }

@@ -95,7 +95,8 @@ def loss_status(record):
     """``"logged"``, ``"none"`` (the test declares it has no loss) or ``"missing"``
     (no loss recorded and no declaration: the loss cannot be checked)."""
     if any(is_loss_key(k) for k in record.get("metrics") or {}) or any(
-            isinstance(s, dict) and "loss" in s for s in _samples(record)):
+        isinstance(s, dict) and "loss" in s for s in _samples(record)
+    ):
         return "logged"
     return "none" if record.get("no_loss") else "missing"
 
@@ -131,8 +132,14 @@ def steady_window(record):
     rate, chosen, note = stats.steady_state(_samples(record))
     if not chosen:
         return rate, None, None, 0, 0.0, note
-    return (rate, min(s["start"] for s in chosen), max(s["end"] for s in chosen),
-            sum(s["count"] for s in chosen), sum(s["end"] - s["start"] for s in chosen), note)
+    return (
+        rate,
+        min(s["start"] for s in chosen),
+        max(s["end"] for s in chosen),
+        sum(s["count"] for s in chosen),
+        sum(s["end"] - s["start"] for s in chosen),
+        note,
+    )
 
 
 def fail_check(record):
@@ -152,9 +159,11 @@ def fail_check(record):
         return None
     n = len(_samples(record))
     if rate is None:
-        return NO_STEADY_STATE, (f"no steady state: none of the {n} sample(s) is a "
-                                 "non-warm-up sample with a duration (run longer, or "
-                                 "lower --warmup)")
+        return NO_STEADY_STATE, (
+            f"no steady state: none of the {n} sample(s) is a "
+            "non-warm-up sample with a duration (run longer, or "
+            "lower --warmup)"
+        )
     if rate <= 0:
         return NO_STEADY_STATE, "no steady state: the throughput is 0 items/s"
     return None
@@ -168,9 +177,16 @@ def judge(record):
     if verdict is None:
         return record
     reason, message = verdict
-    return {**record, "success": False,
-            "error": {"reason": reason, "type": "ValidationError", "message": message,
-                      "traceback": None}}
+    return {
+        **record,
+        "success": False,
+        "error": {
+            "reason": reason,
+            "type": "ValidationError",
+            "message": message,
+            "traceback": None,
+        },
+    }
 
 
 def apply(record):
@@ -179,12 +195,17 @@ def apply(record):
     if verdict is None:
         return None
     record["success"] = False
-    record["error"] = {"reason": verdict[0], "type": "ValidationError",
-                       "message": verdict[1], "traceback": None}
+    record["error"] = {
+        "reason": verdict[0],
+        "type": "ValidationError",
+        "message": verdict[1],
+        "traceback": None,
+    }
     return verdict[0]
 
 
 # ------------------------------------------------------------------ flags
+
 
 def thresholds(record):
     """The flag thresholds of a record: its job's ``validation`` block over
@@ -199,8 +220,11 @@ def thresholds(record):
 
 def _mean_over(readings, start, end, key):
     """Mean of ``key`` over monitor readings whose time lies in [start, end]."""
-    values = [r[key] for r in readings
-              if finite(r.get("t")) and start <= r["t"] <= end and finite(r.get(key))]
+    values = [
+        r[key]
+        for r in readings
+        if finite(r.get("t")) and start <= r["t"] <= end and finite(r.get(key))
+    ]
     return sum(values) / len(values) if values else None
 
 
@@ -213,8 +237,11 @@ def gpu_usage(record, start, end):
     if not monitor.get("available"):
         return {}
     readings = [r for r in monitor.get("samples") or [] if isinstance(r, dict)]
-    totals = {g.get("index"): g.get("memory_total_mib")
-              for g in (record.get("host") or {}).get("gpus") or [] if isinstance(g, dict)}
+    totals = {
+        g.get("index"): g.get("memory_total_mib")
+        for g in (record.get("host") or {}).get("gpus") or []
+        if isinstance(g, dict)
+    }
     out = {}
     for dev in sorted({r.get("device") for r in readings if isinstance(r.get("device"), int)}):
         mine = [r for r in readings if r.get("device") == dev]
@@ -223,9 +250,10 @@ def gpu_usage(record, start, end):
             continue
         mem = _mean_over(mine, start, end, "memory_mib")
         total = totals.get(dev)
-        out[dev] = {"load": load / 100.0,
-                    "memory": mem / total if mem is not None and finite(total) and total > 0
-                    else None}
+        out[dev] = {
+            "load": load / 100.0,
+            "memory": mem / total if mem is not None and finite(total) and total > 0 else None,
+        }
     return out
 
 
@@ -254,9 +282,12 @@ def host_load(record, start, end):
             total["steal"] += s["steal"] * overlap
     if covered <= 0:
         return None
-    return {"outside": total["outside"] / covered,
-            "steal": total["steal"] / covered if steal_seen else None,
-            "cpu_count": load.get("cpu_count"), "covered": covered}
+    return {
+        "outside": total["outside"] / covered,
+        "steal": total["steal"] / covered if steal_seen else None,
+        "cpu_count": load.get("cpu_count"),
+        "covered": covered,
+    }
 
 
 def learning(record):
@@ -274,18 +305,24 @@ def learning(record):
     """
     if (record.get("metrics") or {}).get(LEARNING_CHECK) is not True:
         return None
-    losses = [float(s["loss"]) for s in _samples(record)
-              if isinstance(s, dict) and finite(s.get("loss")) and not isinstance(s["loss"], bool)]
+    losses = [
+        float(s["loss"])
+        for s in _samples(record)
+        if isinstance(s, dict) and finite(s.get("loss")) and not isinstance(s["loss"], bool)
+    ]
     k = LEARNING_WINDOWS
     if len(losses) < 2 * k:
         return None
     first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
     if last < first or first <= 0:
         return None
-    return flag("loss-not-decreasing",
-                f"training loss {last:.4g} at the end of the steady state is not below "
-                f"{first:.4g} of the first windows: the model did not learn",
-                value=last / first, threshold=1.0)
+    return flag(
+        "loss-not-decreasing",
+        f"training loss {last:.4g} at the end of the steady state is not below "
+        f"{first:.4g} of the first windows: the model did not learn",
+        value=last / first,
+        threshold=1.0,
+    )
 
 
 def flags(record):
@@ -301,9 +338,11 @@ def flags(record):
 
 def _usage_flags(record):
     """The GPU-usage and host-load flags of :func:`flags`."""
-    if not ((record.get("gpu_monitor") or {}).get("available")
-            or (record.get("host_load") or {}).get("available")):
-        return []   # nothing to look at (and no steady state to compute)
+    if not (
+        (record.get("gpu_monitor") or {}).get("available")
+        or (record.get("host_load") or {}).get("available")
+    ):
+        return []  # nothing to look at (and no steady state to compute)
     try:
         rate, start, end, *_ = steady_window(record)
     except ValueError:
@@ -314,28 +353,47 @@ def _usage_flags(record):
     out = []
     usage = limits["usage"]
     for dev, use in gpu_usage(record, start, end).items():
-        for check, key, what in (("gpu-load", "gpu_load_threshold", "GPU load"),
-                                 ("gpu-memory", "gpu_mem_threshold", "GPU memory used")):
+        for check, key, what in (
+            ("gpu-load", "gpu_load_threshold", "GPU load"),
+            ("gpu-memory", "gpu_mem_threshold", "GPU memory used"),
+        ):
             value, limit = use["load" if check == "gpu-load" else "memory"], usage.get(key)
             if finite(limit) and value is not None and value < limit:
-                out.append(flag(check, f"GPU {dev}: mean {what} {value:.0%} < {limit:.0%} "
-                                       "during the steady state", where={"gpu": dev},
-                                value=value, threshold=limit))
+                out.append(
+                    flag(
+                        check,
+                        f"GPU {dev}: mean {what} {value:.0%} < {limit:.0%} during the steady state",
+                        where={"gpu": dev},
+                        value=value,
+                        threshold=limit,
+                    )
+                )
     host = host_load(record, start, end)
     if host is not None and finite(host["cpu_count"]) and host["cpu_count"] > 0:
         ncpu = host["cpu_count"]
         for check, key, cores, what in (
-                ("host-busy", "outside_cpu_threshold", host["outside"],
-                 "used by processes outside the suite"),
-                ("cpu-steal", "steal_threshold", host["steal"], "stolen (steal time)")):
+            (
+                "host-busy",
+                "outside_cpu_threshold",
+                host["outside"],
+                "used by processes outside the suite",
+            ),
+            ("cpu-steal", "steal_threshold", host["steal"], "stolen (steal time)"),
+        ):
             limit = limits["host"].get(key)
             if cores is None or not finite(limit):
                 continue
             value = cores / ncpu
             if value > limit:
-                out.append(flag(check, f"{cores:.2f} of the host's {ncpu} CPUs ({value:.0%} > "
-                                       f"{limit:.0%}) {what} during the steady state",
-                                value=value, threshold=limit))
+                out.append(
+                    flag(
+                        check,
+                        f"{cores:.2f} of the host's {ncpu} CPUs ({value:.0%} > "
+                        f"{limit:.0%}) {what} during the steady state",
+                        value=value,
+                        threshold=limit,
+                    )
+                )
     return out
 
 
@@ -347,8 +405,14 @@ def summary_flags(items, node_of):
     for item in items:
         path, rec = item[0], item[1]
         for f in flags(rec):
-            out.append(f.at(device=str(rec.get("device", "")), node=node_of(rec),
-                            run=rec.get("run"), file=_name(path)))
+            out.append(
+                f.at(
+                    device=str(rec.get("device", "")),
+                    node=node_of(rec),
+                    run=rec.get("run"),
+                    file=_name(path),
+                )
+            )
     return out
 
 

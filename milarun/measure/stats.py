@@ -29,9 +29,9 @@ STEADY_WINDOW_S = 10.0
 STEADY_TAIL_S = 1.0
 
 #: ``note`` values returned by :func:`steady_state`.
-FULL = "full"          # a whole 10 s window was available
-SHORT = "short"        # less than 10 s of steady state: every non-warm-up sample used
-NONE = "none"          # no usable sample: no steady-state rate
+FULL = "full"  # a whole 10 s window was available
+SHORT = "short"  # less than 10 s of steady state: every non-warm-up sample used
+NONE = "none"  # no usable sample: no steady-state rate
 
 #: Largest steady-state rate accepted (items/s): 10^12, far above any device's images,
 #: tokens or matmuls per second; 10^6 of them sum to 10^18, squared 10^24 each.
@@ -49,8 +49,7 @@ def check_rate(rate, what="steady-state rate"):
     """
     if rate is None or rate == 0 or (finite(rate) and MIN_RATE <= rate <= MAX_RATE):
         return rate
-    raise ValueError(f"{what} {rate!r} items/s is out of range "
-                     f"({MIN_RATE:g} to {MAX_RATE:g})")
+    raise ValueError(f"{what} {rate!r} items/s is out of range ({MIN_RATE:g} to {MAX_RATE:g})")
 
 
 def finite(x):
@@ -197,30 +196,38 @@ def _first_backwards(samples):
         candidates = (i for i, (a, b) in enumerate(zip(starts, ends)) if b < a)
     else:
         candidates = range(len(samples))
-    return next((i for i in candidates if finite(starts[i]) and finite(ends[i])
-                 and ends[i] < starts[i]), None)
+    return next(
+        (i for i in candidates if finite(starts[i]) and finite(ends[i]) and ends[i] < starts[i]),
+        None,
+    )
 
 
 def _steady_state(samples, window, tail):
     """:func:`steady_state` itself, computed."""
     try:
         if any(map(_GET_PROFILED, samples)):
-            steady = [s for s in samples
-                      if not s.get("warmup", False) and not s.get("profiled", False)]
-        else:   # the usual case, in C loops
-            steady = list(itertools.compress(samples,
-                                             map(operator.not_, map(_GET_WARMUP, samples))))
+            steady = [
+                s for s in samples if not s.get("warmup", False) and not s.get("profiled", False)
+            ]
+        else:  # the usual case, in C loops
+            steady = list(
+                itertools.compress(samples, map(operator.not_, map(_GET_WARMUP, samples)))
+            )
         backwards = _first_backwards(samples)
     except AttributeError:
         raise ValueError("a sample is not an object")
     if backwards is not None:
         s = samples[backwards]
-        raise ValueError(f"timings.train.samples.{backwards}: end {s['end']!r} is before "
-                         f"start {s['start']!r}")
+        raise ValueError(
+            f"timings.train.samples.{backwards}: end {s['end']!r} is before start {s['start']!r}"
+        )
     if not steady:
         return None, [], NONE
-    starts, ends, counts = (_column(steady, "start"), _column(steady, "end"),
-                            _column(steady, "count"))
+    starts, ends, counts = (
+        _column(steady, "start"),
+        _column(steady, "end"),
+        _column(steady, "count"),
+    )
     everyone = range(len(steady))
     hi = max(ends) - tail
     lo = hi - window
@@ -243,7 +250,7 @@ def _steady_state(samples, window, tail):
     items = sum(counts[i] for i in chosen)
     try:
         rate = items / duration
-    except OverflowError:   # an int count beyond a float
+    except OverflowError:  # an int count beyond a float
         rate = math.inf
     return check_rate(rate), [steady[i] for i in chosen], note
 
@@ -324,8 +331,7 @@ def weighted_log_mean(values, weights):
     if not pairs:
         return None
     top = max(w for _, w in pairs)
-    return (math.fsum(w / top * lv for lv, w in pairs)
-            / math.fsum(w / top for _, w in pairs))
+    return math.fsum(w / top * lv for lv, w in pairs) / math.fsum(w / top for _, w in pairs)
 
 
 def weighted_geomean(values, weights):

@@ -110,18 +110,24 @@ def work_in(samples, lo, hi):
     """
     try:
         counts = list(map(_COUNT, samples))
-    except KeyError:   # a sample without a count, which the loop may never read
+    except KeyError:  # a sample without a count, which the loop may never read
         return _work_in_loop(samples, lo, hi)
     starts, ends = list(map(_START, samples)), list(map(_END, samples))
     # each sample's length and overlap computed by C loops with the loop's own
     # min() and max(), then its share; the shares added in sample order from 0.0
     # (sum() adds floats one by one, as the loop does): the same float
     lengths = list(map(operator.sub, ends, starts))
-    insides = map(operator.sub, map(min, itertools.repeat(hi), ends),
-                  map(max, itertools.repeat(lo), starts))
-    return sum([count * inside / length
-                for count, inside, length in zip(counts, insides, lengths)
-                if length > 0 and inside > 0], 0.0)
+    insides = map(
+        operator.sub, map(min, itertools.repeat(hi), ends), map(max, itertools.repeat(lo), starts)
+    )
+    return sum(
+        [
+            count * inside / length
+            for count, inside, length in zip(counts, insides, lengths)
+            if length > 0 and inside > 0
+        ],
+        0.0,
+    )
 
 
 def _work_in_loop(samples, lo, hi):
@@ -144,7 +150,7 @@ def profiled_spans(samples):
     time stay out of the effective throughput, as they stay out of the steady state.
     """
     spans, i = [], 0
-    if not any(map(_PROFILED, samples)):   # the usual case, in C
+    if not any(map(_PROFILED, samples)):  # the usual case, in C
         return spans
     while i < len(samples):
         if not samples[i].get("profiled"):
@@ -203,10 +209,16 @@ def wave(members, min_overlap=MIN_OVERLAP):
         span = steady_span(m["samples"], note=note)
         if m["anchor"] is None:
             raise ValueError(f"process {m['label']!r} has no start time")
-        spans[m["label"]] = None if span is None else (m["anchor"] + span[0],
-                                                       m["anchor"] + span[1])
-    out = {"interval": None, "length": 0.0, "overlap": 0.0, "flagged": True, "own": own,
-           "effective": {m["label"]: None for m in members}, "adjusted": None}
+        spans[m["label"]] = None if span is None else (m["anchor"] + span[0], m["anchor"] + span[1])
+    out = {
+        "interval": None,
+        "length": 0.0,
+        "overlap": 0.0,
+        "flagged": True,
+        "own": own,
+        "effective": {m["label"]: None for m in members},
+        "adjusted": None,
+    }
     if not spans or any(s is None for s in spans.values()):
         return out
     lo = max(s[0] for s in spans.values())
@@ -215,13 +227,18 @@ def wave(members, min_overlap=MIN_OVERLAP):
     if hi <= lo or longest <= 0:
         return out
     length = hi - lo
-    effective = {m["label"]: _effective(m["samples"], lo - m["anchor"], hi - m["anchor"])
-                 for m in members}
+    effective = {
+        m["label"]: _effective(m["samples"], lo - m["anchor"], hi - m["anchor"]) for m in members
+    }
     overlap = min(1.0, length / longest)
-    out.update(interval=[lo, hi], length=length, overlap=overlap,
-               flagged=overlap < min_overlap, effective=effective,
-               adjusted=(None if None in effective.values()
-                         else math.fsum(effective.values())))  # <= 4096 x MAX_RATE
+    out.update(
+        interval=[lo, hi],
+        length=length,
+        overlap=overlap,
+        flagged=overlap < min_overlap,
+        effective=effective,
+        adjusted=(None if None in effective.values() else math.fsum(effective.values())),
+    )  # <= 4096 x MAX_RATE
     return out
 
 
@@ -283,9 +300,14 @@ def summarize_waves(records, min_overlap=MIN_OVERLAP):
             while label in seen:  # the same device twice in a run: keep both apart
                 label += "'"
             seen.add(label)
-            members.append({"label": label, "device": str(rec.get("device", "")),
-                            "anchor": anchor(rec),
-                            "samples": rec["timings"]["train"]["samples"]})
+            members.append(
+                {
+                    "label": label,
+                    "device": str(rec.get("device", "")),
+                    "anchor": anchor(rec),
+                    "samples": rec["timings"]["train"]["samples"],
+                }
+            )
         try:
             w = wave(members, min_overlap)
         except ValueError:
@@ -303,9 +325,14 @@ def summarize_waves(records, min_overlap=MIN_OVERLAP):
         skew = release_skew(barriers)
         if skew is not None:
             skews.append(skew)
-    return {"effective": stats.describe(effective),
-            "pergpu_effective": {d: stats.describe(v) for d, v in pergpu.items()},
-            "adjusted": stats.describe(adjusted),
-            "overlap": min(overlaps),
-            "sync": {"waves": len(waves), "synchronized": synced,
-                     "skew_s": max(skews) if skews else None}}
+    return {
+        "effective": stats.describe(effective),
+        "pergpu_effective": {d: stats.describe(v) for d, v in pergpu.items()},
+        "adjusted": stats.describe(adjusted),
+        "overlap": min(overlaps),
+        "sync": {
+            "waves": len(waves),
+            "synchronized": synced,
+            "skew_s": max(skews) if skews else None,
+        },
+    }

@@ -62,8 +62,10 @@ def main(exp, argv):
 
 def _check_size(name, value, minimum=8):
     if not isinstance(value, int) or value != 0 and not minimum <= value <= MAX_BYTES:
-        raise ValueError(f"{name} must be 0 (the default) or between {minimum} B and "
-                         f"{MAX_BYTES} B (64 GiB), not {value!r}")
+        raise ValueError(
+            f"{name} must be 0 (the default) or between {minimum} B and "
+            f"{MAX_BYTES} B (64 GiB), not {value!r}"
+        )
 
 
 class _Clock:
@@ -118,14 +120,16 @@ class Stream:
 
     def kernel(self, name, q=3.0):
         torch, a, b, c = self.torch, self.a, self.b, self.c
-        return {"copy": lambda: c.copy_(a), "scale": lambda: torch.mul(c, q, out=b),
-                "add": lambda: torch.add(a, b, out=c),
-                "triad": lambda: torch.add(b, c, alpha=q, out=a)}[name]
+        return {
+            "copy": lambda: c.copy_(a),
+            "scale": lambda: torch.mul(c, q, out=b),
+            "add": lambda: torch.add(a, b, out=c),
+            "triad": lambda: torch.add(b, c, alpha=q, out=a),
+        }[name]
 
     def measure(self, name, iters, warmup):
         """``(GB/s, bytes moved in all runs)`` of kernel ``name``: the best of ``iters`` runs."""
-        seconds = _Clock(self.torch, self.device).best(self.kernel(name), iters, warmup,
-                                                      each=True)
+        seconds = _Clock(self.torch, self.device).best(self.kernel(name), iters, warmup, each=True)
         moved = acceptance.stream_bytes(name, self.n, self.itemsize)
         return moved / seconds / 1e9, moved * (iters + warmup)
 
@@ -237,10 +241,16 @@ def train(exp):
     copy_size = copy_size or copy_default
     array_size = array_size or array_default
     m = exp.metrics
-    m.update({"copy_size": copy_size if gpu else None, "array_size": array_size,
-              "dtype": dtype, "iters": iters})
+    m.update(
+        {
+            "copy_size": copy_size if gpu else None,
+            "array_size": array_size,
+            "dtype": dtype,
+            "iters": iters,
+        }
+    )
     steps = iteration_wrapper(exp)
-    exp.rate.max_count = None   # the list of measures ends the run
+    exp.rate.max_count = None  # the list of measures ends the run
     tasks = []
     if gpu:
         gpus = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
@@ -257,10 +267,22 @@ def train(exp):
         tasks += [("stream", (device, k)) for k in Stream.KERNELS]
     arrays = {}
     for step, (kind, arg) in zip(steps, tasks):
-        exp.rate.cut()   # each measure its own sample
+        exp.rate.cut()  # each measure its own sample
         with _current(torch, arg[0] if isinstance(arg, tuple) else arg):
-            _measure(torch, m, step, kind, arg, arrays, gpu, copy_size, array_size, dtype,
-                     iters, warmup_iters)
+            _measure(
+                torch,
+                m,
+                step,
+                kind,
+                arg,
+                arrays,
+                gpu,
+                copy_size,
+                array_size,
+                dtype,
+                iters,
+                warmup_iters,
+            )
     steps.close()
 
 
@@ -271,8 +293,9 @@ def _current(torch, device):
     return contextlib.nullcontext()
 
 
-def _measure(torch, m, step, kind, arg, arrays, gpu, copy_size, array_size, dtype, iters,
-             warmup_iters):
+def _measure(
+    torch, m, step, kind, arg, arrays, gpu, copy_size, array_size, dtype, iters, warmup_iters
+):
     """One measure of the list (module docstring) into the metrics ``m``."""
     if kind == "copies":
         figures, buffers = _copies(torch, arg, copy_size, iters, warmup_iters)
@@ -284,14 +307,16 @@ def _measure(torch, m, step, kind, arg, arrays, gpu, copy_size, array_size, dtyp
     elif kind == "d2d":
         src, dst = arg
         m[f"d2d_peer_{src.index}_{dst.index}"] = bool(
-            torch.cuda.can_device_access_peer(src.index, dst.index))
-        m[f"d2d_gbps_{src.index}_{dst.index}"] = _d2d(torch, src, dst, copy_size, iters,
-                                                     warmup_iters)
+            torch.cuda.can_device_access_peer(src.index, dst.index)
+        )
+        m[f"d2d_gbps_{src.index}_{dst.index}"] = _d2d(
+            torch, src, dst, copy_size, iters, warmup_iters
+        )
         step.set_count(copy_size * (iters + warmup_iters))
     else:
         dev, name = arg
         if dev not in arrays:
-            arrays.clear()   # one device's arrays at a time
+            arrays.clear()  # one device's arrays at a time
             arrays[dev] = Stream(torch, dev, array_size, dtype)
             if not gpu:
                 m["host_buffer_numa_nodes"] = buffer_numa_nodes(arrays[dev].a)

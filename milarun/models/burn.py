@@ -96,8 +96,7 @@ class ClockSampler:
             self.reason = f"{name}: the backend reads no clocks"
             return self
         self._backend, self._device = backend, found[0]
-        self._thread = threading.Thread(target=self._run, name="milarun-burn-clocks",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="milarun-burn-clocks", daemon=True)
         self._thread.start()
         return self
 
@@ -132,8 +131,9 @@ def train(exp):
     clock_drop: Option & float = default(0.9)
 
     if not 1 <= duration <= MAX_DURATION:
-        raise ValueError(f"--duration must be between 1 s and {MAX_DURATION} s (a week), "
-                         f"not {duration}")
+        raise ValueError(
+            f"--duration must be between 1 s and {MAX_DURATION} s (a week), not {duration}"
+        )
     if size and not 16 <= size <= 65536:
         raise ValueError(f"--size must be 0 or between 16 and 65536, not {size}")
     if dtype not in DTYPES:
@@ -150,8 +150,13 @@ def train(exp):
     import torch
 
     size = size or (256 if device.type == "cpu" else 8192)
-    torch_dtype = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
-                   "bf16": torch.bfloat16, "fp64": torch.float64}[dtype]
+    torch_dtype = {
+        "fp32": torch.float32,
+        "tf32": torch.float32,
+        "fp16": torch.float16,
+        "bf16": torch.bfloat16,
+        "fp64": torch.float64,
+    }[dtype]
     tf32 = dtype == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
@@ -176,20 +181,21 @@ def train(exp):
             raise DataCorruption(
                 f"iteration {first_iteration + i}: the result differs from the reference by "
                 f"{values[i]:.6g} at most ({rel:.3g} of the reference's largest value "
-                f"{scale:.6g}; tolerance {tolerance:g}), {size}x{size} {dtype}")
+                f"{scale:.6g}; tolerance {tolerance:g}), {size}x{size} {dtype}"
+            )
         checked += len(values)
         first_iteration += len(values)
         errors = []
 
     steps = iteration_wrapper(exp)
-    exp.rate.max_count = None   # the duration ends the run
+    exp.rate.max_count = None  # the duration ends the run
     clocks.start()
     start = time.perf_counter()
     iteration = 0
     try:
         for step in steps:
             if time.perf_counter() - start >= duration:
-                break   # this step holds nothing
+                break  # this step holds nothing
             torch.matmul(a, b, out=c)
             out = _hook_result(iteration, c)
             errors.append((out - ref).abs().max())
@@ -205,10 +211,17 @@ def train(exp):
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
         m = exp.metrics
-        m.update({"size": size, "dtype": dtype, "tolerance": tolerance,
-                  "iterations": checked, "duration_s": seconds})
+        m.update(
+            {
+                "size": size,
+                "dtype": dtype,
+                "tolerance": tolerance,
+                "iterations": checked,
+                "duration_s": seconds,
+            }
+        )
         if seconds > 0 and checked:
-            m["tflops"] = 2.0 * size ** 3 * checked / seconds / 1e12
+            m["tflops"] = 2.0 * size**3 * checked / seconds / 1e12
         if clocks.readings:
             m.update(acceptance.throttle_metrics(clocks.readings, drop_fraction=clock_drop))
             m["clock_readings"] = len(clocks.readings)

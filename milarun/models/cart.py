@@ -90,14 +90,16 @@ def train(exp):
         returns = torch.tensor(returns[::-1], dtype=torch.float32)
         logps = torch.stack(logps)
         if no_critic:
-            adv = (returns - returns.mean()) / (returns.std() + 1e-8) if len(returns) > 1 \
-                else returns
+            adv = (
+                (returns - returns.mean()) / (returns.std() + 1e-8) if len(returns) > 1 else returns
+            )
             loss = -(logps * adv).sum()
         else:
             values = torch.stack(values)
             adv = returns - values.detach()
             loss = -(logps * adv).mean() + value_coef * torch.nn.functional.smooth_l1_loss(
-                values, returns)
+                values, returns
+            )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -86,8 +86,10 @@ def parse_ops(text):
     ops = [o.strip().replace("-", "_") for o in str(text).split(",") if o.strip()]
     bad = [o for o in ops if o not in acceptance.COLLECTIVES]
     if not ops or bad:
-        raise ValueError(f"--ops must list some of {', '.join(acceptance.COLLECTIVES)} "
-                         f"(or all); unknown: {', '.join(bad) or '(none given)'}")
+        raise ValueError(
+            f"--ops must list some of {', '.join(acceptance.COLLECTIVES)} "
+            f"(or all); unknown: {', '.join(bad) or '(none given)'}"
+        )
     return ops
 
 
@@ -112,8 +114,11 @@ class _Buffers:
         in_count = self.chunk if op == "all_gather" else count
         out_count = self.chunk if op == "reduce_scatter" else count
         self.inp = torch.empty(in_count, dtype=torch.float32, device=self.device)
-        self.out = (self.inp if op in ("all_reduce", "broadcast")
-                    else torch.empty(out_count, dtype=torch.float32, device=self.device))
+        self.out = (
+            self.inp
+            if op in ("all_reduce", "broadcast")
+            else torch.empty(out_count, dtype=torch.float32, device=self.device)
+        )
 
     def fill(self):
         """The input pattern (module docstring)."""
@@ -156,7 +161,7 @@ class _Buffers:
         if self.op == "reduce_scatter":
             return _pattern(t, r * c + s, r * c + e, dev) * total
         idx = t.arange(s, e, device=dev, dtype=t.int64)
-        src = idx // c   # the rank this element came from
+        src = idx // c  # the rank this element came from
         if self.op == "all_gather":
             return (idx % 13 + 1).float() * (src + 1).float()
         # all_to_all: out[src*c + k] = input_src[r*c + k]
@@ -169,7 +174,7 @@ class _Buffers:
         for s in range(0, out.numel(), CHECK_CHUNK):
             e = min(out.numel(), s + CHECK_CHUNK)
             err = (out[s:e] - self.expected(s, e)).abs().max().item()
-            if not err == err:   # NaN
+            if not err == err:  # NaN
                 return float("inf")
             worst = max(worst, err)
         return worst
@@ -183,16 +188,19 @@ def _check(torch, dist, buf, world, nbytes):
     err = buf.max_error()
     wrong = err != 0.0
     bad = torch.tensor([1 if wrong else 0], dtype=torch.int64, device=world.device)
-    first = torch.tensor([world.rank if wrong else world.size], dtype=torch.int64,
-                         device=world.device)
+    first = torch.tensor(
+        [world.rank if wrong else world.size], dtype=torch.int64, device=world.device
+    )
     worst = torch.tensor([min(err, 3e38)], dtype=torch.float32, device=world.device)
     dist.all_reduce(bad)
     dist.all_reduce(first, op=dist.ReduceOp.MIN)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     if int(bad.item()):
-        raise WrongResult(f"{buf.op} of {nbytes} B over {world.size} ranks returned a wrong "
-                          f"result on {int(bad.item())} rank(s) (first: rank "
-                          f"{int(first.item())}); largest error {float(worst.item()):.6g}")
+        raise WrongResult(
+            f"{buf.op} of {nbytes} B over {world.size} ranks returned a wrong "
+            f"result on {int(bad.item())} rank(s) (first: rank "
+            f"{int(first.item())}); largest error {float(worst.item()):.6g}"
+        )
 
 
 def _timed(torch, dist, buf, world, warmup, iters):
@@ -236,8 +244,13 @@ def expected_peak(world_size, nodes, gpus_per_node, root="/"):
             link = None
         if link:
             nvlink_gbps = acceptance.nvlink_peak_gbps(link.get("version"), link.get("links"))
-            out.update({"nvlink_version": link.get("version"), "nvlink_links": link.get("links"),
-                        "nvlink_peak_gbps": nvlink_gbps})
+            out.update(
+                {
+                    "nvlink_version": link.get("version"),
+                    "nvlink_links": link.get("links"),
+                    "nvlink_peak_gbps": nvlink_gbps,
+                }
+            )
     ports = infiniband_ports(root)
     rates = active_rates(ports)
     out["ib_ports"] = len(rates)
@@ -286,23 +299,38 @@ def _sweep(exp, world, names, sizes, warmup, iters):
 
     nodes = max(1, world.size // max(1, world.local_size))
     exp.metrics.update(expected_peak(world.size, nodes, world.local_size))
-    exp.metrics.update({"ops": ",".join(names), "min_size": sizes[0], "max_size": sizes[-1],
-                        "iters": iters, "warmup_iters": warmup})
+    exp.metrics.update(
+        {
+            "ops": ",".join(names),
+            "min_size": sizes[0],
+            "max_size": sizes[-1],
+            "iters": iters,
+            "warmup_iters": warmup,
+        }
+    )
     tasks = [(op, size) for op in names for size in sizes]
     rows = []
     steps = iteration_wrapper(exp)
-    exp.rate.max_count = None   # the sweep ends the run
+    exp.rate.max_count = None  # the sweep ends the run
     if world.rank != 0 and exp.rate.tracer is None:
         exp.rate.follow()
     for step, (op, size) in zip(steps, tasks):
-        exp.rate.cut()   # each (collective, size) its own sample
+        exp.rate.cut()  # each (collective, size) its own sample
         count, nbytes = acceptance.elements_for(op, size, world.size)
         buf = _Buffers(torch, dist, op, count, world)
         _check(torch, dist, buf, world, nbytes)
         seconds = _timed(torch, dist, buf, world, warmup, iters)
         algbw, busbw = acceptance.bandwidths(op, nbytes, seconds, world.size)
-        rows.append({"op": op, "bytes": nbytes, "ranks": world.size, "time_s": seconds,
-                     "algbw_gbps": algbw, "busbw_gbps": busbw})
+        rows.append(
+            {
+                "op": op,
+                "bytes": nbytes,
+                "ranks": world.size,
+                "time_s": seconds,
+                "algbw_gbps": algbw,
+                "busbw_gbps": busbw,
+            }
+        )
         step.set_count(int(round(nbytes * acceptance.bus_factor(op, world.size) * iters)) or 1)
         del buf
     steps.close()

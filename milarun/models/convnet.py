@@ -36,8 +36,10 @@ def build_model(arch, num_classes):
 
     names = torchvision.models.list_models()
     if arch not in names:
-        raise ValueError(f"--arch {arch!r} is not a torchvision model; "
-                         f"e.g. resnet18, resnet50, resnet152, vgg16, efficientnet_b0")
+        raise ValueError(
+            f"--arch {arch!r} is not a torchvision model; "
+            f"e.g. resnet18, resnet50, resnet152, vgg16, efficientnet_b0"
+        )
     return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
 
 
@@ -64,8 +66,9 @@ def train(exp):
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model = build_model(arch, len(dataset.classes)).to(device, memory_format=memory_format)
     model.train()
-    optimizer = make_optimizer(torch, "SGD", model.parameters(), device,
-                               lr=lr, momentum=0.9, weight_decay=1e-4)
+    optimizer = make_optimizer(
+        torch, "SGD", model.parameters(), device, lr=lr, momentum=0.9, weight_decay=1e-4
+    )
     criterion = torch.nn.CrossEntropyLoss()
 
     for step, (x, y) in dataloop(exp, loader):

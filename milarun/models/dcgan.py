@@ -40,15 +40,19 @@ def generator(nz, ngf, nc=3):
     import torch.nn as nn
 
     def up(cin, cout):
-        return [nn.ConvTranspose2d(cin, cout, 4, 2, 1, bias=False),
-                nn.BatchNorm2d(cout), nn.ReLU(True)]
+        return [
+            nn.ConvTranspose2d(cin, cout, 4, 2, 1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(True),
+        ]
 
     return nn.Sequential(
         nn.ConvTranspose2d(nz, ngf * 8, 4, 1, 0, bias=False),
-        nn.BatchNorm2d(ngf * 8), nn.ReLU(True),          # 4×4
-        *up(ngf * 8, ngf * 4),                            # 8×8
-        *up(ngf * 4, ngf * 2),                            # 16×16
-        *up(ngf * 2, ngf),                                # 32×32
+        nn.BatchNorm2d(ngf * 8),
+        nn.ReLU(True),  # 4×4
+        *up(ngf * 8, ngf * 4),  # 8×8
+        *up(ngf * 4, ngf * 2),  # 16×16
+        *up(ngf * 2, ngf),  # 32×32
         nn.ConvTranspose2d(ngf, nc, 4, 2, 1, bias=False),  # 64×64
         nn.Tanh(),
     )
@@ -59,15 +63,19 @@ def discriminator(ndf, nc=3):
     import torch.nn as nn
 
     def down(cin, cout):
-        return [nn.Conv2d(cin, cout, 4, 2, 1, bias=False),
-                nn.BatchNorm2d(cout), nn.LeakyReLU(0.2, inplace=True)]
+        return [
+            nn.Conv2d(cin, cout, 4, 2, 1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.LeakyReLU(0.2, inplace=True),
+        ]
 
     return nn.Sequential(
-        nn.Conv2d(nc, ndf, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, inplace=True),  # 32
-        *down(ndf, ndf * 2),                              # 16
-        *down(ndf * 2, ndf * 4),                          # 8
-        *down(ndf * 4, ndf * 8),                          # 4
-        nn.Conv2d(ndf * 8, 1, 4, 1, 0, bias=False),       # 1×1
+        nn.Conv2d(nc, ndf, 4, 2, 1, bias=False),
+        nn.LeakyReLU(0.2, inplace=True),  # 32
+        *down(ndf, ndf * 2),  # 16
+        *down(ndf * 2, ndf * 4),  # 8
+        *down(ndf * 4, ndf * 8),  # 4
+        nn.Conv2d(ndf * 8, 1, 4, 1, 0, bias=False),  # 1×1
         nn.Flatten(0),
     )
 
@@ -106,10 +114,14 @@ def train(exp):
     autocast = mp.autocast
 
     root = require(exp.dataroot, "fake_imagenet") / "train"
-    transform = T.Compose([
-        T.Resize(IMAGE_SIZE), T.CenterCrop(IMAGE_SIZE), T.ToTensor(),
-        T.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
-    ])
+    transform = T.Compose(
+        [
+            T.Resize(IMAGE_SIZE),
+            T.CenterCrop(IMAGE_SIZE),
+            T.ToTensor(),
+            T.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+        ]
+    )
     dataset = ImageFolder(str(root), transform=transform)
     loader = data_loader(dataset, batch_size, workers, device)
 
@@ -131,8 +143,9 @@ def train(exp):
         # Discriminator: real batch → 1, generated batch → 0.
         with autocast:
             fake = net_g(noise)
-            loss_d = (criterion(net_d(real).float(), ones[:n])
-                      + criterion(net_d(fake.detach()).float(), zeros[:n]))
+            loss_d = criterion(net_d(real).float(), ones[:n]) + criterion(
+                net_d(fake.detach()).float(), zeros[:n]
+            )
         opt_d.zero_grad(set_to_none=True)
         mp.backward(loss_d)
         mp.step(opt_d)

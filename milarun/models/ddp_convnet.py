@@ -67,28 +67,52 @@ def train(exp):
         exp.metrics["global_batch"] = batch_size * world.size
         # The node's ranks share its cores: one share each, one core of it for the rank.
         share = max(0, len(current_cpuset()) // world.local_size - 1)
-        _train(exp, world, folder, arch, batch_size, image_size, precision, lr,
-               channels_last, share if workers < 0 else workers)
+        _train(
+            exp,
+            world,
+            folder,
+            arch,
+            batch_size,
+            image_size,
+            precision,
+            lr,
+            channels_last,
+            share if workers < 0 else workers,
+        )
 
 
-def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, channels_last,
-           workers):
+def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, channels_last, workers):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     device = world.device
     mp = MixedPrecisionStep(device, precision)
     autocast = mp.autocast
-    loader, dataset = image_loader(folder, "train", image_size, batch_size, workers, device,
-                                   shard=(world.rank, world.size), seed=exp.options["seed"])
-    need_a_batch(len(loader) > 0, len(dataset), "images", batch_size, world.size,
-                 "lower --batch-size or use a larger fake_imagenet")
+    loader, dataset = image_loader(
+        folder,
+        "train",
+        image_size,
+        batch_size,
+        workers,
+        device,
+        shard=(world.rank, world.size),
+        seed=exp.options["seed"],
+    )
+    need_a_batch(
+        len(loader) > 0,
+        len(dataset),
+        "images",
+        batch_size,
+        world.size,
+        "lower --batch-size or use a larger fake_imagenet",
+    )
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model = build_model(arch, len(dataset.classes)).to(device, memory_format=memory_format)
     ddp = DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
     ddp.train()
-    optimizer = make_optimizer(torch, "SGD", ddp.parameters(), device,
-                               lr=lr, momentum=0.9, weight_decay=1e-4)
+    optimizer = make_optimizer(
+        torch, "SGD", ddp.parameters(), device, lr=lr, momentum=0.9, weight_decay=1e-4
+    )
     criterion = torch.nn.CrossEntropyLoss()
 
     # Every rank has the same number of batches per epoch (DistributedSampler

@@ -73,62 +73,109 @@ SHAPES = {
     # Stable Diffusion 2 (stabilityai/stable-diffusion-2-base): unet/, vae/, text_encoder/
     "sd2": {
         "unet": {
-            "sample_size": 64, "in_channels": 4, "out_channels": 4,
-            "center_input_sample": False, "flip_sin_to_cos": True, "freq_shift": 0,
-            "down_block_types": ("CrossAttnDownBlock2D", "CrossAttnDownBlock2D",
-                                 "CrossAttnDownBlock2D", "DownBlock2D"),
-            "up_block_types": ("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D",
-                               "CrossAttnUpBlock2D"),
-            "block_out_channels": (320, 640, 1280, 1280), "layers_per_block": 2,
-            "downsample_padding": 1, "mid_block_scale_factor": 1, "act_fn": "silu",
-            "norm_num_groups": 32, "norm_eps": 1e-5, "cross_attention_dim": 1024,
+            "sample_size": 64,
+            "in_channels": 4,
+            "out_channels": 4,
+            "center_input_sample": False,
+            "flip_sin_to_cos": True,
+            "freq_shift": 0,
+            "down_block_types": (
+                "CrossAttnDownBlock2D",
+                "CrossAttnDownBlock2D",
+                "CrossAttnDownBlock2D",
+                "DownBlock2D",
+            ),
+            "up_block_types": (
+                "UpBlock2D",
+                "CrossAttnUpBlock2D",
+                "CrossAttnUpBlock2D",
+                "CrossAttnUpBlock2D",
+            ),
+            "block_out_channels": (320, 640, 1280, 1280),
+            "layers_per_block": 2,
+            "downsample_padding": 1,
+            "mid_block_scale_factor": 1,
+            "act_fn": "silu",
+            "norm_num_groups": 32,
+            "norm_eps": 1e-5,
+            "cross_attention_dim": 1024,
             # diffusers' name; SD 2's config gives the heads per block (64-wide heads)
             "attention_head_dim": (5, 10, 20, 20),
-            "use_linear_projection": True, "upcast_attention": False,
-            "dual_cross_attention": False, "only_cross_attention": False,
+            "use_linear_projection": True,
+            "upcast_attention": False,
+            "dual_cross_attention": False,
+            "only_cross_attention": False,
         },
         "vae": {
-            "in_channels": 3, "out_channels": 3, "latent_channels": 4,
+            "in_channels": 3,
+            "out_channels": 3,
+            "latent_channels": 4,
             "down_block_types": ("DownEncoderBlock2D",) * 4,
             "up_block_types": ("UpDecoderBlock2D",) * 4,
-            "block_out_channels": (128, 256, 512, 512), "layers_per_block": 2,
-            "act_fn": "silu", "norm_num_groups": 32, "sample_size": 512,
+            "block_out_channels": (128, 256, 512, 512),
+            "layers_per_block": 2,
+            "act_fn": "silu",
+            "norm_num_groups": 32,
+            "sample_size": 512,
             "scaling_factor": 0.18215,
         },
         "text": {
-            "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 23,
-            "num_attention_heads": 16, "hidden_act": "gelu", "layer_norm_eps": 1e-5,
+            "hidden_size": 1024,
+            "intermediate_size": 4096,
+            "num_hidden_layers": 23,
+            "num_attention_heads": 16,
+            "hidden_act": "gelu",
+            "layer_norm_eps": 1e-5,
             "projection_dim": 512,
         },
     },
     # CPU tests: the same architecture, two levels, narrow
     "tiny": {
         "unet": {
-            "sample_size": 16, "in_channels": 4, "out_channels": 4,
+            "sample_size": 16,
+            "in_channels": 4,
+            "out_channels": 4,
             "down_block_types": ("CrossAttnDownBlock2D", "DownBlock2D"),
             "up_block_types": ("UpBlock2D", "CrossAttnUpBlock2D"),
-            "block_out_channels": (32, 64), "layers_per_block": 1, "norm_num_groups": 8,
-            "cross_attention_dim": 32, "attention_head_dim": (2, 4),
+            "block_out_channels": (32, 64),
+            "layers_per_block": 1,
+            "norm_num_groups": 8,
+            "cross_attention_dim": 32,
+            "attention_head_dim": (2, 4),
             "use_linear_projection": True,
         },
         "vae": {
-            "in_channels": 3, "out_channels": 3, "latent_channels": 4,
+            "in_channels": 3,
+            "out_channels": 3,
+            "latent_channels": 4,
             "down_block_types": ("DownEncoderBlock2D",) * 2,
             "up_block_types": ("UpDecoderBlock2D",) * 2,
-            "block_out_channels": (16, 32), "layers_per_block": 1, "norm_num_groups": 8,
-            "sample_size": 32, "scaling_factor": 0.18215,
+            "block_out_channels": (16, 32),
+            "layers_per_block": 1,
+            "norm_num_groups": 8,
+            "sample_size": 32,
+            "scaling_factor": 0.18215,
         },
         "text": {
-            "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "hidden_act": "gelu", "layer_norm_eps": 1e-5,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "hidden_act": "gelu",
+            "layer_norm_eps": 1e-5,
             "projection_dim": 32,
         },
     },
 }
 PREDICTIONS = ("epsilon", "v_prediction")
 #: SD's noise schedule (scheduler/scheduler_config.json).
-SCHEDULE = {"num_train_timesteps": 1000, "beta_start": 0.00085, "beta_end": 0.012,
-            "beta_schedule": "scaled_linear", "clip_sample": False}
+SCHEDULE = {
+    "num_train_timesteps": 1000,
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "clip_sample": False,
+}
 
 
 def main(exp, argv):
@@ -144,14 +191,17 @@ def check_options(shape, prediction, image_size):
     if shape not in SHAPES:
         raise ValueError(f"--shape must be one of {', '.join(SHAPES)}, not {shape!r}")
     if prediction not in PREDICTIONS:
-        raise ValueError(f"--prediction must be one of {', '.join(PREDICTIONS)}, "
-                         f"not {prediction!r}")
+        raise ValueError(
+            f"--prediction must be one of {', '.join(PREDICTIONS)}, not {prediction!r}"
+        )
     cfg = SHAPES[shape]
     vae_factor = 2 ** (len(cfg["vae"]["block_out_channels"]) - 1)
     unet_factor = 2 ** (len(cfg["unet"]["block_out_channels"]) - 1)
     if image_size < 1 or image_size % (vae_factor * unet_factor):
-        raise ValueError(f"--image-size must be a positive multiple of "
-                         f"{vae_factor * unet_factor} for --shape {shape}, not {image_size}")
+        raise ValueError(
+            f"--image-size must be a positive multiple of "
+            f"{vae_factor * unet_factor} for --shape {shape}, not {image_size}"
+        )
     return image_size // vae_factor
 
 
@@ -172,12 +222,19 @@ class CaptionedImages:
         self.root, self.items, self.tokenizer_path = image_root, items, str(tokenizer_path)
         for rel, _ in (items[0], items[-1]):
             if not (image_root / rel).is_file():
-                raise ValueError(f"{image_root / rel}: a captioned image is missing; build "
-                                 f"fake_imagenet and captions with the same --size/--count")
-        self.transform = transforms.Compose([
-            transforms.Resize(image_size), transforms.RandomCrop(image_size),
-            transforms.RandomHorizontalFlip(), transforms.ToTensor(),
-            transforms.Normalize([0.5], [0.5])])
+                raise ValueError(
+                    f"{image_root / rel}: a captioned image is missing; build "
+                    f"fake_imagenet and captions with the same --size/--count"
+                )
+        self.transform = transforms.Compose(
+            [
+                transforms.Resize(image_size),
+                transforms.RandomCrop(image_size),
+                transforms.RandomHorizontalFlip(),
+                transforms.ToTensor(),
+                transforms.Normalize([0.5], [0.5]),
+            ]
+        )
         self._tok = None
 
     def __len__(self):
@@ -189,6 +246,7 @@ class CaptionedImages:
 
         if self._tok is None:
             from tokenizers import Tokenizer
+
             self._tok = Tokenizer.from_file(self.tokenizer_path)
         rel, text = self.items[i]
         with Image.open(self.root / rel) as im:
@@ -207,10 +265,16 @@ def build_models(torch, shape, meta, device):
     cfg = SHAPES[shape]
     unet = UNet2DConditionModel(**cfg["unet"]).to(device)
     vae = AutoencoderKL(**cfg["vae"]).to(device)
-    text = CLIPTextModel(CLIPTextConfig(
-        vocab_size=meta["vocab_size"], max_position_embeddings=MAX_LENGTH,
-        bos_token_id=meta["bos_id"], eos_token_id=meta["eos_id"], pad_token_id=meta["eos_id"],
-        **cfg["text"])).to(device)
+    text = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=meta["vocab_size"],
+            max_position_embeddings=MAX_LENGTH,
+            bos_token_id=meta["bos_id"],
+            eos_token_id=meta["eos_id"],
+            pad_token_id=meta["eos_id"],
+            **cfg["text"],
+        )
+    ).to(device)
     for frozen in (vae, text):
         frozen.requires_grad_(False)
         frozen.eval()
@@ -223,7 +287,7 @@ def train(exp):
     shape: Option = default("sd2")
     # Side of the square training images, in pixels (latents are 8x smaller with sd2)
     image_size: Option & int = default(512)
-    batch_size = batch_size_option(default=8)   # images per rank
+    batch_size = batch_size_option(default=8)  # images per rank
     precision = precision_option(default="bf16")
     lr = lr_option(default=1e-4)
     # What the UNet predicts: epsilon (the noise) or v_prediction (the velocity)
@@ -242,19 +306,48 @@ def train(exp):
     if batch_size < 1 or precompute_count < 1:
         raise ValueError("--batch-size and --precompute-count must be at least 1")
     device = init_torch(exp)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:   # one XPU per process only
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one XPU per process only
         refuse_xpu(device, "diffusion under torchrun", DDP_NOT_WIRED)
     images = require(exp.dataroot, "fake_imagenet")
     captions = require(exp.dataroot, "captions")
     with process_group(exp, device, backend) as world:
         share = max(0, len(current_cpuset()) // world.local_size - 1)
-        _train(exp, world, images, captions, shape, image_size, latent_size, batch_size,
-               precision, lr, prediction, precomputed, precompute_count,
-               activation_checkpointing, share if workers < 0 else workers)
+        _train(
+            exp,
+            world,
+            images,
+            captions,
+            shape,
+            image_size,
+            latent_size,
+            batch_size,
+            precision,
+            lr,
+            prediction,
+            precomputed,
+            precompute_count,
+            activation_checkpointing,
+            share if workers < 0 else workers,
+        )
 
 
-def _train(exp, world, images, captions, shape, image_size, latent_size, batch_size,
-           precision, lr, prediction, precomputed, precompute_count, checkpointing, workers):
+def _train(
+    exp,
+    world,
+    images,
+    captions,
+    shape,
+    image_size,
+    latent_size,
+    batch_size,
+    precision,
+    lr,
+    prediction,
+    precomputed,
+    precompute_count,
+    checkpointing,
+    workers,
+):
     import torch
     from diffusers import DDPMScheduler
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -262,20 +355,35 @@ def _train(exp, world, images, captions, shape, image_size, latent_size, batch_s
     device = world.device
     meta, items = read_captions(captions)
     dataset = CaptionedImages(images, items, captions / "tokenizer.json", image_size)
-    loader = rank_loader(dataset, batch_size, workers, device, world, exp.options["seed"],
-                         "captioned images",
-                         hint="lower --batch-size or build larger fake_imagenet and captions")
+    loader = rank_loader(
+        dataset,
+        batch_size,
+        workers,
+        device,
+        world,
+        exp.options["seed"],
+        "captioned images",
+        hint="lower --batch-size or build larger fake_imagenet and captions",
+    )
 
     unet, vae, text = build_models(torch, shape, meta, device)
-    exp.metrics.update({
-        "learning_check": True,   # its loss must fall (loss-not-decreasing flag)
-        "shape": shape, "unet_params": sum(p.numel() for p in unet.parameters()),
-        "image_size": image_size, "latent_size": latent_size, "prediction": prediction,
-        "precomputed": precomputed, "global_batch": batch_size * world.size,
-        "world_size": world.size, "parallelism": "ddp" if world.size > 1 else "none"})
+    exp.metrics.update(
+        {
+            "learning_check": True,  # its loss must fall (loss-not-decreasing flag)
+            "shape": shape,
+            "unet_params": sum(p.numel() for p in unet.parameters()),
+            "image_size": image_size,
+            "latent_size": latent_size,
+            "prediction": prediction,
+            "precomputed": precomputed,
+            "global_batch": batch_size * world.size,
+            "world_size": world.size,
+            "parallelism": "ddp" if world.size > 1 else "none",
+        }
+    )
     mp = MixedPrecisionStep(device, precision)
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    if half is not None:   # frozen models only run inference: hold them in half precision
+    if half is not None:  # frozen models only run inference: hold them in half precision
         vae.to(half)
         text.to(half)
     frozen_dtype = half or torch.float32
@@ -301,8 +409,16 @@ def _train(exp, world, images, captions, shape, image_size, latent_size, batch_s
     net = unet
     if world.size > 1:
         net = DDP(unet, device_ids=[device.index]) if device.type == "cuda" else DDP(unet)
-    optimizer = make_optimizer(torch, "AdamW", unet.parameters(), device, lr=lr,
-                               betas=(0.9, 0.999), weight_decay=1e-2, eps=1e-8)
+    optimizer = make_optimizer(
+        torch,
+        "AdamW",
+        unet.parameters(),
+        device,
+        lr=lr,
+        betas=(0.9, 0.999),
+        weight_decay=1e-2,
+        eps=1e-8,
+    )
     scheduler = DDPMScheduler(prediction_type=prediction, **SCHEDULE)
     steps_total = scheduler.config.num_train_timesteps
 
@@ -338,8 +454,10 @@ def _precompute(torch, exp, loader, encode, count, batch_size):
         n += len(lat)
         if n >= count:
             break
-    latents, states = torch.cat(latents)[:max(count, batch_size)], torch.cat(states)[
-        :max(count, batch_size)]
+    latents, states = (
+        torch.cat(latents)[: max(count, batch_size)],
+        torch.cat(states)[: max(count, batch_size)],
+    )
     exp.metrics["precomputed_images"] = len(latents)
     return _Precomputed(torch, latents, states, batch_size, exp.options["seed"])
 
@@ -352,8 +470,7 @@ class _Precomputed:
         self.gen = torch.Generator().manual_seed(seed)
 
     def __iter__(self):
-        order = self.torch.randperm(len(self.latents), generator=self.gen).to(
-            self.latents.device)
+        order = self.torch.randperm(len(self.latents), generator=self.gen).to(self.latents.device)
         for i in range(len(order) // self.batch_size):
-            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            idx = order[i * self.batch_size : (i + 1) * self.batch_size]
             yield self.latents[idx], self.states[idx]

@@ -69,8 +69,9 @@ def _modules():
     class ResidualBlock(nn.Module):
         def __init__(self, channels):
             super().__init__()
-            self.body = nn.Sequential(ConvLayer(channels, channels, 3),
-                                      ConvLayer(channels, channels, 3, relu=False))
+            self.body = nn.Sequential(
+                ConvLayer(channels, channels, 3), ConvLayer(channels, channels, 3, relu=False)
+            )
 
         def forward(self, x):
             return x + self.body(x)
@@ -165,9 +166,13 @@ def train(exp):
     autocast = mp.autocast
 
     root = require(exp.dataroot, "fake_imagenet") / "train"
-    transform = T.Compose([
-        T.Resize(image_size), T.CenterCrop(image_size), T.PILToTensor(),
-    ])
+    transform = T.Compose(
+        [
+            T.Resize(image_size),
+            T.CenterCrop(image_size),
+            T.PILToTensor(),
+        ]
+    )
     dataset = ImageFolder(str(root), transform=transform)
     loader = data_loader(dataset, batch_size, workers, device)
 
@@ -192,11 +197,13 @@ def train(exp):
             with torch.no_grad():
                 feats_x = vgg(x)
             content_loss = content_weight * mse(feats_y[1].float(), feats_x[1].float())
-            style_loss = sum(mse(gram(fy.float()), g.expand(n, -1, -1))
-                             for fy, g in zip(feats_y, style_grams))
+            style_loss = sum(
+                mse(gram(fy.float()), g.expand(n, -1, -1)) for fy, g in zip(feats_y, style_grams)
+            )
             loss = content_loss + style_weight * style_loss
         optimizer.zero_grad(set_to_none=True)
         mp(loss, optimizer)
         step.set_count(n)
-        step.log(loss=loss.detach(), content_loss=content_loss.detach(),
-                 style_loss=style_loss.detach())
+        step.log(
+            loss=loss.detach(), content_loss=content_loss.detach(), style_loss=style_loss.detach()
+        )

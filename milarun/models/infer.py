@@ -95,8 +95,9 @@ def build_model(name, image_size, layers, d_model, heads, vocab, classes=1000):
     if name == "encoder":
         return _Encoder(torch, layers, d_model, heads, vocab)
     if name not in torchvision.models.list_models():
-        raise ValueError(f"--model {name!r} is neither 'encoder' nor a torchvision model "
-                         "(e.g. resnet50)")
+        raise ValueError(
+            f"--model {name!r} is neither 'encoder' nor a torchvision model (e.g. resnet50)"
+        )
     return torchvision.models.get_model(name, weights=None, num_classes=classes)
 
 
@@ -107,8 +108,9 @@ def _Encoder(torch, layers, d_model, heads, vocab):
         def __init__(self):
             super().__init__()
             self.embed = nn.Embedding(vocab, d_model)
-            layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0,
-                                               batch_first=True)
+            layer = nn.TransformerEncoderLayer(
+                d_model, heads, 4 * d_model, dropout=0.0, batch_first=True
+            )
             self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
             self.head = nn.Linear(d_model, 2)
 
@@ -147,13 +149,20 @@ def _eval_loader(folder, image_size, batch_size, workers, device, dtype=None):
     root = folder / "train"
     if not root.is_dir():
         raise FileNotFoundError(f"no train/ folder in {folder}; rebuild the dataset")
-    steps = [transforms.Resize(image_size), transforms.CenterCrop(image_size),
-             transforms.ToTensor(),
-             transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])]
+    steps = [
+        transforms.Resize(image_size),
+        transforms.CenterCrop(image_size),
+        transforms.ToTensor(),
+        transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+    ]
     if dtype is not None:
         steps.append(Cast(dtype))
-    return data_loader(datasets.ImageFolder(str(root), transform=transforms.Compose(steps)),
-                       batch_size, workers, device)
+    return data_loader(
+        datasets.ImageFolder(str(root), transform=transforms.Compose(steps)),
+        batch_size,
+        workers,
+        device,
+    )
 
 
 def accelerator_api(torch, device):
@@ -193,7 +202,7 @@ class Pipeline:
         self.prepare = prepare
         self.copy_stream = api.Stream(device)
         self.compute_stream = api.Stream(device)
-        self.inflight = collections.deque()   # (done event, items, host tensor, device tensor)
+        self.inflight = collections.deque()  # (done event, items, host tensor, device tensor)
 
     def __len__(self):
         """Batches queued and not yet collected by :meth:`finished`."""
@@ -239,6 +248,7 @@ def run_pipeline(pipeline, inputs, report, depth=PIPELINE_DEPTH):
     the oldest batch only when ``depth`` are in flight or no batch is queued, and
     reports completed items (``report(n)``, n > 0) as soon as it sees them.
     """
+
     def collect(block):
         n = pipeline.finished(block=block)
         if n:
@@ -273,8 +283,7 @@ class Workers:
         channels_last: replicas and image inputs in ``torch.channels_last``.
     """
 
-    def __init__(self, torch, model, devices, dtype, inflight=2, threads=1,
-                 channels_last=False):
+    def __init__(self, torch, model, devices, dtype, inflight=2, threads=1, channels_last=False):
         import copy
 
         self.torch = torch
@@ -288,9 +297,12 @@ class Workers:
         replicas = [copy.deepcopy(model).to(device=d, dtype=dtype).eval() for d in devices]
         if self.memory_format is not None:
             replicas = [r.to(memory_format=self.memory_format) for r in replicas]
-        self.threads = [threading.Thread(target=self._run, args=(i, replicas[i], dtype),
-                                         daemon=True, name=f"infer-{d}")
-                        for i, d in enumerate(devices)]
+        self.threads = [
+            threading.Thread(
+                target=self._run, args=(i, replicas[i], dtype), daemon=True, name=f"infer-{d}"
+            )
+            for i, d in enumerate(devices)
+        ]
         if any(d.type == "cpu" for d in devices):
             torch.set_num_threads(max(1, threads))
         for t in self.threads:
@@ -324,8 +336,9 @@ class Workers:
 
     def _check(self):
         if self.errors:
-            raise RuntimeError(f"an inference worker failed: {self.errors[0]!r}") \
-                from self.errors[0]
+            raise RuntimeError(f"an inference worker failed: {self.errors[0]!r}") from self.errors[
+                0
+            ]
 
     def submit(self, x):
         """Queue batch ``x`` for the next device (round robin); waits while it is busy."""
@@ -429,13 +442,16 @@ def infer(exp):
     devices = own_devices(exp, torch)
     net = build_model(model, image_size, layers, d_model, heads, vocab)
     if model == "encoder":
-        batches = _Cycle([torch.randint(vocab, (batch_size, seq_len))
-                          for _ in range(SYNTHETIC_BATCHES)])
+        batches = _Cycle(
+            [torch.randint(vocab, (batch_size, seq_len)) for _ in range(SYNTHETIC_BATCHES)]
+        )
     elif synthetic:
         # cast, then pin: the bus carries the inference dtype, not float32
         pin = device.type in ACCELERATORS
-        made = [torch.randn(batch_size, 3, image_size, image_size).to(dtype)
-                for _ in range(SYNTHETIC_BATCHES)]
+        made = [
+            torch.randn(batch_size, 3, image_size, image_size).to(dtype)
+            for _ in range(SYNTHETIC_BATCHES)
+        ]
         batches = _Cycle([b.pin_memory() if pin else b for b in made])
     else:
         folder = require(exp.dataroot, "fake_imagenet")
@@ -443,8 +459,15 @@ def infer(exp):
         batches = _Images(loader)
     cores = max(1, len(current_cpuset()))
     channels_last = use_channels_last(model, precision, device)
-    pool = Workers(torch, net, devices, dtype, inflight=inflight,
-                   threads=max(1, cores // len(devices)), channels_last=channels_last)
+    pool = Workers(
+        torch,
+        net,
+        devices,
+        dtype,
+        inflight=inflight,
+        threads=max(1, cores // len(devices)),
+        channels_last=channels_last,
+    )
     exp.result["host"]["inference_devices"] = len(devices)
     exp.metrics["channels_last"] = channels_last
     logger = rate_logger(exp)

@@ -61,9 +61,17 @@ def build_model(channels=1, classes=10):
     from torch import nn
 
     return nn.Sequential(
-        nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
-        nn.Flatten(), nn.Linear(64 * 16, 128), nn.ReLU(), nn.Linear(128, classes))
+        nn.Conv2d(channels, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(64 * 16, 128),
+        nn.ReLU(),
+        nn.Linear(128, classes),
+    )
 
 
 def open_dataset(dataroot, name):
@@ -78,8 +86,9 @@ def open_dataset(dataroot, name):
         from torchvision import datasets, transforms
 
         folder = require(dataroot, "fashion_mnist")
-        return datasets.FashionMNIST(str(folder), train=True, download=False,
-                                     transform=transforms.ToTensor())
+        return datasets.FashionMNIST(
+            str(folder), train=True, download=False, transform=transforms.ToTensor()
+        )
     if name == "mydataset":
         return MyDataset(require(dataroot, "mydataset"))
     raise ValueError(f"--dataset must be one of {', '.join(DATASETS)}, not {name!r}")
@@ -139,16 +148,30 @@ def train(exp):
     device = init_torch(exp)
     data = open_dataset(exp.dataroot, dataset)
     if len(data) < batch_size:
-        raise ValueError(f"the {dataset} dataset holds {len(data)} samples, fewer than one "
-                         f"batch of {batch_size}; build a larger one or lower --batch-size")
+        raise ValueError(
+            f"the {dataset} dataset holds {len(data)} samples, fewer than one "
+            f"batch of {batch_size}; build a larger one or lower --batch-size"
+        )
     pin = pin_memory and device.type == "cuda"
     loader = torch.utils.data.DataLoader(
-        data, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=nworkers,
-        pin_memory=pin, prefetch_factor=prefetch_factor if nworkers > 0 else None,
-        persistent_workers=persistent_workers and nworkers > 0)
-    exp.metrics.update({"workers": nworkers, "cores": cores, "pin_memory": pin,
-                        "prefetch_factor": prefetch_factor if nworkers > 0 else None,
-                        "persistent_workers": persistent_workers and nworkers > 0})
+        data,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=nworkers,
+        pin_memory=pin,
+        prefetch_factor=prefetch_factor if nworkers > 0 else None,
+        persistent_workers=persistent_workers and nworkers > 0,
+    )
+    exp.metrics.update(
+        {
+            "workers": nworkers,
+            "cores": cores,
+            "pin_memory": pin,
+            "prefetch_factor": prefetch_factor if nworkers > 0 else None,
+            "persistent_workers": persistent_workers and nworkers > 0,
+        }
+    )
 
     if mode == "traverse":
         for step, (x, y) in dataloop(exp, loader):

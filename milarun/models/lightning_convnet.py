@@ -60,8 +60,10 @@ def _lightning():
     try:
         import lightning
     except ImportError as exc:
-        raise RuntimeError(f"lightning_convnet needs the lightning package ({exc}); "
-                           f"install requirements.lock (scripts/setup.sh)") from None
+        raise RuntimeError(
+            f"lightning_convnet needs the lightning package ({exc}); "
+            f"install requirements.lock (scripts/setup.sh)"
+        ) from None
     return lightning
 
 
@@ -98,16 +100,22 @@ def train(exp):
     torchrun_world = World.from_environment()
     size, local_size = torchrun_world.size, torchrun_world.local_size
     share = max(0, len(current_cpuset()) // local_size - 1)
-    loader, dataset = image_loader(folder, "train", image_size, batch_size,
-                                   share if workers < 0 else workers, device)
-    need_a_batch(len(dataset) >= batch_size * size, len(dataset), "images", batch_size, size,
-                 "lower --batch-size or use a larger fake_imagenet")
+    loader, dataset = image_loader(
+        folder, "train", image_size, batch_size, share if workers < 0 else workers, device
+    )
+    need_a_batch(
+        len(dataset) >= batch_size * size,
+        len(dataset),
+        "images",
+        batch_size,
+        size,
+        "lower --batch-size or use a larger fake_imagenet",
+    )
     exp.metrics["global_batch"] = batch_size * size
     # The group is the harness's (Lightning uses one that exists): it ends as every
     # distributed test's does, and the node's ranks share its cores as theirs do.
     with process_group(exp, device, backend) as world:
-        _fit(exp, lightning, loader, build_model(arch, len(dataset.classes)), precision, lr,
-             world)
+        _fit(exp, lightning, loader, build_model(arch, len(dataset.classes)), precision, lr, world)
 
 
 def _fit(exp, lightning, loader, model, precision, lr, world):
@@ -127,17 +135,26 @@ def _fit(exp, lightning, loader, model, precision, lr, world):
         def configure_optimizers(self):
             # fused on CUDA (bench/step.py): Lightning's 16-mixed scaler then skips its
             # per-step found_inf.item()
-            return make_optimizer(torch, "SGD", self.parameters(), self.device, lr=lr,
-                                  momentum=0.9, weight_decay=1e-4)
+            return make_optimizer(
+                torch, "SGD", self.parameters(), self.device, lr=lr, momentum=0.9, weight_decay=1e-4
+            )
 
     trainer = lightning.Trainer(
-        accelerator="cuda" if world.device.type == "cuda" else "cpu", devices=world.local_size,
+        accelerator="cuda" if world.device.type == "cuda" else "cpu",
+        devices=world.local_size,
         num_nodes=max(1, world.size // world.local_size),
-        strategy=DDPStrategy(process_group_backend=world.backend,
-                             cluster_environment=cluster_environment()),
-        precision=PRECISION[precision], max_epochs=-1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, callbacks=[rate_callback(exp, world)])
+        strategy=DDPStrategy(
+            process_group_backend=world.backend, cluster_environment=cluster_environment()
+        ),
+        precision=PRECISION[precision],
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[rate_callback(exp, world)],
+    )
     trainer.fit(Module(), train_dataloaders=loader)
 
 
@@ -165,7 +182,7 @@ def rate_callback(exp, world):
             self.logger = rate_logger(exp)
             agree_on_counts(exp, world)
             if self.logger.before_start is not None:
-                self.logger.before_start()   # the wave's start barrier (bench/sync.py)
+                self.logger.before_start()  # the wave's start barrier (bench/sync.py)
             self.logger.start()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
@@ -181,7 +198,7 @@ def rate_callback(exp, world):
             self.logger.finish()
 
         def on_exception(self, trainer, module, exception):
-            if self.logger is not None:   # close the last window (and a running trace)
+            if self.logger is not None:  # close the last window (and a running trace)
                 self.logger.finish()
 
     return RateCallback()

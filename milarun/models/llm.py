@@ -38,8 +38,7 @@ def check_shape(shape, seq_len=None):
     if shape not in SHAPES:
         raise ValueError(f"--shape must be one of {', '.join(SHAPES)}, not {shape!r}")
     if seq_len is not None and not 1 <= seq_len <= 131_072:
-        raise ValueError(f"--seq-len must be from 1 to 131072 (Llama 3.1's context), "
-                         f"not {seq_len}")
+        raise ValueError(f"--seq-len must be from 1 to 131072 (Llama 3.1's context), not {seq_len}")
 
 
 def llama_config(shape, vocab_size, max_positions):
@@ -48,11 +47,19 @@ def llama_config(shape, vocab_size, max_positions):
 
     check_shape(shape)
     hidden, mlp, layers, heads, kv_heads, tied = SHAPES[shape]
-    return LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=mlp,
-                       num_hidden_layers=layers, num_attention_heads=heads,
-                       num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
-                       rope_theta=500_000.0, tie_word_embeddings=tied,
-                       attn_implementation="sdpa", use_cache=False)
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        rope_theta=500_000.0,
+        tie_word_embeddings=tied,
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
 
 
 def build_model(torch, config, device=None, dtype=None):
@@ -118,8 +125,9 @@ def record_flops(exp, flops_tok, name, precision, world_size=1):
     constants are recorded.
     """
     peak = peak_tflops(name, precision)
-    exp.metrics.update({"flops_per_token": float(flops_tok), "device_name": name,
-                        "peak_tflops": peak})
+    exp.metrics.update(
+        {"flops_per_token": float(flops_tok), "device_name": name, "peak_tflops": peak}
+    )
     if exp.rate is None:
         return
     try:
@@ -132,5 +140,14 @@ def record_flops(exp, flops_tok, name, precision, world_size=1):
         exp.metrics["mfu"] = frac
 
 
-__all__ = ["SHAPES", "check_shape", "llama_config", "build_model", "matmul_params",
-           "token_dataset", "device_name", "record_flops", "flops_per_token"]
+__all__ = [
+    "SHAPES",
+    "check_shape",
+    "llama_config",
+    "build_model",
+    "matmul_params",
+    "token_dataset",
+    "device_name",
+    "record_flops",
+    "flops_per_token",
+]

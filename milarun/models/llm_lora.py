@@ -60,8 +60,13 @@ def add_adapters(model, rank):
     everything else frozen."""
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
-                        target_modules=list(TARGETS), task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        lora_dropout=0.0,
+        target_modules=list(TARGETS),
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, config)
 
 
@@ -78,9 +83,9 @@ def train(exp):
     rank: Option & int = default(16)
     # Tokens per sequence
     seq_len: Option & int = default(2048)
-    batch_size = batch_size_option(default=2)   # sequences per batch, per rank
-    precision = precision_option(default="bf16")   # base weights and autocast
-    lr = lr_option(default=2e-4)   # the adapters' (AdamW)
+    batch_size = batch_size_option(default=2)  # sequences per batch, per rank
+    precision = precision_option(default="bf16")  # base weights and autocast
+    lr = lr_option(default=2e-4)  # the adapters' (AdamW)
     # Recompute each block's activations in the backward pass
     activation_checkpointing: Option & bool = default(False)
     workers = workers_option(default=1)
@@ -93,12 +98,24 @@ def train(exp):
     device = init_torch(exp)
     shards = TokenShards(require(exp.dataroot, "llm_corpus"))
     with process_group(exp, device, backend) as world:
-        _train(exp, world, shards, shape, rank, seq_len, batch_size, precision, lr,
-               activation_checkpointing, workers)
+        _train(
+            exp,
+            world,
+            shards,
+            shape,
+            rank,
+            seq_len,
+            batch_size,
+            precision,
+            lr,
+            activation_checkpointing,
+            workers,
+        )
 
 
-def _train(exp, world, shards, shape, rank, seq_len, batch_size, precision, lr,
-           checkpointing, workers):
+def _train(
+    exp, world, shards, shape, rank, seq_len, batch_size, precision, lr, checkpointing, workers
+):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -111,9 +128,17 @@ def _train(exp, world, shards, shape, rank, seq_len, batch_size, precision, lr,
     model = add_adapters(base, rank)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_adapter = sum(p.numel() for p in trainable)
-    exp.metrics.update({"shape": shape, "learning_check": True, "rank_lora": rank, "seq_len": seq_len,
-                        "world_size": world.size, "trainable_params": n_adapter,
-                        "params": sum(p.numel() for p in model.parameters())})
+    exp.metrics.update(
+        {
+            "shape": shape,
+            "learning_check": True,
+            "rank_lora": rank,
+            "seq_len": seq_len,
+            "world_size": world.size,
+            "trainable_params": n_adapter,
+            "params": sum(p.numel() for p in model.parameters()),
+        }
+    )
     net = model
     if world.size > 1:
         net = DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
@@ -122,11 +147,25 @@ def _train(exp, world, shards, shape, rank, seq_len, batch_size, precision, lr,
     autocast = mp.autocast if precision in ("bf16", "fp16") else contextlib.nullcontext()
     optimizer = make_optimizer(torch, "AdamW", trainable, device, lr=lr, weight_decay=0.0)
     dataset = token_dataset(torch, shards, seq_len)
-    loader = rank_loader(dataset, batch_size, workers, device, world, exp.options["seed"],
-                         f"sequences of {seq_len} tokens", source=shards.folder,
-                         hint="lower --batch-size or --seq-len, or build a larger llm_corpus")
-    flops_tok = flops_per_token(n_matmul, config.num_hidden_layers, config.hidden_size,
-                                seq_len, "lora", adapter_params=n_adapter)
+    loader = rank_loader(
+        dataset,
+        batch_size,
+        workers,
+        device,
+        world,
+        exp.options["seed"],
+        f"sequences of {seq_len} tokens",
+        source=shards.folder,
+        hint="lower --batch-size or --seq-len, or build a larger llm_corpus",
+    )
+    flops_tok = flops_per_token(
+        n_matmul,
+        config.num_hidden_layers,
+        config.hidden_size,
+        seq_len,
+        "lora",
+        adapter_params=n_adapter,
+    )
     steps = dataloop(exp, Epochs(loader))
     agree_on_counts(exp, world)
     checked = False
@@ -137,9 +176,10 @@ def _train(exp, world, shards, shape, rank, seq_len, batch_size, precision, lr,
             with autocast:
                 logits = net(input_ids=x).logits
                 loss = torch.nn.functional.cross_entropy(
-                    logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+                    logits.float().view(-1, logits.size(-1)), y.reshape(-1)
+                )
             mp.backward(loss)
-            if not checked:   # once: the frozen base must get no gradient
+            if not checked:  # once: the frozen base must get no gradient
                 wrong = non_adapter_grads(model)
                 exp.metrics["grad_params_non_adapter"] = len(wrong)
                 if wrong:

@@ -55,8 +55,10 @@ from .llm import (
     token_dataset,
 )
 
-FSDP_FP16_REFUSED = ("--precision fp16 with FSDP needs a sharded gradient scaler; "
-                     "use bf16 (what the field pre-trains in) or fp32")
+FSDP_FP16_REFUSED = (
+    "--precision fp16 with FSDP needs a sharded gradient scaler; "
+    "use bf16 (what the field pre-trains in) or fp32"
+)
 
 
 def main(exp, argv):
@@ -83,12 +85,12 @@ def shard_model(torch, model, world, precision, replicas=1):
     if precision == "fp16":
         raise ValueError(FSDP_FP16_REFUSED)
     if replicas < 1 or world.size % replicas:
-        raise ValueError(f"--hsdp-replicas {replicas} does not divide the world size "
-                         f"{world.size}")
+        raise ValueError(f"--hsdp-replicas {replicas} does not divide the world size {world.size}")
     kind = world.device.type
     if replicas > 1:
-        mesh = init_device_mesh(kind, (replicas, world.size // replicas),
-                                mesh_dim_names=("replicate", "shard"))
+        mesh = init_device_mesh(
+            kind, (replicas, world.size // replicas), mesh_dim_names=("replicate", "shard")
+        )
     else:
         mesh = init_device_mesh(kind, (world.size,))
     policy = MixedPrecisionPolicy()
@@ -106,11 +108,11 @@ def train(exp):
     shape: Option = default("1b")
     # Tokens per sequence
     seq_len: Option & int = default(2048)
-    batch_size = batch_size_option(default=4)   # sequences per micro-batch, per rank
+    batch_size = batch_size_option(default=4)  # sequences per micro-batch, per rank
     # Micro-batches per optimizer step (gradient accumulation)
     grad_accum: Option & int = default(1)
-    precision = precision_option(default="bf16")   # fp16 only without FSDP
-    lr = lr_option(default=3e-4)   # peak; AdamW, betas 0.9/0.95, weight decay 0.1
+    precision = precision_option(default="bf16")  # fp16 only without FSDP
+    lr = lr_option(default=3e-4)  # peak; AdamW, betas 0.9/0.95, weight decay 0.1
     # Recompute each block's activations in the backward pass
     activation_checkpointing: Option & bool = default(False)
     # Compile each transformer block with torch.compile
@@ -129,12 +131,40 @@ def train(exp):
     device = init_torch(exp)
     shards = TokenShards(require(exp.dataroot, "llm_corpus"))
     with process_group(exp, device, backend) as world:
-        _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision, lr,
-               activation_checkpointing, compile, hsdp_replicas, not ddp, workers)
+        _train(
+            exp,
+            world,
+            shards,
+            shape,
+            seq_len,
+            batch_size,
+            grad_accum,
+            precision,
+            lr,
+            activation_checkpointing,
+            compile,
+            hsdp_replicas,
+            not ddp,
+            workers,
+        )
 
 
-def _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision, lr,
-           checkpointing, compiled, replicas, fsdp, workers):
+def _train(
+    exp,
+    world,
+    shards,
+    shape,
+    seq_len,
+    batch_size,
+    grad_accum,
+    precision,
+    lr,
+    checkpointing,
+    compiled,
+    replicas,
+    fsdp,
+    workers,
+):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -142,9 +172,16 @@ def _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision
     config = llama_config(shape, shards.vocab_size, seq_len)
     model = build_model(torch, config, device)
     n_matmul = matmul_params(torch, model)
-    exp.metrics.update({"shape": shape, "learning_check": True, "params": sum(p.numel() for p in model.parameters()),
-                        "seq_len": seq_len, "world_size": world.size,
-                        "global_batch_tokens": batch_size * seq_len * grad_accum * world.size})
+    exp.metrics.update(
+        {
+            "shape": shape,
+            "learning_check": True,
+            "params": sum(p.numel() for p in model.parameters()),
+            "seq_len": seq_len,
+            "world_size": world.size,
+            "global_batch_tokens": batch_size * seq_len * grad_accum * world.size,
+        }
+    )
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if compiled:
@@ -153,7 +190,7 @@ def _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision
     mp = MixedPrecisionStep(device, precision)
     autocast = mp.autocast
     sharded = world.size > 1 and fsdp
-    if replicas == 0:   # one replica per node: shard inside nodes only
+    if replicas == 0:  # one replica per node: shard inside nodes only
         replicas = world.size // world.local_size
     if sharded:
         shard_model(torch, model, world, precision, replicas)
@@ -165,18 +202,30 @@ def _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision
         net = model
     # What this rank holds: under FSDP its shard of every parameter (a test checks it).
     exp.metrics["params_local"] = sum(
-        (p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
-    exp.metrics["parallelism"] = ("hsdp" if replicas > 1 else "fsdp") if sharded else (
-        "ddp" if world.size > 1 else "none")
+        (p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters()
+    )
+    exp.metrics["parallelism"] = (
+        ("hsdp" if replicas > 1 else "fsdp") if sharded else ("ddp" if world.size > 1 else "none")
+    )
     net.train()
-    optimizer = make_optimizer(torch, "AdamW", model.parameters(), device, lr=lr,
-                               betas=(0.9, 0.95), weight_decay=0.1)
+    optimizer = make_optimizer(
+        torch, "AdamW", model.parameters(), device, lr=lr, betas=(0.9, 0.95), weight_decay=0.1
+    )
     dataset = token_dataset(torch, shards, seq_len)
-    loader = rank_loader(dataset, batch_size, workers, device, world, exp.options["seed"],
-                         f"sequences of {seq_len} tokens", source=shards.folder,
-                         hint="lower --batch-size or --seq-len, or build a larger llm_corpus")
-    flops_tok = flops_per_token(n_matmul, config.num_hidden_layers, config.hidden_size,
-                                seq_len, "train")
+    loader = rank_loader(
+        dataset,
+        batch_size,
+        workers,
+        device,
+        world,
+        exp.options["seed"],
+        f"sequences of {seq_len} tokens",
+        source=shards.folder,
+        hint="lower --batch-size or --seq-len, or build a larger llm_corpus",
+    )
+    flops_tok = flops_per_token(
+        n_matmul, config.num_hidden_layers, config.hidden_size, seq_len, "train"
+    )
     epochs = Epochs(loader)
     steps = dataloop(exp, epochs)
     agree_on_counts(exp, world)
@@ -188,7 +237,8 @@ def _train(exp, world, shards, shape, seq_len, batch_size, grad_accum, precision
             with autocast:
                 logits = net(input_ids=x).logits
                 loss = torch.nn.functional.cross_entropy(
-                    logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+                    logits.float().view(-1, logits.size(-1)), y.reshape(-1)
+                )
             micro += 1
             mp.backward(loss / grad_accum)
             if micro % grad_accum == 0:

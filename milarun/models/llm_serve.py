@@ -85,14 +85,21 @@ def tensor_parallel(torch, model, world):
 
     cfg = model.config
     if cfg.num_attention_heads % world.size or cfg.num_key_value_heads % world.size:
-        raise ValueError(f"tensor parallelism over {world.size} ranks needs heads "
-                         f"({cfg.num_attention_heads}) and key-value heads "
-                         f"({cfg.num_key_value_heads}) divisible by {world.size}")
+        raise ValueError(
+            f"tensor parallelism over {world.size} ranks needs heads "
+            f"({cfg.num_attention_heads}) and key-value heads "
+            f"({cfg.num_key_value_heads}) divisible by {world.size}"
+        )
     mesh = init_device_mesh(world.device.type, (world.size,))
     plan = {}
     for i in range(len(model.model.layers)):
-        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                     "mlp.gate_proj", "mlp.up_proj"):
+        for name in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+        ):
             plan[f"model.layers.{i}.{name}"] = ColwiseParallel()
         for name in ("self_attn.o_proj", "mlp.down_proj"):
             plan[f"model.layers.{i}.{name}"] = RowwiseParallel()
@@ -147,8 +154,8 @@ def prompt_batch(torch, rows, lengths, start, n, pad_id):
     ids = torch.full((n, width), pad_id, dtype=torch.long)
     mask = torch.zeros((n, width), dtype=torch.long)
     for k, (i, m) in enumerate(zip(idx, lens)):
-        ids[k, width - m:] = torch.from_numpy(rows[i, :m])
-        mask[k, width - m:] = 1
+        ids[k, width - m :] = torch.from_numpy(rows[i, :m])
+        mask[k, width - m :] = 1
     return ids, mask, sum(lens)
 
 
@@ -170,7 +177,7 @@ class Batches:
 def serve(exp):
     # Model shape: tiny, tiny-gqa, 1b, 8b or 70b (milarun.models.llm.SHAPES)
     shape: Option = default("8b")
-    batch_size = batch_size_option(default=32)   # requests per batch at the measured level
+    batch_size = batch_size_option(default=32)  # requests per batch at the measured level
     # Prompt tokens per request (0: the dataset's mixed length distribution)
     prompt_len: Option & int = default(1024)
     # Tokens generated per request
@@ -191,9 +198,11 @@ def serve(exp):
 
     check_shape(shape)
     if batch_size < 1 or output_len < 2 or prompt_len < 0 or sweep_batches < 1:
-        raise ValueError("--batch-size and --sweep-batches must be at least 1, --output-len at "
-                         "least 2 (the throughput counts the tokens after the first), "
-                         "--prompt-len at least 0")
+        raise ValueError(
+            "--batch-size and --sweep-batches must be at least 1, --output-len at "
+            "least 2 (the throughput counts the tokens after the first), "
+            "--prompt-len at least 0"
+        )
     try:
         levels = [int(x) for x in sweep.split(",") if x.strip()]
     except ValueError:
@@ -204,15 +213,47 @@ def serve(exp):
     shards = TokenShards(require(exp.dataroot, "llm_corpus"))
     rows, mixed = shards.prompts()
     if prompt_len > rows.shape[1]:
-        raise ValueError(f"--prompt-len {prompt_len} is longer than the dataset's prompts "
-                         f"({rows.shape[1]} tokens)")
+        raise ValueError(
+            f"--prompt-len {prompt_len} is longer than the dataset's prompts "
+            f"({rows.shape[1]} tokens)"
+        )
     with process_group(exp, device, backend) as world:
-        _serve(exp, world, shards, rows, mixed, shape, batch_size, prompt_len, output_len,
-               levels, sweep_batches, ttft_slo / 1e3, tpot_slo / 1e3, precision, compile)
+        _serve(
+            exp,
+            world,
+            shards,
+            rows,
+            mixed,
+            shape,
+            batch_size,
+            prompt_len,
+            output_len,
+            levels,
+            sweep_batches,
+            ttft_slo / 1e3,
+            tpot_slo / 1e3,
+            precision,
+            compile,
+        )
 
 
-def _serve(exp, world, shards, rows, mixed, shape, batch_size, prompt_len, output_len, levels,
-           sweep_batches, ttft_slo_s, tpot_slo_s, precision, compiled):
+def _serve(
+    exp,
+    world,
+    shards,
+    rows,
+    mixed,
+    shape,
+    batch_size,
+    prompt_len,
+    output_len,
+    levels,
+    sweep_batches,
+    ttft_slo_s,
+    tpot_slo_s,
+    precision,
+    compiled,
+):
     import numpy as np
     import torch
 
@@ -227,9 +268,16 @@ def _serve(exp, world, shards, rows, mixed, shape, batch_size, prompt_len, outpu
         tensor_parallel(torch, model, world)
     if compiled:
         model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-    exp.metrics.update({"shape": shape, "world_size": world.size, "concurrency": batch_size,
-                        "output_len": output_len, "prompt_len": prompt_len,
-                        "parallelism": "tensor" if world.size > 1 else "none"})
+    exp.metrics.update(
+        {
+            "shape": shape,
+            "world_size": world.size,
+            "concurrency": batch_size,
+            "output_len": output_len,
+            "prompt_len": prompt_len,
+            "parallelism": "tensor" if world.size > 1 else "none",
+        }
+    )
     clock = _streamer()
     sync = device_sync(torch, device)
     pad = shards.eos_id
@@ -238,14 +286,21 @@ def _serve(exp, world, shards, rows, mixed, shape, batch_size, prompt_len, outpu
         ids, mask = ids.to(device), mask.to(device)
         timer = clock(sync, logger, len(ids))
         if logger is not None:
-            logger.cut()   # the prefill goes in no sample window
+            logger.cut()  # the prefill goes in no sample window
         if sync is not None:
             sync()
         t0 = time.perf_counter()
         with torch.inference_mode():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=output_len,
-                           min_new_tokens=output_len, do_sample=False, streamer=timer,
-                           cache_implementation="static", pad_token_id=pad)
+            model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=output_len,
+                min_new_tokens=output_len,
+                do_sample=False,
+                streamer=timer,
+                cache_implementation="static",
+                pad_token_id=pad,
+            )
         if len(timer.times) != output_len:
             raise RuntimeError(f"generate produced {len(timer.times)} tokens, not {output_len}")
         b = batch_latency(t0, timer.times[0], timer.times[-1], n_prompt, len(ids), output_len)
@@ -258,20 +313,32 @@ def _serve(exp, world, shards, rows, mixed, shape, batch_size, prompt_len, outpu
     for _step, (ids, mask, n_prompt) in steps:
         # each decoded token is a step of the rate logger, counted by the streamer
         measured.append(generate(ids, mask, n_prompt, logger=exp.rate))
-    exp.metrics["batches"] = len(measured)   # of the measured level (count: their decode tokens)
+    exp.metrics["batches"] = len(measured)  # of the measured level (count: their decode tokens)
     # The first batches compile, capture graphs and fill caches: not serving latency.
     kept = measured[2:] or measured[-1:]
     serving = [serving_level(batch_size, kept, ttft_slo_s, tpot_slo_s)]
     for n in levels:
-        generate(*prompt_batch(torch, rows, lengths, 0, n, pad))   # warm-up, not recorded
-        timed = [generate(*prompt_batch(torch, rows, lengths, (k + 1) * n, n, pad))
-                 for k in range(sweep_batches)]
+        generate(*prompt_batch(torch, rows, lengths, 0, n, pad))  # warm-up, not recorded
+        timed = [
+            generate(*prompt_batch(torch, rows, lengths, (k + 1) * n, n, pad))
+            for k in range(sweep_batches)
+        ]
         serving.append(serving_level(n, timed, ttft_slo_s, tpot_slo_s))
     exp.result["serving"] = serving
     for key, value in serving[0].items():
         if key not in ("concurrency", "requests"):
             exp.metrics[key] = value
     exp.metrics["ttft_slo_s"], exp.metrics["tpot_slo_s"] = ttft_slo_s, tpot_slo_s
-    record_flops(exp, flops_per_token(n_matmul, config.num_hidden_layers, config.hidden_size,
-                                      int(lengths.mean()) + output_len // 2, "inference"),
-                 device_name(torch, device), precision, world.size)
+    record_flops(
+        exp,
+        flops_per_token(
+            n_matmul,
+            config.num_hidden_layers,
+            config.hidden_size,
+            int(lengths.mean()) + output_len // 2,
+            "inference",
+        ),
+        device_name(torch, device),
+        precision,
+        world.size,
+    )

@@ -30,16 +30,17 @@ def imagenet_transform(image_size):
     """The usual ImageNet training transform, cropping to ``image_size`` pixels."""
     from torchvision import transforms
 
-    return transforms.Compose([
-        transforms.RandomResizedCrop(image_size),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
-    ])
+    return transforms.Compose(
+        [
+            transforms.RandomResizedCrop(image_size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+        ]
+    )
 
 
-def image_loader(folder, split, image_size, batch_size, workers, device, shard=None,
-                 seed=0):
+def image_loader(folder, split, image_size, batch_size, workers, device, shard=None, seed=0):
     """A shuffling ``DataLoader`` over ``folder/split`` (ImageFolder).
 
     ``workers`` < 0 means the student's cpuset size minus one. Workers are
@@ -67,9 +68,12 @@ def image_loader(folder, split, image_size, batch_size, workers, device, shard=N
         from torch.utils.data.distributed import DistributedSampler
 
         rank, world_size = shard
-        kwargs = {"sampler": DistributedSampler(dataset, num_replicas=world_size, rank=rank,
-                                                shuffle=True, seed=seed),
-                  "shuffle": False}
+        kwargs = {
+            "sampler": DistributedSampler(
+                dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed
+            ),
+            "shuffle": False,
+        }
     loader = data_loader(dataset, batch_size, workers, device, **kwargs)
     return loader, dataset
 

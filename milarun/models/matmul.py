@@ -83,8 +83,10 @@ class _Timings:
     def __init__(self, torch, device):
         self.torch = torch
         # the GPU's event API (torch.cuda or torch.xpu): its matmuls are asynchronous
-        self.events = {"cuda": getattr(torch, "cuda", None),
-                       "xpu": getattr(torch, "xpu", None)}.get(device.type)
+        self.events = {
+            "cuda": getattr(torch, "cuda", None),
+            "xpu": getattr(torch, "xpu", None),
+        }.get(device.type)
         self.cuda = self.events is not None
         self.seconds = collections.defaultdict(float)
         self.count = collections.Counter()
@@ -128,8 +130,13 @@ def _setup(torch, name, size, device, gen, shape=None):
         b = torch.randn((n, k), device=device, generator=gen).to(torch.float8_e4m3fn).t()
         one = torch.ones((), device=device, dtype=torch.float32)
         return a, b, one
-    dtype = {"fp32": torch.float32, "tf32": torch.float32, "fp64": torch.float64,
-             "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+    dtype = {
+        "fp32": torch.float32,
+        "tf32": torch.float32,
+        "fp64": torch.float64,
+        "fp16": torch.float16,
+        "bf16": torch.bfloat16,
+    }[name]
     a = torch.randn((m, k), device=device, generator=gen).to(dtype)
     b = torch.randn((k, n), device=device, generator=gen).to(dtype)
     return a, b, torch.empty((m, n), device=device, dtype=dtype)
@@ -175,8 +182,10 @@ def parse_shapes(text, kind):
         except ValueError:
             shape = ()
         if len(shape) != 3 or not all(1 <= v <= 65536 for v in shape):
-            raise ValueError(f"--sweep-shapes: {item.strip()!r} is not MxNxK with sides "
-                             "from 1 to 65536 (or auto)")
+            raise ValueError(
+                f"--sweep-shapes: {item.strip()!r} is not MxNxK with sides "
+                "from 1 to 65536 (or auto)"
+            )
         shapes.append(shape)
     return shapes
 
@@ -189,7 +198,7 @@ def _sweep(torch, exp, names, shapes, device, gen, iters):
             a, b, c = _setup(torch, p, 0, device, gen, shape)
             _set_tf32(torch, p == "tf32")
             timer = _Timings(torch, device)
-            _multiply(torch, p, a, b, c)   # warm-up: the library picks its kernel
+            _multiply(torch, p, a, b, c)  # warm-up: the library picks its kernel
             for _ in range(iters):
                 t0 = timer.start()
                 _multiply(torch, p, a, b, c)
@@ -222,8 +231,10 @@ def _versus_peak(metrics, names, device_name):
         if not peak:
             continue
         metrics[f"peak_tflops_{p}"] = peak
-        for key, ratio in ((f"tflops_{p}", f"tflops_{p}_vs_peak"),
-                           (f"mamf_tflops_{p}", f"mamf_{p}_vs_peak")):
+        for key, ratio in (
+            (f"tflops_{p}", f"tflops_{p}_vs_peak"),
+            (f"mamf_tflops_{p}", f"mamf_{p}_vs_peak"),
+        ):
             if isinstance(metrics.get(key), float):
                 metrics[ratio] = metrics[key] / peak
 
@@ -249,7 +260,7 @@ def train(exp):
     sweep_iters: Option & int = default(10)
 
     if sweep:
-        parse_shapes(sweep_shapes, "cpu")   # a bad shape: one error before anything runs
+        parse_shapes(sweep_shapes, "cpu")  # a bad shape: one error before anything runs
         if not 1 <= sweep_iters <= 10000:
             raise ValueError(f"--sweep-iters must be between 1 and 10000, not {sweep_iters}")
     device = init_torch(exp)
@@ -258,8 +269,9 @@ def train(exp):
     names = [p.strip() for p in str(precisions).split(",") if p.strip()]
     bad = [p for p in names if p not in MATMUL_PRECISIONS]
     if not names or bad:
-        raise ValueError(f"--precisions must list some of {', '.join(MATMUL_PRECISIONS)}; "
-                         f"got {precisions!r}")
+        raise ValueError(
+            f"--precisions must list some of {', '.join(MATMUL_PRECISIONS)}; got {precisions!r}"
+        )
     unsupported = {}
     if any(p in FP8 for p in names):
         why = fp8_support(torch, device)
@@ -268,8 +280,10 @@ def train(exp):
     listed = names
     names = [p for p in names if p not in unsupported]
     if not names:
-        raise ValueError("none of --precisions runs on this device: "
-                         + "; ".join(f"{p}: {why}" for p, why in unsupported.items()))
+        raise ValueError(
+            "none of --precisions runs on this device: "
+            + "; ".join(f"{p}: {why}" for p, why in unsupported.items())
+        )
     if size <= 0:
         size = 512 if device.type == "cpu" else 8192
     gen = torch.Generator(device=device)
@@ -292,7 +306,7 @@ def train(exp):
     _set_tf32(torch, False)
     timings.drain()
     warm_all.drain()
-    flop = 2.0 * size ** 3
+    flop = 2.0 * size**3
     exp.metrics.update({"size": size, "precisions": ",".join(listed)})
     for p in names:
         src = timings if timings.count[p] else warm_all

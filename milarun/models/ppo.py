@@ -36,7 +36,7 @@ def main(exp, argv):
 def _agent_class(torch):
     nn = torch.nn
 
-    def layer(i, o, std=2 ** 0.5):
+    def layer(i, o, std=2**0.5):
         lin = nn.Linear(i, o)
         nn.init.orthogonal_(lin.weight, std)
         nn.init.zeros_(lin.bias)
@@ -45,10 +45,20 @@ def _agent_class(torch):
     class Agent(nn.Module):
         def __init__(self, n_obs, n_act, hidden):
             super().__init__()
-            self.critic = nn.Sequential(layer(n_obs, hidden), nn.Tanh(), layer(hidden, hidden),
-                                        nn.Tanh(), layer(hidden, 1, 1.0))
-            self.actor = nn.Sequential(layer(n_obs, hidden), nn.Tanh(), layer(hidden, hidden),
-                                       nn.Tanh(), layer(hidden, n_act, 0.01))
+            self.critic = nn.Sequential(
+                layer(n_obs, hidden),
+                nn.Tanh(),
+                layer(hidden, hidden),
+                nn.Tanh(),
+                layer(hidden, 1, 1.0),
+            )
+            self.actor = nn.Sequential(
+                layer(n_obs, hidden),
+                nn.Tanh(),
+                layer(hidden, hidden),
+                nn.Tanh(),
+                layer(hidden, n_act, 0.01),
+            )
 
         def value(self, x):
             return self.critic(x).squeeze(-1)
@@ -99,8 +109,10 @@ def train(exp):
     mp = MixedPrecisionStep(device, precision)
     autocast = mp.autocast
     seed = exp.options["seed"]
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_name) for _ in range(num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.make(env_name) for _ in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
     agent = _agent_class(torch)(n_obs, n_act, hidden).to(device)
@@ -155,7 +167,7 @@ def train(exp):
         for _ in range(update_epochs):
             perm = torch.randperm(batch, device=device)
             for lo in range(0, batch, mb):
-                idx = perm[lo:lo + mb]
+                idx = perm[lo : lo + mb]
                 with autocast:
                     _, logp, ent, v = agent.act(b_obs[idx], b_act[idx])
                 ratio = (logp - b_logp[idx]).exp()

@@ -69,17 +69,19 @@ class NegativeSampledEpochs:
         torch = self.torch
         n = self.users.numel()
         neg_users = self.users.repeat(self.negatives)
-        neg_items = torch.randint(0, self.n_items, (n * self.negatives,), device=self.device,
-                                  generator=self.gen)
+        neg_items = torch.randint(
+            0, self.n_items, (n * self.negatives,), device=self.device, generator=self.gen
+        )
         users = torch.cat([self.users, neg_users])
         items = torch.cat([self.items, neg_items])
-        labels = torch.cat([torch.ones(n, device=self.device),
-                            torch.zeros(n * self.negatives, device=self.device)])
+        labels = torch.cat(
+            [torch.ones(n, device=self.device), torch.zeros(n * self.negatives, device=self.device)]
+        )
         perm = torch.randperm(users.numel(), device=self.device, generator=self.gen)
         users, items, labels = users[perm], items[perm], labels[perm]
         bs = self.batch_size
         for lo in range(0, users.numel(), bs):
-            yield users[lo:lo + bs], items[lo:lo + bs], labels[lo:lo + bs]
+            yield users[lo : lo + bs], items[lo : lo + bs], labels[lo : lo + bs]
 
 
 def _model_class(torch):
@@ -141,12 +143,12 @@ def train(exp):
     items = torch.from_numpy(tr_i).to(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(exp.options["seed"])
-    epochs = NegativeSampledEpochs(torch, users, items, n_items, negatives, batch_size,
-                                   device, gen)
+    epochs = NegativeSampledEpochs(torch, users, items, n_items, negatives, batch_size, device, gen)
 
     net = _model_class(torch)(n_users, n_items, factors, widths, dropout).to(device)
-    optimizer = make_optimizer(torch, "Adam", net.parameters(), device,
-                               lr=lr, betas=(0.25, 0.5), eps=1e-8)
+    optimizer = make_optimizer(
+        torch, "Adam", net.parameters(), device, lr=lr, betas=(0.25, 0.5), eps=1e-8
+    )
     criterion = torch.nn.BCEWithLogitsLoss()
     net.train()
     exp.metrics.update({"users": n_users, "movies": n_items, "train_ratings": int(users.numel())})

@@ -71,9 +71,11 @@ def espcn(upscale, features=64, channels=3):
 
     half = max(1, features // 2)
     return nn.Sequential(
-        nn.Conv2d(channels, features, 5, padding=2), nn.Tanh(),
-        nn.Conv2d(features, half, 3, padding=1), nn.Tanh(),
-        nn.Conv2d(half, channels * upscale ** 2, 3, padding=1),
+        nn.Conv2d(channels, features, 5, padding=2),
+        nn.Tanh(),
+        nn.Conv2d(features, half, 3, padding=1),
+        nn.Tanh(),
+        nn.Conv2d(half, channels * upscale**2, 3, padding=1),
         nn.PixelShuffle(upscale),
     )
 

@@ -55,8 +55,9 @@ def _model(torch, width, blocks, classes):
             self.b2 = nn.BatchNorm2d(cout)
             self.skip = None
             if stride != 1 or cin != cout:
-                self.skip = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                          nn.BatchNorm2d(cout))
+                self.skip = nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+                )
 
         def forward(self, x):
             y = torch.relu(self.b1(self.c1(x)))
@@ -66,7 +67,7 @@ def _model(torch, width, blocks, classes):
     layers = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
     cin = width
     for stage in range(4):
-        cout = width * 2 ** stage
+        cout = width * 2**stage
         for b in range(blocks):
             layers.append(Block(cin, cout, 2 if (b == 0 and stage > 0) else 1))
             cin = cout
@@ -96,12 +97,10 @@ def train(exp):
     refuse_xpu(device, "scaling", DDP_NOT_WIRED)
     with process_group(exp, device, backend) as world:
         exp.metrics["global_batch"] = batch_size * world.size
-        _train(exp, torch, world, batch_size, width, blocks, image_size, classes, lr,
-               precision)
+        _train(exp, torch, world, batch_size, width, blocks, image_size, classes, lr, precision)
 
 
-def _train(exp, torch, world, batch_size, width, blocks, image_size, classes, lr,
-           precision):
+def _train(exp, torch, world, batch_size, width, blocks, image_size, classes, lr, precision):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     device = world.device
@@ -120,8 +119,12 @@ def _train(exp, torch, world, batch_size, width, blocks, image_size, classes, lr
     gen.manual_seed(exp.options["seed"] * 1000 + world.rank)
     pool = 4
     fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
-    images = [torch.randn((batch_size, 3, image_size, image_size), device=device,
-                          generator=gen).contiguous(memory_format=fmt) for _ in range(pool)]
+    images = [
+        torch.randn(
+            (batch_size, 3, image_size, image_size), device=device, generator=gen
+        ).contiguous(memory_format=fmt)
+        for _ in range(pool)
+    ]
     labels = torch.randint(0, classes, (pool, batch_size), device=device, generator=gen)
     ddp.train()
     k = 0

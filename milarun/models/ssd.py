@@ -106,27 +106,28 @@ def train(exp):
 
     root = require(exp.dataroot, "coco")
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
-        dataset = CocoDetection(str(root / "train2017"),
-                                str(root / "annotations" / "instances_train2017.json"))
+        dataset = CocoDetection(
+            str(root / "train2017"), str(root / "annotations" / "instances_train2017.json")
+        )
     cat_ids = sorted(dataset.coco.getCatIds())
     if len(cat_ids) + 1 > num_classes:
-        raise ValueError(f"--num-classes {num_classes} is too small for "
-                         f"{len(cat_ids)} categories + background")
+        raise ValueError(
+            f"--num-classes {num_classes} is too small for {len(cat_ids)} categories + background"
+        )
     dataset.transforms = CocoToSSD({cid: i + 1 for i, cid in enumerate(cat_ids)})
 
     loader = data_loader(dataset, batch_size, workers, device, collate_fn=collate_lists)
 
-    model = ssd300_vgg16(weights=None, weights_backbone=None,
-                         num_classes=num_classes).to(device)
+    model = ssd300_vgg16(weights=None, weights_backbone=None, num_classes=num_classes).to(device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(torch, "SGD", params, device,
-                               lr=lr, momentum=momentum, weight_decay=weight_decay)
+    optimizer = make_optimizer(
+        torch, "SGD", params, device, lr=lr, momentum=momentum, weight_decay=weight_decay
+    )
 
     for step, (images, targets) in dataloop(exp, loader):
         images = [img.to(device, non_blocking=True) for img in images]
-        targets = [{k: v.to(device, non_blocking=True) for k, v in t.items()}
-                   for t in targets]
+        targets = [{k: v.to(device, non_blocking=True) for k, v in t.items()} for t in targets]
         with autocast:
             losses = model(images, targets)
             loss = sum(v.float() for v in losses.values())

@@ -35,7 +35,7 @@ def train(exp):
 
     for step in iteration_wrapper(exp):
         x = torch.randn(batch_size, 1, device=device)
-        feats = x ** powers
+        feats = x**powers
         y = feats @ w_target + b_target
         loss = torch.nn.functional.smooth_l1_loss(model(feats), y)
         optimizer.zero_grad()

@@ -60,12 +60,12 @@ class Collate:
         tout = torch.full((n, lt), self.pad, dtype=torch.int64)
         ntok = 0
         for i, (s, t) in enumerate(pairs):
-            src[i, :len(s)] = torch.tensor(s)
+            src[i, : len(s)] = torch.tensor(s)
             src[i, len(s)] = self.eos
             tt = torch.tensor(t)
             tin[i, 0] = self.bos
-            tin[i, 1:len(t) + 1] = tt
-            tout[i, :len(t)] = tt
+            tin[i, 1 : len(t) + 1] = tt
+            tout[i, : len(t)] = tt
             tout[i, len(t)] = self.eos
             ntok += len(t) + 1
         return src, tin, tout, ntok
@@ -110,7 +110,7 @@ def _model_class(torch):
             self.pad = pad
             self.scale = math.sqrt(d_model)
             self.embed = nn.Embedding(vocab, d_model, padding_idx=pad)
-            nn.init.normal_(self.embed.weight, 0, d_model ** -0.5)
+            nn.init.normal_(self.embed.weight, 0, d_model**-0.5)
             pos = torch.arange(max_len).unsqueeze(1)
             div = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
             pe = torch.zeros(max_len, d_model)
@@ -118,24 +118,30 @@ def _model_class(torch):
             pe[:, 1::2] = torch.cos(pos * div)
             self.register_buffer("pe", pe, persistent=False)
             self.drop = nn.Dropout(dropout)
-            self.transformer = nn.Transformer(d_model, nhead, layers, layers, ff, dropout,
-                                              batch_first=True)
+            self.transformer = nn.Transformer(
+                d_model, nhead, layers, layers, ff, dropout, batch_first=True
+            )
 
         def embed_pos(self, x):
-            return self.drop(self.embed(x) * self.scale + self.pe[:x.size(1)])
+            return self.drop(self.embed(x) * self.scale + self.pe[: x.size(1)])
 
         def forward(self, src, tgt_in):
             # tgt_is_causal=True says the mask is causal: without it, every forward of
             # nn.TransformerDecoder compares the mask with a fresh causal one and reads
             # the answer on the host (bool(tensor)), a device sync per step.
             mask = self.transformer.generate_square_subsequent_mask(
-                tgt_in.size(1), device=src.device, dtype=torch.bool)
+                tgt_in.size(1), device=src.device, dtype=torch.bool
+            )
             src_pad = src == self.pad
-            out = self.transformer(self.embed_pos(src), self.embed_pos(tgt_in), tgt_mask=mask,
-                                   tgt_is_causal=True,
-                                   src_key_padding_mask=src_pad,
-                                   tgt_key_padding_mask=tgt_in == self.pad,
-                                   memory_key_padding_mask=src_pad)
+            out = self.transformer(
+                self.embed_pos(src),
+                self.embed_pos(tgt_in),
+                tgt_mask=mask,
+                tgt_is_causal=True,
+                src_key_padding_mask=src_pad,
+                tgt_key_padding_mask=tgt_in == self.pad,
+                memory_key_padding_mask=src_pad,
+            )
             return out @ self.embed.weight.t()
 
     return Seq2Seq
@@ -173,19 +179,29 @@ def train(exp):
     if len(corpus) == 0:
         raise ValueError("no training pair is shorter than --max-len")
     vocab = corpus.vocab
-    loader = data_loader(PairDataset(corpus), batch_size, workers, device,
-                         batch_sampler=EpochBatches(corpus, batch_size, exp.options["seed"]),
-                         collate_fn=Collate(vocab.pad, vocab.bos, vocab.eos))
+    loader = data_loader(
+        PairDataset(corpus),
+        batch_size,
+        workers,
+        device,
+        batch_sampler=EpochBatches(corpus, batch_size, exp.options["seed"]),
+        collate_fn=Collate(vocab.pad, vocab.bos, vocab.eos),
+    )
 
-    net = _model_class(torch)(len(vocab), d_model, nhead, layers, ff, dropout, vocab.pad,
-                              max_len=max_len + 2).to(device)
-    optimizer = make_optimizer(torch, "Adam", net.parameters(), device,
-                               lr=lr, betas=(0.9, 0.98), eps=1e-9)
+    net = _model_class(torch)(
+        len(vocab), d_model, nhead, layers, ff, dropout, vocab.pad, max_len=max_len + 2
+    ).to(device)
+    optimizer = make_optimizer(
+        torch, "Adam", net.parameters(), device, lr=lr, betas=(0.9, 0.98), eps=1e-9
+    )
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / lr_warmup, math.sqrt(lr_warmup / (s + 1))))
+        optimizer, lambda s: min((s + 1) / lr_warmup, math.sqrt(lr_warmup / (s + 1)))
+    )
     criterion = torch.nn.CrossEntropyLoss(ignore_index=vocab.pad, label_smoothing=label_smoothing)
     net.train()
-    exp.metrics.update({"vocab": len(vocab), "train_pairs": len(corpus), "workers": loader.num_workers})
+    exp.metrics.update(
+        {"vocab": len(vocab), "train_pairs": len(corpus), "workers": loader.num_workers}
+    )
 
     nb = device.type == "cuda"
     for step, (src, tin, tout, ntok) in dataloop(exp, loader):

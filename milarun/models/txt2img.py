@@ -52,7 +52,7 @@ def generate(exp):
     shape: Option = default("sd2")
     # Side of the square generated images, in pixels
     image_size: Option & int = default(512)
-    batch_size = batch_size_option(default=4)   # images generated together
+    batch_size = batch_size_option(default=4)  # images generated together
     precision = precision_option(default="fp16", choices=INFERENCE_PRECISIONS)
     # Denoising steps per image (DDIM)
     steps: Option & int = default(50)
@@ -66,12 +66,34 @@ def generate(exp):
         raise ValueError("--batch-size must be at least 1 and --steps from 1 to 1000")
     device = init_torch(exp)
     captions = require(exp.dataroot, "captions")
-    _generate(exp, device, captions, shape, image_size, latent_size, batch_size, precision,
-              steps, guidance, prediction)
+    _generate(
+        exp,
+        device,
+        captions,
+        shape,
+        image_size,
+        latent_size,
+        batch_size,
+        precision,
+        steps,
+        guidance,
+        prediction,
+    )
 
 
-def _generate(exp, device, captions, shape, image_size, latent_size, batch_size, precision,
-              steps, guidance, prediction):
+def _generate(
+    exp,
+    device,
+    captions,
+    shape,
+    image_size,
+    latent_size,
+    batch_size,
+    precision,
+    steps,
+    guidance,
+    prediction,
+):
     import torch
     from diffusers import DDIMScheduler
     from tokenizers import Tokenizer
@@ -82,13 +104,21 @@ def _generate(exp, device, captions, shape, image_size, latent_size, batch_size,
     unet, vae, text = build_models(torch, shape, meta, device)
     for model in (unet, vae, text):
         model.to(dtype).eval()
-    scheduler = DDIMScheduler(prediction_type=prediction, steps_offset=1,
-                              set_alpha_to_one=False, **SCHEDULE)
+    scheduler = DDIMScheduler(
+        prediction_type=prediction, steps_offset=1, set_alpha_to_one=False, **SCHEDULE
+    )
     guided = guidance > 1.0
-    exp.metrics.update({"shape": shape, "image_size": image_size, "latent_size": latent_size,
-                        "denoising_steps": steps, "guidance": guidance,
-                        "unet_batch": batch_size * (2 if guided else 1),
-                        "unet_params": sum(p.numel() for p in unet.parameters())})
+    exp.metrics.update(
+        {
+            "shape": shape,
+            "image_size": image_size,
+            "latent_size": latent_size,
+            "denoising_steps": steps,
+            "guidance": guidance,
+            "unet_batch": batch_size * (2 if guided else 1),
+            "unet_params": sum(p.numel() for p in unet.parameters()),
+        }
+    )
     empty = torch.tensor([tok.encode("").ids] * batch_size, device=device)
     channels = unet.config.in_channels
     prompt = 0
@@ -98,8 +128,9 @@ def _generate(exp, device, captions, shape, image_size, latent_size, batch_size,
             prompt += batch_size
             ids = torch.tensor([e.ids for e in tok.encode_batch(texts)], device=device)
             states = text(input_ids=torch.cat([ids, empty]) if guided else ids).last_hidden_state
-            latents = torch.randn(batch_size, channels, latent_size, latent_size,
-                                  device=device, dtype=dtype)
+            latents = torch.randn(
+                batch_size, channels, latent_size, latent_size, device=device, dtype=dtype
+            )
             scheduler.set_timesteps(steps, device=device)
             for t in scheduler.timesteps:
                 x = torch.cat([latents, latents]) if guided else latents
@@ -115,7 +146,7 @@ def _generate(exp, device, captions, shape, image_size, latent_size, batch_size,
     exp.metrics["images_finite"] = bool(torch.isfinite(images).all())
     try:
         rate, _, _ = steady_state(exp.rate.samples)
-    except ValueError:   # no steady state: the record says so
+    except ValueError:  # no steady state: the record says so
         rate = None
     if rate:
         exp.metrics["seconds_per_image"] = 1.0 / rate

@@ -49,7 +49,8 @@ def build_model(latent):
 def vae_loss(torch, logits, x, mu, logvar):
     """Reconstruction (BCE, summed) + KL divergence, averaged over the batch."""
     bce = torch.nn.functional.binary_cross_entropy_with_logits(
-        logits, x.view(-1, 784), reduction="sum")
+        logits, x.view(-1, 784), reduction="sum"
+    )
     kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
     return (bce + kld) / x.shape[0]
 
@@ -67,8 +68,9 @@ def train(exp):
 
     device = init_torch(exp)
     folder = require(exp.dataroot, "mnist")
-    dataset = datasets.MNIST(root=str(folder), train=True, download=False,
-                             transform=transforms.ToTensor())
+    dataset = datasets.MNIST(
+        root=str(folder), train=True, download=False, transform=transforms.ToTensor()
+    )
     loader = data_loader(dataset, batch_size, workers, device)
     model = build_model(latent).to(device)
     optimizer = make_optimizer(torch, "Adam", model.parameters(), device, lr=lr)

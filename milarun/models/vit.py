@@ -54,23 +54,23 @@ def check_options(arch, image_size):
     if arch not in ARCHS:
         raise ValueError(f"--arch must be one of {', '.join(ARCHS)}, not {arch!r}")
     if image_size < 16 or image_size % 16:
-        raise ValueError(f"--image-size must be a positive multiple of 16 (the patch), "
-                         f"not {image_size}")
+        raise ValueError(
+            f"--image-size must be a positive multiple of 16 (the patch), not {image_size}"
+        )
 
 
 def build_model(arch, image_size, num_classes):
     """The timm ViT ``arch`` with random weights, for ``image_size`` inputs."""
     import timm
 
-    return timm.create_model(arch, pretrained=False, img_size=image_size,
-                             num_classes=num_classes)
+    return timm.create_model(arch, pretrained=False, img_size=image_size, num_classes=num_classes)
 
 
 @tooled
 def train(exp):
     # timm ViT: vit_base_patch16_224 (ViT-B/16), vit_large_patch16_224 (ViT-L/16), vit_tiny_patch16_224 (CPU tests)
     arch: Option = default("vit_base_patch16_224")
-    batch_size = batch_size_option(default=128)   # per rank
+    batch_size = batch_size_option(default=128)  # per rank
     # Side of the random crops fed to the network, in pixels (a multiple of 16)
     image_size: Option & int = default(224)
     precision = precision_option(default="bf16")
@@ -83,40 +83,72 @@ def train(exp):
 
     check_options(arch, image_size)
     device = init_torch(exp)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:   # one XPU per process only
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one XPU per process only
         refuse_xpu(device, "vit under torchrun", DDP_NOT_WIRED)
     folder = require(exp.dataroot, "fake_imagenet")
     with process_group(exp, device, backend) as world:
         # The node's ranks share its cores: one share each, one core of it for the rank.
         share = max(0, len(current_cpuset()) // world.local_size - 1)
-        _train(exp, world, folder, arch, batch_size, image_size, precision, lr, compile,
-               share if workers < 0 else workers)
+        _train(
+            exp,
+            world,
+            folder,
+            arch,
+            batch_size,
+            image_size,
+            precision,
+            lr,
+            compile,
+            share if workers < 0 else workers,
+        )
 
 
-def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, compiled,
-           workers):
+def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, compiled, workers):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     device = world.device
     mp = MixedPrecisionStep(device, precision)
-    loader, dataset = image_loader(folder, "train", image_size, batch_size, workers, device,
-                                   shard=(world.rank, world.size), seed=exp.options["seed"])
-    need_a_batch(len(loader) > 0, len(dataset), "images", batch_size, world.size,
-                 "lower --batch-size or use a larger fake_imagenet")
+    loader, dataset = image_loader(
+        folder,
+        "train",
+        image_size,
+        batch_size,
+        workers,
+        device,
+        shard=(world.rank, world.size),
+        seed=exp.options["seed"],
+    )
+    need_a_batch(
+        len(loader) > 0,
+        len(dataset),
+        "images",
+        batch_size,
+        world.size,
+        "lower --batch-size or use a larger fake_imagenet",
+    )
     model = build_model(arch, image_size, len(dataset.classes)).to(device)
-    exp.metrics.update({"arch": arch, "learning_check": True, "params": sum(p.numel() for p in model.parameters()),
-                        "image_size": image_size, "global_batch": batch_size * world.size,
-                        "world_size": world.size, "compiled": compiled,
-                        "parallelism": "ddp" if world.size > 1 else "none"})
+    exp.metrics.update(
+        {
+            "arch": arch,
+            "learning_check": True,
+            "params": sum(p.numel() for p in model.parameters()),
+            "image_size": image_size,
+            "global_batch": batch_size * world.size,
+            "world_size": world.size,
+            "compiled": compiled,
+            "parallelism": "ddp" if world.size > 1 else "none",
+        }
+    )
     net = model
     if world.size > 1:
         net = DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
     if compiled:
         net = torch.compile(net)
     net.train()
-    optimizer = make_optimizer(torch, "AdamW", model.parameters(), device, lr=lr,
-                               betas=(0.9, 0.999), weight_decay=0.05)
+    optimizer = make_optimizer(
+        torch, "AdamW", model.parameters(), device, lr=lr, betas=(0.9, 0.999), weight_decay=0.05
+    )
     criterion = torch.nn.CrossEntropyLoss()
 
     steps = dataloop(exp, Epochs(loader))

@@ -46,8 +46,9 @@ def _model_class(torch):
             if kind in ("LSTM", "GRU"):
                 self.rnn = getattr(nn, kind)(ninp, nhid, nlayers, dropout=dropout)
             elif kind in ("RNN_TANH", "RNN_RELU"):
-                self.rnn = nn.RNN(ninp, nhid, nlayers, nonlinearity=kind[4:].lower(),
-                                  dropout=dropout)
+                self.rnn = nn.RNN(
+                    ninp, nhid, nlayers, nonlinearity=kind[4:].lower(), dropout=dropout
+                )
             else:
                 raise ValueError(f"--model must be LSTM, GRU, RNN_TANH or RNN_RELU, not {kind!r}")
             self.decoder = nn.Linear(nhid, ntoken)
@@ -86,7 +87,7 @@ class BPTTBatches:
         data, bptt = self.data, self.bptt
         for i in range(0, data.size(0) - 1, bptt):
             n = min(bptt, data.size(0) - 1 - i)
-            yield data[i:i + n], data[i + 1:i + 1 + n]
+            yield data[i : i + n], data[i + 1 : i + 1 + n]
 
 
 def cpu_bf16_lstm_supported(torch):
@@ -105,8 +106,10 @@ def cpu_bf16_lstm_supported(torch):
     return True
 
 
-BF16_LSTM_REFUSED = ("--precision bf16 with --model LSTM needs a CPU whose oneDNN runs bf16 "
-                     "LSTMs (AVX-512); this one does not: use GRU or fp32")
+BF16_LSTM_REFUSED = (
+    "--precision bf16 with --model LSTM needs a CPU whose oneDNN runs bf16 "
+    "LSTMs (AVX-512); this one does not: use GRU or fp32"
+)
 
 
 def _detach(h):
@@ -142,8 +145,12 @@ def train(exp):
     device = init_torch(exp)
     mp = MixedPrecisionStep(device, precision)
     autocast = mp.autocast
-    if (device.type == "cpu" and precision == "bf16" and model == "LSTM"
-            and not cpu_bf16_lstm_supported(torch)):
+    if (
+        device.type == "cpu"
+        and precision == "bf16"
+        and model == "LSTM"
+        and not cpu_bf16_lstm_supported(torch)
+    ):
         # Refused before training: the failure record then names the cause, not oneDNN's text.
         raise ValueError(BF16_LSTM_REFUSED)
     corpus = Corpus(require(exp.dataroot, "wikitext2"), splits=("train",))
@@ -152,7 +159,7 @@ def train(exp):
     nbatch = ids.size(0) // batch_size
     if nbatch < 2:
         raise ValueError("the training split is too small for --batch-size")
-    data = ids[:nbatch * batch_size].view(batch_size, -1).t().contiguous().to(device)
+    data = ids[: nbatch * batch_size].view(batch_size, -1).t().contiguous().to(device)
 
     net = _model_class(torch)(model, ntokens, emsize, nhid, nlayers, dropout, tied).to(device)
     optimizer = make_optimizer(torch, "SGD", net.parameters(), device, lr=lr)

@@ -127,8 +127,10 @@ class Launch:
         mode = "concurrent" if self.concurrent else "sequential"
         if self.barrier_wave:
             mode += ", synchronized start"
-        return (f"# {self.group} J{self.job_id} ({mode}, cgroup: {self.cgroup or 'none'}, "
-                f"timeout: {self.timeout:g} s)\n{shown_command(self.env, self.argv, width)}")
+        return (
+            f"# {self.group} J{self.job_id} ({mode}, cgroup: {self.cgroup or 'none'}, "
+            f"timeout: {self.timeout:g} s)\n{shown_command(self.env, self.argv, width)}"
+        )
 
 
 #: Width of a ``--dry-run`` command line; longer commands go on on backslash-continued lines.
@@ -162,7 +164,7 @@ def _shorten_job(word):
         elif c == "}":
             depth -= 1
             if depth == 0:
-                return word[:start] + SHOWN_JOB + _shorten_job(word[i + 1:])
+                return word[:start] + SHOWN_JOB + _shorten_job(word[i + 1 :])
     return word
 
 
@@ -184,15 +186,19 @@ def shown_command(env, argv, width=None):
     i = head
     while i < len(quoted):
         word = quoted[i]
-        if (argv[i].startswith("-") and argv[i] != "--" and i + 1 < len(argv)
-                and not argv[i + 1].startswith("-")):
+        if (
+            argv[i].startswith("-")
+            and argv[i] != "--"
+            and i + 1 < len(argv)
+            and not argv[i + 1].startswith("-")
+        ):
             word = f"{word} {quoted[i + 1]}"
             i += 1
         words.append(_shorten_job(word))
         i += 1
     lines, line = [], ""
     for word in words:
-        if line and len(line) + 1 + len(word) + 2 > width:   # 2: the " \\" it may end with
+        if line and len(line) + 1 + len(word) + 2 > width:  # 2: the " \\" it may end with
             lines.append(line + " \\")
             line = "    " + word
         else:
@@ -201,8 +207,20 @@ def shown_command(env, argv, width=None):
     return "\n".join(lines)
 
 
-def child_argv(job, run, label, devices, out, dataroot, test_argv, python=None,
-               nproc=1, launcher="python", extra=None, rendezvous=None):
+def child_argv(
+    job,
+    run,
+    label,
+    devices,
+    out,
+    dataroot,
+    test_argv,
+    python=None,
+    nproc=1,
+    launcher="python",
+    extra=None,
+    rendezvous=None,
+):
     """The ``milarun run`` command for one launch (before cgexec/exec prefix).
 
     Args:
@@ -213,26 +231,58 @@ def child_argv(job, run, label, devices, out, dataroot, test_argv, python=None,
         extra: more fields for the record (``--extra``), e.g. the nodes.
     """
     python = python or sys.executable
-    fields = {"run": run, "device": label, "devices": devices,
-              "partition": job.plan_type, "job": job.definition}
-    if job.tags:   # the report's families (milarun.report.family)
+    fields = {
+        "run": run,
+        "device": label,
+        "devices": devices,
+        "partition": job.plan_type,
+        "job": job.definition,
+    }
+    if job.tags:  # the report's families (milarun.report.family)
         fields["tags"] = list(job.tags)
     fields.update(extra or {})
     if launcher == "torchrun":
-        head = [python, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(nproc)]
+        head = [
+            python,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+        ]
     elif launcher == "rendezvous":
-        head = [python, "-m", "torch.distributed.run", "--nnodes", str(rendezvous["nnodes"]),
-                "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", rendezvous["endpoint"], "--rdzv-id", rendezvous["id"],
-                # torchrun reads join_timeout as an integer: round up, never to 0
-                "--rdzv-conf", f"join_timeout={max(1, math.ceil(rendezvous['join_timeout']))}",
-                "--max-restarts", "0"]
+        head = [
+            python,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(rendezvous["nnodes"]),
+            "--nproc-per-node",
+            str(nproc),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            rendezvous["endpoint"],
+            "--rdzv-id",
+            rendezvous["id"],
+            # torchrun reads join_timeout as an integer: round up, never to 0
+            "--rdzv-conf",
+            f"join_timeout={max(1, math.ceil(rendezvous['join_timeout']))}",
+            "--max-restarts",
+            "0",
+        ]
     else:
         head = [python]
-    return child.child_argv(head + list(child.RUN_MODULE), job.experiment, out=out,
-                            dataroot=dataroot, name=job.full_name, job_id=f"{run}.{label}",
-                            extra=fields, test_argv=test_argv)
+    return child.child_argv(
+        head + list(child.RUN_MODULE),
+        job.experiment,
+        out=out,
+        dataroot=dataroot,
+        name=job.full_name,
+        job_id=f"{run}.{label}",
+        extra=fields,
+        test_argv=test_argv,
+    )
 
 
 def placeholder_values(job, devices, devs, nodes, outdir, dataroot):
@@ -264,6 +314,7 @@ def placeholder_values(job, devices, devs, nodes, outdir, dataroot):
         SetupError: a value it needs is unknown (no dataroot, the node's cores or
             a device's memory).
     """
+
     def unknown(name, what):
         return SetupError(f"{job.full_name}: cannot fill {{{name}}} in its arguments: {what}")
 
@@ -331,9 +382,21 @@ def as_cluster(where):
     return where if isinstance(where, Cluster) else local_cluster(where)
 
 
-def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=True,
-             timeout=None, python=None, session=None, rdzv_port=RDZV_PORT,
-             join_timeout=JOIN_TIMEOUT_S, barrier=None):
+def plan_job(
+    job,
+    where,
+    run,
+    outdir,
+    dataroot=None,
+    extra_args=(),
+    use_cgexec=True,
+    timeout=None,
+    python=None,
+    session=None,
+    rdzv_port=RDZV_PORT,
+    join_timeout=JOIN_TIMEOUT_S,
+    barrier=None,
+):
     """Return the waves (list of lists of ``Launch``) for one run of ``job``.
 
     Args:
@@ -365,9 +428,14 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
         first = next(iter(vis))
         env = {first: vis.pop(first), child.ENV_DEVICE: label, child.ENV_RUN: str(run), **vis}
         if wave_id is not None:
-            env.update({ENV_ADDRESS: barrier["address"], ENV_WAVE: wave_id,
-                        ENV_TIMEOUT: f"{float(barrier['timeout']):g}",
-                        ENV_SECRET: barrier.get("secret", "")})
+            env.update(
+                {
+                    ENV_ADDRESS: barrier["address"],
+                    ENV_WAVE: wave_id,
+                    ENV_TIMEOUT: f"{float(barrier['timeout']):g}",
+                    ENV_SECRET: barrier.get("secret", ""),
+                }
+            )
         cpus = list(slot.cpus) if slot.cpus and use_cgexec else None  # --no-cgexec: no pinning
         if cpus:
             env[child.ENV_CPUS] = format_cpus(cpus)  # the pinning, recorded in environ
@@ -376,8 +444,11 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
         fail = Path(outdir) / result_filename(job.full_name, run, label, False, when)
         extra = {}
         if cluster.kind != "local":  # one host: its records name it in host.hostname
-            extra = {"nodes": list(slot.nodes), "node_count": len(slot.nodes),
-                     "gpus_per_node": len(devs)}
+            extra = {
+                "nodes": list(slot.nodes),
+                "node_count": len(slot.nodes),
+                "gpus_per_node": len(devs),
+            }
             if len(slot.nodes) == 1:  # a record over several nodes has them in ``nodes``
                 extra["node"] = slot.nodes[0]
         values = placeholder_values(job, cluster.devices, devs, slot.nodes, outdir, dataroot)
@@ -386,24 +457,55 @@ def plan_job(job, where, run, outdir, dataroot=None, extra_args=(), use_cgexec=T
         test_argv = job.argv(values) + list(extra_args)
         rendezvous = None
         if slot.launcher == "rendezvous":
-            rendezvous = {"nnodes": len(slot.nodes), "backend": "c10d",
-                          "join_timeout": float(join_timeout),
-                          "endpoint": f"{cluster.main.address or cluster.main.name}:{rdzv_port}",
-                          "id": f"{job.full_name}.J{run}.{label}.{when:%Y%m%d-%H%M%S}"}
+            rendezvous = {
+                "nnodes": len(slot.nodes),
+                "backend": "c10d",
+                "join_timeout": float(join_timeout),
+                "endpoint": f"{cluster.main.address or cluster.main.name}:{rdzv_port}",
+                "id": f"{job.full_name}.J{run}.{label}.{when:%Y%m%d-%H%M%S}",
+            }
             extra["rendezvous"] = {k: rendezvous[k] for k in ("backend", "endpoint", "id")}
-        argv = child_argv(job, run, label, devs, result, dataroot, test_argv, python=python,
-                          nproc=slot.nproc, launcher=slot.launcher, extra=extra,
-                          rendezvous=rendezvous)
+        argv = child_argv(
+            job,
+            run,
+            label,
+            devs,
+            result,
+            dataroot,
+            test_argv,
+            python=python,
+            nproc=slot.nproc,
+            launcher=slot.launcher,
+            extra=extra,
+            rendezvous=rendezvous,
+        )
         argv = wrap(argv, cg, job.prefix(values), use_cgexec, cpus=cpus)
         test_env = dict(env)
         argv, env = cluster.on_nodes(argv, env, list(slot.nodes), tag=f"{job.full_name}.{label}")
-        return Launch(name=job.full_name, job=job, run=run, device=label, devices=devs,
-                      argv=argv, env=env, cgroup=cg, concurrent=slot.concurrent,
-                      group=slot.group, log=f"{job.full_name}.J{run}.{label}.log",
-                      test_argv=test_argv, timeout=timeout, result_path=result,
-                      fail_path=fail, nodes=list(slot.nodes), cluster=cluster,
-                      launcher=slot.launcher, test_env=test_env, barrier_wave=wave_id,
-                      cpus=cpus, placeholders=values or None)
+        return Launch(
+            name=job.full_name,
+            job=job,
+            run=run,
+            device=label,
+            devices=devs,
+            argv=argv,
+            env=env,
+            cgroup=cg,
+            concurrent=slot.concurrent,
+            group=slot.group,
+            log=f"{job.full_name}.J{run}.{label}.log",
+            test_argv=test_argv,
+            timeout=timeout,
+            result_path=result,
+            fail_path=fail,
+            nodes=list(slot.nodes),
+            cluster=cluster,
+            launcher=slot.launcher,
+            test_env=test_env,
+            barrier_wave=wave_id,
+            cpus=cpus,
+            placeholders=values or None,
+        )
 
     waves = []
     for i, wave in enumerate(job.kind.expand(job, cluster)):

@@ -49,19 +49,30 @@ from ..formats.jsonfile import first_error, key_path, read_json
 SSH_LOST = 255
 
 #: ssh options: no prompt ever; a dead peer is noticed within about 30 s.
-SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15",
-               "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3")
+SSH_OPTIONS = (
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ConnectTimeout=15",
+    "-o",
+    "ServerAliveInterval=10",
+    "-o",
+    "ServerAliveCountMax=3",
+)
 
 #: The remote ``sh -c`` script in front of an ssh launch that has a barrier secret: it reads
 #: the secret as one line on stdin (never an argv: ``ps`` shows those to everyone), exports
 #: it and execs the command (stdin then /dev/null: nothing else arrives there). No line (the
 #: local side wrote none): exit 2, saying why, rather than meet the barrier without it.
-READ_SECRET = (f'IFS= read -r {ENV_SECRET} || {{ echo "milarun: no barrier secret on stdin" >&2; '
-               f'exit 2; }}; export {ENV_SECRET}; exec "$@" </dev/null')
+READ_SECRET = (
+    f'IFS= read -r {ENV_SECRET} || {{ echo "milarun: no barrier secret on stdin" >&2; '
+    f'exit 2; }}; export {ENV_SECRET}; exec "$@" </dev/null'
+)
 
 # Patterns of srun's messages when a node of the step is lost.
-_SLURM_LOST = re.compile(r"Node failure|node .* not responding|launch failed on node|NODE_FAIL",
-                         re.IGNORECASE)
+_SLURM_LOST = re.compile(
+    r"Node failure|node .* not responding|launch failed on node|NODE_FAIL", re.IGNORECASE
+)
 
 
 @dataclass
@@ -145,16 +156,23 @@ class Cluster:
         inner = ["env"] + [f"{k}={v}" for k, v in sorted(env.items())] + list(argv)
         if self.kind == "slurm":
             k = len(names)
-            head = ["srun", f"--nodes={k}", f"--ntasks={k}", "--ntasks-per-node=1",
-                    f"--nodelist={','.join(names)}", "--overlap", "--kill-on-bad-exit=1",
-                    "--cpu-bind=none", "--export=ALL"]
+            head = [
+                "srun",
+                f"--nodes={k}",
+                f"--ntasks={k}",
+                "--ntasks-per-node=1",
+                f"--nodelist={','.join(names)}",
+                "--overlap",
+                "--kill-on-bad-exit=1",
+                "--cpu-bind=none",
+                "--export=ALL",
+            ]
             if tag:
                 head.append(f"--job-name={tag}")
             return head + inner, secret
         # each agent learns which node it is (its record's per-node facts name it)
         read = ["sh", "-c", READ_SECRET, "milarun-secret"] if secret else []
-        agents = [ssh_argv(self.node(n), read + ["env", f"{ENV_NODE}={n}"] + inner)
-                  for n in names]
+        agents = [ssh_argv(self.node(n), read + ["env", f"{ENV_NODE}={n}"] + inner) for n in names]
         if len(agents) == 1:
             return agents[0], secret
         return [self.python, "-m", "milarun.launcher.fanout", json.dumps(agents)], secret
@@ -202,8 +220,10 @@ def ssh_argv(node, argv):
     if node.user:
         head += ["-l", node.user]
     remote = shlex.join(argv)
-    guarded = ("if setpriv --pdeathsig KILL -- true 2>/dev/null; then exec setpriv "
-               f"--pdeathsig KILL -- {remote}; else exec {remote}; fi")
+    guarded = (
+        "if setpriv --pdeathsig KILL -- true 2>/dev/null; then exec setpriv "
+        f"--pdeathsig KILL -- {remote}; else exec {remote}; fi"
+    )
     # "--" before the destination: an address can never be read as an option
     return head + ["--", node.address or node.name, guarded]
 
@@ -237,8 +257,9 @@ def slurm_cluster(devices, environ=None, run=_run):
     job = environ.get("SLURM_JOB_ID")
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if not job or not nodelist:
-        raise SetupError("not inside a Slurm allocation ($SLURM_JOB_ID and "
-                         "$SLURM_JOB_NODELIST are unset)")
+        raise SetupError(
+            "not inside a Slurm allocation ($SLURM_JOB_ID and $SLURM_JOB_NODELIST are unset)"
+        )
     names = run(["scontrol", "show", "hostnames", nodelist]).split()
     if not names:
         raise SetupError(f"$SLURM_JOB_NODELIST {nodelist!r} names no node")
@@ -285,17 +306,24 @@ def load_system(path, devices):
     config = beside(data.get("ssh_config"))
     for entry in data["nodes"]:
         port = entry.get("port")
-        nodes.append(Node(entry["name"], entry["address"], entry.get("user"),
-                          int(port) if port is not None else None, beside(entry.get("key")),
-                          bool(entry.get("main")), config))
+        nodes.append(
+            Node(
+                entry["name"],
+                entry["address"],
+                entry.get("user"),
+                int(port) if port is not None else None,
+                beside(entry.get("key")),
+                bool(entry.get("main")),
+                config,
+            )
+        )
     names = [n.name for n in nodes]
     for i, n in enumerate(names):
         if n in names[:i]:
             raise SetupError(f"nodes.{i}.name: {n!r} is given twice", path=path)
     mains = [i for i, n in enumerate(nodes) if n.main]
     if len(mains) > 1:
-        raise SetupError(f"nodes.{mains[1]}.main: only one node can be the main node",
-                         path=path)
+        raise SetupError(f"nodes.{mains[1]}.main: only one node can be the main node", path=path)
     first = mains[0] if mains else 0
     nodes.insert(0, nodes.pop(first))
     nodes[0].main = True
@@ -329,15 +357,18 @@ def portable(devices):
     if not any(a.portable_id for a in found.values()):
         return devices
     visible = devices.visible_ids(devices.indices)
-    visible = [found[i].portable_id if i in found and found[i].portable_id else v
-               for i, v in zip(devices.indices, visible)]
+    visible = [
+        found[i].portable_id if i in found and found[i].portable_id else v
+        for i, v in zip(devices.indices, visible)
+    ]
     return replace(devices, visible=visible)
 
 
 def probe_argv(cluster, name, path):
     """``(argv, env)`` that write ``path`` (a probe file) on node ``name``."""
-    return cluster.on_nodes(["sh", "-c", 'echo "$1" > "$2"', "probe", name, str(path)], {},
-                            [name], tag="milarun-probe")
+    return cluster.on_nodes(
+        ["sh", "-c", 'echo "$1" > "$2"', "probe", name, str(path)], {}, [name], tag="milarun-probe"
+    )
 
 
 def check_shared_outdir(cluster, outdir, timeout=60.0):
@@ -358,9 +389,19 @@ def check_shared_outdir(cluster, outdir, timeout=60.0):
         for node in cluster.nodes:  # every node at once: one timeout in all, not one per node
             argv, env = probe_argv(cluster, node.name, probes / node.name)
             try:
-                running.append((node, subprocess.Popen(
-                    argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+                running.append(
+                    (
+                        node,
+                        subprocess.Popen(
+                            argv,
+                            env={**os.environ, **env},
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE,
+                            text=True,
+                        ),
+                    )
+                )
             except OSError as exc:
                 raise SetupError(f"cannot run {argv[0]}: {exc.strerror}")
         deadline = time.monotonic() + timeout
@@ -370,23 +411,27 @@ def check_shared_outdir(cluster, outdir, timeout=60.0):
             except subprocess.TimeoutExpired:
                 for _, other in running:
                     other.kill()
-                raise SetupError(f"node {node.name}: no answer within {timeout:g} s "
-                                 f"({cluster.kind})")
+                raise SetupError(
+                    f"node {node.name}: no answer within {timeout:g} s ({cluster.kind})"
+                )
             if proc.returncode != 0:
                 for _, other in running:
                     other.kill()
                 detail = (err.strip().splitlines() or [f"status {proc.returncode}"])[-1]
-                raise SetupError(f"node {node.name}: cannot write to the results folder "
-                                 f"{outdir}: {detail}")
+                raise SetupError(
+                    f"node {node.name}: cannot write to the results folder {outdir}: {detail}"
+                )
         for node, _ in running:
             try:
                 seen = (probes / node.name).read_text().strip()
             except OSError:
                 seen = None
             if seen != node.name:
-                raise SetupError(f"node {node.name} wrote its probe but this host does not see "
-                                 f"it: the results folder {outdir} must be on a filesystem "
-                                 "every node shares")
+                raise SetupError(
+                    f"node {node.name} wrote its probe but this host does not see "
+                    f"it: the results folder {outdir} must be on a filesystem "
+                    "every node shares"
+                )
     finally:
         for p in probes.glob("*"):
             p.unlink(missing_ok=True)

@@ -136,9 +136,21 @@ class PerGPU(PlanType):
     def expand(self, job, cluster):
         idx = list(cluster.devices.indices)
         launcher = "torchrun" if job.launcher == "torchrun" else "python"
-        return [[Slot((node.name,), (i,), _on(cluster, node.name, str(i)), job.full_name,
-                      True, job.cgroup.format(device=i) if job.cgroup else None, launcher)
-                 for node in cluster.nodes for i in idx]]
+        return [
+            [
+                Slot(
+                    (node.name,),
+                    (i,),
+                    _on(cluster, node.name, str(i)),
+                    job.full_name,
+                    True,
+                    job.cgroup.format(device=i) if job.cgroup else None,
+                    launcher,
+                )
+                for node in cluster.nodes
+                for i in idx
+            ]
+        ]
 
 
 class _Steps(PlanType):
@@ -162,9 +174,20 @@ class GPUProgression(_Steps):
         idx = list(cluster.devices.indices)
         main = cluster.main.name
         launcher = "torchrun" if job.launcher == "torchrun" else "python"
-        return [[Slot((main,), tuple(idx[:k]), _on(cluster, main, _range_label(idx[:k])),
-                      f"{job.full_name}.{k}", False, None, launcher)]
-                for k in range(1, len(idx) + 1)]
+        return [
+            [
+                Slot(
+                    (main,),
+                    tuple(idx[:k]),
+                    _on(cluster, main, _range_label(idx[:k])),
+                    f"{job.full_name}.{k}",
+                    False,
+                    None,
+                    launcher,
+                )
+            ]
+            for k in range(1, len(idx) + 1)
+        ]
 
     def group(self, record):
         count = record.get("device_count")
@@ -180,8 +203,9 @@ class Normal(PlanType):
         idx = tuple(cluster.devices.indices)
         main = cluster.main.name
         launcher = "torchrun" if job.launcher == "torchrun" else "python"
-        return [[Slot((main,), idx, _on(cluster, main, "all"), job.full_name, False, None,
-                      launcher)]]
+        return [
+            [Slot((main,), idx, _on(cluster, main, "all"), job.full_name, False, None, launcher)]
+        ]
 
 
 class NJobs(PlanType):
@@ -189,9 +213,20 @@ class NJobs(PlanType):
 
     def expand(self, job, cluster):
         idx = tuple(cluster.devices.indices)
-        return [[Slot((node.name,), idx, _on(cluster, node.name, "all"), job.full_name,
-                      True, None, "torchrun")
-                 for node in cluster.nodes]]
+        return [
+            [
+                Slot(
+                    (node.name,),
+                    idx,
+                    _on(cluster, node.name, "all"),
+                    job.full_name,
+                    True,
+                    None,
+                    "torchrun",
+                )
+                for node in cluster.nodes
+            ]
+        ]
 
 
 class MultiNode(PlanType):
@@ -202,8 +237,9 @@ class MultiNode(PlanType):
     def expand(self, job, cluster):
         idx = tuple(cluster.devices.indices)
         nodes = tuple(n.name for n in cluster.nodes)
-        return [[Slot(nodes, idx, f"{len(nodes)}x{len(idx)}", job.full_name, False, None,
-                      "rendezvous")]]
+        return [
+            [Slot(nodes, idx, f"{len(nodes)}x{len(idx)}", job.full_name, False, None, "rendezvous")]
+        ]
 
 
 class NodeProgression(_Steps):
@@ -228,20 +264,36 @@ class NodeProgression(_Steps):
         kept, skipped = self.shapes(job, cluster)
         have = f"{len(cluster.nodes)} node(s) × {len(cluster.devices.indices)} device(s)"
         if not kept:
-            raise SetupError(f"{job.full_name}: no step of its node-progression fits this "
-                             f"cluster ({have}); partition_scheme asks for "
-                             f"{', '.join(f'{n}x{g}' for n, g in skipped)}")
+            raise SetupError(
+                f"{job.full_name}: no step of its node-progression fits this "
+                f"cluster ({have}); partition_scheme asks for "
+                f"{', '.join(f'{n}x{g}' for n, g in skipped)}"
+            )
         if skipped:
-            return [f"node-progression steps {', '.join(f'{n}x{g}' for n, g in skipped)} "
-                    f"left out: more than this cluster's {have}"]
+            return [
+                f"node-progression steps {', '.join(f'{n}x{g}' for n, g in skipped)} "
+                f"left out: more than this cluster's {have}"
+            ]
         return []
 
     def expand(self, job, cluster):
         idx = list(cluster.devices.indices)
         names = [n.name for n in cluster.nodes]
         kept, _ = self.shapes(job, cluster)
-        return [[Slot(tuple(names[:n]), tuple(idx[:g]), f"{n}x{g}", f"{job.full_name}.{n}x{g}",
-                      False, None, "rendezvous")] for n, g in kept]
+        return [
+            [
+                Slot(
+                    tuple(names[:n]),
+                    tuple(idx[:g]),
+                    f"{n}x{g}",
+                    f"{job.full_name}.{n}x{g}",
+                    False,
+                    None,
+                    "rendezvous",
+                )
+            ]
+            for n, g in kept
+        ]
 
     def shape(self, record):
         """``(nodes, devices per node)`` of a result record (1 node without node fields)."""
@@ -292,8 +344,10 @@ class MultiProcess(PlanType):
         n = len(cluster.devices.indices)
         if procs != want_p or (want_k is not None and k != int(want_k)):
             asked = f"{want_p} x {want_k}" if want_k is not None else f"{want_p} processes"
-            return [f"multi-process: {asked} asked; this node's {n} device(s) give "
-                    f"{procs} process(es) x {k} device(s)"]
+            return [
+                f"multi-process: {asked} asked; this node's {n} device(s) give "
+                f"{procs} process(es) x {k} device(s)"
+            ]
         return []
 
     def expand(self, job, cluster):
@@ -309,16 +363,31 @@ class MultiProcess(PlanType):
             cores = process_cpus(groups, affinity, host)
         except ValueError as exc:
             raise SetupError(f"{job.full_name}: {exc}") from None
-        return [[Slot((node.name,), tuple(idx[i] for i in group),
-                      _on(cluster, node.name, _range_label([idx[i] for i in group])),
-                      job.full_name, True, None, "python", tuple(cpus))
-                 for node in cluster.nodes for group, cpus in zip(groups, cores)]]
+        return [
+            [
+                Slot(
+                    (node.name,),
+                    tuple(idx[i] for i in group),
+                    _on(cluster, node.name, _range_label([idx[i] for i in group])),
+                    job.full_name,
+                    True,
+                    None,
+                    "python",
+                    tuple(cpus),
+                )
+                for node in cluster.nodes
+                for group, cpus in zip(groups, cores)
+            ]
+        ]
 
 
 #: The plan types' names, in the order the docs list them: the enum of
 #: ``partition_scheme.type`` in ``profile.schema.json``, the one list.
-NAMES = tuple(load_schema("profile")["$defs"]["job"]["properties"]["partition_scheme"]
-              ["properties"]["type"]["enum"])
+NAMES = tuple(
+    load_schema("profile")["$defs"]["job"]["properties"]["partition_scheme"]["properties"]["type"][
+        "enum"
+    ]
+)
 
 
 def _registry(*types):
@@ -326,15 +395,17 @@ def _registry(*types):
     every class its name (else the import fails, naming them)."""
     by_name = {t.name: t for t in types}
     if set(by_name) != set(NAMES):
-        raise ImportError("the plan types of milarun/plan/types.py and the enum of "
-                          "profile.schema.json differ: "
-                          + ", ".join(sorted(set(by_name) ^ set(NAMES))))
+        raise ImportError(
+            "the plan types of milarun/plan/types.py and the enum of "
+            "profile.schema.json differ: " + ", ".join(sorted(set(by_name) ^ set(NAMES)))
+        )
     return {name: by_name[name] for name in NAMES}
 
 
 #: name → plan type, in the order of :data:`NAMES`.
-TYPES = _registry(PerGPU(), GPUProgression(), Normal(), NJobs(), MultiNode(), NodeProgression(),
-                  MultiProcess())
+TYPES = _registry(
+    PerGPU(), GPUProgression(), Normal(), NJobs(), MultiNode(), NodeProgression(), MultiProcess()
+)
 
 
 def plan_type(name):

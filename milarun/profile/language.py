@@ -102,11 +102,27 @@ DEFAULT_TIMEOUT = 1800.0
 MAX_TIMEOUT_S = float(load_schema("profile")["$defs"]["job"]["properties"]["timeout"]["maximum"])
 PREPARE_FIELDS = {"dataroot", "outdir", "python", "milarun"}
 #: Placeholders an argument value may hold; the plan fills them for each launch.
-LAUNCH_FIELDS = ("arch", "cpu_per_gpu", "dataroot", "gpu_memory_gb", "n_gpu", "numa_node",
-                 "numa_remote", "outdir")
+LAUNCH_FIELDS = (
+    "arch",
+    "cpu_per_gpu",
+    "dataroot",
+    "gpu_memory_gb",
+    "n_gpu",
+    "numa_node",
+    "numa_remote",
+    "outdir",
+)
 #: What a template is filled with when it is checked: an 8-core student of one 80 GB GPU.
-EXAMPLE_VALUES = {"arch": "cuda", "cpu_per_gpu": 8, "dataroot": "/data", "gpu_memory_gb": 80,
-                  "n_gpu": 1, "numa_node": 0, "numa_remote": 1, "outdir": "/out"}
+EXAMPLE_VALUES = {
+    "arch": "cuda",
+    "cpu_per_gpu": 8,
+    "dataroot": "/data",
+    "gpu_memory_gb": 80,
+    "n_gpu": 1,
+    "numa_node": 0,
+    "numa_remote": 1,
+    "outdir": "/out",
+}
 #: The cgroup template's field, ``device``, and its name in milarun 2020 profiles.
 CGROUP_FIELDS = ("device", "CUDA_VISIBLE_DEVICES")
 #: Entry keys of the profile language: never part of a job's recorded definition.
@@ -123,8 +139,16 @@ MAX_INHERITS_DEPTH = 64
 MAX_INCLUDE_FILES = 256
 MAX_INCLUDE_DEPTH = 32
 #: Order of the keys in :meth:`Job.as_entry` (for the eye; only the arguments' order matters).
-_ENTRY_ORDER = ("experiment", "description", "arguments", "partition_scheme", "launcher",
-                "prepare", "exec_prefix", "timeout")
+_ENTRY_ORDER = (
+    "experiment",
+    "description",
+    "arguments",
+    "partition_scheme",
+    "launcher",
+    "prepare",
+    "exec_prefix",
+    "timeout",
+)
 
 
 @dataclass
@@ -270,8 +294,9 @@ def substitute(text, values):
         if name in values and not spec and not conv:
             out.append(_show_value(values[name]))
         else:
-            out.append("{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "")
-                       + "}")
+            out.append(
+                "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
+            )
     return "".join(out)
 
 
@@ -288,8 +313,13 @@ def _fill_matrix(value, values):
         return value
     try:
         parsed = list(string.Formatter().parse(value))
-        if (len(parsed) == 1 and parsed[0][0] == "" and parsed[0][1] in values
-                and not parsed[0][2] and not parsed[0][3]):
+        if (
+            len(parsed) == 1
+            and parsed[0][0] == ""
+            and parsed[0][1] in values
+            and not parsed[0][2]
+            and not parsed[0][3]
+        ):
             return values[parsed[0][1]]
         return substitute(value, values)
     except ValueError:
@@ -302,8 +332,7 @@ def _label(name):
 
 def _err(path, where, key, message):
     """``ProfileError`` ``<path>: <where>[, key '<key>']: <message>``."""
-    return ProfileError(f"{where}" + (f", key {key!r}" if key else "") + f": {message}",
-                        path=path)
+    return ProfileError(f"{where}" + (f", key {key!r}" if key else "") + f": {message}", path=path)
 
 
 def check_experiment(spec):
@@ -360,8 +389,9 @@ def _top_level_names(tree):
             names.add(n.name)
         elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
-            names |= {t.id for target in targets for t in ast.walk(target)
-                      if isinstance(t, ast.Name)}
+            names |= {
+                t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)
+            }
         elif isinstance(n, (ast.Import, ast.ImportFrom)):
             names |= {a.asname or a.name.split(".")[0] for a in n.names}
         elif isinstance(n, (ast.If, *_TRY, ast.With, ast.For, ast.While)):
@@ -386,7 +416,7 @@ def _find_spec(mod_name):
     for i in range(1, len(parts)):
         if found is None:
             return None
-        name = ".".join(parts[:i + 1])
+        name = ".".join(parts[: i + 1])
         parent = sys.modules.get(".".join(parts[:i]))
         if parent is not None:
             # loaded already (milarun.models, say): its own finders know best
@@ -395,7 +425,8 @@ def _find_spec(mod_name):
         if found.submodule_search_locations is None:
             raise ImportError(f"{'.'.join(parts[:i])!r} is not a package")
         found = importlib.machinery.PathFinder.find_spec(
-            name, list(found.submodule_search_locations))
+            name, list(found.submodule_search_locations)
+        )
     return found
 
 
@@ -407,8 +438,9 @@ def check_template(text, fields):
     ``{device!x}`` are caught here). Returns None when fine, else a message.
     """
     try:
-        parsed = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(text)
-                  if f is not None]
+        parsed = [
+            (f, spec, conv) for _, f, spec, conv in string.Formatter().parse(text) if f is not None
+        ]
     except ValueError as exc:
         return f"bad template {text!r} ({exc})"
     for f, spec, conv in parsed:
@@ -474,10 +506,14 @@ def validate_job(path, name, d, origin=None, experiments=None):
         experiments[spec] = check_experiment(spec)
     if experiments[spec]:
         raise fail(["experiment"], experiments[spec])
-    launch_strings = [(["arguments", flag], value) for flag, value
-                      in d.get("arguments", {}).items() if isinstance(value, str)]
-    launch_strings += [(["exec_prefix", i], value)
-                       for i, value in enumerate(d.get("exec_prefix", []))]
+    launch_strings = [
+        (["arguments", flag], value)
+        for flag, value in d.get("arguments", {}).items()
+        if isinstance(value, str)
+    ]
+    launch_strings += [
+        (["exec_prefix", i], value) for i, value in enumerate(d.get("exec_prefix", []))
+    ]
     for keys, value in launch_strings:
         if keys == ["exec_prefix", 0] and ("{" in value or "}" in value):
             # the launcher checks the program is installed before any launch fills it
@@ -515,6 +551,7 @@ def validate_job(path, name, d, origin=None, experiments=None):
 
 # --- reading: include, inherits, matrix ------------------------------------------------
 
+
 @dataclass
 class _Layer:
     """One file's text of one entry."""
@@ -548,8 +585,7 @@ def _real(path, referrer=None, inc=None):
         why = getattr(exc, "strerror", None) or "symlink loop"
         if referrer is None:
             raise ProfileError(f"cannot read profile ({why})", path=path)
-        raise ProfileError(f"key 'include': cannot read {inc!r} ({why}: {path})",
-                           path=referrer)
+        raise ProfileError(f"key 'include': cannot read {inc!r} ({why}: {path})", path=referrer)
 
 
 _AXIS_CHARS = re.compile(r"[^A-Za-z0-9_]")
@@ -585,12 +621,18 @@ def from_milabench(data):
         return data
     out = {}
     for name, entry in data.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("job"), dict)
-                and isinstance(entry.get("matrix"), dict)):
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("job"), dict)
+            and isinstance(entry.get("matrix"), dict)
+        ):
             out[name] = entry
             continue
-        renames = {axis: _AXIS_CHARS.sub("_", axis) for axis in entry["matrix"]
-                   if isinstance(axis, str) and _AXIS_CHARS.search(axis)}
+        renames = {
+            axis: _AXIS_CHARS.sub("_", axis)
+            for axis in entry["matrix"]
+            if isinstance(axis, str) and _AXIS_CHARS.search(axis)
+        }
         job = dict(entry["job"])
         new = {k: v for k, v in entry.items() if k != "job"}
         new["matrix"] = {renames.get(a, a): v for a, v in entry["matrix"].items()}
@@ -616,16 +658,20 @@ def _read(path, stack, files):
         target = Path(os.path.normpath(path.parent / inc))
         real = _real(target, path, inc)
         if real in stack:
-            chain = " → ".join(p.name for p in stack[stack.index(real):] + [real])
+            chain = " → ".join(p.name for p in stack[stack.index(real) :] + [real])
             raise ProfileError(f"key 'include': include cycle {chain}", path=path)
         # bounds: includes that fan out (each file including the next twice) would
         # read 2^depth files, and a long chain would exhaust Python's stack
         if len(stack) >= MAX_INCLUDE_DEPTH:
-            raise ProfileError(f"key 'include': includes nested deeper than "
-                               f"{MAX_INCLUDE_DEPTH} files", path=path)
+            raise ProfileError(
+                f"key 'include': includes nested deeper than {MAX_INCLUDE_DEPTH} files", path=path
+            )
         if len(files) >= MAX_INCLUDE_FILES:
-            raise ProfileError(f"key 'include': more than {MAX_INCLUDE_FILES} profile files "
-                               "read (a file included many times over)", path=path)
+            raise ProfileError(
+                f"key 'include': more than {MAX_INCLUDE_FILES} profile files "
+                "read (a file included many times over)",
+                path=path,
+            )
         if not target.is_file():
             raise ProfileError(f"key 'include': {inc!r} is not a file ({target})", path=path)
         for name, layers in _read(target, stack + [real], files).items():
@@ -685,36 +731,55 @@ class _Profile:
                 full = self._chains.get(cur, [cur]) + seen[-2::-1]
                 if len(full) > MAX_INHERITS_DEPTH:
                     shown = " → ".join(full[::-1][:3] + ["…", full[0]])
-                    raise _err(self.where_set(name, "inherits"), _label(name), "inherits",
-                               f"a chain of {len(full)} entries ({shown}); at most "
-                               f"{MAX_INHERITS_DEPTH}")
+                    raise _err(
+                        self.where_set(name, "inherits"),
+                        _label(name),
+                        "inherits",
+                        f"a chain of {len(full)} entries ({shown}); at most {MAX_INHERITS_DEPTH}",
+                    )
                 for i in range(len(full)):
-                    self._chains.setdefault(full[i], full[:i + 1])
+                    self._chains.setdefault(full[i], full[: i + 1])
                 return full
             if len(seen) > MAX_INHERITS_DEPTH:
                 shown = " → ".join(seen[:3] + ["…", seen[-1]])
-                raise _err(self.where_set(name, "inherits"), _label(name), "inherits",
-                           f"a chain of more than {MAX_INHERITS_DEPTH} entries ({shown})")
+                raise _err(
+                    self.where_set(name, "inherits"),
+                    _label(name),
+                    "inherits",
+                    f"a chain of more than {MAX_INHERITS_DEPTH} entries ({shown})",
+                )
             shown = " → ".join(seen + [parent])
             path = self.where_set(cur, "inherits")
             if parent in seen:
                 raise _err(path, _label(cur), "inherits", f"inherits cycle {shown}")
             if parent == "*":
-                raise _err(path, _label(cur), "inherits",
-                           "'*' is merged into every job already; it cannot be inherited")
+                raise _err(
+                    path,
+                    _label(cur),
+                    "inherits",
+                    "'*' is merged into every job already; it cannot be inherited",
+                )
             if parent not in self.entries:
-                raise _err(path, _label(cur), "inherits",
-                           f"unknown entry {parent!r} (chain {shown})")
+                raise _err(
+                    path, _label(cur), "inherits", f"unknown entry {parent!r} (chain {shown})"
+                )
             if not isinstance(self.merged(parent), dict):
-                raise _err(path, _label(cur), "inherits",
-                           f"entry {parent!r} is not an object (chain {shown})")
+                raise _err(
+                    path,
+                    _label(cur),
+                    "inherits",
+                    f"entry {parent!r} is not an object (chain {shown})",
+                )
             seen.append(parent)
 
     def layers(self, name):
         """The layers entry ``name`` resolves from: ``"*"``'s, then its chain's objects."""
-        return self.entries.get("*", []) + [layer for e in self.chain(name)
-                                            for layer in self.entries[e]
-                                            if isinstance(layer.data, dict)]
+        return self.entries.get("*", []) + [
+            layer
+            for e in self.chain(name)
+            for layer in self.entries[e]
+            if isinstance(layer.data, dict)
+        ]
 
     def resolved(self, name):
         """``"*"`` and the layers of ``name``'s chain, deep-merged in order (memoised:
@@ -742,8 +807,11 @@ class _Profile:
             for layer in self.entries[name]:
                 if isinstance(layer.data, dict) and "matrix" in layer.data:
                     new = layer.data["matrix"]
-                    out = (deep_merge(out, new) if isinstance(out, dict) and isinstance(new, dict)
-                           else copy.deepcopy(new))
+                    out = (
+                        deep_merge(out, new)
+                        if isinstance(out, dict) and isinstance(new, dict)
+                        else copy.deepcopy(new)
+                    )
             self._matrices[name] = out
         return self._matrices[name]
 
@@ -767,8 +835,9 @@ class _Profile:
         if star:
             for key in ("inherits", "matrix", "name", "enabled"):
                 if key in self.merged("*"):
-                    raise _err(self.where_set("*", key), "job '*'", key,
-                               "not allowed in the defaults")
+                    raise _err(
+                        self.where_set("*", key), "job '*'", key, "not allowed in the defaults"
+                    )
         names = []
         for name in self.entries:
             if name == "*" or name.startswith("_"):
@@ -782,19 +851,29 @@ class _Profile:
             total += self.count(name)
             if total > MAX_JOBS:
                 has_matrix = self.matrix(name) is not None
-                path = (self.origin(self.layers(name), name, name)(["matrix"])[0]
-                        if has_matrix else self.entries[name][-1].path)
-                raise _err(path, f"job {name!r}", "matrix" if has_matrix else None,
-                           f"the profile makes more than {MAX_JOBS} jobs ({total} with this "
-                           "entry's)")
+                path = (
+                    self.origin(self.layers(name), name, name)(["matrix"])[0]
+                    if has_matrix
+                    else self.entries[name][-1].path
+                )
+                raise _err(
+                    path,
+                    f"job {name!r}",
+                    "matrix" if has_matrix else None,
+                    f"the profile makes more than {MAX_JOBS} jobs ({total} with this entry's)",
+                )
         jobs, made_by = [], {}
         for name in names:
             layers = self.layers(name)
             for job in self.expand(name, self.resolved(name), layers, suite):
                 if job.name in made_by:
-                    raise _err(self.where_set(name, "name"), f"job {name!r}", "name",
-                               f"makes job {job.name!r} again (already made by entry "
-                               f"{made_by[job.name]!r})")
+                    raise _err(
+                        self.where_set(name, "name"),
+                        f"job {name!r}",
+                        "name",
+                        f"makes job {job.name!r} again (already made by entry "
+                        f"{made_by[job.name]!r})",
+                    )
                 made_by[job.name] = name
                 jobs.append(job)
         for name in self.entries:
@@ -804,6 +883,7 @@ class _Profile:
 
     def origin(self, layers, entry, job):
         """``f(keys) -> (path, where)``: the layer that wrote ``keys`` of ``job``."""
+
         def label(source):
             return f"job {job!r}" if source in ("*", job) else f"job {job!r} (from {source!r})"
 
@@ -812,10 +892,12 @@ class _Profile:
                 if _has(layer.data, keys):
                     return layer.path, label(layer.entry)
             return self.entries[entry][-1].path, label(entry)
+
         return find
 
     def expand(self, name, resolved, layers, suite):
         """The jobs of entry ``name`` (one, or one per point of its matrix)."""
+
         def fail(keys, message, job=name):
             path, where = self.origin(layers, name, job)(keys)
             return _err(path, where, key_path(keys), message)
@@ -836,18 +918,26 @@ class _Profile:
             validate_job(self.path, job_name, d, origin, self._experiments)
             part = d.get("partition_scheme", {})
             cg = part.get("cgroup")
-            out.append(Job(
-                suite=suite, name=job_name, experiment=d["experiment"],
-                arguments=dict(d.get("arguments", {})),
-                plan_type=part.get("type", "per-gpu"),
-                cgroup=None if cg is None else substitute(cg, {"CUDA_VISIBLE_DEVICES":
-                                                               "{device}"}),
-                prepare=list(d.get("prepare", [])),
-                exec_prefix=list(d.get("exec_prefix", [])),
-                timeout=float(d.get("timeout", DEFAULT_TIMEOUT)),
-                launcher=d.get("launcher", "python"), definition=d,
-                tags=list(resolved.get("tags", [])),
-                group=resolved.get("group") or name, matrix=values))
+            out.append(
+                Job(
+                    suite=suite,
+                    name=job_name,
+                    experiment=d["experiment"],
+                    arguments=dict(d.get("arguments", {})),
+                    plan_type=part.get("type", "per-gpu"),
+                    cgroup=None
+                    if cg is None
+                    else substitute(cg, {"CUDA_VISIBLE_DEVICES": "{device}"}),
+                    prepare=list(d.get("prepare", [])),
+                    exec_prefix=list(d.get("exec_prefix", [])),
+                    timeout=float(d.get("timeout", DEFAULT_TIMEOUT)),
+                    launcher=d.get("launcher", "python"),
+                    definition=d,
+                    tags=list(resolved.get("tags", [])),
+                    group=resolved.get("group") or name,
+                    matrix=values,
+                )
+            )
         return out
 
     def points(self, name, resolved, fail):
@@ -858,8 +948,10 @@ class _Profile:
         axes = list(matrix)
         for axis in axes:
             if axis in LAUNCH_FIELDS:
-                raise fail(["matrix", axis], f"axis {axis!r} is a launch placeholder; "
-                                             "give the axis another name")
+                raise fail(
+                    ["matrix", axis],
+                    f"axis {axis!r} is a launch placeholder; give the axis another name",
+                )
         problem = check_template(template, {a: "x" for a in axes})
         if problem:
             if problem.startswith("unknown placeholder"):
@@ -870,7 +962,7 @@ class _Profile:
             raise fail(["matrix"], f"{count} combinations; at most {MAX_MATRIX_JOBS}")
         used = template_fields(template)
         arguments = resolved.get("arguments")
-        for value in (arguments.values() if isinstance(arguments, dict) else ()):
+        for value in arguments.values() if isinstance(arguments, dict) else ():
             if isinstance(value, str):
                 used |= template_fields(value)
         for axis in axes:
@@ -880,8 +972,10 @@ class _Profile:
         for combo in itertools.product(*matrix.values()):
             values = dict(zip(axes, combo))
             # a placeholder value ("{cpu_per_gpu}") shows in the name without its braces
-            job_name = substitute(template, {a: _show_value(v).replace("{", "").replace("}", "")
-                                             for a, v in values.items()})
+            job_name = substitute(
+                template,
+                {a: _show_value(v).replace("{", "").replace("}", "") for a, v in values.items()},
+            )
             found = first_error(job_name, "common#/$defs/job_name")
             if found:
                 raise fail(["name"], f"makes {job_name!r}: {found[1]}")
@@ -917,15 +1011,19 @@ def select_jobs(jobs, path, names=None, select=None, exclude=None):
         known = [j.name for j in jobs]
         for n in names:
             if n not in known:
-                raise ProfileError(f"unknown job name {n!r} (--name); known: {', '.join(known)}",
-                                   path=path)
+                raise ProfileError(
+                    f"unknown job name {n!r} (--name); known: {', '.join(known)}", path=path
+                )
         jobs = [j for j in jobs if j.name in names]
     for flag, tokens in (("--select", select), ("--exclude", exclude)):
         for token in tokens or ():
             if not any(j.matches(token) for j in everything):
                 tags = sorted({t for j in everything for t in j.tags})
-                raise ProfileError(f"{token!r} ({flag}) is no job name, group or tag of this "
-                                   f"profile; tags: {', '.join(tags) or 'none'}", path=path)
+                raise ProfileError(
+                    f"{token!r} ({flag}) is no job name, group or tag of this "
+                    f"profile; tags: {', '.join(tags) or 'none'}",
+                    path=path,
+                )
     if select:
         jobs = [j for j in jobs if any(j.matches(t) for t in select)]
     if exclude:
@@ -956,8 +1054,11 @@ def load_profile(path, names=None, select=None, exclude=None):
     suite = path.stem
     found = first_error(suite, "common#/$defs/job_name")
     if found:
-        raise ProfileError(f"the file name {suite!r} is not a valid suite name: it becomes the "
-                           "suite of every result (letters, digits, '_' and '-')", path=path)
+        raise ProfileError(
+            f"the file name {suite!r} is not a valid suite name: it becomes the "
+            "suite of every result (letters, digits, '_' and '-')",
+            path=path,
+        )
     jobs = _Profile(path, entries).jobs(suite)
     if not jobs:
         raise ProfileError("the profile defines no job", path=path)

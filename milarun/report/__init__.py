@@ -36,9 +36,18 @@ from .table import (
 )
 from .text import render_text as _render_text
 
-__all__ = ["Report", "build_report", "check_weights", "load_weights", "weight_for",
-           "make_report", "render_text", "render_html", "shipped_weights",
-           "inputs_of"]
+__all__ = [
+    "Report",
+    "build_report",
+    "check_weights",
+    "load_weights",
+    "weight_for",
+    "make_report",
+    "render_text",
+    "render_html",
+    "shipped_weights",
+    "inputs_of",
+]
 
 
 def render_text(report):
@@ -48,8 +57,9 @@ def render_text(report):
 
 def render_html(report, records=None, results_dir=None, generated=None, html_path=None):
     """HTML report (see :func:`milarun.report.html.render_html`)."""
-    return _render_html(report, records=records, results_dir=results_dir,
-                        generated=generated, html_path=html_path)
+    return _render_html(
+        report, records=records, results_dir=results_dir, generated=generated, html_path=html_path
+    )
 
 
 def shipped_weights(suite):
@@ -78,8 +88,7 @@ def summary_suites(summary):
     return sorted(suites) if suites else sorted({g.split(".")[0] for g in summary["tests"]})
 
 
-def inputs_of(source, summary, count, weights, weights_default, compare, price,
-              families=None):
+def inputs_of(source, summary, count, weights, weights_default, compare, price, families=None):
     """What the report's header names (see :func:`milarun.report.text.header_items`).
 
     ``count`` is the number of records read, None for a summary file.
@@ -113,11 +122,25 @@ def inputs_of(source, summary, count, weights, weights_default, compare, price,
 # one block around the summary and the HTML: the plots reuse each result's steady
 # state and anomaly flags that the summary computed
 @steady_states_once()
-def make_report(source, weights=None, compare=None, price=None, compare_gpus=False,
-                penalize_variance=True, title=None, html=None, warn=None,
-                compare_nodes=False, node_threshold=None, throughput="effective",
-                unweighted=False, thresholds=None, burn_threshold=None, family=None,
-                cache=True):
+def make_report(
+    source,
+    weights=None,
+    compare=None,
+    price=None,
+    compare_gpus=False,
+    penalize_variance=True,
+    title=None,
+    html=None,
+    warn=None,
+    compare_nodes=False,
+    node_threshold=None,
+    throughput="effective",
+    unweighted=False,
+    thresholds=None,
+    burn_threshold=None,
+    family=None,
+    cache=True,
+):
     """Build the report of ``source`` (results dir or summary file).
 
     ``weights`` and ``compare`` are file paths (or ``None``); ``price`` is in
@@ -155,14 +178,16 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
     if weights and unweighted:
         raise MilarunError("--weights and --unweighted exclude each other")
     weights_map = load_weights(weights) if weights else None
-    burn_threshold = BURN_THRESHOLD_PCT if burn_threshold is None \
-        else check_burn_threshold(burn_threshold)
+    burn_threshold = (
+        BURN_THRESHOLD_PCT if burn_threshold is None else check_burn_threshold(burn_threshold)
+    )
     clauses = read_thresholds(thresholds) if thresholds else None
     baseline = read_summary(compare) if compare else None
     if price is not None and not price > 0:
         raise MilarunError(f"--price must be a positive number of dollars, not {price!r}")
-    inputs = load_inputs(source, warn or sys.stderr, plots=bool(html),
-                         cache=Cache.from_env() if cache else None)
+    inputs = load_inputs(
+        source, warn or sys.stderr, plots=bool(html), cache=Cache.from_env() if cache else None
+    )
     summary = inputs.summary
     weights_default = False
     if weights is None and not unweighted:
@@ -170,28 +195,45 @@ def make_report(source, weights=None, compare=None, price=None, compare_gpus=Fal
         default = shipped_weights(suites[0]) if len(suites) == 1 else None
         if default is not None:
             weights, weights_map, weights_default = default, load_weights(default), True
-    report = build_report(summary, weights=weights_map, baseline=baseline, price=price,
-                          penalize_variance=penalize_variance, compare_gpus=compare_gpus,
-                          title=title, compare_nodes=compare_nodes,
-                          node_threshold=node_threshold, throughput=throughput,
-                          families=families)
+    report = build_report(
+        summary,
+        weights=weights_map,
+        baseline=baseline,
+        price=price,
+        penalize_variance=penalize_variance,
+        compare_gpus=compare_gpus,
+        title=title,
+        compare_nodes=compare_nodes,
+        node_threshold=node_threshold,
+        throughput=throughput,
+        families=families,
+    )
     report.io = io_tables(summary, points=inputs.io_points)
     report.llm = llm_rows(summary["tests"])
     report.acceptance = acceptance_sections(summary["tests"], burn_threshold)
-    report.acceptance_verdict = (verdict(clauses, summary["tests"]) if clauses is not None
-                                 else None)
-    report.inputs = inputs_of(source, summary, inputs.count, weights, weights_default, compare,
-                              price, families)
-    if inputs.foreign:      # records no session of the folder wrote: named, not scored
+    report.acceptance_verdict = verdict(clauses, summary["tests"]) if clauses is not None else None
+    report.inputs = inputs_of(
+        source, summary, inputs.count, weights, weights_default, compare, price, families
+    )
+    if inputs.foreign:  # records no session of the folder wrote: named, not scored
         report.inputs["foreign"] = list(inputs.foreign)
     for diff in report.host_diffs:
-        print(f"milarun: warning: {compare}: host fact differs from the baseline's: "
-              f"{diff_line(diff)}", file=warn or sys.stderr)
+        print(
+            f"milarun: warning: {compare}: host fact differs from the baseline's: "
+            f"{diff_line(diff)}",
+            file=warn or sys.stderr,
+        )
     text = render_text(report)
     if html:
         generated = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        page = _render_html(report, results_dir=inputs.results_dir, generated=generated,
-                            html_path=html, plots=inputs.plots, traces=inputs.traces)
+        page = _render_html(
+            report,
+            results_dir=inputs.results_dir,
+            generated=generated,
+            html_path=html,
+            plots=inputs.plots,
+            traces=inputs.traces,
+        )
         write_text(html, page)
     return report, text
 

@@ -27,8 +27,14 @@ from .plots import svg_text
 #: The collectives in the order the tests measure them.
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 #: Host-device copy figures, as the summary names them (without ``_gbps``).
-COPIES = ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable", "bidir_pinned",
-          "bidir_pageable")
+COPIES = (
+    "h2d_pinned",
+    "h2d_pageable",
+    "d2h_pinned",
+    "d2h_pageable",
+    "bidir_pinned",
+    "bidir_pageable",
+)
 KERNELS = ("copy", "scale", "add", "triad")
 
 
@@ -71,17 +77,22 @@ def acceptance_sections(tests, burn_threshold=BURN_THRESHOLD_PCT):
         section = {"test": name, "kind": kind}
         if kind == "collectives":
             section.update(_collectives(body))
-            section["shape"] = (f"{test['node_count']}x{test['gpus_per_node']}"
-                                if test.get("node_count") and test.get("gpus_per_node")
-                                else None)
+            section["shape"] = (
+                f"{test['node_count']}x{test['gpus_per_node']}"
+                if test.get("node_count") and test.get("gpus_per_node")
+                else None
+            )
         elif kind == "bandwidth":
             section.update(body)
         elif kind == "matmul":
-            section["precisions"] = [{**p, "ratio": _ratio(p.get("best_tflops"),
-                                                           p.get("peak_tflops")),
-                                      "ratio_min": _ratio(p.get("best_tflops_min"),
-                                                          p.get("peak_tflops"))}
-                                     for p in body]
+            section["precisions"] = [
+                {
+                    **p,
+                    "ratio": _ratio(p.get("best_tflops"), p.get("peak_tflops")),
+                    "ratio_min": _ratio(p.get("best_tflops_min"), p.get("peak_tflops")),
+                }
+                for p in body
+            ]
         else:
             section.update(burn_table(body.get("gpus") or [], burn_threshold))
         out.append(section)
@@ -93,22 +104,31 @@ def _collectives(body):
     peak = body.get("expected_busbw_gbps")
     ops = []
     for op in [o for o in OPS if any(r["op"] == o for r in rows)] + sorted(
-            {r["op"] for r in rows} - set(OPS)):
+        {r["op"] for r in rows} - set(OPS)
+    ):
         mine = [r for r in rows if r["op"] == op and r.get("busbw_gbps") is not None]
         if not mine:
             continue
         best = max(mine, key=lambda r: r["busbw_gbps"])
         last = mine[-1]
-        ops.append({"op": op, "best": best["busbw_gbps"], "best_bytes": best["bytes"],
-                    "largest": last["busbw_gbps"], "largest_bytes": last["bytes"],
-                    "ratio": _ratio(best["busbw_gbps"], peak),
-                    "ranks": best.get("ranks")})
+        ops.append(
+            {
+                "op": op,
+                "best": best["busbw_gbps"],
+                "best_bytes": best["bytes"],
+                "largest": last["busbw_gbps"],
+                "largest_bytes": last["bytes"],
+                "ratio": _ratio(best["busbw_gbps"], peak),
+                "ranks": best.get("ranks"),
+            }
+        )
     return {"rows": rows, "peak": peak, "bound": body.get("expected_bound"), "ops": ops}
 
 
 def _table(header, body, indent="  "):
-    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h)
-              for i, h in enumerate(header)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)
+    ]
     lines = [indent + "  ".join(f"{h:>{w}}" for h, w in zip(header, widths))]
     lines += [indent + "  ".join(f"{c:>{w}}" for c, w in zip(r, widths)) for r in body]
     return lines
@@ -127,10 +147,23 @@ def scaling_table(sections):
     for s in groups:
         best = {o["op"]: o for o in s["ops"]}
         ranks = max((o["ranks"] for o in s["ops"] if o.get("ranks")), default=None)
-        rows.append([s["test"], s.get("shape") or "-", fmt_num(ranks, "d"),
-                     *(("-" if op not in best else _gb(best[op]["best"])
-                        + ("" if best[op]["ratio"] is None else f" ({_pct(best[op]['ratio'])})"))
-                       for op in ops), _gb(s["peak"])])
+        rows.append(
+            [
+                s["test"],
+                s.get("shape") or "-",
+                fmt_num(ranks, "d"),
+                *(
+                    (
+                        "-"
+                        if op not in best
+                        else _gb(best[op]["best"])
+                        + ("" if best[op]["ratio"] is None else f" ({_pct(best[op]['ratio'])})")
+                    )
+                    for op in ops
+                ),
+                _gb(s["peak"]),
+            ]
+        )
     return header, rows
 
 
@@ -144,8 +177,10 @@ def text_lines(sections, verdict=None):
     table = scaling_table(sections)
     if table is not None:
         lines.append("")
-        lines.append("acceptance collectives across groups: best busbw (GB/s; of the expected "
-                     "peak) as nodes are added")
+        lines.append(
+            "acceptance collectives across groups: best busbw (GB/s; of the expected "
+            "peak) as nodes are added"
+        )
         lines += _table(*table)
     if verdict is not None:
         lines.append("")
@@ -157,67 +192,111 @@ def _section_lines(s):
     test, kind = s["test"], s["kind"]
     if kind == "collectives":
         peak = s["peak"]
-        lines = [f"acceptance {test}: collectives, bus bandwidth (GB/s; nccl-tests' busbw); "
-                 f"expected peak {_gb(peak)} GB/s" + (f" ({s['bound']})" if s["bound"] else "")
-                 + ("" if peak else " (none recorded: no ratio)")]
-        lines += _table(["collective", "ranks", "best busbw", "at", "of peak",
-                         "busbw at largest", "largest"],
-                        [[o["op"], fmt_num(o["ranks"], "d"), _gb(o["best"]),
-                          size_text(o["best_bytes"]), _pct(o["ratio"]), _gb(o["largest"]),
-                          size_text(o["largest_bytes"])] for o in s["ops"]])
+        lines = [
+            f"acceptance {test}: collectives, bus bandwidth (GB/s; nccl-tests' busbw); "
+            f"expected peak {_gb(peak)} GB/s"
+            + (f" ({s['bound']})" if s["bound"] else "")
+            + ("" if peak else " (none recorded: no ratio)")
+        ]
+        lines += _table(
+            ["collective", "ranks", "best busbw", "at", "of peak", "busbw at largest", "largest"],
+            [
+                [
+                    o["op"],
+                    fmt_num(o["ranks"], "d"),
+                    _gb(o["best"]),
+                    size_text(o["best_bytes"]),
+                    _pct(o["ratio"]),
+                    _gb(o["largest"]),
+                    size_text(o["largest_bytes"]),
+                ]
+                for o in s["ops"]
+            ],
+        )
         ops = [o["op"] for o in s["ops"]]
         sizes = sorted({r["bytes"] for r in s["rows"]})
         cell = {(r["op"], r["bytes"]): r.get("busbw_gbps") for r in s["rows"]}
         lines.append("  busbw (GB/s) by message size:")
-        lines += _table(["size", *ops], [[size_text(b), *(_gb(cell.get((o, b))) for o in ops)]
-                                         for b in sizes])
+        lines += _table(
+            ["size", *ops], [[size_text(b), *(_gb(cell.get((o, b))) for o in ops)] for b in sizes]
+        )
         return lines
     if kind == "bandwidth":
         lines = [f"acceptance {test}: copies and memory bandwidth (GB/s)"]
         if s.get("not_applicable") and not s.get("copies"):
             lines.append("  host-device and device-device copies: not applicable (no GPU)")
         if s.get("copies"):
-            lines += _table(["gpu", *COPIES],
-                            [[_where({**c, "device": c["gpu"]}),
-                              *(_gb(c.get(f"{k}_gbps")) for k in COPIES)]
-                             for c in s["copies"]])
+            lines += _table(
+                ["gpu", *COPIES],
+                [
+                    [_where({**c, "device": c["gpu"]}), *(_gb(c.get(f"{k}_gbps")) for k in COPIES)]
+                    for c in s["copies"]
+                ],
+            )
         for node, matrix in d2d_matrices(s.get("d2d") or []):
-            lines.append("  device to device" + (f" on {node}" if node else "")
-                         + " (row: source, column: destination; * no peer access):")
-            lines += _table(["src\\dst", *map(str, matrix["gpus"])],
-                            [[str(src), *matrix["cells"][i]]
-                             for i, src in enumerate(matrix["gpus"])])
+            lines.append(
+                "  device to device"
+                + (f" on {node}" if node else "")
+                + " (row: source, column: destination; * no peer access):"
+            )
+            lines += _table(
+                ["src\\dst", *map(str, matrix["gpus"])],
+                [[str(src), *matrix["cells"][i]] for i, src in enumerate(matrix["gpus"])],
+            )
         if s.get("stream"):
             lines.append("  STREAM (best of the runs):")
-            lines += _table(["device", *KERNELS],
-                            [[_where(r), *(_gb(r.get(f"{k}_gbps")) for k in KERNELS)]
-                             for r in s["stream"]])
+            lines += _table(
+                ["device", *KERNELS],
+                [[_where(r), *(_gb(r.get(f"{k}_gbps")) for k in KERNELS)] for r in s["stream"]],
+            )
         return lines
     if kind == "matmul":
-        lines = [f"acceptance {test}: matmul TFLOP/s by precision: fixed shape, best of the "
-                 f"shape sweep (median and lowest of the GPUs), against the datasheet peak"]
+        lines = [
+            f"acceptance {test}: matmul TFLOP/s by precision: fixed shape, best of the "
+            f"shape sweep (median and lowest of the GPUs), against the datasheet peak"
+        ]
         body = []
         for p in s["precisions"]:
             if not p.get("supported"):
-                body.append([p["precision"], "-", "-", "-", "not supported on this device",
-                             "-", "-"])
+                body.append(
+                    [p["precision"], "-", "-", "-", "not supported on this device", "-", "-"]
+                )
                 continue
-            body.append([p["precision"], _gb(p.get("tflops")), _gb(p.get("best_tflops")),
-                         _gb(p.get("best_tflops_min")), p.get("best_shape") or "-",
-                         fmt_num(p.get("peak_tflops"), ".4g"), _pct(p.get("ratio"))])
-        lines += _table(["precision", "TFLOP/s", "best", "lowest", "shape", "peak",
-                         "of peak"], body)
+            body.append(
+                [
+                    p["precision"],
+                    _gb(p.get("tflops")),
+                    _gb(p.get("best_tflops")),
+                    _gb(p.get("best_tflops_min")),
+                    p.get("best_shape") or "-",
+                    fmt_num(p.get("peak_tflops"), ".4g"),
+                    _pct(p.get("ratio")),
+                ]
+            )
+        lines += _table(
+            ["precision", "TFLOP/s", "best", "lowest", "shape", "peak", "of peak"], body
+        )
         return lines
-    lines = [f"acceptance {test}: burn-in per GPU: TFLOP/s against the median of all GPUs "
-             f"({_gb(s['median'])}); SLOW: more than {s['threshold']:g}% below it"]
-    lines += _table(["gpu", "run", "TFLOP/s", "vs median", "throttled", "clock MHz start",
-                     "steady", "flags"],
-                    [[_where(g), fmt_num(g.get("run"), "d"), _gb(g.get("tflops")),
-                      "-" if g["pct"] is None else f"{g['pct']:+.1f}%",
-                      _pct(g.get("throttled_fraction")),
-                      fmt_num(g.get("clock_start_mhz"), ".0f"),
-                      fmt_num(g.get("clock_steady_mhz"), ".0f"),
-                      " ".join(g["flags"]) or "ok"] for g in s["gpus"]])
+    lines = [
+        f"acceptance {test}: burn-in per GPU: TFLOP/s against the median of all GPUs "
+        f"({_gb(s['median'])}); SLOW: more than {s['threshold']:g}% below it"
+    ]
+    lines += _table(
+        ["gpu", "run", "TFLOP/s", "vs median", "throttled", "clock MHz start", "steady", "flags"],
+        [
+            [
+                _where(g),
+                fmt_num(g.get("run"), "d"),
+                _gb(g.get("tflops")),
+                "-" if g["pct"] is None else f"{g['pct']:+.1f}%",
+                _pct(g.get("throttled_fraction")),
+                fmt_num(g.get("clock_start_mhz"), ".0f"),
+                fmt_num(g.get("clock_steady_mhz"), ".0f"),
+                " ".join(g["flags"]) or "ok",
+            ]
+            for g in s["gpus"]
+        ],
+    )
     return lines
 
 
@@ -231,9 +310,18 @@ def d2d_matrices(cells):
         gpus = sorted({c["src"] for c in mine} | {c["dst"] for c in mine})
         at = {(c["src"], c["dst"]): c for c in mine}
         values = [[(at.get((s, d)) or {}).get("gbps") for d in gpus] for s in gpus]
-        text = [[("-" if (s, d) not in at else _gb(at[(s, d)].get("gbps"))
-                  + ("*" if at[(s, d)].get("peer") is False else "")) for d in gpus]
-                for s in gpus]
+        text = [
+            [
+                (
+                    "-"
+                    if (s, d) not in at
+                    else _gb(at[(s, d)].get("gbps"))
+                    + ("*" if at[(s, d)].get("peer") is False else "")
+                )
+                for d in gpus
+            ]
+            for s in gpus
+        ]
         out.append((node, {"gpus": gpus, "cells": text, "values": values}))
     return out
 
@@ -242,14 +330,16 @@ def verdict_lines(clauses):
     """``acceptance thresholds: PASS|FAIL (k of n clauses failed)`` and one line per clause."""
     failed = sum(not c["ok"] for c in clauses)
     head = "PASS" if not failed else "FAIL"
-    lines = [f"acceptance thresholds: {head} ({len(clauses) - failed} of {len(clauses)} "
-             f"clause(s) passed)"]
-    lines += [f"  {'PASS' if c['ok'] else 'FAIL'}  {c['clause']}: {c['detail']}"
-              for c in clauses]
+    lines = [
+        f"acceptance thresholds: {head} ({len(clauses) - failed} of {len(clauses)} "
+        f"clause(s) passed)"
+    ]
+    lines += [f"  {'PASS' if c['ok'] else 'FAIL'}  {c['clause']}: {c['detail']}" for c in clauses]
     return lines
 
 
 # --- the HTML view --------------------------------------------------------------------------
+
 
 def html_view(sections, verdict_, plotter):
     """What ``acceptance.html.j2`` shows: the sections' tables as text cells and their plots
@@ -266,50 +356,94 @@ def html_view(sections, verdict_, plotter):
         if s["kind"] == "collectives":
             view["peak"] = _gb(s["peak"])
             view["bound"] = s["bound"]
-            view["ops"] = [[o["op"], fmt_num(o["ranks"], "d"), _gb(o["best"]),
-                            size_text(o["best_bytes"]), _pct(o["ratio"]), _gb(o["largest"]),
-                            size_text(o["largest_bytes"])] for o in s["ops"]]
+            view["ops"] = [
+                [
+                    o["op"],
+                    fmt_num(o["ranks"], "d"),
+                    _gb(o["best"]),
+                    size_text(o["best_bytes"]),
+                    _pct(o["ratio"]),
+                    _gb(o["largest"]),
+                    size_text(o["largest_bytes"]),
+                ]
+                for o in s["ops"]
+            ]
             view["svg"] = markup(busbw_plot(plotter, s["rows"], s["peak"]))
         elif s["kind"] == "bandwidth":
-            view["copies"] = [[_where({**c, "device": c["gpu"]}),
-                               *(_gb(c.get(f"{k}_gbps")) for k in COPIES)]
-                              for c in s.get("copies") or []]
+            view["copies"] = [
+                [_where({**c, "device": c["gpu"]}), *(_gb(c.get(f"{k}_gbps")) for k in COPIES)]
+                for c in s.get("copies") or []
+            ]
             view["not_applicable"] = bool(s.get("not_applicable") and not s.get("copies"))
-            view["d2d"] = [{"node": node, "gpus": m["gpus"], "cells": m["cells"],
-                            "svg": markup(d2d_heatmap(plotter, m, node))}
-                           for node, m in d2d_matrices(s.get("d2d") or [])]
-            view["stream"] = [[_where(r), *(_gb(r.get(f"{k}_gbps")) for k in KERNELS)]
-                              for r in s.get("stream") or []]
+            view["d2d"] = [
+                {
+                    "node": node,
+                    "gpus": m["gpus"],
+                    "cells": m["cells"],
+                    "svg": markup(d2d_heatmap(plotter, m, node)),
+                }
+                for node, m in d2d_matrices(s.get("d2d") or [])
+            ]
+            view["stream"] = [
+                [_where(r), *(_gb(r.get(f"{k}_gbps")) for k in KERNELS)]
+                for r in s.get("stream") or []
+            ]
         elif s["kind"] == "matmul":
             view["precisions"] = [
-                [p["precision"], _gb(p.get("tflops")), _gb(p.get("best_tflops")),
-                 _gb(p.get("best_tflops_min")), p.get("best_shape") or "-",
-                 fmt_num(p.get("peak_tflops"), ".4g"), _pct(p.get("ratio"))]
-                if p.get("supported") else
-                [p["precision"], "-", "-", "-", "not supported on this device", "-", "-"]
-                for p in s["precisions"]]
+                [
+                    p["precision"],
+                    _gb(p.get("tflops")),
+                    _gb(p.get("best_tflops")),
+                    _gb(p.get("best_tflops_min")),
+                    p.get("best_shape") or "-",
+                    fmt_num(p.get("peak_tflops"), ".4g"),
+                    _pct(p.get("ratio")),
+                ]
+                if p.get("supported")
+                else [p["precision"], "-", "-", "-", "not supported on this device", "-", "-"]
+                for p in s["precisions"]
+            ]
         else:
             view["median"] = _gb(s["median"])
             view["threshold"] = f"{s['threshold']:g}"
-            view["gpus"] = [{"cells": [_where(g), fmt_num(g.get("run"), "d"), _gb(g.get("tflops")),
-                                       "-" if g["pct"] is None else f"{g['pct']:+.1f}%",
-                                       _pct(g.get("throttled_fraction")),
-                                       fmt_num(g.get("clock_start_mhz"), ".0f"),
-                                       fmt_num(g.get("clock_steady_mhz"), ".0f"),
-                                       g.get("throttle_reasons") or "-"],
-                             "flags": g["flags"]} for g in s["gpus"]]
+            view["gpus"] = [
+                {
+                    "cells": [
+                        _where(g),
+                        fmt_num(g.get("run"), "d"),
+                        _gb(g.get("tflops")),
+                        "-" if g["pct"] is None else f"{g['pct']:+.1f}%",
+                        _pct(g.get("throttled_fraction")),
+                        fmt_num(g.get("clock_start_mhz"), ".0f"),
+                        fmt_num(g.get("clock_steady_mhz"), ".0f"),
+                        g.get("throttle_reasons") or "-",
+                    ],
+                    "flags": g["flags"],
+                }
+                for g in s["gpus"]
+            ]
         out.append(view)
     verdict_view = None
     if verdict_ is not None:
         failed = sum(not c["ok"] for c in verdict_)
-        verdict_view = {"ok": not failed, "passed": len(verdict_) - failed,
-                        "total": len(verdict_), "clauses": verdict_}
+        verdict_view = {
+            "ok": not failed,
+            "passed": len(verdict_) - failed,
+            "total": len(verdict_),
+            "clauses": verdict_,
+        }
     table = scaling_table(sections)
-    return {"sections": out, "verdict": verdict_view, "copies": COPIES, "kernels": KERNELS,
-            "scaling": {"header": table[0], "rows": table[1]} if table else None}
+    return {
+        "sections": out,
+        "verdict": verdict_view,
+        "copies": COPIES,
+        "kernels": KERNELS,
+        "scaling": {"header": table[0], "rows": table[1]} if table else None,
+    }
 
 
 # --- the plots -----------------------------------------------------------------------------
+
 
 def busbw_plot(plotter, rows, peak=None):
     """SVG: bus bandwidth (GB/s) against message size (bytes), log-log, one line per
@@ -317,9 +451,19 @@ def busbw_plot(plotter, rows, peak=None):
     from matplotlib.figure import Figure
 
     ops = [o for o in OPS if any(r["op"] == o for r in rows)] + sorted(
-        {r["op"] for r in rows} - set(OPS))
-    lines = [(op, [(r["bytes"], r["busbw_gbps"]) for r in rows
-                   if r["op"] == op and r["bytes"] and r.get("busbw_gbps")]) for op in ops]
+        {r["op"] for r in rows} - set(OPS)
+    )
+    lines = [
+        (
+            op,
+            [
+                (r["bytes"], r["busbw_gbps"])
+                for r in rows
+                if r["op"] == op and r["bytes"] and r.get("busbw_gbps")
+            ],
+        )
+        for op in ops
+    ]
     lines = [(op, pts) for op, pts in lines if pts]
     if not lines:
         return None
@@ -327,11 +471,22 @@ def busbw_plot(plotter, rows, peak=None):
         fig = Figure(figsize=(5.5, 3.2))
         ax = fig.add_subplot(1, 1, 1)
         for i, (op, pts) in enumerate(lines):
-            ax.plot(*zip(*pts), "o-", color=plotter.colours[i % len(plotter.colours)],
-                    linewidth=1, markersize=2.5, label=op)
+            ax.plot(
+                *zip(*pts),
+                "o-",
+                color=plotter.colours[i % len(plotter.colours)],
+                linewidth=1,
+                markersize=2.5,
+                label=op,
+            )
         if peak:
-            ax.axhline(peak, color="#555555", linestyle="--", linewidth=0.8,
-                       label=f"expected peak {peak:.3g} GB/s")
+            ax.axhline(
+                peak,
+                color="#555555",
+                linestyle="--",
+                linewidth=0.8,
+                label=f"expected peak {peak:.3g} GB/s",
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("message size (bytes)")
@@ -369,12 +524,31 @@ def d2d_heatmap(plotter, matrix, node=None):
             for i, row in enumerate(values):
                 for j, v in enumerate(row):
                     if v is not None:
-                        ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=6,
-                                color="black" if v > 0.6 * top else "white")
+                        ax.text(
+                            j,
+                            i,
+                            f"{v:.3g}",
+                            ha="center",
+                            va="center",
+                            fontsize=6,
+                            color="black" if v > 0.6 * top else "white",
+                        )
         fig.tight_layout()
         return svg_text(fig)
 
 
-__all__ = ["BURN_THRESHOLD_PCT", "acceptance_sections", "burn_table", "busbw_plot",
-           "check_burn_threshold", "d2d_heatmap", "d2d_matrices", "html_view", "scaling_table",
-           "size_text", "text_lines", "verdict", "verdict_lines"]
+__all__ = [
+    "BURN_THRESHOLD_PCT",
+    "acceptance_sections",
+    "burn_table",
+    "busbw_plot",
+    "check_burn_threshold",
+    "d2d_heatmap",
+    "d2d_matrices",
+    "html_view",
+    "scaling_table",
+    "size_text",
+    "text_lines",
+    "verdict",
+    "verdict_lines",
+]

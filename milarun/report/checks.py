@@ -49,13 +49,15 @@ def add_checks(report, summary, baseline=None):
         report.columns += list(ENERGY_COLUMNS)
     scored = [r for r in report.rows if r["counted"] and r.get("items/J")]
     report.perf_per_watt_tests = len(scored)
-    report.perf_per_watt = geomean_or_warn(report, [r["items/J"] for r in scored],
-                                           [r["weight"] for r in scored], "perf/W")
+    report.perf_per_watt = geomean_or_warn(
+        report, [r["items/J"] for r in scored], [r["weight"] for r in scored], "perf/W"
+    )
     for group, t in tests.items():
         for flag in t.get("validation_flags") or []:
             report.validation_flags.append((group, from_summary(flag)))
-    report.host_facts = [(h.get("hostname"), hostfacts.fact_lines(h))
-                         for h in summary.get("hosts") or []]
+    report.host_facts = [
+        (h.get("hostname"), hostfacts.fact_lines(h)) for h in summary.get("hosts") or []
+    ]
     if baseline is not None:
         report.host_diffs = hostfacts.differences(summary, baseline)
     return report
@@ -64,10 +66,14 @@ def add_checks(report, summary, baseline=None):
 def perf_per_watt_line(report):
     """The score block's ``perf/W`` line."""
     if report.perf_per_watt is None:
-        return ("perf/W: not available (no GPU energy or power readings over the scored "
-                "tests' steady states)")
-    return (f"perf/W: {fmt_num(report.perf_per_watt, '.4g')} items/J (weighted geometric mean "
-            f"of items/J over {report.perf_per_watt_tests} scored test(s) with energy readings)")
+        return (
+            "perf/W: not available (no GPU energy or power readings over the scored "
+            "tests' steady states)"
+        )
+    return (
+        f"perf/W: {fmt_num(report.perf_per_watt, '.4g')} items/J (weighted geometric mean "
+        f"of items/J over {report.perf_per_watt_tests} scored test(s) with energy readings)"
+    )
 
 
 def flag_line(test, flag):
@@ -93,11 +99,13 @@ def flag_html(test, flag):
     if flag.family == VALIDATION:
         return Markup(
             f'<tr><td class="test">{escape(test)}</td><td>{escape(flag.run)}</td>'
-            f'<td>{escape(flag.device)}</td><td>{escape(flag.node or "")}</td>\n'
+            f"<td>{escape(flag.device)}</td><td>{escape(flag.node or '')}</td>\n"
             f'  <td class="bad">{escape(flag.id)}</td>'
-            f'<td class="test">{escape(flag.message)}</td></tr>')
-    return Markup(f"<li><b>{escape(flag.id)}</b>: {escape(flag.who())}: "
-                  f"{escape(flag.message)}</li>")
+            f'<td class="test">{escape(flag.message)}</td></tr>'
+        )
+    return Markup(
+        f"<li><b>{escape(flag.id)}</b>: {escape(flag.who())}: {escape(flag.message)}</li>"
+    )
 
 
 def diff_line(diff):
@@ -120,21 +128,27 @@ def text_lines(report):
         lines += ["", "validation flags (counted in the score; see docs/report.md):"]
         lines += [f"  {flag_line(test, f)}" for test, f in report.validation_flags]
     if report.energy_nodes:
-        lines += ["", "energy per node over the steady states (W: the node's results of one "
-                  "run summed, mean over runs):"]
-        lines += [f"  {e['test']} {e['node']}: {fmt_num(e.get('power_w'), '.1f')} W, "
-                  f"{fmt_num(e.get('j_per_item'), '.4g')} J/item" for e in report.energy_nodes]
+        lines += [
+            "",
+            "energy per node over the steady states (W: the node's results of one "
+            "run summed, mean over runs):",
+        ]
+        lines += [
+            f"  {e['test']} {e['node']}: {fmt_num(e.get('power_w'), '.1f')} W, "
+            f"{fmt_num(e.get('j_per_item'), '.4g')} J/item"
+            for e in report.energy_nodes
+        ]
     return lines
 
 
 def header_lines(report):
     """The host-fact lines under the header's host lines (one per host that has facts)."""
-    return [f"host facts ({name}): {' | '.join(parts)}" for name, parts in report.host_facts
-            if parts]
+    return [
+        f"host facts ({name}): {' | '.join(parts)}" for name, parts in report.host_facts if parts
+    ]
 
 
 def energy_plot_rows(report):
     """``[(row number, items/J)]`` of the tests with energy, numbered as in the
     HTML energy table (no test name enters the SVG)."""
-    return [(i + 1, r["items/J"]) for i, r in enumerate(r for r in report.rows
-                                                          if r.get("items/J"))]
+    return [(i + 1, r["items/J"]) for i, r in enumerate(r for r in report.rows if r.get("items/J"))]

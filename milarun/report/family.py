@@ -27,9 +27,17 @@ FAMILIES = ("llm", "generative", "io", "rl", "recommendation", "nlp", "vision", 
 OTHER = "other"
 
 #: What the report calls each family.
-LABELS = {"llm": "LLM", "generative": "generative", "io": "I/O", "rl": "RL",
-          "recommendation": "recommendation", "nlp": "NLP", "vision": "vision",
-          "compute": "compute", OTHER: "other"}
+LABELS = {
+    "llm": "LLM",
+    "generative": "generative",
+    "io": "I/O",
+    "rl": "RL",
+    "recommendation": "recommendation",
+    "nlp": "NLP",
+    "vision": "vision",
+    "compute": "compute",
+    OTHER: "other",
+}
 
 
 def family_of(tags):
@@ -54,8 +62,10 @@ def check_families(names):
     out = []
     for name in names or []:
         if name not in FAMILIES + (OTHER,):
-            raise MilarunError(f"--family: unknown family {name!r}; the families: "
-                               f"{', '.join(FAMILIES + (OTHER,))}"[:200])
+            raise MilarunError(
+                f"--family: unknown family {name!r}; the families: "
+                f"{', '.join(FAMILIES + (OTHER,))}"[:200]
+            )
         if name not in out:
             out.append(name)
     return out
@@ -90,24 +100,38 @@ def family_view(report, rows):
         counted = [r for r in mine if r["counted"]]
         weight = sum(r["weight"] for r in counted)
         label = LABELS[family]
-        entry = {"family": family, "label": label, "tests": len(mine),
-                 "names": [r["test"] for r in mine],
-                 "scored": len(counted), "weight": weight,
-                 "share": weight / total if total > 0 else None,
-                 "score": geomean_or_warn(report, [r["perf_adj"] for r in counted],
-                                          [r["weight"] for r in counted],
-                                          f"{label} family score"),
-                 "score_base": None, "ratio": None, "partial": False}
+        entry = {
+            "family": family,
+            "label": label,
+            "tests": len(mine),
+            "names": [r["test"] for r in mine],
+            "scored": len(counted),
+            "weight": weight,
+            "share": weight / total if total > 0 else None,
+            "score": geomean_or_warn(
+                report,
+                [r["perf_adj"] for r in counted],
+                [r["weight"] for r in counted],
+                f"{label} family score",
+            ),
+            "score_base": None,
+            "ratio": None,
+            "partial": False,
+        }
         if report.has_baseline:
             common = [r for r in counted if r.get("perf_base_adj") and r["perf_base_adj"] > 0]
             ws = [r["weight"] for r in common]
             entry["partial"] = len(common) != len(counted)
             entry["score_base"] = geomean_or_warn(
-                report, [r["perf_base_adj"] for r in common], ws,
-                f"{label} family baseline score")
-            entry["ratio"] = _log_ratio(report, [r["perf_adj"] for r in common],
-                                        [r["perf_base_adj"] for r in common], ws,
-                                        f"{label} family score / baseline")
+                report, [r["perf_base_adj"] for r in common], ws, f"{label} family baseline score"
+            )
+            entry["ratio"] = _log_ratio(
+                report,
+                [r["perf_adj"] for r in common],
+                [r["perf_base_adj"] for r in common],
+                ws,
+                f"{label} family score / baseline",
+            )
         out.append(entry)
     return out
 

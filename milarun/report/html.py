@@ -166,24 +166,29 @@ def throughput_plots(records, workers=None):
         rec = item[1] if isinstance(item, tuple) else item
         by_group[group_name(rec)].append(rec)
     groups = sorted(by_group)
-    with Shared(len(groups), lambda k: throughput_plot(groups[k], by_group[groups[k]]),
-                workers) as shared:
-        return {group: value for group, value in zip(groups, shared.results())
-                if value is not None}
+    with Shared(
+        len(groups), lambda k: throughput_plot(groups[k], by_group[groups[k]]), workers
+    ) as shared:
+        return {group: value for group, value in zip(groups, shared.results()) if value is not None}
 
 
 def _env():
     import jinja2
+
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("milarun.report", "templates"),
-        autoescape=True, trim_blocks=True, lstrip_blocks=True)
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["num"] = fmt_num
     env.filters["pct"] = fmt_pct
     return env
 
 
-def render_html(report, records=None, results_dir=None, generated=None, html_path=None,
-                plots=None, traces=None):
+def render_html(
+    report, records=None, results_dir=None, generated=None, html_path=None, plots=None, traces=None
+):
     """Return the report as one self-contained HTML page (str).
 
     ``records`` are result records (for the throughput plots; without them, nor
@@ -198,22 +203,29 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
     from markupsafe import Markup
 
     plotter = None
-    has_records = bool(records) or plots is not None   # {}: records, nothing to draw
+    has_records = bool(records) or plots is not None  # {}: records, nothing to draw
     if plots is None:
         plots = throughput_plots(records)
     if traces is None:
         traces = trace_refs(records)
 
-    flags = {test: [flag_html(test, f) for f in merged(fl)]
-             for test, fl in anomalies_by_test(report)}
+    flags = {
+        test: [flag_html(test, f) for f in merged(fl)] for test, fl in anomalies_by_test(report)
+    }
     validation_rows = [flag_html(test, f) for test, f in report.validation_flags]
     drawn_plots = plots
     plots = []
     for row in report.rows:
         svg, legend, marks = drawn_plots.get(row["test"]) or (None, [], [])
-        plots.append({"test": row["test"], "svg": Markup(svg) if svg else None,
-                      "legend": [tuple(entry) for entry in legend], "marks": set(marks),
-                      "flags": flags.get(row["test"], [])})
+        plots.append(
+            {
+                "test": row["test"],
+                "svg": Markup(svg) if svg else None,
+                "legend": [tuple(entry) for entry in legend],
+                "marks": set(marks),
+                "flags": flags.get(row["test"], []),
+            }
+        )
     drawn = {p["test"] for p in plots if p["svg"]}
 
     gpu = []
@@ -223,12 +235,23 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
             if stat == "mean":
                 plotter = plotter or Plotter()
                 svg = plotter.heatmap(tab)
-            gpu.append({"stat": stat, "devices": tab["devices"],
-                        "rows": [{"test": g,
-                                  "cells": [(fmt_num(v.get(d), ".3f"), gpu_band(v.get(d)))
-                                            for d in tab["devices"]]}
-                                 for g, v in tab["rows"]],
-                        "svg": Markup(svg) if svg else None})
+            gpu.append(
+                {
+                    "stat": stat,
+                    "devices": tab["devices"],
+                    "rows": [
+                        {
+                            "test": g,
+                            "cells": [
+                                (fmt_num(v.get(d), ".3f"), gpu_band(v.get(d)))
+                                for d in tab["devices"]
+                            ],
+                        }
+                        for g, v in tab["rows"]
+                    ],
+                    "svg": Markup(svg) if svg else None,
+                }
+            )
 
     traces = trace_links(traces, results_dir, html_path)
     table = []
@@ -241,41 +264,77 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
             elif c == "fail" and row["fail"]:
                 cls = "failcell"
             cells.append((cell(row, c), cls))
-        table.append({"test": row["test"], "cells": cells, "failed": row["fail"] > 0,
-                      "counted": row["counted"], "traces": traces.get(row["test"], []),
-                      "plot": row["test"] in drawn,
-                      "flags": short_kinds(row.get("anomalies") or []),
-                      "flag_count": len(row.get("anomalies") or [])})
+        table.append(
+            {
+                "test": row["test"],
+                "cells": cells,
+                "failed": row["fail"] > 0,
+                "counted": row["counted"],
+                "traces": traces.get(row["test"], []),
+                "plot": row["test"] in drawn,
+                "flags": short_kinds(row.get("anomalies") or []),
+                "flag_count": len(row.get("anomalies") or []),
+            }
+        )
 
     nodes = None
     if report.node_compare is not None:
         cmp = report.node_compare
-        nodes = {"threshold": cmp["threshold"],
-                 "empty": nothing_to_compare(cmp) if not cmp["tests"] else None,
-                 "header": node_header(cmp),
-                 "verdict": node_verdict(cmp) if cmp["tests"] else [],
-                 "has_slow": bool(cmp["slow"]), "has_failed": bool(cmp["failed"]),
-                 "rows": [{"test": t["test"], "node": row["node"], "n": row["n"],
-                           "fail": row["fail"], "mean": fmt_num(row["mean"]),
-                           "ref": fmt_num(row["ref"]), "ratio": fmt_num(row["ratio"], ".3f"),
-                           "flag": node_flag(row), "first": i == 0, "span": len(t["nodes"])}
-                          for t in cmp["tests"] for i, row in enumerate(t["nodes"])]}
+        nodes = {
+            "threshold": cmp["threshold"],
+            "empty": nothing_to_compare(cmp) if not cmp["tests"] else None,
+            "header": node_header(cmp),
+            "verdict": node_verdict(cmp) if cmp["tests"] else [],
+            "has_slow": bool(cmp["slow"]),
+            "has_failed": bool(cmp["failed"]),
+            "rows": [
+                {
+                    "test": t["test"],
+                    "node": row["node"],
+                    "n": row["n"],
+                    "fail": row["fail"],
+                    "mean": fmt_num(row["mean"]),
+                    "ref": fmt_num(row["ref"]),
+                    "ratio": fmt_num(row["ratio"], ".3f"),
+                    "flag": node_flag(row),
+                    "first": i == 0,
+                    "span": len(t["nodes"]),
+                }
+                for t in cmp["tests"]
+                for i, row in enumerate(t["nodes"])
+            ],
+        }
 
     scaling = []
     for tab in report.scaling:
         plotter = plotter or Plotter()
         svg = plotter.scaling(tab)
-        scaling.append({"test": tab["test"], "gpus": tab["gpus"], "note": scaling_note(tab),
-                        "rows": [{"nodes": n,
-                                  "cells": [scaling_cell(tab["cells"].get((n, g)))
-                                            for g in tab["gpus"]]}
-                                 for n in tab["nodes"]],
-                        "svg": Markup(svg) if svg else None})
+        scaling.append(
+            {
+                "test": tab["test"],
+                "gpus": tab["gpus"],
+                "note": scaling_note(tab),
+                "rows": [
+                    {
+                        "nodes": n,
+                        "cells": [scaling_cell(tab["cells"].get((n, g))) for g in tab["gpus"]],
+                    }
+                    for n in tab["nodes"]
+                ],
+                "svg": Markup(svg) if svg else None,
+            }
+        )
 
-    concurrent = [{"test": e["test"], "note": concurrent_note(e),
-                   "rows": [(d["device"], fmt_num(d["own"]), fmt_num(d["effective"]))
-                            for d in e["devices"]]}
-                  for e in getattr(report, "concurrent", None) or []]
+    concurrent = [
+        {
+            "test": e["test"],
+            "note": concurrent_note(e),
+            "rows": [
+                (d["device"], fmt_num(d["own"]), fmt_num(d["effective"])) for d in e["devices"]
+            ],
+        }
+        for e in getattr(report, "concurrent", None) or []
+    ]
     overlap = overlap_line(report.overlap) if getattr(report, "overlap", None) else None
     io_study = []
     for tab in report.io:
@@ -288,8 +347,13 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
         if len(row["serving"]) > 1:
             plotter = plotter or Plotter()
             svg = latency_plot(plotter, row["serving"])
-        llm.append({**row, "levels": [serving_cells(lv, row["concurrency"]) for lv in row["serving"]],
-                    "svg": Markup(svg) if svg else None})
+        llm.append(
+            {
+                **row,
+                "levels": [serving_cells(lv, row["concurrency"]) for lv in row["serving"]],
+                "svg": Markup(svg) if svg else None,
+            }
+        )
 
     if report.acceptance:
         plotter = plotter or Plotter()
@@ -305,22 +369,45 @@ def render_html(report, records=None, results_dir=None, generated=None, html_pat
     if energy_rows:
         plotter = plotter or Plotter()
         energy_svg = plotter.energy(energy_rows)
-    checks = {"perf_per_watt": perf_per_watt_line(report),
-              "diffs": [diff_line(d) for d in report.host_diffs],
-              "energy_tests": [r for r in report.rows if r.get("items/J")],
-              "energy_svg": Markup(energy_svg) if energy_svg else None}
+    checks = {
+        "perf_per_watt": perf_per_watt_line(report),
+        "diffs": [diff_line(d) for d in report.host_diffs],
+        "energy_tests": [r for r in report.rows if r.get("items/J")],
+        "energy_svg": Markup(energy_svg) if energy_svg else None,
+    }
 
-    one_run = GPU_ONE_RUN if report.gpu_tables is not None and "min" not in report.gpu_tables \
-        else None
-    return _env().get_template("report.html.j2").render(
-        gpu_one_run=one_run,
-        r=report, table=table, plots=plots, gpu=gpu, failures=failures, nodes=nodes,
-        scaling=scaling, concurrent=concurrent, overlap=overlap, noise=noise_view(report),
-        io_study=io_study, llm=llm, acceptance=acceptance, families=family_view(report),
-        checks=checks, flags=flags, validation_rows=validation_rows, flag_colour=FLAG_COLOUR,
-        inputs=header_items(report.inputs) if report.inputs is not None else None,
-        has_records=has_records, generated=generated,
-        ratio_class=ratio_band(report.score_ratio))
+    one_run = (
+        GPU_ONE_RUN if report.gpu_tables is not None and "min" not in report.gpu_tables else None
+    )
+    return (
+        _env()
+        .get_template("report.html.j2")
+        .render(
+            gpu_one_run=one_run,
+            r=report,
+            table=table,
+            plots=plots,
+            gpu=gpu,
+            failures=failures,
+            nodes=nodes,
+            scaling=scaling,
+            concurrent=concurrent,
+            overlap=overlap,
+            noise=noise_view(report),
+            io_study=io_study,
+            llm=llm,
+            acceptance=acceptance,
+            families=family_view(report),
+            checks=checks,
+            flags=flags,
+            validation_rows=validation_rows,
+            flag_colour=FLAG_COLOUR,
+            inputs=header_items(report.inputs) if report.inputs is not None else None,
+            has_records=has_records,
+            generated=generated,
+            ratio_class=ratio_band(report.score_ratio),
+        )
+    )
 
 
 def family_view(report):
@@ -330,12 +417,21 @@ def family_view(report):
     cols = family_columns(report)
     rows = []
     for f, (label, cells) in zip(report.families, family_rows(report)):
-        rows.append({"family": f["family"], "label": label, "names": f["names"],
-                     "cells": [(cells[c], ratio_band(f["ratio"]) if c == "ratio" else "")
-                               for c in cols]})
-    return {"header": FAMILY_HEADER, "columns": cols, "rows": rows,
-            "filter": family_filter(report),
-            "only": ", ".join(FAMILY_LABELS.get(f, f) for f in report.family_filter)}
+        rows.append(
+            {
+                "family": f["family"],
+                "label": label,
+                "names": f["names"],
+                "cells": [(cells[c], ratio_band(f["ratio"]) if c == "ratio" else "") for c in cols],
+            }
+        )
+    return {
+        "header": FAMILY_HEADER,
+        "columns": cols,
+        "rows": rows,
+        "filter": family_filter(report),
+        "only": ", ".join(FAMILY_LABELS.get(f, f) for f in report.family_filter),
+    }
 
 
 def sig_band(row):
@@ -352,27 +448,42 @@ def noise_view(report):
     ratio = None
     if report.has_baseline and report.score_ratio is not None:
         ci = report.score_ratio_ci
-        ratio = (f"{fmt_interval(ci, '.3f')} ({ratio_verdict(ci)})"
-                 + held_note(report.score_ratio_ci_held) if ci
-                 else f"noise unknown ({report.score_ratio_ci_note})")
+        ratio = (
+            f"{fmt_interval(ci, '.3f')} ({ratio_verdict(ci)})"
+            + held_note(report.score_ratio_ci_held)
+            if ci
+            else f"noise unknown ({report.score_ratio_ci_note})"
+        )
     return {
-        "header": NOISE_HEADER, "columns": cols,
-        "rows": [{"test": r["test"],
-                  "cells": [(noise_cell(r, c), sig_band(r) if c == "vs baseline" else "")
-                            for c in cols]}
-                 for r in report.rows],
-        "score_ci": (None if report.score is None
-                     else fmt_interval(report.score_ci) + held_note(report.score_ci_held)
-                     if report.score_ci else f"n/a ({report.score_ci_note})"),
+        "header": NOISE_HEADER,
+        "columns": cols,
+        "rows": [
+            {
+                "test": r["test"],
+                "cells": [
+                    (noise_cell(r, c), sig_band(r) if c == "vs baseline" else "") for c in cols
+                ],
+            }
+            for r in report.rows
+        ],
+        "score_ci": (
+            None
+            if report.score is None
+            else fmt_interval(report.score_ci) + held_note(report.score_ci_held)
+            if report.score_ci
+            else f"n/a ({report.score_ci_note})"
+        ),
         "node_score": fmt_num(report.node_score) if report.node_score is not None else "n/a",
         "node_incomplete": bool(report.incomplete or report.node_missing),
         "node_score_ci": fmt_interval(report.node_score_ci)
-                         + (held_note(report.node_score_ci_held) if report.node_score_ci else ""),
+        + (held_note(report.node_score_ci_held) if report.node_score_ci else ""),
         "node_rpp": fmt_num(report.node_rpp),
         "ratio_ci": ratio,
         "one_run": one_run_note(report),
-        "baseline_note": (None if not report.has_baseline else
-                          "vs baseline: Welch's two-sample t-test of the mean rates, 95%"
-                          + ("" if report.baseline_noise else
-                             "; noise unknown: the baseline is a 2020 summary")),
+        "baseline_note": (
+            None
+            if not report.has_baseline
+            else "vs baseline: Welch's two-sample t-test of the mean rates, 95%"
+            + ("" if report.baseline_noise else "; noise unknown: the baseline is a 2020 summary")
+        ),
     }

@@ -88,14 +88,20 @@ FOREIGN = "not written by a session of this folder (copied in?); not counted"
 def _key(directory, files, sessions):
     # the folder as given too: the warnings kept name each file by it (results/a.json);
     # the sessions: they decide which records count
-    parts = [str(directory.resolve()), str(directory),
-             "sessions\0" + ("-" if sessions is None else
-                             ",".join(sorted(t.isoformat() for t in sessions)))]
+    parts = [
+        str(directory.resolve()),
+        str(directory),
+        "sessions\0"
+        + ("-" if sessions is None else ",".join(sorted(t.isoformat() for t in sessions))),
+    ]
     for path, raw in files:
         rel = path.relative_to(directory).as_posix()
         # an error is a message (it names the path), a file is its bytes' digest
-        parts.append(rel + "\0" + (f"!{raw}" if isinstance(raw, ResultFormatError)
-                                   else hashlib.sha256(raw).hexdigest()))
+        parts.append(
+            rel
+            + "\0"
+            + (f"!{raw}" if isinstance(raw, ResultFormatError) else hashlib.sha256(raw).hexdigest())
+        )
     return entry_key(KIND, parts)
 
 
@@ -104,19 +110,31 @@ def _from_value(value, directory):
     plots = value["plots"]
     if plots is not None:
         plots = {group: (svg, legend, marks) for group, (svg, legend, marks) in plots.items()}
-    if not (isinstance(value["summary"], dict) and isinstance(value["count"], int)
-            and isinstance(value["io_points"], dict) and isinstance(value["warnings"], str)):
+    if not (
+        isinstance(value["summary"], dict)
+        and isinstance(value["count"], int)
+        and isinstance(value["io_points"], dict)
+        and isinstance(value["warnings"], str)
+    ):
         raise ValueError("malformed entry")
-    check_summary(value["summary"])     # an entry edited by hand is a miss, not a crash
-    if not (isinstance(value["foreign"], list)
-            and all(isinstance(p, str) for p in value["foreign"])):
+    check_summary(value["summary"])  # an entry edited by hand is a miss, not a crash
+    if not (
+        isinstance(value["foreign"], list) and all(isinstance(p, str) for p in value["foreign"])
+    ):
         raise ValueError("malformed entry")
-    return Inputs(summary=value["summary"], results_dir=directory, count=value["count"],
-                  io_points=value["io_points"], traces=traces, plots=plots, cached=True,
-                  foreign=value["foreign"])
+    return Inputs(
+        summary=value["summary"],
+        results_dir=directory,
+        count=value["count"],
+        io_points=value["io_points"],
+        traces=traces,
+        plots=plots,
+        cached=True,
+        foreign=value["foreign"],
+    )
 
 
-@steady_states_once()   # the summary and the plots share each result's steady state
+@steady_states_once()  # the summary and the plots share each result's steady state
 def load_inputs(source, warn, plots=False, cache=None, only=None):
     """Read ``source`` (a results folder or a summary file) for the report.
 
@@ -143,7 +161,7 @@ def load_inputs(source, warn, plots=False, cache=None, only=None):
         raise ResultFormatError("no such results directory or summary file", path=path)
     if only is not None:
         cache = None
-    seal = {bundle_path(path), signature_path(path)}    # not records (weights: in .milarun/)
+    seal = {bundle_path(path), signature_path(path)}  # not records (weights: in .milarun/)
     files = [(p, raw) for p, raw in result_files(path) if p not in seal]
     saved = read_session(path)
     sessions = session_times(saved) if saved is not None else None
@@ -153,31 +171,50 @@ def load_inputs(source, warn, plots=False, cache=None, only=None):
         try:
             inputs = _from_value(value, path)
         except (KeyError, TypeError, ValueError, AttributeError, ResultFormatError):
-            inputs = None     # a malformed entry is a miss
+            inputs = None  # a malformed entry is a miss
         if inputs is not None:
             warn.write(value["warnings"])
             provenance(inputs.summary, path)
             return inputs
     foreign = []
-    if sessions is not None:     # the rule of --resume: only this folder's sessions count
+    if sessions is not None:  # the rule of --resume: only this folder's sessions count
         foreign = {p for p, _ in successful_keys(path, sessions)[1]}
-        files = [(p, ResultFormatError(FOREIGN, path=p) if p in foreign else raw)
-                 for p, raw in files]
+        files = [
+            (p, ResultFormatError(FOREIGN, path=p) if p in foreign else raw) for p, raw in files
+        ]
         foreign = sorted(p.relative_to(path).as_posix() for p in foreign)
     tee = _Tee(warn)
     records, skipped = load_results(path, warn=tee, only=only, files=files)
     # each test's plot is drawn where it is summarized (one steady state, one set of flags)
-    summary, drawn = summarize_with(records, skipped, warn=tee,
-                                    extra=throughput_plot if plots else None)
+    summary, drawn = summarize_with(
+        records, skipped, warn=tee, extra=throughput_plot if plots else None
+    )
     drawn = {group: plot for group, plot in drawn.items() if plot is not None} if plots else None
-    inputs = Inputs(summary=summary, results_dir=path, count=len(records),
-                    io_points=io_points(records), traces=trace_refs(records),
-                    plots=drawn, foreign=foreign)
+    inputs = Inputs(
+        summary=summary,
+        results_dir=path,
+        count=len(records),
+        io_points=io_points(records),
+        traces=trace_refs(records),
+        plots=drawn,
+        foreign=foreign,
+    )
     if cache is not None:
-        cache.put(KIND, key, {
-            "summary": summary, "count": inputs.count, "io_points": inputs.io_points,
-            "traces": [(Path(p).relative_to(path).as_posix(), trace, group)
-                       for p, trace, group in inputs.traces],
-            "plots": inputs.plots, "warnings": "".join(tee.parts), "foreign": foreign})
+        cache.put(
+            KIND,
+            key,
+            {
+                "summary": summary,
+                "count": inputs.count,
+                "io_points": inputs.io_points,
+                "traces": [
+                    (Path(p).relative_to(path).as_posix(), trace, group)
+                    for p, trace, group in inputs.traces
+                ],
+                "plots": inputs.plots,
+                "warnings": "".join(tee.parts),
+                "foreign": foreign,
+            },
+        )
     provenance(summary, path)
     return inputs

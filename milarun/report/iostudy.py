@@ -91,14 +91,27 @@ def io_tables(summary, records=None, points=None):
     for dataset in sorted({d for d, _ in tests}):
         rows = []
         for workers in sorted(w for d, w in tests if d == dataset):
-            rates = {mode: (sum(cells[(dataset, workers, mode)])
-                            / len(cells[(dataset, workers, mode)])
-                            if cells[(dataset, workers, mode)] else None)
-                     for mode in ("traverse", "train")}
-            ratio = (rates["train"] / rates["traverse"]
-                     if rates["train"] is not None and rates["traverse"] else None)
-            rows.append({"workers": workers, **rates, "ratio": ratio,
-                         "tests": sorted(tests[(dataset, workers)])})
+            rates = {
+                mode: (
+                    sum(cells[(dataset, workers, mode)]) / len(cells[(dataset, workers, mode)])
+                    if cells[(dataset, workers, mode)]
+                    else None
+                )
+                for mode in ("traverse", "train")
+            }
+            ratio = (
+                rates["train"] / rates["traverse"]
+                if rates["train"] is not None and rates["traverse"]
+                else None
+            )
+            rows.append(
+                {
+                    "workers": workers,
+                    **rates,
+                    "ratio": ratio,
+                    "tests": sorted(tests[(dataset, workers)]),
+                }
+            )
         tables.append({"dataset": dataset, "rows": rows})
     return tables
 
@@ -109,14 +122,17 @@ def _num(value, spec=".1f"):
 
 def text_lines(table):
     """The table of one dataset as text lines (throughputs in items/s)."""
-    lines = [f"input-pipeline study (io), dataset {table['dataset']}: mean steady-state "
-             f"throughput (items/s)",
-             "against DataLoader workers (train/traverse near 1: the input pipeline limits "
-             "training)",
-             f"{'workers':>8} {'traverse':>12} {'train':>12} {'train/traverse':>15}"]
+    lines = [
+        f"input-pipeline study (io), dataset {table['dataset']}: mean steady-state "
+        f"throughput (items/s)",
+        "against DataLoader workers (train/traverse near 1: the input pipeline limits training)",
+        f"{'workers':>8} {'traverse':>12} {'train':>12} {'train/traverse':>15}",
+    ]
     for row in table["rows"]:
-        lines.append(f"{row['workers']:>8} {_num(row['traverse']):>12} "
-                     f"{_num(row['train']):>12} {_num(row['ratio'], '.3f'):>15}")
+        lines.append(
+            f"{row['workers']:>8} {_num(row['traverse']):>12} "
+            f"{_num(row['train']):>12} {_num(row['ratio'], '.3f'):>15}"
+        )
     return lines
 
 
@@ -129,14 +145,14 @@ def plot_svg(table):
     if not any(r["traverse"] is not None or r["train"] is not None for r in rows):
         return None
     import matplotlib
+
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
 
     xs = list(range(len(rows)))
     labels = [str(r["workers"]) for r in rows]
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "milarun",
-                                "font.size": 8}):
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "milarun", "font.size": 8}):
         fig = Figure(figsize=(7.0, 2.6))
         left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
         for mode, style in (("traverse", "o--"), ("train", "s-")):

@@ -26,12 +26,17 @@ def llm_rows(tests):
         llm = test.get("llm") if isinstance(test, dict) else None
         if not isinstance(llm, dict):
             continue
-        rows.append({"test": name, "tokens_per_s": (test.get("train") or {}).get("mean"),
-                     "tflops": (llm.get("tflops") or {}).get("mean"),
-                     "mfu_pct": mfu_percent(llm.get("mfu")),
-                     "peak_tflops": llm.get("peak_tflops"),
-                     "serving": llm.get("serving") or [],
-                     "concurrency": llm.get("concurrency")})
+        rows.append(
+            {
+                "test": name,
+                "tokens_per_s": (test.get("train") or {}).get("mean"),
+                "tflops": (llm.get("tflops") or {}).get("mean"),
+                "mfu_pct": mfu_percent(llm.get("mfu")),
+                "peak_tflops": llm.get("peak_tflops"),
+                "serving": llm.get("serving") or [],
+                "concurrency": llm.get("concurrency"),
+            }
+        )
     return rows
 
 
@@ -44,36 +49,46 @@ def serving_cells(level, measured=None):
     rate measured (``measured``, a concurrency) is marked ``*``."""
     g = level.get("goodput_fraction")
     mark = "*" if level["concurrency"] == measured else ""
-    return {"concurrency": f"{level['concurrency']}{mark}", "requests": str(level.get("requests")),
-            **{f"{k} (ms)": fmt_num(_ms(level.get(f"{k.lower().replace(' ', '_')}_s")), ".1f")
-               for k in ("TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90", "TPOT p99")},
-            "prefill tok/s": fmt_num(level.get("prefill_tokens_per_s"), ".0f"),
-            "decode tok/s": fmt_num(level.get("decode_tokens_per_s"), ".0f"),
-            "output tok/s": fmt_num(level.get("output_tokens_per_s"), ".0f"),
-            "goodput req/s": fmt_num(level.get("goodput_requests_per_s"), ".2f"),
-            "goodput %": fmt_num(None if g is None else 100 * g, ".0f")}
+    return {
+        "concurrency": f"{level['concurrency']}{mark}",
+        "requests": str(level.get("requests")),
+        **{
+            f"{k} (ms)": fmt_num(_ms(level.get(f"{k.lower().replace(' ', '_')}_s")), ".1f")
+            for k in ("TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90", "TPOT p99")
+        },
+        "prefill tok/s": fmt_num(level.get("prefill_tokens_per_s"), ".0f"),
+        "decode tok/s": fmt_num(level.get("decode_tokens_per_s"), ".0f"),
+        "output tok/s": fmt_num(level.get("output_tokens_per_s"), ".0f"),
+        "goodput req/s": fmt_num(level.get("goodput_requests_per_s"), ".2f"),
+        "goodput %": fmt_num(None if g is None else 100 * g, ".0f"),
+    }
 
 
 def text_lines(rows):
     """The section as text lines (empty without LLM tests)."""
     if not rows:
         return []
-    lines = ["LLM tests: steady-state tokens/s, achieved model TFLOP/s per device, MFU "
-             "(of the datasheet peak; - without one)"]
+    lines = [
+        "LLM tests: steady-state tokens/s, achieved model TFLOP/s per device, MFU "
+        "(of the datasheet peak; - without one)"
+    ]
     width = max(len(r["test"]) for r in rows)
-    lines.append(f"  {'test':{width}}  {'tokens/s':>12}  {'TFLOP/s':>9}  {'MFU':>6}  "
-                 f"{'peak':>7}")
+    lines.append(f"  {'test':{width}}  {'tokens/s':>12}  {'TFLOP/s':>9}  {'MFU':>6}  {'peak':>7}")
     for r in rows:
         mfu = "-" if r["mfu_pct"] is None else f"{r['mfu_pct']:.1f}%"
-        lines.append(f"  {r['test']:{width}}  {fmt_num(r['tokens_per_s'], ',.0f'):>12}  "
-                     f"{fmt_num(r['tflops'], '.3g'):>9}  {mfu:>6}  "
-                     f"{fmt_num(r['peak_tflops'], '.0f'):>7}")
+        lines.append(
+            f"  {r['test']:{width}}  {fmt_num(r['tokens_per_s'], ',.0f'):>12}  "
+            f"{fmt_num(r['tflops'], '.3g'):>9}  {mfu:>6}  "
+            f"{fmt_num(r['peak_tflops'], '.0f'):>7}"
+        )
     for r in rows:
         if not r["serving"]:
             continue
         lines.append("")
-        lines.append(f"serving {r['test']}: per concurrency level (requests at once); TTFT and "
-                     f"TPOT in ms; * the level the test's throughput measured")
+        lines.append(
+            f"serving {r['test']}: per concurrency level (requests at once); TTFT and "
+            f"TPOT in ms; * the level the test's throughput measured"
+        )
         cells = [serving_cells(level, r["concurrency"]) for level in r["serving"]]
         keys = list(cells[0])
         widths = {k: max(len(k), *(len(c[k]) for c in cells)) for k in keys}
@@ -89,9 +104,16 @@ def latency_plot(plotter, levels):
     None with fewer than one level that has both figures."""
     from matplotlib.figure import Figure
 
-    points = [(lv["output_tokens_per_s"], _ms(lv.get("tpot_p50_s")), _ms(lv.get("ttft_p50_s")),
-               lv["concurrency"]) for lv in levels
-              if lv.get("output_tokens_per_s") and lv.get("tpot_p50_s")]
+    points = [
+        (
+            lv["output_tokens_per_s"],
+            _ms(lv.get("tpot_p50_s")),
+            _ms(lv.get("ttft_p50_s")),
+            lv["concurrency"],
+        )
+        for lv in levels
+        if lv.get("output_tokens_per_s") and lv.get("tpot_p50_s")
+    ]
     if not points:
         return None
     points.sort()
@@ -99,12 +121,25 @@ def latency_plot(plotter, levels):
         fig = Figure(figsize=(5.0, 3.0))
         ax = fig.add_subplot(1, 1, 1)
         xs = [p[0] for p in points]
-        ax.plot(xs, [p[1] for p in points], "o-", color=plotter.colours[0], linewidth=1,
-                markersize=3, label="TPOT p50")
+        ax.plot(
+            xs,
+            [p[1] for p in points],
+            "o-",
+            color=plotter.colours[0],
+            linewidth=1,
+            markersize=3,
+            label="TPOT p50",
+        )
         ttft = [(p[0], p[2]) for p in points if p[2]]
         if ttft:
-            ax.plot(*zip(*ttft), "s--", color=plotter.colours[1], linewidth=1, markersize=3,
-                    label="TTFT p50")
+            ax.plot(
+                *zip(*ttft),
+                "s--",
+                color=plotter.colours[1],
+                linewidth=1,
+                markersize=3,
+                label="TTFT p50",
+            )
         for x, y, _, c in points:
             ax.annotate(str(c), (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
         ax.set_yscale("log")

@@ -37,15 +37,16 @@ class Plotter:
 
     def __init__(self, size=(6.4, 2.6)):
         import matplotlib
+
         matplotlib.use("Agg", force=True)
         from matplotlib.figure import Figure
-        self.rc = {"svg.fonttype": "none", "svg.hashsalt": "milarun",
-                   "font.size": 8}
+
+        self.rc = {"svg.fonttype": "none", "svg.hashsalt": "milarun", "font.size": 8}
         self.matplotlib = matplotlib
         # CSS needs "#rrggbb"; matplotlib 3.11 gives (r, g, b) tuples
         from matplotlib.colors import to_hex
-        self.colours = [to_hex(c) for c in
-                        matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]]
+
+        self.colours = [to_hex(c) for c in matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]]
         # the flag colour stays for flags
         self.colours = [c for c in self.colours if c != FLAG_COLOUR]
         self.fig = Figure(figsize=size)
@@ -62,6 +63,7 @@ class Plotter:
             self.ax.grid(True, linewidth=0.3)
         # 670k rather than 670000: the fixed left margin fits the tick labels
         from matplotlib.ticker import FuncFormatter
+
         self.ax.yaxis.set_major_formatter(FuncFormatter(_short_number))
 
     def _svg(self):
@@ -120,8 +122,14 @@ class Plotter:
                     window = []
                 if window:
                     band = [((s["start"] + s["end"]) / 2, s["rate"]) for s in window]
-                    ax.plot(*zip(*band), color=colour, linewidth=7, alpha=0.22,
-                            solid_capstyle="butt", zorder=1)
+                    ax.plot(
+                        *zip(*band),
+                        color=colour,
+                        linewidth=7,
+                        alpha=0.22,
+                        solid_capstyle="butt",
+                        zorder=1,
+                    )
                 ax.plot(xs, ys, color=colour, linewidth=1, zorder=2)
                 warm = [(x, y) for x, y, s in zip(xs, ys, samples) if s.get("warmup")]
                 if warm:
@@ -129,16 +137,24 @@ class Plotter:
                 for flag in flags:
                     if flag.id == "slow-windows":
                         spans = {tuple(sp) for sp in flag.figures["spans"]}
-                        pts = [(x, y) for x, y, s in zip(xs, ys, samples)
-                               if (s["start"], s["end"]) in spans]
+                        pts = [
+                            (x, y)
+                            for x, y, s in zip(xs, ys, samples)
+                            if (s["start"], s["end"]) in spans
+                        ]
                         if pts:
-                            ax.plot(*zip(*pts), "x", color=FLAG_COLOUR, markersize=5,
-                                    markeredgewidth=1.2, zorder=4)
+                            ax.plot(
+                                *zip(*pts),
+                                "x",
+                                color=FLAG_COLOUR,
+                                markersize=5,
+                                markeredgewidth=1.2,
+                                zorder=4,
+                            )
                             marks.add("slow-windows")
                     elif flag.id == "stall":
                         for a, b in flag.figures["spans"]:
-                            ax.axvspan(a, b, color=FLAG_COLOUR, alpha=0.12, linewidth=0,
-                                       zorder=0)
+                            ax.axvspan(a, b, color=FLAG_COLOUR, alpha=0.12, linewidth=0, zorder=0)
                         marks.add("stall")
             ax.set_autoscale_on(True)
             ax.relim()
@@ -157,14 +173,25 @@ class Plotter:
         devices, rows = table["devices"], table["rows"]
         if not rows or not devices:
             return None
-        data = np.array([[vals.get(d, np.nan) if vals.get(d) is not None else np.nan
-                          for d in devices] for _, vals in rows], dtype=float)
+        data = np.array(
+            [
+                [vals.get(d, np.nan) if vals.get(d) is not None else np.nan for d in devices]
+                for _, vals in rows
+            ],
+            dtype=float,
+        )
         from matplotlib.figure import Figure
+
         with self.matplotlib.rc_context(self.rc):
             fig = Figure(figsize=(1.2 + 0.5 * len(devices), 0.8 + 0.25 * len(rows)))
             ax = fig.add_subplot(1, 1, 1)
-            im = ax.imshow(data, cmap="RdYlGn", vmin=max(0.0, float(np.nanmin(data)) - 0.01)
-                           if np.isfinite(data).any() else 0, vmax=1.0, aspect="auto")
+            im = ax.imshow(
+                data,
+                cmap="RdYlGn",
+                vmin=max(0.0, float(np.nanmin(data)) - 0.01) if np.isfinite(data).any() else 0,
+                vmax=1.0,
+                aspect="auto",
+            )
             ax.set_xticks(range(len(devices)), [str(d) for d in devices])
             ax.set_yticks(range(len(rows)), [str(i + 1) for i in range(len(rows))])
             ax.set_xlabel("device")
@@ -185,9 +212,11 @@ class Plotter:
 
         lines = []
         for g in table["gpus"]:
-            points = [(n * g, table["cells"][(n, g)]["throughput"]) for n in table["nodes"]
-                      if table["cells"].get((n, g))
-                      and table["cells"][(n, g)]["throughput"] is not None]
+            points = [
+                (n * g, table["cells"][(n, g)]["throughput"])
+                for n in table["nodes"]
+                if table["cells"].get((n, g)) and table["cells"][(n, g)]["throughput"] is not None
+            ]
             if points:
                 lines.append((g, points))
         if not lines:
@@ -196,12 +225,24 @@ class Plotter:
             fig = Figure(figsize=(5.0, 3.0))
             ax = fig.add_subplot(1, 1, 1)
             for i, (g, points) in enumerate(lines):
-                ax.plot(*zip(*points), "o-", color=self.colours[i % len(self.colours)],
-                        linewidth=1, markersize=3, label=f"{g} GPU/node")
+                ax.plot(
+                    *zip(*points),
+                    "o-",
+                    color=self.colours[i % len(self.colours)],
+                    linewidth=1,
+                    markersize=3,
+                    label=f"{g} GPU/node",
+                )
             if table["base"] is not None:
                 top = max(n * g for n in table["nodes"] for g in table["gpus"])
-                ax.plot([0, top], [0, top * table["base"]], "--", color="#888", linewidth=1,
-                        label="ideal: n × g × 1x1")
+                ax.plot(
+                    [0, top],
+                    [0, top * table["base"]],
+                    "--",
+                    color="#888",
+                    linewidth=1,
+                    label="ideal: n × g × 1x1",
+                )
             ax.set_xlabel("total GPUs (nodes × GPUs per node)")
             ax.set_ylabel("throughput (items/s)")
             ax.yaxis.set_major_formatter(FuncFormatter(_short_number))

@@ -131,7 +131,6 @@ NODE_THRESHOLD_PCT = 5.0
 THROUGHPUTS = ("effective", "own")
 
 
-
 def load_weights(path):
     """Read a weights file (strictly): ``{"suite.test": {"weight": w}}`` with ``w >= 0``.
 
@@ -216,7 +215,7 @@ class Report:
     baseline_noise: bool = True
     #: sides whose every scored test comes from one run: "these results", "the baseline"
     one_run: list = field(default_factory=list)
-    io: list = field(default_factory=list)   # the io study's tables (report/iostudy.py)
+    io: list = field(default_factory=list)  # the io study's tables (report/iostudy.py)
     llm: list = field(default_factory=list)  # the LLM tests' rows (report/llm.py)
     acceptance: list = field(default_factory=list)  # acceptance sections (report/acceptance.py)
     acceptance_verdict: object = None  # --thresholds: [{"ok", "clause", "detail"}]
@@ -260,7 +259,7 @@ def _ratio(a, b, report=None, what="a ratio"):
         return None
     try:
         value = a / b
-    except OverflowError:   # an int beyond a float
+    except OverflowError:  # an int beyond a float
         value = math.inf
     return finite_or_warn(report, value, what)
 
@@ -276,8 +275,9 @@ def check_price(price):
     except (TypeError, ValueError, OverflowError):
         value = math.nan
     if isinstance(price, bool) or not (math.isfinite(value) and value > 0):
-        raise MilarunError("--price must be a finite positive number of dollars, "
-                           f"not {price!r}"[:120])
+        raise MilarunError(
+            f"--price must be a finite positive number of dollars, not {price!r}"[:120]
+        )
     return value
 
 
@@ -310,8 +310,7 @@ def check_throughput(value):
         MilarunError: any other value.
     """
     if value not in THROUGHPUTS:
-        raise MilarunError(f"--throughput must be {' or '.join(THROUGHPUTS)}, "
-                           f"not {value!r}"[:120])
+        raise MilarunError(f"--throughput must be {' or '.join(THROUGHPUTS)}, not {value!r}"[:120])
     return value
 
 
@@ -320,15 +319,30 @@ def perf_basis(t, throughput="effective"):
     when ``throughput`` is ``"effective"`` and every scored result has one, else its
     own steady-state rates (``basis`` says which: ``"effective"`` or ``"own"``)."""
     eff = t.get("effective")
-    if (throughput == "effective" and eff and eff.get("n")
-            and eff["n"] == t["train"]["n"] and eff.get("mean") is not None):
+    if (
+        throughput == "effective"
+        and eff
+        and eff.get("n")
+        and eff["n"] == t["train"]["n"]
+        and eff.get("mean") is not None
+    ):
         return eff["mean"], stats.cv(eff["mean"], eff["std"]), "effective"
     return t["train"]["mean"], stats.cv(t["train"]["mean"], t["train"]["std"]), "own"
 
 
-def build_report(summary, weights=None, baseline=None, price=None, penalize_variance=True,
-                 compare_gpus=False, title=None, compare_nodes=False,
-                 node_threshold=NODE_THRESHOLD_PCT, throughput="effective", families=None):
+def build_report(
+    summary,
+    weights=None,
+    baseline=None,
+    price=None,
+    penalize_variance=True,
+    compare_gpus=False,
+    title=None,
+    compare_nodes=False,
+    node_threshold=NODE_THRESHOLD_PCT,
+    throughput="effective",
+    families=None,
+):
     """Build a :class:`Report` from a normalized summary (see :mod:`milarun.analysis.summary`).
 
     ``weights`` is ``{name: w}`` (from :func:`load_weights`) or ``None``;
@@ -360,9 +374,11 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
     used_keys = set()
     has_tags = has_families(tests)
     if families and not has_tags:
-        raise MilarunError("--family: no test of these results has profile tags (a summary "
-                           "written before milarun kept them, or a 2020 one): no family "
-                           "is known")
+        raise MilarunError(
+            "--family: no test of these results has profile tags (a summary "
+            "written before milarun kept them, or a 2020 one): no family "
+            "is known"
+        )
     for group, t in tests.items():
         n, fail = t["n"], t["failures"]
         perf, std, basis = perf_basis(t, throughput)
@@ -373,13 +389,22 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
             weight, key = weight_for(group, weights, t.get("partition"))
             if key is not None:
                 used_keys.add(key)
-        row = {"test": group, "n": n, "fail": fail, "perf": perf, "std": std,
-               "perf_adj": adj, "weight": weight,
-               "counted": bool(weight) and adj > 0,
-               "own": t["train"]["mean"], "basis": basis,
-               "effective": (t.get("effective") or {}).get("mean"),
-               "rates": t["train"]["n"], "anomalies": [from_summary(f) for f in t.get("anomalies") or []],
-               "family": family_of(t.get("tags") or []) if has_tags else None}
+        row = {
+            "test": group,
+            "n": n,
+            "fail": fail,
+            "perf": perf,
+            "std": std,
+            "perf_adj": adj,
+            "weight": weight,
+            "counted": bool(weight) and adj > 0,
+            "own": t["train"]["mean"],
+            "basis": basis,
+            "effective": (t.get("effective") or {}).get("mean"),
+            "rates": t["train"]["n"],
+            "anomalies": [from_summary(f) for f in t.get("anomalies") or []],
+            "family": family_of(t.get("tags") or []) if has_tags else None,
+        }
         if baseline is not None:
             b = base_tests.get(group)
             if b is not None:
@@ -387,11 +412,12 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
                 badj = stats.perf_adj(bperf, bstd, b["failures"], b["n"], penalize_variance)
             else:
                 bperf, badj = None, None
-            row.update(perf_base=bperf,
-                       perf_ratio=_ratio(perf, bperf, report_warnings, f"{group} perf_ratio"),
-                       perf_base_adj=badj,
-                       perf_ratio_adj=_ratio(adj, badj, report_warnings,
-                                             f"{group} perf_ratio_adj"))
+            row.update(
+                perf_base=bperf,
+                perf_ratio=_ratio(perf, bperf, report_warnings, f"{group} perf_ratio"),
+                perf_base_adj=badj,
+                perf_ratio_adj=_ratio(adj, badj, report_warnings, f"{group} perf_ratio_adj"),
+            )
         rows.append(row)
 
     columns = ["n", "fail", "perf", "std%", "perf_adj"]
@@ -402,12 +428,21 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
     if baseline is not None:
         columns += ["perf_base", "perf_ratio", "perf_base_adj", "perf_ratio_adj"]
 
-    report = Report(title=title or "milarun report", date=summary.get("date"),
-                    hosts=summary.get("hosts", []), rows=rows, columns=columns,
-                    has_weights=weights is not None, penalize_variance=penalize_variance,
-                    has_baseline=baseline is not None, price=price,
-                    skipped=list(summary.get("skipped", [])), throughput=throughput,
-                    warnings=report_warnings.warnings, family_filter=families)
+    report = Report(
+        title=title or "milarun report",
+        date=summary.get("date"),
+        hosts=summary.get("hosts", []),
+        rows=rows,
+        columns=columns,
+        has_weights=weights is not None,
+        penalize_variance=penalize_variance,
+        has_baseline=baseline is not None,
+        price=price,
+        skipped=list(summary.get("skipped", [])),
+        throughput=throughput,
+        warnings=report_warnings.warnings,
+        family_filter=families,
+    )
 
     if has_tags:
         report.families = family_view(report, rows)
@@ -422,8 +457,9 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
     report.anomalies = [(r["test"], f) for r in rows for f in r["anomalies"]]
 
     counted = [r for r in rows if r["counted"]]
-    report.score = geomean_or_warn(report, [r["perf_adj"] for r in counted],
-                                   [r["weight"] for r in counted], "score")
+    report.score = geomean_or_warn(
+        report, [r["perf_adj"] for r in counted], [r["weight"] for r in counted], "score"
+    )
     report.n_total = sum(r["n"] for r in rows)
     report.fail_total = sum(r["fail"] for r in rows)
     report.failure_rate = report.fail_total / report.n_total if report.n_total else 0.0
@@ -433,16 +469,21 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
         common = [r for r in counted if r["perf_base_adj"] and r["perf_base_adj"] > 0]
         report.ratio_partial = len(common) != len(counted)
         ws = [r["weight"] for r in common]
-        report.score_base = geomean_or_warn(report, [r["perf_base_adj"] for r in common], ws,
-                                            "baseline score")
-        report.score_ratio = _log_ratio(report, [r["perf_adj"] for r in common],
-                                        [r["perf_base_adj"] for r in common], ws)
+        report.score_base = geomean_or_warn(
+            report, [r["perf_base_adj"] for r in common], ws, "baseline score"
+        )
+        report.score_ratio = _log_ratio(
+            report, [r["perf_adj"] for r in common], [r["perf_base_adj"] for r in common], ws
+        )
 
     if price is not None and report.score:
         report.rpp = _ratio(price, report.score, report, "RPP (price / score)")
-    add_node_score_and_noise(report, tests, base_tests if baseline is not None else None,
-                             baseline_noise=baseline is None
-                             or baseline.get("origin") != "milarun-2020")
+    add_node_score_and_noise(
+        report,
+        tests,
+        base_tests if baseline is not None else None,
+        baseline_noise=baseline is None or baseline.get("origin") != "milarun-2020",
+    )
 
     if compare_gpus:
         report.gpu_tables = gpu_tables(tests)
@@ -450,15 +491,17 @@ def build_report(summary, weights=None, baseline=None, price=None, penalize_vari
         report.node_compare = node_comparison(tests, node_threshold)
     report.scaling = scaling_tables(tests)
 
-    report.short = [g for g, t in tests.items()
-                    if any(f.get("kind") == "short-steady" for f in t.get("anomalies") or [])]
+    report.short = [
+        g
+        for g, t in tests.items()
+        if any(f.get("kind") == "short-steady" for f in t.get("anomalies") or [])
+    ]
     report.overlap, report.concurrent = concurrent_tables(tests)
     for group, t in tests.items():
         for f in t.get("failed", []):
             report.failures.append({"test": group, "name": t.get("name", group), **f})
     add_checks(report, summary, baseline)
     return report
-
 
 
 def concurrent_tables(tests, min_overlap=None):
@@ -485,13 +528,24 @@ def concurrent_tables(tests, min_overlap=None):
             continue
         sync = t.get("sync") or {}
         devices = sorted(set(t.get("pergpu") or {}) | set(eff), key=device_key)
-        concurrent.append({
-            "test": group,
-            "devices": [{"device": d, "own": ((t.get("pergpu") or {}).get(d) or {}).get("mean"),
-                         "effective": (eff.get(d) or {}).get("mean")} for d in devices],
-            "adjusted": (t.get("adjusted") or {}).get("mean"),
-            "overlap": t["overlap"], "skew_s": sync.get("skew_s"),
-            "waves": sync.get("waves"), "synchronized": sync.get("synchronized")})
+        concurrent.append(
+            {
+                "test": group,
+                "devices": [
+                    {
+                        "device": d,
+                        "own": ((t.get("pergpu") or {}).get(d) or {}).get("mean"),
+                        "effective": (eff.get(d) or {}).get("mean"),
+                    }
+                    for d in devices
+                ],
+                "adjusted": (t.get("adjusted") or {}).get("mean"),
+                "overlap": t["overlap"],
+                "skew_s": sync.get("skew_s"),
+                "waves": sync.get("waves"),
+                "synchronized": sync.get("synchronized"),
+            }
+        )
     return overlap, concurrent
 
 
@@ -536,21 +590,22 @@ def gpu_tables(tests):
     for stat in stats_shown:
         rows = []
         for group, t in tests.items():
-            values = {d: s.get(stat) for d, s in t.get("pergpu", {}).items()
-                      if s.get(stat) is not None}
+            values = {
+                d: s.get(stat) for d, s in t.get("pergpu", {}).items() if s.get(stat) is not None
+            }
             if not values:
                 continue
             best = max(values.values())
-            rows.append((group, {d: (v / best if best > 0 else None)
-                                 for d, v in values.items()}))
+            rows.append((group, {d: (v / best if best > 0 else None) for d, v in values.items()}))
         out[stat] = {"devices": devices, "rows": rows}
     return out
 
 
 def gpu_runs_repeat(tests):
     """True when some device of some test has more than one steady-state rate."""
-    return any((s.get("n") or 0) > 1 for t in tests.values()
-               for s in (t.get("pergpu") or {}).values())
+    return any(
+        (s.get("n") or 0) > 1 for t in tests.values() for s in (t.get("pergpu") or {}).values()
+    )
 
 
 def check_node_threshold(value):
@@ -563,9 +618,10 @@ def check_node_threshold(value):
         pct = float(value)
     except (TypeError, ValueError):
         pct = math.nan
-    if isinstance(value, bool) or not 0 <= pct <= 100:   # NaN fails both
-        raise MilarunError("--node-threshold must be a percentage from 0 to 100, "
-                           f"not {value!r}"[:120])
+    if isinstance(value, bool) or not 0 <= pct <= 100:  # NaN fails both
+        raise MilarunError(
+            f"--node-threshold must be a percentage from 0 to 100, not {value!r}"[:120]
+        )
     return pct
 
 
@@ -602,8 +658,11 @@ def node_comparison(tests, threshold=NODE_THRESHOLD_PCT):
     seen, rows = set(), []
     slow, failed = {}, {}
     for group, t in tests.items():
-        means = {node: st["mean"] for node, st in (t.get("pernode") or {}).items()
-                 if st.get("mean") is not None}
+        means = {
+            node: st["mean"]
+            for node, st in (t.get("pernode") or {}).items()
+            if st.get("mean") is not None
+        }
         fails = {node: c for node, c in (t.get("pernode_failures") or {}).items() if c}
         seen.update(t.get("pernode") or {}, fails)
         present = set(means) | set(fails)
@@ -622,13 +681,26 @@ def node_comparison(tests, threshold=NODE_THRESHOLD_PCT):
             if is_failed:
                 failed.setdefault(node, []).append((group, fails[node]))
             st = (t.get("pernode") or {}).get(node) or {}
-            nodes.append({"node": node, "n": st.get("n", 0), "fail": fails.get(node, 0),
-                          "mean": mean, "ref": ref, "ratio": ratio, "slow": is_slow,
-                          "failed": is_failed})
+            nodes.append(
+                {
+                    "node": node,
+                    "n": st.get("n", 0),
+                    "fail": fails.get(node, 0),
+                    "mean": mean,
+                    "ref": ref,
+                    "ratio": ratio,
+                    "slow": is_slow,
+                    "failed": is_failed,
+                }
+            )
         rows.append({"test": group, "nodes": nodes})
-    return {"threshold": threshold, "nodes": sorted(seen, key=node_key), "tests": rows,
-            "slow": {node: slow[node] for node in sorted(slow, key=node_key)},
-            "failed": {node: failed[node] for node in sorted(failed, key=node_key)}}
+    return {
+        "threshold": threshold,
+        "nodes": sorted(seen, key=node_key),
+        "tests": rows,
+        "slow": {node: slow[node] for node in sorted(slow, key=node_key)},
+        "failed": {node: failed[node] for node in sorted(failed, key=node_key)},
+    }
 
 
 def scaling_tables(tests):
@@ -656,8 +728,15 @@ def scaling_tables(tests):
         for (n, g), (group, rate) in cells.items():
             eff = rate / (n * g * base) if rate is not None and base else None
             table[(n, g)] = {"throughput": rate, "efficiency": eff, "group": group}
-        out.append({"test": name, "nodes": sorted({n for n, _ in cells}),
-                    "gpus": sorted({g for _, g in cells}), "base": base, "cells": table})
+        out.append(
+            {
+                "test": name,
+                "nodes": sorted({n for n, _ in cells}),
+                "gpus": sorted({g for _, g in cells}),
+                "base": base,
+                "cells": table,
+            }
+        )
     return out
 
 
@@ -687,8 +766,11 @@ def node_throughput(t, basis="own"):
         return None
     if kind.rate_of == "device":
         per = t.get("pergpu_effective") if basis == "effective" else None
-        means = [st["mean"] for st in (per or t.get("pergpu") or {}).values()
-                 if st.get("mean") is not None]
+        means = [
+            st["mean"]
+            for st in (per or t.get("pergpu") or {}).values()
+            if st.get("mean") is not None
+        ]
         if not means:
             return None
         devices = set(t.get("pergpu") or {}) | {f.get("device") for f in t.get("failed") or []}
@@ -727,8 +809,11 @@ def _no_interval(few):
 def _one_run(counted, tests):
     """Whether every scored test of ``tests`` that has a rate comes from at most one run
     (``runs`` unknown in a summary written before it was counted: taken as one)."""
-    runs = [(tests.get(r["test"]) or {}).get("runs") for r in counted
-            if (tests.get(r["test"]) or {}).get("train", {}).get("n")]
+    runs = [
+        (tests.get(r["test"]) or {}).get("runs")
+        for r in counted
+        if (tests.get(r["test"]) or {}).get("train", {}).get("n")
+    ]
     return bool(runs) and all(not isinstance(k, int) or k <= 1 for k in runs)
 
 
@@ -744,62 +829,88 @@ def add_node_score_and_noise(report, tests, base_tests=None, baseline_noise=True
         r["ci"] = confidence.mean_interval(*r["sample"])
         node = node_throughput(t, r["basis"])
         r["node_perf"] = node
-        r["node_perf_adj"] = (None if node is None else
-                              stats.perf_adj(node, r["std"], r["fail"], r["n"],
-                                             report.penalize_variance))
+        r["node_perf_adj"] = (
+            None
+            if node is None
+            else stats.perf_adj(node, r["std"], r["fail"], r["n"], report.penalize_variance)
+        )
         if base_tests is None:
             continue
         b = base_tests.get(r["test"])
-        r["base_sample"] = (None if b is None
-                            else _sample(b, perf_basis(b, report.throughput)[2]))
-        test = (confidence.welch_test(r["sample"], r["base_sample"])
-                if b is not None and baseline_noise else None)
+        r["base_sample"] = None if b is None else _sample(b, perf_basis(b, report.throughput)[2])
+        test = (
+            confidence.welch_test(r["sample"], r["base_sample"])
+            if b is not None and baseline_noise
+            else None
+        )
         r["t"], r["df"] = (test.t, test.df) if test else (None, None)
-        r["sig"] = (None if b is None or r["perf"] is None or b["train"]["mean"] is None
-                    else "noise unknown" if test is None
-                    else "significant" if test.significant else "within noise")
+        r["sig"] = (
+            None
+            if b is None or r["perf"] is None or b["train"]["mean"] is None
+            else "noise unknown"
+            if test is None
+            else "significant"
+            if test.significant
+            else "within noise"
+        )
 
     counted = [r for r in report.rows if r["counted"]]
     node_rows = [r for r in counted if r["node_perf_adj"]]
     report.node_missing = [r["test"] for r in counted if not r["node_perf_adj"]]
-    report.node_score = geomean_or_warn(report, [r["node_perf_adj"] for r in node_rows],
-                                        [r["weight"] for r in node_rows], "node score")
+    report.node_score = geomean_or_warn(
+        report,
+        [r["node_perf_adj"] for r in node_rows],
+        [r["weight"] for r in node_rows],
+        "node score",
+    )
     if report.price is not None and report.node_score:
-        report.node_rpp = _ratio(report.price, report.node_score, report,
-                                 "price / node score")
+        report.node_rpp = _ratio(report.price, report.node_score, report, "price / node score")
 
     # Tests with one result (whole-node, gpu-progression) are held fixed, so a profile
     # that has any still gets an interval; the report names them (docs/report.md).
     report.score_ci = confidence.geomean_interval(
-        report.score, [(r["weight"], [r["sample"]]) for r in counted], hold_unknown=True)
+        report.score, [(r["weight"], [r["sample"]]) for r in counted], hold_unknown=True
+    )
     report.node_score_ci = confidence.geomean_interval(
-        report.node_score, [(r["weight"], [r["sample"]]) for r in node_rows],
-        hold_unknown=True)
+        report.node_score, [(r["weight"], [r["sample"]]) for r in node_rows], hold_unknown=True
+    )
     if report.score is not None and report.score_ci is None:
         report.score_ci_note = _no_interval(_few(counted))
     elif report.score_ci is not None:
         report.score_ci_held = _few(counted)
     if report.node_score_ci is not None:
         report.node_score_ci_held = _few(node_rows)
-    report.one_run = [side for side, tests_ in (("these results", tests),
-                                                ("the baseline",
-                                                 base_tests if baseline_noise else None))
-                      if tests_ is not None and _one_run(counted, tests_)]
+    report.one_run = [
+        side
+        for side, tests_ in (
+            ("these results", tests),
+            ("the baseline", base_tests if baseline_noise else None),
+        )
+        if tests_ is not None and _one_run(counted, tests_)
+    ]
 
     if base_tests is not None and report.score_ratio is not None:
         common = [r for r in counted if r["perf_base_adj"] and r["perf_base_adj"] > 0]
         if not baseline_noise:
-            report.score_ratio_ci_note = ("the baseline is a 2020 summary, whose format "
-                                          "does not define its std")
+            report.score_ratio_ci_note = (
+                "the baseline is a 2020 summary, whose format does not define its std"
+            )
             return
         report.score_ratio_ci = confidence.geomean_interval(
-            report.score_ratio, [(r["weight"], [r["sample"], r["base_sample"]])
-                                 for r in common], hold_unknown=True)
+            report.score_ratio,
+            [(r["weight"], [r["sample"], r["base_sample"]]) for r in common],
+            hold_unknown=True,
+        )
         if report.score_ratio_ci is not None:
             held = set(_few(common)) | set(_few(common, "base_sample"))
             report.score_ratio_ci_held = sorted(held)
         if report.score_ratio_ci is None:
-            few = [f"{side} {', '.join(names)}" for side, names in
-                   (("ours:", _few(common)), ("baseline:", _few(common, "base_sample")))
-                   if names]
+            few = [
+                f"{side} {', '.join(names)}"
+                for side, names in (
+                    ("ours:", _few(common)),
+                    ("baseline:", _few(common, "base_sample")),
+                )
+                if names
+            ]
             report.score_ratio_ci_note = _no_interval(["; ".join(few)] if few else [])

@@ -66,7 +66,11 @@ from .text import fmt_interval, ratio_verdict
 #: A verdict's levels (:attr:`milarun.verify.verdict.Verdict.level`), and the tender's
 #: own for a bundle that could not be read.
 VERIFIED, NOT_PINNED, NOT_VERIFIED, UNREADABLE = (
-    "VERIFIED", "CONSISTENT, NOT PINNED", "NOT VERIFIED", "unreadable")
+    "VERIFIED",
+    "CONSISTENT, NOT PINNED",
+    "NOT VERIFIED",
+    "unreadable",
+)
 
 #: What a pair's difference is called (``Pair.sig``).
 SIGNIFICANT, WITHIN_NOISE, NOISE_UNKNOWN = "significant", "within noise", "noise unknown"
@@ -75,16 +79,20 @@ SIGNIFICANT, WITHIN_NOISE, NOISE_UNKNOWN = "significant", "within noise", "noise
 MARKS = {SIGNIFICANT: "*", WITHIN_NOISE: "=", NOISE_UNKNOWN: "?"}
 
 #: The line under the ranking table.
-RANK_LEGEND = ("ranked: VERIFIED bidders (head pinned) by score, then CONSISTENT, NOT PINNED "
-               "ones by score, marked (unpinned); a bidder that failed verification or is "
-               "unreadable is shown without a rank, below them")
+RANK_LEGEND = (
+    "ranked: VERIFIED bidders (head pinned) by score, then CONSISTENT, NOT PINNED "
+    "ones by score, marked (unpinned); a bidder that failed verification or is "
+    "unreadable is shown without a rank, below them"
+)
 
 #: The line under the pairwise matrix.
-PAIR_LEGEND = ("row / column: the row's score over the column's, over the tests both have "
-               "(milarun report ROW --compare COLUMN); * significant: the ratio's 95% "
-               "interval excludes 1; = within noise; ? noise unknown (fewer than 2 results "
-               "per test); the interval combines each test's two samples as Welch's t-test "
-               "does (measure/confidence.py: geomean_interval, welch_test)")
+PAIR_LEGEND = (
+    "row / column: the row's score over the column's, over the tests both have "
+    "(milarun report ROW --compare COLUMN); * significant: the ratio's 95% "
+    "interval excludes 1; = within noise; ? noise unknown (fewer than 2 results "
+    "per test); the interval combines each test's two samples as Welch's t-test "
+    "does (measure/confidence.py: geomean_interval, welch_test)"
+)
 
 #: ``ratio`` (row score / column score, over the tests both have), ``ci``
 #: (:data:`milarun.measure.confidence.Interval` or None), ``sig`` (:data:`SIGNIFICANT`,
@@ -149,8 +157,11 @@ class Bidder:
         if self.level != NOT_VERIFIED:
             return self.level
         failed = len(self.verdict.failed)
-        return (f"{NOT_VERIFIED}: {failed} clause(s) failed" if failed
-                else f"{NOT_VERIFIED}: no clause checked")
+        return (
+            f"{NOT_VERIFIED}: {failed} clause(s) failed"
+            if failed
+            else f"{NOT_VERIFIED}: no clause checked"
+        )
 
     @property
     def signed(self):
@@ -198,6 +209,7 @@ class Tender:
 
 
 # --- pure functions (no files) ----------------------------------------------------------
+
 
 def tier(bidder):
     """0 ``VERIFIED``, 1 ``CONSISTENT, NOT PINNED`` (``unpinned``), 2 failed or
@@ -252,11 +264,18 @@ def parse_bidders(args):
         if name is None:
             name = Path(path).resolve().name
         if not BIDDER_NAME.fullmatch(name):
-            raise MilarunError(f"{name!r} is not a bidder name (1 to 64 letters, digits, '.', "
-                               "'_', '+', '-'): give one as NAME=PATH"[:200], path=arg)
+            raise MilarunError(
+                f"{name!r} is not a bidder name (1 to 64 letters, digits, '.', "
+                "'_', '+', '-'): give one as NAME=PATH"[:200],
+                path=arg,
+            )
         if name in seen:
-            raise MilarunError(f"two bidders named {name!r} ({seen[name]} and {path}): "
-                               "name them as NAME=PATH"[:300], path=arg)
+            raise MilarunError(
+                f"two bidders named {name!r} ({seen[name]} and {path}): name them as NAME=PATH"[
+                    :300
+                ],
+                path=arg,
+            )
         seen[name] = path
         out.append((name, path))
     if not out:
@@ -272,8 +291,11 @@ def check_prices(prices, names, path):
     """
     for name in prices:
         if name not in names:
-            raise ResultFormatError(f"no such bidder (the bidders: {', '.join(names)})"[:300],
-                                    path=path, key=f"bidders.{name}")
+            raise ResultFormatError(
+                f"no such bidder (the bidders: {', '.join(names)})"[:300],
+                path=path,
+                key=f"bidders.{name}",
+            )
 
 
 def pair(row_summary, column_summary, weights):
@@ -296,27 +318,28 @@ def pairwise(summaries, weights):
     (``{name: normalized summary}``; ``weights`` ``{test: w}`` or None), each from
     :func:`pair`."""
     names = list(summaries)
-    return {(a, b): pair(summaries[a], summaries[b], weights)
-            for a in names for b in names if a != b}
+    return {
+        (a, b): pair(summaries[a], summaries[b], weights) for a in names for b in names if a != b
+    }
 
 
 def family_labels(bidders):
     """The family labels of the bidders' reports (``Report.families``), in
     :data:`milarun.report.family.FAMILIES` order."""
-    present = {f["family"] for b in bidders if b.report is not None
-               for f in b.report.families}
+    present = {f["family"] for b in bidders if b.report is not None for f in b.report.families}
     return [FAMILY_LABELS[f] for f in FAMILIES + (OTHER,) if f in present]
 
 
 def family_score(bidder, label):
     """The bidder's score of the family ``label``, or None."""
-    for f in (bidder.report.families if bidder.report is not None else []):
+    for f in bidder.report.families if bidder.report is not None else []:
         if f["label"] == label:
             return f["score"]
     return None
 
 
 # --- building a tender (reads files) ----------------------------------------------------
+
 
 def verify_one(path, rules, expect_head=None, public_key=None):
     """The :class:`milarun.verify.verdict.Verdict` of bundle ``path`` against ``rules``
@@ -359,8 +382,11 @@ def resolve_weights(weights, summaries):
     suites = {s for summary in summaries for s in summary_suites(summary)}
     default = shipped_weights(next(iter(suites))) if len(suites) == 1 else None
     if default is not None:
-        return (load_weights(default), shown_path(default),
-                f"the shipped weights of profile {next(iter(suites))} (no --weights)")
+        return (
+            load_weights(default),
+            shown_path(default),
+            f"the shipped weights of profile {next(iter(suites))} (no --weights)",
+        )
     return None, None, "unweighted: every test weight 1 (no --weights)"
 
 
@@ -394,22 +420,32 @@ def _from_bidders_file(path, bundles, prices):
     from ..verify.keys import load_public
 
     if bundles:
-        raise MilarunError("give the bidders either in --bidders or as BUNDLE arguments, "
-                           "not both")
+        raise MilarunError("give the bidders either in --bidders or as BUNDLE arguments, not both")
     if prices is not None:
-        raise MilarunError("--prices folds into --bidders: give each bidder's price and "
-                           "currency in the bidders file (docs/tender.md)")
+        raise MilarunError(
+            "--prices folds into --bidders: give each bidder's price and "
+            "currency in the bidders file (docs/tender.md)"
+        )
     currency, entries = read_bidders(path)
     for e in entries:
         if e.public_key is not None:
             try:
                 load_public(e.public_key)
             except MilarunError as exc:
-                raise ResultFormatError(one_line(str(exc))[:400], path=path,
-                                        key=f"{e.key}.public_key")
-    return currency, [Bidder(name=e.name, path=e.bundle, head=e.head,
-                             head_received=e.head_received, public_key=e.public_key,
-                             price=e.price) for e in entries]
+                raise ResultFormatError(
+                    one_line(str(exc))[:400], path=path, key=f"{e.key}.public_key"
+                )
+    return currency, [
+        Bidder(
+            name=e.name,
+            path=e.bundle,
+            head=e.head,
+            head_received=e.head_received,
+            public_key=e.public_key,
+            price=e.price,
+        )
+        for e in entries
+    ]
 
 
 def build_tender(bundles, rules, prices=None, weights=None, warn=None, bidders_file=None):
@@ -435,18 +471,18 @@ def build_tender(bundles, rules, prices=None, weights=None, warn=None, bidders_f
         if prices is not None:
             currency, price_map = read_prices(prices)
             check_prices(price_map, [n for n, _ in named], prices)
-        bidders = [Bidder(name=name, path=path, price=price_map.get(name))
-                   for name, path in named]
+        bidders = [Bidder(name=name, path=path, price=price_map.get(name)) for name, path in named]
     if weights is not None:
-        load_weights(weights)   # a bad weights file is refused before any bundle is read
+        load_weights(weights)  # a bad weights file is refused before any bundle is read
     summaries = {}
     for bidder in bidders:
         path = bidder.path
         try:
-            bidder.verdict = verify_one(path, rules, expect_head=bidder.head,
-                                        public_key=bidder.public_key)
+            bidder.verdict = verify_one(
+                path, rules, expect_head=bidder.head, public_key=bidder.public_key
+            )
             torn = _manifest_unreadable(bidder.verdict)
-            if torn is not None:     # no chain: nothing to count, no clause to show
+            if torn is not None:  # no chain: nothing to count, no clause to show
                 bidder.error = one_line(torn)
                 continue
             summaries[bidder.name] = load_inputs(path, warn, only=_chained(path)).summary
@@ -457,20 +493,28 @@ def build_tender(bundles, rules, prices=None, weights=None, warn=None, bidders_f
     weights_map, weights_shown, note = resolve_weights(weights, summaries.values())
     for bidder in bidders:
         if bidder.name in summaries:
-            bidder.report = build_report(summaries[bidder.name], weights=weights_map,
-                                         price=bidder.price, title=bidder.name)
+            bidder.report = build_report(
+                summaries[bidder.name], weights=weights_map, price=bidder.price, title=bidder.name
+            )
     ordered = rank(bidders)
     scored = {b.name: summaries[b.name] for b in ordered if b.score is not None}
-    tender = Tender(bidders=ordered, rules=shown_path(rules), currency=currency,
-                    prices=shown_path(prices) if prices else None,
-                    bidders_file=shown_path(bidders_file) if bidders_file else None,
-                    weights=weights_shown, weights_note=note,
-                    pairs=pairwise(scored, weights_map), families=family_labels(ordered))
+    tender = Tender(
+        bidders=ordered,
+        rules=shown_path(rules),
+        currency=currency,
+        prices=shown_path(prices) if prices else None,
+        bidders_file=shown_path(bidders_file) if bidders_file else None,
+        weights=weights_shown,
+        weights_note=note,
+        pairs=pairwise(scored, weights_map),
+        families=family_labels(ordered),
+    )
     tender.warnings = [f"{b.name}: {w}" for b in ordered if b.report for w in b.report.warnings]
     return tender
 
 
 # --- output -----------------------------------------------------------------------------
+
 
 def columns(tender):
     """The columns of the ranking table."""
@@ -480,8 +524,7 @@ def columns(tender):
     cols += ["score", "score 95% CI", "node score", "node score 95% CI"]
     cols += [f"{label} score" for label in tender.families]
     cols += ["failure rate"]
-    if any(b.report is not None and b.report.perf_per_watt is not None
-           for b in tender.bidders):
+    if any(b.report is not None and b.report.perf_per_watt is not None for b in tender.bidders):
         cols += ["perf/W (items/J)"]
     if tender.currency is not None:
         cols += [f"price ({tender.currency})", "price / score", "price / node score"]
@@ -498,17 +541,18 @@ def cells(tender, bidder):
     """``{column: text}`` of one bidder's row (text, HTML and JSON read the same)."""
     r = bidder.report
     rank = "-" if bidder.rank is None else str(bidder.rank)
-    row = {"rank": rank + " (unpinned)" if bidder.rank is not None and not bidder.verified
-           else rank,
-           "verification": bidder.status,
-           "signed": bidder.signed,
-           "head received": bidder.head_received or "-",
-           "score": fmt_num(bidder.score),
-           "score 95% CI": _ci(r, "score"),
-           "node score": fmt_num(r.node_score if r else None),
-           "node score 95% CI": _ci(r, "node_score"),
-           "failure rate": "-" if r is None else fmt_pct(r.failure_rate),
-           "perf/W (items/J)": fmt_num(r.perf_per_watt if r else None, ".4g")}
+    row = {
+        "rank": rank + " (unpinned)" if bidder.rank is not None and not bidder.verified else rank,
+        "verification": bidder.status,
+        "signed": bidder.signed,
+        "head received": bidder.head_received or "-",
+        "score": fmt_num(bidder.score),
+        "score 95% CI": _ci(r, "score"),
+        "node score": fmt_num(r.node_score if r else None),
+        "node score 95% CI": _ci(r, "node_score"),
+        "failure rate": "-" if r is None else fmt_pct(r.failure_rate),
+        "perf/W (items/J)": fmt_num(r.perf_per_watt if r else None, ".4g"),
+    }
     for label in tender.families:
         row[f"{label} score"] = fmt_num(family_score(bidder, label))
     if tender.currency is not None:
@@ -537,8 +581,7 @@ def pair_line(a, b, p):
     """One line: ``A / B: 1.234, 95% CI 1.1 to 1.3: significant``."""
     if p.ratio is None:
         return f"{a} / {b}: no common scored test"
-    ci = (f"95% CI {fmt_interval(p.ci, '.3f')}" if p.ci is not None
-          else f"no interval ({p.note})")
+    ci = f"95% CI {fmt_interval(p.ci, '.3f')}" if p.ci is not None else f"no interval ({p.note})"
     part = " (partial: over the tests both have)" if p.partial else ""
     return f"{a} / {b}: {p.ratio:.3f}{part}, {ci}: {p.sig}"
 
@@ -546,32 +589,43 @@ def pair_line(a, b, p):
 def header_items(tender):
     """``[(label, text)]``: what the tender table was made from."""
     if tender.bidders_file:
-        who = (f"{tender.bidders_file} (each bundle verified with the head received and "
-               "the public key the file gives)")
+        who = (
+            f"{tender.bidders_file} (each bundle verified with the head received and "
+            "the public key the file gives)"
+        )
     else:
-        who = ("the command line (no head, no key: every bidder unpinned; give them in "
-               "--bidders)")
+        who = "the command line (no head, no key: every bidder unpinned; give them in --bidders)"
     if tender.bidders_file:
-        priced = (f"{tender.bidders_file} ({tender.currency})" if tender.currency
-                  else "none (no price in the bidders file)")
+        priced = (
+            f"{tender.bidders_file} ({tender.currency})"
+            if tender.currency
+            else "none (no price in the bidders file)"
+        )
     else:
-        priced = (f"{tender.prices} ({tender.currency})" if tender.prices
-                  else "none (no --prices)")
-    return [("bidders", who),
-            ("rules", tender.rules),
-            ("weights", tender.weights_note if tender.weights is None
-             else f"{tender.weights} ({tender.weights_note})"),
-            ("prices", priced),
-            ("milarun", __version__)]
+        priced = f"{tender.prices} ({tender.currency})" if tender.prices else "none (no --prices)"
+    return [
+        ("bidders", who),
+        ("rules", tender.rules),
+        (
+            "weights",
+            tender.weights_note
+            if tender.weights is None
+            else f"{tender.weights} ({tender.weights_note})",
+        ),
+        ("prices", priced),
+        ("milarun", __version__),
+    ]
 
 
 def _one_run(tender):
     names = [b.name for b in tender.bidders if b.report is not None and b.report.one_run]
     if not names:
         return None
-    return (f"one run per test in {', '.join(names)}: the intervals hold the spread between "
-            "that run's results, not the drift between runs; ask for --repeat 3 or more "
-            "before calling a difference of a few percent real (docs/report.md)")
+    return (
+        f"one run per test in {', '.join(names)}: the intervals hold the spread between "
+        "that run's results, not the drift between runs; ask for --repeat 3 or more "
+        "before calling a difference of a few percent real (docs/report.md)"
+    )
 
 
 def text_lines(tender):
@@ -586,15 +640,19 @@ def text_lines(tender):
     lines.append("")
     cols = columns(tender)
     rows = [cells(tender, b) for b in tender.bidders]
-    frame = pd.DataFrame({c: [row[c] for row in rows] for c in cols},
-                         index=pd.Index([b.name for b in tender.bidders], name="bidder"),
-                         columns=cols)
+    frame = pd.DataFrame(
+        {c: [row[c] for row in rows] for c in cols},
+        index=pd.Index([b.name for b in tender.bidders], name="bidder"),
+        columns=cols,
+    )
     lines.append(frame.to_string())
     lines.append(RANK_LEGEND)
     for b in tender.bidders:
         if b.unpinned:
-            lines.append(f"{b.name}: {NOT_PINNED}: every clause held, but no head was given: "
-                         "a chain rewritten end to end reads the same")
+            lines.append(
+                f"{b.name}: {NOT_PINNED}: every clause held, but no head was given: "
+                "a chain rewritten end to end reads the same"
+            )
         elif b.error is not None:
             lines.append(f"{b.name}: unreadable: {b.error}")
         elif b.verdict is not None and not b.verdict.ok:
@@ -604,13 +662,21 @@ def text_lines(tender):
     if len(names) >= 2:
         lines.append("")
         lines.append("score differences between bidders (row / column):")
-        matrix = pd.DataFrame({c: [pair_cell(tender.pairs.get((r, c))) if r != c else "-"
-                                   for r in names] for c in names},
-                              index=pd.Index(names, name="row / column"), columns=names)
+        matrix = pd.DataFrame(
+            {
+                c: [pair_cell(tender.pairs.get((r, c))) if r != c else "-" for r in names]
+                for c in names
+            },
+            index=pd.Index(names, name="row / column"),
+            columns=names,
+        )
         lines.append(matrix.to_string())
         lines.append(PAIR_LEGEND)
-        lines += [pair_line(a, b, tender.pairs[(a, b)])
-                  for i, a in enumerate(names) for b in names[i + 1:]]
+        lines += [
+            pair_line(a, b, tender.pairs[(a, b)])
+            for i, a in enumerate(names)
+            for b in names[i + 1 :]
+        ]
     note = _one_run(tender)
     if note:
         lines.append(note)
@@ -623,8 +689,11 @@ def render_text(tender):
 
 
 def _interval_json(ci):
-    return None if ci is None else {"lo": ci.lo, "hi": ci.hi, "df": ci.df
-                                    if math.isfinite(ci.df) else None}
+    return (
+        None
+        if ci is None
+        else {"lo": ci.lo, "hi": ci.hi, "df": ci.df if math.isfinite(ci.df) else None}
+    )
 
 
 def to_json(tender):
@@ -634,29 +703,56 @@ def to_json(tender):
     bidders = []
     for b in tender.bidders:
         r = b.report
-        bidders.append({
-            "name": b.name, "bundle": b.path, "rank": b.rank, "verified": b.verified,
-            "level": b.level, "pinned": b.head is not None, "head": b.head,
-            "head_received": b.head_received, "public_key": b.public_key,
-            "signed": b.signed, "status": b.status, "error": b.error,
-            "failed": ([c.to_json() for c in b.verdict.failed]
-                       if b.verdict and b.error is None else []),
-            "score": b.score, "score_ci": _interval_json(r.score_ci if r else None),
-            "node_score": r.node_score if r else None,
-            "node_score_ci": _interval_json(r.node_score_ci if r else None),
-            "families": {f["label"]: f["score"] for f in (r.families if r else [])},
-            "failure_rate": r.failure_rate if r else None,
-            "perf_per_watt": r.perf_per_watt if r else None,
-            "price": b.price,
-            "price_per_score": r.rpp if r and b.price else None,
-            "price_per_node_score": r.node_rpp if r and b.price else None})
-    return {"format": "milarun-tender", "milarun": __version__, "rules": tender.rules,
-            "bidders_file": tender.bidders_file,
-            "weights": tender.weights, "prices": tender.prices, "currency": tender.currency,
-            "bidders": bidders,
-            "pairs": [{"row": a, "column": b, "ratio": p.ratio, "ci": _interval_json(p.ci),
-                       "significance": p.sig, "partial": p.partial}
-                      for (a, b), p in tender.pairs.items()]}
+        bidders.append(
+            {
+                "name": b.name,
+                "bundle": b.path,
+                "rank": b.rank,
+                "verified": b.verified,
+                "level": b.level,
+                "pinned": b.head is not None,
+                "head": b.head,
+                "head_received": b.head_received,
+                "public_key": b.public_key,
+                "signed": b.signed,
+                "status": b.status,
+                "error": b.error,
+                "failed": (
+                    [c.to_json() for c in b.verdict.failed] if b.verdict and b.error is None else []
+                ),
+                "score": b.score,
+                "score_ci": _interval_json(r.score_ci if r else None),
+                "node_score": r.node_score if r else None,
+                "node_score_ci": _interval_json(r.node_score_ci if r else None),
+                "families": {f["label"]: f["score"] for f in (r.families if r else [])},
+                "failure_rate": r.failure_rate if r else None,
+                "perf_per_watt": r.perf_per_watt if r else None,
+                "price": b.price,
+                "price_per_score": r.rpp if r and b.price else None,
+                "price_per_node_score": r.node_rpp if r and b.price else None,
+            }
+        )
+    return {
+        "format": "milarun-tender",
+        "milarun": __version__,
+        "rules": tender.rules,
+        "bidders_file": tender.bidders_file,
+        "weights": tender.weights,
+        "prices": tender.prices,
+        "currency": tender.currency,
+        "bidders": bidders,
+        "pairs": [
+            {
+                "row": a,
+                "column": b,
+                "ratio": p.ratio,
+                "ci": _interval_json(p.ci),
+                "significance": p.sig,
+                "partial": p.partial,
+            }
+            for (a, b), p in tender.pairs.items()
+        ],
+    }
 
 
 def render_html(tender, generated=None):
@@ -664,24 +760,52 @@ def render_html(tender, generated=None):
     with autoescaping: every bidder name and clause detail is escaped)."""
     cols = columns(tender)
     names = [b.name for b in tender.bidders if b.score is not None]
-    return _env().get_template("tender.html.j2").render(
-        inputs=header_items(tender), columns=cols, generated=generated,
-        rank_legend=RANK_LEGEND,
-        rows=[{"name": b.name, "verified": b.verified, "level": b.level,
-               "tier": ("verified", "unpinned", "unverified")[tier(b)],
-               "cells": cells(tender, b),
-               "failed": ([f"{c.name}: {c.detail}" for c in b.verdict.failed]
-                          if b.verdict is not None and b.error is None else [])
-               + ([f"unreadable: {b.error}"] if b.error else [])}
-              for b in tender.bidders],
-        names=names,
-        matrix=[{"row": r, "cells": [("-", "") if r == c else
-                                     (pair_cell(tender.pairs.get((r, c))),
-                                      _band(tender.pairs.get((r, c))))
-                                     for c in names]} for r in names],
-        legend=PAIR_LEGEND, one_run=_one_run(tender),
-        pairs=[pair_line(a, b, tender.pairs[(a, b)])
-               for i, a in enumerate(names) for b in names[i + 1:]])
+    return (
+        _env()
+        .get_template("tender.html.j2")
+        .render(
+            inputs=header_items(tender),
+            columns=cols,
+            generated=generated,
+            rank_legend=RANK_LEGEND,
+            rows=[
+                {
+                    "name": b.name,
+                    "verified": b.verified,
+                    "level": b.level,
+                    "tier": ("verified", "unpinned", "unverified")[tier(b)],
+                    "cells": cells(tender, b),
+                    "failed": (
+                        [f"{c.name}: {c.detail}" for c in b.verdict.failed]
+                        if b.verdict is not None and b.error is None
+                        else []
+                    )
+                    + ([f"unreadable: {b.error}"] if b.error else []),
+                }
+                for b in tender.bidders
+            ],
+            names=names,
+            matrix=[
+                {
+                    "row": r,
+                    "cells": [
+                        ("-", "")
+                        if r == c
+                        else (pair_cell(tender.pairs.get((r, c))), _band(tender.pairs.get((r, c))))
+                        for c in names
+                    ],
+                }
+                for r in names
+            ],
+            legend=PAIR_LEGEND,
+            one_run=_one_run(tender),
+            pairs=[
+                pair_line(a, b, tender.pairs[(a, b)])
+                for i, a in enumerate(names)
+                for b in names[i + 1 :]
+            ],
+        )
+    )
 
 
 def _band(p):
@@ -691,8 +815,17 @@ def _band(p):
     return "good" if p.ratio > 1 else "bad"
 
 
-def make_tender(bundles, rules, prices=None, weights=None, html=None, json_out=None,
-                warn=None, generated=None, bidders_file=None):
+def make_tender(
+    bundles,
+    rules,
+    prices=None,
+    weights=None,
+    html=None,
+    json_out=None,
+    warn=None,
+    generated=None,
+    bidders_file=None,
+):
     """Build the tender (:func:`build_tender`), write its HTML page and JSON file when
     asked; returns ``(tender, text)``.
 
@@ -703,18 +836,38 @@ def make_tender(bundles, rules, prices=None, weights=None, html=None, json_out=N
     import datetime
     import json
 
-    tender = build_tender(bundles, rules, prices=prices, weights=weights, warn=warn,
-                          bidders_file=bidders_file)
+    tender = build_tender(
+        bundles, rules, prices=prices, weights=weights, warn=warn, bidders_file=bidders_file
+    )
     text = render_text(tender)
     if html:
         generated = generated or datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds")
+            timespec="seconds"
+        )
         write_text(html, render_html(tender, generated=generated))
     if json_out:
         write_text(json_out, json.dumps(to_json(tender), indent=1, allow_nan=False) + "\n")
     return tender, text
 
 
-__all__ = ["NOT_PINNED", "NOT_VERIFIED", "UNREADABLE", "VERIFIED", "Bidder", "Pair", "Tender",
-           "build_tender", "make_tender", "pair", "pairwise", "parse_bidders", "rank",
-           "render_html", "render_text", "sort_key", "tier", "to_json", "verify_one"]
+__all__ = [
+    "NOT_PINNED",
+    "NOT_VERIFIED",
+    "UNREADABLE",
+    "VERIFIED",
+    "Bidder",
+    "Pair",
+    "Tender",
+    "build_tender",
+    "make_tender",
+    "pair",
+    "pairwise",
+    "parse_bidders",
+    "rank",
+    "render_html",
+    "render_text",
+    "sort_key",
+    "tier",
+    "to_json",
+    "verify_one",
+]

@@ -51,8 +51,9 @@ def table_frame(report):
     if any(r.get("anomalies") for r in report.rows):
         columns.append("anomalies")
         data["anomalies"] = [short_kinds(r.get("anomalies") or []) for r in report.rows]
-    return pd.DataFrame(data, index=pd.Index([r["test"] for r in report.rows], name="test"),
-                        columns=columns)
+    return pd.DataFrame(
+        data, index=pd.Index([r["test"] for r in report.rows], name="test"), columns=columns
+    )
 
 
 def header_items(inputs):
@@ -65,36 +66,51 @@ def header_items(inputs):
     items = []
     if inputs["kind"] == "results":
         skipped = f", {inputs['skipped']} file(s) skipped" if inputs["skipped"] else ""
-        items.append(("results", f"{inputs['source']} ({inputs['records']} result files"
-                                 f"{skipped})"))
+        items.append(("results", f"{inputs['source']} ({inputs['records']} result files{skipped})"))
         if inputs.get("foreign"):
-            items.append(("not counted", f"{len(inputs['foreign'])} record(s) not written by "
-                                         "a session of this folder: "
-                                         + ", ".join(inputs["foreign"])))
+            items.append(
+                (
+                    "not counted",
+                    f"{len(inputs['foreign'])} record(s) not written by "
+                    "a session of this folder: " + ", ".join(inputs["foreign"]),
+                )
+            )
     else:
         made = f" (made from results folder {inputs['folder']})" if inputs.get("folder") else ""
         items.append(("results", f"summary file {inputs['source']}{made}"))
     suites = ", ".join(inputs["suites"]) or "unknown"
     if inputs.get("profile"):
         sha = inputs.get("profile_sha256")
-        profile = (f"{suites}, from {inputs['profile']}"
-                   + (f" (sha256 {sha[:12]})" if sha else "")
-                   + " as the results folder's session recorded it")
+        profile = (
+            f"{suites}, from {inputs['profile']}"
+            + (f" (sha256 {sha[:12]})" if sha else "")
+            + " as the results folder's session recorded it"
+        )
     else:
         profile = f"{suites} (the suite the records name; no session file names the profile)"
     items.append(("profile", profile))
     if inputs.get("weights") is None:
         items.append(("weights", "unweighted: every test weight 1"))
     elif inputs.get("weights_default"):
-        items.append(("weights", f"{inputs['weights']}, the shipped weights of profile "
-                                 f"{suites} (no --weights given; --unweighted for every "
-                                 "test weight 1)"))
+        items.append(
+            (
+                "weights",
+                f"{inputs['weights']}, the shipped weights of profile "
+                f"{suites} (no --weights given; --unweighted for every "
+                "test weight 1)",
+            )
+        )
     else:
         items.append(("weights", inputs["weights"]))
     if inputs.get("families"):
         names = ", ".join(FAMILY_LABELS.get(f, f) for f in inputs["families"])
-        items.append(("families", f"{names} (--family): the score is over these families' "
-                                  "tests only; the others are shown with weight 0"))
+        items.append(
+            (
+                "families",
+                f"{names} (--family): the score is over these families' "
+                "tests only; the others are shown with weight 0",
+            )
+        )
     items.append(("baseline", inputs.get("baseline") or "none (no --compare)"))
     price = inputs.get("price")
     items.append(("price", f"${price:,.2f}" if price is not None else "none (no --price)"))
@@ -102,8 +118,7 @@ def header_items(inputs):
     items.append(("milarun", f"{made} (results), {inputs['milarun_report']} (this report)"))
     first, last = inputs.get("first"), inputs.get("last")
     if first or last:
-        items.append(("dates", f"{first or '?'} to {last or '?'} (UTC, first start to last "
-                               "end)"))
+        items.append(("dates", f"{first or '?'} to {last or '?'} (UTC, first start to last end)"))
     else:
         items.append(("dates", "not recorded"))
     return items
@@ -113,8 +128,11 @@ def score_lines(report):
     """The score block as a list of lines."""
     lines = []
     if report.score is None:
-        why = ("out of range: see the warning" if _out_of_range(report, "score")
-               else "no weighted test has results")
+        why = (
+            "out of range: see the warning"
+            if _out_of_range(report, "score")
+            else "no weighted test has results"
+        )
         lines.append(f"score: n/a ({why})")
     else:
         tag = " (incomplete)" if report.incomplete else ""
@@ -126,17 +144,22 @@ def score_lines(report):
         lines.append(f"missing tests (weighted, no results): {', '.join(report.missing)}")
     if report.zero:
         reasons = report.zero_reasons or {}
-        lines.append("tests with perf_adj 0, left out of the score: "
-                     + "; ".join(f"{t}: {reasons[t]}" if reasons.get(t) else t
-                                 for t in report.zero))
-    lines.append(f"failure rate: {report.fail_total}/{report.n_total} = "
-                 f"{fmt_pct(report.failure_rate)} {report.verdict}")
+        lines.append(
+            "tests with perf_adj 0, left out of the score: "
+            + "; ".join(f"{t}: {reasons[t]}" if reasons.get(t) else t for t in report.zero)
+        )
+    lines.append(
+        f"failure rate: {report.fail_total}/{report.n_total} = "
+        f"{fmt_pct(report.failure_rate)} {report.verdict}"
+    )
     if report.has_baseline:
         part = " (partial: over the tests both have)" if report.ratio_partial else ""
         lines.append(f"baseline score: {fmt_num(report.score_base)}")
-        lines.append(f"score / baseline: {fmt_num(report.score_ratio, '.3f')}{part}"
-                     if not _out_of_range(report, "score / baseline")
-                     else "score / baseline: n/a (out of range: see the warning)")
+        lines.append(
+            f"score / baseline: {fmt_num(report.score_ratio, '.3f')}{part}"
+            if not _out_of_range(report, "score / baseline")
+            else "score / baseline: n/a (out of range: see the warning)"
+        )
     if report.price is not None:
         lines.append(f"price: ${report.price:,.2f}")
         lines.append(f"RPP (price / score): {fmt_num(report.rpp)}")
@@ -144,17 +167,23 @@ def score_lines(report):
     if report.overlap:
         lines.append(overlap_line(report.overlap))
     if any(r.get("basis") == "effective" for r in report.rows):
-        lines.append("perf: effective throughput of the tests run as concurrent processes "
-                     "(own: their own steady-state rates; --throughput own for the 2020 rule)")
+        lines.append(
+            "perf: effective throughput of the tests run as concurrent processes "
+            "(own: their own steady-state rates; --throughput own for the 2020 rule)"
+        )
     elif getattr(report, "throughput", "effective") == "own":
         lines.append("perf: own steady-state throughput (--throughput own, the 2020 rule)")
     if report.single:
-        lines.append("variance unknown (n=1): " + ", ".join(report.single)
-                     + " (one result each: std% is not measured, so no variance penalty)")
+        lines.append(
+            "variance unknown (n=1): "
+            + ", ".join(report.single)
+            + " (one result each: std% is not measured, so no variance penalty)"
+        )
     if report.anomalies:
         tests = [t for t, _ in anomalies_by_test(report)]
-        lines.append(f"anomalies: {len(report.anomalies)} flag(s) in {', '.join(tests)} "
-                     "(listed below)")
+        lines.append(
+            f"anomalies: {len(report.anomalies)} flag(s) in {', '.join(tests)} (listed below)"
+        )
     if not report.penalize_variance:
         lines.append("variance not penalized (--no-penalize-variance)")
     return lines
@@ -162,16 +191,20 @@ def score_lines(report):
 
 def _out_of_range(report, what):
     """True when ``report.warnings`` says figure ``what`` was out of range."""
-    return any(w.startswith(f"{what}:") or w.startswith(f"{what} is out of range")
-               for w in getattr(report, "warnings", None) or [])
+    return any(
+        w.startswith(f"{what}:") or w.startswith(f"{what} is out of range")
+        for w in getattr(report, "warnings", None) or []
+    )
 
 
 def overlap_line(overlap):
     """The flag line of the tests whose concurrent processes' steady states overlap too
     little (``Report.overlap``: ``[(test, fraction)]``)."""
-    return (f"steady states of concurrent processes overlap by less than "
-            f"{MIN_OVERLAP * 100:.0f}% of their length: "
-            + ", ".join(f"{test} ({frac * 100:.0f}%)" for test, frac in overlap))
+    return (
+        f"steady states of concurrent processes overlap by less than "
+        f"{MIN_OVERLAP * 100:.0f}% of their length: "
+        + ", ".join(f"{test} ({frac * 100:.0f}%)" for test, frac in overlap)
+    )
 
 
 def skew_text(skew):
@@ -181,12 +214,17 @@ def skew_text(skew):
 
 def concurrent_note(entry):
     """The line under a test's per-process table: adjusted total, overlap, start skew."""
-    sync = (f"{entry['synchronized']} of its processes met the start barrier"
-            if entry.get("synchronized") is not None else "")
-    return (f"{entry['test']}: adjusted throughput {fmt_num(entry['adjusted'])} items/s "
-            f"(work of every process in the common interval / its length), overlap "
-            f"{fmt_pct(entry['overlap'])}, start skew {skew_text(entry['skew_s'])}"
-            + (f", {sync}" if sync else ""))
+    sync = (
+        f"{entry['synchronized']} of its processes met the start barrier"
+        if entry.get("synchronized") is not None
+        else ""
+    )
+    return (
+        f"{entry['test']}: adjusted throughput {fmt_num(entry['adjusted'])} items/s "
+        f"(work of every process in the common interval / its length), overlap "
+        f"{fmt_pct(entry['overlap'])}, start skew {skew_text(entry['skew_s'])}"
+        + (f", {sync}" if sync else "")
+    )
 
 
 def concurrent_lines(entries):
@@ -201,9 +239,15 @@ def concurrent_lines(entries):
             data["own"].append(fmt_num(d["own"]))
             data["effective"].append(fmt_num(d["effective"]))
     frame = pd.DataFrame(data, index=pd.MultiIndex.from_tuples(index, names=["test", "device"]))
-    return ["concurrent processes: own and effective throughput per process (mean items/s); "
-            "effective = items in the interval when every process of the wave was in steady "
-            "state / its length", frame.to_string(), *[concurrent_note(e) for e in entries]]
+    return [
+        "concurrent processes: own and effective throughput per process (mean items/s); "
+        "effective = items in the interval when every process of the wave was in steady "
+        "state / its length",
+        frame.to_string(),
+        *[concurrent_note(e) for e in entries],
+    ]
+
+
 def fmt_interval(ci, spec=".2f"):
     """``lo to hi`` of a :data:`milarun.measure.confidence.Interval`, or ``n/a`` (variance unknown)."""
     return "n/a" if ci is None else f"{format(ci.lo, spec)} to {format(ci.hi, spec)}"
@@ -249,10 +293,12 @@ def noise_columns(report):
 
 
 #: The line above the noise and node table.
-NOISE_HEADER = ("noise and throughput per node: perf 95% CI = Student t interval of the mean "
-                "over the per-result rates (n/a with one rate); node_perf = items/s per node "
-                "(per-gpu tests: the sum over the node's devices); node score = weighted "
-                "geometric mean of node_perf_adj")
+NOISE_HEADER = (
+    "noise and throughput per node: perf 95% CI = Student t interval of the mean "
+    "over the per-result rates (n/a with one rate); node_perf = items/s per node "
+    "(per-gpu tests: the sum over the node's devices); node score = weighted "
+    "geometric mean of node_perf_adj"
+)
 
 
 def noise_lines(report):
@@ -262,13 +308,15 @@ def noise_lines(report):
 
     cols = noise_columns(report)
     data = {c: [noise_cell(r, c) for r in report.rows] for c in cols}
-    frame = pd.DataFrame(data, index=pd.Index([r["test"] for r in report.rows], name="test"),
-                         columns=cols)
+    frame = pd.DataFrame(
+        data, index=pd.Index([r["test"] for r in report.rows], name="test"), columns=cols
+    )
     lines = [NOISE_HEADER, frame.to_string()]
     if report.has_baseline:
-        lines.append("vs baseline: Welch's two-sample t-test of the mean rates, 95%"
-                     + ("" if report.baseline_noise else
-                        "; noise unknown: the baseline is a 2020 summary"))
+        lines.append(
+            "vs baseline: Welch's two-sample t-test of the mean rates, 95%"
+            + ("" if report.baseline_noise else "; noise unknown: the baseline is a 2020 summary")
+        )
     return lines
 
 
@@ -285,10 +333,12 @@ def one_run_note(report):
     shown = report.score_ci is not None or report.score_ratio_ci is not None
     if not report.one_run or not shown:
         return None
-    return (f"one run per test in {' and '.join(report.one_run)}: the intervals hold the "
-            "spread between that run's results, not the drift between runs (2-3% score cv "
-            "between runs of one machine in docs/report.md); use --repeat 3 or more before "
-            "calling a difference of a few percent real")
+    return (
+        f"one run per test in {' and '.join(report.one_run)}: the intervals hold the "
+        "spread between that run's results, not the drift between runs (2-3% score cv "
+        "between runs of one machine in docs/report.md); use --repeat 3 or more before "
+        "calling a difference of a few percent real"
+    )
 
 
 def ratio_verdict(ci):
@@ -300,30 +350,42 @@ def confidence_lines(report):
     """The score's interval, the node score and its price, and the score ratio's interval."""
     lines = []
     if report.score is not None:
-        lines.append("score 95% CI: " + (fmt_interval(report.score_ci)
-                                         + held_note(report.score_ci_held) if report.score_ci
-                                         else f"n/a ({report.score_ci_note})"))
+        lines.append(
+            "score 95% CI: "
+            + (
+                fmt_interval(report.score_ci) + held_note(report.score_ci_held)
+                if report.score_ci
+                else f"n/a ({report.score_ci_note})"
+            )
+        )
     if report.node_score is None:
         lines.append("node score: n/a (no scored test has a throughput per node)")
     else:
         tag = " (incomplete)" if report.incomplete or report.node_missing else ""
         lines.append(f"node score: {report.node_score:.2f}{tag}")
         if report.score_ci is not None or report.node_score_ci is not None:
-            lines.append(f"node score 95% CI: {fmt_interval(report.node_score_ci)}"
-                         + (held_note(report.node_score_ci_held) if report.node_score_ci
-                            else ""))
+            lines.append(
+                f"node score 95% CI: {fmt_interval(report.node_score_ci)}"
+                + (held_note(report.node_score_ci_held) if report.node_score_ci else "")
+            )
     if report.node_missing:
-        lines.append("tests with no throughput per node (plan type unknown), left out of the "
-                     "node score: " + ", ".join(report.node_missing))
+        lines.append(
+            "tests with no throughput per node (plan type unknown), left out of the "
+            "node score: " + ", ".join(report.node_missing)
+        )
     if report.price is not None:
-        lines.append(f"price per node-score point (price / node score): "
-                     f"{fmt_num(report.node_rpp)}")
+        lines.append(f"price per node-score point (price / node score): {fmt_num(report.node_rpp)}")
     if report.has_baseline and report.score_ratio is not None:
         ci = report.score_ratio_ci
-        lines.append("score / baseline 95% CI: "
-                     + (f"{fmt_interval(ci, '.3f')} ({ratio_verdict(ci)})"
-                        + held_note(report.score_ratio_ci_held) if ci
-                        else f"noise unknown ({report.score_ratio_ci_note})"))
+        lines.append(
+            "score / baseline 95% CI: "
+            + (
+                f"{fmt_interval(ci, '.3f')} ({ratio_verdict(ci)})"
+                + held_note(report.score_ratio_ci_held)
+                if ci
+                else f"noise unknown ({report.score_ratio_ci_note})"
+            )
+        )
     note = one_run_note(report)
     if note:
         lines.append(note)
@@ -331,8 +393,10 @@ def confidence_lines(report):
 
 
 #: Said under the per-GPU table when min and max are left out.
-GPU_ONE_RUN = ("(per-GPU min and max left out: each device has one run per test, so they "
-               "equal the mean; --repeat gives more)")
+GPU_ONE_RUN = (
+    "(per-GPU min and max left out: each device has one run per test, so they "
+    "equal the mean; --repeat gives more)"
+)
 
 
 def gpu_frames(report):
@@ -341,19 +405,20 @@ def gpu_frames(report):
 
     out = {}
     for stat, tab in (report.gpu_tables or {}).items():
-        data = {d: [fmt_num(vals.get(d), ".3f") for _, vals in tab["rows"]]
-                for d in tab["devices"]}
-        out[stat] = pd.DataFrame(data, index=pd.Index([g for g, _ in tab["rows"]],
-                                                      name="test"),
-                                 columns=tab["devices"])
+        data = {d: [fmt_num(vals.get(d), ".3f") for _, vals in tab["rows"]] for d in tab["devices"]}
+        out[stat] = pd.DataFrame(
+            data, index=pd.Index([g for g, _ in tab["rows"]], name="test"), columns=tab["devices"]
+        )
     return out
 
 
 def node_header(cmp):
     """The line that says how nodes are compared (shared by the text and HTML renderers)."""
-    return ("node comparison: mean steady-state throughput (items/s) of each node / ref = "
-            "median of the OTHER nodes' means (2 nodes: the peer's mean); SLOW: more than "
-            f"{cmp['threshold']:g}% below ref; FAILED: failures, no successful result")
+    return (
+        "node comparison: mean steady-state throughput (items/s) of each node / ref = "
+        "median of the OTHER nodes' means (2 nodes: the peer's mean); SLOW: more than "
+        f"{cmp['threshold']:g}% below ref; FAILED: failures, no successful result"
+    )
 
 
 def node_flag(row):
@@ -387,8 +452,10 @@ def node_lines(cmp):
 def nothing_to_compare(cmp):
     """The line shown when no test has results from two nodes or more."""
     seen = ", ".join(cmp["nodes"]) or "none"
-    return ("node comparison: nothing to compare: no test has results from 2 or more "
-            f"nodes (nodes seen: {seen})")
+    return (
+        "node comparison: nothing to compare: no test has results from 2 or more "
+        f"nodes (nodes seen: {seen})"
+    )
 
 
 def node_verdict(cmp):
@@ -396,19 +463,26 @@ def node_verdict(cmp):
     only when it has a node), or one line saying there is neither."""
     pct = f"{cmp['threshold']:g}%"
     if not cmp["slow"] and not cmp["failed"]:
-        return [f"verdict: no slow node (none more than {pct} below the median of the other "
-                "nodes), no failed node"]
+        return [
+            f"verdict: no slow node (none more than {pct} below the median of the other "
+            "nodes), no failed node"
+        ]
     lines = []
     if cmp["slow"]:
-        parts = [f"{node} ({', '.join(f'{test} {ratio:.3f}' for test, ratio in tests)})"
-                 for node, tests in cmp["slow"].items()]
-        lines.append(f"verdict: slow nodes (more than {pct} below the median of the other "
-                     f"nodes): {'; '.join(parts)}")
+        parts = [
+            f"{node} ({', '.join(f'{test} {ratio:.3f}' for test, ratio in tests)})"
+            for node, tests in cmp["slow"].items()
+        ]
+        lines.append(
+            f"verdict: slow nodes (more than {pct} below the median of the other "
+            f"nodes): {'; '.join(parts)}"
+        )
     if cmp["failed"]:
-        parts = [f"{node} ({', '.join(f'{test}: {k} failed' for test, k in tests)})"
-                 for node, tests in cmp["failed"].items()]
-        lines.append("verdict: failed nodes (failures, no successful result): "
-                     + "; ".join(parts))
+        parts = [
+            f"{node} ({', '.join(f'{test}: {k} failed' for test, k in tests)})"
+            for node, tests in cmp["failed"].items()
+        ]
+        lines.append("verdict: failed nodes (failures, no successful result): " + "; ".join(parts))
     return lines
 
 
@@ -425,10 +499,14 @@ def scaling_cell(cell):
 def scaling_note(table):
     """The line under a scaling table: the formula, or why there is no efficiency."""
     if table["base"] is None:
-        return (f"no 1x1 result for {table['test']}: there is no per-GPU baseline, so no "
-                "efficiency is shown")
-    return (f"efficiency = throughput / (nodes x GPUs per node x {fmt_num(table['base'])} "
-            "items/s, the 1x1 throughput)")
+        return (
+            f"no 1x1 result for {table['test']}: there is no per-GPU baseline, so no "
+            "efficiency is shown"
+        )
+    return (
+        f"efficiency = throughput / (nodes x GPUs per node x {fmt_num(table['base'])} "
+        "items/s, the 1x1 throughput)"
+    )
 
 
 def scaling_lines(table):
@@ -436,12 +514,18 @@ def scaling_lines(table):
     rows n nodes, columns g GPUs per node, cells ``throughput (efficiency %)``."""
     import pandas as pd
 
-    data = {f"{g} GPU/node": [scaling_cell(table["cells"].get((n, g))) for n in table["nodes"]]
-            for g in table["gpus"]}
-    frame = pd.DataFrame(data, index=pd.Index([f"{n} node(s)" for n in table["nodes"]],
-                                              name="nodes"))
-    return [f"scaling of {table['test']}: mean steady-state throughput in items/s "
-            "(scaling efficiency)", frame.to_string(), scaling_note(table)]
+    data = {
+        f"{g} GPU/node": [scaling_cell(table["cells"].get((n, g))) for n in table["nodes"]]
+        for g in table["gpus"]
+    }
+    frame = pd.DataFrame(
+        data, index=pd.Index([f"{n} node(s)" for n in table["nodes"]], name="nodes")
+    )
+    return [
+        f"scaling of {table['test']}: mean steady-state throughput in items/s (scaling efficiency)",
+        frame.to_string(),
+        scaling_note(table),
+    ]
 
 
 def anomaly_lines(report):
@@ -461,9 +545,11 @@ def anomalies_by_test(report):
 
 
 #: The line above the score by family (text and HTML).
-FAMILY_HEADER = ("score by family: the weighted geometric mean of perf_adj over each "
-                 "family's scored tests (the score's formula and weights); share: of the "
-                 "score's total weight")
+FAMILY_HEADER = (
+    "score by family: the weighted geometric mean of perf_adj over each "
+    "family's scored tests (the score's formula and weights); share: of the "
+    "score's total weight"
+)
 
 
 def family_rows(report):
@@ -471,22 +557,27 @@ def family_rows(report):
     by the text and HTML renderers; the columns are :func:`family_columns`."""
     out = []
     for f in report.families:
-        cells = {"tests": str(f["tests"]), "scored": str(f["scored"]),
-                 "weight": f"{f['weight']:g}", "share": fmt_pct(f["share"]),
-                 "score": fmt_num(f["score"])}
+        cells = {
+            "tests": str(f["tests"]),
+            "scored": str(f["scored"]),
+            "weight": f"{f['weight']:g}",
+            "share": fmt_pct(f["share"]),
+            "score": fmt_num(f["score"]),
+        }
         if report.has_baseline:
             cells["baseline"] = fmt_num(f["score_base"])
-            cells["ratio"] = (fmt_num(f["ratio"], ".3f")
-                              + (" (partial)" if f["partial"] and f["ratio"] is not None
-                                 else ""))
+            cells["ratio"] = fmt_num(f["ratio"], ".3f") + (
+                " (partial)" if f["partial"] and f["ratio"] is not None else ""
+            )
         out.append((f["label"], cells))
     return out
 
 
 def family_columns(report):
     """The columns of the score by family."""
-    return (["tests", "scored", "weight", "share", "score"]
-            + (["baseline", "ratio"] if report.has_baseline else []))
+    return ["tests", "scored", "weight", "share", "score"] + (
+        ["baseline", "ratio"] if report.has_baseline else []
+    )
 
 
 def family_lines(report):
@@ -495,9 +586,11 @@ def family_lines(report):
 
     rows = family_rows(report)
     columns = family_columns(report)
-    frame = pd.DataFrame({c: [cells[c] for _, cells in rows] for c in columns},
-                         index=pd.Index([label for label, _ in rows], name="family"),
-                         columns=columns)
+    frame = pd.DataFrame(
+        {c: [cells[c] for _, cells in rows] for c in columns},
+        index=pd.Index([label for label, _ in rows], name="family"),
+        columns=columns,
+    )
     lines = [FAMILY_HEADER, frame.to_string()]
     lines += [f"  {f['label']}: {', '.join(f['names'])}" for f in report.families]
     note = family_filter(report)
@@ -508,9 +601,11 @@ def family_filter(report):
     """The line that says what ``--family`` did, or None without it."""
     if not report.family_filter:
         return None
-    return ("the score is over " + ", ".join(FAMILY_LABELS.get(f, f)
-                                             for f in report.family_filter)
-            + " only (--family); the score by family uses every test's weight")
+    return (
+        "the score is over "
+        + ", ".join(FAMILY_LABELS.get(f, f) for f in report.family_filter)
+        + " only (--family); the score by family uses every test's weight"
+    )
 
 
 def render_text(report):
@@ -525,8 +620,12 @@ def render_text(report):
     for h in report.hosts:
         names = h.get("gpus") or []
         gpus = ", ".join(f"{names.count(n)} x {n}" for n in sorted(set(names))) or "none"
-        lines.append(one_line(f"host: {h.get('hostname')} | cpu: {h.get('cpu_model')} | "
-                              f"gpus: {gpus} | torch {h.get('torch')} | cuda {h.get('cuda')}"))
+        lines.append(
+            one_line(
+                f"host: {h.get('hostname')} | cpu: {h.get('cpu_model')} | "
+                f"gpus: {gpus} | torch {h.get('torch')} | cuda {h.get('cuda')}"
+            )
+        )
     lines.extend(map(one_line, header_lines(report)))
     lines.append("")
     if report.rows:
@@ -575,6 +674,8 @@ def render_text(report):
         lines.append("failures:")
         for f in report.failures:
             msg = (f.get("message") or "").strip().splitlines()
-            lines.append(f"  {f['test']} run {f.get('run')} device {f.get('device')}: "
-                         f"{f.get('reason')}" + (f": {msg[-1]}" if msg else ""))
+            lines.append(
+                f"  {f['test']} run {f.get('run')} device {f.get('device')}: "
+                f"{f.get('reason')}" + (f": {msg[-1]}" if msg else "")
+            )
     return terminal_safe("\n".join(lines) + "\n")

@@ -30,29 +30,44 @@ def summary_line(verdict):
     failed = verdict.failed
     n = len(verdict.clauses)
     if verdict.level == LEVEL_NOT_PINNED:
-        return (f"{LEVEL_NOT_PINNED}: all {n} clauses held, but no --expect-head: nothing "
-                "ties this chain to what ran (a chain rewritten end to end and sealed again "
-                "reads the same)")
+        return (
+            f"{LEVEL_NOT_PINNED}: all {n} clauses held, but no --expect-head: nothing "
+            "ties this chain to what ran (a chain rewritten end to end and sealed again "
+            "reads the same)"
+        )
     if verdict.ok:
         if verdict.pinned is None:
             return f"{LEVEL_VERIFIED}: all {n} clauses held"
-        return (f"{LEVEL_VERIFIED}: all {n} clauses held (chain head pinned; "
-                + ("signature checked under --public-key)" if verdict.signed
-                   else "signature not checked: no --public-key)"))
+        return f"{LEVEL_VERIFIED}: all {n} clauses held (chain head pinned; " + (
+            "signature checked under --public-key)"
+            if verdict.signed
+            else "signature not checked: no --public-key)"
+        )
     names = sorted({c.name for c in failed})
-    return (f"{LEVEL_FAILED}: {len(failed)} of {n} clauses failed ("
-            + ", ".join(names[:12]) + (" ..." if len(names) > 12 else "") + ")")
+    return (
+        f"{LEVEL_FAILED}: {len(failed)} of {n} clauses failed ("
+        + ", ".join(names[:12])
+        + (" ..." if len(names) > 12 else "")
+        + ")"
+    )
 
 
 def text_lines(verdict):
     """The verdict as lines of text, each passed through
     :func:`milarun.formats.terminal.one_line`: a vendor's strings (a file name, a detail)
     can neither move the cursor, colour the terminal nor start a line of their own."""
-    lines = [f"bundle: {verdict.bundle}",
-             f"chain head: {verdict.head or '-'}" + (
-                 "" if verdict.pinned is None else
-                 " (pinned: --expect-head)" if verdict.pinned else " (not pinned)"),
-             f"sessions: {verdict.sessions}"]
+    lines = [
+        f"bundle: {verdict.bundle}",
+        f"chain head: {verdict.head or '-'}"
+        + (
+            ""
+            if verdict.pinned is None
+            else " (pinned: --expect-head)"
+            if verdict.pinned
+            else " (not pinned)"
+        ),
+        f"sessions: {verdict.sessions}",
+    ]
     if verdict.overrides:
         lines.append(f"overrides ({len(verdict.overrides)}):")
         lines += [f"  {o}" for o in verdict.overrides]
@@ -61,8 +76,10 @@ def text_lines(verdict):
     for section, clauses in grouped(verdict):
         failed = sum(not c.ok for c in clauses)
         lines.append("")
-        lines.append(f"{section}: {'FAIL' if failed else 'PASS'} "
-                     f"({len(clauses) - failed} of {len(clauses)} clauses held)")
+        lines.append(
+            f"{section}: {'FAIL' if failed else 'PASS'} "
+            f"({len(clauses) - failed} of {len(clauses)} clauses held)"
+        )
         lines += [f"  {'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in clauses]
     lines.append("")
     lines.append(summary_line(verdict))
@@ -79,9 +96,16 @@ def render_html(verdict, standalone=True):
     # lazy, for start-up: jinja2 loads only when HTML is asked for
     from .html import _env
 
-    return _env().get_template("verify.html.j2").render(
-        verdict=verdict, sections=grouped(verdict), summary=summary_line(verdict),
-        standalone=standalone)
+    return (
+        _env()
+        .get_template("verify.html.j2")
+        .render(
+            verdict=verdict,
+            sections=grouped(verdict),
+            summary=summary_line(verdict),
+            standalone=standalone,
+        )
+    )
 
 
 __all__ = ["grouped", "render_html", "render_text", "summary_line", "text_lines"]

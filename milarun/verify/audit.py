@@ -90,6 +90,7 @@ class AuditError(MilarunError):
 
 # --- reading the vendor's bundle ---------------------------------------------------------
 
+
 def read_chain(outdir):
     """The manifest entries of bundle ``outdir``, the chain checked.
 
@@ -103,13 +104,14 @@ def read_chain(outdir):
         raise AuditError("not a results folder", path=outdir)
     path = manifest_path(outdir)
     if not os.path.lexists(path):
-        raise AuditError("no manifest (.milarun/manifest.jsonl): not a milarun bundle",
-                         path=outdir)
+        raise AuditError("no manifest (.milarun/manifest.jsonl): not a milarun bundle", path=outdir)
     entries = read_manifest(path)
     problems = check_chain(entries)
     if problems:
-        raise AuditError(f"{problems[0]}; a broken chain is not audited (milarun verify "
-                         "names every problem)", path=path)
+        raise AuditError(
+            f"{problems[0]}; a broken chain is not audited (milarun verify names every problem)",
+            path=path,
+        )
     if not entries:
         raise AuditError("the manifest is empty", path=path)
     return entries
@@ -120,8 +122,12 @@ def launch_key(launch):
     if not isinstance(launch, dict):
         return None
     name, run, device = launch.get("name"), launch.get("run"), launch.get("device")
-    if (isinstance(name, str) and isinstance(run, int) and not isinstance(run, bool)
-            and isinstance(device, str)):
+    if (
+        isinstance(name, str)
+        and isinstance(run, int)
+        and not isinstance(run, bool)
+        and isinstance(device, str)
+    ):
         return name, run, device
     return None
 
@@ -140,7 +146,7 @@ def successful_launches(entries):
 def _matches_entry(outdir, entry):
     """None when the file of manifest ``entry`` is the one it names, else why not."""
     path = Path(outdir) / entry["path"]
-    try:    # a folder on the way may be a link: nothing outside the bundle is read
+    try:  # a folder on the way may be a link: nothing outside the bundle is read
         relative(outdir, path)
     except (ValueError, OSError):
         return "reached through a symbolic link to outside the folder (not read)"
@@ -151,8 +157,10 @@ def _matches_entry(outdir, entry):
     except (OSError, UnsafeFileError) as exc:
         return f"cannot be read ({getattr(exc, 'strerror', None) or exc})"
     if sha != entry["sha256"] or size != entry["bytes"]:
-        return f"changed since manifest entry {entry['seq']} (SHA-256 {sha[:12]}…, " \
-               f"entered {entry['sha256'][:12]}…)"
+        return (
+            f"changed since manifest entry {entry['seq']} (SHA-256 {sha[:12]}…, "
+            f"entered {entry['sha256'][:12]}…)"
+        )
     return None
 
 
@@ -166,6 +174,7 @@ def _sha256_file(path, error_cls, what):
 
 
 # --- planning ----------------------------------------------------------------------------
+
 
 def plan_path(profile_path):
     """Where the audit plan goes next to the audit profile: ``X.json`` → ``X.plan.json``."""
@@ -182,8 +191,10 @@ def _vendor_invocation(outdir, entries):
     entry = _last_entry(entries, "session", ".milarun/session.json")
     problem = "not in the manifest" if entry is None else _matches_entry(outdir, entry)
     if problem:
-        raise AuditError(f"the session file is {problem}; run milarun verify",
-                         path=meta_dir(outdir) / "session.json")
+        raise AuditError(
+            f"the session file is {problem}; run milarun verify",
+            path=meta_dir(outdir) / "session.json",
+        )
     return session
 
 
@@ -235,21 +246,25 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise AuditError(f"--seed must be a whole number, got {seed!r}", key="seed")
     if not (stats.finite(tolerance) and 0 <= tolerance < 1):
-        raise AuditError(f"--tolerance must be a fraction in [0, 1), got {tolerance!r}",
-                         key="tolerance")
+        raise AuditError(
+            f"--tolerance must be a fraction in [0, 1), got {tolerance!r}", key="tolerance"
+        )
     outdir = Path(outdir)
     entries = read_chain(outdir)
     head = head_of(entries)
     session = _vendor_invocation(outdir, entries)
     launches = successful_launches(entries)
     if sample > len(launches):
-        raise AuditError(f"--sample {sample} is more than the {len(launches)} launch(es) with a "
-                         "successful record in the chain", path=outdir, key="sample")
+        raise AuditError(
+            f"--sample {sample} is more than the {len(launches)} launch(es) with a "
+            "successful record in the chain",
+            path=outdir,
+            key="sample",
+        )
     rules_info = None
     if rules is not None:
-        read_rules(rules)     # the schema verify and tender read it with (RulesError: exit 2)
-        rules_info = {"path": str(rules), "sha256": _sha256_file(rules, AuditError,
-                                                                 "rules file")}
+        read_rules(rules)  # the schema verify and tender read it with (RulesError: exit 2)
+        rules_info = {"path": str(rules), "sha256": _sha256_file(rules, AuditError, "rules file")}
     keys = random.Random(seed).sample(list(launches), sample)
     order = {k: i for i, k in enumerate(launches)}
     chosen, jobs, profiles = [], {}, {}
@@ -258,52 +273,97 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
         path = outdir / entry["path"]
         problem = _matches_entry(outdir, entry)
         if problem:
-            raise AuditError(f"the record of {key[0]} J{key[1]} on device {key[2]} is {problem}; "
-                             "run milarun verify", path=path)
+            raise AuditError(
+                f"the record of {key[0]} J{key[1]} on device {key[2]} is {problem}; "
+                "run milarun verify",
+                path=path,
+            )
         record = load_result(path)
         job_name, job = record.get("job_name"), record.get("job")
         if not isinstance(job_name, str) or not isinstance(job, dict):
             raise AuditError("no job_name or job definition to rerun", path=path, key="job")
         spec = job.get("experiment")
         if not entrypoint.is_shipped(spec):
-            raise AuditError(f"experiment {str(spec)[:80]!r} is not a workload of milarun.models: "
-                             "an audit reruns nothing else", path=path, key="job.experiment")
-        defs = profiles.setdefault(entry["session"],
-                                   _profile_definitions(outdir, entries, entry["session"]))
+            raise AuditError(
+                f"experiment {str(spec)[:80]!r} is not a workload of milarun.models: "
+                "an audit reruns nothing else",
+                path=path,
+                key="job.experiment",
+            )
+        defs = profiles.setdefault(
+            entry["session"], _profile_definitions(outdir, entries, entry["session"])
+        )
         if defs is not None and defs.get(job_name) != job:
-            raise AuditError(f"test {job_name!r}: the record's job definition is not the one of "
-                             "the profile its session ran (what the rerun would run: prepare "
-                             "commands too); run milarun verify", path=path, key="job")
+            raise AuditError(
+                f"test {job_name!r}: the record's job definition is not the one of "
+                "the profile its session ran (what the rerun would run: prepare "
+                "commands too); run milarun verify",
+                path=path,
+                key="job",
+            )
         if job_name in jobs and jobs[job_name] != _in_argv_order(
-                job, (record.get("call") or {}).get("argv")):
-            raise AuditError(f"test {job_name!r} has another definition here than in an earlier "
-                             "record of the bundle; run milarun verify", path=path, key="job")
+            job, (record.get("call") or {}).get("argv")
+        ):
+            raise AuditError(
+                f"test {job_name!r} has another definition here than in an earlier "
+                "record of the bundle; run milarun verify",
+                path=path,
+                key="job",
+            )
         job = _in_argv_order(job, (record.get("call") or {}).get("argv"))
         jobs[job_name] = job
-        chosen.append({"name": key[0], "job": job_name, "run": key[1], "device": key[2],
-                       "node": _node_of(record), "session": entry["session"],
-                       "record": entry["path"], "sha256": entry["sha256"],
-                       "seq": entry["seq"]})
+        chosen.append(
+            {
+                "name": key[0],
+                "job": job_name,
+                "run": key[1],
+                "device": key[2],
+                "node": _node_of(record),
+                "session": entry["session"],
+                "record": entry["path"],
+                "sha256": entry["sha256"],
+                "seq": entry["seq"],
+            }
+        )
     plan = {
-        "format": AUDIT_FORMAT, "version": AUDIT_VERSION,
-        "bundle": str(outdir.resolve()), "head": head, "seed": seed, "sample": sample,
-        "launches": len(launches), "tolerance": tolerance, "rules": rules_info,
-        "profiles": [{"path": e["path"], "sha256": e["sha256"]} for e in entries
-                     if e["kind"] == "profile"],
-        "vendor": {k: session["invocation"].get(k) for k in
-                   ("suite", "extra_args", "cpu_slots", "no_cgexec", "timeout", "devices",
-                    "nodes")},
+        "format": AUDIT_FORMAT,
+        "version": AUDIT_VERSION,
+        "bundle": str(outdir.resolve()),
+        "head": head,
+        "seed": seed,
+        "sample": sample,
+        "launches": len(launches),
+        "tolerance": tolerance,
+        "rules": rules_info,
+        "profiles": [
+            {"path": e["path"], "sha256": e["sha256"]} for e in entries if e["kind"] == "profile"
+        ],
+        "vendor": {
+            k: session["invocation"].get(k)
+            for k in (
+                "suite",
+                "extra_args",
+                "cpu_slots",
+                "no_cgexec",
+                "timeout",
+                "devices",
+                "nodes",
+            )
+        },
         "chosen": chosen,
         # shell commands and wrappers the rerun will run, from the vendor's records: to read
-        "review": {name: {k: job[k] for k in ("prepare", "exec_prefix") if job.get(k)}
-                   for name, job in jobs.items() if job.get("prepare") or job.get("exec_prefix")},
+        "review": {
+            name: {k: job[k] for k in ("prepare", "exec_prefix") if job.get(k)}
+            for name, job in jobs.items()
+            if job.get("prepare") or job.get("exec_prefix")
+        },
         "command": suggested_command(out, session["invocation"]),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "milarun_version": __version__,
     }
     profile = {AUDIT_ENTRY: plan, **jobs}
     write_json_atomic(out, profile)
-    try:   # the buyer runs it with milarun jobs: refuse one that would not load
+    try:  # the buyer runs it with milarun jobs: refuse one that would not load
         load_profile(out)
     except MilarunError:
         os.unlink(out)
@@ -324,12 +384,16 @@ def _profile_definitions(outdir, entries, session_id):
     if len(copies) > 1:
         return None
     if not copies:
-        raise AuditError(f"session {session_id} has no profile copy in the chain; run milarun "
-                         "verify", path=outdir)
+        raise AuditError(
+            f"session {session_id} has no profile copy in the chain; run milarun verify",
+            path=outdir,
+        )
     problem = _matches_entry(outdir, copies[0])
     if problem:
-        raise AuditError(f"the profile copy is {problem}; run milarun verify",
-                         path=Path(outdir) / copies[0]["path"])
+        raise AuditError(
+            f"the profile copy is {problem}; run milarun verify",
+            path=Path(outdir) / copies[0]["path"],
+        )
     return {job.name: job.definition for job in load_profile(Path(outdir) / copies[0]["path"])}
 
 
@@ -348,6 +412,7 @@ def _in_argv_order(job, argv):
 
     def where(flag):
         return first.get(flag if flag.startswith("-") else f"--{flag}", end)
+
     ordered = dict(sorted(args.items(), key=lambda kv: where(kv[0])))
     return {**job, "arguments": ordered}
 
@@ -357,6 +422,7 @@ def _node_of(record):
 
 
 # --- checking ----------------------------------------------------------------------------
+
 
 def read_audit_plan(auditdir):
     """The audit plan the rerun in ``auditdir`` ran: the ``_audit`` entry of its profile
@@ -370,8 +436,11 @@ def read_audit_plan(auditdir):
         raise AuditError("not a results folder", path=auditdir)
     session = read_session(auditdir)
     if session is None:
-        raise AuditError("no milarun session here (.milarun/session.json): run the audit "
-                         "profile with milarun jobs first", path=auditdir)
+        raise AuditError(
+            "no milarun session here (.milarun/session.json): run the audit "
+            "profile with milarun jobs first",
+            path=auditdir,
+        )
     plan, where = None, None
     for s in session["sessions"]:
         sid = s.get("id") if isinstance(s, dict) else None
@@ -382,13 +451,18 @@ def read_audit_plan(auditdir):
             data = read_json(copy, error_cls=AuditError, what="profile copy")
             if isinstance(data, dict) and AUDIT_ENTRY in data:
                 if plan is not None and data[AUDIT_ENTRY] != plan:
-                    raise AuditError("the sessions of this folder ran different audit plans",
-                                     path=copy, key=AUDIT_ENTRY)
+                    raise AuditError(
+                        "the sessions of this folder ran different audit plans",
+                        path=copy,
+                        key=AUDIT_ENTRY,
+                    )
                 plan, where = data[AUDIT_ENTRY], copy
     if plan is None:
-        raise AuditError("was not run from an audit profile (no '_audit' entry in its "
-                         "profile copy): run the profile milarun audit plan wrote",
-                         path=auditdir)
+        raise AuditError(
+            "was not run from an audit profile (no '_audit' entry in its "
+            "profile copy): run the profile milarun audit plan wrote",
+            path=auditdir,
+        )
     _check_plan(plan, where)
     return plan, session
 
@@ -397,21 +471,38 @@ def _check_plan(plan, path):
     def need(cond, key, what):
         if not cond:
             raise AuditError(what, path=path, key=f"{AUDIT_ENTRY}.{key}")
+
     need(isinstance(plan, dict), "", "must be an object")
     need(plan.get("format") == AUDIT_FORMAT, "format", f"must be {AUDIT_FORMAT!r}")
-    need(plan.get("version") == AUDIT_VERSION, "version",
-         f"version {plan.get('version')!r} is not supported")
+    need(
+        plan.get("version") == AUDIT_VERSION,
+        "version",
+        f"version {plan.get('version')!r} is not supported",
+    )
     need(isinstance(plan.get("head"), str), "head", "must be a string")
     tol = plan.get("tolerance")
     need(stats.finite(tol) and 0 <= tol < 1, "tolerance", "must be a fraction in [0, 1)")
-    need(isinstance(plan.get("chosen"), list) and plan["chosen"], "chosen",
-         "must be a non-empty list")
+    need(
+        isinstance(plan.get("chosen"), list) and plan["chosen"],
+        "chosen",
+        "must be a non-empty list",
+    )
     for i, c in enumerate(plan["chosen"]):
         need(isinstance(c, dict), f"chosen.{i}", "must be an object")
-        for key, kind in (("name", str), ("job", str), ("run", int), ("device", str),
-                          ("session", str), ("record", str), ("sha256", str)):
-            need(isinstance(c.get(key), kind) and not isinstance(c.get(key), bool),
-                 f"chosen.{i}.{key}", f"must be {kind.__name__}")
+        for key, kind in (
+            ("name", str),
+            ("job", str),
+            ("run", int),
+            ("device", str),
+            ("session", str),
+            ("record", str),
+            ("sha256", str),
+        ):
+            need(
+                isinstance(c.get(key), kind) and not isinstance(c.get(key), bool),
+                f"chosen.{i}.{key}",
+                f"must be {kind.__name__}",
+            )
 
 
 def sample_stats(record):
@@ -459,11 +550,15 @@ def compare_rates(vendor, rerun, tolerance=DEFAULT_TOLERANCE):
         reproduced, basis = not (test.significant and r[1] < scaled[1]), "welch"
     ci = confidence.geomean_interval(ratio, [(1.0, [r, v])])
     vci = confidence.mean_interval(*v)
-    return {"reproduced": reproduced, "ratio": ratio,
-            "ratio_ci": [ci.lo, ci.hi] if ci else None,
-            "vendor_ci": [vci.lo, vci.hi] if vci else None,
-            "t": None if test is None else (test.t if math.isfinite(test.t) else None),
-            "df": None if test is None else test.df, "basis": basis}
+    return {
+        "reproduced": reproduced,
+        "ratio": ratio,
+        "ratio_ci": [ci.lo, ci.hi] if ci else None,
+        "vendor_ci": [vci.lo, vci.hi] if vci else None,
+        "t": None if test is None else (test.t if math.isfinite(test.t) else None),
+        "df": None if test is None else test.df,
+        "basis": basis,
+    }
 
 
 def identity_of(session, session_id, node):
@@ -511,13 +606,19 @@ def recorded_identity(folder, session, session_id, node, entries=None):
 
 def _gpu_values(ident, key):
     gpus = ident.get("gpus")
-    return {g[key] for g in gpus if isinstance(g, dict) and isinstance(g.get(key), str)
-            and g[key]} if isinstance(gpus, list) else set()
+    return (
+        {g[key] for g in gpus if isinstance(g, dict) and isinstance(g.get(key), str) and g[key]}
+        if isinstance(gpus, list)
+        else set()
+    )
 
 
 def _str_values(mapping):
-    return ({k: v for k, v in mapping.items() if isinstance(v, str) and v.strip()}
-            if isinstance(mapping, dict) else {})
+    return (
+        {k: v for k, v in mapping.items() if isinstance(v, str) and v.strip()}
+        if isinstance(mapping, dict)
+        else {}
+    )
 
 
 def _show(values):
@@ -552,8 +653,10 @@ def compare_identity(vendor, rerun):
             matched.append(f"DMI {key}")
     if not matched and not problems:
         cv, cr = vendor.get("cpu_model"), rerun.get("cpu_model")
-        mv, mr = set(_str_values(vendor.get("nics")).values()), \
-            set(_str_values(rerun.get("nics")).values())
+        mv, mr = (
+            set(_str_values(vendor.get("nics")).values()),
+            set(_str_values(rerun.get("nics")).values()),
+        )
         if cv != cr:
             problems.append(f"CPU model differs: bundle {cv}; rerun {cr}")
         if not (mv & mr):
@@ -567,14 +670,21 @@ def compare_identity(vendor, rerun):
 
 #: The configuration an audit compares (the identity's ``config``,
 #: :func:`milarun.host.identity.config`), with its words and unit.
-NODE_CONFIG = (("kernel", "kernel", ""), ("cpu_governors", "CPU governors", ""),
-               ("container_image_id", "container image", ""))
-GPU_CONFIG = (("power_limit_w", "power limit", " W"),
-              ("sm_clock_app_mhz", "SM application clock", " MHz"),
-              ("mem_clock_app_mhz", "memory application clock", " MHz"),
-              ("ecc_mode", "ECC", ""), ("mig_mode", "MIG mode", ""),
-              ("persistence_mode", "persistence mode", ""), ("driver", "driver", ""),
-              ("vbios", "VBIOS", ""))
+NODE_CONFIG = (
+    ("kernel", "kernel", ""),
+    ("cpu_governors", "CPU governors", ""),
+    ("container_image_id", "container image", ""),
+)
+GPU_CONFIG = (
+    ("power_limit_w", "power limit", " W"),
+    ("sm_clock_app_mhz", "SM application clock", " MHz"),
+    ("mem_clock_app_mhz", "memory application clock", " MHz"),
+    ("ecc_mode", "ECC", ""),
+    ("mig_mode", "MIG mode", ""),
+    ("persistence_mode", "persistence mode", ""),
+    ("driver", "driver", ""),
+    ("vbios", "VBIOS", ""),
+)
 
 
 def _config_value(value, unit):
@@ -617,20 +727,26 @@ def compare_config(vendor, rerun):
     ng = got.get("node") if isinstance(got.get("node"), dict) else {}
     for key, words, unit in NODE_CONFIG:
         if nb.get(key) != ng.get(key):
-            out.append(f"{words} {_config_value(nb.get(key), unit)} in the bid, "
-                       f"{_config_value(ng.get(key), unit)} delivered")
+            out.append(
+                f"{words} {_config_value(nb.get(key), unit)} in the bid, "
+                f"{_config_value(ng.get(key), unit)} delivered"
+            )
     gb, gg = _config_gpus(bid), _config_gpus(got)
     for key in list(gb) + [k for k in gg if k not in gb]:
         a, b = gb.get(key), gg.get(key)
         label = f"GPU {(a or b).get('index')}"
         if a is None or b is None:
-            out.append(f"{label} ({key}) configured only in the "
-                       + ("delivered machine" if a is None else "bid"))
+            out.append(
+                f"{label} ({key}) configured only in the "
+                + ("delivered machine" if a is None else "bid")
+            )
             continue
         for name, words, unit in GPU_CONFIG:
             if a.get(name) != b.get(name):
-                out.append(f"{label} {words} {_config_value(a.get(name), unit)} in the bid, "
-                           f"{_config_value(b.get(name), unit)} delivered")
+                out.append(
+                    f"{label} {words} {_config_value(a.get(name), unit)} in the bid, "
+                    f"{_config_value(b.get(name), unit)} delivered"
+                )
     return out
 
 
@@ -644,8 +760,12 @@ def _rerun_records(auditdir):
         key = (rec.get("job_name"), str(rec.get("device")))
         found.setdefault(key, []).append((path, rec))
     for items in found.values():
-        items.sort(key=lambda pr: (pr[1].get("success") is not True,
-                                   pr[1].get("run") if isinstance(pr[1].get("run"), int) else 0))
+        items.sort(
+            key=lambda pr: (
+                pr[1].get("success") is not True,
+                pr[1].get("run") if isinstance(pr[1].get("run"), int) else 0,
+            )
+        )
     return found
 
 
@@ -670,37 +790,64 @@ def check_audit(outdir, auditdir):
     entries = read_chain(outdir)
     plan, audit_session = read_audit_plan(auditdir)
     vendor_session = read_session(outdir) or {}
-    verdict = Verdict(bundle=str(outdir), head=head_of(entries),
-                      sessions=len(vendor_session.get("sessions") or []))
-    verdict.add("audit", "audit.bundle-head", plan["head"] == verdict.head,
-                f"the bundle's chain head is {verdict.head}" + (
-                    "" if plan["head"] == verdict.head
-                    else f", not {plan['head']}, the head the audit was planned on"))
+    verdict = Verdict(
+        bundle=str(outdir),
+        head=head_of(entries),
+        sessions=len(vendor_session.get("sessions") or []),
+    )
+    verdict.add(
+        "audit",
+        "audit.bundle-head",
+        plan["head"] == verdict.head,
+        f"the bundle's chain head is {verdict.head}"
+        + (
+            ""
+            if plan["head"] == verdict.head
+            else f", not {plan['head']}, the head the audit was planned on"
+        ),
+    )
     entry = _last_entry(entries, "session", ".milarun/session.json")
     problem = "not in the manifest" if entry is None else _matches_entry(outdir, entry)
-    if problem:   # its identity is not the one the vendor sealed
+    if problem:  # its identity is not the one the vendor sealed
         vendor_session = {}
-        verdict.add("audit", "audit.vendor-record", False,
-                    f"the bundle's session file is {problem}", [".milarun/session.json"])
+        verdict.add(
+            "audit",
+            "audit.vendor-record",
+            False,
+            f"the bundle's session file is {problem}",
+            [".milarun/session.json"],
+        )
     # the identity is read only from a chain whose shape milarun verify accepts: an entry
     # appended after a session's end, or a file entered again under another kind, could
     # stand for a session or plan file rewritten with other hardware
     unaccepted = after_head_problems(entries) + entry_kind_problems(entries)
     if unaccepted:
         vendor_session = {}
-        verdict.add("audit", "audit.vendor-record", False,
-                    f"the bundle's chain has entries milarun verify does not accept "
-                    f"(integrity.after-head, integrity.entry-kind): {unaccepted[0]}"
-                    + (f" (and {len(unaccepted) - 1} more)" if len(unaccepted) > 1 else "")
-                    + "; its hardware identity is not read", [".milarun/manifest.jsonl"])
+        verdict.add(
+            "audit",
+            "audit.vendor-record",
+            False,
+            f"the bundle's chain has entries milarun verify does not accept "
+            f"(integrity.after-head, integrity.entry-kind): {unaccepted[0]}"
+            + (f" (and {len(unaccepted) - 1} more)" if len(unaccepted) > 1 else "")
+            + "; its hardware identity is not read",
+            [".milarun/manifest.jsonl"],
+        )
     tolerance = plan["tolerance"]
     reruns = _rerun_records(auditdir)
     rows, identities = [], {}
     for c in plan["chosen"]:
         label = f"{c['name']} J{c['run']} device {c['device']}"
         row = {k: c[k] for k in ("name", "job", "run", "device")}
-        row.update(vendor_rate=None, rerun_rate=None, ratio=None, ratio_ci=None,
-                   vendor_ci=None, verdict="not compared", why=None)
+        row.update(
+            vendor_rate=None,
+            rerun_rate=None,
+            ratio=None,
+            ratio_ci=None,
+            vendor_ci=None,
+            verdict="not compared",
+            why=None,
+        )
         rows.append(row)
         vendor = _vendor_record(outdir, entries, c, verdict, label)
         found = reruns.get((c["job"], c["device"]), [])
@@ -710,38 +857,60 @@ def check_audit(outdir, auditdir):
             pair = (c["session"], c.get("node"), node)
             if pair not in identities:
                 rerun_sid = _session_of(audit_session, rerun_path)
-                bid = None if unaccepted else recorded_identity(
-                    outdir, vendor_session, c["session"], c.get("node"), entries)
+                bid = (
+                    None
+                    if unaccepted
+                    else recorded_identity(
+                        outdir, vendor_session, c["session"], c.get("node"), entries
+                    )
+                )
                 delivered = recorded_identity(auditdir, audit_session, rerun_sid, node)
                 ok, detail = compare_identity(bid, delivered)
                 identities[pair] = ok
                 where = f"bundle node {c.get('node')} / rerun node {node}"
                 verdict.add("audit", "audit.identity", ok, f"{where}: {detail}")
-                if ok:   # another machine's configuration is not compared
+                if ok:  # another machine's configuration is not compared
                     differences = compare_config(bid, delivered)
                     for line in differences:
                         verdict.add("audit", "audit.config", False, f"{where}: {line}")
                     if not differences:
-                        verdict.add("audit", "audit.config", True,
-                                    f"{where}: the configuration of the bid")
+                        verdict.add(
+                            "audit", "audit.config", True, f"{where}: the configuration of the bid"
+                        )
         if vendor is None:
             row["why"] = "the vendor's record cannot be used"
             continue
         if rerun is None or rerun.get("success") is not True:
-            why = ("no record of it in the rerun" if rerun is None
-                   else f"the rerun failed ({(rerun.get('error') or {}).get('type', 'FAIL')})"
-                   if isinstance(rerun.get("error"), dict) else "the rerun failed")
+            why = (
+                "no record of it in the rerun"
+                if rerun is None
+                else f"the rerun failed ({(rerun.get('error') or {}).get('type', 'FAIL')})"
+                if isinstance(rerun.get("error"), dict)
+                else "the rerun failed"
+            )
             row["why"] = why
-            verdict.add("audit", "audit.rerun", False, f"{label}: {why} (test {c['job']!r} on "
-                        f"device {c['device']} in {auditdir})")
+            verdict.add(
+                "audit",
+                "audit.rerun",
+                False,
+                f"{label}: {why} (test {c['job']!r} on device {c['device']} in {auditdir})",
+            )
             continue
         rel = os.path.relpath(rerun_path, auditdir)
         v_argv = (vendor.get("call") or {}).get("argv")
         r_argv = (rerun.get("call") or {}).get("argv")
-        verdict.add("audit", "audit.command", v_argv == r_argv,
-                    f"{label}: the rerun ran " + ("the vendor's command line" if v_argv == r_argv
-                                                  else f"{r_argv}, the vendor {v_argv}"),
-                    [c["record"]])
+        verdict.add(
+            "audit",
+            "audit.command",
+            v_argv == r_argv,
+            f"{label}: the rerun ran "
+            + (
+                "the vendor's command line"
+                if v_argv == r_argv
+                else f"{r_argv}, the vendor {v_argv}"
+            ),
+            [c["record"]],
+        )
         try:
             v_stats, r_stats = sample_stats(vendor), sample_stats(rerun)
         except ValueError as exc:
@@ -749,16 +918,29 @@ def check_audit(outdir, auditdir):
             verdict.add("audit", "audit.throughput", False, f"{label}: not compared ({exc})")
             continue
         result = compare_rates(v_stats, r_stats, tolerance)
-        row.update(vendor_rate=v_stats[0], rerun_rate=r_stats[0], ratio=result["ratio"],
-                   ratio_ci=result["ratio_ci"], vendor_ci=result["vendor_ci"],
-                   verdict="reproduced" if result["reproduced"] else "not reproduced",
-                   t=result["t"], df=result["df"], basis=result["basis"], rerun_record=rel)
-        verdict.add("audit", "audit.throughput", result["reproduced"],
-                    f"{label}: {row['verdict']}: rerun {r_stats[0]:.4g} items/s, vendor "
-                    f"{v_stats[0]:.4g} items/s, ratio {_ratio_text(result)} "
-                    f"(Welch at 95 %, tolerance {tolerance:g}"
-                    + (", noise unknown" if result["basis"] != "welch" else "") + ")",
-                    [c["record"]])
+        row.update(
+            vendor_rate=v_stats[0],
+            rerun_rate=r_stats[0],
+            ratio=result["ratio"],
+            ratio_ci=result["ratio_ci"],
+            vendor_ci=result["vendor_ci"],
+            verdict="reproduced" if result["reproduced"] else "not reproduced",
+            t=result["t"],
+            df=result["df"],
+            basis=result["basis"],
+            rerun_record=rel,
+        )
+        verdict.add(
+            "audit",
+            "audit.throughput",
+            result["reproduced"],
+            f"{label}: {row['verdict']}: rerun {r_stats[0]:.4g} items/s, vendor "
+            f"{v_stats[0]:.4g} items/s, ratio {_ratio_text(result)} "
+            f"(Welch at 95 %, tolerance {tolerance:g}"
+            + (", noise unknown" if result["basis"] != "welch" else "")
+            + ")",
+            [c["record"]],
+        )
     return verdict, rows, plan
 
 
@@ -775,10 +957,19 @@ def _session_of(session, path):
 def _vendor_record(outdir, entries, c, verdict, label):
     """The vendor's record of chosen launch ``c`` when it is the one planned and chained
     (else a failed ``audit.vendor-record`` clause and None)."""
-    entry = next((e for e in entries if e.get("kind") == "record" and e["path"] == c["record"]
-                  and e["sha256"] == c["sha256"]), None)
-    problem = ("not in the chain with the SHA-256 the audit planned" if entry is None
-               else _matches_entry(outdir, entry))
+    entry = next(
+        (
+            e
+            for e in entries
+            if e.get("kind") == "record" and e["path"] == c["record"] and e["sha256"] == c["sha256"]
+        ),
+        None,
+    )
+    problem = (
+        "not in the chain with the SHA-256 the audit planned"
+        if entry is None
+        else _matches_entry(outdir, entry)
+    )
     record = None
     if problem is None:
         try:
@@ -786,11 +977,21 @@ def _vendor_record(outdir, entries, c, verdict, label):
         except ResultFormatError as exc:
             problem = f"unreadable ({exc})"
     if problem is not None:
-        verdict.add("audit", "audit.vendor-record", False, f"{label}: record {c['record']} "
-                    f"is {problem}", [c["record"]])
+        verdict.add(
+            "audit",
+            "audit.vendor-record",
+            False,
+            f"{label}: record {c['record']} is {problem}",
+            [c["record"]],
+        )
         return None
-    verdict.add("audit", "audit.vendor-record", True, f"{label}: record {c['record']} is the "
-                "one the chain entered", [c["record"]])
+    verdict.add(
+        "audit",
+        "audit.vendor-record",
+        True,
+        f"{label}: record {c['record']} is the one the chain entered",
+        [c["record"]],
+    )
     return record
 
 
@@ -810,17 +1011,29 @@ def format_check(verdict, rows):
     """The text of ``milarun audit check``: one line per chosen launch, the identity, the
     failed clauses and the outcome."""
     lines = [f"Audit of {verdict.bundle} (chain head {verdict.head})", ""]
-    header = ("test", "run", "device", "vendor items/s [95% CI]", "rerun items/s",
-              "ratio [95% CI]", "verdict")
+    header = (
+        "test",
+        "run",
+        "device",
+        "vendor items/s [95% CI]",
+        "rerun items/s",
+        "ratio [95% CI]",
+        "verdict",
+    )
     table = [header]
     for r in rows:
         vci = r.get("vendor_ci")
-        table.append((r["name"], f"J{r['run']}", r["device"],
-                      _num(r["vendor_rate"])
-                      + (f" [{_num(vci[0])}, {_num(vci[1])}]" if vci else ""),
-                      _num(r["rerun_rate"]),
-                      _ratio_text(r) if r.get("ratio") is not None else "n/a",
-                      r["verdict"] + (f" ({r['why']})" if r.get("why") else "")))
+        table.append(
+            (
+                r["name"],
+                f"J{r['run']}",
+                r["device"],
+                _num(r["vendor_rate"]) + (f" [{_num(vci[0])}, {_num(vci[1])}]" if vci else ""),
+                _num(r["rerun_rate"]),
+                _ratio_text(r) if r.get("ratio") is not None else "n/a",
+                r["verdict"] + (f" ({r['why']})" if r.get("why") else ""),
+            )
+        )
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
     for row in table:
         lines.append("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
@@ -832,8 +1045,10 @@ def format_check(verdict, rows):
     for c in failed:
         lines.append(f"FAILED {c.name}: {c.detail}")
     done = sum(r["verdict"] == "reproduced" for r in rows)
-    lines.append(f"{done} of {len(rows)} launch(es) reproduced; "
-                 + ("AUDIT PASSED" if verdict.ok else "AUDIT FAILED"))
+    lines.append(
+        f"{done} of {len(rows)} launch(es) reproduced; "
+        + ("AUDIT PASSED" if verdict.ok else "AUDIT FAILED")
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -102,12 +102,14 @@ BARRIER_SPREAD_S = 1.0
 #: (NVML's counter and power readings agree within a few percent).
 ENERGY_POWER_RATIO = (0.5, 2.0)
 #: Override kinds (``allowed_overrides`` of the rules), with their meaning.
-OVERRIDES = {"extra_args": "arguments after -- appended to every test",
-             "timeout": "--timeout replaced the profile's timeouts",
-             "no_cgexec": "--no-cgexec: no student cgroups (cgroups off)",
-             "cpu_slots": "--cpu-slots: CPU slots instead of the GPUs",
-             "names": "--name/--select: only some of the profile's tests",
-             "argv": "a record ran with other arguments than its plan"}
+OVERRIDES = {
+    "extra_args": "arguments after -- appended to every test",
+    "timeout": "--timeout replaced the profile's timeouts",
+    "no_cgexec": "--no-cgexec: no student cgroups (cgroups off)",
+    "cpu_slots": "--cpu-slots: CPU slots instead of the GPUs",
+    "names": "--name/--select: only some of the profile's tests",
+    "argv": "a record ran with other arguments than its plan",
+}
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -132,8 +134,8 @@ class Bundle:
         self.session = None
         self.plans = {}
         self.bundle = None
-        self.jobs = None        # {test name: Job} of the recorded profile, when re-read
-        self.summary = None     # the statistics recomputed from the records
+        self.jobs = None  # {test name: Job} of the recorded profile, when re-read
+        self.summary = None  # the statistics recomputed from the records
 
     @property
     def session_ids(self):
@@ -205,33 +207,42 @@ def verify_bundle(outdir, rules=None, expect_head=None, public_key=None):
     """
     rules = read_rules(rules) if rules is not None else None
     if public_key is not None:
-        load_public(public_key)        # the buyer's key: a bad one is exit 2, not a clause
+        load_public(public_key)  # the buyer's key: a bad one is exit 2, not a clause
     if expect_head is not None and not _HEX64.match(str(expect_head).strip().lower()):
         raise MilarunError(f"--expect-head must be 64 hex digits, not {str(expect_head)[:80]!r}")
     outdir = Path(outdir)
     if not outdir.is_dir():
         raise MilarunError("not a results folder", path=outdir)
-    v = Verdict(bundle=str(outdir), pinned=expect_head is not None,
-                signed=public_key is not None)
+    v = Verdict(bundle=str(outdir), pinned=expect_head is not None, signed=public_key is not None)
     b = Bundle(outdir)
-    steps = [("integrity", lambda: check_integrity(b, v, expect_head=expect_head,
-                                                   public_key=public_key, rules=rules)),
-             ("completeness", lambda: check_completeness(b, v)),
-             ("compliance", lambda: check_compliance(b, v, rules)),
-             ("consistency", lambda: check_consistency(b, v))]
+    steps = [
+        (
+            "integrity",
+            lambda: check_integrity(
+                b, v, expect_head=expect_head, public_key=public_key, rules=rules
+            ),
+        ),
+        ("completeness", lambda: check_completeness(b, v)),
+        ("compliance", lambda: check_compliance(b, v, rules)),
+        ("consistency", lambda: check_consistency(b, v)),
+    ]
     if rules is not None:
         steps.append(("performance", lambda: check_performance(b, v, rules)))
     for section, step in steps:
         try:
             step()
-        except Exception as exc:    # noqa: BLE001 -- a bundle's content is never a traceback
-            v.add(section, f"{section}.error", False,
-                  f"the bundle could not be checked further ({type(exc).__name__}: "
-                  f"{str(exc)[:300]})")
+        except Exception as exc:  # noqa: BLE001 -- a bundle's content is never a traceback
+            v.add(
+                section,
+                f"{section}.error",
+                False,
+                f"the bundle could not be checked further ({type(exc).__name__}: {str(exc)[:300]})",
+            )
     return v
 
 
 # --- integrity ----------------------------------------------------------------------------
+
 
 def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
     """The integrity clauses; fills ``b.entries``, ``b.last``, ``b.records``, ``b.bundle``."""
@@ -242,18 +253,29 @@ def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
         v.add("integrity", "integrity.manifest", False, str(exc), [".milarun/manifest.jsonl"])
         return
     if not b.entries:
-        v.add("integrity", "integrity.manifest", False, "the manifest is empty",
-              [".milarun/manifest.jsonl"])
+        v.add(
+            "integrity",
+            "integrity.manifest",
+            False,
+            "the manifest is empty",
+            [".milarun/manifest.jsonl"],
+        )
         b.entries = None
         return
     v.head = head_of(b.entries)
-    v.add("integrity", "integrity.manifest", True,
-          f"{len(b.entries)} entries, head {v.head}")
+    v.add("integrity", "integrity.manifest", True, f"{len(b.entries)} entries, head {v.head}")
     problems = check_chain(b.entries)
-    v.add("integrity", "integrity.chain", not problems,
-          (f"{problems[0]}" + (f" (and {len(problems) - 1} more problem(s))"
-                               if len(problems) > 1 else ""))
-          if problems else "the hash chain is unbroken")
+    v.add(
+        "integrity",
+        "integrity.chain",
+        not problems,
+        (
+            f"{problems[0]}"
+            + (f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else "")
+        )
+        if problems
+        else "the hash chain is unbroken",
+    )
 
     for e in b.entries:
         if e["kind"] not in EVENTS:
@@ -261,16 +283,16 @@ def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
     missing, changed, absent = [], [], set()
     for path, e in b.last.items():
         target = b.outdir / path
-        try:    # a folder on the way may be a link: nothing outside the bundle is read
+        try:  # a folder on the way may be a link: nothing outside the bundle is read
             relative(b.outdir, target)
         except (ValueError, OSError):
-            changed.append((f"{path}: reached through a symbolic link to outside the folder; "
-                            "not read", [path]))
+            changed.append(
+                (f"{path}: reached through a symbolic link to outside the folder; not read", [path])
+            )
             absent.add(path)
             continue
         if not target.exists() and not target.is_symlink():
-            missing.append((f"{path}: in the manifest ({e['kind']}), not in the folder",
-                            [path]))
+            missing.append((f"{path}: in the manifest ({e['kind']}), not in the folder", [path]))
             absent.add(path)
             continue
         try:
@@ -279,12 +301,27 @@ def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
             changed.append((f"{path}: cannot be hashed ({exc})", [path]))
             continue
         if (sha, size) != (e["sha256"], e["bytes"]):
-            changed.append((f"{path}: SHA-256 {sha[:16]}… ({size} bytes) differs from its "
-                            f"manifest entry {e['sha256'][:16]}… ({e['bytes']} bytes)", [path]))
-    _report(v, "integrity", "integrity.file-missing", missing,
-            f"every one of the {len(b.last)} files of the chain is present")
-    _report(v, "integrity", "integrity.file-changed", changed,
-            "every file matches its last manifest entry")
+            changed.append(
+                (
+                    f"{path}: SHA-256 {sha[:16]}… ({size} bytes) differs from its "
+                    f"manifest entry {e['sha256'][:16]}… ({e['bytes']} bytes)",
+                    [path],
+                )
+            )
+    _report(
+        v,
+        "integrity",
+        "integrity.file-missing",
+        missing,
+        f"every one of the {len(b.last)} files of the chain is present",
+    )
+    _report(
+        v,
+        "integrity",
+        "integrity.file-changed",
+        changed,
+        "every file matches its last manifest entry",
+    )
 
     chained = set(b.last)
     outside, found = [], {}
@@ -295,15 +332,16 @@ def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
             continue
         what = "a result record" if isinstance(rec, dict) else f"a JSON file ({rec})"
         outside.append((f"{rel}: {what} outside the manifest's chain: not counted", [rel]))
-    _report(v, "integrity", "integrity.unchained-file", outside,
-            "no result-like file outside the chain")
+    _report(
+        v, "integrity", "integrity.unchained-file", outside, "no result-like file outside the chain"
+    )
 
     # every path a record entry names is read as a record, whatever entry came last: an
     # entry of another kind appended for it must not take it out of the checks
     record_paths = dict.fromkeys(e["path"] for e in b.entries if e["kind"] == "record")
     for path in record_paths:
         if path not in absent:
-            try:    # read once: iter_results loaded the records it found
+            try:  # read once: iter_results loaded the records it found
                 rec = found.get(path)
                 if rec is None:
                     rec = load_result(b.outdir / path)
@@ -328,7 +366,8 @@ def after_head_problems(entries):
     problems, ended, copies = [], {}, 0
     for e in entries:
         what = f"manifest entry {e['seq']} ({e['kind']}" + (
-            f" {e['path']})" if e.get("path") else ")")
+            f" {e['path']})" if e.get("path") else ")"
+        )
         if e["kind"] == "weights":
             copies += 1
             if e["path"] != WEIGHTS_COPY:
@@ -337,8 +376,10 @@ def after_head_problems(entries):
                 problems.append(f"{what}: a second weights entry; the seal enters one")
             continue
         if e["session"] in ended:
-            problems.append(f"{what}: after the end of its session {e['session']} (entry "
-                            f"{ended[e['session']]}); only the seal's weights copy may follow")
+            problems.append(
+                f"{what}: after the end of its session {e['session']} (entry "
+                f"{ended[e['session']]}); only the seal's weights copy may follow"
+            )
         if e["kind"] == "end":
             ended.setdefault(e["session"], e["seq"])
     return problems
@@ -351,8 +392,11 @@ def entry_kind_problems(entries):
     for e in entries:
         if e["kind"] not in EVENTS:
             kinds[e["path"]].setdefault(e["kind"], e["seq"])
-    return [f"{path}: entered as " + ", ".join(f"{k} (entry {seq})" for k, seq in got.items())
-            for path, got in kinds.items() if len(got) > 1]
+    return [
+        f"{path}: entered as " + ", ".join(f"{k} (entry {seq})" for k, seq in got.items())
+        for path, got in kinds.items()
+        if len(got) > 1
+    ]
 
 
 def _shape_clauses(b, v):
@@ -364,22 +408,35 @@ def _shape_clauses(b, v):
         try:
             read_weights(b.outdir / WEIGHTS_COPY)
         except SealError as exc:
-            problems.append((f"the seal's weights copy is not a weights file: {exc}",
-                             [WEIGHTS_COPY]))
-    _report(v, "integrity", "integrity.after-head", problems,
-            "no entry follows a session's end but the seal's weights copy "
-            f"({WEIGHTS_COPY}, a weights file)")
-    _report(v, "integrity", "integrity.entry-kind",
-            [(line, [line.partition(":")[0]]) for line in entry_kind_problems(b.entries)],
-            "each file is entered under one kind")
+            problems.append(
+                (f"the seal's weights copy is not a weights file: {exc}", [WEIGHTS_COPY])
+            )
+    _report(
+        v,
+        "integrity",
+        "integrity.after-head",
+        problems,
+        "no entry follows a session's end but the seal's weights copy "
+        f"({WEIGHTS_COPY}, a weights file)",
+    )
+    _report(
+        v,
+        "integrity",
+        "integrity.entry-kind",
+        [(line, [line.partition(":")[0]]) for line in entry_kind_problems(b.entries)],
+        "each file is entered under one kind",
+    )
 
 
 def _show_identity(ident):
     """A node's identity in one short line: host name and GPU UUIDs or serials."""
     if not isinstance(ident, dict):
         return "none"
-    gpus = [str(g.get("uuid") or g.get("serial")) for g in _list(ident.get("gpus"))
-            if isinstance(g, dict)]
+    gpus = [
+        str(g.get("uuid") or g.get("serial"))
+        for g in _list(ident.get("gpus"))
+        if isinstance(g, dict)
+    ]
     text = f"host {ident.get('hostname')!r}, {len(gpus)} GPU(s)"
     return text + (f" {', '.join(gpus)}" if gpus else "")
 
@@ -395,25 +452,36 @@ def _bundle_session_clause(b, v):
     else:
         why = "no session file (.milarun/session.json)"
     if saved is None:
-        v.add("integrity", "integrity.bundle-session", False,
-              f"bundle.json cannot be compared with the session file: {why}",
-              ["bundle.json", ".milarun/session.json"])
+        v.add(
+            "integrity",
+            "integrity.bundle-session",
+            False,
+            f"bundle.json cannot be compared with the session file: {why}",
+            ["bundle.json", ".milarun/session.json"],
+        )
         return
     wrong = []
     sealed = b.bundle["identity"]
     recorded, _ = merged_identity(saved)
     for node in sorted(set(sealed) | set(recorded)):
         if sealed.get(node) != recorded.get(node):
-            wrong.append(f"node {node}: bundle.json has {_show_identity(sealed.get(node))}, "
-                         f"the session file {_show_identity(recorded.get(node))}")
+            wrong.append(
+                f"node {node}: bundle.json has {_show_identity(sealed.get(node))}, "
+                f"the session file {_show_identity(recorded.get(node))}"
+            )
     want = (saved.get("invocation") or {}).get("profile_sha256")
     if b.bundle["profile_sha256"] != want:
-        wrong.append(f"profile_sha256 {b.bundle['profile_sha256']} is not the session "
-                     f"file's {want}")
-    _report(v, "integrity", "integrity.bundle-session",
-            [(line, ["bundle.json", ".milarun/session.json"]) for line in wrong],
-            f"bundle.json's hardware identity ({len(sealed)} node(s)) and profile SHA-256 "
-            "are the session file's")
+        wrong.append(
+            f"profile_sha256 {b.bundle['profile_sha256']} is not the session file's {want}"
+        )
+    _report(
+        v,
+        "integrity",
+        "integrity.bundle-session",
+        [(line, ["bundle.json", ".milarun/session.json"]) for line in wrong],
+        f"bundle.json's hardware identity ({len(sealed)} node(s)) and profile SHA-256 "
+        "are the session file's",
+    )
 
 
 #: ``format`` of the JSON files a results folder may hold besides records (a summary
@@ -436,8 +504,12 @@ def _not_result_like(path, rec):
 def _bundle_clauses(b, v, expect_head, public_key, rules):
     bpath = bundle_path(b.outdir)
     if not bpath.exists():
-        v.add("integrity", "integrity.bundle-head", False,
-              "no bundle.json: the folder was not sealed (milarun seal)")
+        v.add(
+            "integrity",
+            "integrity.bundle-head",
+            False,
+            "no bundle.json: the folder was not sealed (milarun seal)",
+        )
     else:
         try:
             b.bundle = read_bundle(bpath)
@@ -448,64 +520,102 @@ def _bundle_clauses(b, v, expect_head, public_key, rules):
             if b.bundle["head"] != v.head:
                 wrong.append(f"head {b.bundle['head']} is not the manifest's {v.head}")
             if b.bundle["entries"] != len(b.entries):
-                wrong.append(f"entries {b.bundle['entries']} is not the manifest's "
-                             f"{len(b.entries)}")
+                wrong.append(
+                    f"entries {b.bundle['entries']} is not the manifest's {len(b.entries)}"
+                )
             copies = [e for e in b.entries if e["kind"] == "weights"]
             sealed = copies[-1]["sha256"] if copies else None
             if b.bundle["weights_sha256"] != sealed:
-                wrong.append(f"weights_sha256 {b.bundle['weights_sha256']} is not the chained "
-                             f"weights copy's {sealed}")
+                wrong.append(
+                    f"weights_sha256 {b.bundle['weights_sha256']} is not the chained "
+                    f"weights copy's {sealed}"
+                )
             if b.bundle.get("weights", WEIGHTS_COPY) != WEIGHTS_COPY:
-                wrong.append(f"weights {b.bundle['weights']!r} is not the seal's copy "
-                             f"{WEIGHTS_COPY}")
+                wrong.append(
+                    f"weights {b.bundle['weights']!r} is not the seal's copy {WEIGHTS_COPY}"
+                )
             if list(b.bundle["sessions"]) != b.session_ids:
-                wrong.append(f"sessions {b.bundle['sessions']} are not the manifest's "
-                             f"{b.session_ids}")
-            v.add("integrity", "integrity.bundle-head", not wrong,
-                  "; ".join(wrong) if wrong else
-                  f"bundle.json seals the chain's head and its {len(b.entries)} entries",
-                  ["bundle.json"])
+                wrong.append(
+                    f"sessions {b.bundle['sessions']} are not the manifest's {b.session_ids}"
+                )
+            v.add(
+                "integrity",
+                "integrity.bundle-head",
+                not wrong,
+                "; ".join(wrong)
+                if wrong
+                else f"bundle.json seals the chain's head and its {len(b.entries)} entries",
+                ["bundle.json"],
+            )
             _bundle_session_clause(b, v)
     if expect_head is not None:
         want = str(expect_head).strip().lower()
         # the head printed at the end of the run; `milarun seal --weights` may add only
         # its weights entry, at its one path, after it
         at = next((i for i, e in enumerate(b.entries or []) if e["hash"] == want), None)
-        after = b.entries[at + 1:] if at is not None else []
-        ok = at is not None and (not after or (
-            len(after) == 1 and after[0]["kind"] == "weights"
-            and after[0]["path"] == WEIGHTS_COPY))
-        v.add("integrity", "integrity.expected-head", ok,
-              f"the chain head is {v.head}" + (
-                  "" if v.head == want else
-                  f", the expected {want} followed by the seal's weights entry" if ok else
-                  f", not the expected {want} (nor it followed by the seal's weights copy "
-                  f"{WEIGHTS_COPY} only)"))
+        after = b.entries[at + 1 :] if at is not None else []
+        ok = at is not None and (
+            not after
+            or (
+                len(after) == 1
+                and after[0]["kind"] == "weights"
+                and after[0]["path"] == WEIGHTS_COPY
+            )
+        )
+        v.add(
+            "integrity",
+            "integrity.expected-head",
+            ok,
+            f"the chain head is {v.head}"
+            + (
+                ""
+                if v.head == want
+                else f", the expected {want} followed by the seal's weights entry"
+                if ok
+                else f", not the expected {want} (nor it followed by the seal's weights copy "
+                f"{WEIGHTS_COPY} only)"
+            ),
+        )
     elif rules and rules.get("require_pinned"):
-        v.add("integrity", "integrity.expected-head", False,
-              "the rules require a pinned chain head: give --expect-head, the head the "
-              "vendor sent when the run ended")
+        v.add(
+            "integrity",
+            "integrity.expected-head",
+            False,
+            "the rules require a pinned chain head: give --expect-head, the head the "
+            "vendor sent when the run ended",
+        )
     need = bool(rules and rules.get("require_signature"))
     if public_key is None:
         if need:
-            v.add("integrity", "integrity.signature", False,
-                  "the rules require a signed bundle: give the vendor's --public-key")
+            v.add(
+                "integrity",
+                "integrity.signature",
+                False,
+                "the rules require a signed bundle: give the vendor's --public-key",
+            )
         return
     spath = signature_path(b.outdir)
     if b.bundle is None or not spath.exists():
-        v.add("integrity", "integrity.signature", False,
-              "no bundle.json to check" if b.bundle is None
-              else "no bundle.json.sig: the bundle is not signed", ["bundle.json.sig"])
+        v.add(
+            "integrity",
+            "integrity.signature",
+            False,
+            "no bundle.json to check"
+            if b.bundle is None
+            else "no bundle.json.sig: the bundle is not signed",
+            ["bundle.json.sig"],
+        )
         return
     try:
         raw = read_bytes(bpath, what="bundle file")
         ok, detail = check_signature(raw, spath, public_key)
-    except MilarunError as exc:    # the key was checked first: this is the signature file
+    except MilarunError as exc:  # the key was checked first: this is the signature file
         ok, detail = False, str(exc)
     v.add("integrity", "integrity.signature", ok, detail, ["bundle.json.sig"])
 
 
 # --- completeness ---------------------------------------------------------------------------
+
 
 def _not_checked(v, section):
     v.add(section, f"{section}.unchecked", False, "not checked: no readable manifest")
@@ -522,13 +632,16 @@ def check_completeness(b, v):
         b.session = read_session(b.outdir)
     except MilarunError as exc:
         b.session = None
-        v.add("completeness", "completeness.sessions", False, str(exc),
-              [".milarun/session.json"])
+        v.add("completeness", "completeness.sessions", False, str(exc), [".milarun/session.json"])
     else:
-        listed = [s.get("id") for s in _list((b.session or {}).get("sessions"))
-                  if isinstance(s, dict)]
-        resumed = [s.get("id") for s in _list((b.session or {}).get("sessions"))
-                   if isinstance(s, dict) and s.get("resume")]
+        listed = [
+            s.get("id") for s in _list((b.session or {}).get("sessions")) if isinstance(s, dict)
+        ]
+        resumed = [
+            s.get("id")
+            for s in _list((b.session or {}).get("sessions"))
+            if isinstance(s, dict) and s.get("resume")
+        ]
         ok = b.session is not None and listed == sids
         # when each session ended and the head it printed then: what the buyer compares
         # with the heads the vendor sent, and when they came (docs/tender.md)
@@ -540,12 +653,21 @@ def check_completeness(b, v):
                 return "no end"
             when = datetime.datetime.fromtimestamp(e["time"], datetime.timezone.utc)
             return f"ended {when:%Y-%m-%d %H:%M:%S} UTC, head {e['hash']}"
-        v.add("completeness", "completeness.sessions", ok,
-              (f"{len(sids)} session(s): " + ", ".join(
-                  f"{s}{' (--resume)' if s in resumed else ''} ({ended(s)})"
-                  for s in sids)) if ok else
-              f"the session file lists {listed}, the manifest {sids}",
-              [".milarun/session.json"])
+
+        v.add(
+            "completeness",
+            "completeness.sessions",
+            ok,
+            (
+                f"{len(sids)} session(s): "
+                + ", ".join(
+                    f"{s}{' (--resume)' if s in resumed else ''} ({ended(s)})" for s in sids
+                )
+            )
+            if ok
+            else f"the session file lists {listed}, the manifest {sids}",
+            [".milarun/session.json"],
+        )
 
     # the plans
     problems = []
@@ -560,51 +682,82 @@ def check_completeness(b, v):
         except MilarunError as exc:
             problems.append((str(exc), [rel]))
             continue
-        if (not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT
-                or plan.get("session") != sid or not isinstance(plan.get("launches"), list)):
+        if (
+            not isinstance(plan, dict)
+            or plan.get("format") != PLAN_FORMAT
+            or plan.get("session") != sid
+            or not isinstance(plan.get("launches"), list)
+        ):
             problems.append((f"{rel}: not the plan of session {sid}", [rel]))
             continue
         b.plans[sid] = plan
-    _report(v, "completeness", "completeness.plan", problems,
-            f"a plan for each of the {len(sids)} session(s)")
+    _report(
+        v,
+        "completeness",
+        "completeness.plan",
+        problems,
+        f"a plan for each of the {len(sids)} session(s)",
+    )
 
     planned = b.plan_launches()
     resumed = {sid for sid, p in b.plans.items() if p.get("resume")}
-    outcomes = defaultdict(list)    # key -> [(session, success, path)]
+    outcomes = defaultdict(list)  # key -> [(session, success, path)]
     extra, mismatch = [], []
     for e in b.entries:
         if e["kind"] not in ("record", "unwritten"):
             continue
         launch = e.get("launch")
         if not isinstance(launch, dict):
-            extra.append((f"manifest entry {e['seq']} ({e['kind']}): names no launch",
-                          [e.get("path")] if e.get("path") else []))
+            extra.append(
+                (
+                    f"manifest entry {e['seq']} ({e['kind']}): names no launch",
+                    [e.get("path")] if e.get("path") else [],
+                )
+            )
             continue
         key = launch_key(launch)
         path = e.get("path")
         mine = [lch for sid, lch in planned.get(key, []) if sid == e["session"]]
         if not mine:
-            extra.append((f"{path or 'unwritten ' + _show_key(key)}: {_show_key(key)} is in no "
-                          f"plan of session {e['session']}", [path] if path else []))
+            extra.append(
+                (
+                    f"{path or 'unwritten ' + _show_key(key)}: {_show_key(key)} is in no "
+                    f"plan of session {e['session']}",
+                    [path] if path else [],
+                )
+            )
             continue
-        if path is not None and Path(path).name not in (mine[0].get("result"),
-                                                        mine[0].get("fail")):
-            extra.append((f"{path}: not the record file session {e['session']} planned for "
-                          f"{_show_key(key)}", [path]))
+        if path is not None and Path(path).name not in (mine[0].get("result"), mine[0].get("fail")):
+            extra.append(
+                (
+                    f"{path}: not the record file session {e['session']} planned for "
+                    f"{_show_key(key)}",
+                    [path],
+                )
+            )
             continue
         rec = b.records.get(path)
         if rec is not None and launch_key(rec) != key:
-            mismatch.append((f"{path}: the record says {_show_key(launch_key(rec))}, its "
-                             f"manifest entry {_show_key(key)}", [path]))
+            mismatch.append(
+                (
+                    f"{path}: the record says {_show_key(launch_key(rec))}, its "
+                    f"manifest entry {_show_key(key)}",
+                    [path],
+                )
+            )
         # the launcher writes a FAIL record only under the plan's FAIL name, and moves a
         # child's record that says it failed to that name (launcher/launch.py): a record
         # whose success is not its name's (or its entry's) was edited
         named = Path(path).name == mine[0].get("result") if path is not None else None
-        if rec is not None and (rec.get("success") is not named
-                                or e.get("success") is not named):
-            mismatch.append((f"{path}: named as a {'PASS' if named else 'FAIL'} record, but "
-                             f"the record says success {rec.get('success')!r} and its entry "
-                             f"{e.get('success')!r}", [path]))
+        if rec is not None and (rec.get("success") is not named or e.get("success") is not named):
+            mismatch.append(
+                (
+                    f"{path}: named as a {'PASS' if named else 'FAIL'} record, but "
+                    f"the record says success {rec.get('success')!r} and its entry "
+                    f"{e.get('success')!r}",
+                    [path],
+                )
+            )
         success = bool(rec.get("success")) if rec is not None else False
         outcomes[key].append((e["session"], success, path))
     missing, duplicate = [], []
@@ -614,20 +767,45 @@ def check_completeness(b, v):
             missing.append((f"{_show_key(key)}: planned, no outcome record in the chain", []))
             continue
         for (s1, ok1, p1), (s2, _, p2) in zip(got, got[1:]):
-            rerun = (not ok1 and s2 != s1 and s2 in resumed
-                     and any(sid == s2 for sid, _ in planned[key]))
+            rerun = (
+                not ok1 and s2 != s1 and s2 in resumed and any(sid == s2 for sid, _ in planned[key])
+            )
             if not rerun:
-                duplicate.append((f"{_show_key(key)}: outcome twice ({p1}, {p2}) "
-                                  + ("both in one session" if s1 == s2 else
-                                     "and the earlier did not fail") , [p for p in (p1, p2) if p]))
-    _report(v, "completeness", "completeness.missing", missing,
-            f"every one of the {len(planned)} planned launches has an outcome")
-    _report(v, "completeness", "completeness.duplicate", duplicate,
-            "no launch has two outcomes (but reruns of failures by --resume)")
-    _report(v, "completeness", "completeness.extra", extra,
-            "every outcome in the chain is a planned launch")
-    _report(v, "completeness", "completeness.record-launch", mismatch,
-            "every record is the launch its manifest entry names")
+                duplicate.append(
+                    (
+                        f"{_show_key(key)}: outcome twice ({p1}, {p2}) "
+                        + ("both in one session" if s1 == s2 else "and the earlier did not fail"),
+                        [p for p in (p1, p2) if p],
+                    )
+                )
+    _report(
+        v,
+        "completeness",
+        "completeness.missing",
+        missing,
+        f"every one of the {len(planned)} planned launches has an outcome",
+    )
+    _report(
+        v,
+        "completeness",
+        "completeness.duplicate",
+        duplicate,
+        "no launch has two outcomes (but reruns of failures by --resume)",
+    )
+    _report(
+        v,
+        "completeness",
+        "completeness.extra",
+        extra,
+        "every outcome in the chain is a planned launch",
+    )
+    _report(
+        v,
+        "completeness",
+        "completeness.record-launch",
+        mismatch,
+        "every record is the launch its manifest entry names",
+    )
     _tally_clause(b, v, outcomes)
     _profile_clauses(b, v)
 
@@ -635,7 +813,7 @@ def check_completeness(b, v):
 def _tally_clause(b, v, outcomes):
     """Each session's ``end`` event (its tally, printed with the head) against the
     outcomes the chain holds for it. A session without an end was cut off (shown)."""
-    count = defaultdict(lambda: [0, 0])      # session -> [passed, not passed]
+    count = defaultdict(lambda: [0, 0])  # session -> [passed, not passed]
     for got in outcomes.values():
         for sid, success, _ in got:
             count[sid][0 if success else 1] += 1
@@ -644,11 +822,21 @@ def _tally_clause(b, v, outcomes):
     for sid, e in ends.items():
         said = (e.get("passed"), (e.get("failed") or 0) + (e.get("interrupted") or 0))
         if said != tuple(count[sid]):
-            problems.append((f"session {sid}: its end says {said[0]} passed, {said[1]} not, "
-                             f"the chain holds {count[sid][0]} and {count[sid][1]}", []))
-    _report(v, "completeness", "completeness.tally", problems,
-            "each session's tally is the outcomes in its chain"
-            + (f" (cut off, no end: {', '.join(cut)})" if cut else ""))
+            problems.append(
+                (
+                    f"session {sid}: its end says {said[0]} passed, {said[1]} not, "
+                    f"the chain holds {count[sid][0]} and {count[sid][1]}",
+                    [],
+                )
+            )
+    _report(
+        v,
+        "completeness",
+        "completeness.tally",
+        problems,
+        "each session's tally is the outcomes in its chain"
+        + (f" (cut off, no end: {', '.join(cut)})" if cut else ""),
+    )
 
 
 def _profile_copies(b, sid):
@@ -671,42 +859,72 @@ def _profile_clauses(b, v):
             problems.append((f"session {sid}: no copy of the profile in the chain", []))
             continue
         try:
-            contents = [read_bytes(b.outdir / p, max_bytes=MAX_META_BYTES, what="profile copy")
-                        for _, p in copies]
+            contents = [
+                read_bytes(b.outdir / p, max_bytes=MAX_META_BYTES, what="profile copy")
+                for _, p in copies
+            ]
         except MilarunError as exc:
             problems.append((str(exc), [p for _, p in copies]))
             continue
         got = digest_of_contents(contents)
         if got != want:
-            problems.append((f"session {sid}: the profile copies hash to {got}, the session "
-                             f"file records {want}", [p for _, p in copies]))
+            problems.append(
+                (
+                    f"session {sid}: the profile copies hash to {got}, the session "
+                    f"file records {want}",
+                    [p for _, p in copies],
+                )
+            )
         first = first or copies
-    _report(v, "completeness", "completeness.profile", problems,
-            f"the profile copies hash to the recorded profile_sha256 {want}")
+    _report(
+        v,
+        "completeness",
+        "completeness.profile",
+        problems,
+        f"the profile copies hash to the recorded profile_sha256 {want}",
+    )
     if first is None or not b.plans:
-        v.add("completeness", "completeness.profile-jobs", False,
-              "not checked: no profile copy or no plan")
+        v.add(
+            "completeness",
+            "completeness.profile-jobs",
+            False,
+            "not checked: no profile copy or no plan",
+        )
         return
     if len(first) > 1:
-        v.add("completeness", "completeness.profile-jobs", True,
-              "the profile includes other files: its jobs are not re-planned here "
-              "(its digest was checked)")
+        v.add(
+            "completeness",
+            "completeness.profile-jobs",
+            True,
+            "the profile includes other files: its jobs are not re-planned here "
+            "(its digest was checked)",
+        )
         return
     names = inv.get("names")
-    if names is not None and not (isinstance(names, list)
-                                  and all(isinstance(n, str) for n in names)):
-        v.add("completeness", "completeness.profile-jobs", False,
-              f"the session file's names are not a list of job names: {repr(names)[:200]}",
-              [".milarun/session.json"])
+    if names is not None and not (
+        isinstance(names, list) and all(isinstance(n, str) for n in names)
+    ):
+        v.add(
+            "completeness",
+            "completeness.profile-jobs",
+            False,
+            f"the session file's names are not a list of job names: {repr(names)[:200]}",
+            [".milarun/session.json"],
+        )
         return
     try:
         jobs = load_profile(b.outdir / first[0][1], names=names)
     except MilarunError as exc:
-        v.add("completeness", "completeness.profile-jobs", False,
-              f"the recorded profile cannot be read: {exc}", [first[0][1]])
+        v.add(
+            "completeness",
+            "completeness.profile-jobs",
+            False,
+            f"the recorded profile cannot be read: {exc}",
+            [first[0][1]],
+        )
         return
     b.jobs = {f"{inv.get('suite')}.{j.name}": j for j in jobs}
-    grid = defaultdict(set)     # name -> {(run, device)}
+    grid = defaultdict(set)  # name -> {(run, device)}
     for plan in b.plans.values():
         for lch in _list(plan.get("launches")):
             if isinstance(lch, dict):
@@ -719,35 +937,52 @@ def _profile_clauses(b, v):
     runs = {name: {r for r, _ in cells} for name, cells in grid.items()}
     wrong = []
     if set(runs) != set(b.jobs):
-        wrong.append(f"planned tests {sorted(map(str, runs))} are not the profile's selected "
-                     f"jobs {sorted(b.jobs)}")
+        wrong.append(
+            f"planned tests {sorted(map(str, runs))} are not the profile's selected "
+            f"jobs {sorted(b.jobs)}"
+        )
     repeat = inv.get("repeat")
     if isinstance(repeat, int):
         short = sorted(n for n, r in runs.items() if r != set(range(repeat)))
         if short:
             wrong.append(f"not every run 0..{repeat - 1} planned for: {', '.join(map(str, short))}")
-    holes = sorted(str(n) for n, cells in grid.items()
-                   if len(cells) != len(runs[n]) * len({d for _, d in cells}))
+    holes = sorted(
+        str(n)
+        for n, cells in grid.items()
+        if len(cells) != len(runs[n]) * len({d for _, d in cells})
+    )
     if holes:
         wrong.append(f"not every run on every device planned for: {', '.join(holes)}")
     # a record's job definition (what an audit reruns, prepare commands included) is the
     # recorded profile's: one edited into the records alone would run on the buyer's side
-    alien = sorted(path for path, rec in b.records.items() if rec.get("name") in b.jobs
-                   and rec.get("job") != b.jobs[rec["name"]].definition)
+    alien = sorted(
+        path
+        for path, rec in b.records.items()
+        if rec.get("name") in b.jobs and rec.get("job") != b.jobs[rec["name"]].definition
+    )
     if alien:
-        wrong.append(f"{len(alien)} record(s) hold another job definition than the recorded "
-                     f"profile's: {', '.join(alien[:5])}" + (" ..." if len(alien) > 5 else ""))
+        wrong.append(
+            f"{len(alien)} record(s) hold another job definition than the recorded "
+            f"profile's: {', '.join(alien[:5])}" + (" ..." if len(alien) > 5 else "")
+        )
     derived, unchecked = _derived_labels(b.jobs, inv, b.plans)
     for name in sorted(set(derived) & set(grid)):
         got = {d for _, d in grid[name]}
         if got != derived[name]:
-            wrong.append(f"{name}: planned on device(s) {', '.join(sorted(got))}, but the "
-                         f"recorded devices give {', '.join(sorted(derived[name]))}")
-    v.add("completeness", "completeness.profile-jobs", not wrong,
-          "; ".join(wrong) if wrong else
-          f"the plans hold the profile's {len(b.jobs)} selected job(s), {repeat} run(s) each "
-          "on every device the session recorded"
-          + (f" (devices not re-derived for: {', '.join(unchecked)})" if unchecked else ""))
+            wrong.append(
+                f"{name}: planned on device(s) {', '.join(sorted(got))}, but the "
+                f"recorded devices give {', '.join(sorted(derived[name]))}"
+            )
+    v.add(
+        "completeness",
+        "completeness.profile-jobs",
+        not wrong,
+        "; ".join(wrong)
+        if wrong
+        else f"the plans hold the profile's {len(b.jobs)} selected job(s), {repeat} run(s) each "
+        "on every device the session recorded"
+        + (f" (devices not re-derived for: {', '.join(unchecked)})" if unchecked else ""),
+    )
 
 
 def _derived_labels(jobs, inv, plans):
@@ -759,28 +994,41 @@ def _derived_labels(jobs, inv, plans):
     type cannot expand here (e.g. multi-process on a smaller machine) is listed instead."""
     devices = inv.get("devices") if isinstance(inv.get("devices"), dict) else {}
     indices = devices.get("indices")
-    if not (isinstance(indices, list) and indices
-            and all(isinstance(i, int) and not isinstance(i, bool) for i in indices)):
+    if not (
+        isinstance(indices, list)
+        and indices
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in indices)
+    ):
         return {}, sorted(jobs)
     names = inv.get("nodes")
     if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
-        names = list(dict.fromkeys(str(_scalar(n)) for plan in plans.values()
-                                   for lch in _list(plan.get("launches")) if isinstance(lch, dict)
-                                   for n in _list(lch.get("nodes"))))[:1] or ["?"]
+        names = list(
+            dict.fromkeys(
+                str(_scalar(n))
+                for plan in plans.values()
+                for lch in _list(plan.get("launches"))
+                if isinstance(lch, dict)
+                for n in _list(lch.get("nodes"))
+            )
+        )[:1] or ["?"]
     nodes = [SimpleNamespace(name=n) for n in names]
-    cluster = SimpleNamespace(devices=SimpleNamespace(kind=devices.get("kind"), indices=indices,
-                                                      affinity=None),
-                              nodes=nodes, main=nodes[0], multi=len(nodes) > 1)
+    cluster = SimpleNamespace(
+        devices=SimpleNamespace(kind=devices.get("kind"), indices=indices, affinity=None),
+        nodes=nodes,
+        main=nodes[0],
+        multi=len(nodes) > 1,
+    )
     out, unchecked = {}, []
     for name, job in jobs.items():
         try:
             out[name] = {slot.label for wave in job.kind.expand(job, cluster) for slot in wave}
-        except Exception:   # noqa: BLE001 -- a plan type that needs the vendor's host
+        except Exception:  # noqa: BLE001 -- a plan type that needs the vendor's host
             unchecked.append(name)
     return out, unchecked
 
 
 # --- compliance ------------------------------------------------------------------------------
+
 
 def _version(text):
     parts = re.findall(r"\d+", str(text))[:4]
@@ -793,8 +1041,14 @@ def find_overrides(b):
     out = []
     inv = (b.session or {}).get("invocation") or {}
     if inv.get("extra_args"):
-        out.append(("extra_args", "-- " + " ".join(map(str, _list(inv["extra_args"])))
-                    if isinstance(inv["extra_args"], list) else repr(inv["extra_args"])[:300]))
+        out.append(
+            (
+                "extra_args",
+                "-- " + " ".join(map(str, _list(inv["extra_args"])))
+                if isinstance(inv["extra_args"], list)
+                else repr(inv["extra_args"])[:300],
+            )
+        )
     if inv.get("timeout") is not None:
         out.append(("timeout", f"--timeout {inv['timeout']}"))
     if inv.get("no_cgexec"):
@@ -809,8 +1063,13 @@ def find_overrides(b):
         plans = planned.get(launch_key(rec)) or []
         if plans and argv is not None and argv not in [p.get("test_argv") for _, p in plans]:
             planned_argv = " ".join(map(str, _list(plans[0][1].get("test_argv"))))
-            out.append(("argv", f"{path}: ran with {' '.join(map(str, argv))[:300]}, "
-                                f"planned {planned_argv[:300]}"))
+            out.append(
+                (
+                    "argv",
+                    f"{path}: ran with {' '.join(map(str, argv))[:300]}, "
+                    f"planned {planned_argv[:300]}",
+                )
+            )
     return out
 
 
@@ -836,8 +1095,13 @@ def check_compliance(b, v, rules):
         if not lines:
             v.add("compliance", name, True, f"no override: {OVERRIDES[kind]}")
         elif kind in allowed:
-            v.add("compliance", name, True, f"allowed by the rules: {lines[0]}"
-                  + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""))
+            v.add(
+                "compliance",
+                name,
+                True,
+                f"allowed by the rules: {lines[0]}"
+                + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""),
+            )
         else:
             for line in lines[:MAX_LISTED]:
                 v.add("compliance", name, False, f"not allowed by the rules: {line}")
@@ -846,29 +1110,53 @@ def check_compliance(b, v, rules):
     if "profile_sha256" in rules:
         want = rules["profile_sha256"]
         got = {inv.get("profile_sha256"), (b.bundle or {}).get("profile_sha256")}
-        v.add("compliance", "compliance.profile-sha256", got == {want},
-              f"the profile is the tender's ({want})" if got == {want} else
-              f"the profile's SHA-256 {sorted(map(str, got))} is not the tender's {want}")
+        v.add(
+            "compliance",
+            "compliance.profile-sha256",
+            got == {want},
+            f"the profile is the tender's ({want})"
+            if got == {want}
+            else f"the profile's SHA-256 {sorted(map(str, got))} is not the tender's {want}",
+        )
     if "weights_sha256" in rules:
         want, got = rules["weights_sha256"], (b.bundle or {}).get("weights_sha256")
-        v.add("compliance", "compliance.weights-sha256", got == want,
-              f"the weights are the tender's ({want})" if got == want else
-              f"the bundle's weights SHA-256 {got} is not the tender's {want}")
+        v.add(
+            "compliance",
+            "compliance.weights-sha256",
+            got == want,
+            f"the weights are the tender's ({want})"
+            if got == want
+            else f"the bundle's weights SHA-256 {got} is not the tender's {want}",
+        )
     if "min_repeats" in rules:
         repeat = inv.get("repeat")
         ok = isinstance(repeat, int) and repeat >= rules["min_repeats"]
-        v.add("compliance", "compliance.repeats", ok,
-              f"{repeat} repeat(s), the rules ask at least {rules['min_repeats']}")
+        v.add(
+            "compliance",
+            "compliance.repeats",
+            ok,
+            f"{repeat} repeat(s), the rules ask at least {rules['min_repeats']}",
+        )
     if "milarun_version" in rules:
         lo, hi = rules["milarun_version"].get("min"), rules["milarun_version"].get("max")
         seen = {str((rec.get("host") or {}).get("milarun_version")) for rec in b.records.values()}
         if b.bundle is not None:
             seen.add(str(b.bundle.get("milarun_version")))
-        bad = sorted(s for s in seen if (lo and _version(s) < _version(lo))
-                     or (hi and _version(s) > _version(hi)) or not re.match(r"\d", s))
-        v.add("compliance", "compliance.milarun-version", bool(seen) and not bad,
-              f"milarun {', '.join(sorted(seen))} within [{lo or '-'}, {hi or '-'}]"
-              if not bad else f"milarun {', '.join(bad)} outside [{lo or '-'}, {hi or '-'}]")
+        bad = sorted(
+            s
+            for s in seen
+            if (lo and _version(s) < _version(lo))
+            or (hi and _version(s) > _version(hi))
+            or not re.match(r"\d", s)
+        )
+        v.add(
+            "compliance",
+            "compliance.milarun-version",
+            bool(seen) and not bad,
+            f"milarun {', '.join(sorted(seen))} within [{lo or '-'}, {hi or '-'}]"
+            if not bad
+            else f"milarun {', '.join(bad)} outside [{lo or '-'}, {hi or '-'}]",
+        )
     if "dataset_preset" in rules:
         _dataset_clause(b, v, rules["dataset_preset"])
 
@@ -876,8 +1164,12 @@ def check_compliance(b, v, rules):
 def _dataset_clause(b, v, preset):
     jobs = b.jobs
     if jobs is None:
-        v.add("compliance", "compliance.datasets", False,
-              "not checked: the recorded profile could not be re-read")
+        v.add(
+            "compliance",
+            "compliance.datasets",
+            False,
+            "not checked: the recorded profile could not be re-read",
+        )
         return
     bad, seen = [], 0
     for name, job in sorted(jobs.items()):
@@ -890,12 +1182,18 @@ def _dataset_clause(b, v, preset):
             custom = [w for w in words if w in ("--count", "--image-size")]
             if size != preset or custom:
                 bad.append(f"{name}: {cmd}")
-    v.add("compliance", "compliance.datasets", not bad,
-          f"{seen} dataset preparation(s) use the {preset} preset" if not bad else
-          f"not the {preset} preset: " + "; ".join(bad[:8]))
+    v.add(
+        "compliance",
+        "compliance.datasets",
+        not bad,
+        f"{seen} dataset preparation(s) use the {preset} preset"
+        if not bad
+        else f"not the {preset} preset: " + "; ".join(bad[:8]),
+    )
 
 
 # --- consistency -------------------------------------------------------------------------------
+
 
 def _num(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
@@ -917,19 +1215,22 @@ def _sample_problems(path, rec):
             continue
         if prev_end is not None and a < prev_end - OVERLAP_TOLERANCE_S:
             out["consistency.sample-order"].append(
-                f"sample {i} starts {prev_end - a:.3g} s before the previous one ends")
+                f"sample {i} starts {prev_end - a:.3g} s before the previous one ends"
+            )
         prev_end = z
         if _num(count) and _num(rate):
             want = count / (z - a)
             if abs(rate - want) > RATE_TOLERANCE * max(abs(want), 1e-9):
                 out["consistency.sample-rate"].append(
                     f"sample {i}: rate {rate:.6g} items/s is not its {count} items over "
-                    f"{z - a:.6g} s = {want:.6g}")
+                    f"{z - a:.6g} s = {want:.6g}"
+                )
         if _num(origin) and _num(start) and _num(end):
             if origin + a < start - CLOCK_TOLERANCE_S or origin + z > end + CLOCK_TOLERANCE_S:
                 out["consistency.sample-window"].append(
                     f"sample {i} ({origin + a:.3f}..{origin + z:.3f}) lies outside the "
-                    f"program's {start:.3f}..{end:.3f}")
+                    f"program's {start:.3f}..{end:.3f}"
+                )
     if rec.get("success") is True and not samples:
         out["consistency.counts"].append("it passed without a single sample")
     if rec.get("success") is True and samples:
@@ -939,19 +1240,25 @@ def _sample_problems(path, rec):
             out["consistency.counts"].append(f"samples count {counted} items, the record {total}")
         if _num(total) and _num(max_count) and total < max_count:
             out["consistency.counts"].append(
-                f"stopped at {total} items, before max_count {max_count}")
+                f"stopped at {total} items, before max_count {max_count}"
+            )
         argv_max = ((rec.get("call") or {}).get("arguments") or {}).get("max_count")
         if _num(argv_max) and _num(max_count) and argv_max != max_count:
             out["consistency.counts"].append(
-                f"max_count {max_count} is not the arguments' {argv_max}")
+                f"max_count {max_count} is not the arguments' {argv_max}"
+            )
         min_steady = train.get("min_steady")
         if _num(min_steady) and min_steady > 0 and _num(max_count):
-            steady = sum(s["end"] - s["start"] for s in samples if not s.get("warmup")
-                         and _num(s.get("start")) and _num(s.get("end")))
+            steady = sum(
+                s["end"] - s["start"]
+                for s in samples
+                if not s.get("warmup") and _num(s.get("start")) and _num(s.get("end"))
+            )
             slack = train.get("sample_duration") if _num(train.get("sample_duration")) else 0
             if steady < min_steady - slack:
                 out["consistency.counts"].append(
-                    f"{steady:.3g} s of steady state, min_steady {min_steady:g} s")
+                    f"{steady:.3g} s of steady state, min_steady {min_steady:g} s"
+                )
     return out
 
 
@@ -963,14 +1270,19 @@ def check_consistency(b, v):
     found = defaultdict(list)
     for path, rec in sorted(b.records.items()):
         for name, details in _sample_problems(path, rec).items():
-            found[name].append((f"{path}: {details[0]}"
-                                + (f" (and {len(details) - 1} more)" if len(details) > 1 else ""),
-                                [path]))
-    for name, ok in (("consistency.sample-rate", "every sample's rate is its count over its "
-                      "duration"),
-                     ("consistency.sample-order", "samples are ordered and do not overlap"),
-                     ("consistency.sample-window", "samples lie inside their program's run"),
-                     ("consistency.counts", "item counts agree with max_count and min_steady")):
+            found[name].append(
+                (
+                    f"{path}: {details[0]}"
+                    + (f" (and {len(details) - 1} more)" if len(details) > 1 else ""),
+                    [path],
+                )
+            )
+    for name, ok in (
+        ("consistency.sample-rate", "every sample's rate is its count over its duration"),
+        ("consistency.sample-order", "samples are ordered and do not overlap"),
+        ("consistency.sample-window", "samples lie inside their program's run"),
+        ("consistency.counts", "item counts agree with max_count and min_steady"),
+    ):
         _report(v, "consistency", name, found.get(name, []), ok)
 
     _copy_clause(b, v)
@@ -984,8 +1296,13 @@ def check_consistency(b, v):
     except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError) as exc:
         b.summary = None
         skipped.append((f"the statistics cannot be recomputed: {exc}", []))
-    _report(v, "consistency", "consistency.statistics", skipped,
-            f"statistics recomputed from the raw samples of {len(b.records)} record(s)")
+    _report(
+        v,
+        "consistency",
+        "consistency.statistics",
+        skipped,
+        f"statistics recomputed from the raw samples of {len(b.records)} record(s)",
+    )
 
     _time_clause(b, v)
     _barrier_clause(b, v)
@@ -1001,16 +1318,29 @@ def _copy_clause(b, v):
     seen, problems = {}, []
     for path, rec in sorted(b.records.items()):
         train = (rec.get("timings") or {}).get("train") or {}
-        windows = {(s.get("start"), s.get("end")) for s in _list(train.get("samples"))
-                   if isinstance(s, dict) and _num(s.get("start")) and _num(s.get("end"))}
+        windows = {
+            (s.get("start"), s.get("end"))
+            for s in _list(train.get("samples"))
+            if isinstance(s, dict) and _num(s.get("start")) and _num(s.get("end"))
+        }
         twins = sorted({seen[w] for w in windows if w in seen})
         if twins:
-            problems.append((f"{path}: sample windows identical to those of {twins[0]} (a "
-                             "copy of another record's samples)", [path, twins[0]]))
+            problems.append(
+                (
+                    f"{path}: sample windows identical to those of {twins[0]} (a "
+                    "copy of another record's samples)",
+                    [path, twins[0]],
+                )
+            )
         for w in windows:
             seen.setdefault(w, path)
-    _report(v, "consistency", "consistency.sample-copy", problems,
-            "no two records share a sample window")
+    _report(
+        v,
+        "consistency",
+        "consistency.sample-copy",
+        problems,
+        "no two records share a sample window",
+    )
 
 
 def _time_clause(b, v):
@@ -1023,16 +1353,29 @@ def _time_clause(b, v):
         if e["session"] not in first:
             first[e["session"]] = e["time"]
             try:
-                began = datetime.datetime.strptime(e["session"], SESSION_ID_FORMAT).replace(
-                    tzinfo=datetime.timezone.utc).timestamp()
+                began = (
+                    datetime.datetime.strptime(e["session"], SESSION_ID_FORMAT)
+                    .replace(tzinfo=datetime.timezone.utc)
+                    .timestamp()
+                )
             except ValueError:
                 began = None
             if began is None or abs(e["time"] - began) > SESSION_START_S:
-                problems.append((f"session {e['session']}: its id is not the time its first "
-                                 f"entry was written ({e['time']:.0f})", []))
+                problems.append(
+                    (
+                        f"session {e['session']}: its id is not the time its first "
+                        f"entry was written ({e['time']:.0f})",
+                        [],
+                    )
+                )
         if prev is not None and e["time"] < prev - CLOCK_TOLERANCE_S:
-            problems.append((f"manifest entry {e['seq']} is {prev - e['time']:.3g} s older than "
-                             "the entry before it", []))
+            problems.append(
+                (
+                    f"manifest entry {e['seq']} is {prev - e['time']:.3g} s older than "
+                    "the entry before it",
+                    [],
+                )
+            )
         prev = e["time"]
     for path, e in b.last.items():
         rec = b.records.get(path)
@@ -1041,13 +1384,27 @@ def _time_clause(b, v):
         program = (rec.get("timings") or {}).get("program") or {}
         start, end = program.get("start"), program.get("end")
         if _num(start) and start < first[e["session"]] - CLOCK_TOLERANCE_S:
-            problems.append((f"{path}: started {first[e['session']] - start:.3g} s before its "
-                             f"session {e['session']} began", [path]))
+            problems.append(
+                (
+                    f"{path}: started {first[e['session']] - start:.3g} s before its "
+                    f"session {e['session']} began",
+                    [path],
+                )
+            )
         if _num(end) and end > e["time"] + CLOCK_TOLERANCE_S:
-            problems.append((f"{path}: ended {end - e['time']:.3g} s after it was entered in "
-                             "the manifest", [path]))
-    _report(v, "consistency", "consistency.session-time", problems,
-            "records lie inside their session's time in the manifest")
+            problems.append(
+                (
+                    f"{path}: ended {end - e['time']:.3g} s after it was entered in the manifest",
+                    [path],
+                )
+            )
+    _report(
+        v,
+        "consistency",
+        "consistency.session-time",
+        problems,
+        "records lie inside their session's time in the manifest",
+    )
 
 
 def _barrier_clause(b, v):
@@ -1060,10 +1417,19 @@ def _barrier_clause(b, v):
     for wave, got in sorted(waves.items()):
         times = [t for t, _ in got]
         if max(times) - min(times) > BARRIER_SPREAD_S:
-            problems.append((f"wave {wave}: barrier releases spread over "
-                             f"{max(times) - min(times):.3g} s", sorted(p for _, p in got)))
-    _report(v, "consistency", "consistency.barrier", problems,
-            f"barrier releases agree in each of {len(waves)} wave(s)")
+            problems.append(
+                (
+                    f"wave {wave}: barrier releases spread over {max(times) - min(times):.3g} s",
+                    sorted(p for _, p in got),
+                )
+            )
+    _report(
+        v,
+        "consistency",
+        "consistency.barrier",
+        problems,
+        f"barrier releases agree in each of {len(waves)} wave(s)",
+    )
 
 
 def _energy_clause(b, v):
@@ -1084,8 +1450,13 @@ def _energy_clause(b, v):
             back = [i for i in range(1, len(counter)) if counter[i][1] < counter[i - 1][1]]
             if back:
                 t = counter[back[0]][0]
-                problems.append((f"{where}: the energy counter goes back at t={t:.3f} s "
-                                 f"({len(back)} time(s))", [path]))
+                problems.append(
+                    (
+                        f"{where}: the energy counter goes back at t={t:.3f} s "
+                        f"({len(back)} time(s))",
+                        [path],
+                    )
+                )
                 continue
             power = [r["power"] for r in readings if _num(r.get("power"))]
             span = counter[-1][0] - counter[0][0]
@@ -1094,11 +1465,22 @@ def _energy_clause(b, v):
                 counted = (counter[-1][1] - counter[0][1]) / span
                 lo, hi = ENERGY_POWER_RATIO
                 if mean_power > 0 and not lo <= counted / mean_power <= hi:
-                    problems.append((f"{where}: the energy counter gives {counted:.4g} W, the "
-                                     f"power readings {mean_power:.4g} W", [path]))
-    _report(v, "consistency", "consistency.energy", problems,
-            f"energy counters monotonic and agreeing with power ({checked} GPU series)"
-            if checked else "no energy counter readings (no GPU monitor)")
+                    problems.append(
+                        (
+                            f"{where}: the energy counter gives {counted:.4g} W, the "
+                            f"power readings {mean_power:.4g} W",
+                            [path],
+                        )
+                    )
+    _report(
+        v,
+        "consistency",
+        "consistency.energy",
+        problems,
+        f"energy counters monotonic and agreeing with power ({checked} GPU series)"
+        if checked
+        else "no energy counter readings (no GPU monitor)",
+    )
 
 
 #: Host facts that are the same in every record of one node.
@@ -1153,51 +1535,91 @@ def _host_clause(b, v):
     planned = b.plan_launches()
     for node, items in sorted(nodes.items()):
         for path, _ in items:
-            where = {_scalar(n) for _, lch in planned.get(launch_key(b.records[path]), [])
-                     for n in _list(lch.get("nodes"))}
+            where = {
+                _scalar(n)
+                for _, lch in planned.get(launch_key(b.records[path]), [])
+                for n in _list(lch.get("nodes"))
+            }
             if where and node not in where:
-                problems.append((f"{path}: ran on {node}, its launch was planned on "
-                                 f"{', '.join(sorted(map(str, where)))}", [path]))
+                problems.append(
+                    (
+                        f"{path}: ran on {node}, its launch was planned on "
+                        f"{', '.join(sorted(map(str, where)))}",
+                        [path],
+                    )
+                )
         ref_path, ref = items[0]
         for path, host in items[1:]:
             for key in HOST_FACTS:
                 if host.get(key) != ref.get(key):
-                    problems.append((f"node {node}: {path} has {key} {host.get(key)!r}, "
-                                     f"{ref_path} {ref.get(key)!r}", [path, ref_path]))
+                    problems.append(
+                        (
+                            f"node {node}: {path} has {key} {host.get(key)!r}, "
+                            f"{ref_path} {ref.get(key)!r}",
+                            [path, ref_path],
+                        )
+                    )
             mine, theirs = _gpu_ids(host), _gpu_ids(ref)
             for index in sorted(set(mine) & set(theirs), key=str):
                 if mine[index] != theirs[index]:
-                    problems.append((f"node {node}: GPU {index} is {mine[index]} in {path}, "
-                                     f"{theirs[index]} in {ref_path}", [path, ref_path]))
+                    problems.append(
+                        (
+                            f"node {node}: GPU {index} is {mine[index]} in {path}, "
+                            f"{theirs[index]} in {ref_path}",
+                            [path, ref_path],
+                        )
+                    )
         ident = identity.get(node)
         if ident:
             known = _identity_gpus(ident)
             for path, host in items:
                 for key in ("hostname", "cpu_model"):
-                    if ident.get(key) is not None and host.get(key) is not None \
-                            and ident[key] != host[key]:
-                        problems.append((f"node {node}: {path} has {key} {host[key]!r}, the "
-                                         f"session's identity {ident[key]!r}", [path]))
+                    if (
+                        ident.get(key) is not None
+                        and host.get(key) is not None
+                        and ident[key] != host[key]
+                    ):
+                        problems.append(
+                            (
+                                f"node {node}: {path} has {key} {host[key]!r}, the "
+                                f"session's identity {ident[key]!r}",
+                                [path],
+                            )
+                        )
                 if known:
                     for index, ids in sorted(_gpu_ids(host).items(), key=str):
                         for k in ("uuid", "serial"):
                             if ids.get(k) is not None and str(ids[k]) not in known:
-                                problems.append((f"node {node}: {path} GPU {index} {k} "
-                                                 f"{ids[k]} is not in the session's identity",
-                                                 [path]))
+                                problems.append(
+                                    (
+                                        f"node {node}: {path} GPU {index} {k} "
+                                        f"{ids[k]} is not in the session's identity",
+                                        [path],
+                                    )
+                                )
     if identity:
         for node in sorted(set(nodes) - set(identity)):
-            problems.append((f"node {node}: records, but no hardware identity in the session",
-                             []))
-    _report(v, "consistency", "consistency.host-facts", problems,
-            f"host facts agree in every record of each of {len(nodes)} node(s)"
-            + (" and with the session's hardware identity" if identity else ""))
+            problems.append((f"node {node}: records, but no hardware identity in the session", []))
+    _report(
+        v,
+        "consistency",
+        "consistency.host-facts",
+        problems,
+        f"host facts agree in every record of each of {len(nodes)} node(s)"
+        + (" and with the session's hardware identity" if identity else ""),
+    )
 
 
 #: The per-GPU configuration a record's ``host.gpus[]`` and the identity's
 #: ``config.gpus[]`` both hold (``mig_mode`` and ``vbios`` are the identity's only).
-CONFIG_GPU_FACTS = ("power_limit_w", "sm_clock_app_mhz", "mem_clock_app_mhz", "ecc_mode",
-                    "persistence_mode", "driver")
+CONFIG_GPU_FACTS = (
+    "power_limit_w",
+    "sm_clock_app_mhz",
+    "mem_clock_app_mhz",
+    "ecc_mode",
+    "persistence_mode",
+    "driver",
+)
 
 
 def _session_identity(b, sid, node):
@@ -1232,18 +1654,25 @@ def config_problems(host, config):
         out.append(f"kernel {kernel!r}, the identity's {node['kernel']!r}")
     mine, theirs = _governors(host.get("cpu_governor")), node.get("cpu_governors")
     if mine and isinstance(theirs, list) and theirs and not mine <= set(map(str, theirs)):
-        out.append(f"CPU governor {host.get('cpu_governor')!r}, the identity's "
-                   f"{', '.join(map(str, theirs))}")
-    by_uuid = {g["uuid"]: g for g in _list(config.get("gpus"))
-               if isinstance(g, dict) and isinstance(g.get("uuid"), str) and g["uuid"]}
+        out.append(
+            f"CPU governor {host.get('cpu_governor')!r}, the identity's "
+            f"{', '.join(map(str, theirs))}"
+        )
+    by_uuid = {
+        g["uuid"]: g
+        for g in _list(config.get("gpus"))
+        if isinstance(g, dict) and isinstance(g.get("uuid"), str) and g["uuid"]
+    }
     for g in _list(host.get("gpus")):
         ref = by_uuid.get(g.get("uuid")) if isinstance(g, dict) else None
         if ref is None:
             continue
         for key in CONFIG_GPU_FACTS:
             if g.get(key) is not None and ref.get(key) is not None and g[key] != ref[key]:
-                out.append(f"GPU {g.get('index')} ({g['uuid']}) {key} {g[key]!r}, the "
-                           f"identity's {ref[key]!r}")
+                out.append(
+                    f"GPU {g.get('index')} ({g['uuid']}) {key} {g[key]!r}, the "
+                    f"identity's {ref[key]!r}"
+                )
     return out
 
 
@@ -1264,48 +1693,73 @@ def _config_clause(b, v):
         compared += 1
         for line in config_problems(host, config):
             problems.append((f"node {node}: {path}: {line}", [path]))
-    _report(v, "consistency", "consistency.config", problems,
-            f"the configuration in {compared} record(s) agrees with its node's identity"
-            if compared else "no identity records a configuration (identity version 1): "
-                             "nothing to compare")
+    _report(
+        v,
+        "consistency",
+        "consistency.config",
+        problems,
+        f"the configuration in {compared} record(s) agrees with its node's identity"
+        if compared
+        else "no identity records a configuration (identity version 1): nothing to compare",
+    )
 
 
 # --- performance -------------------------------------------------------------------------------
+
 
 def check_performance(b, v, rules):
     """The performance clauses of ``rules``, on the statistics recomputed from the records."""
     tests = ((b.summary or {}).get("tests")) or {}
     if b.entries is None or not tests:
-        v.add("performance", "performance.unchecked", False,
-              "not checked: no statistics recomputed from the records")
+        v.add(
+            "performance",
+            "performance.unchecked",
+            False,
+            "not checked: no statistics recomputed from the records",
+        )
         return
     for group, floor in sorted((rules.get("min_throughput") or {}).items()):
         test = tests.get(group)
         train = (test or {}).get("train") or {}
         if test is None or not train.get("n"):
-            v.add("performance", "performance.min-throughput", False,
-                  f"{group}: no successful result with a rate (the rules ask >= {floor:g} "
-                  "items/s)")
+            v.add(
+                "performance",
+                "performance.min-throughput",
+                False,
+                f"{group}: no successful result with a rate (the rules ask >= {floor:g} items/s)",
+            )
             continue
         ci = mean_interval(train["n"], train["mean"], train["std"])
         if ci is None:
-            v.add("performance", "performance.min-throughput", False,
-                  f"{group}: {train['n']} result(s): no confidence interval (needs 2); mean "
-                  f"{train['mean']:.4g} items/s, the rules ask a lower bound >= {floor:g}")
+            v.add(
+                "performance",
+                "performance.min-throughput",
+                False,
+                f"{group}: {train['n']} result(s): no confidence interval (needs 2); mean "
+                f"{train['mean']:.4g} items/s, the rules ask a lower bound >= {floor:g}",
+            )
             continue
-        v.add("performance", "performance.min-throughput", ci.lo >= floor,
-              f"{group}: mean {train['mean']:.4g} items/s, {LEVEL:.0%} interval "
-              f"[{ci.lo:.4g}, {ci.hi:.4g}] (n={train['n']}); lower bound "
-              f"{'>=' if ci.lo >= floor else '<'} {floor:g}")
+        v.add(
+            "performance",
+            "performance.min-throughput",
+            ci.lo >= floor,
+            f"{group}: mean {train['mean']:.4g} items/s, {LEVEL:.0%} interval "
+            f"[{ci.lo:.4g}, {ci.hi:.4g}] (n={train['n']}); lower bound "
+            f"{'>=' if ci.lo >= floor else '<'} {floor:g}",
+        )
     if "max_failure_rate" in rules:
         n = sum(t.get("n") or 0 for t in tests.values())
         failed = sum(t.get("failures") or 0 for t in tests.values())
         rate = failed / n if n else 1.0
         worst = sorted(((t.get("failures") or 0, g) for g, t in tests.items()), reverse=True)
-        v.add("performance", "performance.failure-rate", rate <= rules["max_failure_rate"],
-              f"{failed} of {n} result(s) failed ({rate:.1%}; the rules allow "
-              f"{rules['max_failure_rate']:.1%})"
-              + (f"; most in {worst[0][1]} ({worst[0][0]})" if failed else ""))
+        v.add(
+            "performance",
+            "performance.failure-rate",
+            rate <= rules["max_failure_rate"],
+            f"{failed} of {n} result(s) failed ({rate:.1%}; the rules allow "
+            f"{rules['max_failure_rate']:.1%})"
+            + (f"; most in {worst[0][1]} ({worst[0][0]})" if failed else ""),
+        )
     if "max_node_spread" in rules:
         _spread_clause(tests, v, rules["max_node_spread"])
     if "max_node_power_w" in rules:
@@ -1318,20 +1772,31 @@ def check_performance(b, v, rules):
 def _spread_clause(tests, v, limit):
     compared = 0
     for group, test in sorted(tests.items()):
-        means = {n: d["mean"] for n, d in (test.get("pernode") or {}).items()
-                 if isinstance(d, dict) and _num(d.get("mean"))}
+        means = {
+            n: d["mean"]
+            for n, d in (test.get("pernode") or {}).items()
+            if isinstance(d, dict) and _num(d.get("mean"))
+        }
         if len(means) < 2:
             continue
         compared += 1
         hi, lo = max(means.values()), min(means.values())
         spread = (hi - lo) / hi if hi > 0 else 0.0
         slow = min(means, key=means.get)
-        v.add("performance", "performance.node-spread", spread <= limit,
-              f"{group}: node means spread {spread:.1%} (slowest {slow}; the rules allow "
-              f"{limit:.1%})")
+        v.add(
+            "performance",
+            "performance.node-spread",
+            spread <= limit,
+            f"{group}: node means spread {spread:.1%} (slowest {slow}; the rules allow "
+            f"{limit:.1%})",
+        )
     if not compared:
-        v.add("performance", "performance.node-spread", True,
-              "one node per test: no node-to-node spread")
+        v.add(
+            "performance",
+            "performance.node-spread",
+            True,
+            "one node per test: no node-to-node spread",
+        )
 
 
 def _power_clause(tests, v, limit):
@@ -1341,13 +1806,31 @@ def _power_clause(tests, v, limit):
             if not _num(d.get("power_w")):
                 continue
             seen += 1
-            v.add("performance", "performance.node-power", d["power_w"] <= limit,
-                  f"{group} on {node}: {d['power_w']:.4g} W (the rules allow {limit:g} W)")
+            v.add(
+                "performance",
+                "performance.node-power",
+                d["power_w"] <= limit,
+                f"{group} on {node}: {d['power_w']:.4g} W (the rules allow {limit:g} W)",
+            )
     if not seen:
-        v.add("performance", "performance.node-power", False,
-              f"no GPU power readings: the power envelope ({limit:g} W) cannot be checked")
+        v.add(
+            "performance",
+            "performance.node-power",
+            False,
+            f"no GPU power readings: the power envelope ({limit:g} W) cannot be checked",
+        )
 
 
-__all__ = ["Bundle", "OVERRIDES", "after_head_problems", "check_compliance",
-           "check_completeness", "check_consistency", "check_integrity", "check_performance",
-           "entry_kind_problems", "find_overrides", "verify_bundle"]
+__all__ = [
+    "Bundle",
+    "OVERRIDES",
+    "after_head_problems",
+    "check_compliance",
+    "check_completeness",
+    "check_consistency",
+    "check_integrity",
+    "check_performance",
+    "entry_kind_problems",
+    "find_overrides",
+    "verify_bundle",
+]

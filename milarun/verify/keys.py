@@ -45,8 +45,9 @@ def keygen(private_path, public_path):
             is missing or not a folder, or a file cannot be written (nothing written).
     """
     if _where(private_path) == _where(public_path):
-        raise KeyFileError("is given as both the private and the public key; name two "
-                           "files", path=public_path)
+        raise KeyFileError(
+            "is given as both the private and the public key; name two files", path=public_path
+        )
     private_path, public_path = Path(private_path), Path(public_path)
     for path in (private_path, public_path):
         if os.path.lexists(path):
@@ -56,10 +57,12 @@ def keygen(private_path, public_path):
             what = "does not exist" if not os.path.lexists(folder) else "is not a folder"
             raise KeyFileError(f"cannot write the key: its folder {folder} {what}", path=path)
     key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    public = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     written = []
     try:
         for path, data, mode in ((private_path, private, 0o600), (public_path, public, 0o644)):
@@ -92,8 +95,9 @@ def _write_new(path, data, mode):
     try:
         # created with ``mode`` (less the umask: never wider), then exactly ``mode``
         # before any byte is written, whatever the umask
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     mode)
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode
+        )
     except FileExistsError:
         raise KeyFileError("exists already; milarun keygen never overwrites a key", path=path)
     except OSError as exc:
@@ -161,8 +165,9 @@ def check_signature(data, signature_path, public_path):
         MilarunError: the key or signature file is unreadable or malformed.
     """
     key = load_public(public_path)
-    raw = read_bytes(signature_path, error_cls=KeyFileError, max_bytes=MAX_KEY_BYTES,
-                     what="signature")
+    raw = read_bytes(
+        signature_path, error_cls=KeyFileError, max_bytes=MAX_KEY_BYTES, what="signature"
+    )
     try:
         sig = base64.b64decode(raw.strip(), validate=True)
     except (binascii.Error, ValueError):

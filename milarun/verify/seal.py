@@ -60,8 +60,9 @@ def read_weights(path):
         SealError: unreadable, not JSON, or a bad key (one line naming file and key).
     """
     raw = read_bytes(path, error_cls=SealError, max_bytes=MAX_WEIGHTS_BYTES, what="weights file")
-    check(parse_json(raw, path=path, error_cls=SealError), "weights", path=path,
-          error_cls=SealError)
+    check(
+        parse_json(raw, path=path, error_cls=SealError), "weights", path=path, error_cls=SealError
+    )
     return raw
 
 
@@ -81,8 +82,10 @@ def merged_identity(saved):
             if node not in merged:
                 merged[node], first[node] = value, entry.get("id")
             elif value != merged[node]:
-                notes.append(f"node {node}: the hardware identity of session {entry.get('id')} "
-                             f"differs from session {first[node]}'s (kept: the first)")
+                notes.append(
+                    f"node {node}: the hardware identity of session {entry.get('id')} "
+                    f"differs from session {first[node]}'s (kept: the first)"
+                )
     return merged, notes
 
 
@@ -93,8 +96,11 @@ def _check_lock_free(outdir):
         lock.__enter__()
     except SetupError as exc:
         if "in use by another" in str(exc):
-            _refuse("a milarun jobs session is still writing here (its lock "
-                    f"{lock.path} is held); seal once it has ended", outdir)
+            _refuse(
+                "a milarun jobs session is still writing here (its lock "
+                f"{lock.path} is held); seal once it has ended",
+                outdir,
+            )
         raise
     return lock
 
@@ -119,22 +125,30 @@ def seal(outdir, sign=None, weights=None, say=print, warn=warn_line):
         _refuse("not a results folder (no such directory)", outdir)
     mpath = manifest_path(outdir)
     if not os.path.lexists(mpath):
-        _refuse("no manifest (.milarun/manifest.jsonl): not a folder written by milarun jobs "
-                "with a hash chain; nothing to seal", outdir)
+        _refuse(
+            "no manifest (.milarun/manifest.jsonl): not a folder written by milarun jobs "
+            "with a hash chain; nothing to seal",
+            outdir,
+        )
     for done in (bundle_path(outdir), signature_path(outdir)):
         if os.path.lexists(done):
-            _refuse("already sealed; seal never overwrites a bundle: remove bundle.json "
-                    "(and bundle.json.sig) to seal again", done)
+            _refuse(
+                "already sealed; seal never overwrites a bundle: remove bundle.json "
+                "(and bundle.json.sig) to seal again",
+                done,
+            )
     if sign is not None:
-        keys.load_private(sign)        # a bad key stops here, before anything is written
+        keys.load_private(sign)  # a bad key stops here, before anything is written
     copy = read_weights(weights) if weights is not None else None
     lock = _check_lock_free(outdir)
     try:
         return _seal(outdir, mpath, sign, copy, say, warn)
-    except OSError as exc:     # a full disk, a read-only folder: one line, not a traceback
-        raise SealError(f"cannot write the bundle: {exc.strerror or exc}; nothing was "
-                        "sealed (free space or make it writable, then seal again)",
-                        path=exc.filename or outdir) from None
+    except OSError as exc:  # a full disk, a read-only folder: one line, not a traceback
+        raise SealError(
+            f"cannot write the bundle: {exc.strerror or exc}; nothing was "
+            "sealed (free space or make it writable, then seal again)",
+            path=exc.filename or outdir,
+        ) from None
     finally:
         lock.__exit__(None, None, None)
 
@@ -146,37 +160,50 @@ def _seal(outdir, mpath, sign, weights, say, warn):
     problems = check_chain(entries)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        _refuse(f"the chain is broken: {problems[0]}{more}; a broken chain cannot be sealed",
-                mpath)
+        _refuse(f"the chain is broken: {problems[0]}{more}; a broken chain cannot be sealed", mpath)
     saved = read_session(outdir)
     if saved is None:
         _refuse("no session file (.milarun/session.json)", outdir)
     spath = session_path(outdir)
     chained = [e for e in entries if e.get("kind") == "session"]
-    if not chained or chained[-1]["path"] != spath.relative_to(outdir).as_posix() \
-            or file_digest(spath)[0] != chained[-1]["sha256"]:
-        _refuse("the session file is not the one the manifest last entered (changed after "
-                "its session, or never entered); it cannot be sealed", spath)
+    if (
+        not chained
+        or chained[-1]["path"] != spath.relative_to(outdir).as_posix()
+        or file_digest(spath)[0] != chained[-1]["sha256"]
+    ):
+        _refuse(
+            "the session file is not the one the manifest last entered (changed after "
+            "its session, or never entered); it cannot be sealed",
+            spath,
+        )
     sessions = [e.get("id") for e in saved["sessions"] if isinstance(e, dict)]
     if not all(isinstance(s, str) for s in sessions) or not sessions:
         _refuse("the session file lists no session", spath)
     last_kinds = {e["kind"] for e in entries if e["session"] == sessions[-1]}
     if "end" not in last_kinds:
-        warn(f"milarun: warning: session {sessions[-1]} has no end in the manifest "
-            "(killed?); sealed as it is, verify will say so")
+        warn(
+            f"milarun: warning: session {sessions[-1]} has no end in the manifest "
+            "(killed?); sealed as it is, verify will say so"
+        )
     head = entries[-1]["hash"]
     count = len(entries)
     copy_path = outdir / WEIGHTS_COPY
     entered = [e for e in entries if e["kind"] == "weights"]
     if any(e["path"] != WEIGHTS_COPY for e in entered) or len(entered) > 1:
         # verify accepts one weights entry, at its path (integrity.after-head)
-        _refuse(f"the chain holds a weights entry that is not the seal's one copy "
-                f"({WEIGHTS_COPY}); it cannot be sealed", mpath)
+        _refuse(
+            f"the chain holds a weights entry that is not the seal's one copy "
+            f"({WEIGHTS_COPY}); it cannot be sealed",
+            mpath,
+        )
     if weights is not None:
         want = hashlib.sha256(weights).hexdigest()
         if entered and entered[-1]["sha256"] != want:
-            _refuse("another weights file was entered in the chain already; seal with that "
-                    "one, or start from an unsealed copy", copy_path)
+            _refuse(
+                "another weights file was entered in the chain already; seal with that "
+                "one, or start from an unsealed copy",
+                copy_path,
+            )
         if not entered:
             write_atomic(copy_path, weights)
             manifest = Manifest(outdir, sessions[-1])
@@ -190,20 +217,27 @@ def _seal(outdir, mpath, sign, weights, say, warn):
     for note in notes:
         warn(f"milarun: warning: {note}")
     invocation = saved.get("invocation") or {}
-    bundle = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "head": head,
-              "entries": count,
-              "sealed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "sessions": sessions, "identity": identity,
-              "profile_sha256": invocation.get("profile_sha256"),
-              "weights_sha256": weights_sha, "milarun_version": __version__}
+    bundle = {
+        "format": BUNDLE_FORMAT,
+        "version": BUNDLE_VERSION,
+        "head": head,
+        "entries": count,
+        "sealed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "sessions": sessions,
+        "identity": identity,
+        "profile_sha256": invocation.get("profile_sha256"),
+        "weights_sha256": weights_sha,
+        "milarun_version": __version__,
+    }
     if weights_sha is not None:
         bundle["weights"] = entered[-1]["path"]
     if notes:
         bundle["note"] = "; ".join(notes)[:4000]
     bpath = bundle_path(outdir)
     check(bundle, "bundle", path=bpath, error_cls=SealError)
-    data = (json.dumps(bundle, indent=1, sort_keys=True, ensure_ascii=False, allow_nan=False)
-            + "\n").encode("utf-8")
+    data = (
+        json.dumps(bundle, indent=1, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+    ).encode("utf-8")
     signature = keys.sign(data, sign) if sign is not None else None
     write_atomic(bpath, data)
     say(f"milarun: sealed {outdir}: manifest head {head} ({count} entries)")
@@ -217,5 +251,11 @@ def _seal(outdir, mpath, sign, weights, say, warn):
     return bundle
 
 
-__all__ = ["MAX_WEIGHTS_BYTES", "SealError", "WEIGHTS_COPY", "merged_identity", "read_weights",
-           "seal"]
+__all__ = [
+    "MAX_WEIGHTS_BYTES",
+    "SealError",
+    "WEIGHTS_COPY",
+    "merged_identity",
+    "read_weights",
+    "seal",
+]

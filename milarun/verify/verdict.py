@@ -42,8 +42,13 @@ class Clause:
     paths: list = field(default_factory=list)
 
     def to_json(self):
-        return {"section": self.section, "name": self.name, "ok": self.ok,
-                "detail": self.detail, "paths": list(self.paths)}
+        return {
+            "section": self.section,
+            "name": self.name,
+            "ok": self.ok,
+            "detail": self.detail,
+            "paths": list(self.paths),
+        }
 
 
 @dataclass
@@ -106,7 +111,14 @@ class Verdict:
         return {LEVEL_VERIFIED: VERIFIED, LEVEL_NOT_PINNED: NOT_PINNED}.get(self.level, FAILED)
 
     def to_json(self):
-        return {"bundle": self.bundle, "level": self.level, "ok": self.ok,
-                "pinned": self.pinned, "signed": self.signed, "sessions": self.sessions,
-                "head": self.head, "overrides": list(self.overrides),
-                "clauses": [c.to_json() for c in self.clauses]}
+        return {
+            "bundle": self.bundle,
+            "level": self.level,
+            "ok": self.ok,
+            "pinned": self.pinned,
+            "signed": self.signed,
+            "sessions": self.sessions,
+            "head": self.head,
+            "overrides": list(self.overrides),
+            "clauses": [c.to_json() for c in self.clauses],
+        }

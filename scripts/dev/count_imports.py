@@ -21,8 +21,9 @@ def main(argv):
     found = imports()
     statements = {(e.path, e.lineno): e.in_function for e in found}
     inside = sum(statements.values())
-    print(f"import statements between milarun modules: {len(statements)}, "
-          f"inside functions: {inside}")
+    print(
+        f"import statements between milarun modules: {len(statements)}, inside functions: {inside}"
+    )
     if argv[1:] == ["list"]:
         seen = set()
         for e in sorted(found, key=lambda e: (str(e.path), e.lineno)):

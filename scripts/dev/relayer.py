@@ -94,15 +94,15 @@ MOVES = (
 #: The new packages and their docstrings.
 PACKAGES = {
     "formats": "File formats: the strict JSON reader, the schemas, the result record, store and\n"
-               "journal, the barrier's wire format. The lowest layer above ``errors``.",
+    "journal, the barrier's wire format. The lowest layer above ``errors``.",
     "host": "The machine: device backends (``accel``), devices, cgroups and CPU lists, host\n"
-            "facts, parent-death supervision.",
+    "facts, parent-death supervision.",
     "measure": "Pure numbers, no I/O: steady state, intervals, effective throughput, energy,\n"
-               "validation flags, anomalies.",
+    "validation flags, anomalies.",
     "plan": "From jobs to launches: plan types (one registry), launches, nodes.",
     "profile": "The job record and the profile language (include, inherits, matrix, placeholders).",
     "launcher": "The parent's side of a run: launches, process groups, outcomes, prepare, preflight\n"
-                "and dry run, fan-out over ssh/srun, progress, the session file.",
+    "and dry run, fan-out over ssh/srun, progress, the session file.",
     "analysis": "Results -> summary.",
 }
 
@@ -111,36 +111,65 @@ REMOVED = ("results/__init__.py",)
 
 #: Literal edits a rename cannot find: (new path, old text, new text).
 FIXUPS = (
-    ("milarun/formats/jsonfile.py", 'resources.files("milarun") / "schemas"',
-     'resources.files("milarun.formats") / "schemas"'),
-    ("tests/test_bad_inputs.py", 'resources.files("milarun") / "schemas"',
-     'resources.files("milarun.formats") / "schemas"'),
-    ("tests/test_security_profiles.py", 'Path(profile.__file__).parent / "schemas"',
-     'Path(profile.__file__).parent.parent / "formats" / "schemas"'),
-    ("tests/test_launch.py", "from milarun.formats import new_result, write_result;",
-     "from milarun.formats.record import new_result; "
-     "from milarun.formats.store import write_result;"),
-    ("tests/test_multinode_faults.py", '"from milarun import supervise; "',
-     '"from milarun.host import supervise; "'),
+    (
+        "milarun/formats/jsonfile.py",
+        'resources.files("milarun") / "schemas"',
+        'resources.files("milarun.formats") / "schemas"',
+    ),
+    (
+        "tests/test_bad_inputs.py",
+        'resources.files("milarun") / "schemas"',
+        'resources.files("milarun.formats") / "schemas"',
+    ),
+    (
+        "tests/test_security_profiles.py",
+        'Path(profile.__file__).parent / "schemas"',
+        'Path(profile.__file__).parent.parent / "formats" / "schemas"',
+    ),
+    (
+        "tests/test_launch.py",
+        "from milarun.formats import new_result, write_result;",
+        "from milarun.formats.record import new_result; "
+        "from milarun.formats.store import write_result;",
+    ),
+    (
+        "tests/test_multinode_faults.py",
+        '"from milarun import supervise; "',
+        '"from milarun.host import supervise; "',
+    ),
     # the package folder, one level up from the module now
-    ("milarun/host/facts.py", "root = Path(package_dir or Path(__file__).resolve().parent).parent",
-     "root = Path(package_dir or Path(__file__).resolve().parents[1]).parent"),
+    (
+        "milarun/host/facts.py",
+        "root = Path(package_dir or Path(__file__).resolve().parent).parent",
+        "root = Path(package_dir or Path(__file__).resolve().parents[1]).parent",
+    ),
 )
 
 #: Where to rewrite: (folder or file, suffixes).
-TARGETS = (("milarun", (".py", ".json")), ("tests", (".py",)), ("benchmarks", (".py",)),
-           ("scripts", (".py", ".sh")), ("docs", (".md",)), ("README.md", ("",)),
-           ("pyproject.toml", ("",)), (".ci", ("",)))
+TARGETS = (
+    ("milarun", (".py", ".json")),
+    ("tests", (".py",)),
+    ("benchmarks", (".py",)),
+    ("scripts", (".py", ".sh")),
+    ("docs", (".md",)),
+    ("README.md", ("",)),
+    ("pyproject.toml", ("",)),
+    (".ci", ("",)),
+)
 
 #: The repository the script runs in (the current folder's), wherever the script file lies.
-ROOT = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], check=True,
-                           capture_output=True, text=True).stdout.strip())
+ROOT = Path(
+    subprocess.run(
+        ["git", "rev-parse", "--show-toplevel"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+)
 SELF = Path(__file__).resolve()
 
 
 def git(*args):
-    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True,
-                          text=True).stdout
+    return subprocess.run(
+        ["git", *args], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
 
 
 def module_of(path):
@@ -174,7 +203,7 @@ def new_name(dotted):
         if head in MAP:
             return ".".join([MAP[head]] + parts[i:])
     if dotted == "milarun.results" or dotted.startswith("milarun.results."):
-        return "milarun.formats" + dotted[len("milarun.results"):]
+        return "milarun.formats" + dotted[len("milarun.results") :]
     return dotted
 
 
@@ -190,13 +219,14 @@ def sub_path(text):
     def one(m):
         parts = m.group(0).split("/")
         for i in range(len(parts), 1, -1):
-            head = ".".join(parts[:i - 1] + [parts[i - 1].removesuffix(".py")])
+            head = ".".join(parts[: i - 1] + [parts[i - 1].removesuffix(".py")])
             if head in MAP:
                 py = ".py" if parts[i - 1].endswith(".py") else ""
                 return "/".join(MAP[head].split(".") + parts[i:]) + py
         if parts[1] == "results":
             return "/".join(["milarun", "formats"] + parts[2:])
         return m.group(0)
+
     return PATH.sub(one, text)
 
 
@@ -231,12 +261,12 @@ def render_from(indent, module, names, comment):
 def rewrite_import(node, lines, src_old, src_new, src_pkg, in_package):
     """New lines for one import statement, or None when it stays as it is."""
     first = lines[node.lineno - 1]
-    indent = first[:len(first) - len(first.lstrip())]
+    indent = first[: len(first) - len(first.lstrip())]
     last = lines[node.end_lineno - 1]
     comment = ""
     if "#" in last:
         # a trailing comment (imports hold no '#' in strings)
-        comment = "  " + last[last.index("#"):].rstrip()
+        comment = "  " + last[last.index("#") :].rstrip()
     if isinstance(node, ast.Import):
         if not any(a.name.split(".")[0] == "milarun" for a in node.names):
             return None
@@ -250,13 +280,13 @@ def rewrite_import(node, lines, src_old, src_new, src_pkg, in_package):
         if not in_package:
             return None
         base = src_old.split(".") if src_pkg else src_old.split(".")[:-1]
-        base = base[:len(base) - (node.level - 1)]
+        base = base[: len(base) - (node.level - 1)]
         mod = ".".join(base + ([node.module] if node.module else []))
     else:
         mod = node.module or ""
         if mod.split(".")[0] != "milarun":
             return None
-    groups = {}   # new from-module -> [(name, alias)]
+    groups = {}  # new from-module -> [(name, alias)]
     for a in node.names:
         full = f"{mod}.{a.name}"
         if full in OLD_MODULES or full in MAP:
@@ -268,15 +298,16 @@ def rewrite_import(node, lines, src_old, src_new, src_pkg, in_package):
             groups.setdefault(new_name(mod), []).append((a.name, a.asname))
     original = "." * node.level + (node.module or "")
     if len(groups) == 1:
-        (target, names), = groups.items()
+        ((target, names),) = groups.items()
         module = relative(src_new, src_pkg, target) if node.level else target
         if names == [(a.name, a.asname) for a in node.names]:
             if module == original:
                 return None
             # only the module changes: keep the statement's own layout
             new = [lines[n - 1] for n in range(node.lineno, node.end_lineno + 1)]
-            new[0] = re.sub(r"\bfrom\s+" + re.escape(original) + r"(?=\s)", "from " + module,
-                            new[0], count=1)
+            new[0] = re.sub(
+                r"\bfrom\s+" + re.escape(original) + r"(?=\s)", "from " + module, new[0], count=1
+            )
             return new
     out = []
     for target, names in groups.items():
@@ -284,7 +315,7 @@ def rewrite_import(node, lines, src_old, src_new, src_pkg, in_package):
         out += render_from(indent, module, names, "")
     if comment:
         out[-1] += comment
-    old = lines[node.lineno - 1:node.end_lineno]
+    old = lines[node.lineno - 1 : node.end_lineno]
     if [line.rstrip() for line in old] == out:
         return None
     return out
@@ -299,9 +330,11 @@ def rewrite_python(path, text, src_old, src_new, src_pkg, in_package):
             new = rewrite_import(node, lines, src_old, src_new, src_pkg, in_package)
             if new is not None:
                 first = lines[node.lineno - 1]
-                if first[:len(first) - len(first.lstrip())] != first[:node.col_offset]:
-                    raise SystemExit(f"{path}:{node.lineno}: an import that is not alone on "
-                                     "its line: edit by hand")
+                if first[: len(first) - len(first.lstrip())] != first[: node.col_offset]:
+                    raise SystemExit(
+                        f"{path}:{node.lineno}: an import that is not alone on "
+                        "its line: edit by hand"
+                    )
                 edits[node.lineno] = (node.end_lineno, new)
     out, n = [], 1
     while n <= len(lines):
@@ -331,7 +364,7 @@ def main():
         rel = f.removeprefix("milarun/")
         for old, new in MOVES:
             if rel == old or rel.startswith(old + "/"):
-                return "milarun/" + new + rel[len(old):]
+                return "milarun/" + new + rel[len(old) :]
         return f
 
     files = []
@@ -373,8 +406,17 @@ def main():
         if old not in text:
             raise SystemExit(f"relayer: fix-up not found in {f}: {old!r}")
         (ROOT / f).write_text(text.replace(old, new))
-    git("add", "-A", "milarun", "tests", "benchmarks", "scripts", "docs", "README.md",
-        "pyproject.toml")
+    git(
+        "add",
+        "-A",
+        "milarun",
+        "tests",
+        "benchmarks",
+        "scripts",
+        "docs",
+        "README.md",
+        "pyproject.toml",
+    )
     print(f"relayer: {len(MOVES)} moves, {changed} files rewritten, {len(FIXUPS)} fix-ups")
 
 

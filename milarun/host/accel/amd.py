@@ -74,16 +74,19 @@ _POWER, _SLOWDOWN, _THERMAL, _HW_THERMAL = 0x4, 0x8, 0x20, 0x40
 #: the NVML bit each maps to: package power tracking (PVIOL) is a power cap, socket and
 #: HBM thermal (TVIOL) thermal slowdowns, PROCHOT and voltage-regulator thermal the
 #: hardware's. Source: AMD SMI docs, "GPU violations" and ``amdsmi_violation_status_t``.
-VIOLATION_BITS = {"active_ppt_pwr": _POWER, "active_socket_thrm": _THERMAL,
-                  "active_hbm_thrm": _THERMAL, "active_prochot_thrm": _HW_THERMAL,
-                  "active_vr_thrm": _HW_THERMAL}
+VIOLATION_BITS = {
+    "active_ppt_pwr": _POWER,
+    "active_socket_thrm": _THERMAL,
+    "active_hbm_thrm": _THERMAL,
+    "active_prochot_thrm": _HW_THERMAL,
+    "active_vr_thrm": _HW_THERMAL,
+}
 
 #: ``indep_throttle_status`` of ``amdsmi_get_gpu_metrics_info`` (MI100/MI200, Radeon): the
 #: kernel's independent throttler bits (amdgpu ``SMU_THROTTLER_*``): 0-15 power (PPT,
 #: SPL, FPPT...), 16-31 current (TDC, EDC, APCC), 32-55 temperature (TEMP_*, VRHOT),
 #: 56-63 other (PROCHOT at 56-57). As ranges: ``(first bit, last bit, NVML bit)``.
-THROTTLER_RANGES = ((0, 15, _POWER), (16, 31, _SLOWDOWN), (32, 55, _THERMAL),
-                    (56, 57, _HW_THERMAL))
+THROTTLER_RANGES = ((0, 15, _POWER), (16, 31, _SLOWDOWN), (32, 55, _THERMAL), (56, 57, _HW_THERMAL))
 
 
 def amd_reasons(violation, metrics):
@@ -128,7 +131,7 @@ class AMDBackend(Backend):
 
     name = "amd"
     vendor = "AMD"
-    torch_device = "cuda"     # PyTorch's ROCm build keeps the cuda device type
+    torch_device = "cuda"  # PyTorch's ROCm build keeps the cuda device type
     visibility_var = "ROCR_VISIBLE_DEVICES"
 
     def __init__(self, amdsmi=None, root="/"):
@@ -139,6 +142,7 @@ class AMDBackend(Backend):
     def _init(self):
         if self._smi is None:
             import amdsmi
+
             flags = getattr(getattr(amdsmi, "AmdSmiInitFlags", None), "INIT_AMD_GPUS", None)
             amdsmi.amdsmi_init(*(() if flags is None else (flags,)))
             self._smi = amdsmi
@@ -148,13 +152,17 @@ class AMDBackend(Backend):
         try:
             self._init()
         except ImportError as exc:
-            return False, (f"the amdsmi Python library is not installed ({exc}); it ships "
-                           "with ROCm (docs/vendors.md)")
+            return False, (
+                f"the amdsmi Python library is not installed ({exc}); it ships "
+                "with ROCm (docs/vendors.md)"
+            )
         except PermissionError as exc:
             return False, f"amdsmi: permission denied ({exc}): is the user in the render group?"
         except Exception as exc:
-            return False, (f"amdsmi cannot start ({exc.__class__.__name__}: {exc}): "
-                           "is the amdgpu driver loaded?")
+            return False, (
+                f"amdsmi cannot start ({exc.__class__.__name__}: {exc}): "
+                "is the amdgpu driver loaded?"
+            )
         return True, None
 
     def discover(self):
@@ -173,26 +181,40 @@ class AMDBackend(Backend):
             info = _try(smi.amdsmi_get_gpu_asic_info, h) or {}
             bdf = normalize_bdf(_try(smi.amdsmi_get_gpu_device_bdf, h))
             total = _try(smi.amdsmi_get_gpu_memory_total, h, vram)
-            node = _try(getattr(smi, "amdsmi_topo_get_numa_node_number", None) or
-                        (lambda h: None), h)
+            node = _try(
+                getattr(smi, "amdsmi_topo_get_numa_node_number", None) or (lambda h: None), h
+            )
             if not isinstance(node, int) or node < 0:
                 node = numa_node(bdf, self.root)
-            out.append(Accelerator(
-                index=i, visible_id=str(i), name=info.get("market_name") or "AMD GPU",
-                uuid=_try(smi.amdsmi_get_gpu_device_uuid, h), pci_bus_id=bdf,
-                memory_mib=None if not isinstance(total, int) else total / 2**20,
-                cpus=local_cpus(bdf, self.root), numa_node=node, handle=h))
+            out.append(
+                Accelerator(
+                    index=i,
+                    visible_id=str(i),
+                    name=info.get("market_name") or "AMD GPU",
+                    uuid=_try(smi.amdsmi_get_gpu_device_uuid, h),
+                    pci_bus_id=bdf,
+                    memory_mib=None if not isinstance(total, int) else total / 2**20,
+                    cpus=local_cpus(bdf, self.root),
+                    numa_node=node,
+                    handle=h,
+                )
+            )
         visible = _honour_visible(out)
-        if out and not visible:   # the user's choice, not a missing driver: say so
-            self.reason = (f"ROCR_VISIBLE_DEVICES={os.environ.get('ROCR_VISIBLE_DEVICES')!r} "
-                           f"hides every GPU ({len(out)} on the host)")
+        if out and not visible:  # the user's choice, not a missing driver: say so
+            self.reason = (
+                f"ROCR_VISIBLE_DEVICES={os.environ.get('ROCR_VISIBLE_DEVICES')!r} "
+                f"hides every GPU ({len(out)} on the host)"
+            )
         return visible
 
     def child_env(self, visible):
         # ROCr filters; HIP indexes into what is left, so it gets 0..k-1 (no second filter)
         after = ",".join(str(i) for i in range(len(visible)))
-        return {"ROCR_VISIBLE_DEVICES": ",".join(visible), "HIP_VISIBLE_DEVICES": after,
-                "CUDA_VISIBLE_DEVICES": after}
+        return {
+            "ROCR_VISIBLE_DEVICES": ",".join(visible),
+            "HIP_VISIBLE_DEVICES": after,
+            "CUDA_VISIBLE_DEVICES": after,
+        }
 
     def versions(self):
         driver = None
@@ -218,7 +240,7 @@ class AMDBackend(Backend):
         try:
             activity = smi.amdsmi_get_gpu_activity(h)
             failed = None
-        except Exception as exc:   # e.g. NOT_SUPPORTED on a partition: read the rest
+        except Exception as exc:  # e.g. NOT_SUPPORTED on a partition: read the rest
             activity, failed = None, exc
         used = _try(smi.amdsmi_get_gpu_memory_usage, h, _enum(smi, "AmdSmiMemoryType", "VRAM"))
         power = _try(smi.amdsmi_get_power_info, h) or {}
@@ -235,12 +257,18 @@ class AMDBackend(Backend):
         count = _try(smi.amdsmi_get_energy_count, h) or {}
         acc = count.get("energy_accumulator", count.get("power"))
         res = count.get("counter_resolution")
-        energy = acc * res / 1e6 if isinstance(acc, (int, float)) and \
-            isinstance(res, (int, float)) else None
-        reading = Reading(load=_sane((activity or {}).get("gfx_activity")),
-                          memory_mib=None if not isinstance(used, int) else used / 2**20,
-                          temperature=temp,
-                          power=watts, energy=energy)
+        energy = (
+            acc * res / 1e6
+            if isinstance(acc, (int, float)) and isinstance(res, (int, float))
+            else None
+        )
+        reading = Reading(
+            load=_sane((activity or {}).get("gfx_activity")),
+            memory_mib=None if not isinstance(used, int) else used / 2**20,
+            temperature=temp,
+            power=watts,
+            energy=energy,
+        )
         if failed is not None and all(v is None for v in vars(reading).values()):
             raise failed
         return reading
@@ -255,20 +283,33 @@ class AMDBackend(Backend):
         except Exception:
             return None
         kind = _enum(smi, "AmdSmiClkType", "GFX", "SYS")
-        info = _try(smi.amdsmi_get_clock_info, device.handle, kind) \
-            if kind is not None and hasattr(smi, "amdsmi_get_clock_info") else None
+        info = (
+            _try(smi.amdsmi_get_clock_info, device.handle, kind)
+            if kind is not None and hasattr(smi, "amdsmi_get_clock_info")
+            else None
+        )
         clock = _sane((info or {}).get("clk")) if isinstance(info, dict) else None
         if clock is None:
             return None
-        violation = _try(smi.amdsmi_get_violation_status, device.handle) \
-            if hasattr(smi, "amdsmi_get_violation_status") else None
+        violation = (
+            _try(smi.amdsmi_get_violation_status, device.handle)
+            if hasattr(smi, "amdsmi_get_violation_status")
+            else None
+        )
         metrics = None
         if not isinstance(violation, dict) or amd_reasons(violation, None) is None:
-            metrics = _try(smi.amdsmi_get_gpu_metrics_info, device.handle) \
-                if hasattr(smi, "amdsmi_get_gpu_metrics_info") else None
-        return {"sm_clock_mhz": clock, "reasons": amd_reasons(
-            violation if isinstance(violation, dict) else None,
-            metrics if isinstance(metrics, dict) else None)}
+            metrics = (
+                _try(smi.amdsmi_get_gpu_metrics_info, device.handle)
+                if hasattr(smi, "amdsmi_get_gpu_metrics_info")
+                else None
+            )
+        return {
+            "sm_clock_mhz": clock,
+            "reasons": amd_reasons(
+                violation if isinstance(violation, dict) else None,
+                metrics if isinstance(metrics, dict) else None,
+            ),
+        }
 
     def identity(self, device):
         """``{"name", "uuid", "serial", "asic_serial", "pci_bus_id"}`` from amdsmi:
@@ -281,8 +322,12 @@ class AMDBackend(Backend):
             smi = self._init()
         except Exception as exc:
             why = unreadable(f"amdsmi: {exc.__class__.__name__}: {exc}")
-            return {"name": device.name, "uuid": device.uuid, "serial": why,
-                    "pci_bus_id": device.pci_bus_id}
+            return {
+                "name": device.name,
+                "uuid": device.uuid,
+                "serial": why,
+                "pci_bus_id": device.pci_bus_id,
+            }
         h = device.handle
 
         def get(name, convert=None):
@@ -293,20 +338,23 @@ class AMDBackend(Backend):
             def pick(info):
                 value = info.get(key) if isinstance(info, dict) else None
                 return None if value in (None, "", "N/A") else str(value)
+
             return pick
 
-        return {"name": device.name,
-                "uuid": get("amdsmi_get_gpu_device_uuid", convert=str),
-                "serial": get("amdsmi_get_gpu_board_info", convert=field("product_serial")),
-                "asic_serial": get("amdsmi_get_gpu_asic_info", convert=field("asic_serial")),
-                "pci_bus_id": get("amdsmi_get_gpu_device_bdf", convert=normalize_bdf)}
+        return {
+            "name": device.name,
+            "uuid": get("amdsmi_get_gpu_device_uuid", convert=str),
+            "serial": get("amdsmi_get_gpu_board_info", convert=field("product_serial")),
+            "asic_serial": get("amdsmi_get_gpu_asic_info", convert=field("asic_serial")),
+            "pci_bus_id": get("amdsmi_get_gpu_device_bdf", convert=normalize_bdf),
+        }
 
     def facts(self, device):
         smi = self._smi
         power = _try(smi.amdsmi_get_power_info, device.handle) or {} if smi else {}
-        cap = _num(power.get("power_limit"))   # W, or µW on older amdsmi
+        cap = _num(power.get("power_limit"))  # W, or µW on older amdsmi
         if cap is not None and cap in (0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF):
-            cap = None   # "not supported" (module docstring)
+            cap = None  # "not supported" (module docstring)
         return {"power_limit_w": cap / 1e6 if cap is not None and cap > 1e4 else cap}
 
 

@@ -135,8 +135,12 @@ class Backend:
         each a string, None where the backend does not expose it, or
         ``"unreadable (why)"`` where reading it raised (:func:`unreadable`). The default
         gives what discovery found and no serial. Never raises."""
-        return {"name": device.name, "uuid": device.uuid, "serial": None,
-                "pci_bus_id": device.pci_bus_id}
+        return {
+            "name": device.name,
+            "uuid": device.uuid,
+            "serial": None,
+            "pci_bus_id": device.pci_bus_id,
+        }
 
     def describe(self):
         """One line for ``milarun devices``: what this backend is and reads."""
@@ -146,8 +150,13 @@ class Backend:
         """The ``host.accelerator`` field of a result: ``{"backend", "vendor",
         "driver", "runtime", "runtime_name"}``."""
         v = self.versions()
-        return {"backend": self.name, "vendor": self.vendor, "driver": v.get("driver"),
-                "runtime": v.get("runtime"), "runtime_name": v.get("runtime_name")}
+        return {
+            "backend": self.name,
+            "vendor": self.vendor,
+            "driver": v.get("driver"),
+            "runtime": v.get("runtime"),
+            "runtime_name": v.get("runtime_name"),
+        }
 
 
 #: How an identity reading that raised is written: ``"unreadable (why)"``.
@@ -172,5 +181,5 @@ def reading(call, *args, convert=None):
     try:
         value = call(*args)
         return convert(value) if convert is not None and value is not None else value
-    except Exception as exc:   # NotSupported, NoPermission, a library's own errors
+    except Exception as exc:  # NotSupported, NoPermission, a library's own errors
         return unreadable(f"{exc.__class__.__name__}: {exc}")

@@ -16,7 +16,7 @@ class CPUBackend(Backend):
         return True, None
 
     def discover(self):
-        return []   # slots are made by milarun.host.devices.discover, from --cpu-slots
+        return []  # slots are made by milarun.host.devices.discover, from --cpu-slots
 
     def child_env(self, visible):
         return {"CUDA_VISIBLE_DEVICES": ""}

@@ -40,8 +40,13 @@ from .base import Accelerator, Backend, Reading
 from .sysfs import GPU_CLASSES, driver_of, integrated_intel, local_cpus, numa_node, pci_ids
 
 DRIVERS = ("i915", "xe")
-LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib", "usr/local/lib",
-            "opt/intel/oneapi/lib")
+LIB_DIRS = (
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib64",
+    "usr/lib",
+    "usr/local/lib",
+    "opt/intel/oneapi/lib",
+)
 
 
 def _int(path):
@@ -72,16 +77,26 @@ def _version_key(path):
 #: thermal slowdown (0x20), PROCHOT and the voltage regulator's thermal alert the
 #: hardware's (0x40), the voltage regulator's current limit (TDC) a slowdown (0x8).
 #: Source: the kernel's ``xe_gt_throttle.c`` and i915's ``intel_gt_sysfs_pm.c``.
-THROTTLE_BITS = {"pl1": 0x4, "pl2": 0x4, "pl4": 0x4, "thermal": 0x20, "ratl": 0x20,
-                 "prochot": 0x40, "vr_thermalert": 0x40, "vr_tdc": 0x8}
+THROTTLE_BITS = {
+    "pl1": 0x4,
+    "pl2": 0x4,
+    "pl4": 0x4,
+    "thermal": 0x20,
+    "ratl": 0x20,
+    "prochot": 0x40,
+    "vr_thermalert": 0x40,
+    "vr_tdc": 0x8,
+}
 
 
 def _gt_dirs(dev):
     """``[(actual-frequency file, {reason: file})]`` of the card's first GT: xe's
     ``device/tile*/gt*/freq0``, else i915's ``card/gt/gt0``, else i915's older
     ``card/gt_act_freq_mhz`` (no reasons)."""
-    for freq in sorted(glob.glob(str(dev / "tile*" / "gt*" / "freq0")))[:1] + \
-            sorted(glob.glob(str(dev / "gt*" / "freq0")))[:1]:
+    for freq in (
+        sorted(glob.glob(str(dev / "tile*" / "gt*" / "freq0")))[:1]
+        + sorted(glob.glob(str(dev / "gt*" / "freq0")))[:1]
+    ):
         freq = Path(freq)
         return freq / "act_freq", {k: freq / "throttle" / f"reason_{k}" for k in THROTTLE_BITS}
     gt = dev.parent / "gt" / "gt0"
@@ -107,12 +122,12 @@ class IntelBackend(Backend):
         self.root = root
         self.reason = None
         self._clock = clock
-        self._last_energy = {}   # hwmon path -> (t in s, energy in J) of the previous read
+        self._last_energy = {}  # hwmon path -> (t in s, energy in J) of the previous read
 
     def _cards(self):
         out = {}
         for card in glob.glob(str(Path(self.root) / "sys/class/drm/card[0-9]*")):
-            if "-" in os.path.basename(card):   # connectors: card0-DP-1
+            if "-" in os.path.basename(card):  # connectors: card0-DP-1
                 continue
             dev = Path(card) / "device"
             bdf = os.path.basename(os.path.realpath(dev))
@@ -138,12 +153,18 @@ class IntelBackend(Backend):
             bdf = os.path.basename(os.path.realpath(dev))
             _, device_id, _ = pci_ids(dev)
             memory = _memory_bytes(dev)
-            out.append(Accelerator(
-                index=i, visible_id=str(i),
-                name=f"Intel GPU {device_id:#06x}" if device_id is not None else "Intel GPU",
-                pci_bus_id=bdf, memory_mib=None if memory is None else memory / 2**20,
-                cpus=local_cpus(bdf, self.root), numa_node=numa_node(bdf, self.root),
-                handle=dev))
+            out.append(
+                Accelerator(
+                    index=i,
+                    visible_id=str(i),
+                    name=f"Intel GPU {device_id:#06x}" if device_id is not None else "Intel GPU",
+                    pci_bus_id=bdf,
+                    memory_mib=None if memory is None else memory / 2**20,
+                    cpus=local_cpus(bdf, self.root),
+                    numa_node=numa_node(bdf, self.root),
+                    handle=dev,
+                )
+            )
         if not out:
             self.reason = "no discrete Intel GPU bound to i915 or xe"
         spec = os.environ.get("ZE_AFFINITY_MASK", "").strip()
@@ -154,9 +175,8 @@ class IntelBackend(Backend):
                 if not match or match[0] in keep:
                     break
                 keep.append(match[0])
-            if out and not keep:   # the user's choice, not a missing driver: say so
-                self.reason = (f"ZE_AFFINITY_MASK={spec!r} hides every GPU ({len(out)} on "
-                               "the host)")
+            if out and not keep:  # the user's choice, not a missing driver: say so
+                self.reason = f"ZE_AFFINITY_MASK={spec!r} hides every GPU ({len(out)} on the host)"
             out = keep
         return out
 
@@ -167,12 +187,14 @@ class IntelBackend(Backend):
     def versions(self):
         cards = self._cards()
         drv = driver_of(cards[0]) if cards else None
-        driver = (_read(Path(self.root) / "sys/module" / drv / "version") if drv else None) \
-            or (_read(Path(self.root) / "proc/sys/kernel/osrelease") if drv else None)
+        driver = (_read(Path(self.root) / "sys/module" / drv / "version") if drv else None) or (
+            _read(Path(self.root) / "proc/sys/kernel/osrelease") if drv else None
+        )
         runtime = None
         for d in LIB_DIRS:
-            libs = sorted(glob.glob(str(Path(self.root) / d / "libze_loader.so.*.*")),
-                          key=_version_key)   # 1.10.0 after 1.9.0
+            libs = sorted(
+                glob.glob(str(Path(self.root) / d / "libze_loader.so.*.*")), key=_version_key
+            )  # 1.10.0 after 1.9.0
             if libs:
                 runtime = os.path.basename(libs[-1]).split(".so.", 1)[1]
                 break
@@ -198,8 +220,7 @@ class IntelBackend(Backend):
         """``{"name", "uuid", "serial", "pci_bus_id"}``: the name (with the PCI device id)
         and bus id from sysfs; i915 and xe expose no serial number nor UUID in sysfs,
         so both are None (the card is known by its bus id). Never raises."""
-        return {"name": device.name, "uuid": None, "serial": None,
-                "pci_bus_id": device.pci_bus_id}
+        return {"name": device.name, "uuid": None, "serial": None, "pci_bus_id": device.pci_bus_id}
 
     def read(self, device):
         mon = _hwmon(device.handle)
@@ -214,8 +235,10 @@ class IntelBackend(Backend):
             now = self._clock()
             before = self._last_energy.get(str(mon))
             self._last_energy[str(mon)] = (now, joules)
-            if watts is None and before is not None and now > before[0] \
-                    and joules >= before[1]:   # a counter that wrapped or reset gives nothing
+            if (
+                watts is None and before is not None and now > before[0] and joules >= before[1]
+            ):  # a counter that wrapped or reset gives nothing
                 watts = (joules - before[1]) / (now - before[0])
-        return Reading(energy=joules, power=watts,
-                       temperature=None if temp is None else temp / 1000.0)
+        return Reading(
+            energy=joules, power=watts, temperature=None if temp is None else temp / 1000.0
+        )

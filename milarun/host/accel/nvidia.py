@@ -115,9 +115,13 @@ def nvml_visible(pynvml):
     those that cannot be opened) and NVML handles of every GPU, by index (None for one
     that cannot be opened, :func:`nvml_handles`). ``pynvml`` must be initialised."""
     handles, skipped = nvml_handles(pynvml)
-    indices = visible_indices(len(handles), uuid_of=lambda i: None if handles[i] is None else
-                              nvml_str(pynvml.nvmlDeviceGetUUID(handles[i])),
-                              openable=[i for i, h in enumerate(handles) if h is not None])
+    indices = visible_indices(
+        len(handles),
+        uuid_of=lambda i: (
+            None if handles[i] is None else nvml_str(pynvml.nvmlDeviceGetUUID(handles[i]))
+        ),
+        openable=[i for i, h in enumerate(handles) if h is not None],
+    )
     return indices, handles
 
 
@@ -166,6 +170,7 @@ class NvidiaBackend(Backend):
     def _init(self):
         if self._nv is None:
             import pynvml
+
             pynvml.nvmlInit()
             self._nv = pynvml
         return self._nv
@@ -176,8 +181,10 @@ class NvidiaBackend(Backend):
         except ImportError as exc:
             return False, f"the nvidia-ml-py package is not installed ({exc})"
         except Exception as exc:
-            return False, (f"NVML cannot start ({exc.__class__.__name__}: {exc}): "
-                           "is the NVIDIA driver (libnvidia-ml.so) installed and loaded?")
+            return False, (
+                f"NVML cannot start ({exc.__class__.__name__}: {exc}): "
+                "is the NVIDIA driver (libnvidia-ml.so) installed and loaded?"
+            )
         return True, None
 
     def discover(self):
@@ -193,26 +200,36 @@ class NvidiaBackend(Backend):
     def _discover(self, nv):
         handles, skipped = nvml_handles(nv)
         count = len(handles)
-        migs = {}   # MIG uuid -> (GPU index, handle)
+        migs = {}  # MIG uuid -> (GPU index, handle)
         per_gpu = []
         for i, h in enumerate(handles):
             instances = None if h is None else _mig_handles(nv, h)
             per_gpu.append(instances)
             for m in instances or ():
                 migs[nvml_str(nv.nvmlDeviceGetUUID(m))] = (i, m)
-        uuids = [None if h is None else nvml_str(_call(nv, "nvmlDeviceGetUUID", h))
-                 for h in handles]
+        uuids = [
+            None if h is None else nvml_str(_call(nv, "nvmlDeviceGetUUID", h)) for h in handles
+        ]
         # a GPU this process cannot open is skipped, never the others (module docstring)
-        entries = _resolve(count, None, lambda i: uuids[i], migs,
-                           [i for i, h in enumerate(handles) if h is not None])
+        entries = _resolve(
+            count,
+            None,
+            lambda i: uuids[i],
+            migs,
+            [i for i, h in enumerate(handles) if h is not None],
+        )
         # CUDA's index of a whole GPU: its rank among the GPUs CUDA sees (those that open,
         # outside MIG mode), in PCI order (CUDA_DEVICE_ORDER=PCI_BUS_ID)
-        cuda_index = {i: n for n, i in enumerate(
-            i for i in range(count) if handles[i] is not None and per_gpu[i] is None)}
+        cuda_index = {
+            i: n
+            for n, i in enumerate(
+                i for i in range(count) if handles[i] is not None and per_gpu[i] is None
+            )
+        }
         ncpus = os.cpu_count() or 1
         found = []
         for kind, key in entries:
-            if kind == "gpu" and per_gpu[key] is not None:   # in MIG mode: its instances
+            if kind == "gpu" and per_gpu[key] is not None:  # in MIG mode: its instances
                 found += [("mig", key, m) for m in per_gpu[key]]
             elif kind == "gpu":
                 found.append(("gpu", key, handles[key]))
@@ -221,38 +238,51 @@ class NvidiaBackend(Backend):
         empty = [i for i, inst in enumerate(per_gpu) if inst == []]
         why = []
         if not found and empty:
-            why.append(f"GPU {', '.join(map(str, empty))} in MIG mode with no MIG instance "
-                       "(create some: nvidia-smi mig -cgi … -C, or turn MIG mode off)")
-        elif count > len(skipped) and not entries:   # the user's choice: say so
-            why.append(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
-                       f"hides every GPU ({count} on the host)")
+            why.append(
+                f"GPU {', '.join(map(str, empty))} in MIG mode with no MIG instance "
+                "(create some: nvidia-smi mig -cgi … -C, or turn MIG mode off)"
+            )
+        elif count > len(skipped) and not entries:  # the user's choice: say so
+            why.append(
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
+                f"hides every GPU ({count} on the host)"
+            )
         # said whether or not other GPUs were found (milarun devices shows it)
-        why += [f"GPU {i} skipped, it cannot be opened ({err}): a device cgroup, a container "
-                f"or the permissions of /dev/nvidia{i} keep it from this user"
-                for i, err in sorted(skipped.items())]
+        why += [
+            f"GPU {i} skipped, it cannot be opened ({err}): a device cgroup, a container "
+            f"or the permissions of /dev/nvidia{i} keep it from this user"
+            for i, err in sorted(skipped.items())
+        ]
         if why:
             self.reason = "; ".join(why)
         mig_mode = any(kind == "mig" for kind, _, _ in found)
         out = []
         for n, (kind, gpu, h) in enumerate(found):
             parent = handles[gpu]
-            bdf = normalize_bdf(nvml_str(getattr(_call(nv, "nvmlDeviceGetPciInfo", parent),
-                                                 "busId", None) or "") or None)
+            bdf = normalize_bdf(
+                nvml_str(getattr(_call(nv, "nvmlDeviceGetPciInfo", parent), "busId", None) or "")
+                or None
+            )
             uuid = nvml_str(_call(nv, "nvmlDeviceGetUUID", h))
             memory = _call(nv, "nvmlDeviceGetMemoryInfo", h)
             cpus = _nvml_cpus(nv, parent, ncpus) or local_cpus(bdf, self.root)
             whole = kind == "gpu"
-            out.append(Accelerator(
-                index=n if mig_mode else gpu,
-                # by UUID: NVML's and CUDA's indices can differ (module docstring)
-                visible_id=uuid or str(gpu),
-                portable_id=str(cuda_index[gpu]) if whole else None,
-                name=nvml_str(_call(nv, "nvmlDeviceGetName", h)) or "NVIDIA GPU",
-                uuid=uuid, pci_bus_id=bdf,
-                memory_mib=None if memory is None else memory.total / 2**20,
-                cpus=cpus, numa_node=numa_node(bdf, self.root),
-                parent=gpu if kind == "mig" else None,
-                handle=(h, parent, kind == "mig")))
+            out.append(
+                Accelerator(
+                    index=n if mig_mode else gpu,
+                    # by UUID: NVML's and CUDA's indices can differ (module docstring)
+                    visible_id=uuid or str(gpu),
+                    portable_id=str(cuda_index[gpu]) if whole else None,
+                    name=nvml_str(_call(nv, "nvmlDeviceGetName", h)) or "NVIDIA GPU",
+                    uuid=uuid,
+                    pci_bus_id=bdf,
+                    memory_mib=None if memory is None else memory.total / 2**20,
+                    cpus=cpus,
+                    numa_node=numa_node(bdf, self.root),
+                    parent=gpu if kind == "mig" else None,
+                    handle=(h, parent, kind == "mig"),
+                )
+            )
         return out
 
     def child_env(self, visible):
@@ -266,8 +296,11 @@ class NvidiaBackend(Backend):
             return {"driver": None, "runtime": None, "runtime_name": "CUDA"}
         cuda = _call(nv, "nvmlSystemGetCudaDriverVersion")
         runtime = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None
-        return {"driver": nvml_str(_call(nv, "nvmlSystemGetDriverVersion")), "runtime": runtime,
-                "runtime_name": "CUDA"}
+        return {
+            "driver": nvml_str(_call(nv, "nvmlSystemGetDriverVersion")),
+            "runtime": runtime,
+            "runtime_name": "CUDA",
+        }
 
     def read(self, device):
         """A :class:`Reading`: memory used in MiB (bytes / 2**20), temperature in °C,
@@ -300,18 +333,22 @@ class NvidiaBackend(Backend):
         memory = get("nvmlDeviceGetMemoryInfo", h)
         used = getattr(memory, "used", None)
         used = None if used is None else used / 2**20
-        temperature = get("nvmlDeviceGetTemperature", parent,
-                          getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+        temperature = get(
+            "nvmlDeviceGetTemperature", parent, getattr(nv, "NVML_TEMPERATURE_GPU", 0)
+        )
         if mig:
             reading = Reading(memory_mib=used, temperature=temperature)
         else:
             energy = get("nvmlDeviceGetTotalEnergyConsumption", h)
             util = get("nvmlDeviceGetUtilizationRates", h)
             power = get("nvmlDeviceGetPowerUsage", h)
-            reading = Reading(load=getattr(util, "gpu", None), memory_mib=used,
-                              temperature=temperature,
-                              power=None if power is None else power / 1000.0,
-                              energy=None if energy is None else energy / 1000.0)
+            reading = Reading(
+                load=getattr(util, "gpu", None),
+                memory_mib=used,
+                temperature=temperature,
+                power=None if power is None else power / 1000.0,
+                energy=None if energy is None else energy / 1000.0,
+            )
         if errors and all(v is None for v in vars(reading).values()):
             raise errors[0]
         return reading
@@ -365,19 +402,30 @@ class NvidiaBackend(Backend):
             nv = self._init()
         except Exception as exc:
             why = unreadable(f"NVML: {exc.__class__.__name__}: {exc}")
-            return {"name": device.name, "uuid": device.uuid, "serial": why,
-                    "pci_bus_id": device.pci_bus_id}
+            return {
+                "name": device.name,
+                "uuid": device.uuid,
+                "serial": why,
+                "pci_bus_id": device.pci_bus_id,
+            }
         h, parent, mig = device.handle
 
         def get(name, handle, convert=nvml_str):
             fn = getattr(nv, name, None)
             return None if fn is None else reading(fn, handle, convert=convert)
 
-        out = {"name": get("nvmlDeviceGetName", h), "uuid": get("nvmlDeviceGetUUID", h),
-               "serial": get("nvmlDeviceGetSerial", parent),
-               "pci_bus_id": get("nvmlDeviceGetPciInfo", parent, convert=lambda info:
-                                 normalize_bdf(nvml_str(getattr(info, "busId", None) or "")
-                                               or None))}
+        out = {
+            "name": get("nvmlDeviceGetName", h),
+            "uuid": get("nvmlDeviceGetUUID", h),
+            "serial": get("nvmlDeviceGetSerial", parent),
+            "pci_bus_id": get(
+                "nvmlDeviceGetPciInfo",
+                parent,
+                convert=lambda info: normalize_bdf(
+                    nvml_str(getattr(info, "busId", None) or "") or None
+                ),
+            ),
+        }
         if mig:
             out["gpu_uuid"] = get("nvmlDeviceGetUUID", parent)
         return out
@@ -414,8 +462,10 @@ class NvidiaBackend(Backend):
         current = mode[0] if isinstance(mode, (list, tuple)) and mode else mode
         if isinstance(current, int):
             out["mig_mode"] = current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
-        for key, value in (("driver", _call(nv, "nvmlSystemGetDriverVersion")),
-                           ("vbios", _call(nv, "nvmlDeviceGetVbiosVersion", parent))):
+        for key, value in (
+            ("driver", _call(nv, "nvmlSystemGetDriverVersion")),
+            ("vbios", _call(nv, "nvmlDeviceGetVbiosVersion", parent)),
+        ):
             value = nvml_str(value)
             out[key] = (value.strip() or None) if isinstance(value, str) else None
         return out

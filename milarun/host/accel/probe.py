@@ -42,9 +42,12 @@ def found(root="/"):
         out.setdefault("AMD", []).append("/dev/kfd")
     for f in gpu_functions(root):
         if integrated_intel(f) or (f["vendor"] == "Intel" and f["class"] == 0x1200):
-            continue   # Intel's processing accelerators are NPUs, its GPUs display classes
-        if f["vendor"] == "AMD" and f["class"] == 0x0300 and \
-                (f["driver"] not in (None, "amdgpu") or f["device"] in SERVER_VGA):
+            continue  # Intel's processing accelerators are NPUs, its GPUs display classes
+        if (
+            f["vendor"] == "AMD"
+            and f["class"] == 0x0300
+            and (f["driver"] not in (None, "amdgpu") or f["device"] in SERVER_VGA)
+        ):
             continue
         out.setdefault(f["vendor"], []).append(f"PCI {f['bdf']} (driver: {f['driver'] or 'none'})")
     return out

@@ -63,8 +63,11 @@ def pci_ids(path):
     """``(vendor, device, class >> 8)`` ints of a sysfs PCI device folder; None where unreadable."""
     path = Path(path)
     cls = _hex(read_text(path / "class"))
-    return (_hex(read_text(path / "vendor")), _hex(read_text(path / "device")),
-            None if cls is None else cls >> 8)
+    return (
+        _hex(read_text(path / "vendor")),
+        _hex(read_text(path / "device")),
+        None if cls is None else cls >> 8,
+    )
 
 
 def driver_of(path):
@@ -87,8 +90,15 @@ def gpu_functions(root="/"):
     for path in entries:
         vendor, device, cls = pci_ids(path)
         if vendor in VENDORS and cls in GPU_CLASSES:
-            out.append({"bdf": path.name, "vendor": VENDORS[vendor], "device": device,
-                        "class": cls, "driver": driver_of(path)})
+            out.append(
+                {
+                    "bdf": path.name,
+                    "vendor": VENDORS[vendor],
+                    "device": device,
+                    "class": cls,
+                    "driver": driver_of(path),
+                }
+            )
     return out
 
 
