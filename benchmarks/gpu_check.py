@@ -896,6 +896,22 @@ def check_nvml(args, T, state):
                 ),
             )
         )
+    identity, nvml_of = _nvml_identity_parts(nv, torch, devices)
+    parts += identity
+    handles = {
+        nvml_of.get(k, k): nv.nvmlDeviceGetHandleByIndex(nvml_of.get(k, k))
+        for k in range(torch.cuda.device_count())
+    }
+    series, errors, t0 = _nvml_under_load(args, nv, torch, handles)
+    parts += _nvml_reading_parts(nv, handles, series, errors, t0)
+    parts += _monitor_parts(nv, state)
+    return parts
+
+
+def _nvml_identity_parts(nv, torch, devices):
+    """One part per GPU milarun lists: NVML, milarun and torch agree on its UUID and PCI
+    bus id. Returns ``(parts, {torch index: NVML index})``."""
+    parts = []
     ntorch = torch.cuda.device_count()
     # milarun lists the visible GPUs in CUDA_VISIBLE_DEVICES order, which is torch's
     # (CUDA_DEVICE_ORDER=PCI_BUS_ID): its k-th device is cuda:k, whatever its NVML index
@@ -937,12 +953,16 @@ def check_nvml(args, T, state):
                 torch_index=k,
             )
         )
-    # readings under load: a fp16 matmul on every torch device, NVML read by a thread
-    # (pynvml's ctypes calls release the GIL, so the load keeps being queued meanwhile)
-    count = ntorch
-    handles = {
-        nvml_of.get(k, k): nv.nvmlDeviceGetHandleByIndex(nvml_of.get(k, k)) for k in range(count)
-    }
+    return parts, nvml_of
+
+
+def _nvml_under_load(args, nv, torch, handles):
+    """Keep a fp16 matmul queued on every torch device for 2 s of warm-up plus
+    ``--nvml-seconds`` while a thread samples NVML every ``--nvml-interval`` s. Returns
+    ``(series, errors, t0)``: per NVML index ``{"t", "p" (W), "e" (J), "sm", "mem" (MHz)}``,
+    the first NVML errors, and the start on ``time.perf_counter``'s clock."""
+    # pynvml's ctypes calls release the GIL, so the load keeps being queued meanwhile
+    count = torch.cuda.device_count()
     size = args.nvml_size
     mats = []
     for k in range(count):
@@ -987,6 +1007,13 @@ def check_nvml(args, T, state):
         if thread is not None:
             thread.join()
         del mats
+    return series, errors, t0
+
+
+def _nvml_reading_parts(nv, handles, series, errors, t0):
+    """Per GPU: power, energy counter monotonic and consistent with power, clocks within
+    their maxima (from the samples of :func:`_nvml_under_load`)."""
+    parts = []
     if errors:
         parts.append(_part("readings", verdict_bool(False, None, "NVML readings", errors[0])))
     for i, h in handles.items():
@@ -1030,6 +1057,13 @@ def check_nvml(args, T, state):
                 power_limit_w=limit,
             )
         )
+    return parts
+
+
+def _monitor_parts(nv, state):
+    """milarun's own GPU monitor in the matmul check's record: power readings and a
+    monotonic energy counter."""
+    parts = []
     # milarun's own monitor, in the matmul record
     rec = state.get("matmul_record")
     if rec is None:

@@ -191,7 +191,8 @@ RULES = {
 
 @contextlib.contextmanager
 def steady_rule(name):
-    """Within the block, :func:`milarun.measure.stats.steady_state` is rule ``name`` of :data:`RULES`."""
+    """Within the block, :func:`milarun.measure.stats.steady_state` is rule ``name`` of
+    :data:`RULES`."""
     from milarun.measure import stats
 
     original = stats.steady_state

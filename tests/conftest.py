@@ -121,14 +121,16 @@ def venv_python():
 
 
 def cluster_skip(reason):
-    """Skip a test that needs the local cluster, or fail it when $MILARUN_REQUIRE_CLUSTER=1 (set by .ci/run)."""
+    """Skip a test that needs the local cluster, or fail it when $MILARUN_REQUIRE_CLUSTER=1
+    (set by .ci/run)."""
     if os.environ.get("MILARUN_REQUIRE_CLUSTER") == "1":
         pytest.fail(f"cluster test cannot run but MILARUN_REQUIRE_CLUSTER=1: {reason}")
     pytest.skip(reason)
 
 
 def read_env_file(path):
-    """The ``export NAME=VALUE`` lines of a state folder's ``env`` file, as a dict (shell quoting undone)."""
+    """The ``export NAME=VALUE`` lines of a state folder's ``env`` file, as a dict (shell
+    quoting undone)."""
     values = {}
     for line in Path(path).read_text().splitlines():
         if line.startswith("export ") and "=" in line:
@@ -329,8 +331,8 @@ CRAWL_PROFILE = {
 
 
 def crawl_run(base, name="run"):
-    """Run :data:`CRAWL_PROFILE` (the suite "tiny") with ``milarun jobs`` on one CPU slot into ``base/name``
-    (data in ``base/data``); returns that results folder."""
+    """Run :data:`CRAWL_PROFILE` (the suite "tiny") with ``milarun jobs`` on one CPU slot into
+    ``base/name`` (data in ``base/data``); returns that results folder."""
     (base / "data").mkdir(exist_ok=True)
     profile = base / "tiny.json"  # the suite "tiny": records tiny.ok.*.json
     profile.write_text(json.dumps(CRAWL_PROFILE))

@@ -6,7 +6,8 @@ tags) rewrote them; ``tests/test_profile_language.py`` checks that the shipped
 profiles still resolve to exactly these jobs and command lines. Regenerate one
 only for an intended change of a test's definition::
 
-    python tests/profile_golden.py profiles/standard.json > tests/fixtures/profiles_resolved/standard.json
+    python tests/profile_golden.py profiles/standard.json \
+        > tests/fixtures/profiles_resolved/standard.json
 """
 
 import json

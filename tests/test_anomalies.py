@@ -1,5 +1,5 @@
-"""Anomaly rules (milarun.measure.anomalies) on recorded samples with planted stalls and slow phases,
-and the flags in the summary."""
+"""Anomaly rules (milarun.measure.anomalies) on recorded samples with planted stalls and slow
+phases, and the flags in the summary."""
 
 import copy
 import json

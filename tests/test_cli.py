@@ -363,15 +363,15 @@ def _cgroup_record(tmp_path, host_cgroup):
             "cpuset:/student1,memory:/student1",
             False,
             True,
-            "milarun: rerun: not in a student cgroup: its student cgroup cpuset,memory:student1 does "
-            "not exist here: sudo scripts/cgroup_setup.sh creates it",
+            "milarun: rerun: not in a student cgroup: its student cgroup "
+            "cpuset,memory:student1 does not exist here: sudo scripts/cgroup_setup.sh creates it",
         ),
         (
             "cpuset:/student1,memory:/student1",
             True,
             False,
-            "milarun: rerun: not in a student cgroup: cgexec is not installed (package cgroup-tools) "
-            "to enter cpuset,memory:student1",
+            "milarun: rerun: not in a student cgroup: cgexec is not installed "
+            "(package cgroup-tools) to enter cpuset,memory:student1",
         ),
         (
             "cpuset:/,memory:/",

@@ -289,12 +289,14 @@ def test_a_multi_node_record_missing_a_nodes_readings_has_no_energy(sampled, row
 def test_merge_node_monitors_moves_each_nodes_readings_onto_rank_0s_clock():
     from milarun.bench.monitor import merge_node_monitors
 
-    mon = lambda t, watts: {
-        "available": True,
-        "reason": None,
-        "interval": 1.0,  # noqa: E731
-        "samples": [{"t": t, "device": 0, "power": watts}],
-    }
+    def mon(t, watts):
+        return {
+            "available": True,
+            "reason": None,
+            "interval": 1.0,
+            "samples": [{"t": t, "device": 0, "power": watts}],
+        }
+
     merged = merge_node_monitors(
         [
             {"node": "a", "clock": 50.0, "monitor": mon(10.0, 300.0)},

@@ -1,6 +1,6 @@
-"""The plausibility checks (milarun.measure.plausibility): failing checks (nan-loss, no-steady-state) on hand-made
-records, on records written before the checks, and from real tiny child runs; flags with
-thresholds from a profile; the summary and the report showing them."""
+"""The plausibility checks (milarun.measure.plausibility): failing checks (nan-loss,
+no-steady-state) on hand-made records, on records written before the checks, and from real
+tiny child runs; flags with thresholds from a profile; the summary and the report showing them."""
 
 import ast
 import copy

@@ -186,12 +186,11 @@ def test_scores_are_the_reports(bundles, fake_verify):
 
 
 def test_family_columns_in_family_order():
-    R = lambda *fams: SimpleNamespace(
-        families=[
-            {"family": f, "label": f.upper(), "score": 1.0}  # noqa: E731
-            for f in fams
-        ]
-    )
+    def R(*fams):
+        return SimpleNamespace(
+            families=[{"family": f, "label": f.upper(), "score": 1.0} for f in fams]
+        )
+
     bidders = [
         SimpleNamespace(report=R("vision", "other")),
         SimpleNamespace(report=None),
@@ -835,6 +834,8 @@ def test_perf_per_watt_column_only_where_a_report_has_energy():
             families=[],
             node_score=None,
             score=None,
+            score_ci=None,
+            node_score_ci=None,
             failure_rate=0.0,
             rpp=None,
             node_rpp=None,
@@ -847,5 +848,14 @@ def test_perf_per_watt_column_only_where_a_report_has_energy():
     assert "perf/W (items/J)" in tender_module.columns(t)
     assert tender_module.cells(t, t.bidders[0])["perf/W (items/J)"] == "12.35"
     assert tender_module.cells(t, t.bidders[1])["perf/W (items/J)"] == "-"
+    # energy per score point: 1 / 12.345678 items/J = 0.0810 J per point, and in the JSON
+    assert "energy / score (J)" in tender_module.columns(t)
+    assert tender_module.cells(t, t.bidders[0])["energy / score (J)"] == "0.081"
+    assert tender_module.cells(t, t.bidders[1])["energy / score (J)"] == "-"
+    t.pairs = {}
+    rows = {b["name"]: b for b in tender_module.to_json(t)["bidders"]}
+    assert rows["a"]["energy_per_score_j"] == pytest.approx(1 / 12.345678)
+    assert rows["b"]["energy_per_score_j"] is None
     t.bidders = [bidder("b", None)]
     assert "perf/W (items/J)" not in tender_module.columns(t)
+    assert "energy / score (J)" not in tender_module.columns(t)

@@ -1,5 +1,6 @@
-"""``milarun slurm PROFILE [--nodes K] [--gpus-per-node G] [--partition P] [--time T] [--account A] [--dry-run] -- ARGS``
-(options only; the script and its submission: :mod:`milarun.launcher.slurm`)."""
+"""``milarun slurm PROFILE [--nodes K] [--gpus-per-node G] [--partition P] [--time T]
+[--account A] [--dry-run] -- ARGS`` (options only; the script and its submission:
+:mod:`milarun.launcher.slurm`)."""
 
 from ..errors import SetupError
 from .options import as_argv, flag, option, positional

@@ -16,16 +16,21 @@ bidder is unpinned, at best ``CONSISTENT, NOT PINNED``).
   no failure rate.
 * **score, node score, their 95 % intervals, the score by family, the failure rate**:
   the report's own (:func:`milarun.report.table.build_report` on the bundle's summary,
-  read by :func:`milarun.report.inputs.load_inputs`): the score formula lives there only. Every bidder
-  is scored with the same weights (``--weights``, else the shipped weights of the one
+  read by :func:`milarun.report.inputs.load_inputs`): the score formula lives there only.
+  Every bidder is scored with the same weights (``--weights``, else the shipped weights of the one
   profile every bundle ran, else every test weighs 1: :func:`resolve_weights`).
 * **price per score point** = ``price / score`` and **per node-score point** =
   ``price / node score``: the report's RPP and ``node_rpp``, computed by
   :func:`~milarun.report.table.build_report` from the bidder's price (prices file:
   :mod:`milarun.formats.prices`); ``-`` without a price.
-* **perf/W** (items/J): the report's ``perf_per_watt``, a column only when some
-  bidder's records hold GPU energy. Energy per score point (J) is not computed: the
-  report defines no such figure yet.
+* **perf/W** (items/J): the report's ``perf_per_watt``, the weighted geometric mean of
+  items/J over the scored tests with GPU energy readings; a column only when some
+  bidder's records hold GPU energy.
+* **energy per score point** (J, :func:`energy_per_point`) = ``1 / perf/W``: the weighted
+  geometric mean of J/item over the same tests. The score is a weighted geometric mean of
+  items/s, and J/item = W / (items/s), so over those tests this is the mean power per
+  score point: what one point of throughput costs in energy, read beside the price per
+  point (lower is better for both).
 * **pairwise significance** (:func:`pairwise`): for each pair of scored bidders A, B,
   A's report with B's summary as baseline (exactly ``milarun report A --compare B``):
   the score ratio over the tests both have and its interval
@@ -54,13 +59,14 @@ from ..formats.bidders import read_bidders
 from ..formats.manifest import manifest_path, read_manifest
 from ..formats.prices import BIDDER_NAME, read_prices
 from ..formats.terminal import one_line, terminal_safe
+from ..formats.weights import load_weights
 from . import shipped_weights, shown_path, summary_suites, write_text
 from .family import FAMILIES, OTHER
 from .family import LABELS as FAMILY_LABELS
 from .formatting import fmt_num, fmt_pct
 from .html import _env
 from .inputs import load_inputs
-from .table import build_report, load_weights
+from .table import build_report
 from .text import fmt_interval, ratio_verdict
 
 #: A verdict's levels (:attr:`milarun.verify.verdict.Verdict.level`), and the tender's
@@ -525,7 +531,7 @@ def columns(tender):
     cols += [f"{label} score" for label in tender.families]
     cols += ["failure rate"]
     if any(b.report is not None and b.report.perf_per_watt is not None for b in tender.bidders):
-        cols += ["perf/W (items/J)"]
+        cols += ["perf/W (items/J)", "energy / score (J)"]
     if tender.currency is not None:
         cols += [f"price ({tender.currency})", "price / score", "price / node score"]
     return cols
@@ -552,6 +558,7 @@ def cells(tender, bidder):
         "node score 95% CI": _ci(r, "node_score"),
         "failure rate": "-" if r is None else fmt_pct(r.failure_rate),
         "perf/W (items/J)": fmt_num(r.perf_per_watt if r else None, ".4g"),
+        "energy / score (J)": fmt_num(energy_per_point(r), ".4g"),
     }
     for label in tender.families:
         row[f"{label} score"] = fmt_num(family_score(bidder, label))
@@ -560,6 +567,13 @@ def cells(tender, bidder):
         row["price / score"] = fmt_money(r.rpp if r and bidder.price else None)
         row["price / node score"] = fmt_money(r.node_rpp if r and bidder.price else None)
     return row
+
+
+def energy_per_point(report):
+    """Energy per score point in J (``1 / report.perf_per_watt``; see the module doc), or
+    None when the report has no perf/W (no energy readings) or none to invert."""
+    ppw = None if report is None else report.perf_per_watt
+    return 1.0 / ppw if ppw else None
 
 
 def fmt_money(value):
@@ -727,6 +741,7 @@ def to_json(tender):
                 "families": {f["label"]: f["score"] for f in (r.families if r else [])},
                 "failure_rate": r.failure_rate if r else None,
                 "perf_per_watt": r.perf_per_watt if r else None,
+                "energy_per_score_j": energy_per_point(r),
                 "price": b.price,
                 "price_per_score": r.rpp if r and b.price else None,
                 "price_per_node_score": r.node_rpp if r and b.price else None,

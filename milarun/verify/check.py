@@ -628,77 +628,8 @@ def check_completeness(b, v):
         return
     sids = b.session_ids
     v.sessions = len(sids)
-    try:
-        b.session = read_session(b.outdir)
-    except MilarunError as exc:
-        b.session = None
-        v.add("completeness", "completeness.sessions", False, str(exc), [".milarun/session.json"])
-    else:
-        listed = [
-            s.get("id") for s in _list((b.session or {}).get("sessions")) if isinstance(s, dict)
-        ]
-        resumed = [
-            s.get("id")
-            for s in _list((b.session or {}).get("sessions"))
-            if isinstance(s, dict) and s.get("resume")
-        ]
-        ok = b.session is not None and listed == sids
-        # when each session ended and the head it printed then: what the buyer compares
-        # with the heads the vendor sent, and when they came (docs/tender.md)
-        ends = {e["session"]: e for e in b.entries if e["kind"] == "end"}
-
-        def ended(sid):
-            e = ends.get(sid)
-            if e is None:
-                return "no end"
-            when = datetime.datetime.fromtimestamp(e["time"], datetime.timezone.utc)
-            return f"ended {when:%Y-%m-%d %H:%M:%S} UTC, head {e['hash']}"
-
-        v.add(
-            "completeness",
-            "completeness.sessions",
-            ok,
-            (
-                f"{len(sids)} session(s): "
-                + ", ".join(
-                    f"{s}{' (--resume)' if s in resumed else ''} ({ended(s)})" for s in sids
-                )
-            )
-            if ok
-            else f"the session file lists {listed}, the manifest {sids}",
-            [".milarun/session.json"],
-        )
-
-    # the plans
-    problems = []
-    for sid in sids:
-        rel = f".milarun/plan-{sid}.json"
-        e = b.last.get(rel)
-        if e is None or e["kind"] != "plan" or e["session"] != sid:
-            problems.append((f"session {sid}: no plan in the chain ({rel})", [rel]))
-            continue
-        try:
-            plan = read_json(b.outdir / rel, max_bytes=MAX_META_BYTES, what="plan")
-        except MilarunError as exc:
-            problems.append((str(exc), [rel]))
-            continue
-        if (
-            not isinstance(plan, dict)
-            or plan.get("format") != PLAN_FORMAT
-            or plan.get("session") != sid
-            or not isinstance(plan.get("launches"), list)
-        ):
-            problems.append((f"{rel}: not the plan of session {sid}", [rel]))
-            continue
-        b.plans[sid] = plan
-    _report(
-        v,
-        "completeness",
-        "completeness.plan",
-        problems,
-        f"a plan for each of the {len(sids)} session(s)",
-    )
-
+    _sessions_clause(b, v, sids)
+    _plan_clause(b, v, sids)
     planned = b.plan_launches()
     resumed = {sid for sid, p in b.plans.items() if p.get("resume")}
     outcomes = defaultdict(list)  # key -> [(session, success, path)]
@@ -810,6 +741,84 @@ def check_completeness(b, v):
     _profile_clauses(b, v)
 
 
+def _sessions_clause(b, v, sids):
+    """``completeness.sessions``: the session file lists the manifest's sessions, in order;
+    fills ``b.session``. Shows when each session ended and the head it printed then."""
+    try:
+        b.session = read_session(b.outdir)
+    except MilarunError as exc:
+        b.session = None
+        v.add("completeness", "completeness.sessions", False, str(exc), [".milarun/session.json"])
+    else:
+        listed = [
+            s.get("id") for s in _list((b.session or {}).get("sessions")) if isinstance(s, dict)
+        ]
+        resumed = [
+            s.get("id")
+            for s in _list((b.session or {}).get("sessions"))
+            if isinstance(s, dict) and s.get("resume")
+        ]
+        ok = b.session is not None and listed == sids
+        # when each session ended and the head it printed then: what the buyer compares
+        # with the heads the vendor sent, and when they came (docs/tender.md)
+        ends = {e["session"]: e for e in b.entries if e["kind"] == "end"}
+
+        def ended(sid):
+            e = ends.get(sid)
+            if e is None:
+                return "no end"
+            when = datetime.datetime.fromtimestamp(e["time"], datetime.timezone.utc)
+            return f"ended {when:%Y-%m-%d %H:%M:%S} UTC, head {e['hash']}"
+
+        v.add(
+            "completeness",
+            "completeness.sessions",
+            ok,
+            (
+                f"{len(sids)} session(s): "
+                + ", ".join(
+                    f"{s}{' (--resume)' if s in resumed else ''} ({ended(s)})" for s in sids
+                )
+            )
+            if ok
+            else f"the session file lists {listed}, the manifest {sids}",
+            [".milarun/session.json"],
+        )
+
+
+def _plan_clause(b, v, sids):
+    """``completeness.plan``: each session's plan is in the chain and is that session's;
+    fills ``b.plans``."""
+    problems = []
+    for sid in sids:
+        rel = f".milarun/plan-{sid}.json"
+        e = b.last.get(rel)
+        if e is None or e["kind"] != "plan" or e["session"] != sid:
+            problems.append((f"session {sid}: no plan in the chain ({rel})", [rel]))
+            continue
+        try:
+            plan = read_json(b.outdir / rel, max_bytes=MAX_META_BYTES, what="plan")
+        except MilarunError as exc:
+            problems.append((str(exc), [rel]))
+            continue
+        if (
+            not isinstance(plan, dict)
+            or plan.get("format") != PLAN_FORMAT
+            or plan.get("session") != sid
+            or not isinstance(plan.get("launches"), list)
+        ):
+            problems.append((f"{rel}: not the plan of session {sid}", [rel]))
+            continue
+        b.plans[sid] = plan
+    _report(
+        v,
+        "completeness",
+        "completeness.plan",
+        problems,
+        f"a plan for each of the {len(sids)} session(s)",
+    )
+
+
 def _tally_clause(b, v, outcomes):
     """Each session's ``end`` event (its tally, printed with the head) against the
     outcomes the chain holds for it. A session without an end was cut off (shown)."""
@@ -849,9 +858,10 @@ def _profile_copies(b, sid):
     return sorted(out)
 
 
-def _profile_clauses(b, v):
-    inv = (b.session or {}).get("invocation") or {}
-    want = inv.get("profile_sha256")
+def _profile_digest_clause(b, v, want):
+    """``completeness.profile``: every session's profile copies in the chain hash to the
+    session file's ``profile_sha256`` ``want``. Returns the first session's copies
+    ``[(n, rel path)]``, or None when no session has a readable one."""
     problems, first = [], None
     for sid in b.session_ids:
         copies = _profile_copies(b, sid)
@@ -883,6 +893,28 @@ def _profile_clauses(b, v):
         problems,
         f"the profile copies hash to the recorded profile_sha256 {want}",
     )
+    return first
+
+
+def _planned_grid(plans):
+    """``{test name: {(run, device)}}`` over every plan's launches and skipped keys."""
+    grid = defaultdict(set)  # name -> {(run, device)}
+    for plan in plans.values():
+        for lch in _list(plan.get("launches")):
+            if isinstance(lch, dict):
+                name, run, device = launch_key(lch)
+                grid[name].add((run, device))
+        for key in _list(plan.get("skipped")):
+            if isinstance(key, list) and len(key) == 3:
+                run = int(key[1]) if str(key[1]).isdigit() else _scalar(key[1])
+                grid[_scalar(key[0])].add((run, str(_scalar(key[2]))))
+    return grid
+
+
+def _profile_clauses(b, v):
+    inv = (b.session or {}).get("invocation") or {}
+    want = inv.get("profile_sha256")
+    first = _profile_digest_clause(b, v, want)
     if first is None or not b.plans:
         v.add(
             "completeness",
@@ -924,16 +956,7 @@ def _profile_clauses(b, v):
         )
         return
     b.jobs = {f"{inv.get('suite')}.{j.name}": j for j in jobs}
-    grid = defaultdict(set)  # name -> {(run, device)}
-    for plan in b.plans.values():
-        for lch in _list(plan.get("launches")):
-            if isinstance(lch, dict):
-                name, run, device = launch_key(lch)
-                grid[name].add((run, device))
-        for key in _list(plan.get("skipped")):
-            if isinstance(key, list) and len(key) == 3:
-                run = int(key[1]) if str(key[1]).isdigit() else _scalar(key[1])
-                grid[_scalar(key[0])].add((run, str(_scalar(key[2]))))
+    grid = _planned_grid(b.plans)
     runs = {name: {r for r, _ in cells} for name, cells in grid.items()}
     wrong = []
     if set(runs) != set(b.jobs):
