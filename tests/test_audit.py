@@ -433,6 +433,27 @@ def test_plan_bad_numbers(vendor, tmp_path, capsys, argv, says):
     assert not (tmp_path / "a.json").exists()
 
 
+def test_plan_pins_the_head_the_bidder_sent(vendor, tmp_path, capsys):
+    """--expect-head: the head received plans the audit and the plan says it was pinned;
+    another head (a bundle other than the one bid) or a malformed one plans nothing."""
+    base, out = vendor
+    head = mf.head_of(mf.read_manifest(mf.manifest_path(out)))
+    args = ("audit", "plan", str(out), "--sample", "1", "--seed", "3")
+    assert cli(*args, "-o", str(tmp_path / "u.json")) == 0
+    assert "not pinned" in capsys.readouterr().out
+    assert json.loads((tmp_path / "u.plan.json").read_text())["pinned"] is False
+    assert cli(*args, "-o", str(tmp_path / "p.json"), "--expect-head", head.upper()) == 0
+    assert f"{head} (pinned: the head you received)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "p.plan.json").read_text())["pinned"] is True
+    other = "0" * 64
+    assert cli(*args, "-o", str(tmp_path / "x.json"), "--expect-head", other) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"chain head is {head}, not {other}" in err
+    assert cli(*args, "-o", str(tmp_path / "y.json"), "--expect-head", "abc") == 2
+    assert "--expect-head must be 64 hex digits" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists() and not (tmp_path / "y.json").exists()
+
+
 def test_bad_inputs_are_one_line(vendor, tmp_path, capsys):
     base, out = vendor
     broken = tmp_path / "broken"

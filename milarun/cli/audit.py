@@ -33,6 +33,11 @@ OPTIONS = (
     ),
     option("rules", "plan: the tender's rules file, whose SHA-256 the plan records"),
     option(
+        "expect_head",
+        "plan: the chain head the bidder sent (64 hex digits); the plan is refused when "
+        "the bundle's head is another, and records that it was pinned",
+    ),
+    option(
         "tolerance",
         "plan: how much slower than the vendor's rate a rerun may be before "
         "Welch's test can fail it, a fraction in [0, 1) (default 0.05)",
@@ -51,6 +56,7 @@ def command(opts, rest):
     """Audit reruns on the delivered hardware (docs/tender.md).
 
     milarun audit plan OUTDIR --sample K --seed S -o AUDIT.json [--rules R] [--tolerance F]
+    [--expect-head HEAD]
     picks K of the vendor's successful launches at random with your seed and writes a
     profile that reruns exactly those tests (run it with the printed milarun jobs command).
 
@@ -79,11 +85,22 @@ def command(opts, rest):
                 raise MilarunError(f"audit plan needs --{name}", key=name)
         tolerance = audit.DEFAULT_TOLERANCE if opts.tolerance is None else opts.tolerance
         plan = audit.plan_audit(
-            opts.folders[0], opts.sample, opts.seed, opts.out, rules=opts.rules, tolerance=tolerance
+            opts.folders[0],
+            opts.sample,
+            opts.seed,
+            opts.out,
+            rules=opts.rules,
+            tolerance=tolerance,
+            expect_head=opts.expect_head,
+        )
+        pinned = (
+            "pinned: the head you received"
+            if plan["pinned"]
+            else "not pinned: compare it with the head the bidder sent, or give --expect-head"
         )
         print(
             f"milarun: audit plan: {len(plan['chosen'])} of {plan['launches']} launch(es) "
-            f"picked with seed {plan['seed']} from chain head {plan['head']}"
+            f"picked with seed {plan['seed']} from chain head {plan['head']} ({pinned})"
         )
         for c in plan["chosen"]:
             print(f"  {c['name']} J{c['run']} device {c['device']}: {c['record']}")

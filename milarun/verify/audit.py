@@ -49,6 +49,7 @@ import hashlib
 import math
 import os
 import random
+import re
 from pathlib import Path
 
 from .. import __version__
@@ -217,7 +218,9 @@ def suggested_command(profile_path, invocation):
     return argv
 
 
-def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANCE):
+def plan_audit(
+    outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANCE, expect_head=None
+):
     """Pick ``sample`` launches of bundle ``outdir`` at random and write the audit profile
     ``out`` and its plan (:func:`plan_path`).
 
@@ -229,12 +232,15 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
         rules: the tender's rules file, whose SHA-256 is recorded (optional).
         tolerance: fraction in [0, 1): how much slower than the claim a rerun may be
             before the Welch test may fail it (see the module's docstring).
+        expect_head: the chain head (64 hex digits) the bidder sent; the plan is refused
+            when the bundle's head is another, and records whether it was pinned.
 
     Returns:
         the plan (dict), also written to ``plan_path(out)`` and embedded in ``out``.
 
     Raises:
-        AuditError: a bad K, seed or tolerance; a broken chain; a chosen record that is
+        AuditError: a bad K, seed, tolerance or ``expect_head``; a bundle whose chain head
+            is not ``expect_head``; a broken chain; a chosen record that is
             not the one the chain entered; a job definition that names something other
             than a milarun workload, differs between the records of one test, or is not
             the one of the (single-file) profile copy its session chained.
@@ -249,9 +255,23 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
         raise AuditError(
             f"--tolerance must be a fraction in [0, 1), got {tolerance!r}", key="tolerance"
         )
+    if expect_head is not None:
+        expect_head = str(expect_head).strip().lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", expect_head):
+            raise AuditError(
+                f"--expect-head must be 64 hex digits, not {expect_head[:80]!r}",
+                key="expect_head",
+            )
     outdir = Path(outdir)
     entries = read_chain(outdir)
     head = head_of(entries)
+    if expect_head is not None and head != expect_head:
+        raise AuditError(
+            f"the bundle's chain head is {head}, not {expect_head} (--expect-head): this "
+            "is not the bundle that was bid; nothing planned",
+            path=outdir,
+            key="expect_head",
+        )
     session = _vendor_invocation(outdir, entries)
     launches = successful_launches(entries)
     if sample > len(launches):
@@ -330,6 +350,7 @@ def plan_audit(outdir, sample, seed, out, rules=None, tolerance=DEFAULT_TOLERANC
         "version": AUDIT_VERSION,
         "bundle": str(outdir.resolve()),
         "head": head,
+        "pinned": expect_head is not None,
         "seed": seed,
         "sample": sample,
         "launches": len(launches),
