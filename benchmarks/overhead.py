@@ -13,7 +13,7 @@ the whole loop; both spans run from the loop's first step to its last.
 The figure is the median of the per-pair overheads, 1 − instrumented / bare of
 each pair (which a drift of the machine's speed between pairs does not move), with
 its distribution-free 95 % interval (:func:`milarun.measure.confidence.median_interval`);
-1 − median(instrumented) / median(bare) is shown beside it. Target (issue 22):
+1 − median(instrumented) / median(bare) is shown beside it. Target:
 at most 0.5 % on toy_reg, the median of at least 12 pairs.
 
 The instrumented runs write their journal (``-o`` is a ``.json`` path), one

@@ -1,4 +1,4 @@
-"""The acceptance tests of delivered hardware (issue 25, sections 1-4), on the CPU.
+"""The acceptance tests of delivered hardware (docs/acceptance.md), on the CPU.
 
 ``collectives`` over 2 and 4 gloo ranks under torchrun (bus bandwidth checked against a
 hand computation from the recorded time), a wrong collective result and a corrupted

@@ -108,7 +108,7 @@ def test_failed_result_that_hung_until_it_was_killed(rec):
 
 
 def test_the_issue_case_a_long_slow_phase_then_fast(rec):
-    """cpu.scaling.1 in issue 13: about 19 items/s for 70 s, then about 1300 items/s."""
+    """A recorded cpu.scaling.1: about 19 items/s for 70 s, then about 1300 items/s."""
     warm = [s for s in samples(rec) if s["warmup"]]
     fast = [s for s in samples(rec) if not s["warmup"]][-28:]  # about 7.5 s
     fast_rate, _, _ = stats.steady_state(warm + fast)

@@ -1,4 +1,4 @@
-"""``milarun audit plan|check``: audit reruns of a vendor's bundle (issue 26 §3).
+"""``milarun audit plan|check``: audit reruns of a vendor's bundle.
 
 One real vendor run (``milarun jobs`` on CPU slots, the ``crawl`` workload, which imports
 no torch: about 10 s a session) is shared by the module; the round trip plans, reruns the
@@ -662,7 +662,7 @@ def test_identity_from_the_plan_file(tmp_path):
 
 
 def test_check_lists_each_configuration_difference(vendor, tmp_path, capsys):
-    """Issue 33 §4: the rerun on the bundle's machine, its kernel changed in its identity's
+    """The rerun on the bundle's machine, its kernel changed in its identity's
     configuration: ``audit.config`` fails, naming both values; the rest holds."""
     base, out = vendor
     profile = tmp_path / "audit.json"

@@ -1,4 +1,4 @@
-"""The configuration bound to a result (issue 33 §4): the identity's ``config`` (fake
+"""The configuration bound to a result: the identity's ``config`` (fake
 NVML and sysfs), ``consistency.config`` of verify (hand-built records) and the
 configuration differences of ``audit check`` (``compare_config``)."""
 

@@ -1,4 +1,4 @@
-"""Profile inputs that must stop ``milarun jobs`` and its dry run alike (issue 33 §5): a
+"""Profile inputs that must stop ``milarun jobs`` and its dry run alike: a
 cgroup template climbing out of the cgroup tree (whatever --no-cgexec says) and an
 experiment naming a function its module lacks, checked without importing the module."""
 
@@ -12,7 +12,7 @@ from conftest import ROOT
 
 from milarun.cli import main
 from milarun.host import isolation
-from milarun.profile.language import check_experiment
+from milarun.profile.experiment import check_experiment
 
 TEST = {
     "experiment": "milarun.models.toy_reg:main",
@@ -133,7 +133,7 @@ def test_the_function_is_found_in_the_source_without_importing(tmp_path, monkeyp
 def test_checking_a_submodule_of_torch_does_not_import_torch():
     # a fresh interpreter: this one may have imported torch for other tests
     code = (
-        "import sys; from milarun.profile.language import check_experiment as c; "
+        "import sys; from milarun.profile.experiment import check_experiment as c; "
         "print(c('torch.nn.functional:relu'), c('torch.nn.functional:nosuch_fn'), "
         "'torch' in sys.modules)"
     )

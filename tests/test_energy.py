@@ -272,7 +272,7 @@ def _two_node_record(nodes_sampled=2, node_rows=(0, 1)):
 
 
 def test_a_multi_node_record_sums_every_nodes_gpus():
-    # Issue 22, item 1: node 1's GPU 0 is not node 0's GPU 0; J/item is the job's.
+    # node 1's GPU 0 is not node 0's GPU 0; J/item is the job's.
     e = energy.result_energy(_two_node_record())
     assert e["power_w"] == pytest.approx(800.0) and e["gpus"] == 2
     assert e["j_per_item"] == pytest.approx(8.0)

@@ -1,4 +1,4 @@
-"""Telemetry readings that one bad counter must not spoil (issue 22, items 6 and 7).
+"""Telemetry readings that one bad counter must not spoil.
 
 Against the fakes of ``test_accel`` (amdsmi) and ``test_monitor`` (pynvml); none of this
 ran on a real GPU."""

@@ -1,4 +1,4 @@
-"""Hostile llm_corpus files (issue 33 §5): a truncated, oversized-header, wrong-dtype or
+"""Hostile llm_corpus files: a truncated, oversized-header, wrong-dtype or
 misnamed token shard or index is a DatasetError naming the file, never an allocation, an
 EOFError or a TypeError; under ``milarun run`` it is a FAIL record and one console line,
 the traceback only in the record (and on the console with ``--verbose``)."""

@@ -1,5 +1,5 @@
-"""A GPU this process cannot open hides no other, and children get GPUs by UUID
-(issue 22, item 5). Against the fake pynvml of ``test_monitor``; never ran on a GPU.
+"""A GPU this process cannot open hides no other, and children get GPUs by UUID.
+Against the fake pynvml of ``test_monitor``; never ran on a GPU.
 
 NVML's count includes GPUs whose handle raises ``NVMLError_NoPermission`` (a device
 cgroup, a container, the permissions of ``/dev/nvidiaN``); CUDA does not count them, so
@@ -17,7 +17,7 @@ from milarun.host.accel.nvidia import NvidiaBackend, nvml_visible
 from milarun.host.inventory import inventory, render
 from milarun.plan import nodes
 from milarun.plan.launches import plan_job
-from milarun.profile.language import Job
+from milarun.profile.job import Job
 
 
 class NVMLError_NoPermission(Exception):  # noqa: N801 (pynvml's class name)

@@ -8,7 +8,8 @@ import pytest
 from conftest import ROOT
 
 from milarun.bench.setup import PRECISIONS
-from milarun.profile.language import EXAMPLE_VALUES, load_profile
+from milarun.profile.language import load_profile
+from milarun.profile.templates import EXAMPLE_VALUES
 
 STANDARD_TESTS = [
     "toy_reg",
@@ -35,12 +36,12 @@ STANDARD_TESTS = [
 #: the cpu profile (torch and torchvision import on one pinned core each).
 INFERENCE_TESTS = ["infer_resnet50", "infer_encoder"]
 WITH_INFERENCE = ["standard", "lite", "legacy2020"]
-#: The LLM section (issue 23): every GPU profile; the cpu profile has no tensor-parallel
+#: The LLM section: every GPU profile; the cpu profile has no tensor-parallel
 #: serving (a 2-rank TP test adds little on CPU slots that the 2-rank FSDP one lacks).
 LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_lora_ddp", "llm_serve", "llm_serve_tp"]
 CPU_LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_serve"]
-#: The cpu profile keeps one test per workload family of the 2020 suite (issue 23: room for
-#: the LLM tests within the quickstart's 5 minutes; docs/profiles.md says what left).
+#: The cpu profile keeps one test per workload family of the 2020 suite (room for the LLM
+#: tests within the quickstart's 5 minutes; docs/profiles.md says what left).
 CPU_TESTS = [
     "toy_reg",
     "loader",
@@ -52,7 +53,7 @@ CPU_TESTS = [
     "ddp_convnet",
     "matmul",
 ]
-#: Diffusion and vision transformers (issue 24): every GPU profile (5gb and 10gb leave out
+#: Diffusion and vision transformers: every GPU profile (5gb and 10gb leave out
 #: what cannot fit: SD 2 training, and ViT-L on 5 GB); tiny versions on CPU.
 VISION_TESTS = {
     "standard": ["diffusion", "diffusion_ddp", "txt2img", "vit_b", "vit_l", "vit_ddp"],
@@ -68,7 +69,7 @@ PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.json"))
 CLUSTER_PROFILES = ["cluster", "cluster-cpu"]
 #: The input-pipeline study (milarun.models.io, tests/test_io_study.py): its own tests only.
 STUDY_PROFILES = ["io", "io-seed"]
-#: The acceptance profiles (issue 25, docs/acceptance.md): their own tests only, each
+#: The acceptance profiles (docs/acceptance.md): their own tests only, each
 #: sweep or burn-in ending the test by itself (no --min-steady floor).
 ACCEPTANCE_TESTS = {
     "acceptance": [

@@ -1,4 +1,4 @@
-"""The vendor's side of a sealed bundle (issue 26 §1): a node's hardware identity (fake
+"""The vendor's side of a sealed bundle (docs/tender.md): a node's hardware identity (fake
 sysfs, fake NVML and amdsmi), every node's identity in the session file, ``--resume``
 continuing the chain, ``milarun seal`` (bundle.json, weights in the chain, the Ed25519
 signature) and its refusals, ``milarun keygen``."""

@@ -1,4 +1,4 @@
-"""Issue 20, class 2: the start barrier trusts only the session's secret.
+"""Security: the start barrier trusts only the session's secret.
 
 Hostile peers: a flood of connections (beyond the server's limits, and until the
 process has no file descriptor left), a stranger guessing the wave id with no or
@@ -298,9 +298,9 @@ def test_no_file_descriptor_left_does_not_stop_the_barrier():
 
 def test_the_secret_reaches_the_child_but_not_its_record_nor_a_rerun():
     from milarun.bench.experiment import rerun_environ
-    from milarun.launcher.launch import base_record
+    from milarun.launcher.failures import base_record
     from milarun.plan.launches import plan_job
-    from milarun.profile.language import Job
+    from milarun.profile.job import Job
 
     job = Job(
         "s",

@@ -1,4 +1,4 @@
-"""Hostile paths where milarun reads and writes (issue 20, classes 3 and 7).
+"""Hostile paths where milarun reads and writes (security: outputs and inputs).
 
 Outputs (``--html``, ``summary -o``, the lock, logs, journals) never follow a
 symlink nor replace a FIFO or device; inputs (profile, ``--system``,
@@ -169,7 +169,7 @@ def test_meta_folder_symlinked_outside_is_refused(tmp_path, capsys):
 
 def test_log_and_journal_symlinks_are_not_appended_to(tmp_path):
     from milarun.formats.journal import Journal
-    from milarun.launcher.launch import run_prepare
+    from milarun.launcher.prepare import run_prepare
 
     victim = write(tmp_path / "victim.txt", "KEEP\n")
     logs = tmp_path / "logs"
@@ -188,13 +188,13 @@ def test_log_and_journal_symlinks_are_not_appended_to(tmp_path):
 def test_launch_log_symlink_is_not_appended_to(tmp_path):
     from test_launch import launch
 
-    from milarun.launcher import launch as launch_mod
+    from milarun.launcher.child import Child
 
     victim = write(tmp_path / "victim.txt", "KEEP\n")
     lch = launch(tmp_path, "print('APPENDED')")
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / lch.log).symlink_to(victim)
-    child = launch_mod._Child(lch, tmp_path)
+    child = Child(lch, tmp_path)
     assert child.log is None and "is a symbolic link" in child.log_error
     assert victim.read_text() == "KEEP\n"
 

@@ -1,4 +1,4 @@
-"""Issue 20, classes 6 and 9: a vendor's numbers cannot break or inflate the score, and a
+"""Security, numbers and strings: a vendor's numbers cannot break or inflate the score, and a
 vendor's strings cannot drive the buyer's terminal.
 
 Each test feeds one hostile input (weights of 1e308, a record at 1.5e308 items/s, a

@@ -1,4 +1,4 @@
-"""Issue 20, profiles and datasets: hostile profiles, system files and dataroots.
+"""Security, profiles and datasets: hostile profiles, system files and dataroots.
 
 Every case ends the command with one line ``milarun: error: …`` and exit 2
 (nothing launched, nothing already built lost): a symlink loop as a profile or
@@ -24,7 +24,7 @@ from milarun.errors import ProfileError, SetupError
 from milarun.host.devices import Devices
 from milarun.plan import nodes
 from milarun.plan.launches import plan_job
-from milarun.profile import language as profile
+from milarun.profile import resolve as profile
 from milarun.profile.language import load_profile
 
 TOY = "milarun.models.toy_reg:main"

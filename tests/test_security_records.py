@@ -1,4 +1,4 @@
-"""Issue 20, records: one bad reading never loses a record nor stops the suite,
+"""Security, records: one bad reading never loses a record nor stops the suite,
 --resume trusts only this folder's own records, and a prepare command leaves
 no process behind. Hostile inputs: a journal of NaN, negative, string and huge
 values; a record the schema refuses; unwritable records; foreign records."""
@@ -13,8 +13,8 @@ import pytest
 from test_launch import launch, writer
 
 from milarun.formats.store import load_result
-from milarun.launcher import launch as launch_mod
-from milarun.launcher.launch import SuiteAborted, run_suite, tally
+from milarun.launcher import failures
+from milarun.launcher.waves import SuiteAborted, run_suite, tally
 
 #: A journal as a buggy sensor or a hostile child could leave it: two good samples, one
 #: good GPU reading; every other line has a NaN, negative, string or huge field.
@@ -89,14 +89,14 @@ def test_a_record_the_schema_refuses_falls_back_to_a_minimal_one(tmp_path):
 
 
 def test_a_forced_schema_failure_still_leaves_a_minimal_record(tmp_path, monkeypatch):
-    real = launch_mod.fail_record
+    real = failures.fail_record
 
     def refused(*args, **kw):
         rec = real(*args, **kw)
         rec["device_count"] = -1  # whatever the full record holds, it fails the schema
         return rec
 
-    monkeypatch.setattr(launch_mod, "fail_record", refused)
+    monkeypatch.setattr(failures, "fail_record", refused)
     lch = writer(tmp_path, ok=False, rc=1)  # with a record of its own, samples and all
     (out,) = run_suite([[lch]], tmp_path, None, on_outcome=lambda o: None)
     rec = load_result(out.result_path)
@@ -106,14 +106,14 @@ def test_a_forced_schema_failure_still_leaves_a_minimal_record(tmp_path, monkeyp
 
 
 def test_an_unwritable_record_is_one_loud_line_and_the_suite_goes_on(tmp_path, monkeypatch):
-    real = launch_mod.write_result
+    real = failures.write_result
 
     def denied(rec, path):
         if ".t.one." in f".{os.path.basename(path)}":
             raise OSError(errno.EACCES, "Permission denied")
         return real(rec, path)
 
-    monkeypatch.setattr(launch_mod, "write_result", denied)
+    monkeypatch.setattr(failures, "write_result", denied)
     first = launch(tmp_path, "import sys; sys.exit(1)", name="t.one")
     then = writer(tmp_path, name="t.two")
     lines = []
@@ -133,7 +133,7 @@ def test_a_full_disk_or_quota_stops_the_suite_with_one_line(tmp_path, monkeypatc
     def full(rec, path):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(launch_mod, "write_result", full)
+    monkeypatch.setattr(failures, "write_result", full)
     first = launch(tmp_path, "import sys; sys.exit(1)", name="t.one")
     never = launch(tmp_path, f"open({str(tmp_path / 'ran')!r}, 'w')", name="t.two")
     with pytest.raises(SuiteAborted) as exc:

@@ -1,4 +1,4 @@
-"""Issue 20, class 1: ``milarun rerun`` of a record from elsewhere runs no code the
+"""Security, reruns: ``milarun rerun`` of a record from elsewhere runs no code the
 record names. Every payload here would create a marker file; each test asserts
 the marker is absent (and, where the child must run, that it did)."""
 

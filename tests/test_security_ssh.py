@@ -1,4 +1,4 @@
-"""Issue 20, class 2: over ssh, the start barrier's secret never appears in a command line.
+"""Security, the start barrier over ssh: the start barrier's secret never appears in a command line.
 
 Every user of a host reads every command line (``ps``, ``/proc/PID/cmdline``); one who read
 the secret could join the start barrier and release a wave early. Over ssh the secret now
@@ -17,10 +17,10 @@ import pytest
 from milarun.cli import main
 from milarun.formats.barrier import ENV_SECRET
 from milarun.host.devices import Devices
-from milarun.launcher.launch import _Child
+from milarun.launcher.child import Child
 from milarun.plan import nodes
 from milarun.plan.launches import Launch, plan_job
-from milarun.profile.language import Job
+from milarun.profile.job import Job
 
 
 def ssh_cluster(n):
@@ -196,7 +196,7 @@ def test_the_remote_side_gets_the_secret_in_its_environment_and_no_argv_shows_it
         names,
     )
     lch = Launch("s.j", None, 0, "0", [0], argv, env, cluster=cluster, log="j.log")
-    child = _Child(lch, tmp_path)
+    child = Child(lch, tmp_path)
     child.start()
     assert child.proc.wait(timeout=60) == 0, list(child.tail)
     for name in names:

@@ -1,4 +1,4 @@
-"""The small shared helpers (issue 21, section 3: each concept written once)."""
+"""The small shared helpers: each concept written once."""
 
 import socket
 

@@ -1,4 +1,4 @@
-"""Student cgroups and multi-process pinning take whole physical cores (issue 22, item 4).
+"""Student cgroups and multi-process pinning take whole physical cores.
 
 NVML's CPU affinity of a GPU holds its NUMA node's CPUs, SMT siblings included (its own
 example: CPUs 0, 1, 32, 33). Taken in CPU order, those gave two students the two

@@ -491,7 +491,7 @@ def _inflate_one(path, factor):
     path.write_text(json.dumps(rec))
 
 
-# --- the bidders file: every bidder pinned (issue 33 §3) -------------------------------------
+# --- the bidders file: every bidder pinned ---------------------------------------------------
 
 RULES_SIGNED = {
     "allowed_overrides": ["no_cgexec", "cpu_slots", "extra_args"],

@@ -1040,7 +1040,7 @@ def test_example_rules_file_is_valid():
         check(bad, "rules", path="tender-rules.json", error_cls=RulesError)
 
 
-# --- after the head: what a bidder's own tools can append (issue 33 §1, §2) --------------------
+# --- after the head: what a bidder's own tools can append -----------------------------------
 #
 # These forgeries are made the way a dishonest bidder's tools would make them: from the
 # documented formats (the manifest's canonical entry, bundle.json, an Ed25519 signature in

@@ -4,10 +4,8 @@
 
 ``list`` also prints each import inside a function (``path:line: source -> target``).
 The walker is tests/test_architecture.py's, so the count and the test see the same imports.
-Issue 21: 107 of 281 inside functions before the layers, 41 of 270 after (the cli's lazy
-imports, for start-up, and the progress display's one, each with its comment). The suite of
-``milarun jobs`` from cli/jobs.py into launcher/suite.py: 43 of 399 inside functions before,
-31 of 402 after.
+The imports inside functions are the cli's lazy ones (for start-up) and a few others, each
+with its comment (docs/architecture.md).
 """
 
 import sys
