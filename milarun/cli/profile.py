@@ -26,13 +26,14 @@ def resolved_profile(profile, names=None, select=None, exclude=None):
 
     Its first entry, ``"_resolved_from"`` (a template, so loading ignores it),
     gives the suite and the files read; then one entry per job
-    (:meth:`milarun.profile.language.Job.as_entry`), in profile order.
+    (:meth:`milarun.profile.job.Job.as_entry`), in profile order.
 
     Raises:
         ProfileError: as :func:`milarun.profile.language.load_profile`.
     """
     # lazy, for start-up: `milarun --help` imports every cli module
-    from ..profile.language import load_profile, profile_files
+    from ..profile.includes import profile_files
+    from ..profile.language import load_profile
 
     jobs = load_profile(profile, names, select, exclude)
     out = {

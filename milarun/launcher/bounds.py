@@ -8,10 +8,10 @@ import math
 import os
 
 from ..errors import SetupError
-from ..profile.language import MAX_TIMEOUT_S
+from ..profile.job import MAX_TIMEOUT_S
 
 #: The most ``--repeat`` (a typo must not mean a week-long or endless run); the timeouts'
-#: bound is the profile schema's (``profile.language.MAX_TIMEOUT_S``).
+#: bound is the profile schema's (``profile.job.MAX_TIMEOUT_S``).
 MAX_REPEAT = 1000
 
 

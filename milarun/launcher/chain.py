@@ -22,7 +22,7 @@ from ..formats.jsonfile import read_bytes
 from ..formats.manifest import Manifest
 from ..formats.outfile import own_dir, write_atomic
 from ..formats.store import write_json_atomic
-from ..profile.language import profile_files
+from ..profile.includes import profile_files
 from .session import meta_dir, session_path
 
 #: ``format`` of the plan file.

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ..errors import SetupError
 from ..formats.terminal import one_line, terminal_safe
-from .launch import check_ready, prepare_fields
+from .preflight import check_ready
+from .prepare import prepare_fields
 from .session import MIN_FREE_MIB, check_meta, read_session
 
 

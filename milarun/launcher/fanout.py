@@ -1,4 +1,5 @@
-"""Run one agent command per node (``ssh`` commands) as one launch, like ``srun --kill-on-bad-exit``.
+"""Run one agent command per node (``ssh`` commands) as one launch, like
+``srun --kill-on-bad-exit``.
 
 ``python -m milarun.launcher.fanout '[[argv of node 1], [argv of node 2], ...]'``
 

@@ -60,11 +60,13 @@ def estimate_seconds(job, startup=DEFAULT_STARTUP_S):
 
     The floor is ``--min-steady`` (s) of steady state plus ``--warmup`` windows of
     ``--sample-duration`` (s) plus ``startup`` (s); options the job does not set take the defaults
-    of the child protocol (:data:`milarun.formats.child.COMMON_DEFAULTS`). It is a lower bound when ``--max-count`` lasts longer than
-    that floor. Never more than ``job.timeout`` (s). Bad values fall back to the defaults.
+    of the child protocol (:data:`milarun.formats.child.COMMON_DEFAULTS`). It is a lower bound
+    when ``--max-count`` lasts longer than that floor. Never more than ``job.timeout`` (s). Bad
+    values fall back to the defaults.
 
     Args:
-        job: a ``milarun.profile.language.Job`` (``.arguments`` as ``{flag: value}``, ``.timeout``).
+        job: a ``milarun.profile.job.Job`` (``.arguments`` as ``{flag: value}``,
+            ``.timeout``).
         startup: seconds allowed for the child's start-up.
     """
     defaults = _option_defaults()

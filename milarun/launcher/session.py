@@ -29,7 +29,7 @@ from ..formats.jsonfile import read_bytes, read_json
 from ..formats.outfile import UnsafeFileError, check_target, open_regular, own_dir
 from ..formats.store import iter_results, remove_stale_tmp, result_filename, write_json_atomic
 from ..formats.versioned import VersionedFormat
-from ..profile.language import profile_files
+from ..profile.includes import profile_files
 
 SESSION_FORMAT = "milarun-session"
 SESSION_VERSION = 1
@@ -196,7 +196,7 @@ def profile_digest(path):
 
 def digest_of_contents(contents):
     """The profile digest of :func:`profile_digest` from its files' bytes, in
-    :func:`milarun.profile.language.profile_files` order (``contents``: list of bytes):
+    :func:`milarun.profile.includes.profile_files` order (``contents``: list of bytes):
     SHA-256 (hex) of the one file, or of the concatenated SHA-256 digests of several.
     ``milarun verify`` applies it to a session's profile copies."""
     if len(contents) == 1:

@@ -24,17 +24,11 @@ from . import dryrun, identities, session
 from .bounds import check_bounds
 from .chain import SessionChain
 from .dryrun import resolve_dataroot
-from .launch import (
-    Interrupted,
-    StopRequest,
-    SuiteAborted,
-    check_ready,
-    run_suite,
-    stop_on_signals,
-    tally,
-)
+from .preflight import check_ready
 from .progress import SuiteProgress
 from .session import default_outdir, new_session_id
+from .stopping import Interrupted, StopRequest, stop_on_signals
+from .waves import SuiteAborted, run_suite, tally
 
 
 def run_jobs(
