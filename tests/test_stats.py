@@ -95,32 +95,6 @@ def test_weighted_geomean_by_hand():
         stats.weighted_geomean([float("nan")], [1])
 
 
-def test_steady_states_once_computes_each_samples_list_once(monkeypatch):
-    samples = [sample(0, 1, 1, True)] + [sample(t, t + 1, 10) for t in range(1, 20)]
-    other = [dict(s) for s in samples]
-    calls = []
-    compute = stats._steady_state
-    monkeypatch.setattr(stats, "_steady_state", lambda *a: calls.append(a[0]) or compute(*a))
-    expected = compute(samples, stats.STEADY_WINDOW_S, stats.STEADY_TAIL_S)
-    with stats.steady_states_once():
-        first = stats.steady_state(samples)
-        first[1].clear()  # a caller's copy: the memo is not touched
-        assert stats.steady_state(samples) == expected
-        assert stats.steady_state(other) == expected  # an equal list is another list
-        stats.steady_state(samples, window=5.0)  # other parameters: computed
-    assert [id(s) for s in calls] == [id(samples), id(other), id(samples)]
-    stats.steady_state(samples)  # outside the block: computed
-    assert len(calls) == 4
-
-
-def test_steady_states_once_does_not_remember_errors():
-    bad = [sample(0, 1, 1), {"start": 2.0, "end": 1.0, "count": 1, "rate": 1.0, "warmup": False}]
-    with stats.steady_states_once():
-        for _ in range(2):
-            with pytest.raises(ValueError, match="samples.1: end 1.0 is before start 2.0"):
-                stats.steady_state(bad)
-
-
 @pytest.mark.parametrize("start,end", [(2.0, 1.0), (2, 1), (2, 1.5)])
 def test_backwards_sample_is_refused(start, end):
     samples = [

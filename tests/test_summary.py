@@ -10,6 +10,7 @@ import pytest
 from milarun.analysis.summary import summarize, summarize_dir
 from milarun.cli import main
 from milarun.errors import ResultFormatError
+from milarun.formats.record import FORMAT_VERSION
 from milarun.formats.summary import normalize_summary, read_summary
 
 FIX = Path(__file__).parent / "fixtures"
@@ -88,7 +89,7 @@ def test_unreadable_files_skipped_with_one_warning_each(tmp_path, capsys):
         f"milarun: warning: skipped {RESULTS / 'standard.broken.J0.0.20261121-129990-000000.json'}"
         ": invalid JSON: Expecting property name enclosed in double quotes at line 45, column 5",
         f"milarun: warning: skipped {RESULTS / 'standard.future.J0.0.20261121-129991-000000.json'}"
-        ": version: format version 99 is newer than this milarun (1)",
+        ": version: format version 99 is newer than this milarun (9)",
         f"milarun: warning: skipped {RESULTS / 'standard.xss.J0.0.20261121-120010-000000.json'}"
         ": name: 'standard.<script>alert(1)</script>' is not a valid test name (like "
         "'suite.test': letters, digits, '_', '-', and '.' between them)",
@@ -220,3 +221,131 @@ def test_per_node_failures_round_trip(tmp_path):
     t = s["tests"]["s.t"]
     assert t["pernode_failures"] == {"node1": 2}
     assert [f["node"] for f in t["failed"]] == ["node1", None, None]
+
+
+# ---------------------------------------------------------------- one reading, in order
+
+
+def _generate(directory, **sizes):
+    """Result files as benchmarks/report_scale.py makes them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "report_scale", Path(__file__).resolve().parent.parent / "benchmarks" / "report_scale.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.generate(directory, **sizes)
+
+
+def test_results_read_as_one_by_one(tmp_path):
+    """load_results gives the same records, the same skipped files and messages, in the
+    same order, as reading each file alone (store.parse_results)."""
+    from milarun.analysis import summary
+    from milarun.formats.store import parse_results, result_files
+
+    assert _generate(tmp_path, tests=3, devices=5, runs=30, nsamples=6) == 450
+    names = sorted(p.name for p in tmp_path.iterdir())
+    for k, name in enumerate(names[::37]):
+        path = tmp_path / name
+        rec = json.loads(path.read_text())
+        if k % 4 == 0:
+            rec["run"] = "first"  # the schema refuses it
+        elif k % 4 == 1:  # version 0: migrated, not refused
+            rec["train"] = rec["timings"].pop("train")
+            rec["version"] = 0
+        elif k % 4 == 2:
+            rec["version"] = 99  # newer than ours
+        else:
+            path.write_text("{not json")
+            continue
+        path.write_text(json.dumps(rec))
+    expected = list(parse_results(result_files(tmp_path)))
+    records, skipped = summary.load_results(tmp_path)
+    assert len(skipped) == 10 and len(records) == 440  # 13 bad, 3 of them migrated
+    assert [(p, r) for p, r in records] + [(p, str(e)) for p, e in skipped] == [
+        (p, r) for p, r in expected if not isinstance(r, Exception)
+    ] + [(p, str(r)) for p, r in expected if isinstance(r, Exception)]
+    migrated = {tmp_path / names[37 * k] for k in (1, 5, 9)}
+    assert [r["version"] for p, r in records if p in migrated] == [FORMAT_VERSION] * 3
+
+
+def test_summary_and_plots_drawn_with_it_are_those_drawn_alone(tmp_path):
+    """summarize_with's plots (drawn from the steady states the summary computed) are
+    those drawn from the records alone, and its summary is summarize's."""
+    from milarun.analysis.summary import load_results, summarize_with
+    from milarun.report.html import throughput_plot, throughput_plots
+
+    _generate(tmp_path, tests=4, devices=2, runs=2, nsamples=20)
+    records, _ = load_results(tmp_path)
+    summary, drawn = summarize_with(records, extra=throughput_plot)
+    assert summary == summarize(records)
+    assert len(drawn) == 4 and all(v[0].startswith("<svg") for v in drawn.values())
+    assert throughput_plots(records) == drawn
+
+
+def _fixture_records():
+    import copy
+
+    recs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("standard.convnet.J0.*.json"))]
+    a, b = recs[0], copy.deepcopy(recs[1])
+    b["host"] = copy.deepcopy(a["host"])
+    for gpu in b["host"]["gpus"]:
+        gpu["name"] = "OTHER " + gpu["name"]
+    return a, b
+
+
+def test_a_host_seen_again_after_another_is_folded_again():
+    """Hosts A, B, A (same facts, other GPU names): the last one's names win, as when
+    every record was folded (not B's, because A was seen before)."""
+    import copy
+
+    a, b = _fixture_records()
+    aba = summarize([a, b, copy.deepcopy(a)])["hosts"]
+    ba = summarize([b, copy.deepcopy(a)])["hosts"]
+    assert aba == ba
+    assert not any("OTHER" in name for host in aba for name in host["gpus"])
+
+
+def test_warnings_before_an_error_come_out_as_from_one_record_after_another():
+    """A record skipped (malformed samples), then one whose group is unknown: its
+    warning is written before the error is raised, as one record after another did."""
+    import copy
+    import io
+
+    a, _ = _fixture_records()
+    bad = copy.deepcopy(a)
+    bad["timings"]["train"]["samples"] = [{"start": 5, "end": 1, "rate": 1}]
+    noname = copy.deepcopy(a)
+    noname.pop("name")
+    noname["partition"] = "nonesuch"
+    warn = io.StringIO()
+    with pytest.raises(KeyError):
+        summarize([bad, a, noname], warn=warn)
+    assert "end 1 is before start 5" in warn.getvalue()
+
+
+def test_a_failing_test_summary_raises_the_first_in_order_after_the_warnings(monkeypatch):
+    import copy
+    import io
+
+    from milarun.analysis import summary
+
+    a, _ = _fixture_records()
+    recs = []
+    for name in ("t9", "t1", "t5"):
+        rec = copy.deepcopy(a)
+        rec["name"], rec["partition"] = name, "nonesuch"
+        recs.append(rec)
+    bad = copy.deepcopy(a)
+    bad["timings"]["train"]["samples"] = [{"start": 5, "end": 1, "rate": 1}]
+    recs.append(bad)
+
+    def boom(gname, kept):
+        raise ValueError(gname)
+
+    monkeypatch.setattr(summary, "_summarize_group", boom)
+    warn = io.StringIO()
+    with pytest.raises(ValueError, match="t1"):
+        summary.summarize_with(recs, warn=warn)
+    assert "end 1 is before start 5" in warn.getvalue()

@@ -1,4 +1,4 @@
-"""The acceptance figures of a test group (issue 25, section 5): what the report needs (pure).
+"""The acceptance figures of a test group (docs/acceptance.md): what the report needs (pure).
 
 The acceptance tests (``milarun.models.collectives``, ``bandwidth``, ``matmul`` with its
 ``--sweep``, ``burn``; :doc:`docs/acceptance.md`) write their figures into each record's

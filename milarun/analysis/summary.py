@@ -71,6 +71,8 @@ import gc
 import re
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from ..errors import ResultFormatError, SetupError
@@ -80,7 +82,6 @@ from ..formats.store import result_files
 from ..formats.summary import SUMMARY_FORMAT, SUMMARY_VERSION
 from ..formats.terminal import one_line
 from ..host import facts as hostfacts
-from ..host.forkpool import Shared
 from ..launcher.session import read_session
 from ..measure import anomalies, energy, plausibility, stats, throughput
 from ..measure import flags as flagmodel
@@ -127,30 +128,16 @@ def load_results(directory, warn=None, only=None, files=None):
     collecting = gc.isenabled()
     gc.disable()
     try:
-        found = []  # (path, parsed document or its error), in the files' order
         for path, raw in result_files(directory) if files is None else files:
             if only is not None and path.relative_to(directory).as_posix() not in only:
-                found.append(
-                    (
-                        path,
-                        ResultFormatError(
-                            "not in the bundle's manifest chain; not counted", path=path
-                        ),
-                    )
+                raw = ResultFormatError(
+                    "not in the bundle's manifest chain; not counted", path=path
                 )
-            elif isinstance(raw, Exception):
-                found.append((path, raw))
-            else:
-                try:
-                    found.append((path, parse_json(raw, path=path, error_cls=ResultFormatError)))
-                except ResultFormatError as exc:
-                    found.append((path, exc))
-        for (path, doc), ok in zip(found, _accepted(found)):
-            if isinstance(doc, Exception):
-                skipped.append((path, doc))
+            if isinstance(raw, Exception):
+                skipped.append((path, raw))
                 continue
-            try:  # what the schema did not accept: migrated, or refused with the reason
-                records.append((path, doc if ok else migrate(doc, path=path, parsed=True)))
+            try:
+                records.append((path, _read_record(path, raw)))
             except ResultFormatError as exc:
                 skipped.append((path, exc))
     finally:
@@ -166,25 +153,16 @@ def load_results(directory, warn=None, only=None, files=None):
     return records, skipped
 
 
-#: Documents one task of :func:`_accepted` checks.
-_CHUNK = 200
+def _read_record(path, raw):
+    """The record of one file's bytes ``raw``: parsed strictly, checked against the
+    schema once, migrated when the schema does not accept it (an older version).
 
-
-def _accepted(found):
-    """``[accepted(document)]`` (:func:`milarun.formats.record.accepted`) for the
-    documents of ``found`` (False for an error), checked in chunks by this process
-    and forked workers (:class:`milarun.host.forkpool.Shared`): the schema check is
-    a third of reading a results folder, and its answers are one bit each."""
-    docs = [doc for _, doc in found]
-
-    def check(k):
-        return [
-            not isinstance(doc, Exception) and accepted(doc)
-            for doc in docs[k * _CHUNK : (k + 1) * _CHUNK]
-        ]
-
-    with Shared(-(-len(docs) // _CHUNK), check) as shared:
-        return [ok for chunk in shared.results() for ok in chunk]
+    Raises:
+        ResultFormatError: not JSON, or refused by the schema or the migration (the
+            reason named).
+    """
+    doc = parse_json(raw, path=path, error_cls=ResultFormatError)
+    return doc if accepted(doc) else migrate(doc, path=path, parsed=True)
 
 
 def warn_skipped(skipped, stream=None):
@@ -228,8 +206,6 @@ def _host_gpus(host):
     }
 
 
-# validation, the summary, the flags and the waves share each result's steady state
-@stats.steady_states_once()
 def summarize(records, skipped=(), warn=None):
     """Group result records by test and compute their statistics.
 
@@ -238,137 +214,130 @@ def summarize(records, skipped=(), warn=None):
     ends before it starts, a steady-state rate outside
     :func:`milarun.measure.stats.check_rate`'s range) is moved to ``skipped``, with one
     warning line on ``warn`` when given. Returns the summary dict described in
-    the module docstring. The tests are summarized by this process and forked
-    workers (:func:`summarize_with`).
+    the module docstring.
     """
     return summarize_with(records, skipped, warn)[0]
 
 
-def _judged(rec):
-    """``(judged record, rate, chosen, note)`` of one result (its validation verdict,
-    :func:`milarun.measure.plausibility.judge`, and its steady state).
-
-    Raises:
-        ValueError, KeyError, TypeError, AttributeError: malformed samples.
-    """
-    rec = plausibility.judge(rec)  # records written before the checks existed too
-    samples = rec["timings"].get("train", {}).get("samples", [])
-    rate, chosen, note = stats.steady_state(samples)
-    return rec, rate, chosen, note
-
-
-#: What makes :func:`_judged` refuse a record (it is then skipped, named).
+#: What makes :func:`judge_result` refuse a record (it is then skipped, named).
 _MALFORMED = (ValueError, KeyError, TypeError, AttributeError)
 
 
-@stats.steady_states_once()
-def summarize_with(records, skipped=(), warn=None, extra=None, workers=None):
-    """:func:`summarize`, and ``extra(group, records)`` for every group.
+@dataclass
+class Result:
+    """One result record as the summary judged it.
 
-    Each test (group) is one task of a :class:`milarun.host.forkpool.Shared` pool:
-    this process and forked workers judge its records, compute their steady states
-    and summarize it (most of the time of a summary), and, when given,
-    ``extra(group, the group's records)``, which reads the same records (the report's
-    throughput plot: the steady states and flags are computed once for both). The
-    values (the group's summary and ``extra``'s, which must be plain values
-    ``marshal`` can write) are the same whoever computes them; the warnings come out
-    in the records' order. ``workers``: as for :class:`~milarun.host.forkpool.Shared`.
+    ``path``: its file (None for a record given without one). ``record``: the record
+    as read. ``steady``: ``(rate items/s or None, chosen samples, note)`` of
+    :func:`milarun.measure.stats.steady_state` of its samples, computed once here and
+    passed to every reader. ``judged``: the record with its validation verdict
+    (:func:`milarun.measure.plausibility.judge`: the record itself when it passes, a
+    failed copy when not). ``error``: why the record is refused (malformed samples),
+    or None; ``steady`` and ``judged`` are then None.
+    """
+
+    path: object
+    record: dict
+    steady: tuple = None
+    judged: dict = None
+    error: str = None
+
+    @cached_property
+    def flags(self):
+        """The anomaly flags of the judged record
+        (:func:`milarun.measure.anomalies.result_flags`)."""
+        return anomalies.result_flags(self.judged, self.steady[:2])
+
+    @cached_property
+    def record_flags(self):
+        """The anomaly flags of the record as read (those of :attr:`flags` when the
+        verdict left it as it was; a refused record's are computed from its samples)."""
+        if self.judged is self.record:
+            return self.flags
+        return anomalies.result_flags(self.record, None if self.steady is None else self.steady[:2])
+
+
+def judge_result(path, record):
+    """The :class:`Result` of one record: its steady state and validation verdict, or
+    the reason it is refused (``error``: a malformed sample, as
+    :func:`milarun.measure.stats.steady_state` raises it)."""
+    try:
+        try:
+            steady = stats.steady_state(record["timings"].get("train", {}).get("samples", []))
+        except _MALFORMED:
+            plausibility.judge(record)  # what judging raises first is the reason given
+            raise
+        return Result(path, record, steady, plausibility.judge(record, steady))
+    except _MALFORMED as exc:
+        return Result(path, record, error=str(exc) or type(exc).__name__)
+
+
+def summarize_with(records, skipped=(), warn=None, extra=None):
+    """:func:`summarize`, and ``extra(group, results)`` for every group.
+
+    Each record is judged once (:func:`judge_result`: its steady state and verdict),
+    and every step reads that. ``extra`` receives a group's :class:`Result` list, in
+    the records' order, refused ones included (the report's throughput plot). The
+    warnings come out in the records' order; a group's error is raised after them,
+    the first test in sorted order first.
 
     Returns:
         ``(summary, {group: extra's value})``; the dict is empty without ``extra``.
     """
-    items = [item if isinstance(item, tuple) else (None, item) for item in records]
-    members = defaultdict(list)  # group: indices into items, in the records' order
+    results = [
+        judge_result(*(item if isinstance(item, tuple) else (None, item))) for item in records
+    ]
+    groups = defaultdict(list)  # group: its results, in the records' order
     unnamed = {}  # index: the error of a record whose group is unknown
-    for i, (_, rec) in enumerate(items):
+    for i, res in enumerate(results):
         try:
-            members[group_name(rec)].append(i)
-        except Exception as exc:  # raised below, unless the record is skipped first
+            groups[group_name(res.record)].append(res)
+        except Exception as exc:  # raised below, unless the record is refused
             unnamed[i] = exc
-    names = list(members)  # sorted below, as before: a name of another type raises there
+    summary = _summary_document(results, unnamed, skipped, warn)
+    names = sorted(groups)  # a name of another type raises here
+    for name in names:
+        kept = [res for res in groups[name] if res.error is None]
+        if kept:
+            summary["tests"][name] = _summarize_group(name, kept)
+    return summary, ({name: extra(name, groups[name]) for name in names} if extra else {})
 
-    def judged(gname):
-        kept, refused = [], []
-        for i in members[gname]:
-            path, rec = items[i]
-            try:
-                rec, rate, chosen, note = _judged(rec)
-            except _MALFORMED as exc:
-                refused.append((i, str(exc) or type(exc).__name__))
-                continue
-            kept.append((path, rec, rate, note, chosen))
-        return kept, refused
 
-    def task(k):
-        gname = names[k]
-        kept, refused = judged(gname)
-        # an error is raised by this process below, where one process raised it
-        # (after the warnings; the first test in sorted order), not by the pool
-        try:
-            summary = _summarize_group(gname, kept) if kept else None
-        except Exception:
-            summary = _FAILED
-        try:
-            value = extra(gname, [items[i][1] for i in members[gname]]) if extra else None
-        except Exception:
-            value = _FAILED
-        return summary, refused, value
+def _summary_document(results, unnamed, skipped, warn):
+    """The summary without its tests: the hosts, the skipped files and the provenance
+    of ``results`` (each refused one warned about on ``warn``, in order).
 
-    with Shared(len(names), task, workers) as shared:
-        done = shared.results()
-    refused = {i: message for _, out, _ in done for i, message in out}
-    for i in unnamed:
-        try:
-            _judged(items[i][1])
-        except _MALFORMED as skip:
-            refused[i] = str(skip) or type(skip).__name__
-
+    Raises:
+        what a record's group name raised (``unnamed``: ``{index: error}``), at the
+        first such record that is not refused.
+    """
     hosts, seen_hosts = {}, {}
     skipped_names = [Path(p).name for p, _ in skipped]
     last_end = first_start = None
     suites, versions = set(), set()
-    for i, (path, rec) in enumerate(items):
-        if i in refused:
+    for i, res in enumerate(results):
+        path, rec = res.path, res.record
+        if res.error is not None:
             skipped_names.append(Path(path).name if path else rec.get("name", "?"))
             if warn is not None:
-                warn_skipped([(path, ResultFormatError(refused[i], path=path))], warn)
+                warn_skipped([(path, ResultFormatError(res.error, path=path))], warn)
             continue
-        if i in unnamed:  # its group: where one record after another raised it
+        if i in unnamed:
             raise unnamed[i]
         host = rec.get("host") or {}
         if isinstance(host, dict) and host.get("cpu_model"):
             _fold_host(hosts, seen_hosts, host)
-        end = (rec["timings"].get("program") or {}).get("end")
-        if finite(end):
-            last_end = end if last_end is None else max(last_end, end)
-        start = (rec["timings"].get("program") or {}).get("start")
-        if finite(start):
-            first_start = start if first_start is None else min(first_start, start)
+        program = rec["timings"].get("program") or {}
+        if finite(program.get("end")):
+            last_end = program["end"] if last_end is None else max(last_end, program["end"])
+        if finite(program.get("start")):
+            first_start = (
+                program["start"] if first_start is None else min(first_start, program["start"])
+            )
         if isinstance(rec.get("suite"), str):
             suites.add(rec["suite"])
         if isinstance(host, dict) and isinstance(host.get("milarun_version"), str):
-            commit = host.get("milarun_commit")
-            versions.add(
-                host["milarun_version"]
-                + (
-                    f" (commit {commit[:12]}{', modified' if host.get('milarun_dirty') else ''})"
-                    if isinstance(commit, str) and commit
-                    else ""
-                )
-            )
-
-    by_name = dict(zip(names, done))
-    tests = {}
-    for name in sorted(name for name, (summary, _, _) in by_name.items() if summary is not None):
-        if _failed(by_name[name][0]):
-            _summarize_group(name, judged(name)[0])  # raises again, here
-        tests[name] = by_name[name][0]
-    extras = {}
-    if extra:
-        for name in sorted(by_name):
-            if _failed(by_name[name][2]):
-                extra(name, [items[i][1] for i in members[name]])  # raises again, here
-            extras[name] = by_name[name][2]
+            versions.add(_version_of(host))
     return {
         "format": SUMMARY_FORMAT,
         "version": SUMMARY_VERSION,
@@ -383,7 +352,7 @@ def summarize_with(records, skipped=(), warn=None, extra=None, workers=None):
             for h in hosts.values()
         ],
         "skipped": sorted(skipped_names),
-        "tests": tests,
+        "tests": {},
         "provenance": {
             "results": None,
             "suites": sorted(suites),
@@ -392,16 +361,16 @@ def summarize_with(records, skipped=(), warn=None, extra=None, workers=None):
             "milarun": sorted(versions),
             "first": _iso(first_start),
         },
-    }, extras
+    }
 
 
-#: What a task of :func:`summarize_with` gives for a part that raised (raised again by
-#: the parent, in the order one process would raise it).
-_FAILED = "\0failed"
-
-
-def _failed(value):
-    return isinstance(value, str) and value == _FAILED
+def _version_of(host):
+    """The milarun that wrote a record: ``version`` or ``version (commit abc…[, modified])``."""
+    commit = host.get("milarun_commit")
+    if not (isinstance(commit, str) and commit):
+        return host["milarun_version"]
+    dirty = ", modified" if host.get("milarun_dirty") else ""
+    return f"{host['milarun_version']} (commit {commit[:12]}{dirty})"
 
 
 def _fold_host(hosts, seen, host):
@@ -463,8 +432,10 @@ def node_of(record):
     return node
 
 
-def _summarize_group(gname, items):
-    first = items[0][1]
+def _summarize_group(gname, results):
+    """The summary of one test (its entry in ``tests``) from its :class:`Result` list
+    (the records that were not refused)."""
+    first = results[0].judged
     rates, durations, memory = [], [], []
     pergpu = defaultdict(list)
     scored = []  # successful results with a rate: the concurrent waves' members
@@ -475,19 +446,20 @@ def _summarize_group(gname, items):
     interrupted = 0
     steady = {stats.FULL: 0, stats.SHORT: 0, stats.NONE: 0}
     flags, rated = [], []
-    for path, rec, rate, note, _chosen in sorted(
-        items,
-        key=lambda it: (
-            device_key(it[1].get("device", "")),
-            it[1].get("run", 0) if isinstance(it[1].get("run"), int) else 0,
+    for res in sorted(
+        results,
+        key=lambda res: (
+            device_key(res.judged.get("device", "")),
+            res.judged.get("run", 0) if isinstance(res.judged.get("run"), int) else 0,
         ),
     ):
+        path, rec, (rate, _, note) = res.path, res.judged, res.steady
         mem = rec.get("peak_memory_mib")
         if finite(mem):
             memory.append(float(mem))
         where = _flag_where(path, rec)
         if where is not None:
-            flags += [f.at(**where) for f in anomalies.result_flags(rec)]
+            flags += [f.at(**where) for f in res.flags]
         if not rec["success"]:
             err = rec.get("error") or {}
             if not isinstance(err, dict):
@@ -520,7 +492,7 @@ def _summarize_group(gname, items):
             durations.append(float(duration))
         if rate is not None:
             rates.append(rate)
-            scored.append(rec)
+            scored.append(res)
             rated.append((path, rec, rate))
             pergpu[str(rec.get("device", ""))].append(rate)
             node = node_of(rec)
@@ -534,23 +506,28 @@ def _summarize_group(gname, items):
         flags.append(flag.at(**(_flag_where(path, rec) or {})))
     # the summary's shape of a flag (spans are left out: the plots recompute them)
     flags = [flagmodel.to_summary(f.without("spans")) for f in flags]
-    partition = first.get("partition", "normal")
+    plan_type = first.get("partition", "normal")  # the plan type, "partition" on disk
     # the group holds one shape of the study: its records all say it (a multi-node
     # job's too: the node score divides its rate by its node count)
     shape = (
         plantypes.TYPES["node-progression"].shape(first)
-        if partition in ("node-progression", "multi-node")
+        if plan_type in ("node-progression", "multi-node")
         else None
     )
     return {
         "name": first["name"],
         "group": gname,
-        "partition": partition,
+        "partition": plan_type,
         "device_count": first.get("device_count"),
         **({"node_count": shape[0], "gpus_per_node": shape[1]} if shape else {}),
-        "n": len(items) - interrupted,
+        "n": len(results) - interrupted,
         "failures": len(failed),
-        "runs": len({r.get("run") if isinstance(r.get("run"), int) else 0 for r in scored}),
+        "runs": len(
+            {
+                res.judged.get("run") if isinstance(res.judged.get("run"), int) else 0
+                for res in scored
+            }
+        ),
         "interrupted": interrupted,
         "failure_reasons": dict(sorted(reasons.items())),
         "failed": failed,
@@ -563,27 +540,31 @@ def _summarize_group(gname, items):
         },
         "peak_memory": max(memory) if memory else None,
         "steady": steady,
-        **throughput.summarize_waves(scored),
+        **throughput.summarize_waves(
+            [res.judged for res in scored], steady=[res.steady for res in scored]
+        ),
         "anomalies": flags,
-        **_checks(items),
-        **({"llm": llm} if (llm := llm_figures(scored)) is not None else {}),
+        **_checks(results),
+        **(
+            {"llm": llm} if (llm := llm_figures([res.judged for res in scored])) is not None else {}
+        ),
         **(
             {"acceptance": acc}
-            if (acc := acceptance_figures([it[1] for it in items], node_of)) is not None
+            if (acc := acceptance_figures([res.judged for res in results], node_of)) is not None
             else {}
         ),
-        **({"tags": tags} if (tags := _tags(items)) is not None else {}),
+        **({"tags": tags} if (tags := _tags(results)) is not None else {}),
     }
 
 
-def _tags(items):
+def _tags(results):
     """The profile tags of a group's records (each record's ``tags``, else its job
     definition's ``tags``), in the order first seen, without repeats; None when no
     record has any (records written before the tags were kept: the summary then has
     no ``tags``, as before)."""
     out, seen = [], False
-    for item in items:
-        rec = item[1]
+    for res in results:
+        rec = res.judged
         job = rec.get("job") if isinstance(rec.get("job"), dict) else {}
         tags = rec.get("tags") if rec.get("tags") is not None else job.get("tags")
         if not isinstance(tags, list):
@@ -597,9 +578,10 @@ def _tags(items):
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 
 
-def _checks(items):
+def _checks(results):
     """The validation flags and the energy of a group (:mod:`milarun.measure.plausibility`,
     :mod:`milarun.measure.energy`), each only when there is one."""
+    items = [(res.path, res.judged, res.steady) for res in results]
     out = {}
     flags = plausibility.summary_flags(items, node_of)
     if flags:

@@ -122,6 +122,9 @@ class Cache:
         return cls(root) if root is not None else None
 
     def _usable(self, create):
+        """True when the folder (made 0700 first when ``create``) is a real folder of
+        this user's that no one else may write: the only kind an entry is read from or
+        written to."""
         try:
             if create:
                 self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -131,6 +134,7 @@ class Cache:
         return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
 
     def _path(self, kind, key):
+        """The file of entry ``kind``/``key`` (its name matches :data:`_ENTRY_NAME`)."""
         return self.root / f"{kind}-{key}.json"
 
     def get(self, kind, key):
@@ -176,6 +180,8 @@ class Cache:
         return True
 
     def _prune(self):
+        """Remove the least recently used entries beyond :data:`MAX_ENTRIES` (regular
+        files named like an entry only; nothing else of the folder is touched)."""
         entries = []
         try:
             names = os.listdir(self.root)

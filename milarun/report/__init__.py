@@ -16,7 +16,7 @@ from ..formats.cache import Cache
 from ..formats.outfile import UnsafeFileError, write_atomic
 from ..formats.summary import read_summary
 from ..formats.thresholds import read_thresholds
-from ..measure.stats import steady_states_once
+from ..formats.weights import check_weights, load_weights
 from .acceptance import BURN_THRESHOLD_PCT, acceptance_sections, check_burn_threshold, verdict
 from .checks import diff_line
 from .family import check_families
@@ -30,8 +30,6 @@ from .table import (
     build_report,
     check_node_threshold,
     check_throughput,
-    check_weights,
-    load_weights,
     weight_for,
 )
 from .text import render_text as _render_text
@@ -119,9 +117,6 @@ def inputs_of(source, summary, count, weights, weights_default, compare, price, 
     }
 
 
-# one block around the summary and the HTML: the plots reuse each result's steady
-# state and anomaly flags that the summary computed
-@steady_states_once()
 def make_report(
     source,
     weights=None,

@@ -1,4 +1,4 @@
-"""The report's acceptance section (issue 25, section 5) and the verdict of ``--thresholds``.
+"""The report's acceptance section (docs/acceptance.md) and the verdict of ``--thresholds``.
 
 Read from the summary's ``tests[g].acceptance``
 (:func:`milarun.analysis.acceptance.acceptance_figures`), so a summary sent alone shows the
@@ -10,9 +10,10 @@ table, where a GPU more than ``burn_threshold`` percent below the median of ever
 the test (all nodes) is ``SLOW``.
 
 The thresholds file (``milarun/formats/schemas/thresholds.schema.json``, docs/acceptance.md)
-gives clauses; :func:`milarun.analysis.acceptance.verdict` checks each against every group of its test: one line per
-clause and group, PASS or FAIL with the figures. A clause with nothing to check (no such
-test, a size not measured, no expected peak) fails: acceptance is shown, not assumed.
+gives clauses; :func:`milarun.analysis.acceptance.verdict` checks each against every group
+of its test: one line per clause and group, PASS or FAIL with the figures. A clause with
+nothing to check (no such test, a size not measured, no expected peak) fails: acceptance
+is shown, not assumed.
 """
 
 # the verdict of a thresholds file is pure: it lives in analysis/ (milarun verify uses it)

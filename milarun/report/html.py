@@ -9,9 +9,8 @@ import functools
 from collections import defaultdict
 from pathlib import Path
 
-from ..analysis.summary import group_name
+from ..analysis.summary import group_name, judge_result
 from ..formats.store import inside
-from ..host.forkpool import Shared
 from ..measure.anomalies import merged, short_kinds
 from .acceptance import html_view as acceptance_view
 from .checks import diff_line, energy_plot_rows, flag_html, perf_per_watt_line
@@ -146,30 +145,28 @@ def _plotter():
     return Plotter()
 
 
-def throughput_plot(group, records):
-    """The throughput plot of one test (``records``: its result records) as plain values
-    (:func:`milarun.analysis.summary.summarize_with` runs it in its workers):
-    ``(svg, legend, marks)`` as :meth:`milarun.report.plots.Plotter.throughput` draws
-    it, legend entries as lists and ``marks`` a sorted list; None when there is nothing
-    to draw."""
-    svg, legend, marks = _plotter().throughput(records)
+def throughput_plot(group, results):
+    """The throughput plot of one test (``results``: its
+    :class:`milarun.analysis.summary.Result` list, as
+    :func:`milarun.analysis.summary.summarize_with` passes it to ``extra``) as plain
+    values: ``(svg, legend, marks)`` as :meth:`milarun.report.plots.Plotter.throughput`
+    draws it, legend entries as lists and ``marks`` a sorted list; None when there is
+    nothing to draw."""
+    svg, legend, marks = _plotter().throughput(results)
     return (svg, [list(entry) for entry in legend], sorted(marks)) if svg else None
 
 
-def throughput_plots(records, workers=None):
+def throughput_plots(records):
     """``{group: (svg, legend, marks)}``: :func:`throughput_plot` of every test of
-    ``records`` (result dicts or ``(path, record)`` pairs), drawn by this process and
-    forked workers (:class:`milarun.host.forkpool.Shared`; ``workers`` as there);
-    tests with nothing to draw are left out."""
+    ``records`` (result dicts or ``(path, record)`` pairs, each judged once here:
+    :func:`milarun.analysis.summary.judge_result`); tests with nothing to draw are
+    left out."""
     by_group = defaultdict(list)
     for item in records or ():
-        rec = item[1] if isinstance(item, tuple) else item
-        by_group[group_name(rec)].append(rec)
-    groups = sorted(by_group)
-    with Shared(
-        len(groups), lambda k: throughput_plot(groups[k], by_group[groups[k]]), workers
-    ) as shared:
-        return {group: value for group, value in zip(groups, shared.results()) if value is not None}
+        path, rec = item if isinstance(item, tuple) else (None, item)
+        by_group[group_name(rec)].append(judge_result(path, rec))
+    drawn = {group: throughput_plot(group, by_group[group]) for group in sorted(by_group)}
+    return {group: value for group, value in drawn.items() if value is not None}
 
 
 def _env():

@@ -37,7 +37,6 @@ from ..formats.cache import entry_key
 from ..formats.store import result_files
 from ..formats.summary import check_summary, read_summary
 from ..launcher.session import read_session, session_times, successful_keys
-from ..measure.stats import steady_states_once
 from .html import throughput_plot, trace_refs
 from .iostudy import io_points
 
@@ -134,7 +133,6 @@ def _from_value(value, directory):
     )
 
 
-@steady_states_once()  # the summary and the plots share each result's steady state
 def load_inputs(source, warn, plots=False, cache=None, only=None):
     """Read ``source`` (a results folder or a summary file) for the report.
 
@@ -159,62 +157,74 @@ def load_inputs(source, warn, plots=False, cache=None, only=None):
         return Inputs(summary=read_summary(path))
     if not path.is_dir():
         raise ResultFormatError("no such results directory or summary file", path=path)
-    if only is not None:
-        cache = None
     seal = {bundle_path(path), signature_path(path)}  # not records (weights: in .milarun/)
     files = [(p, raw) for p, raw in result_files(path) if p not in seal]
     saved = read_session(path)
     sessions = session_times(saved) if saved is not None else None
-    key = _key(path, files, sessions) if cache is not None else None
-    value = cache.get(KIND, key) if cache is not None else None
-    if isinstance(value, dict) and (not plots or value.get("plots") is not None):
-        try:
-            inputs = _from_value(value, path)
-        except (KeyError, TypeError, ValueError, AttributeError, ResultFormatError):
-            inputs = None  # a malformed entry is a miss
-        if inputs is not None:
-            warn.write(value["warnings"])
-            provenance(inputs.summary, path)
-            return inputs
+    key = _key(path, files, sessions) if cache is not None and only is None else None
+    inputs = _cached(cache, key, path, plots, warn) if key is not None else None
+    if inputs is None:
+        inputs, warnings = _read(path, files, sessions, warn, plots, only)
+        if key is not None:
+            cache.put(KIND, key, _entry(inputs, path, warnings))
+    provenance(inputs.summary, path)
+    return inputs
+
+
+def _cached(cache, key, directory, plots, warn):
+    """The :class:`Inputs` of ``cache``'s entry ``key`` (its warnings written again on
+    ``warn``), or None: no entry, one without the plots asked for, a malformed one."""
+    value = cache.get(KIND, key)
+    if not isinstance(value, dict) or (plots and value.get("plots") is None):
+        return None
+    try:
+        inputs = _from_value(value, directory)
+    except (KeyError, TypeError, ValueError, AttributeError, ResultFormatError):
+        return None  # a malformed entry is a miss
+    warn.write(value["warnings"])
+    return inputs
+
+
+def _read(directory, files, sessions, warn, plots, only):
+    """Read, check and summarize the records of ``files`` (and draw their plots):
+    ``(Inputs, the warning lines written on warn)``."""
     foreign = []
     if sessions is not None:  # the rule of --resume: only this folder's sessions count
-        foreign = {p for p, _ in successful_keys(path, sessions)[1]}
+        foreign = {p for p, _ in successful_keys(directory, sessions)[1]}
         files = [
             (p, ResultFormatError(FOREIGN, path=p) if p in foreign else raw) for p, raw in files
         ]
-        foreign = sorted(p.relative_to(path).as_posix() for p in foreign)
+        foreign = sorted(p.relative_to(directory).as_posix() for p in foreign)
     tee = _Tee(warn)
-    records, skipped = load_results(path, warn=tee, only=only, files=files)
-    # each test's plot is drawn where it is summarized (one steady state, one set of flags)
+    records, skipped = load_results(directory, warn=tee, only=only, files=files)
+    # each test's plot reads the steady states and flags its summary computed
     summary, drawn = summarize_with(
         records, skipped, warn=tee, extra=throughput_plot if plots else None
     )
-    drawn = {group: plot for group, plot in drawn.items() if plot is not None} if plots else None
     inputs = Inputs(
         summary=summary,
-        results_dir=path,
+        results_dir=directory,
         count=len(records),
         io_points=io_points(records),
         traces=trace_refs(records),
-        plots=drawn,
+        plots={group: plot for group, plot in drawn.items() if plot is not None} if plots else None,
         foreign=foreign,
     )
-    if cache is not None:
-        cache.put(
-            KIND,
-            key,
-            {
-                "summary": summary,
-                "count": inputs.count,
-                "io_points": inputs.io_points,
-                "traces": [
-                    (Path(p).relative_to(path).as_posix(), trace, group)
-                    for p, trace, group in inputs.traces
-                ],
-                "plots": inputs.plots,
-                "warnings": "".join(tee.parts),
-                "foreign": foreign,
-            },
-        )
-    provenance(summary, path)
-    return inputs
+    return inputs, "".join(tee.parts)
+
+
+def _entry(inputs, directory, warnings):
+    """The cache entry of ``inputs`` (read from ``directory``; ``warnings``: the lines
+    to write again): plain JSON values, paths relative to the folder."""
+    return {
+        "summary": inputs.summary,
+        "count": inputs.count,
+        "io_points": inputs.io_points,
+        "traces": [
+            (Path(p).relative_to(directory).as_posix(), trace, group)
+            for p, trace, group in inputs.traces
+        ],
+        "plots": inputs.plots,
+        "warnings": warnings,
+        "foreign": inputs.foreign,
+    }

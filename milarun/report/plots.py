@@ -8,7 +8,6 @@ import io
 import re
 
 from ..analysis.summary import device_key
-from ..measure import anomalies, stats
 
 #: Colour of what the anomaly rules flagged on a plot (slow windows, stalls).
 FLAG_COLOUR = "#d62728"
@@ -70,13 +69,13 @@ class Plotter:
         with self.matplotlib.rc_context(self.rc):
             return svg_text(self.fig)
 
-    # the flags and the band share each result's steady state
-    @stats.steady_states_once()
-    def throughput(self, records):
+    def throughput(self, results):
         """Return ``(svg, legend, marks)``: throughput over time for one test, one line
         per device.
 
-        ``records`` are the test's result records. For each device one
+        ``results`` are the test's records as the summary judged them
+        (:class:`milarun.analysis.summary.Result`: each one's steady state and anomaly
+        flags computed once, read here). For each device one
         successful run is drawn, the lowest-numbered one with a ``slow-windows``
         or ``stall`` flag, else the lowest-numbered one: sample midpoint in s since
         program start vs. rate in items/s, warm-up samples dotted. Under each
@@ -92,17 +91,18 @@ class Plotter:
         ``(None, [], set())`` when there is nothing to draw.
         """
         chosen = {}
-        for rec in records:
+        for res in results:
+            rec = res.record
             samples = rec["timings"].get("train", {}).get("samples") or []
             if not rec.get("success") or not samples:
                 continue
             dev = str(rec.get("device", ""))
             run = rec.get("run", 0)
-            flags = anomalies.result_flags(rec)
+            flags = res.record_flags
             # a flagged run first, so that its flags show; then the lowest run
             key = (not any(f.id in ("slow-windows", "stall") for f in flags), run)
             if dev not in chosen or key < chosen[dev][0]:
-                chosen[dev] = (key, samples, flags)
+                chosen[dev] = (key, samples, flags, res.steady)
         if not chosen:
             return None, [], set()
         legend, marks = [], set()
@@ -111,15 +111,12 @@ class Plotter:
             for artist in list(ax.lines) + list(ax.patches):
                 artist.remove()
             for i, dev in enumerate(sorted(chosen, key=device_key)):
-                (_, run), samples, flags = chosen[dev]
+                (_, run), samples, flags, steady = chosen[dev]
                 colour = self.colours[i % len(self.colours)]
                 legend.append((dev, run, colour))
                 xs = [(s["start"] + s["end"]) / 2 for s in samples]
                 ys = [s["rate"] for s in samples]
-                try:
-                    _, window, _ = stats.steady_state(samples)
-                except ValueError:
-                    window = []
+                window = steady[1] if steady is not None else []
                 if window:
                     band = [((s["start"] + s["end"]) / 2, s["rate"]) for s in window]
                     ax.plot(

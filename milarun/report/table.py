@@ -109,7 +109,7 @@ from dataclasses import dataclass, field
 
 from ..analysis.summary import device_key, node_key
 from ..errors import MilarunError
-from ..formats.jsonfile import check, read_json
+from ..formats.prices import check_price
 from ..measure import confidence, stats
 from ..measure.flags import from_summary
 from ..measure.throughput import MIN_OVERLAP
@@ -129,29 +129,6 @@ NODE_THRESHOLD_PCT = 5.0
 
 #: What ``perf`` is (``--throughput``): see the module doc.
 THROUGHPUTS = ("effective", "own")
-
-
-def load_weights(path):
-    """Read a weights file (strictly): ``{"suite.test": {"weight": w}}`` with ``w >= 0``.
-
-    Returns ``{name: float}``.
-
-    Raises:
-        ResultFormatError: unreadable, not UTF-8, not JSON, or a bad entry
-            (naming the key).
-    """
-    return check_weights(read_json(path), path)
-
-
-def check_weights(data, path=None):
-    """Check a weights mapping against ``milarun/formats/schemas/weights.schema.json``
-    (names like ``suite.test``, finite weights >= 0) and return ``{name: float}``.
-
-    Raises:
-        ResultFormatError: one line naming the key.
-    """
-    check(data, "weights", path=path)
-    return {name: float(entry["weight"]) for name, entry in data.items()}
 
 
 def weight_for(group, weights, plan_type=None):
@@ -264,23 +241,6 @@ def _ratio(a, b, report=None, what="a ratio"):
     return finite_or_warn(report, value, what)
 
 
-def check_price(price):
-    """Return ``price`` (``--price``, dollars) as a float when it is a finite number > 0.
-
-    Raises:
-        MilarunError: anything else (0, negative, NaN, inf, 1e400 which parses as inf).
-    """
-    try:
-        value = float(price)
-    except (TypeError, ValueError, OverflowError):
-        value = math.nan
-    if isinstance(price, bool) or not (math.isfinite(value) and value > 0):
-        raise MilarunError(
-            f"--price must be a finite positive number of dollars, not {price!r}"[:120]
-        )
-    return value
-
-
 class _Warnings:
     """Collects :func:`finite_or_warn` lines before the :class:`Report` exists."""
 
@@ -345,7 +305,7 @@ def build_report(
 ):
     """Build a :class:`Report` from a normalized summary (see :mod:`milarun.analysis.summary`).
 
-    ``weights`` is ``{name: w}`` (from :func:`load_weights`) or ``None``;
+    ``weights`` is ``{name: w}`` (from :func:`milarun.formats.weights.load_weights`) or ``None``;
     ``baseline`` a normalized summary or ``None``; ``price`` in dollars;
     ``compare_nodes`` adds :func:`node_comparison` with ``node_threshold``
     (a percentage, 0 to 100). The scaling tables of node-progression groups
@@ -365,13 +325,9 @@ def build_report(
     families = check_families(families)
     if price is not None:
         price = check_price(price)
-    report_warnings = _Warnings()
     if compare_nodes:
         node_threshold = check_node_threshold(node_threshold)
     tests = summary["tests"]
-    base_tests = baseline["tests"] if baseline else {}
-    rows = []
-    used_keys = set()
     has_tags = has_families(tests)
     if families and not has_tags:
         raise MilarunError(
@@ -379,6 +335,49 @@ def build_report(
             "written before milarun kept them, or a 2020 one): no family "
             "is known"
         )
+    report_warnings = _Warnings()
+    rows, used_keys = _test_rows(
+        tests, weights, baseline, throughput, penalize_variance, has_tags, report_warnings
+    )
+    report = Report(
+        title=title or "milarun report",
+        date=summary.get("date"),
+        hosts=summary.get("hosts", []),
+        rows=rows,
+        columns=_columns(rows, weights is not None or bool(families), baseline is not None),
+        has_weights=weights is not None,
+        penalize_variance=penalize_variance,
+        has_baseline=baseline is not None,
+        price=price,
+        skipped=list(summary.get("skipped", [])),
+        throughput=throughput,
+        warnings=report_warnings.warnings,
+        family_filter=families,
+    )
+    if has_tags:
+        report.families = family_view(report, rows)
+    _score(report, tests, weights, families, used_keys)
+    if baseline is not None:
+        _baseline_score(report)
+    if price is not None and report.score:
+        report.rpp = _ratio(price, report.score, report, "RPP (price / score)")
+    add_node_score_and_noise(
+        report,
+        tests,
+        (baseline["tests"] if baseline else {}) if baseline is not None else None,
+        baseline_noise=baseline is None or baseline.get("origin") != "milarun-2020",
+    )
+    _side_tables(report, tests, compare_gpus, node_threshold if compare_nodes else None)
+    add_checks(report, summary, baseline)
+    return report
+
+
+def _test_rows(tests, weights, baseline, throughput, penalize_variance, has_tags, warnings):
+    """``(rows, used weight keys)``: one row per summary test (its perf, perf_adj,
+    weight and, with a ``baseline``, the baseline's figures and the ratios); a ratio
+    out of range is None with a line in ``warnings``."""
+    base_tests = baseline["tests"] if baseline else {}
+    rows, used_keys = [], set()
     for group, t in tests.items():
         n, fail = t["n"], t["failures"]
         perf, std, basis = perf_basis(t, throughput)
@@ -414,38 +413,32 @@ def build_report(
                 bperf, badj = None, None
             row.update(
                 perf_base=bperf,
-                perf_ratio=_ratio(perf, bperf, report_warnings, f"{group} perf_ratio"),
+                perf_ratio=_ratio(perf, bperf, warnings, f"{group} perf_ratio"),
                 perf_base_adj=badj,
-                perf_ratio_adj=_ratio(adj, badj, report_warnings, f"{group} perf_ratio_adj"),
+                perf_ratio_adj=_ratio(adj, badj, warnings, f"{group} perf_ratio_adj"),
             )
         rows.append(row)
+    return rows, used_keys
 
+
+def _columns(rows, weighted, has_baseline):
+    """The table's columns: ``own`` beside ``perf`` when some test is scored on its
+    effective throughput, ``weight`` when weighted, the baseline's when there is one."""
     columns = ["n", "fail", "perf", "std%", "perf_adj"]
     if any(r["basis"] == "effective" for r in rows):
         columns.insert(columns.index("perf") + 1, "own")
-    if weights is not None or families:
+    if weighted:
         columns.append("weight")
-    if baseline is not None:
+    if has_baseline:
         columns += ["perf_base", "perf_ratio", "perf_base_adj", "perf_ratio_adj"]
+    return columns
 
-    report = Report(
-        title=title or "milarun report",
-        date=summary.get("date"),
-        hosts=summary.get("hosts", []),
-        rows=rows,
-        columns=columns,
-        has_weights=weights is not None,
-        penalize_variance=penalize_variance,
-        has_baseline=baseline is not None,
-        price=price,
-        skipped=list(summary.get("skipped", [])),
-        throughput=throughput,
-        warnings=report_warnings.warnings,
-        family_filter=families,
-    )
 
-    if has_tags:
-        report.families = family_view(report, rows)
+def _score(report, tests, weights, families, used_keys):
+    """The score and what it leaves out: ``--family``'s filter applied to the rows,
+    the missing and zero tests, the single-result ones, the anomalies, the failure
+    rate and the verdict (set on ``report``)."""
+    rows = report.rows
     for r in rows:
         if families and r["family"] not in families:
             r["weight"], r["counted"] = 0.0, False
@@ -455,7 +448,6 @@ def build_report(
     report.zero_reasons = {g: zero_reason(tests[g]) for g in report.zero}
     report.single = [r["test"] for r in rows if r["rates"] == 1]
     report.anomalies = [(r["test"], f) for r in rows for f in r["anomalies"]]
-
     counted = [r for r in rows if r["counted"]]
     report.score = geomean_or_warn(
         report, [r["perf_adj"] for r in counted], [r["weight"] for r in counted], "score"
@@ -465,32 +457,32 @@ def build_report(
     report.failure_rate = report.fail_total / report.n_total if report.n_total else 0.0
     report.passed = report.failure_rate <= PASS_FAILURE_RATE
 
-    if baseline is not None:
-        common = [r for r in counted if r["perf_base_adj"] and r["perf_base_adj"] > 0]
-        report.ratio_partial = len(common) != len(counted)
-        ws = [r["weight"] for r in common]
-        report.score_base = geomean_or_warn(
-            report, [r["perf_base_adj"] for r in common], ws, "baseline score"
-        )
-        report.score_ratio = _log_ratio(
-            report, [r["perf_adj"] for r in common], [r["perf_base_adj"] for r in common], ws
-        )
 
-    if price is not None and report.score:
-        report.rpp = _ratio(price, report.score, report, "RPP (price / score)")
-    add_node_score_and_noise(
-        report,
-        tests,
-        base_tests if baseline is not None else None,
-        baseline_noise=baseline is None or baseline.get("origin") != "milarun-2020",
+def _baseline_score(report):
+    """The baseline's score over the scored tests it also has, and our score's ratio to
+    it over the same tests (set on ``report``; partial when some are missing)."""
+    counted = [r for r in report.rows if r["counted"]]
+    common = [r for r in counted if r["perf_base_adj"] and r["perf_base_adj"] > 0]
+    report.ratio_partial = len(common) != len(counted)
+    ws = [r["weight"] for r in common]
+    report.score_base = geomean_or_warn(
+        report, [r["perf_base_adj"] for r in common], ws, "baseline score"
+    )
+    report.score_ratio = _log_ratio(
+        report, [r["perf_adj"] for r in common], [r["perf_base_adj"] for r in common], ws
     )
 
+
+def _side_tables(report, tests, compare_gpus, node_threshold):
+    """The tables beside the score (set on ``report``): the GPU tables with
+    ``compare_gpus``, the node comparison when ``node_threshold`` (a percentage) is
+    given, the scaling tables, the short steady states, the concurrent waves and the
+    failures."""
     if compare_gpus:
         report.gpu_tables = gpu_tables(tests)
-    if compare_nodes:
+    if node_threshold is not None:
         report.node_compare = node_comparison(tests, node_threshold)
     report.scaling = scaling_tables(tests)
-
     report.short = [
         g
         for g, t in tests.items()
@@ -500,8 +492,6 @@ def build_report(
     for group, t in tests.items():
         for f in t.get("failed", []):
             report.failures.append({"test": group, "name": t.get("name", group), **f})
-    add_checks(report, summary, baseline)
-    return report
 
 
 def concurrent_tables(tests, min_overlap=None):

@@ -376,7 +376,7 @@ def _inside(error_path, folder):
 
 def resolve_weights(weights, summaries):
     """``(weights map or None, shown path or None, note)`` for every bidder: the file
-    ``weights`` when given (:func:`milarun.report.table.load_weights`); else the shipped
+    ``weights`` when given (:func:`milarun.formats.weights.load_weights`); else the shipped
     weights of the one profile every summary ran (:func:`milarun.report.shipped_weights`);
     else None (every test weighs 1).
 

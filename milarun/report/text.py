@@ -249,7 +249,8 @@ def concurrent_lines(entries):
 
 
 def fmt_interval(ci, spec=".2f"):
-    """``lo to hi`` of a :data:`milarun.measure.confidence.Interval`, or ``n/a`` (variance unknown)."""
+    """``lo to hi`` of a :data:`milarun.measure.confidence.Interval`, or ``n/a`` (variance
+    unknown)."""
     return "n/a" if ci is None else f"{format(ci.lo, spec)} to {format(ci.hi, spec)}"
 
 
