@@ -41,6 +41,8 @@ reads what the plan put in the child's environment (nothing for a process
 launched alone, which never waits).
 """
 
+from __future__ import annotations
+
 import collections
 import errno
 import hmac
@@ -52,6 +54,8 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from ..errors import say
 
@@ -61,13 +65,13 @@ from .child import ENV_BARRIER_PREFIX as ENV_PREFIX
 from .child import ENV_DEVICE as ENV_LABEL
 
 
-def without_barrier(environ):
+def without_barrier(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` (a dict) without the ``MILARUN_BARRIER*`` variables: for a process
     that runs alone (``milarun rerun``), whose session's barrier is long gone."""
     return {k: v for k, v in environ.items() if not k.startswith(ENV_PREFIX)}
 
 
-def without_secret(environ):
+def without_secret(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` (a dict) without :data:`ENV_SECRET`: what a record or a log may
     show of a launch's environment (a record is read by others; the secret is
     what keeps strangers away from the session's barrier)."""
@@ -107,12 +111,12 @@ class BarrierTimeout(RuntimeError):
 
 
 class _Wave:
-    def __init__(self, labels):
+    def __init__(self, labels: Iterable[str]) -> None:
         self.labels = set(labels)
-        self.arrived = {}  # label -> server time of arrival
-        self.dropped = set()
-        self.waiting = set()  # labels with a connection open now (one each at most)
-        self.released = None  # server time of the release
+        self.arrived: dict[str, float] = {}  # label -> server time of arrival
+        self.dropped: set[str] = set()
+        self.waiting: set[str] = set()  # labels with a connection open now (one each at most)
+        self.released: float | None = None  # server time of the release
         self.event = threading.Event()
 
 
@@ -149,27 +153,28 @@ class BarrierServer:
 
     def __init__(
         self,
-        host="127.0.0.1",
-        port=0,
-        clock=time.time,
-        secret=None,
-        connect=None,
-        max_pending=MAX_PENDING,
-        read_s=_READ_S,
-        log=None,
-    ):
+        host: str = "127.0.0.1",
+        port: int = 0,
+        clock: Callable[[], float] = time.time,
+        secret: str | None = None,
+        connect: str | None = None,
+        max_pending: int = MAX_PENDING,
+        read_s: float = _READ_S,
+        log: Callable[[str], object] | None = None,
+    ) -> None:
         self.clock = clock
         self.secret = secret or secrets.token_hex(16)
         self._secret = self.secret.encode()
         self.max_pending = max(1, int(max_pending))
         self.read_s = float(read_s)
         self._log = log or _stderr_line
-        self._logged = set()
+        self._logged: set[object] = set()
         self.strangers = 0
-        self.stranger_peers = []
+        self.stranger_peers: list[str] = []
         self._lock = threading.Lock()
-        self._waves = {}
-        self._pending = collections.OrderedDict()  # token -> connection, oldest first
+        self._waves: dict[str, _Wave] = {}
+        # token -> connection, oldest first
+        self._pending: collections.OrderedDict[object, socket.socket] = collections.OrderedDict()
         self._closing = False
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -188,15 +193,15 @@ class BarrierServer:
             raise
         self.port = self._sock.getsockname()[1]
         self.address = join_address(connect or host, self.port)
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
-    def start(self):
+    def start(self) -> BarrierServer:
         """Start accepting connections (a daemon thread); returns self."""
         self._thread = threading.Thread(target=self._accept, name="milarun-barrier", daemon=True)
         self._thread.start()
         return self
 
-    def close(self):
+    def close(self) -> None:
         """Stop serving: waiting connections are closed unreleased."""
         self._closing = True
         try:
@@ -215,18 +220,18 @@ class BarrierServer:
             for conn in self._pending.values():
                 _shut(conn)
 
-    def __enter__(self):
+    def __enter__(self) -> BarrierServer:
         return self.start()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def expect(self, wave, labels):
+    def expect(self, wave: str, labels: Iterable[str]) -> None:
         """Declare ``wave`` and its processes' ``labels`` (before they start)."""
         with self._lock:
             self._waves[wave] = _Wave(labels)
 
-    def drop(self, wave, label):
+    def drop(self, wave: str, label: str) -> None:
         """Stop waiting for ``label`` of ``wave`` (its process ended before arriving).
         A label that already arrived, or an unknown wave, is left alone."""
         with self._lock:
@@ -236,7 +241,7 @@ class BarrierServer:
             w.dropped.add(label)
             self._check(w)
 
-    def state(self, wave):
+    def state(self, wave: str) -> dict[str, Any] | None:
         """``{"labels", "arrived": {label: server time}, "dropped", "released"}`` of
         ``wave`` (None when unknown)."""
         with self._lock:
@@ -250,13 +255,13 @@ class BarrierServer:
                 "released": w.released,
             }
 
-    def _check(self, w):
+    def _check(self, w: _Wave) -> None:
         # under self._lock
         if w.released is None and w.arrived and w.labels <= set(w.arrived) | w.dropped:
             w.released = self.clock()
             w.event.set()
 
-    def _log_once(self, kind, line):
+    def _log_once(self, kind: object, line: str) -> None:
         # one line per kind of trouble: a flood must not flood the launcher's output
         if kind not in self._logged:
             self._logged.add(kind)
@@ -265,7 +270,7 @@ class BarrierServer:
             except Exception:  # noqa: BLE001 - a broken log never stops the barrier
                 pass
 
-    def _accept(self):
+    def _accept(self) -> None:
         while not self._closing:
             try:
                 conn, peer = self._sock.accept()
@@ -309,14 +314,14 @@ class BarrierServer:
                     self._stranger(peer)
                 _close(conn)
 
-    def _stranger(self, peer):
+    def _stranger(self, peer: Any) -> None:
         # under self._lock
         self.strangers += 1
         host = peer[0] if isinstance(peer, tuple) and peer else str(peer)
         if host not in self.stranger_peers and len(self.stranger_peers) < _PEERS_KEPT:
             self.stranger_peers.append(host)
 
-    def _serve(self, conn, peer, token):
+    def _serve(self, conn: socket.socket, peer: Any, token: object) -> None:
         try:
             self._handle(conn, peer, token)
         except Exception:  # noqa: BLE001 - a broken connection: its process fails on its side
@@ -326,7 +331,8 @@ class BarrierServer:
                 self._pending.pop(token, None)
             _close(conn)
 
-    def _handle(self, conn, peer, token):
+    def _handle(self, conn: socket.socket, peer: Any, token: object) -> None:
+        label: Any  # a str once the wave has it (checked below)
         try:
             request = _read_line(conn, deadline=time.monotonic() + self.read_s)
             given = request.get("secret")
@@ -378,11 +384,11 @@ class BarrierServer:
                 w.waiting.discard(label)
 
 
-def _stderr_line(line):
+def _stderr_line(line: str) -> None:
     say(line)
 
 
-def _shut(conn):
+def _shut(conn: socket.socket) -> None:
     # wakes the thread reading it (recv returns b""); it closes the descriptor
     try:
         conn.shutdown(socket.SHUT_RDWR)
@@ -390,7 +396,7 @@ def _shut(conn):
         pass
 
 
-def _close(conn):
+def _close(conn: socket.socket) -> None:
     try:
         conn.close()
     except OSError:
@@ -401,7 +407,7 @@ class _Closed(ConnectionError):
     """The peer closed the connection before sending a byte."""
 
 
-def _read_line(conn, deadline=None):
+def _read_line(conn: socket.socket, deadline: float | None = None) -> dict[str, Any]:
     """The JSON object of one request or reply line of ``conn``.
 
     ``deadline`` (``time.monotonic()`` s) bounds the whole line, not each
@@ -436,18 +442,18 @@ def _read_line(conn, deadline=None):
     return value
 
 
-def _send(conn, obj):
+def _send(conn: socket.socket, obj: Any) -> None:
     conn.sendall((json.dumps(obj) + "\n").encode())
 
 
-def _send_quiet(conn, obj):
+def _send_quiet(conn: socket.socket, obj: Any) -> None:
     try:
         _send(conn, obj)
     except OSError:
         pass
 
 
-def _hung_up(conn):
+def _hung_up(conn: socket.socket) -> bool:
     # poll, not select: select fails on a descriptor past 1024 (a raised ulimit -n)
     try:
         poller = select.poll()
@@ -457,13 +463,13 @@ def _hung_up(conn):
         return True
 
 
-def join_address(host, port):
+def join_address(host: object, port: int | str) -> str:
     """``"host:port"``, an IPv6 host in brackets (``"[::1]:4000"``), for
     :func:`split_address`."""
     return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
-def split_address(address):
+def split_address(address: object) -> tuple[str, int]:
     """``"host:port"`` → ``(host, port)``.
 
     Raises:
@@ -475,7 +481,7 @@ def split_address(address):
     return host.strip("[]"), int(port)
 
 
-def from_environment(environ=None):
+def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """``{"address", "wave", "label", "timeout", "secret"}`` from the plan's variables,
     or None when this process was launched alone (no ``MILARUN_BARRIER``).
 
@@ -502,7 +508,14 @@ def from_environment(environ=None):
     }
 
 
-def wait(address, wave, label, timeout, clock=time.time, secret=""):
+def wait(
+    address: str,
+    wave: str,
+    label: str,
+    timeout: float,
+    clock: Callable[[], float] = time.time,
+    secret: str = "",
+) -> dict[str, Any]:
     """Wait at the barrier of ``wave`` until every process of it arrived.
 
     Args:
@@ -526,8 +539,8 @@ def wait(address, wave, label, timeout, clock=time.time, secret=""):
     host, port = split_address(address)
     start = clock()
     deadline = time.monotonic() + timeout
-    last_error = None
-    reply = None
+    last_error: object = None
+    reply: dict[str, Any] | None = None
     while reply is None:
         left = deadline - time.monotonic()
         if left <= 0:

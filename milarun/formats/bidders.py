@@ -15,12 +15,15 @@ exist. What the file is for: ``docs/tender.md``, "The bidders file";
 :mod:`milarun.report.tender` verifies each bundle with its own head and key.
 """
 
+from __future__ import annotations
+
 import datetime
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from ..errors import ResultFormatError
-from .jsonfile import check, read_json
+from .jsonfile import StrPath, check, read_json
 
 #: Largest bidders file read (bytes).
 MAX_BIDDERS_BYTES = 1 << 20
@@ -43,20 +46,20 @@ class BidderEntry:
 
     name: str
     bundle: str
-    public_key: str = None
-    head: str = None
-    head_received: str = None
-    price: float = None
-    currency: str = None
-    key: str = None
+    public_key: str | None = None
+    head: str | None = None
+    head_received: str | None = None
+    price: float | None = None
+    currency: str | None = None
+    key: str | None = None
 
 
-def _resolve(base, text):
+def _resolve(base: Path, text: str) -> str:
     path = Path(text).expanduser()
     return str(path if path.is_absolute() else base / path)
 
 
-def read_bidders(path):
+def read_bidders(path: StrPath) -> tuple[str | None, list[BidderEntry]]:
     """The bidders of ``path``: ``(currency or None, [BidderEntry])`` in the file's order.
 
     Raises:
@@ -75,10 +78,12 @@ def read_bidders(path):
     )
     base = Path(path).parent
 
-    def fail(message, i, field):
+    def fail(message: str, i: int, field: str) -> NoReturn:
         raise ResultFormatError(message, path=path, key=f"bidders.{i}.{field}")
 
-    out, seen, currency = [], {}, None
+    out: list[BidderEntry] = []
+    seen: dict[str, int] = {}
+    currency: tuple[str, int] | None = None
     for i, b in enumerate(data["bidders"]):
         if b["name"] in seen:
             fail(

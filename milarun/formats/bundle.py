@@ -10,10 +10,13 @@ milarun version. The signature (:mod:`milarun.verify.keys`) covers its exact
 bytes. Format: ``milarun/formats/schemas/bundle.schema.json``.
 """
 
+from __future__ import annotations
+
 from pathlib import Path
+from typing import Any
 
 from ..errors import ResultFormatError
-from .jsonfile import check, read_json
+from .jsonfile import StrPath, check, read_json
 
 #: Names inside the results folder.
 BUNDLE_NAME = "bundle.json"
@@ -28,17 +31,17 @@ class BundleError(ResultFormatError):
     """A bundle file that cannot be read: one line naming the file and the key."""
 
 
-def bundle_path(outdir):
+def bundle_path(outdir: StrPath) -> Path:
     """``OUTDIR/bundle.json``."""
     return Path(outdir) / BUNDLE_NAME
 
 
-def signature_path(outdir):
+def signature_path(outdir: StrPath) -> Path:
     """``OUTDIR/bundle.json.sig``."""
     return Path(outdir) / SIGNATURE_NAME
 
 
-def read_bundle(path):
+def read_bundle(path: StrPath) -> dict[str, Any]:
     """The bundle file at ``path`` (a dict, as in the file), read strictly and checked
     against its schema.
 

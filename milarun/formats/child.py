@@ -15,7 +15,12 @@ One definition of each part, used by both sides:
 Pure data and string work: nothing here starts a process or imports torch.
 """
 
+from __future__ import annotations
+
 import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ..errors import MilarunError
 
@@ -80,7 +85,7 @@ RERUN_FIELDS = tuple(k for k in EXTRA_FIELDS if k != "rendezvous")
 #: ``max_count`` (items), ``min_steady`` (s), ``sample_duration`` (s), ``warmup``
 #: (windows), ``seed``, ``device``, ``monitor_interval`` (s), ``no_instrument``,
 #: ``profile_trace`` (folder or None), ``profile_steps`` (steps).
-COMMON_DEFAULTS = {
+COMMON_DEFAULTS: dict[str, Any] = {
     "max_count": 1000,
     "min_steady": 0.0,
     "sample_duration": 0.5,
@@ -94,13 +99,20 @@ COMMON_DEFAULTS = {
 }
 
 
-def _flag(name):
+def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
 def child_argv(
-    head, function, out=None, dataroot=None, name=None, job_id=None, extra=None, test_argv=()
-):
+    head: Iterable[str],
+    function: str,
+    out: str | os.PathLike[str] | None = None,
+    dataroot: str | os.PathLike[str] | None = None,
+    name: str | None = None,
+    job_id: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+    test_argv: Iterable[str] = (),
+) -> list[str]:
     """The child's command line: ``head`` (``[python, "-m", "milarun", "run"]`` or a
     torchrun head ending in :data:`RUN_MODULE`), then ``function``, the options of
     :data:`OPTIONS` that are given (``extra`` as sorted JSON), ``--`` and ``test_argv``."""
@@ -118,7 +130,7 @@ def child_argv(
     return argv + ["--"] + list(test_argv)
 
 
-def decode_extra(extra):
+def decode_extra(extra: str | dict[str, Any] | None) -> Any:
     """``--extra`` as a dict (None stays None; a dict is taken as is).
 
     Raises:

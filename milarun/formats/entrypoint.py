@@ -2,15 +2,18 @@
 entry point (``milarun.models.X:main``), and how the device backends' table names
 their classes. Parsed here, once. No torch here."""
 
+from __future__ import annotations
+
 import importlib
 import os
 import re
+from typing import Any
 
 #: A workload shipped with milarun: ``milarun.models.<module>:<function>``.
 SHIPPED = re.compile(r"milarun\.models\.([A-Za-z_][A-Za-z0-9_]*):([A-Za-z_][A-Za-z0-9_]*)")
 
 
-def parse(spec, what="function"):
+def parse(spec: object, what: str = "function") -> tuple[str, str]:
     """``(module, name)`` of ``"module:name"``.
 
     Raises:
@@ -26,7 +29,7 @@ def parse(spec, what="function"):
     return module, name
 
 
-def load(spec, what="function"):
+def load(spec: object, what: str = "function") -> Any:
     """Import the module of ``"module:name"`` and return its attribute ``name``
     (None when it has none).
 
@@ -38,7 +41,7 @@ def load(spec, what="function"):
     return getattr(importlib.import_module(module), name, None)
 
 
-def is_shipped(spec):
+def is_shipped(spec: object) -> bool:
     """True when ``spec`` is ``milarun.models.<module>:<function>`` and that module
     exists in this installed package (its file, found on disk; nothing is imported
     and ``sys.path`` is never looked at, so a results folder's copy does not count).

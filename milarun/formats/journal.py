@@ -22,14 +22,17 @@ The journal is best-effort: a write that fails (full disk) turns it off and
 never stops the measurement; the child's own record is the one that counts.
 """
 
+from __future__ import annotations
+
 import json
 import math
 import os
 import threading
 from pathlib import Path
+from typing import IO, Any
 
 from ..errors import MilarunError
-from .jsonfile import accepts, parse_json
+from .jsonfile import StrPath, accepts, parse_json
 from .outfile import open_append, open_regular
 
 #: Bytes of journal read back at most (a week of 1 s windows is ~10 MB).
@@ -46,9 +49,10 @@ class Journal:
         error: None, or the ``OSError`` that turned the journal off.
     """
 
-    def __init__(self, path):
+    def __init__(self, path: StrPath) -> None:
         self.path = Path(path)
-        self.error = None
+        self.error: OSError | None = None
+        self._file: IO[str] | None
         self._lock = threading.Lock()
         try:
             # never through a symlink, nor into a FIFO or device (milarun.formats.outfile)
@@ -57,7 +61,7 @@ class Journal:
             self._file = None
             self.error = exc
 
-    def write(self, kind, **fields):
+    def write(self, kind: str, **fields: Any) -> None:
         """Append one event ``{"kind": kind, **fields}``; non-finite numbers become null."""
         if self._file is None:
             return
@@ -74,14 +78,15 @@ class Journal:
                 self.error = exc if isinstance(exc, OSError) else OSError(str(exc))
                 self._close()
 
-    def _close(self):
+    def _close(self) -> None:
         try:
-            self._file.close()
+            if self._file is not None:
+                self._file.close()
         except OSError:
             pass
         self._file = None
 
-    def close(self, remove=False):
+    def close(self, remove: bool = False) -> None:
         """Close the file; with ``remove``, delete it (its events are in the record)."""
         with self._lock:
             if self._file is not None:
@@ -93,7 +98,7 @@ class Journal:
                 pass
 
 
-def _finite_or_none(v):
+def _finite_or_none(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
@@ -118,7 +123,7 @@ MAX_SAMPLE_COUNT = 2**53
 _LISTS = {"sample": "samples", "monitor": "monitor", "host_load": "host_load"}
 
 
-def read_journal(path):
+def read_journal(path: StrPath) -> dict[str, Any]:
     """Read a journal back, keeping only the events a FAIL record can hold.
 
     Each line is parsed strictly (:func:`milarun.formats.jsonfile.parse_json`: no NaN
@@ -136,7 +141,7 @@ def read_journal(path):
         :data:`MAX_EVENTS`). An absent or unreadable journal gives the empty
         result. Never raises.
     """
-    out = {
+    out: dict[str, Any] = {
         "start": None,
         "train": {},
         "samples": [],

@@ -19,6 +19,8 @@ shown when that subschema fails (a string, or ``{keyword: message}``;
 missing.
 """
 
+from __future__ import annotations
+
 import errno
 import functools
 import json
@@ -27,12 +29,17 @@ import os
 import re
 import stat
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
+from typing import IO, Any, Protocol, TypeAlias
 
 import orjson
 
-from ..errors import ResultFormatError
-from .outfile import kind
+from ..errors import MilarunError, ResultFormatError
+from .outfile import StrPath, kind
+
+#: The error class a reader raises (a :class:`milarun.errors.MilarunError` subclass).
+ErrorClass: TypeAlias = "type[MilarunError]"
 
 #: Largest file read (bytes): 64 MiB.
 MAX_BYTES = 64 * 2**20
@@ -44,15 +51,21 @@ _MAX_ERRORS = 100
 _VALUE_CHARS = 60
 
 
+class Accepts(Protocol):
+    """A predicate "this schema accepts ``value``" (``nan_free``: see :func:`first_error`)."""
+
+    def __call__(self, value: Any, nan_free: bool = False) -> bool: ...
+
+
 class _Reject(ValueError):
     """A value JSON allows but milarun does not (NaN, overflow, duplicate key)."""
 
 
-def _constant(name):
+def _constant(name: str) -> Any:
     raise _Reject(f"{name} is not allowed (numbers must be finite)")
 
 
-def _float(text):
+def _float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
         raise _Reject(f"number {text[:_VALUE_CHARS]} is out of range")
@@ -63,7 +76,7 @@ def _float(text):
 _AGAIN = object()
 
 
-def _pairs(pairs):
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen = set()
@@ -87,7 +100,7 @@ _NUMBER_SHAPE = bytes(
 _LONG_RUN = b"0" * 19
 
 
-def _shape(raw):
+def _shape(raw: bytes) -> tuple[int, tuple[int, int, int]]:
     """``(depth, (pairs, objects, arrays))`` of valid JSON ``raw`` (bytes): its nesting
     depth, up to ``MAX_DEPTH + 1``, and how many key-value pairs, objects and
     arrays its text holds.
@@ -110,18 +123,19 @@ def _shape(raw):
     return depth, counts
 
 
-def _depth(raw):
+def _depth(raw: bytes) -> int:
     """Nesting depth of valid JSON ``raw`` (bytes), up to ``MAX_DEPTH + 1`` (:func:`_shape`)."""
     return _shape(raw)[0]
 
 
-def _parsed_counts(data):
+def _parsed_counts(data: dict[str, Any] | list[Any]) -> tuple[int, int, int]:
     """``(pairs, objects, arrays)`` that the parsed ``data`` holds, except inside the
     objects of an array that holds only objects (rate samples, GPU readings:
     their pairs and they are counted, their values not looked into). Equal to
     :func:`_shape`'s counts of the text only when no object lost a key to a
     duplicate (the objects and arrays all counted, no pair missing)."""
     pairs = objects = arrays = 0
+    values: Iterable[Any]
     stack = [data]
     pop, push = stack.pop, stack.extend
     while stack:
@@ -144,7 +158,7 @@ def _parsed_counts(data):
     return pairs, objects, arrays
 
 
-def _number_risks(raw):
+def _number_risks(raw: bytes) -> tuple[bool, bool]:
     """``(may_overflow, may_be_big)`` of JSON ``raw`` (bytes), from one C-speed
     ``translate`` (a cheap, conservative test: digits inside strings count too).
 
@@ -162,7 +176,7 @@ def _number_risks(raw):
     return big or b"0e000" in shape or b"0e100" in shape, big
 
 
-def _read_upto(f, size, most):
+def _read_upto(f: IO[bytes], size: int, most: int) -> bytes:
     """At most ``most`` bytes of file ``f`` whose ``fstat`` size is ``size``.
 
     ``f.read(most)`` alone would allocate ``most`` bytes (64 MiB) for every small
@@ -174,7 +188,12 @@ def _read_upto(f, size, most):
     return raw
 
 
-def read_bytes(path, error_cls=ResultFormatError, max_bytes=None, what="file"):
+def read_bytes(
+    path: StrPath,
+    error_cls: ErrorClass = ResultFormatError,
+    max_bytes: int | None = None,
+    what: str = "file",
+) -> bytes:
     """The bytes of input file ``path``, read safely: only a regular file (a
     symlink to one is followed), at most ``max_bytes`` (default :data:`MAX_BYTES`).
 
@@ -216,7 +235,12 @@ def read_bytes(path, error_cls=ResultFormatError, max_bytes=None, what="file"):
     return raw
 
 
-def read_json(path, error_cls=ResultFormatError, max_bytes=None, what="file"):
+def read_json(
+    path: StrPath,
+    error_cls: ErrorClass = ResultFormatError,
+    max_bytes: int | None = None,
+    what: str = "file",
+) -> Any:
     """Read one JSON file strictly.
 
     Args:
@@ -240,7 +264,9 @@ def read_json(path, error_cls=ResultFormatError, max_bytes=None, what="file"):
     return parse_json(raw, path=path, error_cls=error_cls)
 
 
-def parse_json(raw, path=None, error_cls=ResultFormatError):
+def parse_json(
+    raw: bytes | str, path: StrPath | None = None, error_cls: ErrorClass = ResultFormatError
+) -> Any:
     """Parse JSON ``raw`` (bytes or str) with the rules of :func:`read_json`, without
     its size limit.
 
@@ -278,7 +304,7 @@ def parse_json(raw, path=None, error_cls=ResultFormatError):
     # duplicate). Anything else (an error, a duplicate, a shape the count does
     # not cover) is parsed again below, the strict way, which says what is wrong
     # as it always has.
-    data = _AGAIN
+    data: Any = _AGAIN
     if not may_be_big:
         try:
             data = orjson.loads(raw)
@@ -317,16 +343,16 @@ def parse_json(raw, path=None, error_cls=ResultFormatError):
     return data
 
 
-def _size(n):
+def _size(n: int) -> str:
     return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n} bytes"
 
 
-def _one_line(text, limit=200):
+def _one_line(text: str, limit: int = 200) -> str:
     text = text.replace("\n", "\\n")
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def _show(value):
+def _show(value: Any) -> str:
     """A short one-line rendering of a value for messages."""
     if isinstance(value, str):
         text = repr(value)
@@ -364,7 +390,7 @@ SCHEMAS = (
 _MAX_FLOAT = sys.float_info.max
 
 
-def _finite_number(checker, instance):
+def _finite_number(checker: Any, instance: Any) -> bool:
     if isinstance(instance, bool):
         return False
     if isinstance(instance, int):
@@ -372,19 +398,19 @@ def _finite_number(checker, instance):
     return isinstance(instance, float) and math.isfinite(instance)
 
 
-def _finite_integer(checker, instance):
+def _finite_integer(checker: Any, instance: Any) -> bool:
     return _finite_number(checker, instance) and (
         isinstance(instance, int) or instance.is_integer()
     )
 
 
-def load_schema(name):
+def load_schema(name: str) -> dict[str, Any]:
     """The parsed schema ``milarun/formats/schemas/<name>.schema.json`` (a dict, as in the file)."""
     return _schemas()[name]
 
 
 @functools.cache
-def _schemas():
+def _schemas() -> dict[str, dict[str, Any]]:
     folder = resources.files("milarun.formats") / "schemas"
     return {
         name: json.loads((folder / f"{name}.schema.json").read_text(encoding="utf-8"))
@@ -392,7 +418,7 @@ def _schemas():
     }
 
 
-def _inline(node, base):
+def _inline(node: Any, base: str) -> Any:
     """``node`` with every ``$ref`` replaced by its (inlined) target. Our schemas
     are not recursive; inlined, they need no registry and validate faster."""
     if isinstance(node, list):
@@ -419,14 +445,14 @@ def _inline(node, base):
 
 
 @functools.cache
-def _validator_class():
+def _validator_class() -> Any:
     import jsonschema
 
     base = jsonschema.Draft202012Validator
     types = base.TYPE_CHECKER.redefine_many({"number": _finite_number, "integer": _finite_integer})
     items = base.VALIDATORS["items"]
 
-    def fast_items(validator, subschema, instance, schema):
+    def fast_items(validator: Any, subschema: Any, instance: Any, schema: Any) -> Any:
         # In an invalid document, long arrays (rate samples, GPU readings) are
         # checked item by item with fastjsonschema; only failing items go through
         # jsonschema, which then words the error.
@@ -442,13 +468,13 @@ def _validator_class():
 
 
 @functools.cache
-def _inlined(ref):
+def _inlined(ref: str) -> Any:
     name, _, fragment = ref.partition("#")
     return _inline({"$ref": f"{name}.schema.json" + (f"#{fragment}" if fragment else "")}, name)
 
 
 @functools.cache
-def validator(ref):
+def validator(ref: str) -> Any:
     """A validator for ``ref``: ``"result"`` (a whole schema) or
     ``"summary#/$defs/flat2020"`` (a part of one)."""
     return _validator_class()(_inlined(ref))
@@ -460,10 +486,10 @@ def validator(ref):
 _ONE = ("items", "additionalProperties", "propertyNames", "not", "if", "then", "else")
 _LIST = ("allOf", "anyOf", "oneOf")
 _MAP = ("properties", "patternProperties")
-_fast_cache = {}
+_fast_cache: dict[int, tuple[Any, Accepts]] = {}
 
 
-def _fast_schema(node):
+def _fast_schema(node: Any) -> Any:
     """``node`` (inlined) as fastjsonschema gets it: every "number" and "integer"
     also bounded by ±max float (fastjsonschema's numbers include ±Infinity and
     ints beyond a float), and ``const`` as a one-value ``enum`` (fastjsonschema
@@ -483,7 +509,7 @@ def _fast_schema(node):
     return out
 
 
-def _has_nan(value):
+def _has_nan(value: Any) -> bool:
     t = type(value)
     if t is float:
         return value != value
@@ -504,7 +530,7 @@ def _has_nan(value):
 
 #: Python types of each JSON Schema type, as parsed JSON holds them (no bool in
 #: "number"; a float in an "integer" column is left to the per-item check).
-_COLUMN_TYPES = {
+_COLUMN_TYPES: dict[str, tuple[type, ...]] = {
     "number": (int, float),
     "integer": (int,),
     "boolean": (bool,),
@@ -516,7 +542,9 @@ _NOTES = frozenset(("$comment", "x-message", "x-missing", "description", "title"
 _NUMBERS = frozenset((int, float))
 
 
-def _column_rule(prop):
+def _column_rule(
+    prop: Any,
+) -> tuple[frozenset[type], Any, Any, int | None] | None:
     """``(types, minimum, maximum, max_length)`` of a property schema made only of
     ``type`` (scalars), ``minimum``, ``maximum`` and ``maxLength``; else None."""
     if not isinstance(prop, dict) or set(prop) - _NOTES - {
@@ -530,16 +558,16 @@ def _column_rule(prop):
     names = [names] if isinstance(names, str) else names
     if not isinstance(names, list) or not names or any(n not in _COLUMN_TYPES for n in names):
         return None
-    bounds = [prop.get(k) for k in ("minimum", "maximum")]
+    low, high = bounds = [prop.get(k) for k in ("minimum", "maximum")]
     if any(b is not None and type(b) not in (int, float) for b in bounds):
         return None
     length = prop.get("maxLength")
     if length is not None and type(length) is not int:
         return None
-    return (frozenset(t for n in names for t in _COLUMN_TYPES[n]), *bounds, length)
+    return (frozenset(t for n in names for t in _COLUMN_TYPES[n]), low, high, length)
 
 
-def _column_checker(items):
+def _column_checker(items: Any) -> Callable[[Sequence[Any]], bool] | None:
     """A predicate ``list -> bool`` that is True only when every element follows
     ``items`` (a flat object schema: ``type: object``, ``required``, ``properties``
     of :func:`_column_rule`), or None for any other schema. False means "not
@@ -552,13 +580,14 @@ def _column_checker(items):
         or not isinstance(items.get("properties"), dict)
     ):
         return None
-    rules = {k: _column_rule(p) for k, p in items["properties"].items()}
+    found = {k: _column_rule(p) for k, p in items["properties"].items()}
     required = items.get("required", [])
-    if None in rules.values() or not isinstance(required, list):
+    if None in found.values() or not isinstance(required, list):
         return None
+    rules = {k: rule for k, rule in found.items() if rule is not None}  # all of them
     known, required = frozenset(rules), frozenset(required)
 
-    def check(array):
+    def check(array: Sequence[Any]) -> bool:
         if set(map(type, array)) != {dict}:
             return not array
         # key tuples hash faster than key sets; the items share one or two orders
@@ -593,15 +622,17 @@ def _column_checker(items):
     return check
 
 
-def _split_columns(schema):
+def _split_columns(
+    schema: Any,
+) -> tuple[Any, list[tuple[tuple[str, ...], Callable[[Sequence[Any]], bool], Any]]]:
     """``(schema', arrays)``: ``schema`` without the ``items`` of the arrays that
     :func:`_column_checker` can check, and those arrays as ``(keys, checker, items)``:
     the property names that lead to the array from the document's root, its
     checker and its items schema. Only arrays reached through ``properties``
     (which always apply) are taken."""
-    arrays = []
+    arrays: list[tuple[tuple[str, ...], Callable[[Sequence[Any]], bool], Any]] = []
 
-    def walk(node, keys):
+    def walk(node: Any, keys: tuple[str, ...]) -> Any:
         if not isinstance(node, dict):
             return node
         if (
@@ -609,7 +640,9 @@ def _split_columns(schema):
             and "prefixItems" not in node
             and _column_checker(node.get("items")) is not None
         ):
-            arrays.append((keys, _column_checker(node["items"]), node["items"]))
+            checker = _column_checker(node["items"])
+            assert checker is not None  # just tested
+            arrays.append((keys, checker, node["items"]))
             return {k: v for k, v in node.items() if k != "items"}
         if isinstance(node.get("properties"), dict):
             node = {
@@ -621,7 +654,7 @@ def _split_columns(schema):
     return walk(schema, ()), arrays
 
 
-def _accepts(schema):
+def _accepts(schema: Any) -> Accepts:
     """The predicate ``(value, nan_free=False) -> bool`` "``schema`` (inlined) accepts
     ``value``", compiled by fastjsonschema once per schema object. ``nan_free``: the
     caller knows ``value`` holds no NaN (see :func:`first_error`)."""
@@ -634,7 +667,7 @@ def _accepts(schema):
         fast = _fast_schema(schema)
         rest, arrays = _split_columns(fast)
         whole = fastjsonschema.compile(rest, use_default=False, detailed_exceptions=False)
-        arrays = [
+        compiled = [
             (
                 keys,
                 check,
@@ -643,10 +676,10 @@ def _accepts(schema):
             for keys, check, items in arrays
         ]
 
-        def validate(value):
+        def validate(value: Any) -> None:
             """fastjsonschema's check of ``value`` against ``fast``, long arrays by column."""
             whole(value)
-            for keys, check, item in arrays:
+            for keys, check, item in compiled:
                 array = value
                 for key in keys:
                     array = array.get(key) if isinstance(array, dict) else None
@@ -654,7 +687,7 @@ def _accepts(schema):
                     for element in array:
                         item(element)
 
-        def accepts(value, nan_free=False):
+        def accepts(value: Any, nan_free: bool = False) -> bool:
             try:
                 validate(value)
             except fastjsonschema.JsonSchemaValueException:
@@ -673,14 +706,14 @@ def _accepts(schema):
     return entry[1]
 
 
-def accepts(data, ref, nan_free=False):
+def accepts(data: Any, ref: str, nan_free: bool = False) -> bool:
     """True when ``data`` follows schema ``ref`` (see :func:`validator`). Builds no
     message, so it is cheap for many small documents (journal events).
     ``nan_free``: as for :func:`first_error`."""
     return _accepts(_inlined(ref))(data, nan_free)
 
 
-def first_error(data, ref, nan_free=False):
+def first_error(data: Any, ref: str, nan_free: bool = False) -> tuple[list[str | int], str] | None:
     """Check ``data`` against schema ``ref`` (see :func:`validator`).
 
     ``nan_free``: True when ``data`` cannot hold a NaN, because it comes from
@@ -711,7 +744,7 @@ def first_error(data, ref, nan_free=False):
     return describe(best_match([min(pool, key=_depth_of_key)]))
 
 
-def _depth_of_key(error):
+def _depth_of_key(error: Any) -> int:
     """Depth of the key an error names: a missing, unknown or badly named key is
     one level below the object that holds it. The shallowest error is reported
     (the first one, in schema order, among equals), since a deep error is often
@@ -723,7 +756,14 @@ def _depth_of_key(error):
     return len(error.absolute_path) + named_key
 
 
-def check(data, ref, path=None, error_cls=ResultFormatError, key_prefix=None, nan_free=False):
+def check(
+    data: Any,
+    ref: str,
+    path: StrPath | None = None,
+    error_cls: ErrorClass = ResultFormatError,
+    key_prefix: str | None = None,
+    nan_free: bool = False,
+) -> Any:
     """Validate ``data`` against schema ``ref``; return ``data`` when valid.
     ``nan_free``: as for :func:`first_error`.
 
@@ -741,7 +781,7 @@ def check(data, ref, path=None, error_cls=ResultFormatError, key_prefix=None, na
     raise error_cls(message, path=path, key=key_path(keys) or None)
 
 
-def key_path(keys):
+def key_path(keys: Iterable[str | int]) -> str:
     """``["tests", "a.b", "n"]`` → ``"tests.a.b.n"`` (odd keys shown quoted)."""
     return ".".join(
         str(k) if isinstance(k, int) or re.fullmatch(r"[\w.@+-]{1,80}", k) else _show(k)
@@ -760,7 +800,7 @@ _TYPE_WORDS = {
 }
 
 
-def _json_type(value):
+def _json_type(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -769,15 +809,16 @@ def _json_type(value):
         if isinstance(value, float) and not math.isfinite(value):
             return repr(value)
         return "number"
-    return {str: "string", list: "list", dict: "object"}.get(type(value), type(value).__name__)
+    names: dict[type, str] = {str: "string", list: "list", dict: "object"}
+    return names.get(type(value), type(value).__name__)
 
 
-def _expected(types):
+def _expected(types: str | list[str]) -> str:
     words = [_TYPE_WORDS.get(t, t) for t in ([types] if isinstance(types, str) else types)]
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
-def describe(error):
+def describe(error: Any) -> tuple[list[str | int], str]:
     """``(key_path, message)`` of one ``jsonschema`` error, in milarun's words."""
     keys = list(error.absolute_path)
     kw, value, instance = error.validator, error.validator_value, error.instance

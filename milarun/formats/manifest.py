@@ -34,17 +34,21 @@ This module reads and writes the file; what the chain means for a bundle is
 :mod:`milarun.verify`'s. It never executes anything an entry names.
 """
 
+from __future__ import annotations
+
 import contextlib
 import hashlib
 import json
 import os
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from ..errors import ResultFormatError
 from .jsonfile import parse_json, read_bytes
-from .outfile import open_append, open_regular
+from .outfile import StrPath, open_append, open_regular
 
 #: File name of the manifest inside ``OUTDIR/.milarun``.
 MANIFEST_NAME = "manifest.jsonl"
@@ -66,12 +70,12 @@ class ManifestError(ResultFormatError):
     """A manifest that cannot be read: one line naming the file, the line and the key."""
 
 
-def manifest_path(outdir):
+def manifest_path(outdir: StrPath) -> Path:
     """``OUTDIR/.milarun/manifest.jsonl`` (a ``Path``)."""
     return Path(outdir) / ".milarun" / MANIFEST_NAME
 
 
-def canonical(entry):
+def canonical(entry: dict[str, Any]) -> bytes:
     """The bytes that are hashed: ``entry`` without ``hash``, keys sorted, compact, UTF-8."""
     body = {k: v for k, v in entry.items() if k != "hash"}
     return json.dumps(
@@ -79,12 +83,12 @@ def canonical(entry):
     ).encode("utf-8")
 
 
-def entry_hash(entry):
+def entry_hash(entry: dict[str, Any]) -> str:
     """SHA-256 (hex) of :func:`canonical` ``(entry)``."""
     return hashlib.sha256(canonical(entry)).hexdigest()
 
 
-def file_digest(path, max_bytes=MAX_HASHED_BYTES):
+def file_digest(path: StrPath, max_bytes: int = MAX_HASHED_BYTES) -> tuple[str, int]:
     """``(sha256 hex, size in bytes)`` of a regular file, read in 1 MiB blocks.
 
     Never follows a symlink nor opens a FIFO or device (:func:`open_regular`).
@@ -107,7 +111,7 @@ def file_digest(path, max_bytes=MAX_HASHED_BYTES):
     return digest.hexdigest(), size
 
 
-def relative(outdir, path):
+def relative(outdir: StrPath, path: StrPath) -> str:
     """``path`` relative to ``outdir`` as a POSIX string.
 
     Raises:
@@ -118,7 +122,7 @@ def relative(outdir, path):
     return (path.parent.resolve() / path.name).relative_to(Path(outdir).resolve()).as_posix()
 
 
-def is_safe_relative(text):
+def is_safe_relative(text: object) -> bool:
     """True when ``text`` is a relative POSIX path that stays inside its folder
     (no ``..``, not absolute, no empty or NUL part): what a manifest may name."""
     if not isinstance(text, str) or not text or "\0" in text or "\\" in text:
@@ -135,17 +139,18 @@ class Manifest:
 
     ``Manifest(outdir, session_id)`` reads the chain already there (``--resume``)
     to continue it (``session_id`` may be set later, before the first append);
-    :meth:`add` hashes a file and appends its entry, :meth:`event` appends an entry without a file. Every append is one
-    ``write`` of one line on a file opened ``O_APPEND``, then ``fsync``: a crash
-    leaves at most a torn last line (:func:`read_manifest` reports it); a write that
-    fails (a full disk) cuts its part-line off again before raising.
+    :meth:`add` hashes a file and appends its entry, :meth:`event` appends an entry
+    without a file. Every append is one ``write`` of one line on a file opened
+    ``O_APPEND``, then ``fsync``: a crash leaves at most a torn last line
+    (:func:`read_manifest` reports it); a write that fails (a full disk) cuts its
+    part-line off again before raising.
 
     Raises (constructor):
         ManifestError: the existing manifest is unreadable or its chain broken
             (a session never extends a chain it cannot check).
     """
 
-    def __init__(self, outdir, session_id=None):
+    def __init__(self, outdir: StrPath, session_id: str | None = None) -> None:
         self.outdir = Path(outdir)
         self.session = session_id
         self.path = manifest_path(outdir)
@@ -161,7 +166,7 @@ class Manifest:
             if entries:
                 self.head, self.seq = entries[-1]["hash"], entries[-1]["seq"] + 1
 
-    def _append(self, entry):
+    def _append(self, entry: dict[str, Any]) -> dict[str, Any]:
         entry = {
             "seq": self.seq,
             "session": self.session,
@@ -193,7 +198,7 @@ class Manifest:
         self.head, self.seq = entry["hash"], self.seq + 1
         return entry
 
-    def add(self, kind, path, **fields):
+    def add(self, kind: str, path: StrPath, **fields: Any) -> dict[str, Any]:
         """Hash file ``path`` (inside the results folder) and append its entry;
         ``fields`` (JSON values) are stored with it. Returns the entry.
 
@@ -207,7 +212,7 @@ class Manifest:
         sha, size = file_digest(self.outdir / rel)
         return self._append({"kind": kind, "path": rel, "sha256": sha, "bytes": size, **fields})
 
-    def event(self, kind, **fields):
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Append an entry without a file (``unwritten``, ``end``). Returns it."""
         if kind not in EVENTS:
             raise ValueError(f"not an event kind of the manifest: {kind!r}")
@@ -215,7 +220,7 @@ class Manifest:
 
 
 #: The fields every entry has, with their types.
-_FIELDS = (
+_FIELDS: tuple[tuple[str, type | tuple[type, ...]], ...] = (
     ("seq", int),
     ("session", str),
     ("kind", str),
@@ -226,16 +231,16 @@ _FIELDS = (
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-def _is_hex64(text):
+def _is_hex64(text: object) -> bool:
     return isinstance(text, str) and _HEX64.fullmatch(text) is not None
 
 
-def _need(cond, path, lineno, key, message):
+def _need(cond: bool, path: StrPath, lineno: int, key: str | None, message: str) -> None:
     if not cond:
         raise ManifestError(f"line {lineno}: {message}", path=path, key=key)
 
 
-def read_manifest(path, max_bytes=MAX_MANIFEST_BYTES):
+def read_manifest(path: StrPath, max_bytes: int = MAX_MANIFEST_BYTES) -> list[dict[str, Any]]:
     """The entries of a manifest, in file order, each checked for its shape.
 
     Reads with the strict bounded reader (a regular file, at most ``max_bytes``;
@@ -254,7 +259,7 @@ def read_manifest(path, max_bytes=MAX_MANIFEST_BYTES):
         raise ManifestError(
             "the last line is incomplete (a write was cut off: truncated manifest)", path=path
         )
-    entries = []
+    entries: list[dict[str, Any]] = []
     where = str(path)
     for lineno, line in enumerate(raw.split(b"\n")[:-1] if raw else [], 1):
         # a message is formatted only for a line that fails (a manifest of a million
@@ -303,12 +308,13 @@ def read_manifest(path, max_bytes=MAX_MANIFEST_BYTES):
     return entries
 
 
-def check_chain(entries):
+def check_chain(entries: Sequence[dict[str, Any]]) -> list[str]:
     """The chain's problems, in order (empty: unbroken): ``seq`` not 0, 1, 2, …,
     a ``prev`` that is not the previous entry's ``hash``, a ``hash`` that is not
     the entry's (:func:`entry_hash`). Each problem is one line naming the entry.
     Pure: reads no file."""
-    problems, head = [], GENESIS
+    problems: list[str] = []
+    head: object = GENESIS
     for i, entry in enumerate(entries):
         where = f"manifest entry {i} ({entry.get('kind')} {entry.get('path') or ''})".rstrip()
         if entry.get("seq") != i:
@@ -326,12 +332,12 @@ def check_chain(entries):
     return problems
 
 
-def head_of(entries):
+def head_of(entries: Sequence[dict[str, Any]]) -> str:
     """The chain head: the last entry's ``hash`` (:data:`GENESIS` for no entry)."""
     return entries[-1]["hash"] if entries else GENESIS
 
 
-def chained_records(outdir):
+def chained_records(outdir: StrPath) -> set[str]:
     """The paths (POSIX, relative to ``outdir``) of the records its manifest chains: what
     a bundle's score may count.
 

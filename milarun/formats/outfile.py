@@ -24,14 +24,20 @@ to any file the buyer (often root) can write; an atomic rename over
   folder through it.
 """
 
+from __future__ import annotations
+
 import errno
 import fcntl
 import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import IO, Any, Literal, NoReturn, TypeAlias, overload
 
 from ..errors import SetupError
+
+#: A file path as milarun's readers and writers take it.
+StrPath: TypeAlias = "str | os.PathLike[str]"
 
 #: Prefix of the temporary files of atomic writes.
 TMP_PREFIX = ".tmp-"
@@ -46,7 +52,7 @@ _KINDS = (
 )
 
 
-def kind(mode):
+def kind(mode: int) -> str:
     """``"a FIFO"``, ``"a directory"``, … for an ``st_mode`` that is not a regular file."""
     return next((word for test, word in _KINDS if test(mode)), "not a regular file")
 
@@ -61,17 +67,17 @@ class UnsafeFileError(SetupError, OSError):
     message without the path.
     """
 
-    def __init__(self, message, path):
+    def __init__(self, message: str, path: StrPath | None) -> None:
         super().__init__(message, path=path)
         self.errno = errno.EPERM
         self.strerror = message
         self.filename = None
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.args[0]
 
 
-def _refuse(path, mode):
+def _refuse(path: StrPath, mode: int) -> NoReturn:
     if stat.S_ISLNK(mode):
         raise UnsafeFileError(
             "is a symbolic link; milarun does not write through links "
@@ -83,7 +89,7 @@ def _refuse(path, mode):
     )
 
 
-def check_target(path):
+def check_target(path: StrPath) -> None:
     """Raise :class:`UnsafeFileError` when ``path`` exists and is not a regular file
     (a symlink included, whatever it points at); a missing path is fine."""
     try:
@@ -94,7 +100,7 @@ def check_target(path):
         _refuse(path, mode)
 
 
-def _umask():
+def _umask() -> int:
     """The process umask, read without changing it (Linux ``/proc``; else 022)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -105,7 +111,7 @@ def _umask():
     return 0o022
 
 
-def fsync_dir(path):
+def fsync_dir(path: StrPath) -> None:
     """fsync a folder, so a rename in it survives a crash (no-op where unsupported)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -119,7 +125,9 @@ def fsync_dir(path):
         os.close(fd)
 
 
-def write_atomic(path, data, durable=True, private=False):
+def write_atomic(
+    path: StrPath, data: str | bytes, durable: bool = True, private: bool = False
+) -> Path:
     """Write ``data`` (str as UTF-8, or bytes) to ``path`` atomically: a ``.tmp-*``
     file in the same folder, renamed over ``path``; with ``durable``, fsynced
     and the folder fsynced after the rename.
@@ -162,7 +170,7 @@ def write_atomic(path, data, durable=True, private=False):
     return path
 
 
-def open_regular(path, flags, mode=0o666):
+def open_regular(path: StrPath, flags: int, mode: int = 0o666) -> int:
     """``os.open`` ``path`` (``flags`` such as ``O_WRONLY | O_APPEND | O_CREAT``) as
     a regular file only; returns the descriptor (blocking, close-on-exec).
 
@@ -197,14 +205,18 @@ def open_regular(path, flags, mode=0o666):
     return fd
 
 
-def open_append(path, binary=True):
+@overload
+def open_append(path: StrPath, binary: Literal[True] = True) -> IO[bytes]: ...
+@overload
+def open_append(path: StrPath, binary: Literal[False]) -> IO[str]: ...
+def open_append(path: StrPath, binary: bool = True) -> IO[Any]:
     """:func:`open_regular` for appending (created when missing), as a Python file
     object (``"ab"``, or ``"a"`` UTF-8 text when not ``binary``)."""
     fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     return os.fdopen(fd, "ab") if binary else os.fdopen(fd, "a", encoding="utf-8")
 
 
-def own_dir(path, create=True):
+def own_dir(path: StrPath, create: bool = True) -> Path:
     """Create folder ``path`` (and its parents) if needed; return it as a ``Path``.
     With ``create`` false (``--dry-run``), only check one that exists.
 

@@ -1,34 +1,29 @@
 """The result record: one JSON object per run × device.
 
-Format history (append a line and a migration step for every change):
+Format history: each version adds what it lists, and every addition is optional, so the
+migration from the version before is a no-op that sets ``version`` (:data:`RESULT_FORMAT`).
+Append a version and its step for every change; docs/results.md lists the same.
 
-* version 1 (2026-11): first format.
-* version 1, extended (issue 9, multi-node): optional ``node``, ``nodes``,
-  ``node_count``, ``gpus_per_node`` and ``distributed``; ``partition`` may
-  also be ``njobs``, ``multi-node`` or ``node-progression``; ``error.reason``
-  may also be ``rendezvous-timeout``, ``rank-failed`` or ``node-lost``. The
-  version stays 1: every new field is optional, so older version-1 records
-  still validate and need no migration (older readers reject the new values).
-* version 1, extended (issue 10, synchronized starts): optional
-  ``timings.program.origin`` (Unix time of the samples' zero) and
-  ``timings.barrier`` (the start barrier the process met); ``partition`` may
-  also be ``multi-process``; ``error.reason`` may also be ``barrier-timeout``.
-  Optional again: older records validate as they are.
-* version 1, extended (issue 11, profile language): optional ``placeholders``
-  (the launch's placeholder values). Optional, so the version stays 1.
-* version 1, extended (issue 11, profile traces): optional ``profile_trace``
-  and the sample flag ``profiled``; no migration (optional fields).
-* version 1, extended (issue 23, LLM workloads): optional ``serving`` and ``tags``;
-  ``error.reason`` may also be ``oom``. No migration (optional fields).
-* version 1, extended (issue 25, acceptance tests): optional ``collectives``;
-  ``error.reason`` may also be ``wrong-result`` or ``data-corruption``. No
-  migration (optional fields).
-* version 1, extended (issue 10, validation and host facts): optional
-  ``no_loss`` and ``host_load``; ``host`` may hold the facts of
-  :mod:`milarun.host.facts` (milarun version and commit, kernel, CPU governor,
-  boost, cgroup CPU quota; per GPU power limits, clocks, persistence and
-  ECC); samples may hold ``loss``; ``error.reason`` may also be ``nan-loss``
-  or ``no-steady-state``. Optional again: the version stays 1.
+* 1: the first format.
+* 2, multi-node: ``node``, ``nodes``, ``node_count``, ``gpus_per_node`` and
+  ``distributed``; ``partition`` may also be ``njobs``, ``multi-node`` or
+  ``node-progression``; ``error.reason`` may also be ``rendezvous-timeout``,
+  ``rank-failed`` or ``node-lost``.
+* 3, synchronized starts: ``timings.program.origin`` (Unix time of the samples' zero)
+  and ``timings.barrier`` (the start barrier the process met); ``partition`` may also be
+  ``multi-process``; ``error.reason`` may also be ``barrier-timeout``.
+* 4, profile language: ``placeholders`` (the launch's placeholder values).
+* 5, profile traces: ``profile_trace`` and the sample flag ``profiled``.
+* 6, LLM workloads: ``serving`` and ``tags``; ``error.reason`` may also be ``oom``.
+* 7, acceptance tests: ``collectives``; ``error.reason`` may also be ``wrong-result``
+  or ``data-corruption``.
+* 8, validation and host facts: ``no_loss`` and ``host_load``; ``host`` may hold the
+  facts of :mod:`milarun.host.facts` (milarun version and commit, kernel, CPU governor,
+  boost, cgroup CPU quota; per GPU power limits, clocks, persistence and ECC); samples
+  may hold ``loss``; ``error.reason`` may also be ``nan-loss`` or ``no-steady-state``.
+* 9, hardware identity: a device of ``devices`` may hold its ``serial``.
+
+A reader older than a record's version refuses it ("newer than this milarun").
 
 The declared schema is ``milarun/formats/schemas/result.schema.json``: every record
 read or written is checked against it (:func:`validate`). Numbers are finite;
@@ -37,7 +32,7 @@ rates, counts, durations and sample times non-negative; names (``name``,
 ``-`` and ``.`` between them (no path separator, no newline); strings and lists
 are bounded (at most 1,000,000 samples). Unknown top-level fields are errors.
 
-Fields of a version-1 record (all times in seconds; rates in items/s;
+Fields of a record (all times in seconds; rates in items/s;
 tests/test_bad_inputs.py checks that this list and the schema agree):
 
 ``version``        int, FORMAT_VERSION.
@@ -123,16 +118,21 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
                    "prefill_tokens_per_s", "decode_tokens_per_s",
                    "output_tokens_per_s", "goodput_requests_per_s",
                    "goodput_fraction"}`` (:mod:`milarun.measure.latency`).
-``collectives``    optional (``collectives``, issue 25): one row per collective and
+``collectives``    optional (the ``collectives`` acceptance test): one row per collective and
                    message size: ``{"op", "bytes", "ranks", "time_s", "algbw_gbps",
                    "busbw_gbps"}`` (nccl-tests' method: :mod:`milarun.measure.acceptance`).
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
 from ..errors import ResultFormatError
-from .jsonfile import accepts, check, load_schema
+from .jsonfile import StrPath, accepts, check, load_schema
 from .versioned import Migration, VersionedFormat
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 9
 
 #: Values of ``error.reason``: the test raised (``error``), the kernel OOM
 #: killer, the launcher's timeout, a signal, an interrupted suite, a
@@ -142,7 +142,7 @@ FORMAT_VERSION = 1
 #: :mod:`milarun.measure.plausibility` (a NaN or infinite loss, no steady state); a
 #: child whose torch cannot use the device it was given (``wrong-device``); a child
 #: whose device memory ran out (``oom``: torch's ``OutOfMemoryError``, samples kept); the
-#: acceptance tests' checks of their results (issue 25): a collective that returned a wrong
+#: acceptance tests' checks of their results: a collective that returned a wrong
 #: result (``wrong-result``), a burn-in matmul that differs from its reference
 #: (``data-corruption``). Read from the enum of ``error.reason`` in ``result.schema.json``,
 #: the one list.
@@ -150,18 +150,18 @@ FAIL_REASONS = tuple(load_schema("result")["$defs"]["error"]["properties"]["reas
 
 
 def new_result(
-    name,
-    job_id="0.0",
+    name: str,
+    job_id: str = "0.0",
     *,
-    device="0",
-    devices=(0,),
-    run=0,
-    plan_type="normal",
-    node=None,
-    nodes=None,
-    gpus_per_node=None,
-):
-    """Return an empty version-1 record for experiment ``name`` (``suite.job``).
+    device: str | int = "0",
+    devices: Sequence[int] = (0,),
+    run: int = 0,
+    plan_type: str = "normal",
+    node: str | None = None,
+    nodes: Any = None,
+    gpus_per_node: int | None = None,
+) -> dict[str, Any]:
+    """Return an empty record (of :data:`FORMAT_VERSION`) for experiment ``name`` (``suite.job``).
 
     ``plan_type`` is the plan type's name, the record's ``partition``.
 
@@ -169,7 +169,7 @@ def new_result(
     are set only when given (not None).
     """
     suite, _, job_name = name.partition(".")
-    rec = {
+    rec: dict[str, Any] = {
         "version": FORMAT_VERSION,
         "name": name,
         "suite": suite,
@@ -212,6 +212,15 @@ def new_result(
     return rec
 
 
+def _next_version(version: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The no-op step to ``version``: the record as it is, marked ``version``."""
+
+    def step(record: dict[str, Any]) -> dict[str, Any]:
+        return {**record, "version": version}
+
+    return step
+
+
 #: The record's versions and migrations (:mod:`milarun.formats.versioned`).
 RESULT_FORMAT = VersionedFormat(
     FORMAT_VERSION,
@@ -224,11 +233,13 @@ RESULT_FORMAT = VersionedFormat(
                 "timings": {**r.get("timings", {}), "train": r.get("train", {"samples": []})},
             }
         ),
+        # 1 to 8: each next version only adds optional fields (the history above)
+        **{v: Migration(_next_version(v + 1)) for v in range(1, FORMAT_VERSION)},
     },
 )
 
 
-def migrate(record, path=None, parsed=False):
+def migrate(record: Any, path: StrPath | None = None, parsed: bool = False) -> dict[str, Any]:
     """Bring ``record`` up to FORMAT_VERSION through the migration chain, then validate it.
 
     The input is never modified: an old record is copied before its steps run.
@@ -246,7 +257,7 @@ def migrate(record, path=None, parsed=False):
     return validate(rec, path, parsed=parsed)
 
 
-def accepted(record):
+def accepted(record: Any) -> bool:
     """True when :func:`migrate` of parsed ``record`` (``parsed=True``) returns it
     unchanged: a record of the current version that the result schema accepts.
     Says nothing of why not (:func:`migrate` does)."""
@@ -258,7 +269,9 @@ def accepted(record):
     )
 
 
-def validate(record, path=None, parsed=False):
+def validate(
+    record: dict[str, Any], path: StrPath | None = None, parsed: bool = False
+) -> dict[str, Any]:
     """Check a current-version record against ``result.schema.json``; return it.
 
     The writer calls this before writing, so a record that would not read

@@ -3,8 +3,12 @@
 ``milarun/formats/schemas/rules.schema.json``. What each key means: ``docs/tender.md``,
 "The rules file"; how each is judged: :mod:`milarun.verify.check`."""
 
+from __future__ import annotations
+
+from typing import Any
+
 from ..errors import ResultFormatError
-from .jsonfile import check, read_json
+from .jsonfile import StrPath, check, read_json
 
 #: Largest rules file read (bytes).
 MAX_RULES_BYTES = 1 << 20
@@ -14,7 +18,7 @@ class RulesError(ResultFormatError):
     """A rules file that cannot be used: one line naming the file and the key."""
 
 
-def read_rules(path):
+def read_rules(path: StrPath) -> dict[str, Any]:
     """The tender rules of ``path`` (a dict, as in the file).
 
     Raises:

@@ -12,21 +12,31 @@ device or folder). JSON is
 written without NaN or Infinity (non-finite numbers become ``null``).
 """
 
+from __future__ import annotations
+
 import datetime
 import json
 import math
 import os
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from ..errors import ResultFormatError
 from . import trust
 from .jsonfile import parse_json, read_bytes, read_json
-from .outfile import TMP_PREFIX, write_atomic
+from .outfile import TMP_PREFIX, StrPath, write_atomic
 from .record import migrate, validate
 
 
-def result_filename(name, run, device, success, when=None):
+def result_filename(
+    name: str,
+    run: int | str,
+    device: str | int,
+    success: bool,
+    when: datetime.datetime | None = None,
+) -> str:
     """Return the file name for a result of test ``name`` (``suite.job``).
 
     ``when`` is a UTC ``datetime`` (now by default).
@@ -37,7 +47,7 @@ def result_filename(name, run, device, success, when=None):
     return f"{name}.J{run}.{device}{fail}.{stamp}.json"
 
 
-def journal_path(result_path):
+def journal_path(result_path: StrPath) -> Path:
     """The journal (JSON Lines) beside a result path: ``x.json`` → ``x.journal.jsonl``."""
     path = Path(result_path)
     stem = path.name[:-5] if path.name.endswith(".json") else path.name
@@ -49,7 +59,7 @@ def journal_path(result_path):
 TRACE_SUFFIX = ".trace.json"
 
 
-def trace_path(result_path, folder, rank=None):
+def trace_path(result_path: StrPath, folder: StrPath, rank: int | None = None) -> Path:
     """Where ``--profile-trace folder`` puts the trace of the record at ``result_path``:
     ``folder/<record stem>.trace.json`` (``.rank<R>.trace.json`` for a rank other than 0).
 
@@ -63,7 +73,7 @@ def trace_path(result_path, folder, rank=None):
     return path.parent / Path(folder) / (stem + TRACE_SUFFIX)
 
 
-def finite_json(data):
+def finite_json(data: Any) -> Any:
     """A copy of ``data`` (dicts, lists, scalars) with NaN and ±Infinity replaced by None."""
     if isinstance(data, float):
         return data if math.isfinite(data) else None
@@ -74,12 +84,12 @@ def finite_json(data):
     return data
 
 
-def json_text(data):
+def json_text(data: Any) -> str:
     """``data`` as the JSON text the writers put on disk (indented, no NaN)."""
     return json.dumps(finite_json(data), indent=1, default=str, allow_nan=False)
 
 
-def write_json_atomic(path, data, text=None):
+def write_json_atomic(path: StrPath, data: Any, text: str | None = None) -> Path:
     """Write ``data`` as JSON to ``path`` with :func:`milarun.formats.outfile.write_atomic`
     (temporary file, fsync, rename, fsync of the folder; never through a symlink
     nor over a FIFO, device or folder). Non-finite numbers are written as ``null``.
@@ -96,10 +106,10 @@ def write_json_atomic(path, data, text=None):
     return write_atomic(path, text)
 
 
-def remove_stale_tmp(directory, older_than=60.0):
+def remove_stale_tmp(directory: StrPath, older_than: float = 60.0) -> list[str]:
     """Delete ``.tmp-*`` files of interrupted writes in ``directory`` (not recursive)
     that are older than ``older_than`` seconds; returns the names removed."""
-    removed = []
+    removed: list[str] = []
     now = time.time()
     for path in Path(directory).glob(TMP_PREFIX + "*"):
         try:
@@ -111,7 +121,7 @@ def remove_stale_tmp(directory, older_than=60.0):
     return removed
 
 
-def write_result(record, out):
+def write_result(record: dict[str, Any], out: StrPath) -> Path:
     """Validate ``record`` and write it to ``out``; return the path written.
 
     The one writer of result records, for the child and for the launcher's
@@ -139,7 +149,7 @@ def write_result(record, out):
     return path
 
 
-def load_result(path):
+def load_result(path: StrPath) -> dict[str, Any]:
     """Read (strictly, see :func:`milarun.formats.jsonfile.read_json`), migrate and validate one
     result file; return the record.
 
@@ -151,13 +161,13 @@ def load_result(path):
     return migrate(read_json(path, error_cls=ResultFormatError), path=path, parsed=True)
 
 
-def parse_result(raw, path=None):
+def parse_result(raw: bytes | str, path: StrPath | None = None) -> dict[str, Any]:
     """:func:`load_result` of bytes ``raw`` already read from ``path`` (as
     :func:`result_files` gives them). Raises as :func:`load_result`."""
     return migrate(parse_json(raw, path=path, error_cls=ResultFormatError), path=path, parsed=True)
 
 
-def inside(root, path):
+def inside(root: StrPath, path: StrPath) -> Path | None:
     """``path`` resolved (symlinks followed) if it is a file inside folder ``root``
     (resolved too), else None: nothing outside a results folder is read through
     a link in it (records, logs, traces)."""
@@ -169,7 +179,9 @@ def inside(root, path):
     return path if path.is_relative_to(root) and path.is_file() else None
 
 
-def iter_results(directory):
+def iter_results(
+    directory: StrPath,
+) -> Iterator[tuple[Path, dict[str, Any] | ResultFormatError]]:
     """Yield ``(path, record_or_error)`` for every result file under ``directory``.
 
     Files are ``*.json`` under ``directory`` and its sub-folders, sorted by
@@ -185,7 +197,9 @@ def iter_results(directory):
     return parse_results(result_files(directory))
 
 
-def parse_results(files):
+def parse_results(
+    files: Iterable[tuple[Path, bytes | ResultFormatError]],
+) -> Iterator[tuple[Path, dict[str, Any] | ResultFormatError]]:
     """Yield ``(path, record_or_error)`` for ``files`` (what :func:`result_files` yields),
     as :func:`iter_results` does."""
     for path, raw in files:
@@ -198,7 +212,7 @@ def parse_results(files):
             yield path, exc
 
 
-def result_files(directory):
+def result_files(directory: StrPath) -> Iterator[tuple[Path, bytes | ResultFormatError]]:
     """Yield ``(path, bytes_or_error)`` for the files :func:`iter_results` reads, in
     its order: each file's bytes (read as :func:`milarun.formats.jsonfile.read_bytes`
     reads them), or the ``ResultFormatError`` of a file that is not read (see
@@ -209,8 +223,8 @@ def result_files(directory):
     following symlinks to folders, as ``Path.rglob("*.json*")`` walks them.
     """
     directory = Path(directory)
-    found = []  # (relative parts, entry)
-    todo = [()]
+    found: list[tuple[tuple[str, ...], os.DirEntry[str]]] = []  # (relative parts, entry)
+    todo: list[tuple[str, ...]] = [()]
     while todo:
         rel = todo.pop()
         try:

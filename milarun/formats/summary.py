@@ -53,8 +53,13 @@ flat 2020 milarun format ``{"suite.test": {"n", "failures", "total", "train",
 "pergpu", "peak_memory"}}`` as version 0, migrated on read (:data:`FORMAT`).
 """
 
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
 from ..errors import ResultFormatError
-from .jsonfile import check, key_path, read_json
+from .jsonfile import StrPath, check, key_path, read_json
 from .store import write_json_atomic
 from .versioned import Migration, VersionedFormat
 
@@ -65,9 +70,9 @@ _UNSUPPORTED = "summary format version {version} is not supported (expected {cur
 _STAT_KEYS = ("n", "min", "max", "mean", "std")
 
 
-def _from_2020(data):
+def _from_2020(data: dict[str, Any]) -> dict[str, Any]:
     """Version 0 (the flat 2020 format, already checked) → version 1."""
-    tests = {}
+    tests: dict[str, Any] = {}
     for gname, entry in sorted(data.items()):
         mem = entry.get("peak_memory")
         if isinstance(mem, dict):  # some 2020 files kept one value per GPU
@@ -111,7 +116,7 @@ _NOT_A_SUMMARY = (
 )
 
 
-def summary_version(data, path=None):
+def summary_version(data: Any, path: StrPath | None = None) -> int:
     """The format version of summary ``data``: its ``version``, or 0 for the flat
     2020 format (an object of ``{"suite.test": {"n", "train", ...}}``).
 
@@ -131,13 +136,13 @@ def summary_version(data, path=None):
     raise ResultFormatError(_NOT_A_SUMMARY, path=path)
 
 
-def _stats(value):
+def _stats(value: dict[str, Any] | None) -> dict[str, Any]:
     out = {k: (value or {}).get(k) for k in _STAT_KEYS}
     out["n"] = int(out["n"] or 0)
     return out
 
 
-def _complete(data, path):
+def _complete(data: dict[str, Any], path: StrPath | None) -> dict[str, Any]:
     """Fill the optional fields of a checked version-1 summary with their defaults
     and check what the schema cannot (failures <= n, per-node failures <= failures)."""
     out = dict(data)
@@ -153,7 +158,7 @@ def _complete(data, path):
         "first": None,
         **(data.get("provenance") or {}),
     }
-    tests = {}
+    tests: dict[str, Any] = {}
     for gname, entry in data["tests"].items():
         n, failures = int(entry["n"]), int(entry.get("failures", 0))
         if failures > n:
@@ -231,7 +236,7 @@ def _complete(data, path):
     return out
 
 
-def normalize_summary(data, path=None):
+def normalize_summary(data: Any, path: StrPath | None = None) -> dict[str, Any]:
     """Check a summary (ours, any version, or the 2020 flat format), migrate it to
     the current version and return it with every optional field filled.
 
@@ -247,7 +252,7 @@ def normalize_summary(data, path=None):
     return _complete(data, path)
 
 
-def read_summary(path):
+def read_summary(path: StrPath) -> dict[str, Any]:
     """Read a summary or baseline JSON file (either format, strictly).
 
     Raises:
@@ -257,7 +262,7 @@ def read_summary(path):
     return normalize_summary(read_json(path), path=path)
 
 
-def check_summary(summary, path=None):
+def check_summary(summary: dict[str, Any], path: StrPath | None = None) -> dict[str, Any]:
     """Check a current-version summary against ``summary.schema.json``; return it.
 
     Raises:
@@ -266,7 +271,7 @@ def check_summary(summary, path=None):
     return check(summary, "summary", path=path)
 
 
-def write_summary(summary, out):
+def write_summary(summary: dict[str, Any], out: StrPath) -> Path:
     """Check ``summary`` (:func:`check_summary`) and write it to ``out`` atomically
     (a ``.json`` path).
 

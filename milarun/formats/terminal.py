@@ -8,7 +8,10 @@ meant as one line must not add a line of its own.
 a message, a host fact, a clause's detail) in a line of text output: every control
 character shown escaped, newlines included. :func:`terminal_safe` is for a whole
 text of several lines, built from fields already passed through :func:`one_line`.
+The CLI prints every ``milarun: error:`` line through :func:`one_line`.
 """
+
+from __future__ import annotations
 
 import re
 
@@ -22,30 +25,21 @@ _TERMINAL_CONTROL = re.compile(
 )
 
 
-def _escape(match):
+def _escape(match: re.Match[str]) -> str:
     code = ord(match.group())
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
-def terminal_safe(text):
+def terminal_safe(text: str) -> str:
     """``text`` with every terminal control character shown as its Python escape
     (ESC as the four characters ``\\x1b``, U+202E as ``\\u202e``); newlines kept."""
     return _TERMINAL_CONTROL.sub(_escape, text)
 
 
-def one_line(text):
+def one_line(text: object) -> str:
     """``text`` (any object: its ``str``) as one terminal-safe line: its newlines shown
     as ``\\n`` (``\\r`` for CR), every other terminal control character as
     :func:`terminal_safe` shows it. A string from a file meant as one line (a hostname
     ``"h\\nscore: 99999.00"``, a file name ``"x\\x1b[31m.json"``) can neither add a
     line of its own to the output nor act on the terminal."""
     return terminal_safe(str(text).replace("\r", "\\r").replace("\n", "\\n"))
-
-
-def one_line_error(exc):
-    """``exc`` (a :class:`milarun.errors.MilarunError`) with its message passed through
-    :func:`one_line`, for the CLI's ``milarun: error: …`` line: the path of a folder or
-    file it names (a bundle folder ``"acme\\x1b[31m"``) cannot act on the terminal or
-    add a line. Returns ``exc``, to re-raise."""
-    exc.args = (one_line(str(exc)),)
-    return exc

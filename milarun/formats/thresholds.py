@@ -3,11 +3,15 @@
 ``milarun/formats/schemas/thresholds.schema.json``. What the clauses mean and how the
 report checks them: ``docs/acceptance.md`` and :mod:`milarun.report.acceptance`."""
 
+from __future__ import annotations
+
+from typing import Any
+
 from ..errors import ResultFormatError
-from .jsonfile import check, read_json
+from .jsonfile import StrPath, check, read_json
 
 
-def read_thresholds(path):
+def read_thresholds(path: StrPath) -> dict[str, Any]:
     """The thresholds of ``path`` (a dict, as in the file).
 
     Raises:

@@ -18,16 +18,19 @@ folder holds; the registry is as unforgeable (the secret is the file's write
 permission instead of a key) and leaves result folders as they are.
 """
 
+from __future__ import annotations
+
 import hashlib
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 #: Environment variable naming the registry file (this process's, never a record's).
 ENV = "MILARUN_WRITTEN"
 
 
-def registry_path(environ=None):
+def registry_path(environ: Mapping[str, str] | None = None) -> Path | None:
     """The registry file (a ``Path``) for ``environ`` (``os.environ`` by default), or
     None when no absolute path can be made (no home): nothing is then vouched for."""
     environ = os.environ if environ is None else environ
@@ -42,12 +45,12 @@ def registry_path(environ=None):
     return path if path.is_absolute() else None
 
 
-def digest(data):
+def digest(data: bytes) -> str:
     """The registry's line for ``data`` (bytes): its SHA-256, 64 hex digits."""
     return hashlib.sha256(data).hexdigest()
 
 
-def remember(data, registry=None):
+def remember(data: bytes, registry: str | os.PathLike[str] | None = None) -> bool:
     """Add the digest of ``data`` (the bytes of a record just written) to the registry.
 
     Best effort: returns False when the registry cannot be written (read-only
@@ -70,7 +73,9 @@ def remember(data, registry=None):
     return True
 
 
-def written_here(data, registry=None):
+def written_here(
+    data: bytes, registry: str | os.PathLike[str] | None = None
+) -> tuple[bool, str | None]:
     """``(True, None)`` when this host's milarun wrote exactly ``data`` (bytes), else
     ``(False, why)`` with ``why`` a few words for the refusal line.
 

@@ -11,11 +11,15 @@ each old version against its schema when it has one, runs the steps on a copy
 What is checked after the last step (the current schema) is the format's own.
 """
 
-import copy
-from dataclasses import dataclass
+from __future__ import annotations
 
-from ..errors import ResultFormatError
-from .jsonfile import check
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import MilarunError, ResultFormatError
+from .jsonfile import StrPath, check
 
 
 @dataclass(frozen=True)
@@ -26,8 +30,8 @@ class Migration:
     version v is checked against before the step runs; None: not checked (then an
     exception of the step becomes a "cannot migrate" error)."""
 
-    step: object
-    schema: str = None
+    step: Callable[[dict[str, Any]], dict[str, Any]]
+    schema: str | None = None
 
 
 class VersionedFormat:
@@ -45,25 +49,29 @@ class VersionedFormat:
 
     def __init__(
         self,
-        version,
-        migrations=None,
+        version: int,
+        migrations: Mapping[int, Migration] | None = None,
         *,
-        error_cls=ResultFormatError,
-        what="",
-        bad="bad {what}format version {version!r}",
-        too_new="{what}format version {version} is newer than this milarun ({current})",
-        unknown="unknown {what}format version {version}",
-    ):
+        error_cls: type[MilarunError] = ResultFormatError,
+        what: str = "",
+        bad: str = "bad {what}format version {version!r}",
+        too_new: str = "{what}format version {version} is newer than this milarun ({current})",
+        unknown: str = "unknown {what}format version {version}",
+    ) -> None:
         self.version = version
         self.migrations = dict(migrations or {})
         self.error_cls, self.what = error_cls, what
         self.bad, self.too_new, self.unknown = bad, too_new, unknown
 
-    def _error(self, template, version, path, limit=None):
+    def _error(
+        self, template: str, version: Any, path: StrPath | None, limit: int | None = None
+    ) -> MilarunError:
         text = template.format(what=self.what, version=version, current=self.version)
         return self.error_cls(text[:limit], path=path, key="version")
 
-    def version_of(self, data, path=None, default=None):
+    def version_of(
+        self, data: Mapping[str, Any], path: StrPath | None = None, default: int | None = None
+    ) -> int:
         """``data``'s ``version`` (``default`` when it has none), an integer.
 
         Raises:
@@ -74,7 +82,9 @@ class VersionedFormat:
             raise self._error(self.bad, version, path, limit=80)  # any JSON value: bounded
         return version
 
-    def upgrade(self, data, version, path=None):
+    def upgrade(
+        self, data: dict[str, Any], version: int, path: StrPath | None = None
+    ) -> dict[str, Any]:
         """``data`` (of ``version``) brought to the current version: itself when current,
         else a migrated copy.
 

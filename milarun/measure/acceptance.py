@@ -1,4 +1,4 @@
-"""The numbers of the acceptance tests (issue 25): bus bandwidth, expected peaks, memory
+"""The numbers of the acceptance tests (docs/acceptance.md): bus bandwidth, expected peaks, memory
 traffic, throttling. Pure functions, no I/O: the workloads (``milarun.models.collectives``,
 ``bandwidth``, ``burn``) call them in the child, and the tests call them on hand-made values.
 
@@ -23,11 +23,15 @@ copy ``c = a`` and scale ``b = q·c`` move 2 words, add ``c = a + b`` and triad
 ``a = b + q·c`` move 3 (:data:`STREAM_WORDS`).
 """
 
+from __future__ import annotations
+
 import math
 import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 #: nccl-tests' bus-bandwidth factor of each collective, as a function of the ranks.
-BUS_FACTORS = {
+BUS_FACTORS: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2.0 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
@@ -71,7 +75,7 @@ OTHER_REASONS = {
 }
 
 
-def bus_factor(op, ranks):
+def bus_factor(op: str, ranks: int) -> float:
     """nccl-tests' bus-bandwidth factor of collective ``op`` over ``ranks`` ranks.
 
     Raises:
@@ -84,7 +88,9 @@ def bus_factor(op, ranks):
     return BUS_FACTORS[op](int(ranks))
 
 
-def bandwidths(op, nbytes, seconds, ranks):
+def bandwidths(
+    op: str, nbytes: float, seconds: float | None, ranks: int
+) -> tuple[float, float] | tuple[None, None]:
     """``(algbw, busbw)`` in GB/s (1e9 bytes/s) of one ``op`` on ``nbytes`` bytes that took
     ``seconds`` over ``ranks`` ranks (module docstring). None, None for a time <= 0."""
     if not seconds or seconds <= 0:
@@ -93,7 +99,7 @@ def bandwidths(op, nbytes, seconds, ranks):
     return algbw, algbw * bus_factor(op, ranks)
 
 
-def message_sizes(max_bytes, min_bytes=MIN_MESSAGE):
+def message_sizes(max_bytes: int, min_bytes: int = MIN_MESSAGE) -> list[int]:
     """The sweep's message sizes (bytes): ``min_bytes``, doubling, up to ``max_bytes``
     (included when it is on the way, else the last size below it).
 
@@ -108,14 +114,15 @@ def message_sizes(max_bytes, min_bytes=MIN_MESSAGE):
             )
     if max_bytes < min_bytes:
         raise ValueError(f"--max-size ({max_bytes} B) is below --min-size ({min_bytes} B)")
-    sizes, size = [], min_bytes
+    sizes: list[int] = []
+    size = min_bytes
     while size <= max_bytes:
         sizes.append(size)
         size *= 2
     return sizes
 
 
-def elements_for(op, nbytes, ranks, itemsize=4):
+def elements_for(op: str, nbytes: int, ranks: int, itemsize: int = 4) -> tuple[int, int]:
     """``(elements, bytes)`` a message of ``nbytes`` holds for ``op`` over ``ranks``: the
     elements of the buffer ``S`` counts, rounded down to a multiple of ``ranks`` for the
     collectives that split it (all-gather, reduce-scatter, all-to-all), at least one per
@@ -126,21 +133,26 @@ def elements_for(op, nbytes, ranks, itemsize=4):
     return count, count * itemsize
 
 
-def stream_bytes(kernel, elements, itemsize):
+def stream_bytes(kernel: str, elements: int, itemsize: int) -> int:
     """Bytes one STREAM ``kernel`` moves over ``elements`` elements of ``itemsize`` bytes."""
     return STREAM_WORDS[kernel] * elements * itemsize
 
 
-def nvlink_peak_gbps(version, links):
+def nvlink_peak_gbps(version: int | None, links: int | None) -> float | None:
     """Unidirectional NVLink GB/s of a GPU: ``links`` × the per-link rate of NVML's
     ``version`` (:data:`NVLINK_GBPS_PER_LINK`); None when either is unknown or no link is up."""
-    per = NVLINK_GBPS_PER_LINK.get(version)
+    per = NVLINK_GBPS_PER_LINK.get(version) if version is not None else None
     if per is None or not links:
         return None
     return per * links
 
 
-def expected_busbw_gbps(nvlink_gbps=None, ib_gbits=(), gpus_per_node=1, nodes=1):
+def expected_busbw_gbps(
+    nvlink_gbps: float | None = None,
+    ib_gbits: Iterable[float | None] = (),
+    gpus_per_node: int = 1,
+    nodes: int = 1,
+) -> tuple[float, str] | tuple[None, None]:
     """The bus bandwidth (GB/s) a collective can reach at best, and what bounds it.
 
     Inside one node: the GPU's unidirectional NVLink bandwidth (nccl-tests' busbw is
@@ -148,7 +160,7 @@ def expected_busbw_gbps(nvlink_gbps=None, ib_gbits=(), gpus_per_node=1, nodes=1)
     summed, / 8 to GB/s) shared by its GPUs, or NVLink if lower. Returns
     ``(gbps, "nvlink"|"network")``, or ``(None, None)`` when nothing is known.
     """
-    network = None
+    network: float | None = None
     rates = [r for r in ib_gbits if r]
     if rates:
         network = sum(rates) / 8.0 / max(1, int(gpus_per_node))
@@ -161,7 +173,7 @@ def expected_busbw_gbps(nvlink_gbps=None, ib_gbits=(), gpus_per_node=1, nodes=1)
     return None, None
 
 
-def reason_names(mask):
+def reason_names(mask: int | None) -> list[str]:
     """The names of the NVML clock-event bits set in ``mask`` (an int), capping ones first."""
     if mask is None:
         return []
@@ -170,7 +182,12 @@ def reason_names(mask):
     return names + [n for bit, n in OTHER_REASONS.items() if mask & bit]
 
 
-def throttle_metrics(readings, start_fraction=0.1, drop_fraction=0.9, sustained=0.5):
+def throttle_metrics(
+    readings: Iterable[Mapping[str, Any]],
+    start_fraction: float = 0.1,
+    drop_fraction: float = 0.9,
+    sustained: float = 0.5,
+) -> dict[str, Any]:
     """The burn-in's throttle figures from one GPU's clock readings.
 
     Args:
@@ -192,7 +209,7 @@ def throttle_metrics(readings, start_fraction=0.1, drop_fraction=0.9, sustained=
         one holds for the mean interval).
     """
     rows = sorted((r for r in readings if r.get("t") is not None), key=lambda r: r["t"])
-    out = {
+    out: dict[str, Any] = {
         "throttled_fraction": None,
         "throttled": None,
         "throttle_reasons": "",
@@ -210,10 +227,10 @@ def throttle_metrics(readings, start_fraction=0.1, drop_fraction=0.9, sustained=
         for i, r in enumerate(rows)
     ]
     cut = t0 + start_fraction * (t1 + step - t0)
-    start = [r.get("sm_clock_mhz") for r, _ in spans if r["t"] < cut]
-    start = [c for c in start if c is not None]
+    read = [r.get("sm_clock_mhz") for r, _ in spans if r["t"] < cut]
+    start = [c for c in read if c is not None]
     steady = [(r, dt) for r, dt in spans if r["t"] >= cut]
-    reasons = [(r.get("reasons"), dt) for r, dt in steady if r.get("reasons") is not None]
+    reasons = [(mask, dt) for r, dt in steady if (mask := r.get("reasons")) is not None]
     if reasons:
         total = sum(dt for _, dt in reasons)
         capped = sum(dt for mask, dt in reasons if int(mask) & sum(CAPPING_REASONS))
@@ -235,7 +252,7 @@ def throttle_metrics(readings, start_fraction=0.1, drop_fraction=0.9, sustained=
     return out
 
 
-def first_bad(errors, tolerance):
+def first_bad(errors: Iterable[float], tolerance: float) -> tuple[int, float] | None:
     """``(index, error)`` of the first error above ``tolerance`` (or not finite), else None."""
     for i, e in enumerate(errors):
         if not math.isfinite(e) or e > tolerance:
@@ -243,12 +260,13 @@ def first_bad(errors, tolerance):
     return None
 
 
-def numa_pages(numa_maps, address):
+def numa_pages(numa_maps: str | None, address: int) -> dict[int, int]:
     """``{node: pages}`` of the mapping holding ``address`` in ``/proc/self/numa_maps``'s
     text (lines ``"7f12a0000000 default anon=512 dirty=512 N0=256 N1=256 kernelpagesize_kB=4"``:
     the start address of each mapping, in hex): the mapping with the highest start at or
     below ``address``. ``{}`` when none holds it or it has no ``N<k>=`` counts."""
-    best, best_start = None, -1
+    best: list[str] | None = None
+    best_start = -1
     for line in (numa_maps or "").splitlines():
         parts = line.split()
         if not parts:
@@ -261,7 +279,7 @@ def numa_pages(numa_maps, address):
             best, best_start = parts, start
     if best is None:
         return {}
-    out = {}
+    out: dict[int, int] = {}
     for field in best[1:]:
         m = re.match(r"^N(\d+)=(\d+)$", field)
         if m:

@@ -19,7 +19,7 @@ program start, rates in items/s):
   not. Why not ``median - k * MAD`` of the steady-state windows (the modified
   z-score of Iglewicz and Hoaglin, 1993), which the outlier rule below uses:
   when the steady-state window straddles a slow and a fast regime (the case
-  of issue 13: 19 items/s for 70 s, then 1300 items/s, and a last 10 s window
+  of a recorded cpu.scaling run: 19 items/s for 70 s, then 1300 items/s, and a last 10 s window
   holding both), the MAD is as large as the median and that rule flags
   nothing; and on a steady run whose MAD is 1 % it flags a dip of 5 %.
 * ``stall``: a stretch with no window closing longer than ``max(STALL_FACTOR
@@ -54,14 +54,19 @@ Rule across the results of a group (:func:`group_flags`):
   costs); the MAD term needs 3 other results.
 """
 
+from __future__ import annotations
+
 import bisect
 import math
 import operator
 import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from . import stats
-from .flags import flag
+from .flags import Flag, flag
+from .stats import Sample
 
 #: Cut-off of the modified z-score (Iglewicz and Hoaglin, 1993).
 K_MAD = 3.5
@@ -87,11 +92,13 @@ STALL_MIN_S = 2.0
 KINDS = ("slow-windows", "stall", "short-steady", "outlier")
 
 
-def _mad(values, center):
+def _mad(values: Iterable[float], center: float) -> float:
     return statistics.median(abs(v - center) for v in values)
 
 
-def reference_rate(steady, chosen):
+def reference_rate(
+    steady: Sequence[Sample], chosen: Sequence[Sample]
+) -> tuple[float, float, float] | None:
     """``(reference, median, best)`` of the ``slow-windows`` rule, in items/s: the
     median of the steady-state windows ``chosen``, the best sustained rate (the
     highest running median of :data:`RUN_WINDOWS` consecutive windows of
@@ -107,7 +114,7 @@ def reference_rate(steady, chosen):
     return max(med, best), med, best
 
 
-def required_steady(train):
+def required_steady(train: object) -> tuple[float, str]:
     """Seconds of steady state a result's rule asks for, and the rule's name.
 
     ``train`` is the result's ``timings.train``. Returns ``(seconds,
@@ -120,26 +127,25 @@ def required_steady(train):
     return stats.STEADY_WINDOW_S + stats.STEADY_TAIL_S, "window"
 
 
-def stall_threshold(samples):
+def stall_threshold(samples: Sequence[Sample]) -> float:
     """Seconds without a window closing that make a stall (see the module doc)."""
     steady = [s for s in samples if not s.get("warmup")] or samples
     return _stall_limit([s["end"] - s["start"] for s in steady])
 
 
-def _stall_limit(durations):
+def _stall_limit(durations: Sequence[float]) -> float:
     typical = statistics.median(durations) if durations else 0.0
     return max(STALL_FACTOR * typical, STALL_MIN_S)
 
 
-def result_flags(record, steady=None):
+def result_flags(
+    record: Mapping[str, Any], steady: tuple[float | None, list[Sample]] | None = None
+) -> list[Flag]:
     """The flags of one result record (a dict): a list of
     :class:`milarun.measure.flags.Flag`.
 
     ``steady`` is ``(rate, chosen)`` of :func:`milarun.measure.stats.steady_state` of its
-    samples when the caller has it already; else it is computed. Without it, the
-    flags of one record are computed once inside a
-    :func:`milarun.measure.stats.steady_states_once` block (the summary's and the
-    HTML plots' are then one computation).
+    samples when the caller has it already; else it is computed.
 
     Every flag's id is one of :data:`KINDS`, its ``where`` the result's
     ``device`` and ``run``; its figures depend on the kind:
@@ -158,16 +164,10 @@ def result_flags(record, steady=None):
 
     A result whose samples are malformed gets no flag (the summary skips it).
     """
-    if steady is not None:
-        return _result_flags(record, steady)
-    # a copy of the list: the remembered one is shared (the flags are immutable)
-    return list(stats.once("anomalies.result_flags", record, _result_flags))
-
-
-def _result_flags(record, steady=None):
-    """:func:`result_flags`, computed."""
-    timings = record.get("timings") if isinstance(record.get("timings"), dict) else {}
-    train = timings.get("train") if isinstance(timings.get("train"), dict) else {}
+    given = record.get("timings")
+    timings: dict[str, Any] = given if isinstance(given, dict) else {}
+    given = timings.get("train")
+    train: dict[str, Any] = given if isinstance(given, dict) else {}
     samples = train.get("samples") or []
     where = {"device": str(record.get("device", "")), "run": record.get("run")}
     if steady is None:
@@ -178,13 +178,13 @@ def _result_flags(record, steady=None):
     else:
         rate, chosen = steady
     samples = sorted(samples, key=_START)
-    steady = [s for s in samples if not s.get("warmup")]
+    running = [s for s in samples if not s.get("warmup")]
     # the samples' columns, in time order (C loops; the sums below add the same
     # floats in the same order as a loop over the samples)
     starts, ends = list(map(_START, samples)), list(map(_END, samples))
-    steady_durations = [s["end"] - s["start"] for s in steady]
+    steady_durations = [s["end"] - s["start"] for s in running]
     success = record.get("success") is True
-    flags = []
+    flags: list[Flag] = []
     if success and rate is not None:
         need, rule = required_steady(train)
         have = sum(steady_durations)
@@ -193,7 +193,7 @@ def _result_flags(record, steady=None):
                 flag("short-steady", where=where, steady_s=have, required_s=need, rule=rule)
             )
     end = max(ends, default=0.0) - stats.STEADY_TAIL_S
-    body = [s for s in steady if s["end"] <= end]
+    body = [s for s in running if s["end"] <= end]
     rates = [s["rate"] for s in body]
     # the reference is at most the fastest window: no window under half of that, no flag
     ref = reference_rate(body, chosen) if rates and min(rates) < WINDOW_FLOOR * max(rates) else None
@@ -220,13 +220,14 @@ def _result_flags(record, steady=None):
                 )
             )
     if samples:
-        limit = _stall_limit(steady_durations if steady else list(map(operator.sub, ends, starts)))
-        spans = []
+        limit = _stall_limit(steady_durations if running else list(map(operator.sub, ends, starts)))
+        spans: list[tuple[float, float]] = []
         # a window or a gap longer than the limit (any() in C first: most results have none)
         if any(map(limit.__lt__, map(operator.sub, ends, starts))) or any(
             map(limit.__lt__, map(operator.sub, starts[1:], ends))
         ):
-            for prev, cur in zip([None] + samples, samples):
+            previous: list[Sample | None] = [None, *samples]
+            for prev, cur in zip(previous, samples):
                 if prev is not None and cur["start"] - prev["end"] > limit:
                     spans.append((prev["end"], cur["start"]))
                 if cur["end"] - cur["start"] > limit:
@@ -263,7 +264,7 @@ def _result_flags(record, steady=None):
 _START, _END = operator.itemgetter("start"), operator.itemgetter("end")
 
 
-def group_flags(results):
+def group_flags(results: Sequence[tuple[Any, Any, float]]) -> list[tuple[int, Flag]]:
     """``outlier`` flags of a group: ``results`` are ``(device, run, rate)`` triples
     (rate in items/s; the successful results with a steady-state rate).
 
@@ -279,14 +280,14 @@ def group_flags(results):
     floats as :func:`statistics.median` of each result's others, in O(n log n)
     rather than O(n² log n) (a test run 25 times on 8 GPUs has 200 results).
     """
-    flags = []
+    flags: list[tuple[int, Flag]] = []
     if len(results) < 2:
         return flags
     rates = [rate for _, _, rate in results]
     if not all(isinstance(r, (int, float)) and math.isfinite(r) for r in rates):
         return _group_flags_plain(results)  # NaN sorts nowhere: the plain rule decides
     ordered = sorted(rates)
-    deviations = {}  # ref -> sorted |rate - ref| of every result
+    deviations: dict[float, list[float]] = {}  # ref -> sorted |rate - ref| of every result
     for i, (device, run, rate) in enumerate(results):
         ref = _median_without(ordered, rate)
         if not ref > 0:
@@ -301,13 +302,13 @@ def group_flags(results):
     return flags
 
 
-def _median_without(ordered, value):
+def _median_without(ordered: Sequence[float], value: float) -> float:
     """``statistics.median`` of the sorted list ``ordered`` less one element equal to
     ``value`` (which one does not matter: they are equal)."""
     k = bisect.bisect_left(ordered, value)
     m = len(ordered) - 1
 
-    def at(j):  # the j-th element of ``ordered`` without its k-th
+    def at(j: int) -> float:  # the j-th element of ``ordered`` without its k-th
         return ordered[j] if j < k else ordered[j + 1]
 
     if m % 2 == 1:
@@ -315,9 +316,11 @@ def _median_without(ordered, value):
     return (at(m // 2 - 1) + at(m // 2)) / 2
 
 
-def _group_flags_plain(results):
+def _group_flags_plain(
+    results: Sequence[tuple[Any, Any, float]],
+) -> list[tuple[int, Flag]]:
     """:func:`group_flags` computed as its rule reads, a median per result."""
-    flags = []
+    flags: list[tuple[int, Flag]] = []
     for i, (device, run, rate) in enumerate(results):
         others = [r for j, (_, _, r) in enumerate(results) if j != i]
         ref = statistics.median(others)
@@ -328,7 +331,9 @@ def _group_flags_plain(results):
     return flags
 
 
-def _outlier(device, run, rate, ref, spread, others, index):
+def _outlier(
+    device: Any, run: Any, rate: float, ref: float, spread: float, others: int, index: int
+) -> list[tuple[int, Flag]]:
     """``[(index, flag)]`` when ``rate`` is beyond the margin around ``ref``, else ``[]``."""
     margin = max(spread, GROUP_FLOOR * ref)
     direction = None
@@ -354,21 +359,22 @@ def _outlier(device, run, rate, ref, spread, others, index):
     ]
 
 
-def describe(flag):
+def describe(flag: Flag) -> str:
     """One sentence for a flag: the result it is about, then its message (shared by
     the text report and the HTML, through :mod:`milarun.report.checks`)."""
     return f"{flag.who()}: {flag.message}"
 
 
-def merged(flags):
+def merged(flags: Sequence[Flag]) -> list[Flag]:
     """A test's flags as the report lists them: each flag, except that the
     ``short-steady`` flags of one rule become one flag about several results (a run
     on 8 GPUs would otherwise repeat it 8 times)."""
-    out, short = [], {}
+    out: list[Flag] = []
+    short: dict[tuple[Any, Any], list[Flag]] = {}
     for f in flags:
         if f.id == "short-steady":
             short.setdefault((f.figures.get("required_s"), f.figures.get("rule")), []).append(f)
-    done = set()
+    done: set[tuple[Any, Any]] = set()
     for f in flags:
         key = (f.figures.get("required_s"), f.figures.get("rule"))
         if f.id != "short-steady" or len(short[key]) == 1:
@@ -398,7 +404,7 @@ def merged(flags):
 SHORT = {"slow-windows": "slow", "stall": "stall", "short-steady": "short", "outlier": "outlier"}
 
 
-def short_kinds(flags):
+def short_kinds(flags: Iterable[Flag]) -> str:
     """The kinds present in ``flags`` as short words (``"slow stall"``), in a fixed order."""
     kinds = {f.id for f in flags}
     return " ".join(SHORT[k] for k in KINDS if k in kinds)

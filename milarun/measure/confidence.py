@@ -42,24 +42,40 @@ make the interval itself overflow: the arithmetic is scaled so that no square
 of a std under- or overflows on the way.
 """
 
+from __future__ import annotations
+
 import functools
 import math
 import statistics
-from collections import namedtuple
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 #: Confidence level of every interval and test in the report.
 LEVEL = 0.95
 
-#: ``lo``, ``hi`` (same unit as the estimate) and ``df`` (degrees of freedom; ``inf``
-#: when the interval has zero width because every result was the same).
-Interval = namedtuple("Interval", "lo hi df")
-
-#: ``t`` (Welch's statistic, ``inf`` when both variances are 0 and the means differ),
-#: ``df`` and ``significant`` (``|t|`` above the two-tailed critical value).
-Test = namedtuple("Test", "t df significant")
+#: ``(n, mean, std)`` of one sample (std with divisor ``n - 1``); any may be None (unknown).
+Stats = tuple["int | None", "float | None", "float | None"]
 
 
-def _betacf(a, b, x):
+class Interval(NamedTuple):
+    """``lo``, ``hi`` (same unit as the estimate) and ``df`` (degrees of freedom; ``inf``
+    when the interval has zero width because every result was the same)."""
+
+    lo: float
+    hi: float
+    df: float
+
+
+class Test(NamedTuple):
+    """``t`` (Welch's statistic, ``inf`` when both variances are 0 and the means differ),
+    ``df`` and ``significant`` (``|t|`` above the two-tailed critical value)."""
+
+    t: float
+    df: float
+    significant: bool
+
+
+def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction of the incomplete beta function (modified Lentz, NR 6.4)."""
     tiny = 1e-300
     qab, qap, qam = a + b, a + 1.0, a - 1.0
@@ -82,7 +98,7 @@ def _betacf(a, b, x):
     return h
 
 
-def betainc(a, b, x):
+def betainc(a: float, b: float, x: float) -> float:
     """Regularized incomplete beta function ``I_x(a, b)`` for ``a, b > 0``, ``0 <= x <= 1``."""
     if x <= 0.0:
         return 0.0
@@ -97,7 +113,7 @@ def betainc(a, b, x):
     return 1.0 - front * _betacf(b, a, 1.0 - x) / b
 
 
-def t_cdf(t, df):
+def t_cdf(t: float, df: float) -> float:
     """``P(T <= t)`` for Student's t with ``df > 0`` degrees of freedom (``inf``: normal)."""
     if math.isinf(df):
         return statistics.NormalDist().cdf(t)
@@ -106,7 +122,7 @@ def t_cdf(t, df):
 
 
 @functools.lru_cache(maxsize=1024)  # a report asks the same few (p, df) for every test
-def t_quantile(p, df):
+def t_quantile(p: float, df: float) -> float:
     """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``df`` real, > 0,
     or ``inf`` for the normal law), to about 1e-12 relative.
 
@@ -139,7 +155,7 @@ def t_quantile(p, df):
     return 0.5 * (lo + hi)
 
 
-def _known(n, mean, std):
+def _known(n: int | None, mean: float | None, std: float | None) -> bool:
     return (
         n is not None
         and n >= 2
@@ -151,11 +167,13 @@ def _known(n, mean, std):
     )
 
 
-def _finite(interval):
+def _finite(interval: Interval) -> Interval | None:
     return interval if math.isfinite(interval.lo) and math.isfinite(interval.hi) else None
 
 
-def mean_interval(n, mean, std, level=LEVEL):
+def mean_interval(
+    n: int | None, mean: float | None, std: float | None, level: float = LEVEL
+) -> Interval | None:
     """The Student t confidence interval of a mean: ``mean ± t * std / sqrt(n)``.
 
     ``n`` values (results), their ``mean`` and sample ``std`` (divisor
@@ -167,11 +185,12 @@ def mean_interval(n, mean, std, level=LEVEL):
     """
     if not _known(n, mean, std):
         return None
+    assert n is not None and mean is not None and std is not None  # _known says so
     half = t_quantile(0.5 + level / 2.0, n - 1) * (std / math.sqrt(n))
     return _finite(Interval(mean - half, mean + half, float(n - 1)))
 
 
-def median_interval(values, level=LEVEL):
+def median_interval(values: Iterable[float], level: float = LEVEL) -> tuple[float, float] | None:
     """The distribution-free confidence interval of the median of ``values`` (any
     unit): ``(lo, hi)``, the order statistics ``x_(k)`` and ``x_(n+1-k)`` of the
     sign-test interval (module docstring), whose coverage is at least ``level``.
@@ -192,7 +211,7 @@ def median_interval(values, level=LEVEL):
     return xs[k - 1], xs[n - k]
 
 
-def welch_test(a, b, level=LEVEL):
+def welch_test(a: Stats, b: Stats, level: float = LEVEL) -> Test | None:
     """Welch's two-sample, two-tailed t-test of ``mean_a == mean_b``.
 
     ``a`` and ``b`` are ``(n, mean, std)`` of two samples (std with divisor
@@ -208,6 +227,9 @@ def welch_test(a, b, level=LEVEL):
     if not (_known(*a) and _known(*b)):
         return None
     (na, ma, sa), (nb, mb, sb) = a, b
+    # _known says so
+    assert na is not None and ma is not None and sa is not None
+    assert nb is not None and mb is not None and sb is not None
     scale = max(sa, sb)  # the variances in units of scale^2: no square under/overflows
     if scale == 0.0:
         return Test(math.inf if ma != mb else 0.0, float(na + nb - 2), ma != mb)
@@ -221,16 +243,24 @@ def welch_test(a, b, level=LEVEL):
     return Test(t, df, abs(t) >= t_quantile(0.5 + level / 2.0, df))
 
 
-def log_variance(n, mean, std):
+def log_variance(n: int | None, mean: float | None, std: float | None) -> float | None:
     """``Var(log mean) ~ std^2 / (n * mean^2)`` (delta method); None when unknown, mean <= 0
     or the ratio overflows."""
-    if not _known(n, mean, std) or mean <= 0:
+    if not _known(n, mean, std):
+        return None
+    assert n is not None and mean is not None and std is not None  # _known says so
+    if mean <= 0:
         return None
     value = (std / mean) ** 2 / n if std / mean < 1e150 else math.inf
     return value if math.isfinite(value) else None
 
 
-def geomean_interval(value, parts, level=LEVEL, hold_unknown=False):
+def geomean_interval(
+    value: float | None,
+    parts: Sequence[tuple[float, Iterable[Stats]]],
+    level: float = LEVEL,
+    hold_unknown: bool = False,
+) -> Interval | None:
     """Confidence interval of a weighted geometric mean (or of a ratio of two).
 
     ``value`` is the estimate (the score, or score / baseline score);
@@ -262,7 +292,7 @@ def geomean_interval(value, parts, level=LEVEL, hold_unknown=False):
     total = sum(w for w, _ in parts)
     if not total > 0:
         return None
-    terms = []  # (c_ik = a_i^2 log_variance_ik, n_ik)
+    terms: list[tuple[float, int]] = []  # (c_ik = a_i^2 log_variance_ik, n_ik)
     for w, components in parts:
         for n, mean, std in components:
             lv = log_variance(n, mean, std)
@@ -270,6 +300,7 @@ def geomean_interval(value, parts, level=LEVEL, hold_unknown=False):
                 if hold_unknown and _known_mean(n, mean):
                     continue
                 return None
+            assert n is not None  # a known variance has a count
             terms.append(((w / total) ** 2 * lv, n))
     if not terms:
         return None
@@ -286,7 +317,7 @@ def geomean_interval(value, parts, level=LEVEL, hold_unknown=False):
     return _finite(Interval(value * math.exp(-half), value * math.exp(half), df))
 
 
-def _known_mean(n, mean):
+def _known_mean(n: object, mean: object) -> bool:
     """A component with a positive, finite mean of at least one result (its variance may be
     unknown): one that can be held fixed."""
     return (

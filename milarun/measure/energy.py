@@ -32,12 +32,19 @@ A node's power in a test is the sum of its results' powers in one run
 energy of its results over their items.
 """
 
+from __future__ import annotations
+
 import math
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from . import stats
 from .plausibility import steady_window
-from .stats import finite
+from .stats import Steady, finite
+
+#: Sorted ``(t, value)`` readings of one GPU.
+Points = Sequence[tuple[float, float]]
 
 #: Least fraction of the steady state the readings must cover.
 MIN_COVERAGE = 0.5
@@ -48,7 +55,7 @@ MAX_POWER_W = 1e9
 MAX_ITEMS = 1e21
 
 
-def _interp(points, t):
+def _interp(points: Points, t: float) -> float | None:
     """Linear interpolation of sorted ``[(t, value)]`` at ``t`` (inside their span)."""
     for (t0, v0), (t1, v1) in zip(points, points[1:]):
         if t0 <= t <= t1:
@@ -56,14 +63,21 @@ def _interp(points, t):
     return points[-1][1] if points and t == points[-1][0] else None
 
 
-def _integral(points, a, b):
+def _at(points: Points, t: float) -> float:
+    """:func:`_interp` at a ``t`` inside the span of ``points`` (where it has a value)."""
+    value = _interp(points, t)
+    assert value is not None, "interpolated inside the readings' span"
+    return value
+
+
+def _integral(points: Points, a: float, b: float) -> float:
     """Trapezoidal integral of sorted ``[(t, value)]`` over [a, b] (inside their span)."""
     inside = [(t, v) for t, v in points if a < t < b]
-    pts = [(a, _interp(points, a))] + inside + [(b, _interp(points, b))]
+    pts = [(a, _at(points, a))] + inside + [(b, _at(points, b))]
     return sum((t1 - t0) * (v0 + v1) / 2 for (t0, v0), (t1, v1) in zip(pts, pts[1:]))
 
 
-def _cut(points, a, b):
+def _cut(points: Points, a: float, b: float) -> tuple[float, float] | None:
     """``[a, b]`` cut to the span of ``points``, or None when less than
     :data:`MIN_COVERAGE` of it is left (or fewer than 2 readings)."""
     if len(points) < 2:
@@ -74,7 +88,9 @@ def _cut(points, a, b):
     return lo, hi
 
 
-def device_energy(readings, a, b):
+def device_energy(
+    readings: Iterable[Mapping[str, Any]], a: float, b: float
+) -> tuple[float, float, str] | None:
     """Energy (J) and the interval it covers for one GPU's monitor readings over [a, b].
 
     Returns ``(joules, seconds, source)`` with ``source`` ``"counter"`` or
@@ -92,7 +108,7 @@ def device_energy(readings, a, b):
             continue
         lo, hi = span
         if source == "counter":
-            joules = _interp(points, hi) - _interp(points, lo)
+            joules = _at(points, hi) - _at(points, lo)
         else:
             joules = _integral(points, lo, hi)
         if joules >= 0:
@@ -100,7 +116,7 @@ def device_energy(readings, a, b):
     return None
 
 
-def record_nodes(record):
+def record_nodes(record: Mapping[str, Any]) -> int:
     """Nodes one record's rate was measured over: its ``node_count``, or the nodes its
     ``distributed`` job gathered, whichever is larger (1 without either)."""
     count = record.get("node_count")
@@ -109,7 +125,7 @@ def record_nodes(record):
     return max(1, count, len(names) if isinstance(names, list) else 0)
 
 
-def _nodes_missing(record, monitor):
+def _nodes_missing(record: Mapping[str, Any], monitor: Mapping[str, Any]) -> str | None:
     """Why a multi-node record's readings do not cover all of its nodes, or None."""
     nodes = record_nodes(record)
     if nodes <= 1:
@@ -126,7 +142,7 @@ def _nodes_missing(record, monitor):
     )
 
 
-def result_energy(record):
+def result_energy(record: Mapping[str, Any], steady: Steady | None = None) -> dict[str, Any]:
     """Power and energy of one successful result over its steady state.
 
     Returns ``{"power_w", "energy_j", "items", "j_per_item", "items_per_j",
@@ -135,28 +151,31 @@ def result_energy(record):
     ``gpus`` the number of GPUs summed), or ``{"reason": why}`` when not
     available: no GPU monitor, no steady state, readings that do not cover it, or
     (a record over several nodes) readings that miss a node. ``gpus`` counts every
-    node's GPUs; ``power_w`` is the job's, summed over them (W).
+    node's GPUs; ``power_w`` is the job's, summed over them (W). ``steady``:
+    ``(rate, chosen, note)`` of :func:`milarun.measure.stats.steady_state` of its
+    samples when the caller has it; else it is computed.
     """
     monitor = record.get("gpu_monitor") or {}
     if not monitor.get("available"):
         return {"reason": "no GPU monitor readings (" + (monitor.get("reason") or "off") + ")"}
     try:
-        rate, a, b, items, duration, _ = steady_window(record)
+        rate, a, b, items, duration, _ = steady_window(record, steady)
     except ValueError:
         return {"reason": "malformed samples"}
-    if not rate or a is None or b <= a:
+    if not rate or a is None or b is None or b <= a:  # a and b: both None, or neither
         return {"reason": "no steady state"}
     missing = _nodes_missing(record, monitor)
     if missing:
         return {"reason": missing}
-    by_device = defaultdict(list)
+    by_device: defaultdict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for r in monitor.get("samples") or []:
         if isinstance(r, dict) and isinstance(r.get("device"), int):
             node = r.get("node", 0)
             by_device[(node if isinstance(node, int) else -1, r["device"])].append(r)
     if not by_device:
         return {"reason": "no GPU monitor readings"}
-    power, sources = 0.0, set()
+    power = 0.0
+    sources: set[str] = set()
     for (node, dev), readings in sorted(by_device.items()):
         got = device_energy(readings, a, b)
         if got is None:
@@ -188,30 +207,33 @@ def result_energy(record):
     }
 
 
-def summarize_energy(items, node_of):
+def summarize_energy(
+    items: Iterable[Sequence[Any]], node_of: Callable[[Mapping[str, Any]], str | None]
+) -> dict[str, Any] | None:
     """The summary's ``energy`` entry of one group, or None when no result has one.
 
-    ``items`` are ``(path, record, ...)`` tuples; successful records count.
+    ``items`` are ``(path, record)`` or ``(path, record, steady)`` tuples (``steady``:
+    as for :func:`result_energy`); successful records count.
     Returns ``{"n": results with energy, "source": "counter"|"power"|"mixed",
     "power_w": {n, min, max, mean, std} of per-result power (W), "energy_j":
     J over the steady states, "items": items over them, "j_per_item",
     "items_per_j", "pernode": {node: {"power_w": W summed over the node's
     results of a run, mean over runs, "j_per_item", "runs"}}}``.
     """
-    got = []
+    got: list[tuple[Mapping[str, Any], dict[str, Any]]] = []
     for item in items:
         rec = item[1]
         if rec.get("success") is not True:
             continue
-        e = result_energy(rec)
+        e = result_energy(rec, item[2] if len(item) > 2 else None)
         if "power_w" in e:
             got.append((rec, e))
     if not got:
         return None
     energy = math.fsum(e["energy_j"] for _, e in got)
     count = math.fsum(e["items"] for _, e in got)
-    node_runs = defaultdict(lambda: defaultdict(float))
-    node_totals = defaultdict(lambda: [0.0, 0.0])
+    node_runs: defaultdict[str, defaultdict[Any, float]] = defaultdict(lambda: defaultdict(float))
+    node_totals: defaultdict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for rec, e in got:
         node = node_of(rec)
         if node is None:

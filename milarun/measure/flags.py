@@ -18,7 +18,11 @@ text function and one HTML function (:mod:`milarun.report.checks`).
 Pure code: no I/O, nothing heavy imported.
 """
 
+from __future__ import annotations
+
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 VALIDATION = "validation"
 ANOMALY = "anomaly"
@@ -127,53 +131,53 @@ class Flag:
     id: str
     family: str
     message: str
-    where: dict = field(default_factory=dict)
-    figures: dict = field(default_factory=dict)
-    subject: str = None
+    where: dict[str, Any] = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict)
+    subject: str | None = None
 
     @property
-    def rule(self):
+    def rule(self) -> Rule | None:
         """The :class:`Rule` of the check (None for an id this version does not know,
         read from a summary)."""
         return RULES.get(self.id)
 
     @property
-    def severity(self):
+    def severity(self) -> str:
         return self.rule.severity if self.rule else WARNING
 
     @property
-    def scope(self):
+    def scope(self) -> str:
         return self.rule.scope if self.rule else RESULT
 
     @property
-    def device(self):
+    def device(self) -> Any:
         return self.where.get("device")
 
     @property
-    def node(self):
+    def node(self) -> Any:
         return self.where.get("node")
 
     @property
-    def run(self):
+    def run(self) -> Any:
         return self.where.get("run")
 
     @property
-    def file(self):
+    def file(self) -> Any:
         return self.where.get("file")
 
     @property
-    def gpu(self):
+    def gpu(self) -> Any:
         return self.where.get("gpu")
 
-    def at(self, **where):
+    def at(self, **where: Any) -> Flag:
         """The flag with ``where`` keys added (or replaced)."""
         return replace(self, where={**self.where, **where})
 
-    def without(self, *figures):
+    def without(self, *figures: str) -> Flag:
         """The flag less the named figures."""
         return replace(self, figures={k: v for k, v in self.figures.items() if k not in figures})
 
-    def who(self):
+    def who(self) -> str:
         """The result the flag is about: ``[node N ]device D[ run R]`` (or its
         ``subject``)."""
         if self.subject is not None:
@@ -182,12 +186,17 @@ class Flag:
         run = f" run {self.run}" if self.run is not None else ""
         return f"{node}device {self.device}{run}"
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, Any]:
         """The flag as the summary holds it (:func:`to_summary`)."""
         return to_summary(self)
 
 
-def flag(check, message=None, where=None, **figures):
+def flag(
+    check: str,
+    message: str | None = None,
+    where: Mapping[str, Any] | None = None,
+    **figures: Any,
+) -> Flag:
     """A :class:`Flag` of check ``check`` (a key of :data:`RULES`). ``message`` is
     the check's sentence; without one (the anomaly checks) it is made from the
     figures, as :func:`from_summary` makes it again."""
@@ -201,12 +210,13 @@ def flag(check, message=None, where=None, **figures):
 # ------------------------------------------------------------------ the summary's shapes
 
 
-def to_summary(f):
+def to_summary(f: Flag) -> dict[str, Any]:
     """A flag as the summary file holds it: a ``validation_flags`` entry
     (``device``, ``node``, ``run``, ``check``, ``gpu``, ``value``, ``threshold``,
     ``message``, ``file``, each when known) or an ``anomalies`` entry (``kind``,
     ``device``, ``run``, the figures, ``file``, ``node``)."""
     w = f.where
+    out: dict[str, Any]
     if f.family == VALIDATION:
         out = {k: w[k] for k in ("device", "node", "run") if k in w}
         out["check"] = f.id
@@ -222,7 +232,7 @@ def to_summary(f):
     return out
 
 
-def from_summary(entry):
+def from_summary(entry: Mapping[str, Any]) -> Flag:
     """The :class:`Flag` of a summary's ``validation_flags`` entry (it has
     ``check``) or ``anomalies`` entry (it has ``kind``)."""
     where = {k: entry[k] for k in WHERE if k in entry}
@@ -230,16 +240,17 @@ def from_summary(entry):
         figures = {
             k: v for k, v in entry.items() if k not in WHERE and k not in ("check", "message")
         }
-        return Flag(entry["check"], VALIDATION, entry.get("message"), where, figures)
+        message: Any = entry.get("message")  # as the summary holds it
+        return Flag(entry["check"], VALIDATION, message, where, figures)
     figures = {k: v for k, v in entry.items() if k not in WHERE and k != "kind"}
-    kind = entry.get("kind")
+    kind: Any = entry.get("kind")
     return Flag(kind, ANOMALY, _text(kind, figures), where, figures)
 
 
 # ------------------------------------------------------------------ anomaly sentences
 
 
-def _text(check, fig):
+def _text(check: str, fig: Mapping[str, Any]) -> str:
     """The sentence of an anomaly flag, from its figures (the module doc of
     :mod:`milarun.measure.anomalies` has the rules)."""
     if check == "slow-windows":

@@ -21,10 +21,14 @@ Percentiles use the nearest-rank method (the smallest value with at least
 request had.
 """
 
+from __future__ import annotations
+
 import math
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 
-def percentile(values, p):
+def percentile(values: Sequence[float], p: float) -> float | None:
     """Nearest-rank ``p``-th percentile (0 < p ≤ 100) of ``values``; None when empty."""
     if not values:
         return None
@@ -33,7 +37,14 @@ def percentile(values, p):
     return ordered[rank - 1]
 
 
-def batch_latency(start, first, last, prompt_tokens, requests, output_tokens):
+def batch_latency(
+    start: float,
+    first: float,
+    last: float,
+    prompt_tokens: int,
+    requests: int,
+    output_tokens: int,
+) -> dict[str, float | None]:
     """One static batch of ``requests`` generated together.
 
     Args:
@@ -71,7 +82,12 @@ def batch_latency(start, first, last, prompt_tokens, requests, output_tokens):
     }
 
 
-def serving_level(concurrency, batches, ttft_slo_s, tpot_slo_s):
+def serving_level(
+    concurrency: int,
+    batches: Iterable[dict[str, Any]],
+    ttft_slo_s: float,
+    tpot_slo_s: float,
+) -> dict[str, Any]:
     """Summary of one concurrency level from its batches' :func:`batch_latency` results,
     each with ``requests``, ``prompt_tokens`` and ``output_tokens`` added.
 
@@ -80,7 +96,9 @@ def serving_level(concurrency, batches, ttft_slo_s, tpot_slo_s):
     prefill/decode/output tokens/s over the level (sums of tokens ÷ sums of
     times), ``goodput_requests_per_s`` and ``goodput_fraction``.
     """
-    ttft, tpot, good = [], [], 0
+    ttft: list[float] = []
+    tpot: list[float] = []
+    good = 0
     prompt = decode_tok = out_tok = 0
     t_ttft = t_decode = t_total = 0.0
     requests = 0
@@ -98,7 +116,7 @@ def serving_level(concurrency, batches, ttft_slo_s, tpot_slo_s):
         t_decode += b["duration_s"] - b["ttft_s"]
         out_tok += n * b["output_tokens"]
         t_total += b["duration_s"]
-    level = {"concurrency": concurrency, "requests": requests}
+    level: dict[str, Any] = {"concurrency": concurrency, "requests": requests}
     for name, values in (("ttft", ttft), ("tpot", tpot)):
         for p in (50, 90, 99):
             level[f"{name}_p{p}_s"] = percentile(values, p)

@@ -23,6 +23,8 @@ MFU = achieved model FLOP/s ÷ the device's dense peak for the precision
 FLOPs, so checkpointing lowers MFU as it should.
 """
 
+from __future__ import annotations
+
 #: Dense (no structured sparsity) peak TFLOP/s per device, by precision, from the vendors'
 #: datasheets: NVIDIA H100 and H200 Tensor Core GPU datasheets (SXM; PCIe and NVL
 #: columns), NVIDIA A100 datasheet, NVIDIA L40S datasheet, NVIDIA HGX B200 figures (per
@@ -30,9 +32,9 @@ FLOPs, so checkpointing lowers MFU as it should.
 #: cores). The first pattern found in the device's name (case-insensitive) wins, so the
 #: more specific names come first. "fp32" is the non-tensor-core figure; "fp64" is the
 #: FP64 Tensor Core (NVIDIA) or FP64 matrix (AMD) figure, which a float64 GEMM runs at
-#: (issue 25's matmul; the B200 and L40S have none here: the HGX B200 page gives FP64 for
+#: (the acceptance matmul's; the B200 and L40S have none here: the HGX B200 page gives FP64 for
 #: the 8-GPU board only, the L40S datasheet none). "fp8" is E4M3/E5M2 dense.
-PEAK_TFLOPS = (
+PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     (
         "H100 PCIe",
         {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0, "fp8": 1513.0, "fp64": 51.0},
@@ -67,7 +69,7 @@ PEAK_TFLOPS = (
 )
 
 
-def peak_tflops(device_name, precision):
+def peak_tflops(device_name: object, precision: str) -> float | None:
     """Datasheet dense peak (TFLOP/s) of ``device_name`` at ``precision``, or None.
 
     ``precision`` is a milarun ``--precision`` name; ``fp16``/``bf16`` mean
@@ -84,7 +86,14 @@ def peak_tflops(device_name, precision):
     return None
 
 
-def flops_per_token(matmul_params, layers, width, context, mode="train", adapter_params=0):
+def flops_per_token(
+    matmul_params: int,
+    layers: int,
+    width: int,
+    context: int,
+    mode: str = "train",
+    adapter_params: int = 0,
+) -> int:
     """Model FLOPs per token (see the module's docstring for the formula and its source).
 
     Args:
@@ -108,7 +117,9 @@ def flops_per_token(matmul_params, layers, width, context, mode="train", adapter
     raise ValueError(f"mode must be train, lora or inference, not {mode!r}")
 
 
-def mfu(tokens_per_s, flops_per_tok, peak):
+def mfu(
+    tokens_per_s: float, flops_per_tok: float, peak: float | None
+) -> tuple[float, float | None]:
     """``(achieved TFLOP/s, MFU)``: model FLOP/s in TFLOP/s and its fraction of ``peak``
     (TFLOP/s, per device: pass the per-device throughput). MFU is None without a peak."""
     achieved = tokens_per_s * flops_per_tok / 1e12

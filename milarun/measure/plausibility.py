@@ -46,11 +46,18 @@ to the last sample :func:`milarun.measure.stats.steady_state` chose):
   (:func:`learning`).
 """
 
+from __future__ import annotations
+
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from . import stats
-from .flags import flag
-from .stats import finite
+from .flags import Flag, flag
+from .stats import Sample, Steady, finite
+
+#: A result record (parsed JSON).
+Record = Mapping[str, Any]
 
 #: ``error.reason`` of the failing checks.
 NAN_LOSS = "nan-loss"
@@ -69,29 +76,29 @@ LEARNING_WINDOWS = 2
 #: GPU load: milabench's 0.5. GPU memory is lower than milabench's 0.5: how much
 #: memory a test needs depends on its batch size, not on the machine, while a
 #: test on the wrong device uses next to none.
-DEFAULTS = {
+DEFAULTS: dict[str, dict[str, float | None]] = {
     "usage": {"gpu_load_threshold": 0.5, "gpu_mem_threshold": 0.1},
     "host": {"outside_cpu_threshold": 0.1, "steal_threshold": 0.05},
 }
 
 
-def _bad_loss(value):
+def _bad_loss(value: object) -> bool:
     """A logged loss that is not a finite number: null (how the writer stores NaN
     and infinities) or a non-finite float. Other values (text) are not losses."""
     return value is None or (isinstance(value, float) and not math.isfinite(value))
 
 
-def is_loss_key(key):
+def is_loss_key(key: str) -> bool:
     """True for a metric that is a loss: ``loss``, ``loss_*`` or ``*_loss``."""
     return key == "loss" or key.startswith("loss_") or key.endswith("_loss")
 
 
-def _samples(record):
+def _samples(record: Record) -> list[Sample]:
     train = (record.get("timings") or {}).get("train") or {}
     return train.get("samples") or []
 
 
-def loss_status(record):
+def loss_status(record: Record) -> str:
     """``"logged"``, ``"none"`` (the test declares it has no loss) or ``"missing"``
     (no loss recorded and no declaration: the loss cannot be checked)."""
     if any(is_loss_key(k) for k in record.get("metrics") or {}) or any(
@@ -101,7 +108,7 @@ def loss_status(record):
     return "none" if record.get("no_loss") else "missing"
 
 
-def nonfinite_loss(record):
+def nonfinite_loss(record: Record) -> str | None:
     """Where a logged loss is NaN, infinite or null: a message, or None when every
     logged loss is finite (or nothing was logged)."""
     for i, s in enumerate(_samples(record)):
@@ -115,21 +122,25 @@ def nonfinite_loss(record):
     return None
 
 
-def _show(value):
+def _show(value: object) -> str:
     return "NaN or infinite (null)" if value is None else repr(value)
 
 
-def steady_window(record):
+def steady_window(
+    record: Record, steady: Steady | None = None
+) -> tuple[float | None, float | None, float | None, float, float, str]:
     """The result's steady state: ``(rate, start, end, items, duration, note)``.
 
     ``rate`` in items/s (None without a steady state), ``start``/``end`` (s
     since program start) bound the chosen samples, ``items`` their count and
-    ``duration`` their summed length (s).
+    ``duration`` their summed length (s). ``steady``: ``(rate, chosen, note)`` of
+    :func:`milarun.measure.stats.steady_state` of its samples when the caller has it;
+    else it is computed.
 
     Raises:
         ValueError: malformed samples (see :func:`milarun.measure.stats.steady_state`).
     """
-    rate, chosen, note = stats.steady_state(_samples(record))
+    rate, chosen, note = stats.steady_state(_samples(record)) if steady is None else steady
     if not chosen:
         return rate, None, None, 0, 0.0, note
     return (
@@ -142,11 +153,12 @@ def steady_window(record):
     )
 
 
-def fail_check(record):
+def fail_check(record: Record, steady: Steady | None = None) -> tuple[str, str] | None:
     """The failing check a successful record breaks: ``(reason, message)``, or None.
 
     Failed records are not looked at (they already failed). Malformed samples
-    are not judged here (the summary skips such a record).
+    are not judged here (the summary skips such a record). ``steady``: as for
+    :func:`steady_window`.
     """
     if record.get("success") is not True:
         return None
@@ -154,7 +166,7 @@ def fail_check(record):
     if problem:
         return NAN_LOSS, f"{problem}: the training diverged; its rate is not a result"
     try:
-        rate, *_ = steady_window(record)
+        rate, *_ = steady_window(record, steady)
     except ValueError:
         return None
     n = len(_samples(record))
@@ -169,11 +181,12 @@ def fail_check(record):
     return None
 
 
-def judge(record):
+def judge(record: Record, steady: Steady | None = None) -> Record:
     """Apply :func:`fail_check`: the record itself when it passes (or already
     failed), else a shallow copy with ``success`` false and ``error`` set
-    (``type`` ``"ValidationError"``). The input is never modified."""
-    verdict = fail_check(record)
+    (``type`` ``"ValidationError"``). The input is never modified. ``steady``: as
+    for :func:`steady_window`."""
+    verdict = fail_check(record, steady)
     if verdict is None:
         return record
     reason, message = verdict
@@ -189,7 +202,7 @@ def judge(record):
     }
 
 
-def apply(record):
+def apply(record: dict[str, Any]) -> str | None:
     """:func:`judge` in place (the child's writer): returns the failing reason or None."""
     verdict = fail_check(record)
     if verdict is None:
@@ -207,18 +220,21 @@ def apply(record):
 # ------------------------------------------------------------------ flags
 
 
-def thresholds(record):
+def thresholds(record: Record) -> dict[str, dict[str, Any]]:
     """The flag thresholds of a record: its job's ``validation`` block over
     :data:`DEFAULTS` (unknown keys ignored; the profile schema checks them)."""
     given = (record.get("job") or {}).get("validation") or {}
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for section, defaults in DEFAULTS.items():
-        mine = given.get(section) if isinstance(given.get(section), dict) else {}
+        block = given.get(section)
+        mine = block if isinstance(block, dict) else {}
         out[section] = {k: mine.get(k, v) for k, v in defaults.items()}
     return out
 
 
-def _mean_over(readings, start, end, key):
+def _mean_over(
+    readings: Iterable[Mapping[str, Any]], start: float, end: float, key: str
+) -> float | None:
     """Mean of ``key`` over monitor readings whose time lies in [start, end]."""
     values = [
         r[key]
@@ -228,7 +244,7 @@ def _mean_over(readings, start, end, key):
     return sum(values) / len(values) if values else None
 
 
-def gpu_usage(record, start, end):
+def gpu_usage(record: Record, start: float, end: float) -> dict[int, dict[str, Any]]:
     """``{device: {"load": fraction, "memory": fraction or None}}``: mean GPU load
     (fraction of 100 %) and mean memory used over the device's total, from the
     monitor readings taken in [start, end] (s since program start). Devices
@@ -237,13 +253,13 @@ def gpu_usage(record, start, end):
     if not monitor.get("available"):
         return {}
     readings = [r for r in monitor.get("samples") or [] if isinstance(r, dict)]
-    totals = {
+    totals: dict[Any, Any] = {
         g.get("index"): g.get("memory_total_mib")
         for g in (record.get("host") or {}).get("gpus") or []
         if isinstance(g, dict)
     }
-    out = {}
-    for dev in sorted({r.get("device") for r in readings if isinstance(r.get("device"), int)}):
+    out: dict[int, dict[str, Any]] = {}
+    for dev in sorted({d for r in readings if isinstance(d := r.get("device"), int)}):
         mine = [r for r in readings if r.get("device") == dev]
         load = _mean_over(mine, start, end, "load")
         if load is None:
@@ -257,7 +273,7 @@ def gpu_usage(record, start, end):
     return out
 
 
-def host_load(record, start, end):
+def host_load(record: Record, start: float, end: float) -> dict[str, Any] | None:
     """Mean host CPU use over [start, end] (s since program start) from the
     record's ``host_load`` samples, weighted by each interval's overlap:
     ``{"outside": cores, "steal": cores or None, "cpu_count": n, "covered": s}``,
@@ -290,7 +306,7 @@ def host_load(record, start, end):
     }
 
 
-def learning(record):
+def learning(record: Record) -> Flag | None:
     """The ``loss-not-decreasing`` flag of a record whose workload says its loss must
     fall (``metrics.learning_check``), or None.
 
@@ -325,18 +341,19 @@ def learning(record):
     )
 
 
-def flags(record):
+def flags(record: Record, steady: Steady | None = None) -> list[Flag]:
     """The flags of one successful record: a list of
     :class:`milarun.measure.flags.Flag` with figures ``value`` and ``threshold``
     (fractions; GPU flags are at their ``gpu``, the device index). Empty when
-    nothing is flagged or there is no steady state to look at."""
+    nothing is flagged or there is no steady state to look at. ``steady``: as for
+    :func:`steady_window`."""
     if record.get("success") is not True:
         return []
     learned = learning(record)
-    return ([learned] if learned else []) + _usage_flags(record)
+    return ([learned] if learned else []) + _usage_flags(record, steady)
 
 
-def _usage_flags(record):
+def _usage_flags(record: Record, steady: Steady | None = None) -> list[Flag]:
     """The GPU-usage and host-load flags of :func:`flags`."""
     if not (
         (record.get("gpu_monitor") or {}).get("available")
@@ -344,13 +361,13 @@ def _usage_flags(record):
     ):
         return []  # nothing to look at (and no steady state to compute)
     try:
-        rate, start, end, *_ = steady_window(record)
+        rate, start, end, *_ = steady_window(record, steady)
     except ValueError:
         return []
-    if rate is None or start is None:
+    if rate is None or start is None or end is None:  # both None, or neither
         return []
     limits = thresholds(record)
-    out = []
+    out: list[Flag] = []
     usage = limits["usage"]
     for dev, use in gpu_usage(record, start, end).items():
         for check, key, what in (
@@ -397,14 +414,17 @@ def _usage_flags(record):
     return out
 
 
-def summary_flags(items, node_of):
+def summary_flags(
+    items: Iterable[Sequence[Any]], node_of: Callable[[Record], str | None]
+) -> list[Flag]:
     """The validation flags of one group: the :func:`flags` of its successful
     records, each at its ``device``, ``node`` (``node_of(record)``), ``run`` and
-    ``file``. ``items`` are ``(path, record, ...)`` tuples."""
-    out = []
+    ``file``. ``items`` are ``(path, record)`` or ``(path, record, steady)`` tuples
+    (``steady``: as for :func:`steady_window`)."""
+    out: list[Flag] = []
     for item in items:
         path, rec = item[0], item[1]
-        for f in flags(rec):
+        for f in flags(rec, item[2] if len(item) > 2 else None):
             out.append(
                 f.at(
                     device=str(rec.get("device", "")),
@@ -416,7 +436,7 @@ def summary_flags(items, node_of):
     return out
 
 
-def _name(path):
+def _name(path: object) -> str | None:
     if path is None:
         return None
     return str(path).replace("\\", "/").rsplit("/", 1)[-1]

@@ -17,11 +17,18 @@ sample whose end is before its start, makes :func:`steady_state` raise
 float's 1.8e308, and no ratio divides by a rate below 10^-9.
 """
 
-import contextlib
-import contextvars
+from __future__ import annotations
+
 import itertools
 import math
 import operator
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeGuard
+
+#: A rate sample of a record (``timings.train.samples``: parsed JSON).
+Sample = dict[str, Any]
+#: What :func:`steady_state` returns: ``(rate or None, chosen samples, note)``.
+Steady = tuple[float | None, list[Sample], str]
 
 #: Length of the steady-state window, in seconds of training time.
 STEADY_WINDOW_S = 10.0
@@ -41,7 +48,7 @@ MAX_RATE = 1e12
 MIN_RATE = 1e-9
 
 
-def check_rate(rate, what="steady-state rate"):
+def check_rate(rate: Any, what: str = "steady-state rate") -> Any:
     """Return ``rate`` (items/s) when it is None, 0 or in [MIN_RATE, MAX_RATE].
 
     Raises:
@@ -52,7 +59,7 @@ def check_rate(rate, what="steady-state rate"):
     raise ValueError(f"{what} {rate!r} items/s is out of range ({MIN_RATE:g} to {MAX_RATE:g})")
 
 
-def finite(x):
+def finite(x: object) -> TypeGuard[float]:
     """True for an int or float (not a bool) that is neither NaN nor infinite: the one
     test every reader of recorded numbers uses."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
@@ -67,7 +74,7 @@ _GET_PROFILED = operator.methodcaller("get", "profiled", False)
 _NUMBER_TYPES = frozenset((int, float))
 
 
-def _column(samples, key):
+def _column(samples: Sequence[Sample], key: str) -> list[float]:
     """The ``key`` field of every sample, checked to be numbers (C loops only)."""
     try:
         values = list(map(operator.itemgetter(key), samples))
@@ -78,53 +85,9 @@ def _column(samples, key):
     return values
 
 
-#: The steady states already computed inside :func:`steady_states_once`:
-#: ``{id(samples): (samples, result)}``, or None outside it.
-_ONCE = contextvars.ContextVar("milarun_steady_states", default=None)
-
-
-@contextlib.contextmanager
-def steady_states_once():
-    """Inside this block, :func:`steady_state` of one samples list (the same list
-    object, default window and tail) is computed once and reused, and so is
-    every value of :func:`once`.
-
-    The summary and the HTML report look at each result's steady state from
-    several places (validation, the summary, the anomaly flags, the concurrent
-    waves, the plots); this keeps one computation per result without writing it
-    into the record. The lists must not change inside the block (the readers
-    only read). A sample list that raises is not remembered: it raises again.
-    A block opened inside another joins it (``milarun report`` opens one around
-    the summary and the HTML, which then share what the summary computed).
-    """
-    if _ONCE.get() is not None:
-        yield
-        return
-    token = _ONCE.set({})
-    try:
-        yield
-    finally:
-        _ONCE.reset(token)
-
-
-def once(tag, obj, compute):
-    """``compute(obj)``, computed once per ``(tag, obj)`` (the same object) inside a
-    :func:`steady_states_once` block and every time outside one. ``obj`` must not
-    change inside the block; the value is shared by every caller, who must not
-    change it either. An exception is not remembered."""
-    memo = _ONCE.get()
-    if memo is None:
-        return compute(obj)
-    known = memo.get((tag, id(obj)))
-    if known is not None and known[0] is obj:
-        return known[1]
-    value = compute(obj)
-    # obj is held, so its id cannot be reused by another object meanwhile
-    memo[(tag, id(obj))] = (obj, value)
-    return value
-
-
-def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
+def steady_state(
+    samples: Sequence[Sample], window: float = STEADY_WINDOW_S, tail: float = STEADY_TAIL_S
+) -> Steady:
     """Return ``(rate, chosen, note)``: the steady-state throughput of one result.
 
     ``samples`` are the result's ``timings.train.samples``: dicts with
@@ -170,20 +133,10 @@ def steady_state(samples, window=STEADY_WINDOW_S, tail=STEADY_TAIL_S):
             non-numeric one, a sample ends before it starts, or the rate is out
             of range (:func:`check_rate`).
     """
-    once = _ONCE.get()
-    if once is not None and window == STEADY_WINDOW_S and tail == STEADY_TAIL_S:
-        known = once.get(id(samples))
-        if known is not None and known[0] is samples:
-            rate, chosen, note = known[1]
-            return rate, list(chosen), note
-        result = _steady_state(samples, window, tail)
-        # the list is held, so its id cannot be reused by another one meanwhile
-        once[id(samples)] = (samples, result)
-        return result[0], list(result[1]), result[2]
     return _steady_state(samples, window, tail)
 
 
-def _first_backwards(samples):
+def _first_backwards(samples: Sequence[Sample]) -> int | None:
     """Index of the first sample whose ``end`` is before its ``start`` (both finite
     numbers), or None. Raises AttributeError when a sample is not a dict."""
     starts = list(map(_GET_START, samples))
@@ -193,7 +146,7 @@ def _first_backwards(samples):
         # few candidates only (an infinite bound is not a backwards sample)
         if not any(map(operator.lt, ends, starts)):
             return None
-        candidates = (i for i, (a, b) in enumerate(zip(starts, ends)) if b < a)
+        candidates: Iterable[int] = (i for i, (a, b) in enumerate(zip(starts, ends)) if b < a)
     else:
         candidates = range(len(samples))
     return next(
@@ -202,7 +155,7 @@ def _first_backwards(samples):
     )
 
 
-def _steady_state(samples, window, tail):
+def _steady_state(samples: Sequence[Sample], window: float, tail: float) -> Steady:
     """:func:`steady_state` itself, computed."""
     try:
         if any(map(_GET_PROFILED, samples)):
@@ -231,6 +184,7 @@ def _steady_state(samples, window, tail):
     everyone = range(len(steady))
     hi = max(ends) - tail
     lo = hi - window
+    chosen: Sequence[int]
     if min(starts) <= lo:
         chosen = [i for i, start, end in zip(everyone, starts, ends) if start >= lo and end <= hi]
         note = FULL
@@ -255,7 +209,7 @@ def _steady_state(samples, window, tail):
     return check_rate(rate), [steady[i] for i in chosen], note
 
 
-def describe(values):
+def describe(values: Iterable[float | None]) -> dict[str, Any]:
     """Return ``{n, min, max, mean, std}`` of ``values`` (any unit; same unit out).
 
     ``std`` is the sample standard deviation (divisor ``n - 1``): the runs are
@@ -263,19 +217,19 @@ def describe(values):
     gives. With ``n == 1`` it is 0. With ``n == 0`` every statistic is
     ``None``.
     """
-    values = [float(v) for v in values if v is not None]
-    n = len(values)
+    numbers = [float(v) for v in values if v is not None]
+    n = len(numbers)
     if n == 0:
         return {"n": 0, "min": None, "max": None, "mean": None, "std": None}
-    mean = math.fsum(values) / n
+    mean = math.fsum(numbers) / n
     if n > 1:
-        std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+        std = math.sqrt(math.fsum((v - mean) ** 2 for v in numbers) / (n - 1))
     else:
         std = 0.0
-    return {"n": n, "min": min(values), "max": max(values), "mean": mean, "std": std}
+    return {"n": n, "min": min(numbers), "max": max(numbers), "mean": mean, "std": std}
 
 
-def cv(mean, std):
+def cv(mean: float | None, std: float | None) -> float:
     """Coefficient of variation ``std / mean`` as a fraction (``std%`` in the report).
 
     ``None`` or zero mean, or ``None`` std (no data), gives 0.0; with one
@@ -286,7 +240,13 @@ def cv(mean, std):
     return float(std) / float(mean)
 
 
-def perf_adj(perf, std_frac, fail, n, penalize_variance=True):
+def perf_adj(
+    perf: float | None,
+    std_frac: float | None,
+    fail: int,
+    n: int,
+    penalize_variance: bool = True,
+) -> float:
     """Adjusted performance (items/s), from the 2020 milarun report.
 
     ``perf_adj = perf * (1 - std%) * (1 - fail / n)``; without variance
@@ -306,7 +266,7 @@ def perf_adj(perf, std_frac, fail, n, penalize_variance=True):
     return max(0.0, float(perf) * factor)
 
 
-def weighted_log_mean(values, weights):
+def weighted_log_mean(values: Iterable[float | None], weights: Iterable[float]) -> float | None:
     """``sum(w_i * log(v_i)) / sum(w_i)``: the logarithm of :func:`weighted_geomean`.
 
     Computed on weights divided by the largest one (the mean is unchanged) and
@@ -319,7 +279,7 @@ def weighted_log_mean(values, weights):
         ValueError: a positively weighted value is not positive and finite,
             or a weight is negative or not finite.
     """
-    pairs = []
+    pairs: list[tuple[float, float]] = []
     for v, w in zip(values, weights):
         if not finite(w) or w < 0:
             raise ValueError(f"weight {w!r} is not a finite number >= 0")
@@ -334,7 +294,7 @@ def weighted_log_mean(values, weights):
     return math.fsum(w / top * lv for lv, w in pairs) / math.fsum(w / top for _, w in pairs)
 
 
-def weighted_geomean(values, weights):
+def weighted_geomean(values: Iterable[float | None], weights: Iterable[float]) -> float | None:
     """Score: ``exp(sum(w_i * log(v_i)) / sum(w_i))``, the weighted geometric mean.
 
     The 2020 milarun report's score, and the mean that keeps the ranking of
@@ -363,7 +323,7 @@ def weighted_geomean(values, weights):
     return exp_or_inf(log_mean)
 
 
-def exp_or_inf(x):
+def exp_or_inf(x: float) -> float:
     """``math.exp(x)``, or ``inf`` where it overflows (the caller shows "n/a")."""
     try:
         return math.exp(x)

@@ -39,11 +39,16 @@ processes did not load the machine together for most of their measurement.
 Units: times in s (Unix time for absolute ones), rates in items/s.
 """
 
+from __future__ import annotations
+
 import itertools
 import math
 import operator
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from . import stats
+from .stats import Sample, Steady
 
 _START, _END = operator.itemgetter("start"), operator.itemgetter("end")
 _COUNT = operator.itemgetter("count")
@@ -54,7 +59,7 @@ _PROFILED = operator.methodcaller("get", "profiled")
 MIN_OVERLAP = 0.8
 
 
-def anchor(record):
+def anchor(record: Mapping[str, Any]) -> float | None:
     """The Unix time of the zero of a result's sample times, on the wave's common clock.
 
     With a start barrier (``timings.barrier``), the launcher's clock: the
@@ -74,11 +79,13 @@ def anchor(record):
     return None
 
 
-def _num(x):
+def _num(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def steady_span(samples, tail=stats.STEADY_TAIL_S, note=None):
+def steady_span(
+    samples: Sequence[Sample], tail: float = stats.STEADY_TAIL_S, note: str | None = None
+) -> tuple[float, float] | None:
     """``(lo, hi)``: the time (s, the samples' clock) a result was in its steady state.
 
     From the start of its first non-warm-up sample to the end of its last
@@ -102,7 +109,7 @@ def steady_span(samples, tail=stats.STEADY_TAIL_S, note=None):
     return min(map(_START, kept)), max(map(_END, kept))
 
 
-def work_in(samples, lo, hi):
+def work_in(samples: Sequence[Sample], lo: float, hi: float) -> float:
     """Items processed between ``lo`` and ``hi`` (s, the samples' clock).
 
     A sample window that straddles a bound counts pro rata of its overlap
@@ -130,7 +137,7 @@ def work_in(samples, lo, hi):
     )
 
 
-def _work_in_loop(samples, lo, hi):
+def _work_in_loop(samples: Sequence[Sample], lo: float, hi: float) -> float:
     """:func:`work_in`, one sample at a time."""
     items = 0.0
     for s in samples:
@@ -143,13 +150,14 @@ def _work_in_loop(samples, lo, hi):
     return items
 
 
-def profiled_spans(samples):
+def profiled_spans(samples: Sequence[Sample]) -> list[tuple[float, float]]:
     """The spans (s, the samples' clock) that ``--profile-trace`` took: each run of
     samples flagged ``profiled``, widened to the samples around it (starting the
     profiler and writing its trace fall between windows). Their items and their
     time stay out of the effective throughput, as they stay out of the steady state.
     """
-    spans, i = [], 0
+    spans: list[tuple[float, float]] = []
+    i = 0
     if not any(map(_PROFILED, samples)):  # the usual case, in C
         return spans
     while i < len(samples):
@@ -166,7 +174,7 @@ def profiled_spans(samples):
     return spans
 
 
-def _effective(samples, lo, hi):
+def _effective(samples: Sequence[Sample], lo: float, hi: float) -> float | None:
     """Items/s of one process over ``[lo, hi]`` (its clock), less its profiled spans.
 
     Raises:
@@ -182,13 +190,15 @@ def _effective(samples, lo, hi):
     return stats.check_rate(work_in(kept, lo, hi) / (hi - lo - held), "effective rate")
 
 
-def wave(members, min_overlap=MIN_OVERLAP):
+def wave(members: Sequence[Mapping[str, Any]], min_overlap: float = MIN_OVERLAP) -> dict[str, Any]:
     """Own, effective and adjusted throughput of one concurrent wave.
 
     Args:
         members: list of ``{"label": str, "anchor": Unix time of the samples' zero
             (:func:`anchor`), "samples": the result's ``timings.train.samples``}``,
-            one per successful process of the wave (two or more).
+            one per successful process of the wave (two or more); an optional
+            ``"steady"``: :func:`milarun.measure.stats.steady_state` of the samples,
+            when the caller has it.
         min_overlap: the overlap (fraction) under which the wave is flagged.
 
     Returns:
@@ -202,15 +212,17 @@ def wave(members, min_overlap=MIN_OVERLAP):
     Raises:
         ValueError: a malformed sample, or a member without an anchor.
     """
-    own, spans = {}, {}
+    own: dict[str, float | None] = {}
+    spans: dict[str, tuple[float, float] | None] = {}
     for m in members:
-        rate, _, note = stats.steady_state(m["samples"])
+        steady = m.get("steady")
+        rate, _, note = stats.steady_state(m["samples"]) if steady is None else steady
         own[m["label"]] = rate
         span = steady_span(m["samples"], note=note)
         if m["anchor"] is None:
             raise ValueError(f"process {m['label']!r} has no start time")
         spans[m["label"]] = None if span is None else (m["anchor"] + span[0], m["anchor"] + span[1])
-    out = {
+    out: dict[str, Any] = {
         "interval": None,
         "length": 0.0,
         "overlap": 0.0,
@@ -219,11 +231,12 @@ def wave(members, min_overlap=MIN_OVERLAP):
         "effective": {m["label"]: None for m in members},
         "adjusted": None,
     }
-    if not spans or any(s is None for s in spans.values()):
+    known = [s for s in spans.values() if s is not None]
+    if not spans or len(known) < len(spans):
         return out
-    lo = max(s[0] for s in spans.values())
-    hi = min(s[1] for s in spans.values())
-    longest = max(s[1] - s[0] for s in spans.values())
+    lo = max(s[0] for s in known)
+    hi = min(s[1] for s in known)
+    longest = max(s[1] - s[0] for s in known)
     if hi <= lo or longest <= 0:
         return out
     length = hi - lo
@@ -231,18 +244,19 @@ def wave(members, min_overlap=MIN_OVERLAP):
         m["label"]: _effective(m["samples"], lo - m["anchor"], hi - m["anchor"]) for m in members
     }
     overlap = min(1.0, length / longest)
+    rates = [r for r in effective.values() if r is not None]
     out.update(
         interval=[lo, hi],
         length=length,
         overlap=overlap,
         flagged=overlap < min_overlap,
         effective=effective,
-        adjusted=(None if None in effective.values() else math.fsum(effective.values())),
+        adjusted=(None if len(rates) < len(effective) else math.fsum(rates)),
     )  # <= 4096 x MAX_RATE
     return out
 
 
-def release_skew(barriers):
+def release_skew(barriers: Iterable[object]) -> float | None:
     """The start skew of a wave (s): the spread of its processes' release times.
 
     ``barriers`` are the ``timings.barrier`` dicts of its results. Each release
@@ -250,13 +264,15 @@ def release_skew(barriers):
     nodes' clock offsets (NTP keeps them in the milliseconds). None with fewer
     than two released processes.
     """
-    times = [b["released"] for b in barriers if isinstance(b, dict) and _num(b.get("released"))]
+    times: list[float] = [
+        b["released"] for b in barriers if isinstance(b, dict) and _num(b.get("released"))
+    ]
     if len(times) < 2:
         return None
     return max(times) - min(times)
 
 
-def wave_key(rec):
+def wave_key(rec: Mapping[str, Any]) -> tuple[str, Any]:
     """What puts a result in a wave: the id of the start barrier it met
     (``timings.barrier.wave``, unique to one session's launch of one wave), else its
     run index. A ``--resume`` that relaunches part of a wave, or two sessions writing
@@ -268,7 +284,11 @@ def wave_key(rec):
     return ("run", run if isinstance(run, int) else 0)
 
 
-def summarize_waves(records, min_overlap=MIN_OVERLAP):
+def summarize_waves(
+    records: Sequence[Mapping[str, Any]],
+    min_overlap: float = MIN_OVERLAP,
+    steady: Sequence[Steady | None] | None = None,
+) -> dict[str, Any]:
     """The summary fields of a test's concurrent waves, or ``{}`` when it has none.
 
     ``records`` are the test's successful results that have a steady-state
@@ -282,20 +302,28 @@ def summarize_waves(records, min_overlap=MIN_OVERLAP):
     "overlap": the smallest overlap of a wave (fraction), "sync": {"waves": k,
     "synchronized": results that met a start barrier, "skew_s": the largest
     start skew of a wave (s) or None}}``. A wave without a common interval adds
-    nothing to ``effective`` and ``adjusted`` (its overlap is 0).
+    nothing to ``effective`` and ``adjusted`` (its overlap is 0). ``steady``: the
+    records' :func:`milarun.measure.stats.steady_state`, in their order, when the
+    caller has them; else they are computed.
     """
-    waves = {}
-    for rec in records:
-        waves.setdefault(wave_key(rec), []).append(rec)
-    waves = {key: recs for key, recs in waves.items() if len(recs) > 1}
+    grouped: dict[tuple[str, Any], list[tuple[Mapping[str, Any], Steady | None]]] = {}
+    steadies: Sequence[Steady | None] = [None] * len(records) if steady is None else steady
+    for rec, known in zip(records, steadies):
+        grouped.setdefault(wave_key(rec), []).append((rec, known))
+    waves = {key: recs for key, recs in grouped.items() if len(recs) > 1}
     if not waves:
         return {}
-    effective, pergpu, adjusted, overlaps, skews = [], {}, [], [], []
+    effective: list[float] = []
+    pergpu: dict[str, list[float]] = {}
+    adjusted: list[float] = []
+    overlaps: list[float] = []
+    skews: list[float] = []
     synced = 0
     for key in sorted(waves, key=repr):
-        recs = waves[key]
-        members, seen = [], set()
-        for rec in recs:
+        recs = [rec for rec, _ in waves[key]]
+        members: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for rec, known in waves[key]:
             label = str(rec.get("device", ""))
             while label in seen:  # the same device twice in a run: keep both apart
                 label += "'"
@@ -306,8 +334,10 @@ def summarize_waves(records, min_overlap=MIN_OVERLAP):
                     "device": str(rec.get("device", "")),
                     "anchor": anchor(rec),
                     "samples": rec["timings"]["train"]["samples"],
+                    "steady": known,
                 }
             )
+        w: dict[str, Any]
         try:
             w = wave(members, min_overlap)
         except ValueError:

@@ -24,12 +24,17 @@ them for each launch (:func:`placeholder_values`) and tells the child their
 values (``--extra``'s ``placeholders``, recorded in the result).
 """
 
+from __future__ import annotations
+
 import datetime
 import math
+import os
 import shlex
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SetupError
 from ..formats import child
@@ -39,7 +44,10 @@ from ..host import accel
 from ..host.isolation import format_cpus, parse_cpus, wrap
 from ..host.kernel import read_text
 from .nodes import Cluster, local_cluster
-from .types import JOIN_TIMEOUT_S
+from .types import JOIN_TIMEOUT_S, Job, Slot
+
+if TYPE_CHECKING:
+    from ..host.devices import Devices
 
 #: TCP port of the c10d rendezvous on the main node (torchrun's usual one).
 RDZV_PORT = 29400
@@ -78,50 +86,52 @@ class Launch:
     """
 
     name: str
-    job: object
+    job: Job
     run: int
     device: str
-    devices: list
-    argv: list
-    env: dict
-    cgroup: str = None
+    devices: list[int]
+    argv: list[str]
+    env: dict[str, str]
+    cgroup: str | None = None
     concurrent: bool = False
     group: str = ""
     log: str = ""
-    test_argv: list = field(default_factory=list)
+    test_argv: list[str] = field(default_factory=list)
     timeout: float = 1800.0
-    result_path: Path = None
-    fail_path: Path = None
-    nodes: list = field(default_factory=list)
-    cluster: object = None
+    result_path: Path | None = None
+    fail_path: Path | None = None
+    nodes: list[str] = field(default_factory=list)
+    cluster: Cluster | None = None
     launcher: str = "python"
-    test_env: dict = None
-    barrier_wave: str = None
-    cpus: list = None
-    placeholders: dict = None
+    test_env: dict[str, str] | None = None
+    barrier_wave: str | None = None
+    cpus: list[int] | None = None
+    placeholders: dict[str, Any] | None = None
 
     @property
-    def job_id(self):
+    def job_id(self) -> str:
         return f"{self.run}.{self.device}"
 
     @property
-    def journal_path(self):
+    def journal_path(self) -> Path:
         """The child's sample journal (JSON Lines) next to ``result_path``."""
+        if self.result_path is None:
+            raise TypeError(f"launch {self.name} J{self.job_id} has no result path")
         return journal_path(self.result_path)
 
     @property
-    def stdin(self):
+    def stdin(self) -> str | None:
         """Text the launcher writes to the process's stdin before closing it, or None
         (/dev/null): the barrier secret of an ssh launch, which must stay out of every
         argv (``nodes.Cluster.stdin``)."""
         return None if self.cluster is None else self.cluster.stdin(self.argv, self.env)
 
     @property
-    def key(self):
+    def key(self) -> tuple[str, int, str]:
         """``(name, run, device)``: what identifies a launch across sessions (``--resume``)."""
         return (self.name, self.run, self.device)
 
-    def describe(self, width=None):
+    def describe(self, width: int | None = None) -> str:
         """Lines for ``--dry-run``: ``# group Jrun.device (mode, cgroup, timeout)``, then
         the env and the command as :func:`shown_command` writes them."""
         mode = "concurrent" if self.concurrent else "sequential"
@@ -139,7 +149,7 @@ SHOWN_WIDTH = 100
 SHOWN_JOB = '"job": {…}'
 
 
-def _shorten_job(word):
+def _shorten_job(word: str) -> str:
     """``word`` with the JSON object after ``"job": `` replaced by ``{…}`` (strings in
     it, such as ``"{dataroot}"``, are skipped when matching braces); unchanged when
     there is none or it does not close."""
@@ -168,7 +178,7 @@ def _shorten_job(word):
     return word
 
 
-def shown_command(env, argv, width=None):
+def shown_command(env: Mapping[str, str], argv: Sequence[str], width: int | None = None) -> str:
     """The ``--dry-run`` text of one command: ``VAR=value ... argv``, shell-quoted, with
     the job definition inside ``--extra`` shown as ``{…}`` and the words wrapped at
     ``width`` columns (:data:`SHOWN_WIDTH`) with backslash continuations. The program and
@@ -196,7 +206,8 @@ def shown_command(env, argv, width=None):
             i += 1
         words.append(_shorten_job(word))
         i += 1
-    lines, line = [], ""
+    lines: list[str] = []
+    line = ""
     for word in words:
         if line and len(line) + 1 + len(word) + 2 > width:  # 2: the " \\" it may end with
             lines.append(line + " \\")
@@ -208,19 +219,19 @@ def shown_command(env, argv, width=None):
 
 
 def child_argv(
-    job,
-    run,
-    label,
-    devices,
-    out,
-    dataroot,
-    test_argv,
-    python=None,
-    nproc=1,
-    launcher="python",
-    extra=None,
-    rendezvous=None,
-):
+    job: Job,
+    run: int,
+    label: str,
+    devices: Sequence[int],
+    out: str | os.PathLike[str] | None,
+    dataroot: str | os.PathLike[str] | None,
+    test_argv: Sequence[str],
+    python: str | None = None,
+    nproc: int = 1,
+    launcher: str = "python",
+    extra: Mapping[str, Any] | None = None,
+    rendezvous: Mapping[str, Any] | None = None,
+) -> list[str]:
     """The ``milarun run`` command for one launch (before cgexec/exec prefix).
 
     Args:
@@ -231,7 +242,7 @@ def child_argv(
         extra: more fields for the record (``--extra``), e.g. the nodes.
     """
     python = python or sys.executable
-    fields = {
+    fields: dict[str, Any] = {
         "run": run,
         "device": label,
         "devices": devices,
@@ -251,6 +262,7 @@ def child_argv(
             str(nproc),
         ]
     elif launcher == "rendezvous":
+        assert rendezvous is not None, "a rendezvous launch needs its rendezvous"
         head = [
             python,
             "-m",
@@ -285,7 +297,14 @@ def child_argv(
     )
 
 
-def placeholder_values(job, devices, devs, nodes, outdir, dataroot):
+def placeholder_values(
+    job: Job,
+    devices: Devices,
+    devs: Sequence[int],
+    nodes: Sequence[str],
+    outdir: str | os.PathLike[str],
+    dataroot: str | os.PathLike[str] | None,
+) -> dict[str, Any]:
     """The values of the launch placeholders ``job``'s arguments use, for one launch.
 
     Args:
@@ -315,10 +334,10 @@ def placeholder_values(job, devices, devs, nodes, outdir, dataroot):
             a device's memory).
     """
 
-    def unknown(name, what):
+    def unknown(name: str, what: str) -> SetupError:
         return SetupError(f"{job.full_name}: cannot fill {{{name}}} in its arguments: {what}")
 
-    values = {}
+    values: dict[str, Any] = {}
     for name in job.placeholders:
         if name == "cpu_per_gpu":
             if not devices.cores:
@@ -356,7 +375,7 @@ def placeholder_values(job, devices, devs, nodes, outdir, dataroot):
 NUMA_ONLINE = "/sys/devices/system/node/online"
 
 
-def online_numa_nodes(path=None):
+def online_numa_nodes(path: str | None = None) -> list[int]:
     """The host's online NUMA nodes (sorted ints; ``[0]`` when the kernel does not say),
     from ``path`` (default :data:`NUMA_ONLINE`)."""
     text = read_text(path or NUMA_ONLINE)
@@ -367,7 +386,7 @@ def online_numa_nodes(path=None):
     return nodes or [0]
 
 
-def device_numa_node(devices, devs):
+def device_numa_node(devices: Devices, devs: Sequence[int]) -> int | None:
     """NUMA node of the first of ``devs`` (its backend's ``numa_node``), node 0 on a
     one-node host when the device does not say (CPU slots), else None."""
     if devs:
@@ -377,26 +396,26 @@ def device_numa_node(devices, devs):
     return 0 if online_numa_nodes() == [0] else None
 
 
-def as_cluster(where):
+def as_cluster(where: Cluster | Devices) -> Cluster:
     """A ``nodes.Cluster`` from a Cluster, or from ``devices.Devices`` (this host alone)."""
     return where if isinstance(where, Cluster) else local_cluster(where)
 
 
 def plan_job(
-    job,
-    where,
-    run,
-    outdir,
-    dataroot=None,
-    extra_args=(),
-    use_cgexec=True,
-    timeout=None,
-    python=None,
-    session=None,
-    rdzv_port=RDZV_PORT,
-    join_timeout=JOIN_TIMEOUT_S,
-    barrier=None,
-):
+    job: Job,
+    where: Cluster | Devices,
+    run: int,
+    outdir: str | os.PathLike[str],
+    dataroot: str | os.PathLike[str] | None = None,
+    extra_args: Iterable[str] = (),
+    use_cgexec: bool = True,
+    timeout: float | None = None,
+    python: str | None = None,
+    session: datetime.datetime | None = None,
+    rdzv_port: int = RDZV_PORT,
+    join_timeout: float = JOIN_TIMEOUT_S,
+    barrier: Mapping[str, Any] | None = None,
+) -> list[list[Launch]]:
     """Return the waves (list of lists of ``Launch``) for one run of ``job``.
 
     Args:
@@ -419,7 +438,7 @@ def plan_job(
     timeout = float(timeout or job.timeout)
     when = session or datetime.datetime.fromtimestamp(0, datetime.timezone.utc)
 
-    def make(slot, wave_id=None):
+    def make(slot: Slot, wave_id: str | None = None) -> Launch:
         label = slot.label
         devs = list(slot.devices)
         # the backend's visibility variables (milarun.host.accel); CPU slots hide every GPU
@@ -428,6 +447,7 @@ def plan_job(
         first = next(iter(vis))
         env = {first: vis.pop(first), child.ENV_DEVICE: label, child.ENV_RUN: str(run), **vis}
         if wave_id is not None:
+            assert barrier is not None  # a wave id is given only with a barrier
             env.update(
                 {
                     ENV_ADDRESS: barrier["address"],
@@ -442,7 +462,7 @@ def plan_job(
         cg = slot.cgroup if use_cgexec else None
         result = Path(outdir) / result_filename(job.full_name, run, label, True, when)
         fail = Path(outdir) / result_filename(job.full_name, run, label, False, when)
-        extra = {}
+        extra: dict[str, Any] = {}
         if cluster.kind != "local":  # one host: its records name it in host.hostname
             extra = {
                 "nodes": list(slot.nodes),
@@ -507,7 +527,7 @@ def plan_job(
             placeholders=values or None,
         )
 
-    waves = []
+    waves: list[list[Launch]] = []
     for i, wave in enumerate(job.kind.expand(job, cluster)):
         wave_id = None
         if barrier is not None and len(wave) > 1 and all(s.concurrent for s in wave):
@@ -516,9 +536,15 @@ def plan_job(
     return waves
 
 
-def plan_suite(jobs, where, repeat, outdir, **kwargs):
+def plan_suite(
+    jobs: Iterable[Job],
+    where: Cluster | Devices,
+    repeat: int,
+    outdir: str | os.PathLike[str],
+    **kwargs: Any,
+) -> list[list[Launch]]:
     """Waves for every run and job: run 0 of every job, then run 1, and so on."""
-    waves = []
+    waves: list[list[Launch]] = []
     for run in range(repeat):
         for job in jobs:
             waves += plan_job(job, where, run, outdir, **kwargs)

@@ -29,6 +29,8 @@ have milarun installed at the same path and see the results folder (checked by
 No torch here.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
@@ -37,13 +39,18 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import SetupError
 from ..formats.barrier import ENV_SECRET
 from ..formats.child import ENV_NODE
 from ..formats.jsonfile import first_error, key_path, read_json
+
+if TYPE_CHECKING:
+    from ..host.devices import Devices
 
 #: Exit status of ``ssh`` when the connection failed or dropped.
 SSH_LOST = 255
@@ -90,12 +97,12 @@ class Node:
     """
 
     name: str
-    address: str = None
-    user: str = None
-    port: int = None
-    key: str = None
+    address: str | None = None
+    user: str | None = None
+    port: int | None = None
+    key: str | None = None
     main: bool = False
-    config: str = None
+    config: str | None = None
 
 
 @dataclass
@@ -111,30 +118,36 @@ class Cluster:
     """
 
     kind: str
-    nodes: list
-    devices: object
-    job_id: str = None
-    source: str = None
+    nodes: list[Node]
+    devices: Devices
+    job_id: str | None = None
+    source: str | None = None
     python: str = field(default_factory=lambda: sys.executable)
 
     @property
-    def main(self):
+    def main(self) -> Node:
         """The main node (rendezvous host)."""
         return self.nodes[0]
 
     @property
-    def multi(self):
+    def multi(self) -> bool:
         """True when there is more than one node (result names then carry the node)."""
         return len(self.nodes) > 1
 
-    def node(self, name):
+    def node(self, name: str) -> Node:
         """The node called ``name``; KeyError when there is none."""
         for n in self.nodes:
             if n.name == name:
                 return n
         raise KeyError(name)
 
-    def on_nodes(self, argv, env, names, tag=""):
+    def on_nodes(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        names: Sequence[str],
+        tag: str = "",
+    ) -> tuple[list[str], dict[str, str]]:
         """``(argv, env)`` that run ``argv`` with ``env`` once on each node of ``names``.
 
         ``env`` stays the local process's environment for ``local``; for
@@ -150,7 +163,7 @@ class Cluster:
         env = dict(env, MILARUN_PDEATHSIG="1")
         # the start barrier's secret stays out of every command line (``ps`` shows them to
         # every user); srun --export=ALL hands srun's own environment on, ssh its stdin
-        secret = {}
+        secret: dict[str, str] = {}
         if ENV_SECRET in env:
             secret[ENV_SECRET] = env.pop(ENV_SECRET)
         inner = ["env"] + [f"{k}={v}" for k, v in sorted(env.items())] + list(argv)
@@ -177,7 +190,7 @@ class Cluster:
             return agents[0], secret
         return [self.python, "-m", "milarun.launcher.fanout", json.dumps(agents)], secret
 
-    def stdin(self, argv, env):
+    def stdin(self, argv: Sequence[str], env: Mapping[str, str]) -> str | None:
         """What the launcher writes to the standard input of ``argv`` run with ``env`` (an
         :meth:`on_nodes` result) before closing it: the barrier secret and a newline for a
         single ssh agent, which hands it to the remote :data:`READ_SECRET`; None otherwise
@@ -187,7 +200,7 @@ class Cluster:
             return env[ENV_SECRET] + "\n"
         return None
 
-    def failure_reason(self, returncode, tail):
+    def failure_reason(self, returncode: int | None, tail: Sequence[str] | None) -> str | None:
         """``node-lost`` when the transport says a node went away, else None.
 
         ``tail`` is the last lines of the launch's output (list of str).
@@ -202,7 +215,7 @@ class Cluster:
         return None
 
 
-def ssh_argv(node, argv):
+def ssh_argv(node: Node, argv: Sequence[str]) -> list[str]:
     """The ``ssh`` command that runs ``argv`` on ``node`` (a :class:`Node`).
 
     The remote command sits behind ``setpriv --pdeathsig KILL`` where the
@@ -228,12 +241,12 @@ def ssh_argv(node, argv):
     return head + ["--", node.address or node.name, guarded]
 
 
-def local_cluster(devices, name=None):
+def local_cluster(devices: Devices, name: str | None = None) -> Cluster:
     """One node, this host (named after its host name)."""
     return Cluster("local", [Node(name or socket.gethostname(), "127.0.0.1", main=True)], devices)
 
 
-def _run(argv, env=None):
+def _run(argv: list[str], env: Mapping[str, str] | None = None) -> str:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -243,7 +256,11 @@ def _run(argv, env=None):
     return out.stdout
 
 
-def slurm_cluster(devices, environ=None, run=_run):
+def slurm_cluster(
+    devices: Devices,
+    environ: Mapping[str, str] | None = None,
+    run: Callable[[list[str]], str] = _run,
+) -> Cluster:
     """The nodes of the Slurm allocation this process runs in.
 
     Node names come from ``scontrol show hostnames $SLURM_JOB_NODELIST``, their
@@ -263,7 +280,7 @@ def slurm_cluster(devices, environ=None, run=_run):
     names = run(["scontrol", "show", "hostnames", nodelist]).split()
     if not names:
         raise SetupError(f"$SLURM_JOB_NODELIST {nodelist!r} names no node")
-    addresses = {}
+    addresses: dict[str, str] = {}
     for line in run(["scontrol", "show", "node", ",".join(names), "--oneliner"]).splitlines():
         m = re.search(r"NodeName=(\S+).*?NodeAddr=(\S+)", line)
         if m:
@@ -275,7 +292,7 @@ def slurm_cluster(devices, environ=None, run=_run):
     return Cluster("slurm", nodes, devices, job_id=job, source="$SLURM_JOB_NODELIST")
 
 
-def load_system(path, devices):
+def load_system(path: str | os.PathLike[str], devices: Devices) -> Cluster:
     """Read a system file (``--system``) into an ``ssh`` :class:`Cluster`.
 
     The file (``milarun/formats/schemas/system.schema.json``)::
@@ -300,7 +317,7 @@ def load_system(path, devices):
     nodes = []
     here = Path(path).resolve().parent  # relative paths are the file's, not the shell's
 
-    def beside(value):
+    def beside(value: str | None) -> str | None:
         return str(here / os.path.expanduser(value)) if value else None
 
     config = beside(data.get("ssh_config"))
@@ -330,7 +347,12 @@ def load_system(path, devices):
     return Cluster("ssh", nodes, devices, source=str(path))
 
 
-def discover(devices, system=None, single_node=False, environ=None):
+def discover(
+    devices: Devices,
+    system: str | os.PathLike[str] | None = None,
+    single_node: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> Cluster:
     """The cluster ``milarun jobs`` runs on: the ``--system`` file's nodes; else, inside
     a Slurm allocation (``$SLURM_JOB_ID`` set, one node or more; not with
     ``single_node``), its nodes, every launch a job step; else this host alone.
@@ -348,7 +370,7 @@ def discover(devices, system=None, single_node=False, environ=None):
     return local_cluster(devices)
 
 
-def portable(devices):
+def portable(devices: Devices) -> Devices:
     """``devices`` as every node of a cluster can be given them: this host's GPU UUIDs
     (``GPU-…``) name no GPU on another node, so each device whose accelerator has a
     :attr:`~milarun.host.accel.base.Accelerator.portable_id` (a whole NVIDIA GPU: CUDA's
@@ -364,14 +386,18 @@ def portable(devices):
     return replace(devices, visible=visible)
 
 
-def probe_argv(cluster, name, path):
+def probe_argv(
+    cluster: Cluster, name: str, path: str | os.PathLike[str]
+) -> tuple[list[str], dict[str, str]]:
     """``(argv, env)`` that write ``path`` (a probe file) on node ``name``."""
     return cluster.on_nodes(
         ["sh", "-c", 'echo "$1" > "$2"', "probe", name, str(path)], {}, [name], tag="milarun-probe"
     )
 
 
-def check_shared_outdir(cluster, outdir, timeout=60.0):
+def check_shared_outdir(
+    cluster: Cluster, outdir: str | os.PathLike[str], timeout: float = 60.0
+) -> None:
     """Check that every node sees ``outdir``: each writes a probe file, this host reads it back.
 
     Raises:

@@ -31,13 +31,27 @@ enum (:data:`NAMES`, from which :data:`TYPES` is built).
 No torch here.
 """
 
+from __future__ import annotations
+
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SetupError
 from ..formats.jsonfile import load_schema
 from ..host.isolation import process_cpus, slot_cpus
+
+if TYPE_CHECKING:
+    from .nodes import Cluster
+
+#: A job of the profile (:class:`milarun.profile.job.Job`): a layer above the plan, so
+#: named here only; the plan reads its ``full_name``, ``launcher``, ``cgroup``, ``definition``.
+Job = Any
+
+#: A result record or summary entry (parsed JSON).
+Record = Mapping[str, Any]
 
 #: ``torchrun --rdzv-conf join_timeout``: seconds a node waits for the others
 #: to join before the job fails with ``rendezvous-timeout``.
@@ -61,26 +75,26 @@ class Slot:
         cpus: CPU ids to pin the launch to with numactl (tuple of int), or None.
     """
 
-    nodes: tuple
-    devices: tuple
+    nodes: tuple[str, ...]
+    devices: tuple[int, ...]
     label: str
     group: str
     concurrent: bool
-    cgroup: str = None
+    cgroup: str | None = None
     launcher: str = "python"
-    cpus: tuple = None
+    cpus: tuple[int, ...] | None = None
 
     @property
-    def nproc(self):
+    def nproc(self) -> int:
         """Processes per node (torchrun's ``--nproc-per-node``)."""
         return len(self.devices)
 
 
-def _range_label(devices):
+def _range_label(devices: list[int]) -> str:
     return str(devices[0]) if len(devices) == 1 else f"{devices[0]}-{devices[-1]}"
 
 
-def _on(cluster, node, label):
+def _on(cluster: Cluster, node: str, label: str) -> str:
     """A label that carries the node when the cluster has several."""
     return f"{node}.{label}" if cluster.multi else label
 
@@ -90,7 +104,7 @@ class PlanType:
 
     name = ""
     #: ``partition_scheme`` keys this type takes besides ``type`` (the schema types them).
-    keys = ()
+    keys: tuple[str, ...] = ()
     #: True when its launches span nodes through a rendezvous (torchrun across nodes).
     distributed = False
     #: What one record's rate measures, for the node score (:mod:`milarun.report.table`):
@@ -98,7 +112,7 @@ class PlanType:
     #: (the devices it used on one node) or ``"job"`` (a job over ``node_count`` nodes).
     rate_of = "node"
 
-    def check(self, scheme, launcher):
+    def check(self, scheme: Mapping[str, Any], launcher: str | None) -> tuple[str, str] | None:
         """Problems of a job's ``partition_scheme`` for this type: ``(key, message)`` or None."""
         for key in scheme:
             # "cgroup" comes with the "*" defaults into every job; only per-gpu uses it
@@ -107,11 +121,11 @@ class PlanType:
                 return key, f"not used by plan type {self.name!r} (its keys: {known})"
         return None
 
-    def expand(self, job, cluster):
+    def expand(self, job: Job, cluster: Cluster) -> list[list[Slot]]:
         """Waves (list of lists) of :class:`Slot` for one run of ``job`` on ``cluster``."""
         raise NotImplementedError
 
-    def notes(self, job, cluster):
+    def notes(self, job: Job, cluster: Cluster) -> list[str]:
         """Lines to tell the operator before anything runs (what the plan leaves out).
 
         Raises:
@@ -119,11 +133,11 @@ class PlanType:
         """
         return []
 
-    def group(self, record):
+    def group(self, record: Record) -> str:
         """The summary group of a result record."""
         return record["name"]
 
-    def weight_key(self, group, weights):
+    def weight_key(self, group: str, weights: Mapping[str, Any]) -> str | None:
         """The key of ``weights`` that applies to ``group``, or None."""
         return group if group in weights else None
 
@@ -133,7 +147,7 @@ class PerGPU(PlanType):
     keys = ("cgroup",)
     rate_of = "device"
 
-    def expand(self, job, cluster):
+    def expand(self, job: Job, cluster: Cluster) -> list[list[Slot]]:
         idx = list(cluster.devices.indices)
         launcher = "torchrun" if job.launcher == "torchrun" else "python"
         return [
@@ -157,9 +171,9 @@ class _Steps(PlanType):
     """A study of several steps, each its own group ``suite.job.<step>``; a weight for
     ``suite.job`` applies to each step (``_GROUP`` matches the step's group)."""
 
-    _GROUP = None
+    _GROUP: re.Pattern[str]
 
-    def weight_key(self, group, weights):
+    def weight_key(self, group: str, weights: Mapping[str, Any]) -> str | None:
         if group in weights:
             return group
         m = self._GROUP.match(group)
@@ -170,7 +184,7 @@ class GPUProgression(_Steps):
     name = "gpu-progression"
     _GROUP = re.compile(r"^(.+)\.(\d+)$")
 
-    def expand(self, job, cluster):
+    def expand(self, job: Job, cluster: Cluster) -> list[list[Slot]]:
         idx = list(cluster.devices.indices)
         main = cluster.main.name
         launcher = "torchrun" if job.launcher == "torchrun" else "python"
@@ -189,7 +203,7 @@ class GPUProgression(_Steps):
             for k in range(1, len(idx) + 1)
         ]
 
-    def group(self, record):
+    def group(self, record: Record) -> str:
         count = record.get("device_count")
         if count is None:
             count = len(record.get("devices") or [])
@@ -199,7 +213,7 @@ class GPUProgression(_Steps):
 class Normal(PlanType):
     name = "normal"
 
-    def expand(self, job, cluster):
+    def expand(self, job: Job, cluster: Cluster) -> list[list[Slot]]:
         idx = tuple(cluster.devices.indices)
         main = cluster.main.name
         launcher = "torchrun" if job.launcher == "torchrun" else "python"
@@ -211,7 +225,7 @@ class Normal(PlanType):
 class NJobs(PlanType):
     name = "njobs"
 
-    def expand(self, job, cluster):
+    def expand(self, job: Job, cluster: Cluster) -> list[list[Slot]]:
         idx = tuple(cluster.devices.indices)
         return [
             [
@@ -234,7 +248,7 @@ class MultiNode(PlanType):
     distributed = True
     rate_of = "job"
 
-    def expand(self, job, cluster):
+    def expand(self, job: Job, cluster: Cluster) -> list[list[Slot]]:
         idx = tuple(cluster.devices.indices)
         nodes = tuple(n.name for n in cluster.nodes)
         return [
@@ -249,7 +263,9 @@ class NodeProgression(_Steps):
     rate_of = "job"
     _GROUP = re.compile(r"^(.+)\.(\d+)x(\d+)$")
 
-    def shapes(self, job, cluster):
+    def shapes(
+        self, job: Job, cluster: Cluster
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """``(kept, skipped)``: lists of (nodes, devices per node) of the study; the
         skipped ones ask for more nodes or devices than ``cluster`` has."""
         scheme = job.definition.get("partition_scheme", {})
@@ -260,7 +276,7 @@ class NodeProgression(_Steps):
         kept = [(n, g) for n, g in every if n <= k and g <= g_max]
         return kept, [s for s in every if s not in kept]
 
-    def notes(self, job, cluster):
+    def notes(self, job: Job, cluster: Cluster) -> list[str]:
         kept, skipped = self.shapes(job, cluster)
         have = f"{len(cluster.nodes)} node(s) × {len(cluster.devices.indices)} device(s)"
         if not kept:
@@ -276,7 +292,7 @@ class NodeProgression(_Steps):
             ]
         return []
 
-    def expand(self, job, cluster):
+    def expand(self, job: Job, cluster: Cluster) -> list[list[Slot]]:
         idx = list(cluster.devices.indices)
         names = [n.name for n in cluster.nodes]
         kept, _ = self.shapes(job, cluster)
@@ -295,18 +311,18 @@ class NodeProgression(_Steps):
             for n, g in kept
         ]
 
-    def shape(self, record):
+    def shape(self, record: Record) -> tuple[int, int]:
         """``(nodes, devices per node)`` of a result record (1 node without node fields)."""
         n = record.get("node_count") or len(record.get("nodes") or []) or 1
         g = record.get("gpus_per_node") or record.get("device_count") or 1
         return n, g
 
-    def group(self, record):
+    def group(self, record: Record) -> str:
         n, g = self.shape(record)
         return f"{record['name']}.{n}x{g}"
 
 
-def launcher_cpus():
+def launcher_cpus() -> list[int]:
     """The CPU ids this process (the launcher) may use: the nodes' cores to share out."""
     return sorted(os.sched_getaffinity(0))
 
@@ -326,7 +342,7 @@ class MultiProcess(PlanType):
     name = "multi-process"
     keys = ("processes", "devices_per_process")
 
-    def shape(self, job, cluster):
+    def shape(self, job: Job, cluster: Cluster) -> tuple[int, int]:
         """``(P, k)``: processes per node and devices per process on ``cluster``
         (P is lowered to the devices there are, k defaults to devices // P)."""
         scheme = job.definition.get("partition_scheme", {})
@@ -336,7 +352,7 @@ class MultiProcess(PlanType):
         procs = min(procs, max(1, n // k))
         return procs, min(k, n)
 
-    def notes(self, job, cluster):
+    def notes(self, job: Job, cluster: Cluster) -> list[str]:
         scheme = job.definition.get("partition_scheme", {})
         want_p = int(scheme.get("processes") or 2)
         want_k = scheme.get("devices_per_process")
@@ -350,7 +366,7 @@ class MultiProcess(PlanType):
             ]
         return []
 
-    def expand(self, job, cluster):
+    def expand(self, job: Job, cluster: Cluster) -> list[list[Slot]]:
         devs = cluster.devices
         idx = list(devs.indices)
         procs, k = self.shape(job, cluster)
@@ -390,7 +406,7 @@ NAMES = tuple(
 )
 
 
-def _registry(*types):
+def _registry(*types: PlanType) -> dict[str, PlanType]:
     """``{name: plan type}`` in the order of :data:`NAMES`; every name has its class and
     every class its name (else the import fails, naming them)."""
     by_name = {t.name: t for t in types}
@@ -408,19 +424,21 @@ TYPES = _registry(
 )
 
 
-def plan_type(name):
+def plan_type(name: str) -> PlanType:
     """The plan type called ``name``; KeyError for an unknown one."""
     return TYPES[name]
 
 
-def group_name(record):
+def group_name(record: Record) -> str:
     """The summary group of a result record (``suite.job`` when its plan type, the record's
     ``partition``, is unknown)."""
-    kind = TYPES.get(record.get("partition"))
+    kind = TYPES.get(record.get("partition") or "")
     return kind.group(record) if kind else record["name"]
 
 
-def weight_for(group, weights, plan_type=None):
+def weight_for(
+    group: str, weights: Mapping[str, Any], plan_type: str | None = None
+) -> tuple[Any, str | None]:
     """``(weight, key)`` of summary group ``group``, or ``(None, None)``.
 
     ``plan_type`` (the name; a summary's ``partition``) None (a 2020 summary does not
