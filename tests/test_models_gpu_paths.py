@@ -1,4 +1,4 @@
-"""GPU paths of the workloads checked on CPU torch and fakes (issue 22, items 2, 9, 10, 11).
+"""GPU paths of the workloads checked on CPU torch and fakes.
 
 No GPU runs here: each test drives the code path a GPU would take with CPU
 tensors, a ``torch.device`` that only names the accelerator, or a fake
@@ -354,26 +354,31 @@ class FakeTorch:
         self.device = torch.device
 
 
-def test_rate_logger_times_xpu_windows_with_xpu_events_and_syncs_a_bare_run():
-    from milarun.bench.loop import XpuEventTimer, device_sync, device_timer
+def test_rate_logger_times_xpu_windows_with_xpu_events_and_syncs_a_bare_run(monkeypatch):
+    from milarun.bench import device as devices
     from milarun.bench.rate import CudaEventTimer, PerfCounterTimer
 
-    fake = FakeTorch()
-    timer = device_timer(fake, torch.device("xpu", 0))
-    assert isinstance(timer, XpuEventTimer)
+    fake = FakeXpuModule()
+    monkeypatch.setattr(torch, "xpu", fake, raising=False)
+    timer = devices.event_timer(torch.device("xpu", 0))
+    assert isinstance(timer, devices.XpuEventTimer)
     a, b = timer.mark(), timer.mark()
     assert timer.elapsed(a, b) == 0.25  # seconds
-    assert fake.xpu.log == ["record", "record", "event.synchronize"]
-    assert isinstance(device_timer(fake, torch.device("cuda", 0)), CudaEventTimer)
-    assert isinstance(device_timer(fake, torch.device("cpu")), PerfCounterTimer)
-    device_sync(fake, torch.device("xpu", 1))()
-    assert fake.xpu.log[-1] == ("synchronize", "xpu:1")
-    assert device_sync(fake, torch.device("cpu")) is None
+    assert fake.log == ["record", "record", "event.synchronize"]
+    assert isinstance(devices.event_timer(torch.device("cuda", 0)), CudaEventTimer)
+    assert isinstance(devices.event_timer(torch.device("cpu")), PerfCounterTimer)
+    devices.sync_function(torch.device("xpu", 1))()
+    assert fake.log[-1] == ("synchronize", "xpu:1")
+    assert devices.sync_function(torch.device("cpu")) is None
+    assert devices.module(torch.device("xpu", 1)) is fake
+    assert devices.module(torch.device("cuda", 0)) is torch.cuda
+    assert devices.module(torch.device("cpu")) is None and devices.module(None) is None
 
 
 def test_rate_logger_of_an_xpu_experiment_gets_the_xpu_timer(monkeypatch):
     """Before: only "cuda" got an event timer, so XPU windows timed the queueing."""
     from milarun.bench import loop
+    from milarun.bench.device import XpuEventTimer
 
     monkeypatch.setattr(torch, "xpu", FakeXpuModule(), raising=False)
 
@@ -397,17 +402,18 @@ def test_rate_logger_of_an_xpu_experiment_gets_the_xpu_timer(monkeypatch):
 
     exp = Exp()
     loop.rate_logger(exp)
-    assert isinstance(exp.rate.timer, loop.XpuEventTimer)
+    assert isinstance(exp.rate.timer, XpuEventTimer)
     exp.options = {**exp.options, "no_instrument": True}
     loop.rate_logger(exp)
     exp.rate._sync()
     assert torch.xpu.log[-1] == ("synchronize", "xpu:0")
 
 
-def test_matmul_times_xpu_matmuls_with_xpu_events():
+def test_matmul_times_xpu_matmuls_with_xpu_events(monkeypatch):
     from milarun.models.matmul import AUTO_PRECISIONS, _Timings
 
     fake = FakeTorch()
+    monkeypatch.setattr(torch, "xpu", fake.xpu, raising=False)
     t = _Timings(fake, torch.device("xpu", 0))
     start = t.start()
     t.stop("bf16", start, True)
@@ -417,19 +423,18 @@ def test_matmul_times_xpu_matmuls_with_xpu_events():
     assert AUTO_PRECISIONS["xpu"] == "fp32,fp16,bf16"
 
 
-def test_infer_runs_on_every_xpu_the_process_sees():
+def test_infer_runs_on_every_xpu_the_process_sees(monkeypatch):
     """Before: an XPU process ran its inference on CPU threads."""
-    from milarun.models.infer import accelerator_api, own_devices
+    from milarun.models.infer import own_devices
 
     fake = FakeTorch()
+    monkeypatch.setattr(torch, "xpu", fake.xpu, raising=False)
 
     class Exp:
         device = torch.device("xpu")
         result = {"devices": [0]}
 
     assert own_devices(Exp(), fake) == [torch.device("xpu", 0), torch.device("xpu", 1)]
-    assert accelerator_api(fake, torch.device("xpu", 1)) is fake.xpu
-    assert accelerator_api(fake, torch.device("cpu")) is None
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,11 @@ Typical model::
             ...
             step.set_count(len(x))
             step.log(loss=loss)   # a tensor is fine: read once per window
+
+The device helper (kind, ``torch.cuda``/``torch.xpu``, synchronize, timing events) is
+:mod:`milarun.bench.device`; a workload's module declares what its loss must do with
+``NO_LOSS = "why"`` or ``LOSS_MUST_FALL = "why"``
+(:func:`milarun.bench.experiment.loss_declaration`).
 """
 
 from .experiment import Experiment

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from ..errors import say
 from ..formats import barrier
 from ..host.net import free_port
+from .device import is_cuda
 from .setup import WrongDevice
 
 #: Seconds of torch's own default process-group timeout (``torch.distributed``:
@@ -153,13 +154,13 @@ def process_group(exp, device, backend="auto"):
     threads = rank_threads(torch.get_num_threads(), local_size)
     torch.set_num_threads(threads)
     exp.result["host"]["threads"] = threads
-    if device.type == "cuda":
+    if is_cuda(device):
         check_local_device(torch, local_rank)
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         exp.device = device
     if backend == "auto":
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        backend = "nccl" if is_cuda(device) else "gloo"
     # DDP's first construction imports torch.distributed.nn.functional, whose
     # functions take ``group=group.WORLD`` as a default argument. Imported
     # after init_process_group, those defaults keep the default group alive:
@@ -327,6 +328,17 @@ def group_timeout_s(backend, environ=None):
     return max(base, config["timeout"] + BARRIER_MARGIN_S)
 
 
+def wrap_ddp(model, device):
+    """``model`` in ``DistributedDataParallel``: bound to ``device`` (``device_ids``) on
+    CUDA, where each rank owns one GPU; with no ``device_ids`` elsewhere (the CPU, whose
+    module and inputs stay where they are). Needs the process group."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if is_cuda(device):
+        return DistributedDataParallel(model, device_ids=[device.index])
+    return DistributedDataParallel(model)
+
+
 def max_over_ranks(n, device):
     """The largest int ``n`` over all ranks (an all-reduce with MAX on ``device``)."""
     import torch
@@ -364,6 +376,7 @@ __all__ = [
     "release_groups",
     "forget_meshes",
     "max_over_ranks",
+    "wrap_ddp",
     "agree_on_counts",
     "rank_threads",
     "group_timeout_s",

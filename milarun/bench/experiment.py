@@ -70,7 +70,8 @@ def host_facts():
     None when unlimited), cgroup (path), total_memory_mib, python, torch,
     cuda, gpus [{index, name, driver, memory_total_mib, uuid, pci_bus_id, parent
     (MIG: its GPU), serial (the board's serial number, None where the backend has
-    none, ``"unreadable (why)"``: :meth:`milarun.host.accel.base.Backend.identity`), and the backend's facts, for NVIDIA those of
+    none, ``"unreadable (why)"``: :meth:`milarun.host.accel.base.Backend.identity`),
+    and the backend's facts, for NVIDIA those of
     :func:`milarun.host.facts.gpu_facts`}], accelerator (backend, vendor, driver,
     runtime, runtime_name: :meth:`milarun.host.accel.base.Backend.accelerator_record`;
     absent on CPU slots), and the facts of
@@ -173,6 +174,47 @@ def _entry(exp, fn):
     return fn(exp)
 
 
+#: Module attribute of a workload with no loss by nature: ``NO_LOSS = "why"``.
+NO_LOSS = "NO_LOSS"
+#: Module attribute of a workload whose loss must fall: ``LOSS_MUST_FALL = "why"``.
+LOSS_MUST_FALL = "LOSS_MUST_FALL"
+
+
+def loss_declaration(module):
+    """What a workload's module declares about its loss: the one place a workload says it.
+
+    * ``NO_LOSS = "why"``: no loss by nature (no model, nothing trained). The record's
+      ``no_loss`` holds the reason and the NaN-loss check does not apply
+      (:mod:`milarun.measure.plausibility`).
+    * ``LOSS_MUST_FALL = "why"``: its data has learnable structure, so a loss that does
+      not fall says it did not train for real. The record's
+      ``metrics.learning_check`` is true and the ``loss-not-decreasing`` flag applies.
+    * neither: the loss it logs is NaN-checked, nothing more.
+
+    Args:
+        module: the module of the workload's ``main`` (None: nothing declared).
+
+    Returns:
+        ``(NO_LOSS, why)``, ``(LOSS_MUST_FALL, why)`` or ``(None, None)``.
+
+    Raises:
+        TypeError: a module that declares both, or a reason that is not a non-empty string.
+    """
+    found = [
+        (name, getattr(module, name))
+        for name in (NO_LOSS, LOSS_MUST_FALL)
+        if getattr(module, name, None) is not None
+    ]
+    if len(found) > 1:
+        raise TypeError(f"{module.__name__} declares both {NO_LOSS} and {LOSS_MUST_FALL}")
+    if not found:
+        return None, None
+    name, why = found[0]
+    if not isinstance(why, str) or not why:
+        raise TypeError(f"{module.__name__}.{name} must be a non-empty string (the reason)")
+    return name, why
+
+
 class Experiment:
     """One training run and the result record it builds.
 
@@ -266,9 +308,9 @@ class Experiment:
         after ``torch.cuda.set_device``: NCCL gathers through the current
         device); :func:`milarun.bench.distributed.process_group` does. Each
         node's ``LOCAL_RANK`` 0 contributes its node name (``$SLURMD_NODENAME``
-        under srun, ``$MILARUN_NODE`` over ssh, else ``extra["node"]``, else the hostname) and its ``host``
-        facts, gathered with ``all_gather_object``. Rank 0 stores them in the
-        result as ``distributed``::
+        under srun, ``$MILARUN_NODE`` over ssh, else ``extra["node"]``, else the
+        hostname) and its ``host`` facts, gathered with ``all_gather_object``.
+        Rank 0 stores them in the result as ``distributed``::
 
             {"world_size": ranks, "backend": "gloo"|"nccl"|...,
              "rendezvous": {"backend": "c10d"|"static", "endpoint": "host:port"|None,
@@ -413,10 +455,12 @@ class Experiment:
         """
         res = self.result
         res["call"].update({"function": function, "argv": list(argv)})
-        # a test with no loss by nature says so (see milarun.measure.plausibility)
-        no_loss = getattr(sys.modules.get(getattr(fn, "__module__", None)), "NO_LOSS", None)
-        if isinstance(no_loss, str):
-            res["no_loss"] = no_loss
+        # what the workload's module declares about its loss (loss_declaration)
+        declared, why = loss_declaration(sys.modules.get(getattr(fn, "__module__", None)))
+        if declared == NO_LOSS:
+            res["no_loss"] = why
+        elif declared == LOSS_MUST_FALL:
+            self.metrics[plausibility.LEARNING_CHECK] = True
         res["environ"] = rerun_environ()
         res["host"] = host_facts()
         start = time.time()

@@ -2,41 +2,9 @@
 
 import time
 
-from .rate import CudaEventTimer, PerfCounterTimer, RateLogger, Step, _to_float
+from . import device as bench_device
+from .rate import RateLogger, Step, _to_float
 from .trace import ProfileTrace
-
-
-class XpuEventTimer(CudaEventTimer):
-    """Intel GPU time from ``torch.xpu.Event``: one event per window boundary, one sync
-    per window (``elapsed`` waits for the window's end event), as
-    :class:`CudaEventTimer` does on CUDA. Seconds."""
-
-    def mark(self):
-        ev = self.torch.xpu.Event(enable_timing=True)
-        ev.record()
-        return ev
-
-
-def device_timer(torch, device):
-    """The window timer for ``device``: CUDA or XPU events on those GPUs (they time the
-    device's work, not its queueing), the host clock elsewhere."""
-    kind = getattr(device, "type", None)
-    if kind == "cuda":
-        return CudaEventTimer(torch, device)
-    if kind == "xpu":
-        return XpuEventTimer(torch, device)
-    return PerfCounterTimer()
-
-
-def device_sync(torch, device):
-    """``f()`` that waits for the queued work of ``device`` (CUDA or XPU), or None on
-    the CPU (nothing is queued there)."""
-    kind = getattr(device, "type", None)
-    if kind == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    if kind == "xpu":
-        return lambda: torch.xpu.synchronize(device)
-    return None
 
 
 class _BareLogger(RateLogger):
@@ -73,7 +41,8 @@ def rate_logger(exp):
     """Create ``exp.rate`` from the common options and the experiment's device.
 
     On CUDA the timer is ``CudaEventTimer``, on an Intel XPU ``XpuEventTimer``
-    (one sync per window each), else ``PerfCounterTimer`` (:func:`device_timer`).
+    (one sync per window each), else ``PerfCounterTimer``
+    (:func:`milarun.bench.device.event_timer`).
     Starts the GPU monitor. With ``--profile-trace`` the logger gets a
     :class:`milarun.bench.trace.ProfileTrace`.
 
@@ -88,13 +57,11 @@ def rate_logger(exp):
         raise ValueError(
             "--profile-trace needs the rate logger's windows: leave out --no-instrument"
         )
-    import torch
-
     if opts["no_instrument"]:
         logger = _BareLogger(max_count=opts["max_count"], warmup=0, origin=exp.origin)
-        logger._sync = device_sync(torch, device)
+        logger._sync = bench_device.sync_function(device)
     else:
-        timer = device_timer(torch, device)
+        timer = bench_device.event_timer(device)
         logger = RateLogger(
             sample_duration=opts["sample_duration"],
             max_count=opts["max_count"],
@@ -143,7 +110,4 @@ __all__ = [
     "iteration_wrapper",
     "rate_logger",
     "Step",
-    "XpuEventTimer",
-    "device_timer",
-    "device_sync",
 ]

@@ -48,7 +48,8 @@ def common_options():
     """
     # Stop after this many items (examples) have been processed
     max_count: Option & int = default(_DEFAULTS["max_count"])
-    # Keep training past max-count until the steady state lasts this many seconds (0: off; not with --no-instrument)
+    # Keep training past max-count until the steady state lasts this many seconds (0: off; not with
+    # --no-instrument)
     min_steady: Option & float = default(_DEFAULTS["min_steady"])
     # Length of one sample window, in seconds
     sample_duration: Option & float = default(_DEFAULTS["sample_duration"])
@@ -62,7 +63,8 @@ def common_options():
     monitor_interval: Option & float = default(_DEFAULTS["monitor_interval"])
     # Disable the rate logger's windows and the GPU monitor (for overhead checks)
     no_instrument: Option & bool = default(_DEFAULTS["no_instrument"])
-    # Write a torch.profiler Chrome trace of a few steady-state steps into this folder (relative: inside the results folder); those samples leave the steady state
+    # Write a torch.profiler Chrome trace of a few steady-state steps into this folder (relative:
+    # inside the results folder); those samples leave the steady state
     profile_trace: Option = default(_DEFAULTS["profile_trace"])
     # Steps that --profile-trace records (1 to 1000)
     profile_steps: Option & int = default(_DEFAULTS["profile_steps"])
@@ -96,7 +98,8 @@ def lr_option(default):
 @tooled
 def batch_size_option(default):
     """``--batch-size``: the examples per batch (int), ``default`` unless given."""
-    # Examples per batch: images, patches, sequences, sentence pairs... (per rank under DDP, per device for inference)
+    # Examples per batch: images, patches, sequences, sentence pairs... (per rank under DDP, per
+    # device for inference)
     batch_size: Option & int = default
     return batch_size
 
@@ -106,11 +109,13 @@ def workers_option(default=-1):
     """``--workers``: the ``DataLoader`` worker processes (int), ``default`` unless given.
 
     Returned as given: a negative value means "this process's share of the student's
-    cpuset, minus one" (one process: :func:`milarun.bench.setup.dataloader_workers`;
-    a DDP rank: the node's cpuset divided by its ranks, minus one), which the workload
-    resolves where it builds its loader.
+    cpuset, minus one" (one process: the cpuset minus one; a torchrun rank: the node's
+    cpuset divided by its ``LOCAL_WORLD_SIZE`` ranks, minus one), which
+    :func:`milarun.bench.setup.dataloader_workers` resolves for every loader the harness
+    builds (``data_loader``, ``rank_loader``).
     """
-    # DataLoader worker processes (-1: this process's share of the student's cpuset, minus one; 0: load in the main process)
+    # DataLoader worker processes (-1: this process's share of the student's cpuset, minus one; 0:
+    # load in the main process)
     workers: Option & int = default
     return workers
 
@@ -131,7 +136,9 @@ def precision_option(default="fp32", choices=PRECISIONS):
         ValueError: the precision is not one of ``choices`` (the run's failure
             record says so).
     """
-    # Arithmetic: fp32, tf32 (TF32 matmuls and convolutions), fp16 (autocast, plus a gradient scaler on CUDA and XPU) or bf16 (autocast); inference takes fp32, fp16 or bf16 (weights and inputs cast)
+    # Arithmetic: fp32, tf32 (TF32 matmuls and convolutions), fp16 (autocast, plus a gradient scaler
+    # on CUDA and XPU) or bf16 (autocast); inference takes fp32, fp16 or bf16 (weights and inputs
+    # cast)
     precision: Option = default
     if precision not in choices:
         raise ValueError(f"--precision must be one of {', '.join(choices)}, not {precision!r}")

@@ -292,7 +292,8 @@ class RateLogger:
         }
         if self._last_values:
             self.metrics = {k: _to_float(v) for k, v in self._last_values.items()}
-            # the loss at the window's end: a loss curve, and milarun.measure.plausibility's NaN check
+            # the loss at the window's end: a loss curve, and milarun.measure.plausibility's NaN
+            # check
             if isinstance(self.metrics.get("loss"), float):
                 sample["loss"] = self.metrics["loss"]
         self.samples.append(sample)

@@ -5,6 +5,7 @@ import os
 import random
 
 from ..host.isolation import current_cpuset
+from .device import is_cuda, peak_memory_mib
 from .options import PRECISIONS  # the choices of --precision live with the option
 
 
@@ -157,24 +158,37 @@ def set_precision(device, precision):
     return contextlib.nullcontext()
 
 
-def peak_memory_mib(device):
-    """Peak accelerator memory (MiB) on CUDA or XPU, else the process's peak RSS (MiB)."""
-    import torch
+def dataloader_workers(requested, local_size=None, environ=None):
+    """DataLoader worker processes for this process: ``requested`` when >= 0, else this
+    process's share of the student's cpuset minus one (one core of the share runs the
+    process itself): ``len(cpuset) // local_size - 1``, at least 0.
 
-    if device is not None and device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    if device is not None and device.type == "xpu":
-        return torch.xpu.max_memory_allocated(device) / 2**20
-    import resource
+    Args:
+        requested: ``--workers`` (negative: the share, as ``bench/options.py`` documents).
+        local_size: processes on this node that split the cpuset; None: torchrun's
+            ``LOCAL_WORLD_SIZE`` (else ``WORLD_SIZE``, else 1), so every rank of a
+            node gets its own share and not the whole cpuset.
+        environ: the environment to read ``local_size`` from (``os.environ``).
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def dataloader_workers(requested):
-    """Loader workers: ``requested``, or the cpuset size minus one when negative."""
+    Returns:
+        the worker count (int >= 0).
+    """
     if requested >= 0:
         return requested
-    return max(0, len(current_cpuset()) - 1)
+    if local_size is None:
+        local_size = local_world_size(environ)
+    return max(0, len(current_cpuset()) // max(1, int(local_size)) - 1)
+
+
+def local_world_size(environ=None):
+    """Processes on this node: torchrun's ``LOCAL_WORLD_SIZE``, else ``WORLD_SIZE``, else 1
+    (:meth:`milarun.bench.distributed.World.from_environment` reads them the same way)."""
+    environ = os.environ if environ is None else environ
+    for var in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        value = environ.get(var, "")
+        if value:
+            return max(1, int(value))
+    return 1
 
 
 def data_loader(dataset, batch_size, workers, device, **kwargs):
@@ -182,8 +196,9 @@ def data_loader(dataset, batch_size, workers, device, **kwargs):
 
     Shuffled batches of ``batch_size`` items, the last partial batch dropped
     (so every step counts the same number of items), ``workers`` worker
-    processes (negative: the student's cpuset size minus one) kept alive across
-    epochs, and pinned host memory on CUDA for non-blocking copies. With a
+    processes (negative: this process's share of the cpuset,
+    :func:`dataloader_workers`) kept alive across epochs, and pinned host memory
+    on CUDA for non-blocking copies. With a
     ``batch_sampler`` in ``kwargs``, the sampler decides the batches instead.
     """
     import torch
@@ -195,7 +210,7 @@ def data_loader(dataset, batch_size, workers, device, **kwargs):
         dataset,
         num_workers=nworkers,
         persistent_workers=nworkers > 0,
-        pin_memory=device.type == "cuda",
+        pin_memory=is_cuda(device),
         **kwargs,
     )
 
@@ -205,7 +220,11 @@ def rank_loader(dataset, batch_size, workers, device, world, seed, what, hint=""
 
     A ``DistributedSampler`` (shuffled with ``seed``, the uneven tail dropped) gives
     each of ``world.size`` ranks (``world``: :class:`milarun.bench.distributed.World`)
-    the same number of batches, so data-parallel ranks step together.
+    the same number of batches, so data-parallel ranks step together. The tail is
+    dropped rather than padded with repeated items: every item a step counts is a
+    distinct one, and at most ``world.size - 1`` items an epoch are left out.
+    ``workers`` < 0 is this rank's share of the node's cpuset
+    (:func:`dataloader_workers` over ``world.local_size`` ranks).
 
     Raises:
         ValueError: the share holds no full batch (:func:`need_a_batch`, with ``what``,
@@ -216,6 +235,7 @@ def rank_loader(dataset, batch_size, workers, device, world, seed, what, hint=""
     sampler = torch.utils.data.DistributedSampler(
         dataset, num_replicas=world.size, rank=world.rank, shuffle=True, seed=seed, drop_last=True
     )
+    workers = dataloader_workers(workers, world.local_size)
     loader = data_loader(dataset, batch_size, workers, device, sampler=sampler, shuffle=False)
     need_a_batch(len(loader) > 0, len(dataset), what, batch_size, world.size, hint, source)
     return loader
@@ -241,6 +261,7 @@ __all__ = [
     "set_precision",
     "peak_memory_mib",
     "dataloader_workers",
+    "local_world_size",
     "data_loader",
     "rank_loader",
     "need_a_batch",

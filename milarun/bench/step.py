@@ -26,12 +26,16 @@ scaler is off on the CPU (nothing to save), and the CPU profile's numbers stay
 comparable with records made before.
 """
 
+import contextlib
+import math
+
+from .device import ACCELERATORS, kind
 from .setup import set_precision
 
 #: Device types whose optimizers are built with ``fused=True``.
-FUSED_DEVICE_TYPES = ("cuda", "xpu")
+FUSED_DEVICE_TYPES = ACCELERATORS
 #: Device types on which ``--precision fp16`` turns the gradient scaler on.
-SCALER_DEVICE_TYPES = ("cuda", "xpu")
+SCALER_DEVICE_TYPES = ACCELERATORS
 
 
 def make_optimizer(torch, name, params, device, **kwargs):
@@ -50,7 +54,7 @@ def make_optimizer(torch, name, params, device, **kwargs):
         the optimizer.
     """
     cls = getattr(torch.optim, name)
-    if getattr(device, "type", device) in FUSED_DEVICE_TYPES:
+    if kind(device) in FUSED_DEVICE_TYPES:
         kwargs = {**kwargs, "fused": True}
     return cls(params, **kwargs)
 
@@ -77,8 +81,8 @@ class MixedPrecisionStep:
         self.torch = torch
         self.autocast = set_precision(device, precision)
         if enabled_scaler is None:
-            enabled_scaler = precision == "fp16" and device.type in SCALER_DEVICE_TYPES
-        self.scaler = torch.amp.GradScaler(device.type, enabled=enabled_scaler)
+            enabled_scaler = precision == "fp16" and kind(device) in SCALER_DEVICE_TYPES
+        self.scaler = torch.amp.GradScaler(kind(device), enabled=enabled_scaler)
 
     def backward(self, loss):
         """Back-propagate ``loss`` (scaled when the scaler is on)."""
@@ -109,4 +113,83 @@ class MixedPrecisionStep:
         self.update()
 
 
-__all__ = ["FUSED_DEVICE_TYPES", "SCALER_DEVICE_TYPES", "make_optimizer", "MixedPrecisionStep"]
+def gradient_sync(net, micro, accum):
+    """The context to run micro-batch ``micro`` (0-based, counted over the run) of a
+    gradient accumulation over ``accum`` micro-batches in, forward and backward.
+
+    On all but the last micro-batch of each group, ``net.no_sync()`` where ``net`` has
+    one (``DistributedDataParallel``): the gradients accumulate locally and are
+    all-reduced once, in the last micro-batch's backward, as
+    ``torch.nn.parallel.DistributedDataParallel.no_sync`` documents. Elsewhere (the last
+    micro-batch, ``accum`` 1, a model not wrapped in DDP) a context that does nothing.
+    """
+    last = (micro + 1) % accum == 0
+    no_sync = getattr(net, "no_sync", None)
+    if last or no_sync is None:
+        return contextlib.nullcontext()
+    return no_sync()
+
+
+#: Warm-up length of :func:`warmup_cosine`, as a fraction of the run's optimizer steps.
+WARMUP_FRACTION = 0.1
+#: Learning rate at the end of the cosine decay, as a fraction of the peak (Llama 2's
+#: 10 %: Touvron et al. 2023, "Llama 2", section 2.2).
+FINAL_LR_FRACTION = 0.1
+
+
+def warmup_cosine_factor(step, warmup, total, final=FINAL_LR_FRACTION):
+    """The learning rate of optimizer step ``step`` (0-based) as a fraction of the peak.
+
+    Linear warm-up over the first ``warmup`` steps, ``(step + 1) / warmup`` (so the first
+    step does not have a zero rate), then a cosine decay from 1 to ``final`` over the
+    steps up to ``total`` (Loshchilov and Hutter 2017, "SGDR", eq. 5, without restarts):
+    ``final + (1 - final) * (1 + cos(pi * p)) / 2`` with ``p = (step - warmup) /
+    (total - warmup)``; ``final`` after ``total`` (a run that goes on past its count
+    for ``--min-steady``).
+
+    Args:
+        step: the optimizer step, >= 0.
+        warmup: warm-up steps, >= 0.
+        total: the run's optimizer steps, warm-up included.
+        final: the fraction reached at ``total``.
+
+    Returns:
+        a float in ``(0, 1]``.
+    """
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def warmup_cosine(optimizer, total):
+    """A ``torch.optim.lr_scheduler.LambdaLR`` over ``optimizer`` that follows
+    :func:`warmup_cosine_factor` times each group's learning rate (the peak), with a
+    warm-up of :data:`WARMUP_FRACTION` of ``total`` steps (at least 1). Call its
+    ``step()`` after each optimizer step.
+
+    Args:
+        optimizer: the optimizer, built with the peak learning rate.
+        total: the run's optimizer steps (>= 1).
+
+    Returns:
+        the scheduler.
+    """
+    import torch
+
+    total = max(1, int(total))
+    warmup = max(1, int(total * WARMUP_FRACTION))
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine_factor(step, warmup, total)
+    )
+
+
+__all__ = [
+    "FUSED_DEVICE_TYPES",
+    "SCALER_DEVICE_TYPES",
+    "make_optimizer",
+    "MixedPrecisionStep",
+    "gradient_sync",
+    "warmup_cosine",
+    "warmup_cosine_factor",
+]

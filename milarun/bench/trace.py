@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..formats.outfile import check_target
 from ..formats.store import result_filename, trace_path
+from .device import is_cuda
 from .distributed import World
 
 #: Bounds of ``--profile-steps`` (a trace of thousands of steps is gigabytes).
@@ -82,7 +83,7 @@ class ProfileTrace:
         self._prof = None
         self._range = None
         self._start = None
-        cuda = exp.device is not None and exp.device.type == "cuda"
+        cuda = is_cuda(exp.device)
         self.activities = ["cpu", "cuda"] if cuda else ["cpu"]
         self._record(
             path=None, steps=0, note="the run ended before its warm-up did: no step was profiled"

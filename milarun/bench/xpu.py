@@ -3,7 +3,7 @@
 Wired (each uses ``torch.xpu`` as the CUDA path uses ``torch.cuda``):
 
 * the rate logger's windows are timed with ``torch.xpu.Event`` (one sync per
-  window, :class:`milarun.bench.loop.XpuEventTimer`) and ``--no-instrument``
+  window, :class:`milarun.bench.device.XpuEventTimer`) and ``--no-instrument``
   ends with ``torch.xpu.synchronize``;
 * ``matmul`` times each matmul with ``torch.xpu.Event``;
 * ``infer`` runs one double-buffered pipeline per XPU the process sees;
@@ -19,6 +19,7 @@ on the CPU under a record that says xpu:
 * ``lightning_convnet``: Lightning 2.6 ships no XPU accelerator.
 """
 
+from .device import is_xpu
 from .setup import WrongDevice
 
 #: Why the data-parallel workloads refuse an XPU.
@@ -38,5 +39,5 @@ def refuse_xpu(device, workload, why):
         workload: the workload's name, for the message.
         why: what is missing (:data:`DDP_NOT_WIRED`, :data:`LIGHTNING_NOT_WIRED`).
     """
-    if getattr(device, "type", None) == "xpu":
+    if is_xpu(device):
         raise WrongDevice(f"{workload} does not run on an Intel XPU: {why}")

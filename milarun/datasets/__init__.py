@@ -45,7 +45,8 @@ BUILDERS = {
     "wikitext2": "wikitext2",  # wikitext2/wiki.{train,valid,test}.tokens
     "wmt16": "wmt16",  # wmt16/ parallel text + shared vocabulary
     "movielens": "movielens",  # movielens/ml-20m/ratings.csv
-    "fashion_mnist": "fashion_mnist",  # fashion_mnist/FashionMNIST/raw/*-ubyte (torchvision FashionMNIST)
+    # fashion_mnist/FashionMNIST/raw/*-ubyte (torchvision FashionMNIST)
+    "fashion_mnist": "fashion_mnist",
     "llm_corpus": "llm_corpus",  # llm_corpus/tokenizer.json, train/shard-*.bin + .idx.npy, prompts/
     "mydataset": "mydataset",  # mydataset/samples/<shard>/<index>.npy + labels.npy (io study)
     "captions": "captions",  # captions/captions.jsonl + tokenizer.json (fake_imagenet's captions)

@@ -40,6 +40,7 @@ import time
 
 from coleo import Option, default, tooled
 
+from ..bench import device as bench_device
 from ..bench import init_torch, iteration_wrapper
 from ..host import accel
 from ..measure import acceptance
@@ -73,7 +74,7 @@ class _Clock:
 
     def __init__(self, torch, device):
         self.torch, self.device = torch, device
-        self.cuda = device.type == "cuda"
+        self.cuda = bench_device.is_cuda(device)
 
     def best(self, fn, iters, warmup, each=False):
         """Seconds of one call: the batch's mean, or with ``each`` the best single call."""
@@ -236,7 +237,7 @@ def train(exp):
     device = init_torch(exp)
     import torch
 
-    gpu = device.type == "cuda"
+    gpu = bench_device.is_cuda(device)
     copy_default, array_default = DEFAULT_SIZES["gpu" if gpu else "cpu"]
     copy_size = copy_size or copy_default
     array_size = array_size or array_default
@@ -288,7 +289,7 @@ def train(exp):
 
 def _current(torch, device):
     """``device`` as the current CUDA device for the ``with`` body (events, streams)."""
-    if device.type == "cuda":
+    if bench_device.is_cuda(device):
         return torch.cuda.device(device)
     return contextlib.nullcontext()
 

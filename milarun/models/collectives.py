@@ -46,6 +46,7 @@ import time
 
 from coleo import Option, default, tooled
 
+from ..bench import device as bench_device
 from ..bench import init_torch, iteration_wrapper
 from ..bench.distributed import process_group
 from ..host import accel
@@ -207,7 +208,7 @@ def _timed(torch, dist, buf, world, warmup, iters):
     """Seconds of one operation, averaged over the ranks."""
     for _ in range(warmup):
         buf.run()
-    cuda = world.device.type == "cuda"
+    cuda = bench_device.is_cuda(world.device)
     if cuda:
         torch.cuda.synchronize(world.device)
     dist.barrier()
@@ -264,7 +265,8 @@ def expected_peak(world_size, nodes, gpus_per_node, root="/"):
 
 @tooled
 def train(exp):
-    # Collectives to measure, comma-separated among all_reduce, all_gather, reduce_scatter, all_to_all, broadcast (all: every one)
+    # Collectives to measure, comma-separated among all_reduce, all_gather, reduce_scatter,
+    # all_to_all, broadcast (all: every one)
     ops: Option = default("all")
     # Smallest message, in bytes (8 to 64 GiB)
     min_size: Option & int = default(8)

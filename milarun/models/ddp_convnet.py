@@ -25,15 +25,14 @@ Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 
 from coleo import Option, default, tooled
 
-from ..bench import Epochs, dataloop, init_torch, need_a_batch
-from ..bench.distributed import agree_on_counts, process_group
+from ..bench import Epochs, dataloop, init_torch, rank_loader
+from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
 from ..datasets import require
-from ..host.isolation import current_cpuset
 from .convnet import build_model
-from .loader import image_loader
+from .loader import image_folder
 
 
 def main(exp, argv):
@@ -65,8 +64,6 @@ def train(exp):
     folder = require(exp.dataroot, "fake_imagenet")
     with process_group(exp, device, backend) as world:
         exp.metrics["global_batch"] = batch_size * world.size
-        # The node's ranks share its cores: one share each, one core of it for the rank.
-        share = max(0, len(current_cpuset()) // world.local_size - 1)
         _train(
             exp,
             world,
@@ -77,46 +74,38 @@ def train(exp):
             precision,
             lr,
             channels_last,
-            share if workers < 0 else workers,
+            workers,
         )
 
 
 def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, channels_last, workers):
     import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     device = world.device
     mp = MixedPrecisionStep(device, precision)
     autocast = mp.autocast
-    loader, dataset = image_loader(
-        folder,
-        "train",
-        image_size,
+    dataset = image_folder(folder, "train", image_size)
+    loader = rank_loader(
+        dataset,
         batch_size,
         workers,
         device,
-        shard=(world.rank, world.size),
-        seed=exp.options["seed"],
-    )
-    need_a_batch(
-        len(loader) > 0,
-        len(dataset),
+        world,
+        exp.options["seed"],
         "images",
-        batch_size,
-        world.size,
-        "lower --batch-size or use a larger fake_imagenet",
+        hint="lower --batch-size or use a larger fake_imagenet",
     )
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model = build_model(arch, len(dataset.classes)).to(device, memory_format=memory_format)
-    ddp = DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
+    ddp = wrap_ddp(model, device)
     ddp.train()
     optimizer = make_optimizer(
         torch, "SGD", ddp.parameters(), device, lr=lr, momentum=0.9, weight_decay=1e-4
     )
     criterion = torch.nn.CrossEntropyLoss()
 
-    # Every rank has the same number of batches per epoch (DistributedSampler
-    # pads, drop_last drops the same tail), so all ranks stop on the same step.
+    # Every rank has the same number of batches per epoch (rank_loader), so all
+    # ranks stop on the same step.
     steps = dataloop(exp, Epochs(loader))
     agree_on_counts(exp, world)
     for step, (x, y) in steps:

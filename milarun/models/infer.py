@@ -1,4 +1,4 @@
-"""infer: inference throughput of one process over all of its devices (DLBS's multi-process benchmark).
+"""infer: one process's inference throughput over all its devices (DLBS's multi-process run).
 
 The workload of the ``multi-process`` plan type (:mod:`milarun.plan.types`):
 P processes per node, each owning k devices and pinned to the cores of their
@@ -51,6 +51,7 @@ import threading
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, init_torch, rate_logger
+from ..bench import device as bench_device
 from ..bench.options import (
     INFERENCE_PRECISIONS,
     batch_size_option,
@@ -66,14 +67,13 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 #: Pre-decoded batches cycled by ``--synthetic`` (per process).
 SYNTHETIC_BATCHES = 8
 
-#: No loss by nature (milarun.measure.plausibility's NaN check does not apply): inference trains nothing.
+#: No loss by nature (milarun.measure.plausibility's NaN check does not apply):
+#: inference trains nothing.
 NO_LOSS = "inference: nothing is trained"
 #: Seconds between two checks of the workers while the main thread waits.
 _WAIT_S = 0.5
 #: Batches a GPU worker keeps in flight (copying or computing) before it waits for the oldest.
 PIPELINE_DEPTH = 2
-#: Device types whose workers run the double-buffered :class:`Pipeline`.
-ACCELERATORS = ("cuda", "xpu")
 
 
 def main(exp, argv):
@@ -163,16 +163,6 @@ def _eval_loader(folder, image_size, batch_size, workers, device, dtype=None):
         workers,
         device,
     )
-
-
-def accelerator_api(torch, device):
-    """``torch.cuda`` or ``torch.xpu`` for a GPU ``device`` (their Stream, Event and
-    stream APIs are the same), None on the CPU."""
-    if device.type == "cuda":
-        return torch.cuda
-    if device.type == "xpu":
-        return torch.xpu
-    return None
 
 
 class Pipeline:
@@ -317,7 +307,7 @@ class Workers:
         device = self.devices[i]
         fmt = self.memory_format
         try:
-            api = accelerator_api(torch, device)
+            api = bench_device.module(device, within=torch)
             with torch.inference_mode():
                 if api is not None:
                     api.set_device(device)
@@ -401,9 +391,9 @@ def own_devices(exp, torch):
     """This process's devices: every GPU it sees (CUDA: the plan's
     ``CUDA_VISIBLE_DEVICES``; XPU: ``ZE_AFFINITY_MASK``), or on the CPU one per device
     the launcher gave it (CPU slots), at least one."""
-    api = accelerator_api(torch, exp.device)
+    api = bench_device.module(exp.device, within=torch)
     if api is not None:
-        kind = exp.device.type
+        kind = bench_device.kind(exp.device)
         return [torch.device(f"{kind}:{i}") for i in range(api.device_count())]
     return [torch.device("cpu")] * max(1, len(exp.result.get("devices") or [0]))
 
@@ -411,7 +401,9 @@ def own_devices(exp, torch):
 def use_channels_last(model, precision, device):
     """Whether the replicas run ``channels_last``: image classifiers at fp16/bf16 on a
     GPU (CUDA, XPU), where tensor-core convolutions want NHWC."""
-    return model != "encoder" and precision in ("fp16", "bf16") and device.type in ACCELERATORS
+    return (
+        model != "encoder" and precision in ("fp16", "bf16") and bench_device.is_accelerator(device)
+    )
 
 
 @tooled
@@ -447,7 +439,7 @@ def infer(exp):
         )
     elif synthetic:
         # cast, then pin: the bus carries the inference dtype, not float32
-        pin = device.type in ACCELERATORS
+        pin = bench_device.is_accelerator(device)
         made = [
             torch.randn(batch_size, 3, image_size, image_size).to(dtype)
             for _ in range(SYNTHETIC_BATCHES)

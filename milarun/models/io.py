@@ -39,6 +39,7 @@ shuffled and the last partial batch is dropped. Items are samples (images).
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
+from ..bench import device as bench_device
 from ..bench.options import batch_size_option, lr_option, workers_option
 from ..bench.setup import dataloader_workers
 from ..bench.step import make_optimizer
@@ -152,7 +153,7 @@ def train(exp):
             f"the {dataset} dataset holds {len(data)} samples, fewer than one "
             f"batch of {batch_size}; build a larger one or lower --batch-size"
         )
-    pin = pin_memory and device.type == "cuda"
+    pin = pin_memory and bench_device.is_cuda(device)
     loader = torch.utils.data.DataLoader(
         data,
         batch_size=batch_size,

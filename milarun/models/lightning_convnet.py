@@ -34,14 +34,14 @@ import os
 
 from coleo import Option, default, tooled
 
-from ..bench import init_torch, need_a_batch, rate_logger, set_precision
+from ..bench import dataloader_workers, init_torch, need_a_batch, rate_logger, set_precision
+from ..bench import device as bench_device
 from ..bench.distributed import World, agree_on_counts, process_group
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.rate import Step
 from ..bench.step import make_optimizer
 from ..bench.xpu import LIGHTNING_NOT_WIRED, refuse_xpu
 from ..datasets import require
-from ..host.isolation import current_cpuset
 from .convnet import build_model
 from .loader import image_loader
 
@@ -99,10 +99,8 @@ def train(exp):
     folder = require(exp.dataroot, "fake_imagenet")
     torchrun_world = World.from_environment()
     size, local_size = torchrun_world.size, torchrun_world.local_size
-    share = max(0, len(current_cpuset()) // local_size - 1)
-    loader, dataset = image_loader(
-        folder, "train", image_size, batch_size, share if workers < 0 else workers, device
-    )
+    workers = dataloader_workers(workers, local_size)
+    loader, dataset = image_loader(folder, "train", image_size, batch_size, workers, device)
     need_a_batch(
         len(dataset) >= batch_size * size,
         len(dataset),
@@ -140,7 +138,7 @@ def _fit(exp, lightning, loader, model, precision, lr, world):
             )
 
     trainer = lightning.Trainer(
-        accelerator="cuda" if world.device.type == "cuda" else "cpu",
+        accelerator="cuda" if bench_device.is_cuda(world.device) else "cpu",
         devices=world.local_size,
         num_nodes=max(1, world.size // world.local_size),
         strategy=DDPStrategy(

@@ -107,15 +107,6 @@ def token_dataset(torch, shards, seq_len):
     return Windows()
 
 
-def device_name(torch, device):
-    """The accelerator's marketing name (``torch.cuda.get_device_name``), or None on a CPU."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type == "xpu":
-        return torch.xpu.get_device_name(device)
-    return None
-
-
 def record_flops(exp, flops_tok, name, precision, world_size=1):
     """Record ``flops_per_token``, the device's peak and, from the steady state of the
     samples measured so far, ``tflops`` (achieved TFLOP/s per device) and ``mfu``.
@@ -147,7 +138,6 @@ __all__ = [
     "build_model",
     "matmul_params",
     "token_dataset",
-    "device_name",
     "record_flops",
     "flops_per_token",
 ]

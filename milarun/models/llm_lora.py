@@ -28,7 +28,8 @@ import contextlib
 from coleo import Option, default, tooled
 
 from ..bench import Epochs, dataloop, init_torch, rank_loader
-from ..bench.distributed import agree_on_counts, process_group
+from ..bench import device as bench_device
+from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
@@ -36,7 +37,6 @@ from ..datasets.llm_corpus import TokenShards
 from .llm import (
     build_model,
     check_shape,
-    device_name,
     flops_per_token,
     llama_config,
     matmul_params,
@@ -47,6 +47,10 @@ from .llm import (
 #: The projections that get adapters (Llama's module names).
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _BASE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
+
+
+#: Its loss must fall (milarun.bench.experiment.loss_declaration).
+LOSS_MUST_FALL = "the llm_corpus text has structure, so the adapters lower the loss"
 
 
 def main(exp, argv):
@@ -117,7 +121,6 @@ def _train(
     exp, world, shards, shape, rank, seq_len, batch_size, precision, lr, checkpointing, workers
 ):
     import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     device = world.device
     config = llama_config(shape, shards.vocab_size, seq_len)
@@ -131,7 +134,6 @@ def _train(
     exp.metrics.update(
         {
             "shape": shape,
-            "learning_check": True,
             "rank_lora": rank,
             "seq_len": seq_len,
             "world_size": world.size,
@@ -141,7 +143,7 @@ def _train(
     )
     net = model
     if world.size > 1:
-        net = DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
+        net = wrap_ddp(model, device)
     net.train()
     mp = MixedPrecisionStep(device, precision)
     autocast = mp.autocast if precision in ("bf16", "fp16") else contextlib.nullcontext()
@@ -191,4 +193,4 @@ def _train(
             step.set_count(x.numel() * world.size)
             step.log(loss=loss.detach())
     finally:
-        record_flops(exp, flops_tok, device_name(torch, device), precision, world.size)
+        record_flops(exp, flops_tok, bench_device.name(device), precision, world.size)

@@ -12,6 +12,12 @@ device mesh: sharded within a group, replicated across groups (hybrid
 sharding, HSDP: all-gathers stay inside a node, only the gradient all-reduce
 crosses the network).
 
+The learning rate (``--lr``, the peak) warms up linearly over the first 10 % of the run's
+optimizer steps (``--max-count`` tokens), then decays along a cosine to 10 % of the peak at
+the end of the count (:func:`milarun.bench.step.warmup_cosine`; AdamW, betas 0.9/0.95,
+weight decay 0.1). With ``--grad-accum N`` under DDP the gradients are all-reduced once
+per optimizer step, on the last of its N micro-batches (``no_sync()`` on the others).
+
 Mixed precision as the field runs it: bf16 parameters and compute with fp32
 gradient reduction and fp32 master weights (FSDP2's ``MixedPrecisionPolicy``;
 ``torch.autocast`` without FSDP). AdamW is fused on CUDA and XPU
@@ -39,15 +45,15 @@ import contextlib
 from coleo import Option, default, tooled
 
 from ..bench import Epochs, dataloop, init_torch, rank_loader
-from ..bench.distributed import agree_on_counts, process_group
+from ..bench import device as bench_device
+from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
-from ..bench.step import MixedPrecisionStep, make_optimizer
+from ..bench.step import MixedPrecisionStep, gradient_sync, make_optimizer, warmup_cosine
 from ..datasets import require
 from ..datasets.llm_corpus import TokenShards
 from .llm import (
     build_model,
     check_shape,
-    device_name,
     flops_per_token,
     llama_config,
     matmul_params,
@@ -61,10 +67,23 @@ FSDP_FP16_REFUSED = (
 )
 
 
+#: Its loss must fall (milarun.bench.experiment.loss_declaration).
+LOSS_MUST_FALL = "the llm_corpus text has structure, so a random-initialised model learns it"
+
+
 def main(exp, argv):
     """Entry point: ``milarun run milarun.models.llm_pretrain:main -d DATAROOT -- ARGS``,
     or under torchrun for FSDP. Needs dataset ``llm_corpus``. Items are tokens."""
     exp.cli(train, argv)
+
+
+def optimizer_steps(max_count, tokens_per_step):
+    """Optimizer steps of a run of ``max_count`` tokens (``--max-count``), at
+    ``tokens_per_step`` global tokens per optimizer step: ``ceil(max_count /
+    tokens_per_step)``, at least 1 (1 without a count)."""
+    if not max_count:
+        return 1
+    return max(1, -(-int(max_count) // int(tokens_per_step)))
 
 
 def shard_model(torch, model, world, precision, replicas=1):
@@ -112,7 +131,7 @@ def train(exp):
     # Micro-batches per optimizer step (gradient accumulation)
     grad_accum: Option & int = default(1)
     precision = precision_option(default="bf16")  # fp16 only without FSDP
-    lr = lr_option(default=3e-4)  # peak; AdamW, betas 0.9/0.95, weight decay 0.1
+    lr = lr_option(default=3e-4)  # peak of the warm-up + cosine schedule; AdamW
     # Recompute each block's activations in the backward pass
     activation_checkpointing: Option & bool = default(False)
     # Compile each transformer block with torch.compile
@@ -166,7 +185,6 @@ def _train(
     workers,
 ):
     import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     device = world.device
     config = llama_config(shape, shards.vocab_size, seq_len)
@@ -175,7 +193,6 @@ def _train(
     exp.metrics.update(
         {
             "shape": shape,
-            "learning_check": True,
             "params": sum(p.numel() for p in model.parameters()),
             "seq_len": seq_len,
             "world_size": world.size,
@@ -197,7 +214,7 @@ def _train(
         autocast = contextlib.nullcontext()
         net = model
     elif world.size > 1:
-        net = DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
+        net = wrap_ddp(model, device)
     else:
         net = model
     # What this rank holds: under FSDP its shard of every parameter (a test checks it).
@@ -211,6 +228,9 @@ def _train(
     optimizer = make_optimizer(
         torch, "AdamW", model.parameters(), device, lr=lr, betas=(0.9, 0.95), weight_decay=0.1
     )
+    # The schedule spans the optimizer steps that --max-count tokens take.
+    tokens_per_step = batch_size * seq_len * grad_accum * world.size
+    schedule = warmup_cosine(optimizer, optimizer_steps(exp.options["max_count"], tokens_per_step))
     dataset = token_dataset(torch, shards, seq_len)
     loader = rank_loader(
         dataset,
@@ -234,18 +254,21 @@ def _train(
         for step, (x, y) in steps:
             x = x.to(device, non_blocking=True)
             y = y.to(device, non_blocking=True)
-            with autocast:
-                logits = net(input_ids=x).logits
-                loss = torch.nn.functional.cross_entropy(
-                    logits.float().view(-1, logits.size(-1)), y.reshape(-1)
-                )
+            # DDP all-reduces the gradients on the group's last micro-batch only.
+            with gradient_sync(net, micro, grad_accum):
+                with autocast:
+                    logits = net(input_ids=x).logits
+                    loss = torch.nn.functional.cross_entropy(
+                        logits.float().view(-1, logits.size(-1)), y.reshape(-1)
+                    )
+                mp.backward(loss / grad_accum)
             micro += 1
-            mp.backward(loss / grad_accum)
             if micro % grad_accum == 0:
                 mp.step(optimizer, clip_norm=1.0, params=model.parameters())
                 mp.update()
                 optimizer.zero_grad(set_to_none=True)
+                schedule.step()
             step.set_count(x.numel() * world.size)
             step.log(loss=loss.detach())
     finally:
-        record_flops(exp, flops_tok, device_name(torch, device), precision, world.size)
+        record_flops(exp, flops_tok, bench_device.name(device), precision, world.size)

@@ -42,8 +42,8 @@ import time
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
+from ..bench import device as bench_device
 from ..bench.distributed import agree_on_counts, process_group
-from ..bench.loop import device_sync
 from ..bench.options import INFERENCE_PRECISIONS, batch_size_option, precision_option
 from ..bench.rate import Step
 from ..datasets import require
@@ -52,7 +52,6 @@ from ..measure.latency import batch_latency, serving_level
 from .llm import (
     build_model,
     check_shape,
-    device_name,
     flops_per_token,
     llama_config,
     matmul_params,
@@ -279,7 +278,7 @@ def _serve(
         }
     )
     clock = _streamer()
-    sync = device_sync(torch, device)
+    sync = bench_device.sync_function(device)
     pad = shards.eos_id
 
     def generate(ids, mask, n_prompt, logger=None):
@@ -338,7 +337,7 @@ def _serve(
             int(lengths.mean()) + output_len // 2,
             "inference",
         ),
-        device_name(torch, device),
+        bench_device.name(device),
         precision,
         world.size,
     )

@@ -40,19 +40,8 @@ def imagenet_transform(image_size):
     )
 
 
-def image_loader(folder, split, image_size, batch_size, workers, device, shard=None, seed=0):
-    """A shuffling ``DataLoader`` over ``folder/split`` (ImageFolder).
-
-    ``workers`` < 0 means the student's cpuset size minus one. Workers are
-    persistent, so restarting an epoch does not fork them again.
-
-    With ``shard=(rank, world_size)``, a ``DistributedSampler`` (shuffled
-    with ``seed``) gives this rank its share of the images: every rank gets
-    the same number of batches per epoch, so data-parallel ranks step
-    together. Call ``loader.sampler.set_epoch(e)`` before each epoch.
-
-    Returns:
-        ``(loader, dataset)``.
+def image_folder(folder, split, image_size):
+    """The ``ImageFolder`` over ``folder/split`` with :func:`imagenet_transform`.
 
     Raises:
         FileNotFoundError: no ``split`` folder in ``folder``.
@@ -62,20 +51,26 @@ def image_loader(folder, split, image_size, batch_size, workers, device, shard=N
     root = folder / split
     if not root.is_dir():
         raise FileNotFoundError(f"no {split}/ folder in {folder}; rebuild the dataset")
-    dataset = datasets.ImageFolder(str(root), transform=imagenet_transform(image_size))
-    kwargs = {}
-    if shard is not None:
-        from torch.utils.data.distributed import DistributedSampler
+    return datasets.ImageFolder(str(root), transform=imagenet_transform(image_size))
 
-        rank, world_size = shard
-        kwargs = {
-            "sampler": DistributedSampler(
-                dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed
-            ),
-            "shuffle": False,
-        }
-    loader = data_loader(dataset, batch_size, workers, device, **kwargs)
-    return loader, dataset
+
+def image_loader(folder, split, image_size, batch_size, workers, device):
+    """A shuffling ``DataLoader`` over ``folder/split`` (:func:`image_folder`), for one
+    process; a data-parallel rank builds its share with
+    :func:`milarun.bench.setup.rank_loader` over :func:`image_folder` instead.
+
+    ``workers`` < 0 means this process's share of the student's cpuset, minus one
+    (:func:`milarun.bench.setup.dataloader_workers`). Workers are persistent, so
+    restarting an epoch does not fork them again.
+
+    Returns:
+        ``(loader, dataset)``.
+
+    Raises:
+        FileNotFoundError: no ``split`` folder in ``folder``.
+    """
+    dataset = image_folder(folder, split, image_size)
+    return data_loader(dataset, batch_size, workers, device), dataset
 
 
 @tooled

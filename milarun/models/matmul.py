@@ -19,7 +19,7 @@ How throughput is reported:
   ``2·n³ × matmuls ÷ their total time`` (1e12 FLOP/s), so it is the peak
   dense throughput of that precision, not diluted by the others.
 
-Also (issue 25, acceptance; none of it in the default ``--precisions``):
+Also, for acceptance (none of it in the default ``--precisions``):
 
 * ``fp64``: float64 matrices (the FP64 tensor cores on an A100/H100, the matrix cores on
   an MI300X);
@@ -47,6 +47,7 @@ import time
 
 from coleo import Option, default, tooled
 
+from ..bench import device as bench_device
 from ..bench import init_torch, iteration_wrapper
 from ..bench.setup import PRECISIONS
 from ..measure.mfu import peak_tflops
@@ -83,10 +84,7 @@ class _Timings:
     def __init__(self, torch, device):
         self.torch = torch
         # the GPU's event API (torch.cuda or torch.xpu): its matmuls are asynchronous
-        self.events = {
-            "cuda": getattr(torch, "cuda", None),
-            "xpu": getattr(torch, "xpu", None),
-        }.get(device.type)
+        self.events = bench_device.module(device)
         self.cuda = self.events is not None
         self.seconds = collections.defaultdict(float)
         self.count = collections.Counter()
@@ -150,8 +148,8 @@ def _multiply(torch, name, a, b, c):
 
 def fp8_support(torch, device):
     """None when ``torch._scaled_mm`` runs on ``device``, else why not (one line)."""
-    if device.type != "cuda":
-        return f"{UNSUPPORTED} ({device.type})"
+    if not bench_device.is_cuda(device):
+        return f"{UNSUPPORTED} ({bench_device.kind(device)})"
     if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
         return f"{UNSUPPORTED} (this torch has no FP8 matmul)"
     try:
@@ -216,14 +214,6 @@ def _sweep(torch, exp, names, shapes, device, gen, iters):
             exp.metrics[f"mamf_shape_{p}"] = "x".join(map(str, best_shape))
 
 
-def _device_name(torch, device):
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type == "xpu":
-        return torch.xpu.get_device_name(device)
-    return None
-
-
 def _versus_peak(metrics, names, device_name):
     """``peak_tflops_<p>`` and the ratios to it (module docstring)."""
     for p in names:
@@ -250,7 +240,8 @@ def train(exp):
 
     # Side of the square matrices (0: 8192 on a GPU, 512 on the CPU)
     size: Option & int = default(0)
-    # Comma-separated precisions among fp32,tf32,fp16,bf16,fp64,fp8_e4m3,fp8_e5m2 (auto: fp32,tf32,fp16,bf16 on CUDA, fp32,fp16,bf16 on XPU, fp32,bf16 on CPU)
+    # Comma-separated precisions among fp32,tf32,fp16,bf16,fp64,fp8_e4m3,fp8_e5m2 (auto:
+    # fp32,tf32,fp16,bf16 on CUDA, fp32,fp16,bf16 on XPU, fp32,bf16 on CPU)
     precisions: Option = default("auto")
     # After the timed loop, sweep shapes for the best TFLOP/s per precision (MAMF)
     sweep: Option & bool = default(False)
@@ -319,4 +310,4 @@ def train(exp):
     if sweep and names:
         shapes = parse_shapes(sweep_shapes, "cpu" if device.type == "cpu" else "gpu")
         _sweep(torch, exp, names, shapes, device, gen, sweep_iters)
-    _versus_peak(exp.metrics, names, _device_name(torch, device))
+    _versus_peak(exp.metrics, names, bench_device.name(device))

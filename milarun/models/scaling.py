@@ -28,7 +28,8 @@ counts ``batch_size × world_size``, so rank 0's throughput is the whole job's.
 from coleo import Option, default, tooled
 
 from ..bench import init_torch, iteration_wrapper
-from ..bench.distributed import agree_on_counts, process_group
+from ..bench.device import is_cuda
+from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
 from ..bench.options import batch_size_option, lr_option, precision_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
@@ -101,24 +102,21 @@ def train(exp):
 
 
 def _train(exp, torch, world, batch_size, width, blocks, image_size, classes, lr, precision):
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     device = world.device
     mp = MixedPrecisionStep(device, precision)
     autocast = mp.autocast
     net = _model(torch, width, blocks, classes).to(device)
-    if device.type == "cuda":
+    if is_cuda(device):
         net = net.to(memory_format=torch.channels_last)
-        ddp = DDP(net, device_ids=[device.index])
-    else:
-        ddp = DDP(net)
+    ddp = wrap_ddp(net, device)
     optimizer = make_optimizer(torch, "SGD", ddp.parameters(), device, lr=lr, momentum=0.9)
     criterion = torch.nn.CrossEntropyLoss()
     # A pool of random batches made on the device, different on each rank.
     gen = torch.Generator(device=device)
     gen.manual_seed(exp.options["seed"] * 1000 + world.rank)
     pool = 4
-    fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+    fmt = torch.channels_last if is_cuda(device) else torch.contiguous_format
     images = [
         torch.randn(
             (batch_size, 3, image_size, image_size), device=device, generator=gen

@@ -23,6 +23,7 @@ import math
 from coleo import Option, default, tooled
 
 from ..bench import data_loader, dataloop, init_torch
+from ..bench import device as bench_device
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
@@ -203,7 +204,7 @@ def train(exp):
         {"vocab": len(vocab), "train_pairs": len(corpus), "workers": loader.num_workers}
     )
 
-    nb = device.type == "cuda"
+    nb = bench_device.is_cuda(device)
     for step, (src, tin, tout, ntok) in dataloop(exp, loader):
         src, tin, tout = [t.to(device, non_blocking=nb) for t in (src, tin, tout)]
         optimizer.zero_grad(set_to_none=True)
