@@ -203,7 +203,7 @@ def test_mig_telemetry_leaves_out_what_belongs_to_the_whole_gpu(monkeypatch):
 
 def test_a_mig_child_gets_its_uuid_and_the_backend(monkeypatch):
     from milarun.plan.launches import plan_job
-    from milarun.profile.language import Job
+    from milarun.profile.job import Job
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -497,7 +497,7 @@ def test_every_backend_is_registered_and_named():
         accel.get("tpu")
 
 
-# --- hostile hardware and odd flags (review of issue 12) -------------------------------------
+# --- hostile hardware and odd flags ----------------------------------------------------------
 
 
 def test_a_gpu_in_mig_mode_without_instances_is_no_device(monkeypatch):
@@ -660,7 +660,7 @@ def test_a_cpu_slot_child_never_picks_a_gpu_left_visible(monkeypatch):
     # an Intel GPU with torch's XPU build: ZE_AFFINITY_MASK="" hides nothing
     from milarun.bench.setup import init_torch
     from milarun.plan.launches import plan_job
-    from milarun.profile.language import Job
+    from milarun.profile.job import Job
 
     job = Job(name="t", suite="s", experiment="milarun.models.toy_reg:main", plan_type="per-gpu")
     (wave,) = plan_job(job, devices.Devices("cpu", [0, 1]), 0, "/out")

@@ -1,4 +1,4 @@
-"""The acceptance report (issue 25, section 5): the summary's ``tests[g].acceptance``, the
+"""The acceptance report: the summary's ``tests[g].acceptance``, the
 text and HTML sections (bus bandwidth plot, device-to-device heatmap, per-GPU burn-in table)
 and the verdict of ``milarun report --thresholds``, on synthetic records of a two-node run."""
 

@@ -252,3 +252,68 @@ def test_the_checks_see_what_they_must(tmp_path):
     assert not upward([edge("milarun.report.table", "milarun.measure.stats")], layers, ignored)
     assert cycles([edge("milarun.a", "milarun.b"), edge("milarun.b", "milarun.a")])
     assert cli_from_outside([edge("milarun.report.table", "milarun.cli.jobs")])
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def _doc_block(title):
+    """The first fenced block after the heading ``## title`` of docs/architecture.md."""
+    text = ARCHITECTURE.read_text()
+    _, _, after = text.partition(f"## {title}\n")
+    assert after, f"docs/architecture.md has no section {title!r}"
+    return after.split("```")[1].strip("\n")
+
+
+def _tree_paragraphs():
+    """``{package: text}`` of the tree in docs/architecture.md: each ``  name/`` line and
+    the lines indented under it."""
+    out, current = {}, None
+    for line in _doc_block("The tree").splitlines():
+        head = line[:13].strip()
+        if head == "milarun/" or (
+            line.startswith("  ") and not line.startswith("   ") and head.endswith("/")
+        ):
+            current = head.rstrip("/")
+            out[current] = line[13:]
+        elif current is not None:
+            out[current] += " " + line.strip()
+    return out
+
+
+def test_the_documented_layers_are_the_contract():
+    """docs/architecture.md's layer list is .importlinter's, line for line."""
+    documented = [
+        sorted(n.strip() for n in line.split("|"))
+        for line in _doc_block("The layers").splitlines()
+        if line.strip()
+    ]
+    layers, _ = read_contract()
+    assert documented == [sorted(n.rpartition(".")[2] for n in layer) for layer in layers]
+
+
+def test_every_module_is_named_in_the_documented_tree():
+    """Each package of milarun has its paragraph in the tree of docs/architecture.md, and
+    every module of it (a sub-package by its folder name) is named in that paragraph."""
+    import re
+
+    tree = _tree_paragraphs()
+    missing = []
+    for name, (_path, is_pkg) in modules().items():
+        parts = name.split(".")
+        if len(parts) < 2:
+            continue
+        if len(parts) == 2 and not is_pkg:  # a top-level module: named on milarun/'s line
+            parts, is_pkg = ["milarun", "milarun", parts[1]], False
+        package = parts[1]
+        if package not in tree:
+            missing.append(f"{package}/ (no paragraph)")
+            continue
+        if len(parts) == 2:
+            continue
+        named = parts[2] + ("/" if len(parts) > 3 or is_pkg else "")
+        if not re.search(rf"(?<![\w/.]){re.escape(named)}(?![\w])", tree[package]):
+            missing.append(f"{package}/{named}")
+    assert not sorted(set(missing)), "not in docs/architecture.md's tree: " + ", ".join(
+        sorted(set(missing))
+    )

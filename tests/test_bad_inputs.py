@@ -370,7 +370,7 @@ BAD_RESULTS = [
     ),
     (_record(success=False, error={"message": "?"}), "error.reason: missing"),
     (_record(version="1"), "version: bad format version '1'"),
-    (_record(version=99), "version: format version 99 is newer than this milarun (1)"),
+    (_record(version=99), "version: format version 99 is newer than this milarun (9)"),
     (
         _record(colour="red"),
         "colour: unknown key (known: call, collectives, dataroot, device, device_count, "

@@ -58,7 +58,7 @@ def test_options_left_out_take_the_parsers_defaults():
 def test_the_plan_and_rerun_build_the_same_command_line():
     from milarun.launcher.rerun import SAFE_PATH, rerun_command
     from milarun.plan.launches import child_argv
-    from milarun.profile.language import Job
+    from milarun.profile.job import Job
 
     job = Job(
         suite="s",

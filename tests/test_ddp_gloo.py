@@ -1,4 +1,4 @@
-"""Collectives of a DDP job over real gloo ranks on the CPU (issue 22): the
+"""Collectives of a DDP job over real gloo ranks on the CPU: the
 ``--min-steady`` stop decision (item 3) and the gathering of every node's GPU readings
 to rank 0 (item 1).
 

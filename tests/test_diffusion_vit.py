@@ -1,4 +1,5 @@
-"""diffusion (latent diffusion, diffusers), txt2img (its inference) and vit (timm ViTs) on CPU at tiny sizes (issue 24):
+"""diffusion (latent diffusion, diffusers), txt2img (its inference) and vit (timm ViTs) on CPU
+at tiny sizes:
 the captions dataset and its tokenizer, each workload training for real with a loss that
 falls, --precomputed latents with v-prediction, ViT under DDP over 2 gloo ranks, and one
 clear error for a bad option."""

@@ -1,4 +1,4 @@
-"""The one end of every distributed workload (issue 32 §6): ``bench.distributed.process_group``
+"""The one end of every distributed workload: ``bench.distributed.process_group``
 meets the ranks at a barrier, destroys the group and frees it before the record is written.
 
 A group that outlives ``destroy_process_group`` (FSDP2's device mesh kept by torch's DTensor

@@ -1,4 +1,4 @@
-"""The DDP set-up inside the child, against fakes (issue 22, items 8 and 12): threads per
+"""The DDP set-up inside the child, against fakes: threads per
 rank on CUDA, the process group's timeout and ``device_id``, the follower ranks of the
 stop decision, the GPU monitor only on each node's LOCAL_RANK 0."""
 

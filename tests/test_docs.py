@@ -1,4 +1,5 @@
-"""Every relative Markdown link of README.md and docs/*.md reaches a file, and its anchor a heading.
+"""Every relative Markdown link of README.md and docs/*.md reaches a file, and its anchor a
+heading; prose lines fit in 100 characters.
 
 Anchors follow GitHub's rule: the heading text lowercased, punctuation other than ``-`` and
 ``_`` removed, spaces turned into ``-``; a repeated heading gets ``-1``, ``-2``, …
@@ -79,3 +80,15 @@ def test_every_docs_page_is_in_the_index():
     index = set(links(ROOT / "docs" / "README.md"))
     pages = {p.name for p in PAGES if p.parent.name == "docs" and p.name != "README.md"}
     assert pages <= {t.partition("#")[0] for t in index}
+
+
+@pytest.mark.parametrize("page", [ROOT / "CHANGELOG.md", *PAGES], ids=lambda p: p.name)
+def test_prose_lines_fit_in_100_characters(page):
+    """Prose is wrapped at 100 characters; a table row, a heading, HTML, code and a line of
+    one unbreakable word (a long link) may be longer."""
+    long = [
+        f"{page.name}:{n}: {len(line)} characters"
+        for n, line in enumerate(prose(page.read_text()), 1)
+        if len(line) > 100 and not line.lstrip().startswith(("|", "#", "<")) and " " in line.strip()
+    ]
+    assert not long, "\n".join(long)

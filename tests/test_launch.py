@@ -11,18 +11,13 @@ import time
 import pytest
 
 from milarun.formats.journal import Journal
-from milarun.launcher import launch as launch_mod
-from milarun.launcher.launch import (
-    Interrupted,
-    StopRequest,
-    SuiteAborted,
-    fail_reason,
-    run_suite,
-    run_wave,
-    tally,
-)
+from milarun.launcher import failures
+from milarun.launcher.child import Child
+from milarun.launcher.outcome import conclude, fail_reason
+from milarun.launcher.stopping import Interrupted, StopRequest
+from milarun.launcher.waves import SuiteAborted, run_suite, run_wave, tally
 from milarun.plan.launches import Launch
-from milarun.profile.language import Job
+from milarun.profile.job import Job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAMP = "20261122-000000-000000"
@@ -82,7 +77,8 @@ def record(outcome):
 
 
 WRITE_OK = (
-    "import sys; from milarun.formats.record import new_result; from milarun.formats.store import write_result; "
+    "import sys; from milarun.formats.record import new_result; "
+    "from milarun.formats.store import write_result; "
     "r=new_result('t.job','0.0'); r['success']={ok}; "
     "r['timings']['train']['samples']=[{{'start':0.0,'end':1.0,'count':5,'rate':5.0,"
     "'warmup':False}}]; write_result(r, sys.argv[1]); sys.exit({rc})"
@@ -303,7 +299,7 @@ def test_stop_during_prepare_kills_it_and_raises(tmp_path):
 def test_a_dying_log_never_kills_the_copy(tmp_path):
     # 4 MB of output through a log that fails: the pipe must still be drained.
     lch = launch(tmp_path, "import sys; [print('x' * 1000) for _ in range(4000)]; sys.exit(2)")
-    child = launch_mod._Child(lch, tmp_path)
+    child = Child(lch, tmp_path)
 
     class Full:
         def write(self, data):
@@ -318,7 +314,7 @@ def test_a_dying_log_never_kills_the_copy(tmp_path):
     while child.poll() is None and time.time() - t0 < 30:
         time.sleep(0.05)
     child.finish()
-    out = launch_mod.conclude(child)
+    out = conclude(child)
     assert out.returncode == 2
     assert "log writes stopped: No space left on device" in record(out)["error"]["message"]
 
@@ -327,7 +323,7 @@ def test_a_record_that_cannot_be_written_stops_the_suite(tmp_path, monkeypatch):
     def enospc(rec, path):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(launch_mod, "write_result", enospc)
+    monkeypatch.setattr(failures, "write_result", enospc)
     first = launch(tmp_path, "import sys; sys.exit(1)", name="t.one")
     never = launch(tmp_path, "open('ran', 'w')", name="t.two")
     with pytest.raises(SuiteAborted) as exc:
@@ -378,14 +374,14 @@ def test_fail_reason_classification():
 
 
 def test_a_write_failure_mid_wave_still_counts_the_whole_wave(tmp_path, monkeypatch):
-    real = launch_mod.write_result
+    real = failures.write_result
 
     def full_for_one(rec, path):
         if ".J0.1." in str(path):
             raise OSError(28, "No space left on device")
         return real(rec, path)
 
-    monkeypatch.setattr(launch_mod, "write_result", full_for_one)
+    monkeypatch.setattr(failures, "write_result", full_for_one)
     wave = [
         writer(tmp_path, device="0"),
         launch(tmp_path, "import sys; sys.exit(1)", device="1"),
@@ -424,13 +420,13 @@ def test_a_hung_prepare_times_out(tmp_path):
 def test_no_moment_with_both_a_pass_and_a_fail_record(tmp_path, monkeypatch):
     # When the FAIL record is written, the child's success record already left its name.
     seen = []
-    real = launch_mod.write_result
+    real = failures.write_result
 
     def spy(rec, path):
         seen.append(sorted(p.name for p in tmp_path.glob("*.json")))
         return real(rec, path)
 
-    monkeypatch.setattr(launch_mod, "write_result", spy)
+    monkeypatch.setattr(failures, "write_result", spy)
     lch = writer(tmp_path, rc=3)
     (out,) = run_wave([lch], tmp_path)
     assert out.reason == "exit-after-result"

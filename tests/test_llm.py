@@ -1,4 +1,4 @@
-"""LLM workloads (issue 23) on CPU: the llm_corpus dataset and its checks, the FLOPs and
+"""LLM workloads on CPU: the llm_corpus dataset and its checks, the FLOPs and
 latency formulas, llm_pretrain alone and FSDP2 over 2 gloo ranks (each rank holds its
 shard), llm_lora (only adapters get gradients), llm_serve alone and tensor-parallel over
 2 ranks (TTFT/TPOT consistent with the record's own counts and times)."""

@@ -185,7 +185,7 @@ def test_discovery_honours_cuda_visible_devices(monkeypatch):
 def test_children_use_the_pci_bus_order_of_nvml(monkeypatch):
     from milarun.host import devices
     from milarun.plan.launches import plan_job
-    from milarun.profile.language import Job
+    from milarun.profile.job import Job
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=2))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -5,10 +5,10 @@ import json
 import socket
 
 from milarun.host.devices import Devices
-from milarun.launcher.launch import run_wave
+from milarun.launcher.waves import run_wave
 from milarun.plan import nodes
 from milarun.plan.launches import plan_job
-from milarun.profile.language import Job
+from milarun.profile.job import Job
 
 
 def free_port():

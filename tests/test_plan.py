@@ -4,7 +4,7 @@ import json
 
 from milarun.host.devices import Devices
 from milarun.plan.launches import plan_job, plan_suite
-from milarun.profile.language import Job
+from milarun.profile.job import Job
 
 PY = "/py"
 

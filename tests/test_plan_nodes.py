@@ -14,7 +14,7 @@ from milarun.host.devices import Devices
 from milarun.plan import nodes
 from milarun.plan import types as plantypes
 from milarun.plan.launches import plan_job
-from milarun.profile.language import Job
+from milarun.profile.job import Job
 
 PY = "/py"
 
@@ -495,7 +495,7 @@ def test_fanout_refuses_a_malformed_list():
     ],
 )
 def test_distributed_failures_are_named(tail, launcher, reason):
-    from milarun.launcher.launch import distributed_reason
+    from milarun.launcher.outcome import distributed_reason
     from milarun.plan.launches import Launch
 
     lch = Launch("s.j", None, 0, "0", [0], ["x"], {}, cluster=slurm(), launcher=launcher)
@@ -503,7 +503,7 @@ def test_distributed_failures_are_named(tail, launcher, reason):
 
 
 def test_ssh_status_255_is_a_lost_node():
-    from milarun.launcher.launch import distributed_reason
+    from milarun.launcher.outcome import distributed_reason
     from milarun.plan.launches import Launch
 
     lch = Launch("s.j", None, 0, "0", [0], ["ssh"], {}, cluster=ssh())
@@ -651,7 +651,7 @@ def test_a_rank_0_record_of_a_failed_distributed_job_gets_the_job_reason(
 ):
     from milarun.formats.record import new_result
     from milarun.formats.store import write_result
-    from milarun.launcher.launch import conclude
+    from milarun.launcher.outcome import conclude
 
     (wave,) = plan_job(job("multi-node"), slurm(), 0, tmp_path, "/d", python=PY)
     lch = wave[0]

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from milarun.cli import main
-from milarun.profile.language import deep_merge, load_profile
+from milarun.profile.language import load_profile
+from milarun.profile.resolve import deep_merge
 
 OK = {"experiment": "milarun.models.toy_reg:main"}
 KNOWN = (
@@ -54,15 +55,18 @@ BAD = [
     ),
     (
         {"a": {**OK, "partition_scheme": {"type": "per-node"}}},
-        "job 'a', key 'partition_scheme.type': 'per-node' is not one of per-gpu, gpu-progression, normal, njobs, multi-node, node-progression, multi-process",
+        "job 'a', key 'partition_scheme.type': 'per-node' is not one of per-gpu, "
+        "gpu-progression, normal, njobs, multi-node, node-progression, multi-process",
     ),
     (
         {"a": {**OK, "partition_scheme": {"kind": "normal"}}},
-        "job 'a', key 'partition_scheme.kind': unknown key (known: cgroup, devices_per_process, gpus_per_node, nodes, processes, type)",
+        "job 'a', key 'partition_scheme.kind': unknown key (known: cgroup, "
+        "devices_per_process, gpus_per_node, nodes, processes, type)",
     ),
     (
         {"a": {**OK, "partition_scheme": {"cgroup": "student{device}"}}},
-        "job 'a', key 'partition_scheme.cgroup': must look like 'controllers:group', e.g. 'cpuset,memory:student{device}'",
+        "job 'a', key 'partition_scheme.cgroup': must look like 'controllers:group', "
+        "e.g. 'cpuset,memory:student{device}'",
     ),
     (
         {"a": {**OK, "partition_scheme": {"cgroup": "cpuset:student{gpu}"}}},
@@ -71,7 +75,8 @@ BAD = [
     ({"a": {**OK, "prepare": "sync"}}, "job 'a', key 'prepare': must be a list of strings"),
     (
         {"a": {**OK, "prepare": ["ls {data}"]}},
-        "job 'a', key 'prepare': unknown placeholder {data} (known: dataroot, milarun, outdir, python)",
+        "job 'a', key 'prepare': unknown placeholder {data} "
+        "(known: dataroot, milarun, outdir, python)",
     ),
     (
         {"a": {**OK, "exec_prefix": "nocache"}},
@@ -163,7 +168,7 @@ def test_deep_merge_does_not_alias():
 
 
 def test_arguments_render_flags():
-    from milarun.profile.language import Job
+    from milarun.profile.job import Job
 
     job = Job("s", "a", "m:f", arguments={"--batch-size": 8, "amp": True, "--no": False, "lr": 0.5})
     assert job.argv() == ["--batch-size", "8", "--amp", "--lr", "0.5"]

@@ -13,7 +13,8 @@ from milarun.errors import ProfileError, SetupError
 from milarun.host.devices import Devices
 from milarun.plan.launches import placeholder_values, plan_job
 from milarun.plan.nodes import Cluster, Node
-from milarun.profile.language import load_profile, profile_files
+from milarun.profile.includes import profile_files
+from milarun.profile.language import load_profile
 
 TOY = "milarun.models.toy_reg:main"
 CONV = "milarun.models.convnet:main"
@@ -458,7 +459,7 @@ def test_no_dataroot_for_a_dataroot_placeholder(tmp_path):
 
 def test_fail_record_and_rerun_carry_the_placeholders(tmp_path):
     from milarun.formats.record import validate
-    from milarun.launcher.launch import base_record
+    from milarun.launcher.failures import base_record
     from milarun.launcher.rerun import rerun_command
 
     (job,) = load_profile(

@@ -304,7 +304,7 @@ def test_bad_min_steady():
 
 
 def test_every_rank_votes_at_the_count_target_and_follows_the_agreed_extension():
-    # Issue 22, item 3: the rank whose own steady state is long enough must still take
+    # The rank whose own steady state is long enough must still take
     # part in the agreement (voting 0) and extend when another rank is short.
     clock = FakeClock()
     votes = []

@@ -15,12 +15,13 @@ from milarun.formats.barrier import BarrierServer, BarrierTimeout, wait
 from milarun.formats.jsonfile import load_schema
 from milarun.formats.summary import normalize_summary
 from milarun.host.devices import Devices
-from milarun.launcher.launch import check_ready, run_wave
+from milarun.launcher.preflight import check_ready
+from milarun.launcher.waves import run_wave
 from milarun.measure import throughput
 from milarun.plan import types as plantypes
 from milarun.plan.launches import plan_job
 from milarun.plan.nodes import Cluster, Node
-from milarun.profile.language import Job
+from milarun.profile.job import Job
 from milarun.report import build_report, render_text
 
 STAMP = "20261122-000000-000000"
@@ -485,7 +486,7 @@ def test_check_ready_wants_numactl_for_pinned_launches(monkeypatch):
 def test_rerun_of_a_launchers_fail_record_does_not_wait_at_the_old_barrier(monkeypatch):
     # a child killed before writing its record leaves the launcher's FAIL record, whose
     # environ is the launch's: the rerun must not wait 600 s at a long-gone barrier
-    from milarun.launcher.launch import base_record
+    from milarun.launcher.failures import base_record
     from milarun.launcher.rerun import rerun_command
 
     monkeypatch.setenv("MILARUN_BARRIER", "127.0.0.1:9")  # leaked into the user's shell

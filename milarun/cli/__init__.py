@@ -176,7 +176,7 @@ def _exit_now(code):
     suite. The record is on disk by then (written atomically and fsynced), so
     atexit handlers run, stdout and stderr (Python's and C's) are flushed, and the process ends
     with ``os._exit``. Data-loader workers left in its process group are killed
-    by the launcher when it reaps the child (``launch._Child.poll``).
+    by the launcher when it reaps the child (``milarun.launcher.child.Child.poll``).
     """
     import atexit
     import os
@@ -233,7 +233,10 @@ def main(argv=None, process_entry=False):
             import traceback
 
             traceback.print_exc()
-        print(f"milarun: error: {exc}", file=sys.stderr)
+        # why lazy: only on an error; one line, whatever a file name in the message holds
+        from ..formats.terminal import one_line
+
+        print(f"milarun: error: {one_line(exc)}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:
         print("milarun: interrupted", file=sys.stderr)

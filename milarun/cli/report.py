@@ -6,8 +6,7 @@ command runs, so ``milarun --help`` stays fast.
 
 import sys
 
-from ..errors import MilarunError
-from ..formats.terminal import one_line, one_line_error
+from ..formats.terminal import one_line
 from .options import flag, option, positional
 
 OPTIONS = (
@@ -83,28 +82,25 @@ OPTIONS = (
 
 def command(opts, rest):
     """Print the report table and score of a results directory or summary file."""
-    try:
-        return run_report(
-            opts.results,
-            weights=opts.weights,
-            compare=opts.compare,
-            price=opts.price,
-            compare_gpus=opts.compare_gpus,
-            penalize_variance=opts.penalize_variance,
-            title=opts.title,
-            html=opts.html,
-            strict=opts.strict,
-            compare_nodes=opts.compare_nodes,
-            node_threshold=opts.node_threshold,
-            throughput=opts.throughput,
-            unweighted=opts.unweighted,
-            thresholds=opts.thresholds,
-            burn_threshold=opts.burn_threshold,
-            family=opts.family,
-            cache=opts.cache,
-        )
-    except MilarunError as exc:  # its message names the results folder and files
-        raise one_line_error(exc)
+    return run_report(
+        opts.results,
+        weights=opts.weights,
+        compare=opts.compare,
+        price=opts.price,
+        compare_gpus=opts.compare_gpus,
+        penalize_variance=opts.penalize_variance,
+        title=opts.title,
+        html=opts.html,
+        strict=opts.strict,
+        compare_nodes=opts.compare_nodes,
+        node_threshold=opts.node_threshold,
+        throughput=opts.throughput,
+        unweighted=opts.unweighted,
+        thresholds=opts.thresholds,
+        burn_threshold=opts.burn_threshold,
+        family=opts.family,
+        cache=opts.cache,
+    )
 
 
 def run_report(results, strict=False, stdout=None, warn=None, **options):
@@ -120,8 +116,8 @@ def run_report(results, strict=False, stdout=None, warn=None, **options):
             is read), or a bad input (see :func:`milarun.report.make_report`).
     """
     # lazy, for start-up: `milarun --help` imports every cli module (the report: pandas)
+    from ..formats.prices import check_price
     from ..report import make_report
-    from ..report.table import check_price
 
     stdout = stdout or sys.stdout
     warn = warn or sys.stderr

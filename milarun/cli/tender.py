@@ -9,7 +9,7 @@ Heavy modules (pandas, jinja2) are imported only when the command runs, so ``mil
 import sys
 
 from ..errors import MilarunError
-from ..formats.terminal import one_line, one_line_error
+from ..formats.terminal import one_line
 from .options import option, positional
 
 OPTIONS = (
@@ -60,18 +60,15 @@ def command(opts, rest):
     when at least one bidder is VERIFIED, 3 when none is but one is CONSISTENT, NOT
     PINNED, 1 when none is either, 2 on bad input.
     """
-    try:
-        return run_tender(
-            opts.bundles,
-            opts.rules,
-            prices=opts.prices,
-            weights=opts.weights,
-            html=opts.html,
-            json_out=opts.json,
-            bidders_file=opts.bidders,
-        )
-    except MilarunError as exc:  # its message names a bidder's folder and files
-        raise one_line_error(exc)
+    return run_tender(
+        opts.bundles,
+        opts.rules,
+        prices=opts.prices,
+        weights=opts.weights,
+        html=opts.html,
+        json_out=opts.json,
+        bidders_file=opts.bidders,
+    )
 
 
 def run_tender(

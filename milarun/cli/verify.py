@@ -8,7 +8,6 @@ import json
 import sys
 
 from ..errors import MilarunError
-from ..formats.terminal import one_line_error
 from .options import option, positional
 
 OPTIONS = (
@@ -42,17 +41,14 @@ def command(opts, rest):
     VERIFIED (every clause held, the head pinned with --expect-head), 1 when a clause
     failed, 3 when every clause held but no head was pinned (CONSISTENT, NOT PINNED),
     2 on bad input (docs/tender.md)."""
-    try:
-        return run_verify(
-            opts.outdir,
-            rules=opts.rules,
-            expect_head=opts.expect_head,
-            public_key=opts.public_key,
-            html=opts.html,
-            json_out=opts.json,
-        )
-    except MilarunError as exc:  # its message names the vendor's folder and files
-        raise one_line_error(exc)
+    return run_verify(
+        opts.outdir,
+        rules=opts.rules,
+        expect_head=opts.expect_head,
+        public_key=opts.public_key,
+        html=opts.html,
+        json_out=opts.json,
+    )
 
 
 def run_verify(

@@ -677,7 +677,7 @@ def check_completeness(b, v):
                 )
             )
         # the launcher writes a FAIL record only under the plan's FAIL name, and moves a
-        # child's record that says it failed to that name (launcher/launch.py): a record
+        # child's record that says it failed to that name (launcher/outcome.py): a record
         # whose success is not its name's (or its entry's) was edited
         named = Path(path).name == mine[0].get("result") if path is not None else None
         if rec is not None and (rec.get("success") is not named or e.get("success") is not named):
