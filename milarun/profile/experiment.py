@@ -1,6 +1,8 @@
 """Check that a job's ``"module:function"`` exists without importing the module, so the
 launcher never imports torch or a workload."""
 
+from __future__ import annotations
+
 import ast
 import importlib.machinery
 import importlib.util
@@ -10,7 +12,7 @@ from pathlib import Path
 from ..formats import entrypoint
 
 
-def check_experiment(spec):
+def check_experiment(spec: object) -> str | None:
     """Check that ``"module:function"`` exists *without importing the module*.
 
     The module is found without importing it or its packages (:func:`_find_spec`),
@@ -52,12 +54,12 @@ def check_experiment(spec):
 _TRY = (ast.Try, getattr(ast, "TryStar", ast.Try))
 
 
-def _top_level_names(tree):
+def _top_level_names(tree: ast.Module) -> set[str]:
     """The names a module's source binds at its top level, in ``if``/``try``/``with``
     blocks too (``try: from fast import f`` / ``except ImportError: def f``); ``*``
     for a star import, whose names only an import would tell."""
-    names = set()
-    todo = list(tree.body)
+    names: set[str] = set()
+    todo: list[ast.stmt] = list(tree.body)
     while todo:
         n = todo.pop()
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -77,7 +79,7 @@ def _top_level_names(tree):
     return names
 
 
-def _find_spec(mod_name):
+def _find_spec(mod_name: str) -> importlib.machinery.ModuleSpec | None:
     """The module spec of ``mod_name``, or None, without importing it or its parent
     packages (``importlib.util.find_spec("torch.nn")`` would import torch): each
     part is searched for in the folders of the part before it.

@@ -1,13 +1,18 @@
 """Read a profile file and its includes (``"include"``) into the layers of each entry, with
 milabench's matrix form rewritten in ours; the bounds on includes."""
 
+from __future__ import annotations
+
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import ProfileError
 from ..formats.jsonfile import read_json
+from ..formats.outfile import StrPath
 from .validate import schema_error
 
 #: Most files one profile may read, its includes' includes counted each time they are
@@ -22,10 +27,11 @@ class Layer:
 
     path: Path
     entry: str
-    data: object
+    #: the entry's parsed JSON (an object, or any value for a template)
+    data: Any
 
 
-def real_path(path, referrer=None, inc=None):
+def real_path(path: Path, referrer: Path | None = None, inc: str | None = None) -> Path:
     """``path`` with its symlinks resolved (the include cycle check compares these).
 
     Raises:
@@ -44,7 +50,7 @@ def real_path(path, referrer=None, inc=None):
 _AXIS_CHARS = re.compile(r"[^A-Za-z0-9_]")
 
 
-def _rename_fields(value, renames):
+def _rename_fields(value: Any, renames: Mapping[str, str]) -> Any:
     """``value`` (str, or a dict/list of them) with every ``{old}`` field written ``{new}``."""
     if isinstance(value, str):
         for old, new in renames.items():
@@ -57,7 +63,7 @@ def _rename_fields(value, renames):
     return value
 
 
-def from_milabench(data):
+def from_milabench(data: Any) -> Any:
     """A profile's entries with milabench's matrix form rewritten in ours.
 
     milabench writes a matrix entry as ``{"matrix": {axis: [values]}, "job": {"name":
@@ -72,7 +78,7 @@ def from_milabench(data):
     """
     if not isinstance(data, dict):
         return data
-    out = {}
+    out: dict[str, Any] = {}
     for name, entry in data.items():
         if not (
             isinstance(entry, dict)
@@ -97,7 +103,7 @@ def from_milabench(data):
     return out
 
 
-def read_entries(path, stack, files):
+def read_entries(path: Path, stack: list[Path], files: list[Path]) -> dict[str, list[Layer]]:
     """``{entry: [Layer, ...]}`` of profile ``path``, the layers of its includes first.
 
     ``stack``: resolved paths of the files including this one (a cycle check);
@@ -106,7 +112,7 @@ def read_entries(path, stack, files):
     data = from_milabench(read_json(path, error_cls=ProfileError, what="profile"))
     schema_error(path, data, "profile")
     files.append(path)
-    entries = {}
+    entries: dict[str, list[Layer]] = {}
     for inc in data.get("include", []):
         target = Path(os.path.normpath(path.parent / inc))
         real = real_path(target, path, inc)
@@ -135,7 +141,7 @@ def read_entries(path, stack, files):
     return entries
 
 
-def profile_files(path):
+def profile_files(path: StrPath) -> list[Path]:
     """Every file profile ``path`` reads: itself, then its includes (depth first).
 
     Raises:
@@ -143,6 +149,6 @@ def profile_files(path):
             file or include.
     """
     path = Path(path)
-    files = []
+    files: list[Path] = []
     read_entries(path, [real_path(path)], files)
     return files

@@ -1,7 +1,11 @@
 """A job: one fully resolved test of a profile, and its command line filled for a launch."""
 
+from __future__ import annotations
+
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..formats.jsonfile import load_schema
 from ..plan import types as plantypes
@@ -50,42 +54,42 @@ class Job:
     suite: str
     name: str
     experiment: str
-    arguments: dict = field(default_factory=dict)
+    arguments: dict[str, Any] = field(default_factory=dict)
     plan_type: str = "per-gpu"
-    cgroup: str = None
-    prepare: list = field(default_factory=list)
-    exec_prefix: list = field(default_factory=list)
+    cgroup: str | None = None
+    prepare: list[str] = field(default_factory=list)
+    exec_prefix: list[str] = field(default_factory=list)
     timeout: float = DEFAULT_TIMEOUT
     launcher: str = "python"
-    definition: dict = field(default_factory=dict)
-    tags: list = field(default_factory=list)
+    definition: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
     group: str = ""
-    matrix: dict = field(default_factory=dict)
+    matrix: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.group = self.group or self.name
 
     @property
-    def kind(self):
+    def kind(self) -> plantypes.PlanType:
         """The :class:`milarun.plan.types.PlanType` called ``plan_type``."""
         return plantypes.plan_type(self.plan_type)
 
     @property
-    def full_name(self):
+    def full_name(self) -> str:
         """``suite.name``."""
         return f"{self.suite}.{self.name}"
 
     @property
-    def placeholders(self):
+    def placeholders(self) -> list[str]:
         """Sorted names of the launch placeholders its arguments and ``exec_prefix`` use,
         e.g. ``["n_gpu"]``."""
-        used = set()
+        used: set[str] = set()
         for value in [*self.arguments.values(), *self.exec_prefix]:
             if isinstance(value, str):
                 used |= template_fields(value)
         return sorted(used)
 
-    def argv(self, values=None):
+    def argv(self, values: Mapping[str, Any] | None = None) -> list[str]:
         """The test's arguments as argv: ``--flag value``; ``true`` → bare flag.
 
         Args:
@@ -93,7 +97,7 @@ class Job:
                 :func:`milarun.plan.launches.placeholder_values`): string values are then
                 filled (``{{`` becomes ``{``). None: strings stay as written.
         """
-        out = []
+        out: list[str] = []
         for key, value in self.arguments.items():
             flag = key if key.startswith("-") else f"--{key}"
             if value is True:
@@ -106,15 +110,15 @@ class Job:
                 out += [flag, str(value)]
         return out
 
-    def prefix(self, values=None):
+    def prefix(self, values: Mapping[str, Any] | None = None) -> list[str]:
         """``exec_prefix`` as argv, its strings filled as :meth:`argv` fills arguments."""
         return [fill(item, values) for item in self.exec_prefix]
 
-    def matches(self, token):
+    def matches(self, token: str) -> bool:
         """True when ``token`` is the job's name, its group or one of its tags."""
         return token in (self.name, self.group) or token in self.tags
 
-    def as_entry(self):
+    def as_entry(self) -> dict[str, Any]:
         """The job as an entry of a plain profile (what ``milarun profile`` prints): its
         definition, then ``tags`` and ``group`` when set; loading it gives this job back."""
         d = self.definition

@@ -85,15 +85,26 @@ placeholders (:mod:`~milarun.profile.templates`), the checks of a job
 (:mod:`~milarun.profile.validate`, :mod:`~milarun.profile.experiment`).
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ProfileError
 from ..formats.jsonfile import first_error
+from ..formats.outfile import StrPath
 from .includes import read_entries, real_path
+from .job import Job
 from .resolve import Resolver
 
 
-def select_jobs(jobs, path, names=None, select=None, exclude=None):
+def select_jobs(
+    jobs: list[Job],
+    path: StrPath,
+    names: Sequence[str] | None = None,
+    select: Sequence[str] | None = None,
+    exclude: Sequence[str] | None = None,
+) -> list[Job]:
     """The jobs ``--name``, ``--select`` and ``--exclude`` keep, in profile order.
 
     ``names``: exact job names. ``select``: keep the jobs a token matches (its
@@ -131,7 +142,12 @@ def select_jobs(jobs, path, names=None, select=None, exclude=None):
     return jobs
 
 
-def load_profile(path, names=None, select=None, exclude=None):
+def load_profile(
+    path: StrPath,
+    names: Sequence[str] | None = None,
+    select: Sequence[str] | None = None,
+    exclude: Sequence[str] | None = None,
+) -> list[Job]:
     """Read, merge and validate a profile; return its jobs in file order.
 
     Args:

@@ -1,18 +1,26 @@
 """Expand a matrix entry into its points: the axes' combinations, each point's job name and
 its argument values filled."""
 
+from __future__ import annotations
+
 import itertools
 import math
 import string
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+from ..errors import ProfileError
 from ..formats.jsonfile import first_error
 from .templates import LAUNCH_FIELDS, check_template, show_value, substitute, template_fields
 
 #: Most jobs one matrix may expand into.
 MAX_MATRIX_JOBS = 1024
 
+#: ``f(keys, message) -> ProfileError`` naming where ``keys`` was written.
+Fail = Callable[[Sequence[str | int], str], ProfileError]
 
-def fill_matrix(value, values):
+
+def fill_matrix(value: Any, values: Mapping[str, Any]) -> Any:
     """An argument value with a matrix point's ``{axis}`` fields filled; a value that is
     exactly one axis field takes that value, with its type."""
     if not isinstance(value, str):
@@ -22,6 +30,7 @@ def fill_matrix(value, values):
         if (
             len(parsed) == 1
             and parsed[0][0] == ""
+            and parsed[0][1] is not None
             and parsed[0][1] in values
             and not parsed[0][2]
             and not parsed[0][3]
@@ -32,7 +41,7 @@ def fill_matrix(value, values):
         return value  # a malformed template: validate_job says so
 
 
-def matrix_points(resolved, fail):
+def matrix_points(resolved: Mapping[str, Any], fail: Fail) -> list[tuple[dict[str, Any], str]]:
     """``[(values, job name)]`` of a matrix entry, last axis fastest.
 
     Args:
@@ -70,7 +79,7 @@ def matrix_points(resolved, fail):
     for axis in axes:
         if axis not in used:
             raise fail(["matrix", axis], "axis used in neither 'name' nor 'arguments'")
-    points = []
+    points: list[tuple[dict[str, Any], str]] = []
     for combo in itertools.product(*matrix.values()):
         values = dict(zip(axes, combo))
         # a placeholder value ("{cpu_per_gpu}") shows in the name without its braces

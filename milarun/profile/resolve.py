@@ -2,14 +2,21 @@
 ``enabled``, matrices expanded in place (:mod:`milarun.profile.matrix`), each job validated
 (:mod:`milarun.profile.validate`), and the bound on the jobs of a whole profile."""
 
+from __future__ import annotations
+
 import copy
 import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
+from ..errors import ProfileError
 from ..formats.jsonfile import key_path
+from .includes import Layer
 from .job import DEFAULT_TIMEOUT, Job
 from .matrix import MAX_MATRIX_JOBS, fill_matrix, matrix_points
 from .templates import substitute
-from .validate import entry_error, entry_label, validate_job
+from .validate import Origin, entry_error, entry_label, validate_job
 
 #: Entry keys of the profile language: never part of a job's recorded definition.
 LANGUAGE_KEYS = ("inherits", "matrix", "name", "tags", "group", "enabled")
@@ -20,7 +27,7 @@ MAX_JOBS = 10_000
 MAX_INHERITS_DEPTH = 64
 
 
-def deep_merge(base, over):
+def deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     """Return ``base`` updated with ``over``, merging nested dicts recursively."""
     out = copy.deepcopy(base)
     for key, value in over.items():
@@ -31,7 +38,7 @@ def deep_merge(base, over):
     return out
 
 
-def _has(data, keys):
+def _has(data: Any, keys: Sequence[str | int]) -> bool:
     """True when ``data`` holds the nested key path ``keys`` (dict keys, list indexes)."""
     for k in keys:
         if isinstance(data, dict) and k in data:
@@ -55,16 +62,19 @@ class Resolver:
         entries: ``{entry: [Layer, ...]}`` (:func:`milarun.profile.includes.read_entries`).
     """
 
-    def __init__(self, path, entries):
+    def __init__(self, path: Path, entries: dict[str, list[Layer]]) -> None:
         self.path = path
         self.entries = entries
-        self._merged, self._chains, self._resolved, self._experiments = {}, {}, {}, {}
-        self._matrices = {}
+        self._merged: dict[str, Any] = {}
+        self._chains: dict[str, list[str]] = {}
+        self._resolved: dict[str, dict[str, Any]] = {}
+        self._experiments: dict[str, str | None] = {}
+        self._matrices: dict[str, object] = {}
 
-    def merged(self, name):
+    def merged(self, name: str) -> Any:
         """Entry ``name``'s layers deep-merged (a template may be a non-object)."""
         if name not in self._merged:
-            out = {}
+            out: Any = {}
             for layer in self.entries[name]:
                 if isinstance(layer.data, dict) and isinstance(out, dict):
                     out = deep_merge(out, layer.data)
@@ -73,14 +83,14 @@ class Resolver:
             self._merged[name] = out
         return self._merged[name]
 
-    def where_set(self, name, key):
+    def where_set(self, name: str, key: str) -> Path:
         """The file of the last layer of entry ``name`` that sets ``key``."""
         for layer in reversed(self.entries[name]):
             if isinstance(layer.data, dict) and key in layer.data:
                 return layer.path
         return self.entries[name][-1].path
 
-    def chain(self, name):
+    def chain(self, name: str) -> list[str]:
         """Entry names from ``name``'s root ancestor down to ``name`` (``inherits``).
 
         Raises:
@@ -137,7 +147,7 @@ class Resolver:
                 )
             seen.append(parent)
 
-    def layers(self, name):
+    def layers(self, name: str) -> list[Layer]:
         """The layers entry ``name`` resolves from: ``"*"``'s, then its chain's objects."""
         return self.entries.get("*", []) + [
             layer
@@ -146,7 +156,7 @@ class Resolver:
             if isinstance(layer.data, dict)
         ]
 
-    def resolved(self, name):
+    def resolved(self, name: str) -> dict[str, Any]:
         """``"*"`` and the layers of ``name``'s chain, deep-merged in order (memoised:
         an entry's own layers are merged onto its parent's resolved definition)."""
         if name not in self._resolved:
@@ -163,7 +173,7 @@ class Resolver:
             self._resolved[name] = out
         return self._resolved[name]
 
-    def matrix(self, name):
+    def matrix(self, name: str) -> object:
         """The ``matrix`` :meth:`resolved` gives entry ``name`` (or None), merged from its
         chain's ``matrix`` keys alone (memoised): counting jobs copies nothing else."""
         if name not in self._matrices:
@@ -180,7 +190,7 @@ class Resolver:
             self._matrices[name] = out
         return self._matrices[name]
 
-    def count(self, name):
+    def count(self, name: str) -> int:
         """How many jobs entry ``name`` makes: its matrix's points, else 1 (before any
         is made; a matrix over :data:`MAX_MATRIX_JOBS` counts 0:
         :func:`milarun.profile.matrix.matrix_points` refuses it)."""
@@ -190,7 +200,7 @@ class Resolver:
         count = math.prod(len(v) if isinstance(v, list) else 1 for v in matrix.values())
         return count if count <= MAX_MATRIX_JOBS else 0
 
-    def jobs(self, suite):
+    def jobs(self, suite: str) -> list[Job]:
         """Every job, in file order (includes first; a matrix expands in place).
 
         Raises:
@@ -204,7 +214,7 @@ class Resolver:
                     raise entry_error(
                         self.where_set("*", key), "job '*'", key, "not allowed in the defaults"
                     )
-        names = []
+        names: list[str] = []
         for name in self.entries:
             if name == "*" or name.startswith("_"):
                 continue
@@ -228,7 +238,8 @@ class Resolver:
                     "matrix" if has_matrix else None,
                     f"the profile makes more than {MAX_JOBS} jobs ({total} with this entry's)",
                 )
-        jobs, made_by = [], {}
+        jobs: list[Job] = []
+        made_by: dict[str, str] = {}
         for name in names:
             layers = self.layers(name)
             for job in self.expand(name, self.resolved(name), layers, suite):
@@ -247,13 +258,13 @@ class Resolver:
                 self.chain(name)  # a typo in an unused template is an error too
         return jobs
 
-    def origin(self, layers, entry, job):
+    def origin(self, layers: list[Layer], entry: str, job: str) -> Origin:
         """``f(keys) -> (path, where)``: the layer that wrote ``keys`` of ``job``."""
 
-        def label(source):
+        def label(source: str) -> str:
             return f"job {job!r}" if source in ("*", job) else f"job {job!r} (from {source!r})"
 
-        def find(keys):
+        def find(keys: Sequence[str | int]) -> tuple[Path, str]:
             for layer in reversed(layers):
                 if _has(layer.data, keys):
                     return layer.path, label(layer.entry)
@@ -261,10 +272,12 @@ class Resolver:
 
         return find
 
-    def expand(self, name, resolved, layers, suite):
+    def expand(
+        self, name: str, resolved: dict[str, Any], layers: list[Layer], suite: str
+    ) -> list[Job]:
         """The jobs of entry ``name`` (one, or one per point of its matrix)."""
 
-        def fail(keys, message, job=name):
+        def fail(keys: Sequence[str | int], message: str, job: str = name) -> ProfileError:
             path, where = self.origin(layers, name, job)(keys)
             return entry_error(path, where, key_path(keys), message)
 
@@ -272,10 +285,10 @@ class Resolver:
         if matrix is None:
             if "name" in resolved:
                 raise fail(["name"], "a name template needs a 'matrix' to expand")
-            points = [({}, name)]
+            points: list[tuple[dict[str, Any], str]] = [({}, name)]
         else:
             points = matrix_points(resolved, fail)
-        out = []
+        out: list[Job] = []
         for values, job_name in points:
             d = {k: v for k, v in resolved.items() if k not in LANGUAGE_KEYS}
             if values and isinstance(d.get("arguments"), dict):

@@ -2,7 +2,11 @@
 fields a template uses, filling some of them, and checking that a template fills.
 """
 
+from __future__ import annotations
+
 import string
+from collections.abc import Mapping
+from typing import Any
 
 PREPARE_FIELDS = {"dataroot", "outdir", "python", "milarun"}
 #: Placeholders an argument value may hold; the plan fills them for each launch.
@@ -31,14 +35,14 @@ EXAMPLE_VALUES = {
 CGROUP_FIELDS = ("device", "CUDA_VISIBLE_DEVICES")
 
 
-def fill(text, values):
+def fill(text: str, values: Mapping[str, Any] | None) -> str:
     """Template ``text`` filled with a launch's placeholder ``values`` (``{{`` becomes
     ``{``); as written when ``values`` is None.
     :func:`milarun.profile.validate.validate_job` checked that it fills."""
     return text if values is None else text.format(**values)
 
 
-def template_fields(text):
+def template_fields(text: str) -> set[str]:
     """The field names of ``str.format`` template ``text`` (a set; empty when malformed)."""
     try:
         return {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
@@ -46,7 +50,7 @@ def template_fields(text):
         return set()
 
 
-def substitute(text, values):
+def substitute(text: str, values: Mapping[str, Any]) -> str:
     """Fill the fields of ``text`` named in ``values``; keep every other field and
     escaped brace as written. Values go in as written (a value may itself be a
     placeholder, such as ``"{cpu_per_gpu}"``); ``true``/``false`` read as in JSON.
@@ -68,13 +72,13 @@ def substitute(text, values):
     return "".join(out)
 
 
-def show_value(value):
+def show_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
 
 
-def check_template(text, fields):
+def check_template(text: str, fields: Mapping[str, Any]) -> str | None:
     """Check a ``str.format`` template against the placeholders it may use.
 
     The template is parsed and filled once with dummy values, so a template

@@ -1,6 +1,12 @@
 """Check one merged job definition, and name where a problem was written: each problem is one
 ``ProfileError`` naming the file, the entry and the key."""
 
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
 from ..errors import ProfileError
 from ..formats.jsonfile import first_error, key_path
 from ..host import isolation
@@ -8,17 +14,23 @@ from ..plan import types as plantypes
 from .experiment import check_experiment
 from .templates import CGROUP_FIELDS, EXAMPLE_VALUES, LAUNCH_FIELDS, PREPARE_FIELDS, check_template
 
+#: ``f(keys) -> (path, where)``: the file and the words (``"job 'a'"``) that name where the
+#: key at ``keys`` was written.
+Origin = Callable[[Sequence[str | int]], tuple[Path, str]]
 
-def entry_label(name):
+
+def entry_label(name: str) -> str:
     return f"template {name!r}" if name.startswith("_") else f"job {name!r}"
 
 
-def entry_error(path, where, key, message):
+def entry_error(path: Path, where: str, key: str | None, message: str) -> ProfileError:
     """``ProfileError`` ``<path>: <where>[, key '<key>']: <message>``."""
     return ProfileError(f"{where}" + (f", key {key!r}" if key else "") + f": {message}", path=path)
 
 
-def schema_error(path, data, ref, job=None, origin=None):
+def schema_error(
+    path: Path, data: Any, ref: str, job: str | None = None, origin: Origin | None = None
+) -> None:
     """Raise the profile schema's first error for ``data`` as a ``ProfileError``.
 
     ``origin(keys) -> (path, where)`` names the file and entry that wrote the
@@ -32,14 +44,21 @@ def schema_error(path, data, ref, job=None, origin=None):
             raise ProfileError(message, path=path)
         if keys[0] == "include":
             raise ProfileError(f"key {key_path(keys)!r}: {message}", path=path)
-        job, keys = keys[0], keys[1:]
-        where = "job '*'" if job == "*" else entry_label(job)
+        # the first key of an error below the top is an entry's name: a string
+        entry, keys = str(keys[0]), keys[1:]
+        where = "job '*'" if entry == "*" else entry_label(entry)
         raise entry_error(path, where, key_path(keys), message)
     path, where = origin(keys) if origin else (path, f"job {job!r}")
     raise entry_error(path, where, key_path(keys), message)
 
 
-def validate_job(path, name, d, origin=None, experiments=None):
+def validate_job(
+    path: Path,
+    name: str,
+    d: dict[str, Any],
+    origin: Origin | None = None,
+    experiments: dict[str, str | None] | None = None,
+) -> None:
     """Check one merged job definition; raise ``ProfileError`` on the first problem.
 
     The schema (``milarun/formats/schemas/profile.schema.json#/$defs/job``) checks
@@ -56,7 +75,7 @@ def validate_job(path, name, d, origin=None, experiments=None):
     """
     origin = origin or (lambda keys: (path, f"job {name!r}"))
 
-    def fail(keys, message):
+    def fail(keys: Sequence[str | int], message: str) -> ProfileError:
         where_path, where = origin(keys)
         return entry_error(where_path, where, key_path(keys), message)
 
@@ -65,9 +84,10 @@ def validate_job(path, name, d, origin=None, experiments=None):
     spec = d["experiment"]
     if spec not in experiments:
         experiments[spec] = check_experiment(spec)
-    if experiments[spec]:
-        raise fail(["experiment"], experiments[spec])
-    launch_strings = [
+    experiment_problem = experiments[spec]
+    if experiment_problem:
+        raise fail(["experiment"], experiment_problem)
+    launch_strings: list[tuple[list[str | int], str]] = [
         (["arguments", flag], value)
         for flag, value in d.get("arguments", {}).items()
         if isinstance(value, str)
@@ -86,9 +106,9 @@ def validate_job(path, name, d, origin=None, experiments=None):
             raise fail(keys, problem)
     scheme = d.get("partition_scheme", {})
     launcher = d.get("launcher", "python")
-    problem = plantypes.plan_type(scheme.get("type", "per-gpu")).check(scheme, launcher)
-    if problem:
-        raise fail(["partition_scheme", problem[0]], problem[1])
+    scheme_problem = plantypes.plan_type(scheme.get("type", "per-gpu")).check(scheme, launcher)
+    if scheme_problem:
+        raise fail(["partition_scheme", scheme_problem[0]], scheme_problem[1])
     cg = scheme.get("cgroup")
     if cg is not None:
         # the plan fills it with an int device index
