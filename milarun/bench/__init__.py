@@ -27,6 +27,12 @@ The device helper (kind, ``torch.cuda``/``torch.xpu``, synchronize, timing event
 (:func:`milarun.bench.experiment.loss_declaration`).
 """
 
+# coleo's code registry (codefind) walks every live object once, when it is first imported:
+# it must run before torch is imported, whose deprecated module attributes
+# (torch.distributed.reduce_op) print a FutureWarning on every run when touched.
+import codefind  # noqa: F401
+
+# isort: split
 from .experiment import Experiment
 from .loop import Epochs, dataloop, iteration_wrapper, rate_logger
 from .rate import RateLogger
