@@ -27,16 +27,19 @@ The device helper (kind, ``torch.cuda``/``torch.xpu``, synchronize, timing event
 (:func:`milarun.bench.experiment.loss_declaration`).
 """
 
-# coleo's code registry (codefind) walks every live object once, when it is first imported:
-# it must run before torch is imported, whose deprecated module attributes
-# (torch.distributed.reduce_op) print a FutureWarning on every run when touched.
-import codefind  # noqa: F401
+import warnings
 
-# isort: split
-from .experiment import Experiment
-from .loop import Epochs, dataloop, iteration_wrapper, rate_logger
-from .rate import RateLogger
-from .setup import (
+# coleo's code registry (codefind, at the first @tooled) walks every live object once; with
+# torch imported, it touches the deprecated torch.distributed.reduce_op, whose FutureWarning
+# would be printed on every run. Our code never uses it.
+warnings.filterwarnings(
+    "ignore", message=r"`torch\.distributed\.reduce_op` is deprecated", category=FutureWarning
+)
+
+from .experiment import Experiment  # noqa: E402 (after the filter)
+from .loop import Epochs, dataloop, iteration_wrapper, rate_logger  # noqa: E402 (after the filter)
+from .rate import RateLogger  # noqa: E402 (after the filter)
+from .setup import (  # noqa: E402 (after the filter)
     data_loader,
     dataloader_workers,
     init_torch,
