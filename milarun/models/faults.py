@@ -95,7 +95,7 @@ def _die(exp):
             time.sleep(0.05)
             step.set_count(1)
         return
-    time.sleep(1.0 if rank >= 0 else 0.0)  # let the others start counting
+    time.sleep(3.0 if rank >= 0 else 0.0)  # let the others start counting, even under load
     os.kill(os.getpid(), getattr(signal, signal_name))
 
 
