@@ -446,6 +446,49 @@ def test_matmul_fp64_sweep_and_fp8_unsupported_on_the_cpu(tmp_path):
     assert m["precisions"] == "fp32,fp64,fp8_e4m3,fp8_e5m2"
 
 
+def test_matmul_runs_each_precision_in_blocks_of_about_block_ms(tmp_path):
+    res = run_model(
+        "milarun.models.matmul:main",
+        FAST
+        + [
+            "--size",
+            "32",
+            "--precisions",
+            "fp32,bf16",
+            "--block-ms",
+            "5",
+            "--max-count",
+            "2",
+            "--min-steady",
+            "0.05",
+        ],
+        tmp_path=tmp_path,
+    )
+    assert res["success"], res["error"]
+    m = res["metrics"]
+    assert m["block_ms"] == 5.0
+    # a 32³ matmul takes microseconds: a 5 ms block holds many, every one counted
+    assert m["block_fp32"] > 1 and m["block_bf16"] > 1
+    for p in ("fp32", "bf16"):
+        assert m[f"matmuls_{p}"] % m[f"block_{p}"] == 0
+    step = m["block_fp32"] + m["block_bf16"]
+    counts = [s["count"] for s in res["timings"]["train"]["samples"]]
+    assert counts and all(c % step == 0 for c in counts)
+
+
+def test_matmul_block_sizes_follow_the_timed_matmul(monkeypatch):
+    import torch
+
+    from milarun.models import matmul
+
+    clock = iter([0.0, 0.004, 1.0, 1.0005])  # fp32 matmul: 4 ms, bf16: 0.5 ms
+    monkeypatch.setattr(matmul.time, "perf_counter", lambda: next(clock))
+    mats = {p: matmul._setup(torch, p, 4, torch.device("cpu"), None) for p in ("fp32", "bf16")}
+    sizes = matmul.block_sizes(torch, torch.device("cpu"), ["fp32", "bf16"], mats, 100.0)
+    assert sizes == {"fp32": 25, "bf16": 200}
+    assert matmul.block_sizes(torch, torch.device("cpu"), ["fp32"], mats, 0) == {"fp32": 1}
+
+
 def test_matmul_peaks_are_one_table():
     from milarun.measure.mfu import peak_tflops
     from milarun.models.matmul import _versus_peak

@@ -582,14 +582,16 @@ def run_script(tmp_path, *args, timeout=240):
 @pytest.mark.slow
 def test_cpu_run_writes_its_figures_and_skips_the_cuda_only_checks(tmp_path):
     """One CPU run of every check. Its lite pass runs toy_reg of profiles/lite.json (its
-    counts overridden by the short arguments) and a fault workload beside it that crashes:
-    that FAIL must fail the lite check, the overall verdict and the exit status."""
+    counts overridden by the short arguments, its exec_prefix a program no host has: run
+    without it, a WARN) and a fault workload beside it that crashes: that FAIL must fail
+    the lite check, the overall verdict and the exit status."""
     profile = tmp_path / "lite-plus.json"
     profile.write_text(
         json.dumps(
             {
                 "include": [str(ROOT / "profiles" / "lite.json")],
                 "boom": {"experiment": "milarun.models.faults:crash"},
+                "toy_reg": {"exec_prefix": ["milarun-no-such-program"]},
             }
         )
     )
@@ -622,7 +624,7 @@ def test_cpu_run_writes_its_figures_and_skips_the_cuda_only_checks(tmp_path):
     assert report["budget_s"] == 300 and report["seconds"] < 300
     assert [r["check"] for r in report["plan"]] == ["start", *report["checks"]]
     for name, check in report["checks"].items():
-        assert check["verdict"] in ("PASS", "FAIL", "SKIP")
+        assert check["verdict"] in ("PASS", "WARN", "FAIL", "SKIP")
         assert check["seconds"] >= 0 and check["estimate_s"] >= 0 and check["parts"]
         for p in check["parts"]:
             assert {"name", "verdict", "figure", "target", "reason"} <= p.keys()
@@ -649,7 +651,8 @@ def test_cpu_run_writes_its_figures_and_skips_the_cuda_only_checks(tmp_path):
     # lite: one verdict per test, from its record
     lite = {p["name"]: p for p in checks["lite"]["parts"]}
     assert set(lite) == {"toy_reg", "boom", "milarun jobs"}
-    assert lite["toy_reg"]["verdict"] == "PASS", lite
+    assert lite["toy_reg"]["verdict"] == "WARN", lite
+    assert "exec_prefix 'milarun-no-such-program'" in lite["toy_reg"]["reason"]
     assert lite["toy_reg"]["figures"]["records"] == 1
     assert lite["toy_reg"]["figures"]["items_s"][0] > 0
     assert lite["boom"]["verdict"] == "FAIL" and "deliberate crash" in lite["boom"]["reason"]
@@ -666,7 +669,8 @@ def test_cpu_run_writes_its_figures_and_skips_the_cuda_only_checks(tmp_path):
     assert report["verdict"] == "FAIL"
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[-1].startswith("gpu_check: FAIL")
+    assert lines[-2].startswith("gpu_check: FAIL")
+    assert lines[-1].startswith("gpu_check: 1 WARN: lite/toy_reg: ran without exec_prefix")
     assert "SKIP  nvml" in proc.stdout and "FAIL  lite" in proc.stdout
     assert any(line.strip().startswith("FAIL  boom") for line in lines)
 

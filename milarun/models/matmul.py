@@ -1,23 +1,39 @@
 """matmul: dense matrix-multiply throughput (TFLOP/s) in fp32, tf32, fp16, bf16, fp64 and FP8.
 
 Multiplies square ``--size`` × ``--size`` matrices (8192 on a GPU, 512 on the
-CPU by default) into a preallocated output, once per precision of
-``--precisions`` in every training step ("round"). ``tf32`` is fp32 data
-with TF32 tensor-core matmuls allowed; ``fp16``/``bf16`` are half-precision
+CPU by default) into a preallocated output, in every training step ("round") one
+block of back-to-back matmuls per precision of ``--precisions``. ``tf32`` is fp32
+data with TF32 tensor-core matmuls allowed; ``fp16``/``bf16`` are half-precision
 data (fp32 accumulation inside the GEMM).
+
+A block lasts about ``--block-ms`` (default 1000 on a GPU, 0 on the CPU; 0: one
+matmul per precision): its matmul count per precision is set once, before the
+loop, from one synchronised, timed matmul of each (``round(block ÷ its time)``,
+at least 1). Blocks, rather than one matmul of each precision in turn, because a
+GPU at its power limit runs a short matmul that follows a long, lower-power one
+(an fp32 GEMM between bf16 ones) at clocks it cannot sustain, and a precision that
+follows a power-limited block starts at the lowered clocks. Measured on an H200
+at its 700 W limit, 8192³, against back-to-back loops of one precision (bare,
+2 s each; benchmarks/gpu_check.py, baselines/gpu/): one matmul of each in turn
+timed bf16 at 775 TFLOP/s where the bare loop ran 655 (+18 %); blocks of 50 ms,
+647 bf16 but fp32 42.3 against 51.2 (−17 %); 200 ms, bf16 +0.2 %, fp32 −6 %;
+1000 ms, every precision within 1.5 % (fp32 50.5, tf32 341, bf16 655). A block of
+1000 ms times what a training job gets: sustained throughput.
 
 How throughput is reported:
 
-* the rate logger counts **one item per matmul** (a step counts
-  ``len(precisions)`` items), so the run's throughput is matmuls/s over the
-  mix, comparable between machines that run the same precision list;
-* each precision's matmul is also timed on its own, inside the same loop:
+* the rate logger counts **one item per matmul** (a step counts the matmuls of
+  its blocks), so the run's throughput is matmuls/s over the mix; with blocks of
+  equal time it is the mean of the precisions' matmuls/s, comparable between
+  machines that run the same precision list;
+* each precision's block is also timed on its own, inside the same loop:
   CUDA (or XPU) events around it on the GPU (read later, without a per-step sync:
   finished events are drained as they complete, the rest after the loop),
   ``perf_counter`` on the CPU where a matmul is synchronous. Only rounds
   after the warm-up sample windows count. ``metrics.tflops_<precision>`` is
-  ``2·n³ × matmuls ÷ their total time`` (1e12 FLOP/s), so it is the peak
-  dense throughput of that precision, not diluted by the others.
+  ``2·n³ × matmuls ÷ their total time`` (1e12 FLOP/s), so it is the sustained
+  dense throughput of that precision, not diluted by the others;
+  ``metrics.block_<precision>`` is the block's matmul count.
 
 Also, for acceptance (none of it in the default ``--precisions``):
 
@@ -97,26 +113,27 @@ class _Timings:
             return ev
         return time.perf_counter()
 
-    def stop(self, name, start, counted):
+    def stop(self, name, start, counted, n=1):
+        """Close the span opened by :meth:`start`: ``n`` matmuls of ``name``."""
         if self.cuda:
             ev = self.events.Event(enable_timing=True)
             ev.record()
             if counted:
-                self.pending.append((name, start, ev))
+                self.pending.append((name, start, ev, n))
             self.drain(block=False)
         elif counted:
             self.seconds[name] += time.perf_counter() - start
-            self.count[name] += 1
+            self.count[name] += n
 
     def drain(self, block=True):
         while self.pending:
-            name, start, end = self.pending[0]
+            name, start, end, n = self.pending[0]
             if not block and not end.query():
                 return
             end.synchronize()
             self.pending.popleft()
             self.seconds[name] += start.elapsed_time(end) / 1000.0
-            self.count[name] += 1
+            self.count[name] += n
 
 
 def _setup(torch, name, size, device, gen, shape=None):
@@ -229,6 +246,27 @@ def _versus_peak(metrics, names, device_name):
                 metrics[ratio] = metrics[key] / peak
 
 
+def block_sizes(torch, device, names, mats, block_ms):
+    """Matmuls per block of each precision: ``round(block_ms ÷ one matmul's ms)``, at
+    least 1, from one synchronised matmul timed after one untimed (the library picks
+    its kernel on the first); ``block_ms`` ≤ 0: 1 each."""
+    if block_ms <= 0:
+        return dict.fromkeys(names, 1)
+    sizes = {}
+    for p in names:
+        a, b, c = mats[p]
+        _set_tf32(torch, p == "tf32")
+        _multiply(torch, p, a, b, c)
+        bench_device.synchronize(device)
+        t0 = time.perf_counter()
+        _multiply(torch, p, a, b, c)
+        bench_device.synchronize(device)
+        ms = (time.perf_counter() - t0) * 1000.0
+        sizes[p] = max(1, round(block_ms / ms)) if ms > 0 else 1
+    _set_tf32(torch, False)
+    return sizes
+
+
 def _set_tf32(torch, on):
     torch.backends.cuda.matmul.allow_tf32 = on
     torch.set_float32_matmul_precision("high" if on else "highest")
@@ -249,6 +287,9 @@ def train(exp):
     sweep_shapes: Option = default("auto")
     # Timed matmuls per shape of the sweep (1 to 10000)
     sweep_iters: Option & int = default(10)
+    # Milliseconds of back-to-back matmuls per precision in a step (-1: 1000 on a GPU, 0 on
+    # the CPU; 0: one matmul per precision)
+    block_ms: Option & float = default(-1.0)
 
     if sweep:
         parse_shapes(sweep_shapes, "cpu")  # a bad shape: one error before anything runs
@@ -280,6 +321,9 @@ def train(exp):
     gen = torch.Generator(device=device)
     gen.manual_seed(exp.options["seed"])
     mats = {p: _setup(torch, p, size, device, gen) for p in names}
+    if block_ms < 0:
+        block_ms = 0.0 if device.type == "cpu" else 1000.0
+    blocks = block_sizes(torch, device, names, mats, block_ms)
     timings = _Timings(torch, device)
     warm_all = _Timings(torch, device)  # fallback when the run ends inside warm-up
     warmup = exp.options["warmup"]
@@ -291,19 +335,21 @@ def train(exp):
             a, b, c = mats[p]
             _set_tf32(torch, p == "tf32")
             t0 = timings.start()
-            _multiply(torch, p, a, b, c)
-            (timings if steady else warm_all).stop(p, t0, True)
-        step.set_count(len(names))
+            for _ in range(blocks[p]):
+                _multiply(torch, p, a, b, c)
+            (timings if steady else warm_all).stop(p, t0, True, blocks[p])
+        step.set_count(sum(blocks.values()))
     _set_tf32(torch, False)
     timings.drain()
     warm_all.drain()
     flop = 2.0 * size**3
-    exp.metrics.update({"size": size, "precisions": ",".join(listed)})
+    exp.metrics.update({"size": size, "precisions": ",".join(listed), "block_ms": block_ms})
     for p in names:
         src = timings if timings.count[p] else warm_all
         if src.count[p] and src.seconds[p] > 0:
             exp.metrics[f"tflops_{p}"] = flop * src.count[p] / src.seconds[p] / 1e12
             exp.metrics[f"matmuls_{p}"] = src.count[p]
+            exp.metrics[f"block_{p}"] = blocks[p]
     for p, why in unsupported.items():
         exp.metrics[f"tflops_{p}"] = UNSUPPORTED
         exp.metrics[f"unsupported_{p}"] = why

@@ -8,8 +8,9 @@
 # The call (device tool): carry [".wheelhouse"],
 #   command "bash scripts/dev/gpu-session.sh .wheelhouse 300 120", timeout_s 560
 # Arguments: WHEELHOUSE [CHECK_BUDGET_S (300)] [PROFILE_S (0: no profile run)].
-# Files under $OUT: install.log, nvidia-smi.txt, gpu_check.json, gpu_check.log and, with
-# PROFILE_S > 0, lite.log, lite-summary.json, lite-report.txt and lite.tar.gz (the records).
+# Files under $OUT: install.log, nvidia-smi.txt, gpu_check.json, gpu_check.log,
+# gpu_check-lite.tar.gz (the records and logs of the check's lite pass) and, with
+# PROFILE_S > 0, lite.log and lite.tar.gz (the profile's records, summary.json, report.txt).
 set -uo pipefail
 wheels=${1:?usage: gpu-session.sh WHEELHOUSE [CHECK_BUDGET_S] [PROFILE_S]}
 budget=${2:-300}
@@ -28,17 +29,20 @@ if ! bash scripts/install-offline.sh "$wheels" >>"$out/install.log" 2>&1; then
 fi
 python3 -m milarun devices >>"$out/install.log" 2>&1 || log "milarun devices: exit $?"
 log "gpu_check, budget $budget s"
-python3 benchmarks/gpu_check.py --budget "$budget" -d /tmp/milarun-data \
+work=/tmp/gpu_check-work
+python3 benchmarks/gpu_check.py --budget "$budget" -d /tmp/milarun-data --workdir "$work" \
   --out "$out/gpu_check.json" >"$out/gpu_check.log" 2>&1
 log "gpu_check: exit $?"
+[ -d "$work/lite" ] && tar -czf "$out/gpu_check-lite.tar.gz" -C "$work" lite
 if [ "$profile_s" -gt 0 ]; then
   res=/tmp/milarun-lite
   log "profiles/lite.json, at most $profile_s s"
   timeout --signal=INT --kill-after=20 "$profile_s" python3 -m milarun jobs profiles/lite.json \
     --no-cgexec -d /tmp/milarun-data -o "$res" >"$out/lite.log" 2>&1
   log "milarun jobs: exit $?"
-  python3 -m milarun summary "$res" -o "$out/lite-summary.json" >>"$out/lite.log" 2>&1
-  python3 -m milarun report "$res" --weights weights/lite.json >"$out/lite-report.txt" 2>>"$out/lite.log"
-  [ -d "$res" ] && tar -czf "$out/lite.tar.gz" -C "$(dirname "$res")" "$(basename "$res")"
+  python3 -m milarun summary "$res" -o /tmp/summary.json >>"$out/lite.log" 2>&1
+  python3 -m milarun report "$res" --weights weights/lite.json >/tmp/report.txt 2>>"$out/lite.log"
+  [ -d "$res" ] && tar -czf "$out/lite.tar.gz" -C "$(dirname "$res")" "$(basename "$res")" \
+    -C /tmp summary.json report.txt
 fi
 log "done"
