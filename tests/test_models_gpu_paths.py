@@ -74,9 +74,9 @@ def test_make_optimizer_is_fused_on_cuda_and_xpu_and_default_on_the_cpu(name):
 
     w = torch.nn.Parameter(torch.zeros(3))  # a CPU tensor: torch 2.13 has CPU fused kernels too
     for kind in ("cuda", "xpu"):
-        opt = make_optimizer(torch, name, [w], torch.device(kind), lr=0.1)
+        opt = make_optimizer(name, [w], torch.device(kind), lr=0.1)
         assert opt.defaults["fused"] is True, kind
-    assert not make_optimizer(torch, name, [w], torch.device("cpu"), lr=0.1).defaults["fused"]
+    assert not make_optimizer(name, [w], torch.device("cpu"), lr=0.1).defaults["fused"]
 
 
 def _count_items(monkeypatch):
@@ -101,7 +101,7 @@ def test_fp16_scaled_step_with_a_fused_optimizer_makes_no_host_sync(monkeypatch,
     net = torch.nn.Linear(4, 2)
     mp = MixedPrecisionStep(torch.device("cpu"), "fp32", enabled_scaler=True)
     assert mp.scaler.is_enabled()
-    fused = make_optimizer(torch, "Adam", net.parameters(), torch.device("cuda"), lr=1e-3)
+    fused = make_optimizer("Adam", net.parameters(), torch.device("cuda"), lr=1e-3)
     plain = torch.optim.Adam(net.parameters(), lr=1e-3)
     x = torch.randn(8, 4)
     counts = {}

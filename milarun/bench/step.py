@@ -4,7 +4,7 @@ A workload builds its optimizer with :func:`make_optimizer` and one
 :class:`MixedPrecisionStep`, and writes its step as::
 
     mp = MixedPrecisionStep(device, precision)      # also sets TF32 (set_precision)
-    optimizer = make_optimizer(torch, "SGD", net.parameters(), device, lr=lr, momentum=0.9)
+    optimizer = make_optimizer("SGD", net.parameters(), device, lr=lr, momentum=0.9)
     for step, batch in dataloop(exp, loader):
         optimizer.zero_grad(set_to_none=True)
         with mp.autocast:
@@ -29,6 +29,8 @@ comparable with records made before.
 import contextlib
 import math
 
+import torch
+
 from .device import ACCELERATORS, kind
 from .setup import set_precision
 
@@ -38,7 +40,7 @@ FUSED_DEVICE_TYPES = ACCELERATORS
 SCALER_DEVICE_TYPES = ACCELERATORS
 
 
-def make_optimizer(torch, name, params, device, **kwargs):
+def make_optimizer(name, params, device, **kwargs):
     """``torch.optim.<name>(params, **kwargs)``, fused on the devices that have fused kernels.
 
     Args:

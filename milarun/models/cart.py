@@ -66,7 +66,7 @@ def train(exp):
     policy = torch.nn.Linear(hidden, n_act)
     value = torch.nn.Linear(hidden, 1)
     params = list(body.parameters()) + list(policy.parameters()) + list(value.parameters())
-    optimizer = make_optimizer(torch, "Adam", params, device, lr=lr)
+    optimizer = make_optimizer("Adam", params, device, lr=lr)
     seed = exp.options["seed"]
     episode_returns = []
 

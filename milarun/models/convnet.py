@@ -67,7 +67,7 @@ def train(exp):
     model = build_model(arch, len(dataset.classes)).to(device, memory_format=memory_format)
     model.train()
     optimizer = make_optimizer(
-        torch, "SGD", model.parameters(), device, lr=lr, momentum=0.9, weight_decay=1e-4
+        "SGD", model.parameters(), device, lr=lr, momentum=0.9, weight_decay=1e-4
     )
     criterion = torch.nn.CrossEntropyLoss()
 

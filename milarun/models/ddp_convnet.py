@@ -100,7 +100,7 @@ def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, chan
     ddp = wrap_ddp(model, device)
     ddp.train()
     optimizer = make_optimizer(
-        torch, "SGD", ddp.parameters(), device, lr=lr, momentum=0.9, weight_decay=1e-4
+        "SGD", ddp.parameters(), device, lr=lr, momentum=0.9, weight_decay=1e-4
     )
     criterion = torch.nn.CrossEntropyLoss()
 

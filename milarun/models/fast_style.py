@@ -179,7 +179,7 @@ def train(exp):
     TransformerNet, VGGFeatures = _modules()
     model = TransformerNet(width, res_blocks).to(device)
     vgg = VGGFeatures().to(device)
-    optimizer = make_optimizer(torch, "Adam", model.parameters(), device, lr=lr)
+    optimizer = make_optimizer("Adam", model.parameters(), device, lr=lr)
     mse = torch.nn.MSELoss()
 
     # The style image: the first file of the data set, at the training size.

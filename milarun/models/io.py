@@ -184,7 +184,7 @@ def train(exp):
     sample, _ = data[0]
     model = build_model(channels=sample.shape[0]).to(device)
     model.train()
-    optimizer = make_optimizer(torch, "SGD", model.parameters(), device, lr=lr, momentum=0.9)
+    optimizer = make_optimizer("SGD", model.parameters(), device, lr=lr, momentum=0.9)
     criterion = torch.nn.CrossEntropyLoss()
     for step, (x, y) in dataloop(exp, loader):
         x = x.to(device, non_blocking=pin)

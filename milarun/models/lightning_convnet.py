@@ -134,7 +134,7 @@ def _fit(exp, lightning, loader, model, precision, lr, world):
             # fused on CUDA (bench/step.py): Lightning's 16-mixed scaler then skips its
             # per-step found_inf.item()
             return make_optimizer(
-                torch, "SGD", self.parameters(), self.device, lr=lr, momentum=0.9, weight_decay=1e-4
+                "SGD", self.parameters(), self.device, lr=lr, momentum=0.9, weight_decay=1e-4
             )
 
     trainer = lightning.Trainer(

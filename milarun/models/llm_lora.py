@@ -147,7 +147,7 @@ def _train(
     net.train()
     mp = MixedPrecisionStep(device, precision)
     autocast = mp.autocast if precision in ("bf16", "fp16") else contextlib.nullcontext()
-    optimizer = make_optimizer(torch, "AdamW", trainable, device, lr=lr, weight_decay=0.0)
+    optimizer = make_optimizer("AdamW", trainable, device, lr=lr, weight_decay=0.0)
     dataset = token_dataset(torch, shards, seq_len)
     loader = rank_loader(
         dataset,

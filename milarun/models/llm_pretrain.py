@@ -226,7 +226,7 @@ def _train(
     )
     net.train()
     optimizer = make_optimizer(
-        torch, "AdamW", model.parameters(), device, lr=lr, betas=(0.9, 0.95), weight_decay=0.1
+        "AdamW", model.parameters(), device, lr=lr, betas=(0.9, 0.95), weight_decay=0.1
     )
     # The schedule spans the optimizer steps that --max-count tokens take.
     tokens_per_step = batch_size * seq_len * grad_accum * world.size

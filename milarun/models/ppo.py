@@ -116,7 +116,7 @@ def train(exp):
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
     agent = _agent_class(torch)(n_obs, n_act, hidden).to(device)
-    optimizer = make_optimizer(torch, "Adam", agent.parameters(), device, lr=lr, eps=1e-5)
+    optimizer = make_optimizer("Adam", agent.parameters(), device, lr=lr, eps=1e-5)
 
     T, N = num_steps, num_envs
     obs_buf = torch.zeros((T, N, n_obs), device=device)

@@ -146,9 +146,7 @@ def train(exp):
     epochs = NegativeSampledEpochs(torch, users, items, n_items, negatives, batch_size, device, gen)
 
     net = _model_class(torch)(n_users, n_items, factors, widths, dropout).to(device)
-    optimizer = make_optimizer(
-        torch, "Adam", net.parameters(), device, lr=lr, betas=(0.25, 0.5), eps=1e-8
-    )
+    optimizer = make_optimizer("Adam", net.parameters(), device, lr=lr, betas=(0.25, 0.5), eps=1e-8)
     criterion = torch.nn.BCEWithLogitsLoss()
     net.train()
     exp.metrics.update({"users": n_users, "movies": n_items, "train_ratings": int(users.numel())})

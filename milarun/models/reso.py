@@ -112,7 +112,7 @@ def train(exp):
     loader = data_loader(dataset, batch_size, workers, device)
 
     model = espcn(upscale, features).to(device)
-    optimizer = make_optimizer(torch, "Adam", model.parameters(), device, lr=lr)
+    optimizer = make_optimizer("Adam", model.parameters(), device, lr=lr)
     criterion = torch.nn.MSELoss()
 
     for step, (lr_img, hr_img) in dataloop(exp, loader):

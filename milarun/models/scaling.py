@@ -110,7 +110,7 @@ def _train(exp, torch, world, batch_size, width, blocks, image_size, classes, lr
     if is_cuda(device):
         net = net.to(memory_format=torch.channels_last)
     ddp = wrap_ddp(net, device)
-    optimizer = make_optimizer(torch, "SGD", ddp.parameters(), device, lr=lr, momentum=0.9)
+    optimizer = make_optimizer("SGD", ddp.parameters(), device, lr=lr, momentum=0.9)
     criterion = torch.nn.CrossEntropyLoss()
     # A pool of random batches made on the device, different on each rank.
     gen = torch.Generator(device=device)

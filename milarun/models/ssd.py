@@ -85,7 +85,6 @@ def train(exp):
     import contextlib
     import io
 
-    import torch
     from torchvision.datasets import CocoDetection
     from torchvision.models.detection import ssd300_vgg16
 
@@ -122,7 +121,7 @@ def train(exp):
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(
-        torch, "SGD", params, device, lr=lr, momentum=momentum, weight_decay=weight_decay
+        "SGD", params, device, lr=lr, momentum=momentum, weight_decay=weight_decay
     )
 
     for step, (images, targets) in dataloop(exp, loader):

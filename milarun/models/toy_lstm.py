@@ -68,7 +68,7 @@ def train(exp):
     device = init_torch(exp)
 
     model = build_model(hidden_size, layers).to(device)
-    optimizer = make_optimizer(torch, "Adam", model.parameters(), device, lr=lr)
+    optimizer = make_optimizer("Adam", model.parameters(), device, lr=lr)
     loss_fn = torch.nn.MSELoss()
 
     for step in iteration_wrapper(exp):

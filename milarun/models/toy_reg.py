@@ -30,7 +30,7 @@ def train(exp):
     w_target = torch.randn(poly_degree, 1, device=device) * 5
     b_target = torch.randn(1, device=device) * 5
     model = torch.nn.Linear(poly_degree, 1).to(device)
-    optimizer = make_optimizer(torch, "SGD", model.parameters(), device, lr=lr)
+    optimizer = make_optimizer("SGD", model.parameters(), device, lr=lr)
     powers = torch.arange(1, poly_degree + 1, device=device)
 
     for step in iteration_wrapper(exp):

@@ -192,9 +192,7 @@ def train(exp):
     net = _model_class(torch)(
         len(vocab), d_model, nhead, layers, ff, dropout, vocab.pad, max_len=max_len + 2
     ).to(device)
-    optimizer = make_optimizer(
-        torch, "Adam", net.parameters(), device, lr=lr, betas=(0.9, 0.98), eps=1e-9
-    )
+    optimizer = make_optimizer("Adam", net.parameters(), device, lr=lr, betas=(0.9, 0.98), eps=1e-9)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / lr_warmup, math.sqrt(lr_warmup / (s + 1)))
     )

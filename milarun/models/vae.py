@@ -73,7 +73,7 @@ def train(exp):
     )
     loader = data_loader(dataset, batch_size, workers, device)
     model = build_model(latent).to(device)
-    optimizer = make_optimizer(torch, "Adam", model.parameters(), device, lr=lr)
+    optimizer = make_optimizer("Adam", model.parameters(), device, lr=lr)
 
     for step, (x, _) in dataloop(exp, loader):
         x = x.to(device, non_blocking=True)

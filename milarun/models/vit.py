@@ -140,7 +140,7 @@ def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, comp
         net = torch.compile(net)
     net.train()
     optimizer = make_optimizer(
-        torch, "AdamW", model.parameters(), device, lr=lr, betas=(0.9, 0.999), weight_decay=0.05
+        "AdamW", model.parameters(), device, lr=lr, betas=(0.9, 0.999), weight_decay=0.05
     )
     criterion = torch.nn.CrossEntropyLoss()
 

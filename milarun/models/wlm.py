@@ -162,7 +162,7 @@ def train(exp):
     data = ids[: nbatch * batch_size].view(batch_size, -1).t().contiguous().to(device)
 
     net = _model_class(torch)(model, ntokens, emsize, nhid, nlayers, dropout, tied).to(device)
-    optimizer = make_optimizer(torch, "SGD", net.parameters(), device, lr=lr)
+    optimizer = make_optimizer("SGD", net.parameters(), device, lr=lr)
     criterion = torch.nn.CrossEntropyLoss()
     net.train()
     hidden = net.init_hidden(batch_size, device)
