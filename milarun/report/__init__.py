@@ -18,20 +18,14 @@ from ..formats.summary import read_summary
 from ..formats.thresholds import read_thresholds
 from ..formats.weights import check_weights, load_weights
 from .acceptance import BURN_THRESHOLD_PCT, acceptance_sections, check_burn_threshold, verdict
+from .breakdown import NODE_THRESHOLD_PCT, check_node_threshold
 from .checks import diff_line
 from .family import check_families
 from .html import render_html as _render_html
 from .inputs import load_inputs
 from .iostudy import io_tables
 from .llm import llm_rows
-from .table import (
-    NODE_THRESHOLD_PCT,
-    Report,
-    build_report,
-    check_node_threshold,
-    check_throughput,
-    weight_for,
-)
+from .table import Report, build_report, check_throughput, weight_for
 from .text import render_text as _render_text
 
 __all__ = [
@@ -141,7 +135,7 @@ def make_report(
     ``weights`` and ``compare`` are file paths (or ``None``); ``price`` is in
     dollars; ``html`` is an output path; ``compare_nodes`` adds the node
     comparison, with ``node_threshold`` percent (default
-    :data:`~milarun.report.table.NODE_THRESHOLD_PCT`; giving one implies
+    :data:`~milarun.report.breakdown.NODE_THRESHOLD_PCT`; giving one implies
     ``compare_nodes``). Without ``weights``, results of one shipped profile
     are weighted by its shipped weights file (:func:`shipped_weights`), and
     the header says so; ``unweighted`` gives every test weight 1 instead.

@@ -199,7 +199,7 @@ class Plotter:
 
     def scaling(self, table):
         """SVG plot of a node-progression test (one entry of
-        :func:`milarun.report.table.scaling_tables`): mean throughput (items/s)
+        :func:`milarun.report.breakdown.scaling_tables`): mean throughput (items/s)
         vs total GPUs ``n × g``, one line per g (GPUs per node) over the node
         counts n, and the ideal linear line ``n × g × T(1, 1)`` when there is a
         1x1 baseline. Labels hold only numbers. None when nothing has a rate.

@@ -428,7 +428,7 @@ def node_flag(row):
 
 
 def node_lines(cmp):
-    """The node comparison (:func:`milarun.report.table.node_comparison`) as lines:
+    """The node comparison (:func:`milarun.report.breakdown.node_comparison`) as lines:
     the header, one table (test, node: n, fail, mean, ref, ratio, SLOW or FAILED flag)
     and the verdict lines; or the one line saying there is nothing to compare."""
     import pandas as pd
@@ -511,7 +511,7 @@ def scaling_note(table):
 
 
 def scaling_lines(table):
-    """One node-progression test's scaling table (:func:`milarun.report.table.scaling_tables`):
+    """One node-progression test's scaling table (:func:`milarun.report.breakdown.scaling_tables`):
     rows n nodes, columns g GPUs per node, cells ``throughput (efficiency %)``."""
     import pandas as pd
 
