@@ -520,7 +520,7 @@ def instrumented_rate(T, step, steps, batch, sample_duration):
     so this is the items over the timer's span of the whole loop: the bare loop's
     quantity), the same over the non-warm-up windows only (what a record's steady state
     holds) and the number of windows."""
-    timer = CudaEventTimer(T.torch, T.device) if T.cuda else PerfCounterTimer()
+    timer = CudaEventTimer(T.device) if T.cuda else PerfCounterTimer()
     logger = RateLogger(
         sample_duration=sample_duration, max_count=steps * batch, warmup=1, timer=timer
     )

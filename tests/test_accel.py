@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from milarun.bench import setup
 from milarun.bench.setup import WrongDevice, check_device
 from milarun.errors import SetupError
 from milarun.host import accel, devices
@@ -432,7 +433,7 @@ def fake_torch(cuda=None, hip=None, available=False, bus=(0, 0x3B, 0), xpu=False
 
 
 @pytest.mark.parametrize(
-    "torch,env,words",
+    "fake,env,words",
     [
         (fake_torch(cuda="12.4", available=True), {"MILARUN_BACKEND": "amd"}, "not a ROCm build"),
         (fake_torch(hip="6.2", available=True), {"MILARUN_BACKEND": "nvidia"}, "not a CUDA build"),
@@ -445,21 +446,29 @@ def fake_torch(cuda=None, hip=None, available=False, bus=(0, 0x3B, 0), xpu=False
         ),
     ],
 )
-def test_wrong_device(torch, env, words):
+def test_wrong_device(fake, env, words, monkeypatch):
+    monkeypatch.setattr(setup, "torch", fake)
     with pytest.raises(WrongDevice, match=words) as exc:
-        check_device(torch, env)
+        check_device(env)
     assert exc.value.fail_reason == "wrong-device"
 
 
-def test_right_device_passes():
-    check_device(
-        fake_torch(cuda="12.4", available=True),
-        {"MILARUN_BACKEND": "nvidia", "MILARUN_PCI_BUS_ID": "0000:3b:00.0"},
-    )
-    check_device(fake_torch(hip="6.2", available=True), {"MILARUN_BACKEND": "amd"})
-    check_device(fake_torch(xpu=True), {"MILARUN_BACKEND": "intel"})
-    check_device(fake_torch(), {"MILARUN_BACKEND": "cpu"})
-    check_device(fake_torch(), {})
+@pytest.mark.parametrize(
+    "fake,env",
+    [
+        (
+            fake_torch(cuda="12.4", available=True),
+            {"MILARUN_BACKEND": "nvidia", "MILARUN_PCI_BUS_ID": "0000:3b:00.0"},
+        ),
+        (fake_torch(hip="6.2", available=True), {"MILARUN_BACKEND": "amd"}),
+        (fake_torch(xpu=True), {"MILARUN_BACKEND": "intel"}),
+        (fake_torch(), {"MILARUN_BACKEND": "cpu"}),
+        (fake_torch(), {}),
+    ],
+)
+def test_right_device_passes(fake, env, monkeypatch):
+    monkeypatch.setattr(setup, "torch", fake)
+    check_device(env)
 
 
 def test_a_child_given_a_gpu_it_cannot_use_writes_a_wrong_device_record(tmp_path):

@@ -483,10 +483,10 @@ def test_matmul_block_sizes_follow_the_timed_matmul(monkeypatch):
 
     clock = iter([0.0, 0.004, 1.0, 1.0005])  # fp32 matmul: 4 ms, bf16: 0.5 ms
     monkeypatch.setattr(matmul.time, "perf_counter", lambda: next(clock))
-    mats = {p: matmul._setup(torch, p, 4, torch.device("cpu"), None) for p in ("fp32", "bf16")}
-    sizes = matmul.block_sizes(torch, torch.device("cpu"), ["fp32", "bf16"], mats, 100.0)
+    mats = {p: matmul._setup(p, 4, torch.device("cpu"), None) for p in ("fp32", "bf16")}
+    sizes = matmul.block_sizes(torch.device("cpu"), ["fp32", "bf16"], mats, 100.0)
     assert sizes == {"fp32": 25, "bf16": 200}
-    assert matmul.block_sizes(torch, torch.device("cpu"), ["fp32"], mats, 0) == {"fp32": 1}
+    assert matmul.block_sizes(torch.device("cpu"), ["fp32"], mats, 0) == {"fp32": 1}
 
 
 def test_matmul_peaks_are_one_table():

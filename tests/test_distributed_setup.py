@@ -3,6 +3,7 @@ rank on CUDA, the process group's timeout and ``device_id``, the follower ranks 
 stop decision, the GPU monitor only on each node's LOCAL_RANK 0."""
 
 import datetime
+import types
 
 import pytest
 
@@ -180,3 +181,13 @@ def test_several_mig_instances_in_one_whole_node_test_are_refused_with_one_line(
         with distributed.process_group(FakeExp(), torch.device("cuda")):
             pass
     assert "set_device" not in fake_dist and "backend" not in fake_dist
+
+
+def test_a_local_rank_past_the_gpus_torch_sees_is_a_wrong_device(monkeypatch):
+    from milarun.bench.setup import WrongDevice
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(device_count=lambda: 2))
+    monkeypatch.setattr(distributed, "torch", fake)
+    distributed.check_local_device(1, {})
+    with pytest.raises(WrongDevice, match="LOCAL_RANK 2 has no GPU: torch sees 2"):
+        distributed.check_local_device(2, {"CUDA_VISIBLE_DEVICES": "0,1"})

@@ -477,9 +477,12 @@ def fake_cuda_T(name="NVIDIA H100 80GB HBM3"):
     )
 
 
-def test_rate_check_on_the_cuda_path_gives_a_verdict(gc, one_thread):
+def test_rate_check_on_the_cuda_path_gives_a_verdict(gc, monkeypatch, one_thread):
     """The CUDA branch (CudaEventTimer, events turned into seconds) with fake events: a
     PASS or a FAIL (the noise of a shared CPU decides which), never a SKIP."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     args = gc.parse(["--rate-seconds", "0.2", "--rate-pairs", "2", "--rate-width", "16"])
     (part,) = gc.check_rate(args, fake_cuda_T())
     assert part["verdict"] in ("PASS", "FAIL") and part["figure"] > 0

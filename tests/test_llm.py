@@ -156,6 +156,30 @@ def test_llm_pretrain_trains_on_the_shards(root, tmp_path):
     assert losses and all(math.isfinite(x) for x in losses)
 
 
+class _RecordsGradientSync:
+    """A stand-in for an FSDP2 module: records ``set_requires_gradient_sync``."""
+
+    def __init__(self):
+        self.calls = []
+
+    def set_requires_gradient_sync(self, flag):
+        self.calls.append(flag)
+
+
+def test_fsdp2_reduces_gradients_on_the_last_micro_batch_only():
+    from milarun.models.llm_pretrain import accumulate
+
+    net = _RecordsGradientSync()
+    for micro in range(6):
+        with accumulate(net, micro, 3):
+            pass
+    assert net.calls == [False, False, True, False, False, True]
+    net = _RecordsGradientSync()
+    with accumulate(net, 0, 1):  # no accumulation: the flag is left alone
+        pass
+    assert net.calls == []
+
+
 def test_llm_pretrain_refuses_bad_options(root, tmp_path):
     res = run_model("milarun.models.llm_pretrain:main", [*TRAIN, "--shape", "3b"], root, tmp_path)
     assert not res["success"] and "--shape must be one of tiny" in res["error"]["message"]
@@ -277,14 +301,16 @@ def _torchrun(function, out, argv, dataroot):
 
 
 def test_llm_pretrain_fsdp_over_two_ranks_shards_the_parameters(root, tmp_path):
+    # with gradient accumulation: FSDP2 reduce-scatters on every second micro-batch only
     res = _torchrun(
         "milarun.models.llm_pretrain:main",
         tmp_path / "r.json",
-        [*TRAIN, "--max-count", "600"],
+        [*TRAIN, "--max-count", "600", "--grad-accum", "2"],
         root,
     )
     m = res["metrics"]
     assert m["parallelism"] == "fsdp" and m["world_size"] == 2
+    assert m["global_batch_tokens"] == 4 * 32 * 2 * 2
     # FSDP2 splits every parameter's first dimension over the ranks: rank 0 holds half
     # (the larger half when a dimension is odd), not the whole model
     assert m["params"] / 2 <= m["params_local"] < 0.55 * m["params"]

@@ -19,7 +19,7 @@ def test_translator_decoder_gets_causal_hint_so_it_never_reads_the_mask_on_the_h
     sync per step on a GPU)."""
     from torch.nn.modules import transformer
 
-    from milarun.models.translator import _model_class
+    from milarun.models.translator import Seq2Seq
 
     seen = []
     real = transformer._detect_is_causal_mask
@@ -30,7 +30,7 @@ def test_translator_decoder_gets_causal_hint_so_it_never_reads_the_mask_on_the_h
         return real(mask, is_causal, size)
 
     monkeypatch.setattr(transformer, "_detect_is_causal_mask", spy)
-    net = _model_class(torch)(50, 16, 2, 1, 32, 0.0, 0, max_len=20)
+    net = Seq2Seq(50, 16, 2, 1, 32, 0.0, 0, max_len=20)
     src = torch.randint(1, 50, (3, 7))
     tgt = torch.randint(1, 50, (3, 5))
     out = net(src, tgt)
@@ -40,10 +40,10 @@ def test_translator_decoder_gets_causal_hint_so_it_never_reads_the_mask_on_the_h
 
 def test_translator_causal_hint_gives_the_same_output_as_the_detected_mask():
     """The hint changes how attention is computed, not what it computes."""
-    from milarun.models.translator import _model_class
+    from milarun.models.translator import Seq2Seq
 
     torch.manual_seed(0)
-    net = _model_class(torch)(50, 16, 2, 1, 32, 0.0, 0, max_len=20).eval()
+    net = Seq2Seq(50, 16, 2, 1, 32, 0.0, 0, max_len=20).eval()
     src = torch.randint(1, 50, (2, 6))
     tgt = torch.randint(1, 50, (2, 4))
     tgt[1, 3] = 0  # padding, so the padding mask and the causal mask combine
@@ -348,12 +348,6 @@ class FakeXpuModule:
         return self.count
 
 
-class FakeTorch:
-    def __init__(self):
-        self.xpu = FakeXpuModule()
-        self.device = torch.device
-
-
 def test_rate_logger_times_xpu_windows_with_xpu_events_and_syncs_a_bare_run(monkeypatch):
     from milarun.bench import device as devices
     from milarun.bench.rate import CudaEventTimer, PerfCounterTimer
@@ -412,14 +406,14 @@ def test_rate_logger_of_an_xpu_experiment_gets_the_xpu_timer(monkeypatch):
 def test_matmul_times_xpu_matmuls_with_xpu_events(monkeypatch):
     from milarun.models.matmul import AUTO_PRECISIONS, _Timings
 
-    fake = FakeTorch()
-    monkeypatch.setattr(torch, "xpu", fake.xpu, raising=False)
-    t = _Timings(fake, torch.device("xpu", 0))
+    fake = FakeXpuModule()
+    monkeypatch.setattr(torch, "xpu", fake, raising=False)
+    t = _Timings(torch.device("xpu", 0))
     start = t.start()
     t.stop("bf16", start, True)
     t.drain()
     assert t.count["bf16"] == 1 and t.seconds["bf16"] == 0.25
-    assert "record" in fake.xpu.log
+    assert "record" in fake.log
     assert AUTO_PRECISIONS["xpu"] == "fp32,fp16,bf16"
 
 
@@ -427,14 +421,13 @@ def test_infer_runs_on_every_xpu_the_process_sees(monkeypatch):
     """Before: an XPU process ran its inference on CPU threads."""
     from milarun.models.infer import own_devices
 
-    fake = FakeTorch()
-    monkeypatch.setattr(torch, "xpu", fake.xpu, raising=False)
+    monkeypatch.setattr(torch, "xpu", FakeXpuModule(), raising=False)
 
     class Exp:
         device = torch.device("xpu")
         result = {"devices": [0]}
 
-    assert own_devices(Exp(), fake) == [torch.device("xpu", 0), torch.device("xpu", 1)]
+    assert own_devices(Exp()) == [torch.device("xpu", 0), torch.device("xpu", 1)]
 
 
 @pytest.mark.parametrize(

@@ -122,15 +122,17 @@ class _FakeEvent:
         return (end.t - self.t) * 1000.0  # milliseconds, like torch
 
 
-def test_cuda_event_timer_measures_device_time_with_one_sync_per_window():
-    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_FakeEvent))
+def test_cuda_event_timer_measures_device_time_with_one_sync_per_window(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     _FakeEvent.clock, _FakeEvent.syncs = 0.0, 0
     host = [0.0]
     logger = RateLogger(
         sample_duration=0.5,
         max_count=32,
         warmup=0,
-        timer=CudaEventTimer(torch),
+        timer=CudaEventTimer(),
         host_clock=lambda: host[0],
         origin=0.0,
     )

@@ -374,3 +374,87 @@ def test_a_follower_rank_votes_zero_and_never_times_a_window():
     assert logger.total == 65
     assert timer.syncs == 0  # the device timer is never synchronized on
     assert len(logger.samples) <= 2  # no periodic windows (one for the first vote, one at the end)
+
+
+def _serving_logger(clock, max_count=1000):
+    return RateLogger(
+        sample_duration=0.5,
+        max_count=max_count,
+        warmup=0,
+        host_clock=clock,
+        timer=CountingTimer(clock),
+        origin=100.0,
+    )
+
+
+def test_items_counted_by_hand_close_windows_within_a_step():
+    # One step (a batch) streams 8 tokens of 3 requests each, 0.125 s apart: the windows
+    # close every 0.5 s within it, not once at its end.
+    clock = FakeClock()
+    logger = _serving_logger(clock, max_count=48)
+    batches = 0
+    for step in logger.steps():
+        for _ in range(8):
+            clock.t += 0.125
+            logger.count(3)
+        batches += 1
+        assert step.count == 0  # the step itself counted nothing
+    assert batches == 2 and logger.total == 48
+    assert [s["count"] for s in logger.samples] == [12, 12, 12, 12]
+    assert [s["end"] - s["start"] for s in logger.samples] == [0.5] * 4
+    assert all(s["rate"] == pytest.approx(24.0) for s in logger.samples)
+
+
+def test_paused_time_is_in_no_window():
+    # Each batch: a 2 s prefill (paused), then 4 tokens of 5 items, 0.125 s apart.
+    clock = FakeClock()
+    logger = _serving_logger(clock, max_count=60)
+    for _step in logger.steps():
+        logger.pause()
+        clock.t += 2.0
+        logger.resume()
+        for _ in range(4):
+            clock.t += 0.125
+            logger.count(5)
+    assert logger.total == 60
+    assert [s["count"] for s in logger.samples] == [20, 20, 20]
+    # every window is the 0.5 s of a batch's decoding: the prefills are left out
+    assert [(s["start"], s["end"]) for s in logger.samples] == [
+        (2.0, 2.5),
+        (4.5, 5.0),
+        (7.0, 7.5),
+    ]
+    assert all(s["rate"] == pytest.approx(40.0) for s in logger.samples)
+
+
+def test_pause_closes_a_short_window_and_paused_wraps_a_block():
+    clock = FakeClock()
+    logger = _serving_logger(clock, max_count=20)
+    for _step in logger.steps():
+        clock.t += 0.25
+        logger.count(10)  # half a window: still open
+        assert logger.samples == []
+        with logger.paused():  # closes it, a sample of 0.25 s
+            clock.t += 5.0
+        assert [(s["start"], s["end"], s["count"]) for s in logger.samples] == [(0.0, 0.25, 10)]
+        clock.t += 0.5
+        logger.count(10)
+    assert [(s["start"], s["end"], s["count"]) for s in logger.samples][1] == (5.25, 5.75, 10)
+
+
+def test_pause_resume_and_count_refuse_misuse():
+    clock = FakeClock()
+    logger = _serving_logger(clock)
+    logger.start()
+    with pytest.raises(RuntimeError, match="without pause"):
+        logger.resume()
+    logger.pause()
+    with pytest.raises(RuntimeError, match="paused already"):
+        logger.pause()
+    with pytest.raises(RuntimeError, match="while the rate logger is paused"):
+        logger.count(1)
+    assert logger.total == 0
+    logger.resume()
+    clock.t += 1.0
+    logger.count(4)
+    assert logger.total == 4 and logger.samples[-1]["count"] == 4

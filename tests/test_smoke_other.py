@@ -9,9 +9,7 @@ from milarun.models.wlm import BF16_LSTM_REFUSED, cpu_bf16_lstm_supported
 
 
 def wlm_bf16_lstm_supported():
-    import torch
-
-    return cpu_bf16_lstm_supported(torch)
+    return cpu_bf16_lstm_supported()
 
 
 @pytest.fixture(scope="session")

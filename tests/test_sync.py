@@ -730,21 +730,17 @@ class _FakeModel:
         self.log.append(("infer", str(self.device)))
 
 
-def test_workers_run_double_buffered_streams_per_gpu_and_count_completed_items():
+def test_workers_run_double_buffered_streams_per_gpu_and_count_completed_items(monkeypatch):
     # The CUDA path cannot run on this machine: a fake torch.cuda checks its logic.
-    import contextlib
-    import types
+    import torch
 
     from milarun.models.infer import Workers
 
     log = []
-    fake_torch = types.SimpleNamespace(
-        cuda=_FakeCuda(log),
-        inference_mode=contextlib.nullcontext,
-        set_num_threads=lambda n: log.append(("threads", n)),
-    )
+    monkeypatch.setattr(torch, "cuda", _FakeCuda(log))
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: log.append(("threads", n)))
     devices = [_FakeDevice(0), _FakeDevice(1)]
-    pool = Workers(fake_torch, _FakeModel(log), devices, "float16", inflight=2)
+    pool = Workers(_FakeModel(log), devices, "float16", inflight=2)
     for _ in range(6):
         pool.submit(_FakeBatch(4, log))
     pool.close()
@@ -760,9 +756,8 @@ def test_workers_run_double_buffered_streams_per_gpu_and_count_completed_items()
     assert not any(e[0] == "threads" for e in log)  # intra-op threads are for CPU devices
 
 
-def test_a_failing_worker_stops_the_main_loop():
-    import contextlib
-    import types
+def test_a_failing_worker_stops_the_main_loop(monkeypatch):
+    import torch
 
     from milarun.models.infer import Workers
 
@@ -770,10 +765,8 @@ def test_a_failing_worker_stops_the_main_loop():
         def __call__(self, x):
             raise RuntimeError("CUDA error: out of memory")
 
-    fake_torch = types.SimpleNamespace(
-        cuda=_FakeCuda([]), inference_mode=contextlib.nullcontext, set_num_threads=lambda n: None
-    )
-    pool = Workers(fake_torch, Broken([]), [_FakeDevice(0)], "float32", inflight=1)
+    monkeypatch.setattr(torch, "cuda", _FakeCuda([]))
+    pool = Workers(Broken([]), [_FakeDevice(0)], "float32", inflight=1)
     pool.submit(_FakeBatch(2, []))
     with pytest.raises(RuntimeError, match="inference worker failed"):
         for _ in range(100):

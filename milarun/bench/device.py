@@ -12,6 +12,8 @@ so a test can stand a fake in for ``torch.xpu``.
 """
 
 import resource
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -21,7 +23,11 @@ from .rate import CudaEventTimer, PerfCounterTimer
 ACCELERATORS = ("cuda", "xpu")
 
 
-def kind(device):
+#: What the helpers take for a device: a ``torch.device``, a kind string, or None.
+Device = torch.device | str | None
+
+
+def kind(device: Device) -> str | None:
     """The device's kind: ``device.type`` (``"cuda"``, ``"xpu"``, ``"cpu"``, ...).
 
     Args:
@@ -30,45 +36,45 @@ def kind(device):
     Returns:
         the kind string, or None for ``device`` None.
     """
-    return getattr(device, "type", device)
+    if device is None or isinstance(device, str):
+        return device
+    return str(device.type)
 
 
-def is_cuda(device):
+def is_cuda(device: Device) -> bool:
     """True on a CUDA device (NVIDIA, or AMD through ROCm)."""
     return kind(device) == "cuda"
 
 
-def is_xpu(device):
+def is_xpu(device: Device) -> bool:
     """True on an Intel XPU."""
     return kind(device) == "xpu"
 
 
-def is_accelerator(device):
+def is_accelerator(device: Device) -> bool:
     """True on a device of :data:`ACCELERATORS` (queued kernels, events, a backend module)."""
     return kind(device) in ACCELERATORS
 
 
-def module(device, within=None):
+def module(device: Device) -> Any:
     """``torch.cuda`` or ``torch.xpu`` for an accelerator ``device``, None on the CPU (or
     where this torch has no such module).
 
     Args:
         device: a ``torch.device`` (or a kind string, or None).
-        within: the object to look the backend module up on: ``torch`` (None), or the
-            stand-in a caller was given for it (a test's fake ``torch``).
     """
     k = kind(device)
-    return getattr(torch if within is None else within, k, None) if k in ACCELERATORS else None
+    return getattr(torch, k, None) if k in ACCELERATORS else None
 
 
-def synchronize(device):
+def synchronize(device: Device) -> None:
     """Wait for the work queued on ``device``; nothing to wait for on the CPU."""
     api = module(device)
     if api is not None:
         api.synchronize(device)
 
 
-def sync_function(device):
+def sync_function(device: Device) -> Callable[[], None] | None:
     """``f()`` that waits for ``device``'s queued work (:func:`synchronize`), or None on
     the CPU (nothing is queued there)."""
     if module(device) is None:
@@ -81,30 +87,29 @@ class XpuEventTimer(CudaEventTimer):
     per window (``elapsed`` waits for the window's end event), as
     :class:`~milarun.bench.rate.CudaEventTimer` does on CUDA. Seconds."""
 
-    def mark(self):
-        ev = self.torch.xpu.Event(enable_timing=True)
+    def mark(self) -> Any:
+        ev = torch.xpu.Event(enable_timing=True)
         ev.record()
         return ev
 
 
-def event_timer(device):
+def event_timer(device: Device) -> CudaEventTimer | PerfCounterTimer:
     """The rate logger's window timer for ``device``: CUDA or XPU events on those GPUs
     (they time the device's work, not its queueing), the host clock elsewhere."""
-    k = kind(device)
-    if k == "cuda":
-        return CudaEventTimer(torch, device)
-    if k == "xpu":
-        return XpuEventTimer(torch, device)
+    if is_cuda(device):
+        return CudaEventTimer(device)
+    if is_xpu(device):
+        return XpuEventTimer(device)
     return PerfCounterTimer()
 
 
-def name(device):
+def name(device: Device) -> str | None:
     """The accelerator's marketing name (``get_device_name``), or None on the CPU."""
     api = module(device)
     return api.get_device_name(device) if api is not None else None
 
 
-def peak_memory_mib(device):
+def peak_memory_mib(device: Device) -> float:
     """Peak memory (MiB): the accelerator's ``max_memory_allocated`` on CUDA or XPU, else
     the process's peak resident set (``ru_maxrss``, KiB on Linux)."""
     api = module(device)
@@ -115,6 +120,7 @@ def peak_memory_mib(device):
 
 __all__ = [
     "ACCELERATORS",
+    "Device",
     "kind",
     "is_cuda",
     "is_xpu",

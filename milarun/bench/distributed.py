@@ -24,7 +24,21 @@ import importlib
 import os
 import sys
 import weakref
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# DDP's first construction imports torch.distributed.nn.functional, whose functions take
+# ``group=group.WORLD`` as a default argument. Imported after init_process_group, those
+# defaults keep the default group alive: destroy_process_group() cannot free it, and its
+# threads and sockets are torn down in the interpreter's own shutdown instead, when the
+# peers may be gone (a rank aborted there with "terminate called without an active
+# exception"). Imported before any group exists (here), the defaults are None.
+import torch.distributed.nn  # noqa: F401
+from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import say
 from ..formats import barrier
@@ -68,16 +82,16 @@ class World:
     rank: int = 0
     local_rank: int = 0
     local_size: int = 1
-    backend: str = None
-    device: object = None
+    backend: str | None = None
+    device: torch.device | None = None
     node_rank: int = 0
-    master_addr: str = None
-    master_port: str = None
-    run_id: str = None
+    master_addr: str | None = None
+    master_port: str | None = None
+    run_id: str | None = None
     torchrun: bool = False
 
     @classmethod
-    def from_environment(cls, environ=None):
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> "World":
         """The world torchrun's variables describe (``os.environ`` by default); an
         unset or empty variable takes its default.
 
@@ -86,7 +100,7 @@ class World:
         """
         environ = os.environ if environ is None else environ
 
-        def number(name, default):
+        def number(name: str, default: int) -> int:
             value = environ.get(name, "")
             return int(value) if value else default
 
@@ -105,7 +119,7 @@ class World:
 
 
 @contextlib.contextmanager
-def process_group(exp, device, backend="auto"):
+def process_group(exp: Any, device: torch.device, backend: str = "auto") -> Iterator[World]:
     """Join the job's process group for the ``with`` body, then leave it cleanly.
 
     On CUDA, the rank's device becomes ``cuda:LOCAL_RANK`` (also
@@ -122,10 +136,14 @@ def process_group(exp, device, backend="auto"):
     in a collective for rank 0.
 
     On leaving without an error, every node's GPU readings go to rank 0
-    (:meth:`Experiment.gather_monitors`), every rank meets at a barrier (so no rank
-    closes its connections while another still has work in flight), then the
-    group is destroyed; after an error it is destroyed at once, as the other
-    ranks may never reach a barrier. Destroyed, every group must also be freed
+    (:meth:`Experiment.gather_monitors`) and every rank meets at a barrier (so no rank
+    closes its connections while another still has work in flight); after an error
+    there is no barrier, as the other ranks may never reach it. Then the group is
+    destroyed once the workload's function has returned (``exp.at_end``, run by
+    ``Experiment.execute``; at once for an ``exp`` without it): a model, optimizer or
+    sharded tensor still bound to one of its locals would keep the group alive, and
+    a coleo ``@tooled`` function keeps even a tuple it unpacked until it returns.
+    Destroyed, every group must also be freed
     (:func:`release_groups`): a group some object still holds keeps its
     backend's threads until the interpreter's exit, where a gloo rank can abort
     (SIGABRT, ``terminate called without an active exception``) after rank 0
@@ -146,32 +164,20 @@ def process_group(exp, device, backend="auto"):
     body without an error is counted in the result's metrics (``process_groups_left``)
     and said in one warning line.
     """
-    import torch
-    import torch.distributed as dist
-
     env = World.from_environment()
     size, rank, local_rank, local_size = env.size, env.rank, env.local_rank, env.local_size
     threads = rank_threads(torch.get_num_threads(), local_size)
     torch.set_num_threads(threads)
     exp.result["host"]["threads"] = threads
     if is_cuda(device):
-        check_local_device(torch, local_rank)
+        check_local_device(local_rank)
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         exp.device = device
     if backend == "auto":
         backend = "nccl" if is_cuda(device) else "gloo"
-    # DDP's first construction imports torch.distributed.nn.functional, whose
-    # functions take ``group=group.WORLD`` as a default argument. Imported
-    # after init_process_group, those defaults keep the default group alive:
-    # destroy_process_group() cannot free it, and its threads and sockets are
-    # torn down in the interpreter's own shutdown instead, when the peers may
-    # be gone (a rank aborted there with "terminate called without an active
-    # exception"). Imported now, the defaults are None.
-    import torch.distributed.nn  # noqa: F401
-
     timeout = datetime.timedelta(seconds=group_timeout_s(backend))
-    extra = {"device_id": device} if backend == "nccl" else {}
+    extra: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
     if env.master_addr is not None:
         dist.init_process_group(backend, rank=rank, world_size=size, timeout=timeout, **extra)
     else:
@@ -184,6 +190,18 @@ def process_group(exp, device, backend="auto"):
             **extra,
         )
     ended = False
+
+    def leave() -> None:
+        left = release_groups()
+        # After an error the traceback's frames may still hold the model (and its
+        # groups): that failure is the one to report. Without one, a group still held
+        # is recorded and said, not failed: another torch may cache a mesh in a place
+        # MESH_CACHES does not name (torch 2.11 does), and the test's figures are
+        # right; if a rank then dies at exit, the launch is FAIL exit-after-result.
+        if ended and left:
+            exp.metrics["process_groups_left"] = left
+            say(f"milarun: warning: {kept_alive_message(left)}")
+
     try:
         exp.gather_hosts()
         exp.metrics.update({"world_size": size, "backend": backend, "rank": rank})
@@ -192,18 +210,14 @@ def process_group(exp, device, backend="auto"):
         dist.barrier()
         ended = True
     finally:
-        left = release_groups(dist)
-    # After an error the traceback's frames may still hold the model (and its
-    # groups): that failure is the one to report. Without one, a group still held is
-    # recorded and said, not failed: another torch may cache a mesh in a place
-    # MESH_CACHES does not name (torch 2.11 does), and the test's figures are right;
-    # if a rank then dies at exit, the launch is FAIL exit-after-result as before.
-    if ended and left:
-        exp.metrics["process_groups_left"] = left
-        say(f"milarun: warning: {kept_alive_message(left)}")
+        at_end = getattr(exp, "at_end", None)
+        if at_end is None:
+            leave()
+        else:
+            at_end.append(leave)
 
 
-def kept_alive_message(count):
+def kept_alive_message(count: int) -> str:
     """The one line said when ``count`` process groups outlive ``destroy_process_group``."""
     return (
         f"{count} process group(s) still referenced after destroy_process_group: their "
@@ -225,7 +239,7 @@ MESH_CACHES = (
 )
 
 
-def forget_meshes():
+def forget_meshes() -> None:
     """Empty :data:`MESH_CACHES`, so that no device mesh is held once its workload
     ended. Nothing is done (or imported) where DTensor was never loaded (a DDP test). A
     cache this torch does not have is skipped; one it has and the table lacks keeps
@@ -234,7 +248,7 @@ def forget_meshes():
         return
     for module, path, method in MESH_CACHES:
         try:
-            target = importlib.import_module(module)
+            target: Any = importlib.import_module(module)
             for name in path.split("."):
                 target = getattr(target, name)
             (getattr(target, method) if method else target)()
@@ -242,9 +256,8 @@ def forget_meshes():
             continue
 
 
-def release_groups(dist):
-    """Destroy every process group of this process (``dist``: ``torch.distributed``)
-    and free them.
+def release_groups() -> int:
+    """Destroy every process group of this process and free them.
 
     ``destroy_process_group`` drops torch's own references, but a group lives on
     while any object holds it: its backend's threads (gloo's work and I/O threads,
@@ -265,14 +278,15 @@ def release_groups(dist):
             refs.append(weakref.ref(group))
         except TypeError:  # None, or a stand-in without weak references (a test's fake)
             continue
-    groups = group = None  # this frame holds none of them
+    groups.clear()  # this frame holds none of them
+    group = None
     dist.destroy_process_group()
     forget_meshes()
     gc.collect()
     return sum(ref() is not None for ref in refs)
 
 
-def check_local_device(torch, local_rank, environ=None):
+def check_local_device(local_rank: int, environ: Mapping[str, str] | None = None) -> None:
     """Check that this rank's GPU, ``cuda:LOCAL_RANK``, exists.
 
     Raises:
@@ -299,7 +313,7 @@ def check_local_device(torch, local_rank, environ=None):
     )
 
 
-def rank_threads(cpuset_threads, local_size):
+def rank_threads(cpuset_threads: int, local_size: int) -> int:
     """Intra-op threads of one rank (threads): ``cpuset_threads // local_size``, at least 1.
 
     ``cpuset_threads`` is the size of the cpuset the job runs in (``init_torch``
@@ -314,7 +328,7 @@ def rank_threads(cpuset_threads, local_size):
     return max(1, int(cpuset_threads) // max(1, int(local_size)))
 
 
-def group_timeout_s(backend, environ=None):
+def group_timeout_s(backend: str, environ: Mapping[str, str] | None = None) -> float:
     """Seconds of the process group's timeout: torch's default for ``backend``, or the
     start barrier's timeout (``$MILARUN_BARRIER_TIMEOUT``, set from ``milarun jobs
     --barrier-timeout``) plus :data:`BARRIER_MARGIN_S` when that is longer."""
@@ -328,28 +342,23 @@ def group_timeout_s(backend, environ=None):
     return max(base, config["timeout"] + BARRIER_MARGIN_S)
 
 
-def wrap_ddp(model, device):
+def wrap_ddp(model: torch.nn.Module, device: torch.device) -> DistributedDataParallel:
     """``model`` in ``DistributedDataParallel``: bound to ``device`` (``device_ids``) on
     CUDA, where each rank owns one GPU; with no ``device_ids`` elsewhere (the CPU, whose
     module and inputs stay where they are). Needs the process group."""
-    from torch.nn.parallel import DistributedDataParallel
-
     if is_cuda(device):
         return DistributedDataParallel(model, device_ids=[device.index])
     return DistributedDataParallel(model)
 
 
-def max_over_ranks(n, device):
+def max_over_ranks(n: int, device: torch.device | None) -> int:
     """The largest int ``n`` over all ranks (an all-reduce with MAX on ``device``)."""
-    import torch
-    import torch.distributed as dist
-
     t = torch.tensor([int(n)], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
 
 
-def agree_on_counts(exp, world):
+def agree_on_counts(exp: Any, world: World) -> None:
     """Make the ranks take every stop decision together (``--min-steady``).
 
     The rate logger (``exp.rate``, created by ``dataloop``/``iteration_wrapper``)

@@ -8,13 +8,20 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
+import torch
+import torch.distributed as dist
 from coleo import tooled
 
 from ..errors import MilarunError, ResultFormatError
 from ..formats.barrier import ENV_PREFIX
 from ..formats.journal import Journal
 from ..formats.jsonfile import check
+from ..formats.outfile import StrPath
 from ..formats.record import new_result
 from ..formats.store import journal_path, result_filename, write_result
 from ..formats.terminal import one_line, terminal_safe
@@ -26,6 +33,7 @@ from .hostload import HostLoadMonitor
 from .literal_options import make_cli
 from .monitor import GPUMonitor, merge_node_monitors
 from .options import common_options
+from .rate import RateLogger
 from .setup import peak_memory_mib
 from .sync import synchronize
 
@@ -52,7 +60,7 @@ RERUN_ENV_PREFIXES = (
 NOT_RERUN_PREFIXES = (ENV_PREFIX, "MILARUN_WRITTEN")
 
 
-def rerun_environ(environ=None):
+def rerun_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The subset of ``environ`` (``os.environ`` by default) needed to rerun a test."""
     environ = os.environ if environ is None else environ
     return {
@@ -62,7 +70,7 @@ def rerun_environ(environ=None):
     }
 
 
-def host_facts():
+def host_facts() -> dict[str, Any]:
     """Host and isolation facts as seen from inside this process.
 
     Returns a dict: hostname, cpu_model, cpu_count (host cores), cpuset (list
@@ -80,7 +88,7 @@ def host_facts():
     """
     import psutil
 
-    facts = {
+    facts: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "cpu_model": hostfacts.cpu_model(),
         "cpu_count": os.cpu_count(),
@@ -91,14 +99,9 @@ def host_facts():
         "python": platform.python_version(),
         "gpus": [],
     }
-    try:
-        import torch
-
-        facts["torch"] = torch.__version__
-        facts["cuda"] = torch.version.cuda
-        facts["cuda_available"] = torch.cuda.is_available()
-    except ImportError:
-        pass
+    facts["torch"] = torch.__version__
+    facts["cuda"] = torch.version.cuda
+    facts["cuda_available"] = torch.cuda.is_available()
     facts["gpus"], accelerator = _gpus()
     if accelerator is not None:
         facts["accelerator"] = accelerator
@@ -106,7 +109,7 @@ def host_facts():
     return facts
 
 
-def _gpus():
+def _gpus() -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """``(host.gpus, host.accelerator)`` from the launcher's backend (``$MILARUN_BACKEND``,
     else the first backend that sees a device); ``([], None)`` on CPU slots."""
     name = os.environ.get("MILARUN_BACKEND")
@@ -142,7 +145,7 @@ def _gpus():
     return [], None
 
 
-def _node_name(given):
+def _node_name(given: str | None) -> str:
     """This node's name: Slurm's (srun sets it per node), else the one the launcher gave
     this node's agent (``$MILARUN_NODE``, over ssh), else ``given``, else the hostname."""
     return (
@@ -153,7 +156,7 @@ def _node_name(given):
     )
 
 
-def _torchrun_rendezvous(environ):
+def _torchrun_rendezvous(environ: Mapping[str, str]) -> dict[str, str | None]:
     """The rendezvous as torchrun's worker environment tells it.
 
     torchrun passes the run id (``none`` for a static rendezvous, which is
@@ -169,7 +172,7 @@ def _torchrun_rendezvous(environ):
 
 
 @tooled
-def _entry(exp, fn):
+def _entry(exp: "Experiment", fn: Callable[["Experiment"], Any]) -> Any:
     exp.options = common_options()
     return fn(exp)
 
@@ -180,7 +183,7 @@ NO_LOSS = "NO_LOSS"
 LOSS_MUST_FALL = "LOSS_MUST_FALL"
 
 
-def loss_declaration(module):
+def loss_declaration(module: ModuleType | None) -> tuple[str | None, str | None]:
     """What a workload's module declares about its loss: the one place a workload says it.
 
     * ``NO_LOSS = "why"``: no loss by nature (no model, nothing trained). The record's
@@ -200,6 +203,8 @@ def loss_declaration(module):
     Raises:
         TypeError: a module that declares both, or a reason that is not a non-empty string.
     """
+    if module is None:
+        return None, None
     found = [
         (name, getattr(module, name))
         for name in (NO_LOSS, LOSS_MUST_FALL)
@@ -241,7 +246,14 @@ class Experiment:
         metrics: dict of final metrics (e.g. ``loss``) added to the result.
     """
 
-    def __init__(self, name, job_id="0.0", dataroot=None, out=None, extra=None):
+    def __init__(
+        self,
+        name: str,
+        job_id: str = "0.0",
+        dataroot: str | None = None,
+        out: "StrPath | None" = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
         self.name = name
         self.job_id = job_id
         self.dataroot = dataroot
@@ -270,18 +282,21 @@ class Experiment:
             except ResultFormatError as exc:
                 raise MilarunError(f"--extra: {exc}") from None
         self.result["dataroot"] = dataroot
-        self.options = None
-        self.device = None
-        self.rate = None
-        self.metrics = {}
+        self.options: dict[str, Any] | None = None
+        self.device: torch.device | None = None
+        self.rate: RateLogger | None = None
+        self.metrics: dict[str, Any] = {}
         self.origin = time.perf_counter()
-        self.arguments = {}
-        self._monitor_holder = []
-        self._gathered_monitor = None
-        self._host_load = None
-        self.journal = None
+        self.arguments: dict[str, Any] = {}
+        self._monitor_holder: list[GPUMonitor] = []
+        self._gathered_monitor: dict[str, Any] | None = None
+        self._host_load: HostLoadMonitor | None = None
+        self.journal: Journal | None = None
+        # What runs once the workload's function has returned, its locals gone, before
+        # the record is final: the end of its process group (bench.distributed).
+        self.at_end: list[Callable[[], None]] = []
 
-    def _open_journal(self, start):
+    def _open_journal(self, start: float) -> None:
         """Stream samples to ``<result stem>.journal.jsonl`` (only the process
         that writes the record, and only when writing to a file)."""
         if self.out is None or World.from_environment().rank != 0:
@@ -301,7 +316,7 @@ class Experiment:
         self.journal = Journal(path)
         self.journal.write("start", pid=os.getpid(), start=start)
 
-    def gather_hosts(self):
+    def gather_hosts(self) -> dict[str, Any] | None:
         """Record the torchrun job this process belongs to: a collective.
 
         Every rank must call it, once, after ``init_process_group`` (on CUDA,
@@ -332,8 +347,6 @@ class Experiment:
         world = World.from_environment()
         if not world.torchrun:
             return None
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_initialized()):
             return None
         mine = None
@@ -342,10 +355,10 @@ class Experiment:
                 "node": _node_name(self.result.get("node")),
                 "host": dict(self.result.get("host") or {}),
             }
-        gathered = [None] * dist.get_world_size()
+        gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         nodes = [entry for entry in gathered if entry is not None]
-        info = {
+        info: dict[str, Any] = {
             "world_size": dist.get_world_size(),
             "backend": str(dist.get_backend()),
             "rendezvous": self.rendezvous or _torchrun_rendezvous(os.environ),
@@ -360,7 +373,7 @@ class Experiment:
                 self.journal.write("distributed", **info)
         return info
 
-    def gather_monitors(self):
+    def gather_monitors(self) -> dict[str, Any] | None:
         """Bring every node's GPU readings to rank 0: a collective.
 
         Every rank calls it once, at the end of a torchrun job, while the group
@@ -379,8 +392,6 @@ class Experiment:
         world = World.from_environment()
         if not world.torchrun:
             return None
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_initialized()):
             return None
         lead = world.local_rank == 0
@@ -397,7 +408,7 @@ class Experiment:
                 else {"available": False, "reason": "not started", "interval": None, "samples": []}
             )
             mine = {"node": _node_name(self.result.get("node")), "clock": clock, "monitor": record}
-        gathered = [None] * dist.get_world_size()
+        gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         if dist.get_rank() != 0:
             return None
@@ -407,7 +418,7 @@ class Experiment:
         self._gathered_monitor = merge_node_monitors(entries, clock)
         return self._gathered_monitor
 
-    def attach_rate(self, logger):
+    def attach_rate(self, logger: RateLogger) -> None:
         """Make ``logger`` the run's rate logger and stream its samples to the journal.
 
         The logger's loops wait at the wave's start barrier before their first
@@ -425,7 +436,7 @@ class Experiment:
             )
             logger.on_sample = lambda sample: self.journal.write("sample", **sample)
 
-    def cli(self, fn, argv):
+    def cli(self, fn: Callable[["Experiment"], Any], argv: Sequence[str]) -> Any:
         """Parse ``argv`` with coleo for the tooled ``fn`` (plus common
         options) and call ``fn(self)``. Returns what ``fn`` returns.
 
@@ -436,7 +447,13 @@ class Experiment:
         self.result["call"]["arguments"] = self.arguments
         return thunk(opts=opts, args=(self, fn))
 
-    def execute(self, function, fn, argv, verbose=False):
+    def execute(
+        self,
+        function: str,
+        fn: Callable[["Experiment", list[str]], object],
+        argv: Sequence[str],
+        verbose: bool = False,
+    ) -> int:
         """Run ``fn(self, argv)`` and write the result.
 
         A failure is recorded with its traceback. On the console, a
@@ -456,7 +473,7 @@ class Experiment:
         res = self.result
         res["call"].update({"function": function, "argv": list(argv)})
         # what the workload's module declares about its loss (loss_declaration)
-        declared, why = loss_declaration(sys.modules.get(getattr(fn, "__module__", None)))
+        declared, why = loss_declaration(sys.modules.get(getattr(fn, "__module__", None) or ""))
         if declared == NO_LOSS:
             res["no_loss"] = why
         elif declared == LOSS_MUST_FALL:
@@ -499,6 +516,8 @@ class Experiment:
             elif exc.__class__.__name__ == "OutOfMemoryError":  # torch's, on any device
                 res["error"]["reason"] = "oom"
         finally:
+            while self.at_end:
+                self.at_end.pop(0)()
             for monitor in self._monitor_holder:
                 monitor.stop()
                 res["gpu_monitor"] = monitor.record()
@@ -534,7 +553,7 @@ class Experiment:
         self.write()
         return 0 if res["success"] else 1
 
-    def start_monitor(self):
+    def start_monitor(self) -> None:
         """Start the NVML monitor and the host-load sampler (called by the loops
         when training starts).
 
@@ -542,7 +561,9 @@ class Experiment:
         the whole node, and the other ranks' readings would be the same GPUs
         and CPUs again (:meth:`gather_monitors` brings each node's to rank 0).
         """
-        if self._monitor_holder or self.options["no_instrument"]:
+        options = self.options
+        assert options is not None, "start_monitor runs in the loops, after the options"
+        if self._monitor_holder or options["no_instrument"]:
             return
         if World.from_environment().local_rank != 0:
             return
@@ -551,15 +572,15 @@ class Experiment:
             on_reading = lambda row: self.journal.write("monitor", **row)  # noqa: E731
             on_load = lambda row: self.journal.write("host_load", **row)  # noqa: E731
         mon = GPUMonitor(
-            interval=self.options["monitor_interval"], origin=self.origin, on_reading=on_reading
+            interval=options["monitor_interval"], origin=self.origin, on_reading=on_reading
         )
         self._monitor_holder.append(mon.start())
         # who else uses the host's CPUs (milarun.measure.plausibility flags it)
         self._host_load = HostLoadMonitor(
-            interval=self.options["monitor_interval"], origin=self.origin, on_reading=on_load
+            interval=options["monitor_interval"], origin=self.origin, on_reading=on_load
         ).start()
 
-    def write(self):
+    def write(self) -> Path | None:
         """Write the result to ``out`` (directory or file) or print it to stdout.
 
         Under torchrun only rank 0 writes: the other ranks return None. Once

@@ -36,15 +36,17 @@ turns it off with the GPU monitor.
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .distributed import World
-from .sampler import PeriodicSampler
+from .sampler import PeriodicSampler, Row
 
 #: Fields of ``psutil.cpu_times()`` that count as busy (guest time is part of user).
 BUSY_FIELDS = ("user", "nice", "system")
 
 
-def _ancestors(pid):
+def _ancestors(pid: int) -> list[int]:
     try:
         import psutil
     except ImportError:
@@ -60,7 +62,7 @@ def _ancestors(pid):
     return out
 
 
-def suite_root(environ=None, pid=None):
+def suite_root(environ: Mapping[str, str] | None = None, pid: int | None = None) -> tuple[int, str]:
     """The PID whose process tree is the suite, and why: ``(pid, "launcher" |
     "torchrun-agent" | "self")`` (rules in the module docstring)."""
     environ = os.environ if environ is None else environ
@@ -74,7 +76,7 @@ def suite_root(environ=None, pid=None):
     return pid, "self"
 
 
-def host_cpu_times():
+def host_cpu_times() -> tuple[float, float | None]:
     """``(busy seconds, steal seconds or None)`` of the whole host since boot."""
     import psutil
 
@@ -83,7 +85,7 @@ def host_cpu_times():
     return busy, getattr(t, "steal", None)
 
 
-def descendants(root, proc="/proc"):
+def descendants(root: int, proc: str = "/proc") -> list[int] | None:
     """The PIDs of ``root``'s descendants, read from ``/proc/<pid>/task/<tid>/children``
     (Linux 3.5+, ``CONFIG_PROC_CHILDREN``): only the suite's own processes are opened,
     where ``psutil``'s ``children(recursive=True)`` reads every process of the host
@@ -117,12 +119,16 @@ def descendants(root, proc="/proc"):
     return out
 
 
-def tree_cpu_times(root):
+#: A process of the suite: ``(pid, create_time)`` (a reused pid is another process).
+ProcessKey = tuple[int, float]
+
+
+def tree_cpu_times(root: int) -> dict[ProcessKey, float]:
     """``{(pid, create_time): user + system CPU seconds}`` of ``root`` and its
     descendants (processes that vanish while being read are left out)."""
     import psutil
 
-    out = {}
+    out: dict[ProcessKey, float] = {}
     try:
         top = psutil.Process(root)
         kids = descendants(root)
@@ -171,15 +177,15 @@ class HostLoadMonitor(PeriodicSampler):
 
     def __init__(
         self,
-        interval=1.0,
-        origin=None,
-        root=None,
-        clock=time.perf_counter,
-        host_times=host_cpu_times,
-        tree_times=tree_cpu_times,
-        cpu_count=None,
-        on_reading=None,
-    ):
+        interval: float = 1.0,
+        origin: float | None = None,
+        root: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        host_times: Callable[[], tuple[float, float | None]] = host_cpu_times,
+        tree_times: Callable[[int], dict[ProcessKey, float]] = tree_cpu_times,
+        cpu_count: int | None = None,
+        on_reading: Callable[[Row], object] | None = None,
+    ) -> None:
         super().__init__(interval, on_reading, reason="not started")
         self.clock = clock
         self.origin = clock() if origin is None else origin
@@ -193,13 +199,13 @@ class HostLoadMonitor(PeriodicSampler):
         if cpu_count is None:
             cpu_count = os.cpu_count()
         self.cpu_count = cpu_count
-        self._prev = None
+        self._prev: tuple[float, float, float | None, dict[ProcessKey, float]] | None = None
         self._lock = threading.Lock()
 
-    def _read(self):
+    def _read(self) -> tuple[float, tuple[float, float | None], dict[ProcessKey, float]]:
         return self.clock(), self.host_times(), self.tree_times(self.root)
 
-    def sample(self):
+    def sample(self) -> Row | None:
         """Take one reading and record the interval since the previous one."""
         with self._lock:
             now, (busy, steal), tree = self._read()
@@ -214,7 +220,7 @@ class HostLoadMonitor(PeriodicSampler):
             # a process born since the last reading counts from zero
             suite = sum(cpu - tree0.get(key, 0.0) for key, cpu in tree.items())
             used = max(0.0, busy - busy0)
-            row = {
+            row: Row = {
                 "t": now - self.origin,
                 "dt": dt,
                 "busy": used / dt,
@@ -227,7 +233,7 @@ class HostLoadMonitor(PeriodicSampler):
         self._notify(row)
         return row
 
-    def _init(self):
+    def _init(self) -> bool:
         try:
             self.sample()
         except Exception as exc:  # no psutil, no /proc
@@ -236,17 +242,17 @@ class HostLoadMonitor(PeriodicSampler):
         self.reason = None
         return True
 
-    def _sample(self):
+    def _sample(self) -> None:
         self.sample()
 
-    def _last(self):
+    def _last(self) -> None:
         try:
             if self._prev is None or self.clock() - self._prev[0] >= 0.1 * self.interval:
                 self.sample()  # the last partial interval, unless it is a sliver
         except Exception:
             pass
 
-    def record(self):
+    def record(self) -> dict[str, Any]:
         return {
             "available": self.available,
             "reason": self.reason,

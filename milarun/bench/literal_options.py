@@ -10,15 +10,18 @@ uses that feature: every value is a string converted by its declared type
 milarun still builds with coleo) take ``make_cli`` from here.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 import coleo.cli as _coleo_cli
 
 
-def _literal_resolver(self, typ):
+def _literal_resolver(self: Any, typ: Any) -> Callable[[str], Any]:
     """coleo's ``Configurator.resolver`` without evaluation: ``arg`` as is for
     an untyped or ``str`` option, else ``typ(arg)`` (ValueError → argparse's
     one-line usage error)."""
 
-    def resolve(arg):
+    def resolve(arg: str) -> Any:
         return arg if typ is None or typ is str else typ(arg)
 
     resolve.__name__ = getattr(typ, "__name__", str(typ))

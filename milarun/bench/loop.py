@@ -9,7 +9,8 @@ from .trace import ProfileTrace
 
 class _BareLogger(RateLogger):
     """Counts items with no sample windows: used by ``--no-instrument`` to
-    measure the instrumentation's own cost. Records one sample for the run."""
+    measure the instrumentation's own cost. Records one sample for the run, paused
+    time included (``pause`` leaves nothing out of a window it does not have)."""
 
     def start(self):
         self._t0 = time.perf_counter()
@@ -94,7 +95,9 @@ class Epochs:
 
 def dataloop(exp, iterable):
     """Yield ``(step, batch)`` over ``iterable`` (epoch after epoch) until
-    ``--max-count`` items. Call ``step.set_count(n)`` in the body.
+    ``--max-count`` items. Call ``step.set_count(n)`` in the body, or count items as
+    they are done with ``exp.rate.count(n)``; ``with exp.rate.paused():`` leaves time
+    out of the sample windows (:class:`milarun.bench.rate.RateLogger`).
     """
     return rate_logger(exp).loop(iterable)
 

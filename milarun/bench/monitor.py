@@ -15,9 +15,11 @@ record holds the readings of every node's GPUs.
 
 import os
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..host import accel
-from .sampler import PeriodicSampler
+from .sampler import PeriodicSampler, Row
 
 #: Reading fields, in the order a sample row has them.
 FIELDS = ("load", "memory_mib", "temperature", "power")
@@ -36,14 +38,19 @@ class GPUMonitor(PeriodicSampler):
     thread_name = "milarun-gpu-monitor"
     sample_at_start = True
 
-    def __init__(self, interval=1.0, origin=None, on_reading=None):
+    def __init__(
+        self,
+        interval: float = 1.0,
+        origin: float | None = None,
+        on_reading: Callable[[Row], object] | None = None,
+    ) -> None:
         super().__init__(interval, on_reading)
         self.origin = time.perf_counter() if origin is None else origin
-        self._backend = None
-        self._devices = []
-        self._energy0 = {}
+        self._backend: Any = None
+        self._devices: list[Any] = []
+        self._energy0: dict[int, float | None] = {}
 
-    def _init(self):
+    def _init(self) -> bool:
         name = os.environ.get("MILARUN_BACKEND") or "nvidia"
         if name == "cpu" or name not in accel.VENDOR_OF:
             self.reason = "no GPU backend (CPU slots)"
@@ -64,10 +71,10 @@ class GPUMonitor(PeriodicSampler):
                 self._energy0[d.index] = None
         return True
 
-    def _sample(self):
+    def _sample(self) -> None:
         t = time.perf_counter() - self.origin
         for d in self._devices:
-            row = {"t": t, "device": d.index}
+            row: Row = {"t": t, "device": d.index}
             try:
                 r = self._backend.read(d)
                 row.update({k: getattr(r, k) for k in FIELDS if getattr(r, k) is not None})
@@ -79,7 +86,8 @@ class GPUMonitor(PeriodicSampler):
             self.samples.append(row)
             self._notify(row)
 
-    def record(self):
+    def record(self) -> dict[str, Any]:
+        """The record's ``gpu_monitor``: ``available``, ``reason``, ``interval``, ``samples``."""
         return {
             "available": self.available,
             "reason": self.reason,
@@ -88,7 +96,7 @@ class GPUMonitor(PeriodicSampler):
         }
 
 
-def merge_node_monitors(entries, clock):
+def merge_node_monitors(entries: Sequence[dict[str, Any]], clock: float) -> dict[str, Any]:
     """One ``gpu_monitor`` record from every node's, for rank 0 of a torchrun job.
 
     Args:
@@ -110,7 +118,9 @@ def merge_node_monitors(entries, clock):
         GPUs and refuses a record whose readings miss a node.
     """
     first = dict(entries[0]["monitor"])
-    samples, gaps, sampled = [], [], 0
+    samples: list[Row] = []
+    gaps: list[str] = []
+    sampled = 0
     for rank, entry in enumerate(entries):
         monitor = entry["monitor"]
         if not monitor.get("available"):

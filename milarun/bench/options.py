@@ -26,6 +26,9 @@ called. Called outside a coleo CLI, a helper returns its default (and
 :func:`precision_option` still checks it).
 """
 
+from collections.abc import Sequence
+from typing import Any
+
 from coleo import Option, default, tooled
 
 from ..formats.child import COMMON_DEFAULTS as _DEFAULTS
@@ -39,7 +42,7 @@ INFERENCE_PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 @tooled
-def common_options():
+def common_options() -> dict[str, Any]:
     """Return the options shared by all models as a dict.
 
     ``max_count`` (items), ``min_steady`` (s), ``sample_duration`` (s), ``warmup`` (windows),
@@ -88,7 +91,7 @@ def common_options():
 
 
 @tooled
-def lr_option(default):
+def lr_option(default: float) -> float:
     """``--lr``: the learning rate (float), ``default`` unless given."""
     # Learning rate of the optimizer (with a schedule: its peak or initial value)
     lr: Option & float = default
@@ -96,7 +99,7 @@ def lr_option(default):
 
 
 @tooled
-def batch_size_option(default):
+def batch_size_option(default: int) -> int:
     """``--batch-size``: the examples per batch (int), ``default`` unless given."""
     # Examples per batch: images, patches, sequences, sentence pairs... (per rank under DDP, per
     # device for inference)
@@ -105,7 +108,7 @@ def batch_size_option(default):
 
 
 @tooled
-def workers_option(default=-1):
+def workers_option(default: int = -1) -> int:
     """``--workers``: the ``DataLoader`` worker processes (int), ``default`` unless given.
 
     Returned as given: a negative value means "this process's share of the student's
@@ -121,7 +124,7 @@ def workers_option(default=-1):
 
 
 @tooled
-def precision_option(default="fp32", choices=PRECISIONS):
+def precision_option(default: str = "fp32", choices: Sequence[str] = PRECISIONS) -> str:
     """``--precision``, checked against ``choices``.
 
     Args:

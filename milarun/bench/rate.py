@@ -14,6 +14,12 @@ when the count target is reached, which is the same step on every rank of a
 data-parallel run, and there it is collective (``agree``): every rank gives
 its shortfall, and all extend iff the largest is > 0, by that many items.
 
+Counting by hand, time left out: a workload whose items do not come one step at a
+time counts them with :meth:`RateLogger.count` as they are done (serving: the tokens
+of a batch as they stream), and leaves time out of every window with
+:meth:`RateLogger.pause` / :meth:`RateLogger.resume` or ``with logger.paused():``
+(serving: a batch's prefill, up to its first token, is in no sample).
+
 GPU timing: a timer mark (a CUDA event) is recorded when a window closes,
 right after its last step was queued, and the same mark opens the next
 window. Because CUDA events complete in stream order, the interval between
@@ -23,9 +29,12 @@ only sync is on the closing event, once per window. Recording an event on
 every step would measure the same interval at a few µs of host time per step.
 """
 
+import contextlib
 import itertools
 import math
 import time
+
+import torch
 
 # Metric values logged with it.log() may be device tensors; converting them
 # calls .item(), so it is done only at a window boundary, after the sync.
@@ -53,12 +62,11 @@ class CudaEventTimer:
     per window for the device to reach that window's last step.
     """
 
-    def __init__(self, torch, device=None):
-        self.torch = torch
+    def __init__(self, device=None):
         self.device = device
 
     def mark(self):
-        ev = self.torch.cuda.Event(enable_timing=True)
+        ev = torch.cuda.Event(enable_timing=True)
         ev.record()
         return ev
 
@@ -109,6 +117,10 @@ class RateLogger:
         before_start: optional ``f()`` called once by :meth:`loop` and
             :meth:`steps` when the set-up is over, right before the first window
             opens (the experiment's start barrier, :mod:`milarun.bench.sync`).
+
+    Items come from the steps of :meth:`loop` and :meth:`steps`
+    (``step.set_count``) or by hand (:meth:`count`); :meth:`pause` and
+    :meth:`resume` (or :meth:`paused`) leave time out of every sample window.
 
     The ``tracer`` attribute (None, or a :class:`milarun.bench.trace.ProfileTrace`)
     is told of every step (``tracer.step(logger)``) and of the end
@@ -162,6 +174,7 @@ class RateLogger:
         self.window_flags = {}
         self.tracer = None
         self.votes = True
+        self._paused = False
 
     def done(self):
         """True once ``max_count`` items were processed (``max_count`` may
@@ -190,6 +203,58 @@ class RateLogger:
             self._close_window(now)
         if self.tracer is not None:
             self.tracer.step(self)
+
+    def count(self, n):
+        """Count ``n`` items (items) done now, outside the steps: for a workload whose
+        items come one at a time within a step (serving: each token as it streams), so
+        that a window closes on time, not at the end of the step. The same as a step
+        of ``n`` items ending now: the window closes if it is long enough, the count
+        target is checked, the tracer is told.
+
+        Raises:
+            RuntimeError: the logger is paused (:meth:`pause`): items done while no
+                window is open would have no time to be counted against.
+        """
+        if self._paused:
+            raise RuntimeError("items counted while the rate logger is paused")
+        step = Step()
+        step.set_count(n)
+        self.end_step(step)
+
+    def pause(self):
+        """Leave the time from now until :meth:`resume` out of every sample window
+        (seconds that no sample holds: serving's prefill, an evaluation). The open
+        window closes now, a sample if it holds items (:meth:`cut`; one that cannot
+        close, on a clock that did not move, goes on through the pause instead).
+
+        Raises:
+            RuntimeError: already paused.
+        """
+        if self._paused:
+            raise RuntimeError("the rate logger is paused already")
+        self.cut()
+        self._paused = True
+
+    def resume(self):
+        """Open a new window now, ending the :meth:`pause`.
+
+        Raises:
+            RuntimeError: the logger is not paused.
+        """
+        if not self._paused:
+            raise RuntimeError("resume() without pause()")
+        self._paused = False
+        self.restart()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """``with logger.paused():`` :meth:`pause` on entry, :meth:`resume` on exit: the
+        block's time is in no sample window. Raises as :meth:`pause` does."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
 
     def cut(self):
         """Close the open window now, whatever its length (a sample if it holds items)."""

@@ -9,6 +9,13 @@ raises ends the thread and says why in ``reason``: telemetry never stops a test.
 """
 
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+#: One reading (a row of ``samples``).
+Row = dict[str, Any]
+
+_Sampler = TypeVar("_Sampler", bound="PeriodicSampler")
 
 
 class PeriodicSampler:
@@ -30,25 +37,30 @@ class PeriodicSampler:
     #: ``_init`` took the first reading)
     sample_at_start = False
 
-    def __init__(self, interval=1.0, on_reading=None, reason=None):
+    def __init__(
+        self,
+        interval: float = 1.0,
+        on_reading: Callable[[Row], object] | None = None,
+        reason: str | None = None,
+    ) -> None:
         self.interval = interval
         self.on_reading = on_reading
-        self.samples = []
+        self.samples: list[Row] = []
         self.available = False
         self.reason = reason
         self._stop = threading.Event()
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
-    def _init(self):
+    def _init(self) -> bool:
         return True
 
-    def _sample(self):
+    def _sample(self) -> None:
         raise NotImplementedError
 
-    def _last(self):
+    def _last(self) -> None:
         self._sample()
 
-    def _notify(self, row):
+    def _notify(self, row: Row) -> None:
         """Give ``row`` to ``on_reading``, ignoring its errors."""
         if self.on_reading is not None:
             try:
@@ -56,7 +68,7 @@ class PeriodicSampler:
             except Exception:  # the journal is best-effort; sampling goes on
                 pass
 
-    def _run(self):
+    def _run(self) -> None:
         try:
             if self.sample_at_start:
                 self._sample()
@@ -65,14 +77,14 @@ class PeriodicSampler:
         except Exception as exc:  # telemetry is optional; never stop the test
             self.reason = f"sampling stopped: {exc.__class__.__name__}: {exc}"
 
-    def start(self):
+    def start(self: _Sampler) -> _Sampler:
         self.available = bool(self._init())
         if self.available:
             self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
             self._thread.start()
         return self
 
-    def stop(self):
+    def stop(self) -> None:
         """End the thread, then take the last reading."""
         if self._thread is not None:
             self._stop.set()
@@ -80,8 +92,8 @@ class PeriodicSampler:
             self._thread = None
             self._last()
 
-    def __enter__(self):
+    def __enter__(self: _Sampler) -> _Sampler:
         return self.start()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -3,13 +3,18 @@
 import contextlib
 import os
 import random
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import torch
 
 from ..host.isolation import current_cpuset
-from .device import is_cuda, peak_memory_mib
+from .device import is_cuda, is_xpu, kind, peak_memory_mib
 from .options import PRECISIONS  # the choices of --precision live with the option
 
 
-def init_torch(exp):
+def init_torch(exp: Any) -> torch.device:
     """Seed every RNG, pick the device and set the thread count.
 
     On CUDA it also turns on ``torch.backends.cudnn.benchmark``. ``--device auto``
@@ -24,9 +29,6 @@ def init_torch(exp):
     Raises:
         RuntimeError: ``--device cuda`` on a host without CUDA.
     """
-    import numpy as np
-    import torch
-
     opts = exp.options
     seed = opts["seed"]
     random.seed(seed)
@@ -34,15 +36,15 @@ def init_torch(exp):
     torch.manual_seed(seed)
     threads = max(1, len(current_cpuset()))
     torch.set_num_threads(threads)
-    check_device(torch)
+    check_device()
     want = opts["device"]
     if want == "auto" and os.environ.get("MILARUN_BACKEND") == "cpu":
         want = "cpu"  # a CPU slot: an XPU (ZE_AFFINITY_MASK="" hides nothing) stays unused
     if want == "auto":
-        want = "cuda" if torch.cuda.is_available() else "xpu" if _xpu(torch) else "cpu"
-    if want == "xpu" and not _xpu(torch):
+        want = "cuda" if torch.cuda.is_available() else "xpu" if _xpu() else "cpu"
+    if is_xpu(want) and not _xpu():
         raise WrongDevice("--device xpu was asked for but torch has no usable XPU")
-    if want == "cuda":
+    if is_cuda(want):
         if not torch.cuda.is_available():
             raise RuntimeError("--device cuda was asked for but CUDA is not available")
         torch.cuda.manual_seed_all(seed)
@@ -53,7 +55,7 @@ def init_torch(exp):
     device = torch.device(want)
     exp.device = device
     exp.result["host"]["threads"] = threads
-    exp.result["host"]["device_type"] = device.type
+    exp.result["host"]["device_type"] = kind(device)
     return device
 
 
@@ -65,7 +67,9 @@ class WrongDevice(RuntimeError):
     fail_reason = "wrong-device"
 
 
-def _xpu(torch):
+def _xpu() -> bool:
+    """torch has a usable XPU (``torch.xpu.is_available()``; False where it raises or this
+    torch has no ``torch.xpu``)."""
     xpu = getattr(torch, "xpu", None)
     try:
         return bool(xpu is not None and xpu.is_available())
@@ -73,7 +77,7 @@ def _xpu(torch):
         return False
 
 
-def check_device(torch, environ=None):
+def check_device(environ: Mapping[str, str] | None = None) -> None:
     """Check that torch can use the device the launcher gave (``$MILARUN_BACKEND``,
     ``$MILARUN_PCI_BUS_ID``; no check without them, as for CPU slots).
 
@@ -93,7 +97,7 @@ def check_device(torch, environ=None):
         return
     version = getattr(torch, "version", None)
     if backend == "intel":
-        if not _xpu(torch):
+        if not _xpu():
             raise WrongDevice(
                 "the launcher gave an Intel GPU (ZE_AFFINITY_MASK="
                 f"{environ.get('ZE_AFFINITY_MASK')!r}) but torch has no usable "
@@ -132,7 +136,7 @@ def check_device(torch, environ=None):
             )
 
 
-def set_precision(device, precision):
+def set_precision(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
     """Configure matmul precision and return an autocast context for ``precision``.
 
     ``fp32``: strict fp32: TF32 off for matmuls and for cuDNN convolutions (PyTorch's
@@ -144,8 +148,6 @@ def set_precision(device, precision):
     Raises:
         ValueError: an unknown precision name.
     """
-    import torch
-
     if precision not in PRECISIONS:
         raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     tf32 = precision == "tf32"
@@ -158,7 +160,9 @@ def set_precision(device, precision):
     return contextlib.nullcontext()
 
 
-def dataloader_workers(requested, local_size=None, environ=None):
+def dataloader_workers(
+    requested: int, local_size: int | None = None, environ: Mapping[str, str] | None = None
+) -> int:
     """DataLoader worker processes for this process: ``requested`` when >= 0, else this
     process's share of the student's cpuset minus one (one core of the share runs the
     process itself): ``len(cpuset) // local_size - 1``, at least 0.
@@ -180,7 +184,7 @@ def dataloader_workers(requested, local_size=None, environ=None):
     return max(0, len(current_cpuset()) // max(1, int(local_size)) - 1)
 
 
-def local_world_size(environ=None):
+def local_world_size(environ: Mapping[str, str] | None = None) -> int:
     """Processes on this node: torchrun's ``LOCAL_WORLD_SIZE``, else ``WORLD_SIZE``, else 1
     (:meth:`milarun.bench.distributed.World.from_environment` reads them the same way)."""
     environ = os.environ if environ is None else environ
@@ -191,7 +195,9 @@ def local_world_size(environ=None):
     return 1
 
 
-def data_loader(dataset, batch_size, workers, device, **kwargs):
+def data_loader(
+    dataset: Any, batch_size: int, workers: int, device: torch.device | None, **kwargs: Any
+) -> torch.utils.data.DataLoader[Any]:
     """A ``torch.utils.data.DataLoader`` with the settings every test shares.
 
     Shuffled batches of ``batch_size`` items, the last partial batch dropped
@@ -201,8 +207,6 @@ def data_loader(dataset, batch_size, workers, device, **kwargs):
     on CUDA for non-blocking copies. With a
     ``batch_sampler`` in ``kwargs``, the sampler decides the batches instead.
     """
-    import torch
-
     nworkers = dataloader_workers(workers)
     if "batch_sampler" not in kwargs:
         kwargs = {"batch_size": batch_size, "shuffle": True, "drop_last": True, **kwargs}
@@ -215,7 +219,31 @@ def data_loader(dataset, batch_size, workers, device, **kwargs):
     )
 
 
-def rank_loader(dataset, batch_size, workers, device, world, seed, what, hint="", source=None):
+class Ranks(Protocol):
+    """What :func:`rank_loader` reads of a :class:`milarun.bench.distributed.World` (named
+    by its attributes: distributed.py imports this module)."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def local_size(self) -> int: ...
+
+
+def rank_loader(
+    dataset: Any,
+    batch_size: int,
+    workers: int,
+    device: torch.device | None,
+    world: Ranks,
+    seed: int,
+    what: str,
+    hint: str = "",
+    source: object = None,
+) -> torch.utils.data.DataLoader[Any]:
     """:func:`data_loader` over this rank's share of ``dataset``.
 
     A ``DistributedSampler`` (shuffled with ``seed``, the uneven tail dropped) gives
@@ -230,9 +258,7 @@ def rank_loader(dataset, batch_size, workers, device, world, seed, what, hint=""
         ValueError: the share holds no full batch (:func:`need_a_batch`, with ``what``,
             ``hint`` and ``source``).
     """
-    import torch
-
-    sampler = torch.utils.data.DistributedSampler(
+    sampler: torch.utils.data.DistributedSampler[Any] = torch.utils.data.DistributedSampler(
         dataset, num_replicas=world.size, rank=world.rank, shuffle=True, seed=seed, drop_last=True
     )
     workers = dataloader_workers(workers, world.local_size)
@@ -241,7 +267,15 @@ def rank_loader(dataset, batch_size, workers, device, world, seed, what, hint=""
     return loader
 
 
-def need_a_batch(enough, items, what, batch_size, ranks, hint="", source=None):
+def need_a_batch(
+    enough: bool,
+    items: int,
+    what: str,
+    batch_size: int,
+    ranks: int,
+    hint: str = "",
+    source: object = None,
+) -> None:
     """Refuse a data set too small for one batch on every rank.
 
     Raises:

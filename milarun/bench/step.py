@@ -28,10 +28,12 @@ comparable with records made before.
 
 import contextlib
 import math
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
-from .device import ACCELERATORS, kind
+from .device import ACCELERATORS, Device, kind
 from .setup import set_precision
 
 #: Device types whose optimizers are built with ``fused=True``.
@@ -40,11 +42,12 @@ FUSED_DEVICE_TYPES = ACCELERATORS
 SCALER_DEVICE_TYPES = ACCELERATORS
 
 
-def make_optimizer(name, params, device, **kwargs):
+def make_optimizer(
+    name: str, params: Iterable[Any], device: Device, **kwargs: Any
+) -> torch.optim.Optimizer:
     """``torch.optim.<name>(params, **kwargs)``, fused on the devices that have fused kernels.
 
     Args:
-        torch: the torch module.
         name: ``"SGD"``, ``"Adam"`` or ``"AdamW"`` (any ``torch.optim`` class
             that takes ``fused``).
         params: parameters or parameter groups.
@@ -77,20 +80,24 @@ class MixedPrecisionStep:
         scaler: the ``torch.amp.GradScaler`` (disabled: a pass-through).
     """
 
-    def __init__(self, device, precision, enabled_scaler=None):
-        import torch
-
-        self.torch = torch
+    def __init__(
+        self, device: torch.device, precision: str, enabled_scaler: bool | None = None
+    ) -> None:
         self.autocast = set_precision(device, precision)
         if enabled_scaler is None:
             enabled_scaler = precision == "fp16" and kind(device) in SCALER_DEVICE_TYPES
-        self.scaler = torch.amp.GradScaler(kind(device), enabled=enabled_scaler)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=enabled_scaler)
 
-    def backward(self, loss):
+    def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate ``loss`` (scaled when the scaler is on)."""
         self.scaler.scale(loss).backward()
 
-    def step(self, optimizer, clip_norm=None, params=None):
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        clip_norm: float | None = None,
+        params: Iterable[torch.Tensor] | None = None,
+    ) -> None:
         """Step ``optimizer`` on the gradients of :meth:`backward`; call :meth:`update` after.
 
         Args:
@@ -100,22 +107,30 @@ class MixedPrecisionStep:
             params: the parameters to clip (required with ``clip_norm``).
         """
         if clip_norm is not None:
+            if params is None:
+                raise ValueError("clip_norm needs the parameters to clip (params)")
             self.scaler.unscale_(optimizer)
-            self.torch.nn.utils.clip_grad_norm_(params, clip_norm)
+            torch.nn.utils.clip_grad_norm_(params, clip_norm)
         self.scaler.step(optimizer)
 
-    def update(self):
+    def update(self) -> None:
         """Update the scale, once per iteration after every optimizer's :meth:`step`."""
         self.scaler.update()
 
-    def __call__(self, loss, optimizer, clip_norm=None, params=None):
+    def __call__(
+        self,
+        loss: torch.Tensor,
+        optimizer: torch.optim.Optimizer,
+        clip_norm: float | None = None,
+        params: Iterable[torch.Tensor] | None = None,
+    ) -> None:
         """:meth:`backward`, :meth:`step` and :meth:`update` for one loss and one optimizer."""
         self.backward(loss)
         self.step(optimizer, clip_norm=clip_norm, params=params)
         self.update()
 
 
-def gradient_sync(net, micro, accum):
+def gradient_sync(net: object, micro: int, accum: int) -> contextlib.AbstractContextManager[Any]:
     """The context to run micro-batch ``micro`` (0-based, counted over the run) of a
     gradient accumulation over ``accum`` micro-batches in, forward and backward.
 
@@ -139,7 +154,9 @@ WARMUP_FRACTION = 0.1
 FINAL_LR_FRACTION = 0.1
 
 
-def warmup_cosine_factor(step, warmup, total, final=FINAL_LR_FRACTION):
+def warmup_cosine_factor(
+    step: int, warmup: int, total: int, final: float = FINAL_LR_FRACTION
+) -> float:
     """The learning rate of optimizer step ``step`` (0-based) as a fraction of the peak.
 
     Linear warm-up over the first ``warmup`` steps, ``(step + 1) / warmup`` (so the first
@@ -164,7 +181,9 @@ def warmup_cosine_factor(step, warmup, total, final=FINAL_LR_FRACTION):
     return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def warmup_cosine(optimizer, total):
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, total: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """A ``torch.optim.lr_scheduler.LambdaLR`` over ``optimizer`` that follows
     :func:`warmup_cosine_factor` times each group's learning rate (the peak), with a
     warm-up of :data:`WARMUP_FRACTION` of ``total`` steps (at least 1). Call its
@@ -177,8 +196,6 @@ def warmup_cosine(optimizer, total):
     Returns:
         the scheduler.
     """
-    import torch
-
     total = max(1, int(total))
     warmup = max(1, int(total * WARMUP_FRACTION))
     return torch.optim.lr_scheduler.LambdaLR(

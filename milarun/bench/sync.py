@@ -16,12 +16,16 @@ times), which places this process's samples on the server's clock.
 
 import os
 import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch.distributed as dist
 
 from ..formats import barrier
 from .distributed import World
 
 
-def synchronize(exp, environ=None):
+def synchronize(exp: Any, environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """Wait at the start barrier of ``exp``'s wave; returns what was recorded, or None
     when the process was launched alone.
 
@@ -34,7 +38,7 @@ def synchronize(exp, environ=None):
     config = barrier.from_environment(environ)
     if config is None:
         return None
-    info = None
+    info: dict[str, Any] | None = None
     if World.from_environment(environ).rank == 0:
         try:
             info = barrier.wait(
@@ -68,11 +72,9 @@ def synchronize(exp, environ=None):
     return info
 
 
-def _rank_barrier(environ):
+def _rank_barrier(environ: Mapping[str, str]) -> None:
     """Every rank of a torchrun job waits for rank 0 (which waited for the wave)."""
     if World.from_environment(environ).size <= 1:
         return
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -24,9 +24,13 @@ other than 0) and rank 0's record links its own. Open it in Perfetto
 """
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from ..formats.outfile import check_target
+import torch
+
+from ..formats.outfile import StrPath, check_target
 from ..formats.store import result_filename, trace_path
 from .device import is_cuda
 from .distributed import World
@@ -35,7 +39,7 @@ from .distributed import World
 MAX_STEPS = 1000
 
 
-def trace_file(exp, folder):
+def trace_file(exp: Any, folder: StrPath) -> Path:
     """Path of this process's trace for ``--profile-trace folder`` (``Path``).
 
     Beside the record when it is written to a file or a folder; relative to
@@ -71,7 +75,13 @@ class ProfileTrace:
         ValueError: ``steps`` out of bounds.
     """
 
-    def __init__(self, exp, folder, steps, profiler=None):
+    def __init__(
+        self,
+        exp: Any,
+        folder: StrPath,
+        steps: int,
+        profiler: Callable[[list[str]], Any] | None = None,
+    ) -> None:
         if not 1 <= steps <= MAX_STEPS:
             raise ValueError(f"--profile-steps must be between 1 and {MAX_STEPS}, not {steps}")
         self.exp = exp
@@ -80,16 +90,16 @@ class ProfileTrace:
         self.profiler = profiler
         self.state = "waiting"  # waiting -> recording -> done
         self.count = 0
-        self._prof = None
-        self._range = None
-        self._start = None
+        self._prof: Any = None
+        self._range: Any = None
+        self._start: float | None = None
         cuda = is_cuda(exp.device)
         self.activities = ["cpu", "cuda"] if cuda else ["cpu"]
         self._record(
             path=None, steps=0, note="the run ended before its warm-up did: no step was profiled"
         )
 
-    def _record(self, **fields):
+    def _record(self, **fields: Any) -> None:
         self.exp.result["profile_trace"] = {
             "activities": list(self.activities),
             "start": None,
@@ -98,31 +108,27 @@ class ProfileTrace:
             **fields,
         }
 
-    def _make(self):
+    def _make(self) -> Any:
         if self.profiler is not None:
             return self.profiler(self.activities)
-        import torch
-
         kinds = {
             "cpu": torch.profiler.ProfilerActivity.CPU,
             "cuda": torch.profiler.ProfilerActivity.CUDA,
         }
         return torch.profiler.profile(activities=[kinds[a] for a in self.activities])
 
-    def _enter_step(self):
+    def _enter_step(self) -> None:
         if self.profiler is not None:
             return
-        import torch
-
         self._range = torch.profiler.record_function(f"milarun step {self.count}")
         self._range.__enter__()
 
-    def _exit_step(self):
+    def _exit_step(self) -> None:
         if self._range is not None:
             self._range.__exit__(None, None, None)
             self._range = None
 
-    def step(self, logger):
+    def step(self, logger: Any) -> None:
         """Called by the logger after each step: start, advance or end the profiled span."""
         if self.state == "waiting":
             if len(logger.samples) < logger.warmup or logger.done():
@@ -145,14 +151,14 @@ class ProfileTrace:
             else:
                 self._enter_step()
 
-    def close(self, logger):
+    def close(self, logger: Any) -> None:
         """Called by the logger when the loop ends (also on an error): stop a running profiler
         and write what it has."""
         if self.state == "recording":
             self._exit_step()
             self._stop(logger)
 
-    def _stop(self, logger):
+    def _stop(self, logger: Any) -> None:
         end = logger.host_clock() - logger.origin
         logger.window_flags = {}
         self.state = "done"
@@ -177,7 +183,7 @@ class ProfileTrace:
             self._prof = None
         self._record(path=self._link(), steps=self.count, start=self._start, end=end, note=note)
 
-    def _link(self):
+    def _link(self) -> str:
         """The trace path as the record gives it: relative to the record's folder when inside."""
         out = self.exp.out
         if out is None:

@@ -19,7 +19,7 @@ on the CPU under a record that says xpu:
 * ``lightning_convnet``: Lightning 2.6 ships no XPU accelerator.
 """
 
-from .device import is_xpu
+from .device import Device, is_xpu
 from .setup import WrongDevice
 
 #: Why the data-parallel workloads refuse an XPU.
@@ -31,7 +31,7 @@ DDP_NOT_WIRED = (
 LIGHTNING_NOT_WIRED = "Lightning 2.6 has no XPU accelerator"
 
 
-def refuse_xpu(device, workload, why):
+def refuse_xpu(device: Device, workload: str, why: str) -> None:
     """Raise :class:`WrongDevice` when ``device`` is an XPU, else return.
 
     Args:

@@ -38,6 +38,7 @@ import contextlib
 import os
 import time
 
+import torch
 from coleo import Option, default, tooled
 
 from ..bench import device as bench_device
@@ -72,13 +73,12 @@ def _check_size(name, value, minimum=8):
 class _Clock:
     """Times ``iters`` calls of ``fn`` on ``device`` (CUDA events on a GPU, else the host clock)."""
 
-    def __init__(self, torch, device):
-        self.torch, self.device = torch, device
+    def __init__(self, device):
+        self.device = device
         self.cuda = bench_device.is_cuda(device)
 
     def best(self, fn, iters, warmup, each=False):
         """Seconds of one call: the batch's mean, or with ``each`` the best single call."""
-        torch = self.torch
         for _ in range(warmup):
             fn()
         self.sync()
@@ -102,7 +102,7 @@ class _Clock:
 
     def sync(self):
         if self.cuda:
-            self.torch.cuda.synchronize(self.device)
+            torch.cuda.synchronize(self.device)
 
 
 class Stream:
@@ -110,9 +110,9 @@ class Stream:
 
     KERNELS = ("copy", "scale", "add", "triad")
 
-    def __init__(self, torch, device, nbytes, dtype):
+    def __init__(self, device, nbytes, dtype):
         dt = getattr(torch, DTYPES[dtype])
-        self.torch, self.device = torch, device
+        self.device = device
         self.itemsize = torch.empty(0, dtype=dt).element_size()
         self.n = n = max(1, nbytes // self.itemsize)
         self.a = torch.full((n,), 1.0, dtype=dt, device=device)
@@ -120,7 +120,7 @@ class Stream:
         self.c = torch.zeros(n, dtype=dt, device=device)
 
     def kernel(self, name, q=3.0):
-        torch, a, b, c = self.torch, self.a, self.b, self.c
+        a, b, c = self.a, self.b, self.c
         return {
             "copy": lambda: c.copy_(a),
             "scale": lambda: torch.mul(c, q, out=b),
@@ -130,15 +130,15 @@ class Stream:
 
     def measure(self, name, iters, warmup):
         """``(GB/s, bytes moved in all runs)`` of kernel ``name``: the best of ``iters`` runs."""
-        seconds = _Clock(self.torch, self.device).best(self.kernel(name), iters, warmup, each=True)
+        seconds = _Clock(self.device).best(self.kernel(name), iters, warmup, each=True)
         moved = acceptance.stream_bytes(name, self.n, self.itemsize)
         return moved / seconds / 1e9, moved * (iters + warmup)
 
 
-def _copies(torch, gpu, nbytes, iters, warmup):
+def _copies(gpu, nbytes, iters, warmup):
     """``({"h2d_pinned": GB/s, ...}, {"pinned": host buffer, ...})`` of one GPU (module
     docstring); call it with ``gpu`` the current device (the events time its stream)."""
-    clock = _Clock(torch, gpu)
+    clock = _Clock(gpu)
     dev = torch.empty(nbytes, dtype=torch.uint8, device=gpu)
     dev2 = torch.empty(nbytes, dtype=torch.uint8, device=gpu)
     out, buffers = {}, {}
@@ -172,7 +172,7 @@ def _copies(torch, gpu, nbytes, iters, warmup):
     return out, buffers
 
 
-def _d2d(torch, src, dst, nbytes, iters, warmup):
+def _d2d(src, dst, nbytes, iters, warmup):
     """GB/s of a copy from GPU ``src`` to GPU ``dst``, on the host clock between
     synchronisations of both devices (events of one device cannot time both)."""
     a = torch.empty(nbytes, dtype=torch.uint8, device=src)
@@ -235,8 +235,6 @@ def train(exp):
     if not 0 <= warmup_iters <= 10000:
         raise ValueError(f"--warmup-iters must be between 0 and 10000, not {warmup_iters}")
     device = init_torch(exp)
-    import torch
-
     gpu = bench_device.is_cuda(device)
     copy_default, array_default = DEFAULT_SIZES["gpu" if gpu else "cpu"]
     copy_size = copy_size or copy_default
@@ -269,58 +267,47 @@ def train(exp):
     arrays = {}
     for step, (kind, arg) in zip(steps, tasks):
         exp.rate.cut()  # each measure its own sample
-        with _current(torch, arg[0] if isinstance(arg, tuple) else arg):
-            _measure(
-                torch,
-                m,
-                step,
-                kind,
-                arg,
-                arrays,
-                gpu,
-                copy_size,
-                array_size,
-                dtype,
-                iters,
-                warmup_iters,
-            )
+        with _current(arg[0] if isinstance(arg, tuple) else arg):
+            if kind == "copies":
+                moved = _measure_copies(m, arg, copy_size, iters, warmup_iters)
+            elif kind == "d2d":
+                src, dst = arg
+                moved = _measure_d2d(m, src, dst, copy_size, iters, warmup_iters)
+            else:
+                dev, name = arg
+                if dev not in arrays:
+                    arrays.clear()  # one device's arrays at a time
+                    arrays[dev] = Stream(dev, array_size, dtype)
+                    if not gpu:
+                        m["host_buffer_numa_nodes"] = buffer_numa_nodes(arrays[dev].a)
+                gbps, moved = arrays[dev].measure(name, iters, warmup_iters)
+                m[f"stream_{name}_gbps" + (f"_gpu{dev.index}" if gpu else "")] = gbps
+            step.set_count(moved)
     steps.close()
 
 
-def _current(torch, device):
+def _current(device):
     """``device`` as the current CUDA device for the ``with`` body (events, streams)."""
     if bench_device.is_cuda(device):
         return torch.cuda.device(device)
     return contextlib.nullcontext()
 
 
-def _measure(
-    torch, m, step, kind, arg, arrays, gpu, copy_size, array_size, dtype, iters, warmup_iters
-):
-    """One measure of the list (module docstring) into the metrics ``m``."""
-    if kind == "copies":
-        figures, buffers = _copies(torch, arg, copy_size, iters, warmup_iters)
-        for key, gbps in figures.items():
-            m[f"{key}_gbps_gpu{arg.index}"] = gbps
-        if "host_buffer_numa_nodes" not in m:
-            m["host_buffer_numa_nodes"] = buffer_numa_nodes(buffers["pinned"])
-        step.set_count(copy_size * 8 * (iters + warmup_iters))
-    elif kind == "d2d":
-        src, dst = arg
-        m[f"d2d_peer_{src.index}_{dst.index}"] = bool(
-            torch.cuda.can_device_access_peer(src.index, dst.index)
-        )
-        m[f"d2d_gbps_{src.index}_{dst.index}"] = _d2d(
-            torch, src, dst, copy_size, iters, warmup_iters
-        )
-        step.set_count(copy_size * (iters + warmup_iters))
-    else:
-        dev, name = arg
-        if dev not in arrays:
-            arrays.clear()  # one device's arrays at a time
-            arrays[dev] = Stream(torch, dev, array_size, dtype)
-            if not gpu:
-                m["host_buffer_numa_nodes"] = buffer_numa_nodes(arrays[dev].a)
-        gbps, moved = arrays[dev].measure(name, iters, warmup_iters)
-        m[f"stream_{name}_gbps" + (f"_gpu{dev.index}" if gpu else "")] = gbps
-        step.set_count(moved)
+def _measure_copies(m, gpu, nbytes, iters, warmup):
+    """The host-device copies of ``gpu`` into the metrics ``m``; returns the items counted."""
+    figures, buffers = _copies(gpu, nbytes, iters, warmup)
+    for key, gbps in figures.items():
+        m[f"{key}_gbps_gpu{gpu.index}"] = gbps
+    if "host_buffer_numa_nodes" not in m:
+        m["host_buffer_numa_nodes"] = buffer_numa_nodes(buffers["pinned"])
+    return nbytes * 8 * (iters + warmup)
+
+
+def _measure_d2d(m, src, dst, nbytes, iters, warmup):
+    """The copy from GPU ``src`` to GPU ``dst`` into the metrics ``m``; returns the items
+    counted."""
+    m[f"d2d_peer_{src.index}_{dst.index}"] = bool(
+        torch.cuda.can_device_access_peer(src.index, dst.index)
+    )
+    m[f"d2d_gbps_{src.index}_{dst.index}"] = _d2d(src, dst, nbytes, iters, warmup)
+    return nbytes * (iters + warmup)

@@ -36,8 +36,10 @@ import os
 import threading
 import time
 
+import torch
 from coleo import Option, default, tooled
 
+from ..bench import device as bench_device
 from ..bench import init_torch, iteration_wrapper
 from ..host import accel
 from ..measure import acceptance
@@ -147,9 +149,7 @@ def train(exp):
     if not 0 < clock_drop <= 1:
         raise ValueError(f"--clock-drop must be in (0, 1], not {clock_drop}")
     device = init_torch(exp)
-    import torch
-
-    size = size or (256 if device.type == "cpu" else 8192)
+    size = size or (256 if bench_device.kind(device) == "cpu" else 8192)
     torch_dtype = {
         "fp32": torch.float32,
         "tf32": torch.float32,

@@ -14,6 +14,8 @@ Stresses: single-thread CPU speed, Python and PyTorch per-call overhead. An
 **item is one environment step**; a training step is one episode.
 """
 
+import gymnasium as gym
+import torch
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
@@ -41,9 +43,6 @@ class Episodes:
 
 @tooled
 def train(exp):
-    import gymnasium as gym
-    import torch
-
     # Gymnasium environment id (discrete actions, vector observations)
     env_name: Option = default("CartPole-v1")
     # Hidden units of the policy/value network

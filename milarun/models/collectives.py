@@ -44,6 +44,8 @@ Stresses: NVLink / PCIe inside a node, the network (InfiniBand, RoCE) between no
 import os
 import time
 
+import torch
+import torch.distributed as dist
 from coleo import Option, default, tooled
 
 from ..bench import device as bench_device
@@ -99,15 +101,15 @@ def _hook_result(op, nbytes, rank, out):
     return out
 
 
-def _pattern(torch, start, end, device):
+def _pattern(start, end, device):
     return (torch.arange(start, end, device=device, dtype=torch.int64) % 13 + 1).float()
 
 
 class _Buffers:
     """The input and output of one collective at one size, and its expected result."""
 
-    def __init__(self, torch, dist, op, count, world):
-        self.torch, self.dist, self.op = torch, dist, op
+    def __init__(self, op, count, world):
+        self.op = op
         self.n, self.rank, self.device = world.size, world.rank, world.device
         n = self.n
         self.count = count
@@ -123,17 +125,17 @@ class _Buffers:
 
     def fill(self):
         """The input pattern (module docstring)."""
-        t, r, c = self.torch, self.rank, self.chunk
+        r, c = self.rank, self.chunk
         for s in range(0, self.inp.numel(), CHECK_CHUNK):
             e = min(self.inp.numel(), s + CHECK_CHUNK)
             offset = r * c if self.op == "all_gather" else 0
-            value = _pattern(t, s + offset, e + offset, self.device) * (r + 1)
+            value = _pattern(s + offset, e + offset, self.device) * (r + 1)
             if self.op == "broadcast" and r != 0:
                 value.zero_()
             self.inp[s:e].copy_(value)
 
     def run(self):
-        dist, op = self.dist, self.op
+        op = self.op
         if op == "all_reduce":
             dist.all_reduce(self.inp)
         elif op == "broadcast":
@@ -153,15 +155,15 @@ class _Buffers:
 
     def expected(self, s, e):
         """The expected output elements ``[s, e)`` on this rank."""
-        t, n, r, c, dev = self.torch, self.n, self.rank, self.chunk, self.device
+        n, r, c, dev = self.n, self.rank, self.chunk, self.device
         total = n * (n + 1) / 2
         if self.op == "all_reduce":
-            return _pattern(t, s, e, dev) * total
+            return _pattern(s, e, dev) * total
         if self.op == "broadcast":
-            return _pattern(t, s, e, dev)
+            return _pattern(s, e, dev)
         if self.op == "reduce_scatter":
-            return _pattern(t, r * c + s, r * c + e, dev) * total
-        idx = t.arange(s, e, device=dev, dtype=t.int64)
+            return _pattern(r * c + s, r * c + e, dev) * total
+        idx = torch.arange(s, e, device=dev, dtype=torch.int64)
         src = idx // c  # the rank this element came from
         if self.op == "all_gather":
             return (idx % 13 + 1).float() * (src + 1).float()
@@ -181,7 +183,7 @@ class _Buffers:
         return worst
 
 
-def _check(torch, dist, buf, world, nbytes):
+def _check(buf, world, nbytes):
     """Fill, run once, check on every rank, agree: raises :class:`WrongResult`."""
     buf.fill()
     buf.run()
@@ -204,7 +206,7 @@ def _check(torch, dist, buf, world, nbytes):
         )
 
 
-def _timed(torch, dist, buf, world, warmup, iters):
+def _timed(buf, world, warmup, iters):
     """Seconds of one operation, averaged over the ranks."""
     for _ in range(warmup):
         buf.run()
@@ -289,16 +291,13 @@ def train(exp):
         acceptance.message_sizes(max_size, min_size)
     device = init_torch(exp)
     if not max_size:
-        max_size = DEFAULT_MAX_SIZE["cpu" if device.type == "cpu" else "gpu"]
+        max_size = DEFAULT_MAX_SIZE["cpu" if bench_device.kind(device) == "cpu" else "gpu"]
     sizes = acceptance.message_sizes(max_size, min_size)
     with process_group(exp, device, backend) as world:
         _sweep(exp, world, names, sizes, warmup_iters, iters)
 
 
 def _sweep(exp, world, names, sizes, warmup, iters):
-    import torch
-    import torch.distributed as dist
-
     nodes = max(1, world.size // max(1, world.local_size))
     exp.metrics.update(expected_peak(world.size, nodes, world.local_size))
     exp.metrics.update(
@@ -319,9 +318,9 @@ def _sweep(exp, world, names, sizes, warmup, iters):
     for step, (op, size) in zip(steps, tasks):
         exp.rate.cut()  # each (collective, size) its own sample
         count, nbytes = acceptance.elements_for(op, size, world.size)
-        buf = _Buffers(torch, dist, op, count, world)
-        _check(torch, dist, buf, world, nbytes)
-        seconds = _timed(torch, dist, buf, world, warmup, iters)
+        buf = _Buffers(op, count, world)
+        _check(buf, world, nbytes)
+        seconds = _timed(buf, world, warmup, iters)
         algbw, busbw = acceptance.bandwidths(op, nbytes, seconds, world.size)
         rows.append(
             {

@@ -12,6 +12,8 @@ module with ``--precision fp16``. Items are images.
 Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 """
 
+import torch
+import torchvision
 from coleo import Option, default, tooled
 
 from ..bench import dataloop, init_torch
@@ -32,8 +34,6 @@ def build_model(arch, num_classes):
     Raises:
         ValueError: ``arch`` is not a torchvision model name.
     """
-    import torchvision
-
     names = torchvision.models.list_models()
     if arch not in names:
         raise ValueError(
@@ -45,8 +45,6 @@ def build_model(arch, num_classes):
 
 @tooled
 def train(exp):
-    import torch
-
     # torchvision model name (resnet18, resnet50, resnet152, vgg16, ...)
     arch: Option = default("resnet18")
     batch_size = batch_size_option(default=256)

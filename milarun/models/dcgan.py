@@ -16,7 +16,11 @@ Data: ``<dataroot>/fake_imagenet/train/<class>/*.jpg``
 (``milarun dataset fake_imagenet``).
 """
 
+import torch
+import torch.nn as nn
+import torchvision.transforms as T
 from coleo import Option, default, tooled
+from torchvision.datasets import ImageFolder
 
 from ..bench import data_loader, dataloop, init_torch
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
@@ -37,7 +41,6 @@ def main(exp, argv):
 
 def generator(nz, ngf, nc=3):
     """The DCGAN generator: ``(N, nz, 1, 1)`` noise → ``(N, nc, 64, 64)`` in [-1, 1]."""
-    import torch.nn as nn
 
     def up(cin, cout):
         return [
@@ -60,7 +63,6 @@ def generator(nz, ngf, nc=3):
 
 def discriminator(ndf, nc=3):
     """The DCGAN discriminator: ``(N, nc, 64, 64)`` → ``(N,)`` logits."""
-    import torch.nn as nn
 
     def down(cin, cout):
         return [
@@ -81,8 +83,6 @@ def discriminator(ndf, nc=3):
 
 
 def _init_weights(module):
-    import torch.nn as nn
-
     if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d)):
         nn.init.normal_(module.weight, 0.0, 0.02)
     elif isinstance(module, nn.BatchNorm2d):
@@ -92,10 +92,6 @@ def _init_weights(module):
 
 @tooled
 def train(exp):
-    import torch
-    import torchvision.transforms as T
-    from torchvision.datasets import ImageFolder
-
     batch_size = batch_size_option(default=64)
     # Size of the latent noise vector
     nz: Option & int = default(100)

@@ -23,6 +23,7 @@ node's host facts.
 Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 """
 
+import torch
 from coleo import Option, default, tooled
 
 from ..bench import Epochs, dataloop, init_torch, rank_loader
@@ -64,56 +65,38 @@ def train(exp):
     folder = require(exp.dataroot, "fake_imagenet")
     with process_group(exp, device, backend) as world:
         exp.metrics["global_batch"] = batch_size * world.size
-        _train(
-            exp,
-            world,
-            folder,
-            arch,
+        device = world.device
+        mp = MixedPrecisionStep(device, precision)
+        dataset = image_folder(folder, "train", image_size)
+        loader = rank_loader(
+            dataset,
             batch_size,
-            image_size,
-            precision,
-            lr,
-            channels_last,
             workers,
+            device,
+            world,
+            exp.options["seed"],
+            "images",
+            hint="lower --batch-size or use a larger fake_imagenet",
         )
+        memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        model = build_model(arch, len(dataset.classes)).to(device, memory_format=memory_format)
+        ddp = wrap_ddp(model, device)
+        ddp.train()
+        optimizer = make_optimizer(
+            "SGD", ddp.parameters(), device, lr=lr, momentum=0.9, weight_decay=1e-4
+        )
+        criterion = torch.nn.CrossEntropyLoss()
 
-
-def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, channels_last, workers):
-    import torch
-
-    device = world.device
-    mp = MixedPrecisionStep(device, precision)
-    autocast = mp.autocast
-    dataset = image_folder(folder, "train", image_size)
-    loader = rank_loader(
-        dataset,
-        batch_size,
-        workers,
-        device,
-        world,
-        exp.options["seed"],
-        "images",
-        hint="lower --batch-size or use a larger fake_imagenet",
-    )
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    model = build_model(arch, len(dataset.classes)).to(device, memory_format=memory_format)
-    ddp = wrap_ddp(model, device)
-    ddp.train()
-    optimizer = make_optimizer(
-        "SGD", ddp.parameters(), device, lr=lr, momentum=0.9, weight_decay=1e-4
-    )
-    criterion = torch.nn.CrossEntropyLoss()
-
-    # Every rank has the same number of batches per epoch (rank_loader), so all
-    # ranks stop on the same step.
-    steps = dataloop(exp, Epochs(loader))
-    agree_on_counts(exp, world)
-    for step, (x, y) in steps:
-        x = x.to(device, non_blocking=True, memory_format=memory_format)
-        y = y.to(device, non_blocking=True)
-        with autocast:
-            loss = criterion(ddp(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        mp(loss, optimizer)
-        step.set_count(len(x) * world.size)
-        step.log(loss=loss.detach())
+        # Every rank has the same number of batches per epoch (rank_loader), so all
+        # ranks stop on the same step.
+        steps = dataloop(exp, Epochs(loader))
+        agree_on_counts(exp, world)
+        for step, (x, y) in steps:
+            x = x.to(device, non_blocking=True, memory_format=memory_format)
+            y = y.to(device, non_blocking=True)
+            with mp.autocast:
+                loss = criterion(ddp(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            mp(loss, optimizer)
+            step.set_count(len(x) * world.size)
+            step.log(loss=loss.detach())

@@ -57,7 +57,13 @@ frozen encoders' inference, plus JPEG decoding at 512 px.
 
 import os
 
+import torch
 from coleo import Option, default, tooled
+from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+from PIL import Image
+from tokenizers import Tokenizer
+from torchvision import transforms
+from transformers import CLIPTextConfig, CLIPTextModel
 
 from ..bench import Epochs, dataloop, init_torch, rank_loader
 from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
@@ -220,8 +226,6 @@ class CaptionedImages:
     """
 
     def __init__(self, image_root, items, tokenizer_path, image_size):
-        from torchvision import transforms
-
         self.root, self.items, self.tokenizer_path = image_root, items, str(tokenizer_path)
         for rel, _ in (items[0], items[-1]):
             if not (image_root / rel).is_file():
@@ -244,12 +248,7 @@ class CaptionedImages:
         return len(self.items)
 
     def __getitem__(self, i):
-        import torch
-        from PIL import Image
-
         if self._tok is None:
-            from tokenizers import Tokenizer
-
             self._tok = Tokenizer.from_file(self.tokenizer_path)
         rel, text = self.items[i]
         with Image.open(self.root / rel) as im:
@@ -258,13 +257,10 @@ class CaptionedImages:
         return x, ids
 
 
-def build_models(torch, shape, meta, device):
+def build_models(shape, meta, device):
     """``(unet, vae, text_encoder)`` of ``shape``, random weights, on ``device``; the
     VAE and the text encoder frozen (``eval``, no gradients). ``meta``: the captions'
     ``meta.json`` (vocabulary size, start and end ids)."""
-    from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
-
     cfg = SHAPES[shape]
     unet = UNet2DConditionModel(**cfg["unet"]).to(device)
     vae = AutoencoderKL(**cfg["vae"]).to(device)
@@ -314,134 +310,101 @@ def train(exp):
     images = require(exp.dataroot, "fake_imagenet")
     captions = require(exp.dataroot, "captions")
     with process_group(exp, device, backend) as world:
-        _train(
-            exp,
-            world,
-            images,
-            captions,
-            shape,
-            image_size,
-            latent_size,
+        device = world.device
+        meta, items = read_captions(captions)
+        dataset = CaptionedImages(images, items, captions / "tokenizer.json", image_size)
+        loader = rank_loader(
+            dataset,
             batch_size,
-            precision,
-            lr,
-            prediction,
-            precomputed,
-            precompute_count,
-            activation_checkpointing,
             workers,
+            device,
+            world,
+            exp.options["seed"],
+            "captioned images",
+            hint="lower --batch-size or build larger fake_imagenet and captions",
         )
 
+        unet, vae, text = build_models(shape, meta, device)
+        exp.metrics.update(
+            {
+                "shape": shape,
+                "unet_params": sum(p.numel() for p in unet.parameters()),
+                "image_size": image_size,
+                "latent_size": latent_size,
+                "prediction": prediction,
+                "precomputed": precomputed,
+                "global_batch": batch_size * world.size,
+                "world_size": world.size,
+                "parallelism": "ddp" if world.size > 1 else "none",
+            }
+        )
+        mp = MixedPrecisionStep(device, precision)
+        encode = FrozenEncoders(vae, text, precision, device)
+        if precomputed:
+            batches = _precompute(exp, loader, encode, precompute_count, batch_size)
+            del encode, vae, text  # the frozen models are freed
+        else:
+            batches = Epochs(loader)
 
-def _train(
-    exp,
-    world,
-    images,
-    captions,
-    shape,
-    image_size,
-    latent_size,
-    batch_size,
-    precision,
-    lr,
-    prediction,
-    precomputed,
-    precompute_count,
-    checkpointing,
-    workers,
-):
-    import torch
-    from diffusers import DDPMScheduler
+        if activation_checkpointing:
+            unet.enable_gradient_checkpointing()
+        unet.train()
+        net = wrap_ddp(unet, device) if world.size > 1 else unet
+        optimizer = make_optimizer(
+            "AdamW",
+            unet.parameters(),
+            device,
+            lr=lr,
+            betas=(0.9, 0.999),
+            weight_decay=1e-2,
+            eps=1e-8,
+        )
+        scheduler = DDPMScheduler(prediction_type=prediction, **SCHEDULE)
+        steps_total = scheduler.config.num_train_timesteps
 
-    device = world.device
-    meta, items = read_captions(captions)
-    dataset = CaptionedImages(images, items, captions / "tokenizer.json", image_size)
-    loader = rank_loader(
-        dataset,
-        batch_size,
-        workers,
-        device,
-        world,
-        exp.options["seed"],
-        "captioned images",
-        hint="lower --batch-size or build larger fake_imagenet and captions",
-    )
+        steps = dataloop(exp, batches)
+        agree_on_counts(exp, world)
+        for step, batch in steps:
+            latents, states = batch if precomputed else encode(*batch)
+            noise = torch.randn_like(latents)
+            t = torch.randint(0, steps_total, (latents.shape[0],), device=device)
+            noisy = scheduler.add_noise(latents, noise, t)
+            target = noise if prediction == "epsilon" else scheduler.get_velocity(latents, noise, t)
+            with mp.autocast:
+                pred = net(noisy, t, encoder_hidden_states=states).sample
+            loss = torch.nn.functional.mse_loss(pred.float(), target.float())
+            mp.backward(loss)
+            mp.step(optimizer, clip_norm=1.0, params=unet.parameters())
+            mp.update()
+            optimizer.zero_grad(set_to_none=True)
+            step.set_count(latents.shape[0] * world.size)
+            step.log(loss=loss.detach())
 
-    unet, vae, text = build_models(torch, shape, meta, device)
-    exp.metrics.update(
-        {
-            "shape": shape,
-            "unet_params": sum(p.numel() for p in unet.parameters()),
-            "image_size": image_size,
-            "latent_size": latent_size,
-            "prediction": prediction,
-            "precomputed": precomputed,
-            "global_batch": batch_size * world.size,
-            "world_size": world.size,
-            "parallelism": "ddp" if world.size > 1 else "none",
-        }
-    )
-    mp = MixedPrecisionStep(device, precision)
-    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    if half is not None:  # frozen models only run inference: hold them in half precision
-        vae.to(half)
-        text.to(half)
-    frozen_dtype = half or torch.float32
-    scaling = vae.config.scaling_factor
+
+class FrozenEncoders:
+    """The frozen VAE and text encoder: ``encode(images, ids)`` is ``(latents, text
+    states)`` in fp32 on ``device``, without gradients. With ``precision`` bf16 or fp16
+    both models are held in that dtype (they only run inference)."""
+
+    def __init__(self, vae, text, precision, device):
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        if half is not None:
+            vae.to(half)
+            text.to(half)
+        self.vae, self.text, self.device = vae, text, device
+        self.dtype = half or torch.float32
+        self.scaling = vae.config.scaling_factor
 
     @torch.no_grad()
-    def encode(x, ids):
-        x = x.to(device, non_blocking=True).to(frozen_dtype)
-        ids = ids.to(device, non_blocking=True)
-        latents = vae.encode(x).latent_dist.sample() * scaling
-        states = text(input_ids=ids).last_hidden_state
+    def __call__(self, x, ids):
+        x = x.to(self.device, non_blocking=True).to(self.dtype)
+        ids = ids.to(self.device, non_blocking=True)
+        latents = self.vae.encode(x).latent_dist.sample() * self.scaling
+        states = self.text(input_ids=ids).last_hidden_state
         return latents.float(), states.float()
 
-    if precomputed:
-        batches = _precompute(torch, exp, loader, encode, precompute_count, batch_size)
-        del vae, text
-    else:
-        batches = Epochs(loader)
 
-    if checkpointing:
-        unet.enable_gradient_checkpointing()
-    unet.train()
-    net = unet
-    if world.size > 1:
-        net = wrap_ddp(unet, device)
-    optimizer = make_optimizer(
-        torch,
-        "AdamW",
-        unet.parameters(),
-        device,
-        lr=lr,
-        betas=(0.9, 0.999),
-        weight_decay=1e-2,
-        eps=1e-8,
-    )
-    scheduler = DDPMScheduler(prediction_type=prediction, **SCHEDULE)
-    steps_total = scheduler.config.num_train_timesteps
-
-    steps = dataloop(exp, batches)
-    agree_on_counts(exp, world)
-    for step, batch in steps:
-        latents, states = batch if precomputed else encode(*batch)
-        noise = torch.randn_like(latents)
-        t = torch.randint(0, steps_total, (latents.shape[0],), device=device)
-        noisy = scheduler.add_noise(latents, noise, t)
-        target = noise if prediction == "epsilon" else scheduler.get_velocity(latents, noise, t)
-        with mp.autocast:
-            pred = net(noisy, t, encoder_hidden_states=states).sample
-        loss = torch.nn.functional.mse_loss(pred.float(), target.float())
-        mp.backward(loss)
-        mp.step(optimizer, clip_norm=1.0, params=unet.parameters())
-        mp.update()
-        optimizer.zero_grad(set_to_none=True)
-        step.set_count(latents.shape[0] * world.size)
-        step.log(loss=loss.detach())
-
-
-def _precompute(torch, exp, loader, encode, count, batch_size):
+def _precompute(exp, loader, encode, count, batch_size):
     """Encode the first ``count`` images of this rank's share (at least one batch);
     return an iterable of shuffled ``(latents, states)`` batches over them, on the
     device."""
@@ -459,18 +422,18 @@ def _precompute(torch, exp, loader, encode, count, batch_size):
         torch.cat(states)[: max(count, batch_size)],
     )
     exp.metrics["precomputed_images"] = len(latents)
-    return _Precomputed(torch, latents, states, batch_size, exp.options["seed"])
+    return _Precomputed(latents, states, batch_size, exp.options["seed"])
 
 
 class _Precomputed:
     """Shuffled batches of precomputed ``(latents, states)``, a new order every pass."""
 
-    def __init__(self, torch, latents, states, batch_size, seed):
-        self.torch, self.latents, self.states, self.batch_size = torch, latents, states, batch_size
+    def __init__(self, latents, states, batch_size, seed):
+        self.latents, self.states, self.batch_size = latents, states, batch_size
         self.gen = torch.Generator().manual_seed(seed)
 
     def __iter__(self):
-        order = self.torch.randperm(len(self.latents), generator=self.gen).to(self.latents.device)
+        order = torch.randperm(len(self.latents), generator=self.gen).to(self.latents.device)
         for i in range(len(order) // self.batch_size):
             idx = order[i * self.batch_size : (i + 1) * self.batch_size]
             yield self.latents[idx], self.states[idx]

@@ -23,7 +23,12 @@ Data: ``<dataroot>/fake_imagenet/train/<class>/*.jpg``
 (``milarun dataset fake_imagenet``).
 """
 
+import torch
+import torch.nn as nn
+import torchvision.transforms as T
 from coleo import Option, default, tooled
+from PIL import Image
+from torchvision.datasets import ImageFolder
 
 from ..bench import data_loader, dataloop, init_torch
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
@@ -48,88 +53,87 @@ def main(exp, argv):
     exp.cli(train, argv)
 
 
-def _modules():
-    import torch
-    import torch.nn as nn
+class ConvLayer(nn.Sequential):
+    """Reflection padding + convolution (+ instance norm + ReLU)."""
 
-    class ConvLayer(nn.Sequential):
-        """Reflection padding + convolution (+ instance norm + ReLU)."""
+    def __init__(self, cin, cout, kernel, stride=1, upsample=1, norm=True, relu=True):
+        layers = []
+        if upsample > 1:
+            layers.append(nn.Upsample(scale_factor=upsample, mode="nearest"))
+        layers += [nn.ReflectionPad2d(kernel // 2), nn.Conv2d(cin, cout, kernel, stride)]
+        if norm:
+            layers.append(nn.InstanceNorm2d(cout, affine=True))
+        if relu:
+            layers.append(nn.ReLU(inplace=True))
+        super().__init__(*layers)
 
-        def __init__(self, cin, cout, kernel, stride=1, upsample=1, norm=True, relu=True):
-            layers = []
-            if upsample > 1:
-                layers.append(nn.Upsample(scale_factor=upsample, mode="nearest"))
-            layers += [nn.ReflectionPad2d(kernel // 2), nn.Conv2d(cin, cout, kernel, stride)]
-            if norm:
-                layers.append(nn.InstanceNorm2d(cout, affine=True))
-            if relu:
-                layers.append(nn.ReLU(inplace=True))
-            super().__init__(*layers)
 
-    class ResidualBlock(nn.Module):
-        def __init__(self, channels):
-            super().__init__()
-            self.body = nn.Sequential(
-                ConvLayer(channels, channels, 3), ConvLayer(channels, channels, 3, relu=False)
-            )
+class ResidualBlock(nn.Module):
+    """``x`` plus two 3×3 :class:`ConvLayer` of it (the second without ReLU)."""
 
-        def forward(self, x):
-            return x + self.body(x)
+    def __init__(self, channels):
+        super().__init__()
+        self.body = nn.Sequential(
+            ConvLayer(channels, channels, 3), ConvLayer(channels, channels, 3, relu=False)
+        )
 
-    class TransformerNet(nn.Module):
-        """Image → image of the same size, values in [0, 255]."""
+    def forward(self, x):
+        return x + self.body(x)
 
-        def __init__(self, width=32, res_blocks=5):
-            super().__init__()
-            w = width
-            self.net = nn.Sequential(
-                ConvLayer(3, w, 9),
-                ConvLayer(w, 2 * w, 3, stride=2),
-                ConvLayer(2 * w, 4 * w, 3, stride=2),
-                *[ResidualBlock(4 * w) for _ in range(res_blocks)],
-                ConvLayer(4 * w, 2 * w, 3, upsample=2),
-                ConvLayer(2 * w, w, 3, upsample=2),
-                ConvLayer(w, 3, 9, norm=False, relu=False),
-            )
 
-        def forward(self, x):
-            return self.net(x)
+class TransformerNet(nn.Module):
+    """Image → image of the same size, values in [0, 255]."""
 
-    class VGGFeatures(nn.Module):
-        """Frozen VGG16 trunk returning relu1_2, relu2_2, relu3_3, relu4_3."""
+    def __init__(self, width=32, res_blocks=5):
+        super().__init__()
+        w = width
+        self.net = nn.Sequential(
+            ConvLayer(3, w, 9),
+            ConvLayer(w, 2 * w, 3, stride=2),
+            ConvLayer(2 * w, 4 * w, 3, stride=2),
+            *[ResidualBlock(4 * w) for _ in range(res_blocks)],
+            ConvLayer(4 * w, 2 * w, 3, upsample=2),
+            ConvLayer(2 * w, w, 3, upsample=2),
+            ConvLayer(w, 3, 9, norm=False, relu=False),
+        )
 
-        def __init__(self):
-            super().__init__()
-            # The layers of torchvision's vgg16().features up to relu4_3 (same
-            # indices, same initialisation), built without the 120M-parameter
-            # classifier that vgg16() would allocate and initialise for nothing.
-            layers, cin = [], 3
-            for v in VGG16_CFG:
-                if v == "M":
-                    layers.append(nn.MaxPool2d(2, 2))
-                else:
-                    conv = nn.Conv2d(cin, v, 3, padding=1)
-                    nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
-                    nn.init.zeros_(conv.bias)
-                    layers += [conv, nn.ReLU(inplace=True)]
-                    cin = v
-            features = nn.Sequential(*layers[: VGG_TAPS[-1] + 1])
-            for p in features.parameters():
-                p.requires_grad_(False)
-            self.features = features.eval()
-            self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255)
-            self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255)
+    def forward(self, x):
+        return self.net(x)
 
-        def forward(self, x):
-            x = (x - self.mean) / self.std
-            out = []
-            for i, layer in enumerate(self.features):
-                x = layer(x)
-                if i in VGG_TAPS:
-                    out.append(x)
-            return out
 
-    return TransformerNet, VGGFeatures
+class VGGFeatures(nn.Module):
+    """Frozen VGG16 trunk returning relu1_2, relu2_2, relu3_3, relu4_3."""
+
+    def __init__(self):
+        super().__init__()
+        # The layers of torchvision's vgg16().features up to relu4_3 (same
+        # indices, same initialisation), built without the 120M-parameter
+        # classifier that vgg16() would allocate and initialise for nothing.
+        layers, cin = [], 3
+        for v in VGG16_CFG:
+            if v == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+            else:
+                conv = nn.Conv2d(cin, v, 3, padding=1)
+                nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+                nn.init.zeros_(conv.bias)
+                layers += [conv, nn.ReLU(inplace=True)]
+                cin = v
+        features = nn.Sequential(*layers[: VGG_TAPS[-1] + 1])
+        for p in features.parameters():
+            p.requires_grad_(False)
+        self.features = features.eval()
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255)
+
+    def forward(self, x):
+        x = (x - self.mean) / self.std
+        out = []
+        for i, layer in enumerate(self.features):
+            x = layer(x)
+            if i in VGG_TAPS:
+                out.append(x)
+        return out
 
 
 def gram(x):
@@ -141,11 +145,6 @@ def gram(x):
 
 @tooled
 def train(exp):
-    import torch
-    import torchvision.transforms as T
-    from PIL import Image
-    from torchvision.datasets import ImageFolder
-
     batch_size = batch_size_option(default=4)
     # Side of the (square) training images, in pixels
     image_size: Option & int = default(256)
@@ -176,7 +175,6 @@ def train(exp):
     dataset = ImageFolder(str(root), transform=transform)
     loader = data_loader(dataset, batch_size, workers, device)
 
-    TransformerNet, VGGFeatures = _modules()
     model = TransformerNet(width, res_blocks).to(device)
     vgg = VGGFeatures().to(device)
     optimizer = make_optimizer("Adam", model.parameters(), device, lr=lr)

@@ -16,7 +16,7 @@
   infinite, ``--value inf``) from step ``--after`` on: the child's validation
   turns its record into a ``nan-loss`` FAIL.
 
-They import no torch, so they start fast.
+They run no torch code (the harness they count through imports torch).
 """
 
 import atexit

@@ -45,10 +45,15 @@ Needs the ``fake_imagenet`` dataset unless ``--synthetic`` or ``--model encoder`
 """
 
 import collections
+import copy
 import queue
 import threading
 
+import torch
+import torchvision
 from coleo import Option, default, tooled
+from torch import nn
+from torchvision import datasets, transforms
 
 from ..bench import data_loader, init_torch, rate_logger
 from ..bench import device as bench_device
@@ -62,8 +67,8 @@ from ..bench.rate import PerfCounterTimer
 from ..datasets import require
 from ..host.isolation import current_cpuset
 
-#: ``--precision`` values and their torch dtypes (names).
-DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+#: ``--precision`` values and their torch dtypes.
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 #: Pre-decoded batches cycled by ``--synthetic`` (per process).
 SYNTHETIC_BATCHES = 8
 
@@ -89,11 +94,8 @@ def build_model(name, image_size, layers, d_model, heads, vocab, classes=1000):
     Raises:
         ValueError: ``name`` is neither ``encoder`` nor a torchvision model.
     """
-    import torch
-    import torchvision
-
     if name == "encoder":
-        return _Encoder(torch, layers, d_model, heads, vocab)
+        return Encoder(layers, d_model, heads, vocab)
     if name not in torchvision.models.list_models():
         raise ValueError(
             f"--model {name!r} is neither 'encoder' nor a torchvision model (e.g. resnet50)"
@@ -101,23 +103,22 @@ def build_model(name, image_size, layers, d_model, heads, vocab, classes=1000):
     return torchvision.models.get_model(name, weights=None, num_classes=classes)
 
 
-def _Encoder(torch, layers, d_model, heads, vocab):
-    nn = torch.nn
+class Encoder(nn.Module):
+    """A token embedding, ``layers`` transformer encoder layers (``d_model`` wide,
+    ``heads`` heads, MLP 4 × ``d_model``, no dropout) and a two-way classifier on the
+    mean over the sequence. Input: token ids ``(batch, seq_len)``."""
 
-    class Encoder(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(vocab, d_model)
-            layer = nn.TransformerEncoderLayer(
-                d_model, heads, 4 * d_model, dropout=0.0, batch_first=True
-            )
-            self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-            self.head = nn.Linear(d_model, 2)
+    def __init__(self, layers, d_model, heads, vocab):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        layer = nn.TransformerEncoderLayer(
+            d_model, heads, 4 * d_model, dropout=0.0, batch_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, 2)
 
-        def forward(self, tokens):
-            return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
-
-    return Encoder()
+    def forward(self, tokens):
+        return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
 
 
 class _Cycle:
@@ -144,8 +145,6 @@ def _eval_loader(folder, image_size, batch_size, workers, device, dtype=None):
     """Images of ``fake_imagenet``'s train split, decoded as for evaluation (resize,
     centre crop, normalize) by ``DataLoader`` workers, then cast to ``dtype`` (None:
     float32) by the same workers, before the loader pins them."""
-    from torchvision import datasets, transforms
-
     root = folder / "train"
     if not root.is_dir():
         raise FileNotFoundError(f"no train/ folder in {folder}; rebuild the dataset")
@@ -273,10 +272,7 @@ class Workers:
         channels_last: replicas and image inputs in ``torch.channels_last``.
     """
 
-    def __init__(self, torch, model, devices, dtype, inflight=2, threads=1, channels_last=False):
-        import copy
-
-        self.torch = torch
+    def __init__(self, model, devices, dtype, inflight=2, threads=1, channels_last=False):
         self.devices = devices
         self.done = queue.Queue()
         self.inputs = [queue.Queue(maxsize=max(1, inflight)) for _ in devices]
@@ -293,7 +289,7 @@ class Workers:
             )
             for i, d in enumerate(devices)
         ]
-        if any(d.type == "cpu" for d in devices):
+        if not all(bench_device.is_accelerator(d) for d in devices):
             torch.set_num_threads(max(1, threads))
         for t in self.threads:
             t.start()
@@ -303,11 +299,10 @@ class Workers:
         self.done.put(n)
 
     def _run(self, i, model, dtype):
-        torch = self.torch
         device = self.devices[i]
         fmt = self.memory_format
         try:
-            api = bench_device.module(device, within=torch)
+            api = bench_device.module(device)
             with torch.inference_mode():
                 if api is not None:
                     api.set_device(device)
@@ -387,11 +382,11 @@ def _prepare(x, dtype, memory_format):
     return x
 
 
-def own_devices(exp, torch):
+def own_devices(exp):
     """This process's devices: every GPU it sees (CUDA: the plan's
     ``CUDA_VISIBLE_DEVICES``; XPU: ``ZE_AFFINITY_MASK``), or on the CPU one per device
     the launcher gave it (CPU slots), at least one."""
-    api = bench_device.module(exp.device, within=torch)
+    api = bench_device.module(exp.device)
     if api is not None:
         kind = bench_device.kind(exp.device)
         return [torch.device(f"{kind}:{i}") for i in range(api.device_count())]
@@ -408,8 +403,6 @@ def use_channels_last(model, precision, device):
 
 @tooled
 def infer(exp):
-    import torch
-
     # Network: a torchvision classifier (resnet50, resnet18, ...) or encoder
     model: Option = default("resnet50")
     batch_size = batch_size_option(default=64)  # per device
@@ -430,8 +423,8 @@ def infer(exp):
     vocab: Option & int = default(30522)
 
     device = init_torch(exp)
-    dtype = getattr(torch, DTYPES[precision])
-    devices = own_devices(exp, torch)
+    dtype = DTYPES[precision]
+    devices = own_devices(exp)
     net = build_model(model, image_size, layers, d_model, heads, vocab)
     if model == "encoder":
         batches = _Cycle(
@@ -452,7 +445,6 @@ def infer(exp):
     cores = max(1, len(current_cpuset()))
     channels_last = use_channels_last(model, precision, device)
     pool = Workers(
-        torch,
         net,
         devices,
         dtype,

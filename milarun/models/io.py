@@ -36,7 +36,10 @@ values used go into the record's ``metrics`` (``workers``, ``cores``,
 shuffled and the last partial batch is dropped. Items are samples (images).
 """
 
+import torch
 from coleo import Option, default, tooled
+from torch import nn
+from torchvision import datasets, transforms
 
 from ..bench import dataloop, init_torch
 from ..bench import device as bench_device
@@ -59,8 +62,6 @@ def main(exp, argv):
 def build_model(channels=1, classes=10):
     """The small convnet of ``--mode train``: images ``[B, channels, H, W]`` → logits
     ``[B, classes]``; any image size (adaptive pooling)."""
-    from torch import nn
-
     return nn.Sequential(
         nn.Conv2d(channels, 32, 3, padding=1),
         nn.ReLU(),
@@ -84,8 +85,6 @@ def open_dataset(dataroot, name):
         FileNotFoundError: the dataset was not built (with the command that builds it).
     """
     if name == "fashion_mnist":
-        from torchvision import datasets, transforms
-
         folder = require(dataroot, "fashion_mnist")
         return datasets.FashionMNIST(
             str(folder), train=True, download=False, transform=transforms.ToTensor()
@@ -118,8 +117,6 @@ def resolve_workers(workers, workers_pct, cores):
 
 @tooled
 def train(exp):
-    import torch
-
     # traverse (iterate and copy batches to the device, no model) or train (a small convnet learns)
     mode: Option = default("train")
     # fashion_mnist (idx files, torchvision) or mydataset (one .npy file per sample)

@@ -32,7 +32,11 @@ Needs the ``lightning`` package (in requirements.lock) and the
 
 import os
 
+import lightning
+import torch
 from coleo import Option, default, tooled
+from lightning.pytorch.plugins.environments import LightningEnvironment, TorchElasticEnvironment
+from lightning.pytorch.strategies import DDPStrategy
 
 from ..bench import dataloader_workers, init_torch, need_a_batch, rate_logger, set_precision
 from ..bench import device as bench_device
@@ -55,23 +59,9 @@ def main(exp, argv):
     exp.cli(train, argv)
 
 
-def _lightning():
-    """The ``lightning`` package, or a clear error when it is not installed."""
-    try:
-        import lightning
-    except ImportError as exc:
-        raise RuntimeError(
-            f"lightning_convnet needs the lightning package ({exc}); "
-            f"install requirements.lock (scripts/setup.sh)"
-        ) from None
-    return lightning
-
-
 def cluster_environment(environ=None):
     """``TorchElasticEnvironment`` under torchrun (``TORCHELASTIC_RUN_ID`` or
     ``LOCAL_WORLD_SIZE`` set), else ``LightningEnvironment`` (a world of one)."""
-    from lightning.pytorch.plugins.environments import LightningEnvironment, TorchElasticEnvironment
-
     environ = os.environ if environ is None else environ
     if "TORCHELASTIC_RUN_ID" in environ or "LOCAL_WORLD_SIZE" in environ:
         return TorchElasticEnvironment()
@@ -91,7 +81,6 @@ def train(exp):
     # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
     backend: Option = default("auto")
 
-    lightning = _lightning()
     device = init_torch(exp)
     refuse_xpu(device, "lightning_convnet", LIGHTNING_NOT_WIRED)
     exp.result["host"]["lightning"] = lightning.__version__
@@ -113,50 +102,48 @@ def train(exp):
     # The group is the harness's (Lightning uses one that exists): it ends as every
     # distributed test's does, and the node's ranks share its cores as theirs do.
     with process_group(exp, device, backend) as world:
-        _fit(exp, lightning, loader, build_model(arch, len(dataset.classes)), precision, lr, world)
+        module = Classifier(build_model(arch, len(dataset.classes)), lr)
+        trainer = lightning.Trainer(
+            accelerator="cuda" if bench_device.is_cuda(world.device) else "cpu",
+            devices=world.local_size,
+            num_nodes=max(1, world.size // world.local_size),
+            strategy=DDPStrategy(
+                process_group_backend=world.backend, cluster_environment=cluster_environment()
+            ),
+            precision=PRECISION[precision],
+            max_epochs=-1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            callbacks=[RateCallback(exp, world)],
+        )
+        trainer.fit(module, train_dataloaders=loader)
 
 
-def _fit(exp, lightning, loader, model, precision, lr, world):
-    import torch
-    from lightning.pytorch.strategies import DDPStrategy
+class Classifier(lightning.LightningModule):
+    """``model`` trained with cross-entropy and SGD + momentum at learning rate ``lr``."""
 
-    class Module(lightning.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-            self.criterion = torch.nn.CrossEntropyLoss()
+    def __init__(self, model, lr):
+        super().__init__()
+        self.model = model
+        self.lr = lr
+        self.criterion = torch.nn.CrossEntropyLoss()
 
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            return self.criterion(self.model(x), y)
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return self.criterion(self.model(x), y)
 
-        def configure_optimizers(self):
-            # fused on CUDA (bench/step.py): Lightning's 16-mixed scaler then skips its
-            # per-step found_inf.item()
-            return make_optimizer(
-                "SGD", self.parameters(), self.device, lr=lr, momentum=0.9, weight_decay=1e-4
-            )
-
-    trainer = lightning.Trainer(
-        accelerator="cuda" if bench_device.is_cuda(world.device) else "cpu",
-        devices=world.local_size,
-        num_nodes=max(1, world.size // world.local_size),
-        strategy=DDPStrategy(
-            process_group_backend=world.backend, cluster_environment=cluster_environment()
-        ),
-        precision=PRECISION[precision],
-        max_epochs=-1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        callbacks=[rate_callback(exp, world)],
-    )
-    trainer.fit(Module(), train_dataloaders=loader)
+    def configure_optimizers(self):
+        # fused on CUDA (bench/step.py): Lightning's 16-mixed scaler then skips its
+        # per-step found_inf.item()
+        return make_optimizer(
+            "SGD", self.parameters(), self.device, lr=self.lr, momentum=0.9, weight_decay=1e-4
+        )
 
 
-def rate_callback(exp, world):
+class RateCallback(lightning.Callback):
     """A ``lightning.Callback`` that feeds milarun's rate logger and stops the Trainer.
 
     ``world`` is the :class:`~milarun.bench.distributed.World` of the harness's
@@ -169,34 +156,30 @@ def rate_callback(exp, world):
     ``on_train_end`` closes the last window. Every rank runs the same code,
     as the collectives need.
     """
-    lightning = _lightning()
 
-    class RateCallback(lightning.Callback):
-        def __init__(self):
-            self.logger = None
-            self.size = world.size
+    def __init__(self, exp, world):
+        self.exp, self.world = exp, world
+        self.logger = None
 
-        def on_train_start(self, trainer, module):
-            self.logger = rate_logger(exp)
-            agree_on_counts(exp, world)
-            if self.logger.before_start is not None:
-                self.logger.before_start()  # the wave's start barrier (bench/sync.py)
-            self.logger.start()
+    def on_train_start(self, trainer, module):
+        self.logger = rate_logger(self.exp)
+        agree_on_counts(self.exp, self.world)
+        if self.logger.before_start is not None:
+            self.logger.before_start()  # the wave's start barrier (bench/sync.py)
+        self.logger.start()
 
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            step = Step()
-            step.set_count(len(batch[0]) * self.size)
-            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-            step.log(loss=loss.detach())
-            self.logger.end_step(step)
-            if self.logger.done():
-                trainer.should_stop = True
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        step = Step()
+        step.set_count(len(batch[0]) * self.world.size)
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        step.log(loss=loss.detach())
+        self.logger.end_step(step)
+        if self.logger.done():
+            trainer.should_stop = True
 
-        def on_train_end(self, trainer, module):
+    def on_train_end(self, trainer, module):
+        self.logger.finish()
+
+    def on_exception(self, trainer, module, exception):
+        if self.logger is not None:  # close the last window (and a running trace)
             self.logger.finish()
-
-        def on_exception(self, trainer, module, exception):
-            if self.logger is not None:  # close the last window (and a running trace)
-                self.logger.finish()
-
-    return RateCallback()

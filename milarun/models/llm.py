@@ -19,6 +19,11 @@ nodes: ~35 GB a GPU on 32). Serving in bf16 needs 2 bytes a parameter plus
 the KV cache (8B: 16 GB; 70B: 140 GB, hence tensor parallelism over a node).
 """
 
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from ..bench import device as bench_device
+from ..bench import rank_loader
 from ..measure.mfu import flops_per_token, mfu, peak_tflops
 from ..measure.stats import steady_state
 
@@ -43,8 +48,6 @@ def check_shape(shape, seq_len=None):
 
 def llama_config(shape, vocab_size, max_positions):
     """The ``LlamaConfig`` of ``shape`` with this vocabulary and context (tokens)."""
-    from transformers import LlamaConfig
-
     check_shape(shape)
     hidden, mlp, layers, heads, kv_heads, tied = SHAPES[shape]
     return LlamaConfig(
@@ -62,15 +65,13 @@ def llama_config(shape, vocab_size, max_positions):
     )
 
 
-def build_model(torch, config, device=None, dtype=None):
+def build_model(config, device=None, dtype=None):
     """A random-initialised ``LlamaForCausalLM`` of ``config`` (seeded by ``init_torch``).
 
-    Built on the meta device first when ``device`` is a GPU, then materialised
-    there: an 8B model is not built in host memory first.
+    Built on ``device`` directly when it is not the CPU (a GPU, or ``meta``): an 8B model
+    is not built in host memory first.
     """
-    from transformers import LlamaForCausalLM
-
-    if device is not None and device.type != "cpu":
+    if bench_device.kind(device) not in (None, "cpu"):
         with torch.device(device):
             model = LlamaForCausalLM(config)
     else:
@@ -80,7 +81,7 @@ def build_model(torch, config, device=None, dtype=None):
     return model
 
 
-def matmul_params(torch, model):
+def matmul_params(model):
     """Parameters of the model's linear layers, output projection included (``N`` of
     :func:`milarun.measure.mfu.flops_per_token`); under FSDP, the full (unsharded) count."""
     total = 0
@@ -91,20 +92,49 @@ def matmul_params(torch, model):
     return total
 
 
-def token_dataset(torch, shards, seq_len):
+class TokenWindows(torch.utils.data.Dataset):
     """A map-style ``Dataset`` of ``(input_ids, labels)`` pairs of ``seq_len`` tokens
     (int64), packed from the memory-mapped shards (:class:`TokenShards`)."""
-    windows = shards.sequences(seq_len)
 
-    class Windows(torch.utils.data.Dataset):
-        def __len__(self):
-            return len(windows)
+    def __init__(self, shards, seq_len):
+        self.shards, self.seq_len = shards, seq_len
+        self.windows = shards.sequences(seq_len)
 
-        def __getitem__(self, i):
-            ids = torch.from_numpy(shards.window(*windows[i], seq_len))
-            return ids[:-1], ids[1:]
+    def __len__(self):
+        return len(self.windows)
 
-    return Windows()
+    def __getitem__(self, i):
+        ids = torch.from_numpy(self.shards.window(*self.windows[i], self.seq_len))
+        return ids[:-1], ids[1:]
+
+
+def token_loader(exp, shards, seq_len, batch_size, workers, world):
+    """This rank's ``DataLoader`` of :class:`TokenWindows` (``batch_size`` sequences of
+    ``seq_len`` tokens a batch), shuffled with ``--seed`` (:func:`milarun.bench.rank_loader`).
+
+    Raises:
+        ValueError: the shards hold no full batch for every rank.
+    """
+    return rank_loader(
+        TokenWindows(shards, seq_len),
+        batch_size,
+        workers,
+        world.device,
+        world,
+        exp.options["seed"],
+        f"sequences of {seq_len} tokens",
+        source=shards.folder,
+        hint="lower --batch-size or --seq-len, or build a larger llm_corpus",
+    )
+
+
+def causal_lm_loss(net, x, y):
+    """Mean next-token cross-entropy of ``net`` on inputs ``x`` and labels ``y``,
+    computed in fp32."""
+    logits = net(input_ids=x).logits
+    return torch.nn.functional.cross_entropy(
+        logits.float().view(-1, logits.size(-1)), y.reshape(-1)
+    )
 
 
 def record_flops(exp, flops_tok, name, precision, world_size=1):
@@ -137,7 +167,9 @@ __all__ = [
     "llama_config",
     "build_model",
     "matmul_params",
-    "token_dataset",
+    "TokenWindows",
+    "token_loader",
+    "causal_lm_loss",
     "record_flops",
     "flops_per_token",
 ]

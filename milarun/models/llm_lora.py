@@ -25,9 +25,11 @@ of long sequences over a 16 GB model).
 
 import contextlib
 
+import torch
 from coleo import Option, default, tooled
+from peft import LoraConfig, get_peft_model
 
-from ..bench import Epochs, dataloop, init_torch, rank_loader
+from ..bench import Epochs, dataloop, init_torch
 from ..bench import device as bench_device
 from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
@@ -36,17 +38,23 @@ from ..datasets import require
 from ..datasets.llm_corpus import TokenShards
 from .llm import (
     build_model,
+    causal_lm_loss,
     check_shape,
     flops_per_token,
     llama_config,
     matmul_params,
     record_flops,
-    token_dataset,
+    token_loader,
 )
 
 #: The projections that get adapters (Llama's module names).
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_BASE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
+_BASE_DTYPES = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+}
 
 
 #: Its loss must fall (milarun.bench.experiment.loss_declaration).
@@ -62,8 +70,6 @@ def main(exp, argv):
 def add_adapters(model, rank):
     """``peft``'s LoRA model of ``model``: adapters of ``rank`` on :data:`TARGETS`,
     everything else frozen."""
-    from peft import LoraConfig, get_peft_model
-
     config = LoraConfig(
         r=rank,
         lora_alpha=2 * rank,
@@ -77,6 +83,19 @@ def add_adapters(model, rank):
 def non_adapter_grads(model):
     """Names of parameters outside the adapters that hold a gradient (should be none)."""
     return [n for n, p in model.named_parameters() if p.grad is not None and "lora_" not in n]
+
+
+def check_frozen(exp, model):
+    """Record ``grad_params_non_adapter`` after the first backward pass: the frozen base
+    must get no gradient.
+
+    Raises:
+        RuntimeError: a parameter outside the adapters got a gradient.
+    """
+    wrong = non_adapter_grads(model)
+    exp.metrics["grad_params_non_adapter"] = len(wrong)
+    if wrong:
+        raise RuntimeError(f"frozen parameters got gradients: {wrong[:3]}")
 
 
 @tooled
@@ -102,95 +121,56 @@ def train(exp):
     device = init_torch(exp)
     shards = TokenShards(require(exp.dataroot, "llm_corpus"))
     with process_group(exp, device, backend) as world:
-        _train(
-            exp,
-            world,
-            shards,
-            shape,
-            rank,
-            seq_len,
-            batch_size,
-            precision,
-            lr,
-            activation_checkpointing,
-            workers,
+        device = world.device
+        config = llama_config(shape, shards.vocab_size, seq_len)
+        base = build_model(config, device, dtype=_BASE_DTYPES[precision])
+        n_matmul = matmul_params(base)
+        if activation_checkpointing:
+            base.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        model = add_adapters(base, rank)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        n_adapter = sum(p.numel() for p in trainable)
+        exp.metrics.update(
+            {
+                "shape": shape,
+                "rank_lora": rank,
+                "seq_len": seq_len,
+                "world_size": world.size,
+                "trainable_params": n_adapter,
+                "params": sum(p.numel() for p in model.parameters()),
+            }
         )
-
-
-def _train(
-    exp, world, shards, shape, rank, seq_len, batch_size, precision, lr, checkpointing, workers
-):
-    import torch
-
-    device = world.device
-    config = llama_config(shape, shards.vocab_size, seq_len)
-    base = build_model(torch, config, device, dtype=getattr(torch, _BASE_DTYPES[precision]))
-    n_matmul = matmul_params(torch, base)
-    if checkpointing:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = add_adapters(base, rank)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    n_adapter = sum(p.numel() for p in trainable)
-    exp.metrics.update(
-        {
-            "shape": shape,
-            "rank_lora": rank,
-            "seq_len": seq_len,
-            "world_size": world.size,
-            "trainable_params": n_adapter,
-            "params": sum(p.numel() for p in model.parameters()),
-        }
-    )
-    net = model
-    if world.size > 1:
-        net = wrap_ddp(model, device)
-    net.train()
-    mp = MixedPrecisionStep(device, precision)
-    autocast = mp.autocast if precision in ("bf16", "fp16") else contextlib.nullcontext()
-    optimizer = make_optimizer("AdamW", trainable, device, lr=lr, weight_decay=0.0)
-    dataset = token_dataset(torch, shards, seq_len)
-    loader = rank_loader(
-        dataset,
-        batch_size,
-        workers,
-        device,
-        world,
-        exp.options["seed"],
-        f"sequences of {seq_len} tokens",
-        source=shards.folder,
-        hint="lower --batch-size or --seq-len, or build a larger llm_corpus",
-    )
-    flops_tok = flops_per_token(
-        n_matmul,
-        config.num_hidden_layers,
-        config.hidden_size,
-        seq_len,
-        "lora",
-        adapter_params=n_adapter,
-    )
-    steps = dataloop(exp, Epochs(loader))
-    agree_on_counts(exp, world)
-    checked = False
-    try:
-        for step, (x, y) in steps:
-            x = x.to(device, non_blocking=True)
-            y = y.to(device, non_blocking=True)
-            with autocast:
-                logits = net(input_ids=x).logits
-                loss = torch.nn.functional.cross_entropy(
-                    logits.float().view(-1, logits.size(-1)), y.reshape(-1)
-                )
-            mp.backward(loss)
-            if not checked:  # once: the frozen base must get no gradient
-                wrong = non_adapter_grads(model)
-                exp.metrics["grad_params_non_adapter"] = len(wrong)
-                if wrong:
-                    raise RuntimeError(f"frozen parameters got gradients: {wrong[:3]}")
-                checked = True
-            mp.step(optimizer)
-            mp.update()
-            optimizer.zero_grad(set_to_none=True)
-            step.set_count(x.numel() * world.size)
-            step.log(loss=loss.detach())
-    finally:
-        record_flops(exp, flops_tok, bench_device.name(device), precision, world.size)
+        net = wrap_ddp(model, device) if world.size > 1 else model
+        net.train()
+        mp = MixedPrecisionStep(device, precision)
+        autocast = mp.autocast if precision in ("bf16", "fp16") else contextlib.nullcontext()
+        optimizer = make_optimizer("AdamW", trainable, device, lr=lr, weight_decay=0.0)
+        loader = token_loader(exp, shards, seq_len, batch_size, workers, world)
+        flops_tok = flops_per_token(
+            n_matmul,
+            config.num_hidden_layers,
+            config.hidden_size,
+            seq_len,
+            "lora",
+            adapter_params=n_adapter,
+        )
+        steps = dataloop(exp, Epochs(loader))
+        agree_on_counts(exp, world)
+        try:
+            for i, (step, (x, y)) in enumerate(steps):
+                x = x.to(device, non_blocking=True)
+                y = y.to(device, non_blocking=True)
+                with autocast:
+                    loss = causal_lm_loss(net, x, y)
+                mp.backward(loss)
+                if i == 0:
+                    check_frozen(exp, model)
+                mp.step(optimizer)
+                mp.update()
+                optimizer.zero_grad(set_to_none=True)
+                step.set_count(x.numel() * world.size)
+                step.log(loss=loss.detach())
+        finally:
+            record_flops(exp, flops_tok, bench_device.name(device), precision, world.size)

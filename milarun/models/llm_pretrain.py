@@ -15,8 +15,10 @@ crosses the network).
 The learning rate (``--lr``, the peak) warms up linearly over the first 10 % of the run's
 optimizer steps (``--max-count`` tokens), then decays along a cosine to 10 % of the peak at
 the end of the count (:func:`milarun.bench.step.warmup_cosine`; AdamW, betas 0.9/0.95,
-weight decay 0.1). With ``--grad-accum N`` under DDP the gradients are all-reduced once
-per optimizer step, on the last of its N micro-batches (``no_sync()`` on the others).
+weight decay 0.1). With ``--grad-accum N`` the gradients are reduced once per optimizer
+step, on the last of its N micro-batches: DDP runs the others under ``no_sync()``, FSDP2
+under ``set_requires_gradient_sync(False)`` (no reduce-scatter; each rank accumulates
+unsharded gradients until the last).
 
 Mixed precision as the field runs it: bf16 parameters and compute with fp32
 gradient reduction and fp32 master weights (FSDP2's ``MixedPrecisionPolicy``;
@@ -42,9 +44,12 @@ all-gather / reduce-scatter bandwidth of NVLink and the network.
 
 import contextlib
 
+import torch
 from coleo import Option, default, tooled
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from ..bench import Epochs, dataloop, init_torch, rank_loader
+from ..bench import Epochs, dataloop, init_torch
 from ..bench import device as bench_device
 from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
@@ -53,12 +58,13 @@ from ..datasets import require
 from ..datasets.llm_corpus import TokenShards
 from .llm import (
     build_model,
+    causal_lm_loss,
     check_shape,
     flops_per_token,
     llama_config,
     matmul_params,
     record_flops,
-    token_dataset,
+    token_loader,
 )
 
 FSDP_FP16_REFUSED = (
@@ -86,26 +92,21 @@ def optimizer_steps(max_count, tokens_per_step):
     return max(1, -(-int(max_count) // int(tokens_per_step)))
 
 
-def shard_model(torch, model, world, precision, replicas=1):
-    """Apply FSDP2 to ``model`` over ``world``: one unit per block, then the root.
+def shard_model(model, world, precision, replicas=1):
+    """Apply FSDP2 to ``model`` over ``world``: one unit per block, then the root. Its
+    ``MixedPrecisionPolicy`` casts (bf16 parameters, fp32 reduction), so no autocast.
 
     Args:
         replicas: R > 1: hybrid sharding over an ``R × (size / R)`` mesh.
 
-    Returns:
-        whether autocast is still needed (False: the policy casts).
-
     Raises:
         ValueError: ``replicas`` does not divide the world size, or fp16.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     if precision == "fp16":
         raise ValueError(FSDP_FP16_REFUSED)
     if replicas < 1 or world.size % replicas:
         raise ValueError(f"--hsdp-replicas {replicas} does not divide the world size {world.size}")
-    kind = world.device.type
+    kind = bench_device.kind(world.device)
     if replicas > 1:
         mesh = init_device_mesh(
             kind, (replicas, world.size // replicas), mesh_dim_names=("replicate", "shard")
@@ -118,7 +119,62 @@ def shard_model(torch, model, world, precision, replicas=1):
     for block in model.model.layers:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    return False
+
+
+def parallelize(exp, model, world, precision, replicas, ddp):
+    """``model`` as the training loop runs it over ``world``; how, in
+    ``exp.metrics["parallelism"]``.
+
+    One rank: the model itself (``"none"``). Otherwise DDP with ``ddp`` (``"ddp"``),
+    else FSDP2 in place (:func:`shard_model`; ``"fsdp"``, or ``"hsdp"`` with
+    ``replicas`` > 1; ``replicas`` 0 is one replica per node).
+
+    Raises:
+        ValueError: as :func:`shard_model`.
+    """
+    if world.size == 1:
+        how, net = "none", model
+    elif ddp:
+        how, net = "ddp", wrap_ddp(model, world.device)
+    else:
+        if replicas == 0:  # one replica per node: shard inside nodes only
+            replicas = world.size // world.local_size
+        shard_model(model, world, precision, replicas)
+        how, net = ("hsdp" if replicas > 1 else "fsdp"), model
+    exp.metrics["parallelism"] = how
+    return net
+
+
+def accumulate(net, micro, accum):
+    """The context to run micro-batch ``micro`` (0-based, over the run) of a gradient
+    accumulation over ``accum`` in: the gradients are reduced on the group's last
+    micro-batch only. DDP: ``no_sync()`` on the others (:func:`gradient_sync`). FSDP2
+    (a model with ``set_requires_gradient_sync``): that flag set to whether this is the
+    last, so the others skip the reduce-scatter (left alone with ``accum`` 1)."""
+    set_sync = getattr(net, "set_requires_gradient_sync", None)
+    if set_sync is not None and accum > 1:
+        set_sync((micro + 1) % accum == 0)
+    return gradient_sync(net, micro, accum)
+
+
+def fit(steps, net, model, optimizer, schedule, mp, autocast, grad_accum, world):
+    """The training loop over ``steps`` (:func:`milarun.bench.dataloop`'s ``(step, (x, y))``):
+    forward and loss under ``autocast``, backward, and an optimizer step with the schedule's
+    every ``grad_accum`` micro-batches; each step counts its tokens over the world."""
+    for micro, (step, (x, y)) in enumerate(steps):
+        x = x.to(world.device, non_blocking=True)
+        y = y.to(world.device, non_blocking=True)
+        with accumulate(net, micro, grad_accum):
+            with autocast:
+                loss = causal_lm_loss(net, x, y)
+            mp.backward(loss / grad_accum)
+        if (micro + 1) % grad_accum == 0:
+            mp.step(optimizer, clip_norm=1.0, params=model.parameters())
+            mp.update()
+            optimizer.zero_grad(set_to_none=True)
+            schedule.step()
+        step.set_count(x.numel() * world.size)
+        step.log(loss=loss.detach())
 
 
 @tooled
@@ -150,125 +206,50 @@ def train(exp):
     device = init_torch(exp)
     shards = TokenShards(require(exp.dataroot, "llm_corpus"))
     with process_group(exp, device, backend) as world:
-        _train(
-            exp,
-            world,
-            shards,
-            shape,
-            seq_len,
-            batch_size,
-            grad_accum,
-            precision,
-            lr,
-            activation_checkpointing,
-            compile,
-            hsdp_replicas,
-            not ddp,
-            workers,
+        device = world.device
+        config = llama_config(shape, shards.vocab_size, seq_len)
+        model = build_model(config, device)
+        n_matmul = matmul_params(model)
+        tokens_per_step = batch_size * seq_len * grad_accum * world.size
+        exp.metrics.update(
+            {
+                "shape": shape,
+                "params": sum(p.numel() for p in model.parameters()),
+                "seq_len": seq_len,
+                "world_size": world.size,
+                "global_batch_tokens": tokens_per_step,
+            }
         )
-
-
-def _train(
-    exp,
-    world,
-    shards,
-    shape,
-    seq_len,
-    batch_size,
-    grad_accum,
-    precision,
-    lr,
-    checkpointing,
-    compiled,
-    replicas,
-    fsdp,
-    workers,
-):
-    import torch
-
-    device = world.device
-    config = llama_config(shape, shards.vocab_size, seq_len)
-    model = build_model(torch, config, device)
-    n_matmul = matmul_params(torch, model)
-    exp.metrics.update(
-        {
-            "shape": shape,
-            "params": sum(p.numel() for p in model.parameters()),
-            "seq_len": seq_len,
-            "world_size": world.size,
-            "global_batch_tokens": batch_size * seq_len * grad_accum * world.size,
-        }
-    )
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if compiled:
-        for block in model.model.layers:
-            block.compile()
-    mp = MixedPrecisionStep(device, precision)
-    autocast = mp.autocast
-    sharded = world.size > 1 and fsdp
-    if replicas == 0:  # one replica per node: shard inside nodes only
-        replicas = world.size // world.local_size
-    if sharded:
-        shard_model(torch, model, world, precision, replicas)
-        autocast = contextlib.nullcontext()
-        net = model
-    elif world.size > 1:
-        net = wrap_ddp(model, device)
-    else:
-        net = model
-    # What this rank holds: under FSDP its shard of every parameter (a test checks it).
-    exp.metrics["params_local"] = sum(
-        (p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters()
-    )
-    exp.metrics["parallelism"] = (
-        ("hsdp" if replicas > 1 else "fsdp") if sharded else ("ddp" if world.size > 1 else "none")
-    )
-    net.train()
-    optimizer = make_optimizer(
-        "AdamW", model.parameters(), device, lr=lr, betas=(0.9, 0.95), weight_decay=0.1
-    )
-    # The schedule spans the optimizer steps that --max-count tokens take.
-    tokens_per_step = batch_size * seq_len * grad_accum * world.size
-    schedule = warmup_cosine(optimizer, optimizer_steps(exp.options["max_count"], tokens_per_step))
-    dataset = token_dataset(torch, shards, seq_len)
-    loader = rank_loader(
-        dataset,
-        batch_size,
-        workers,
-        device,
-        world,
-        exp.options["seed"],
-        f"sequences of {seq_len} tokens",
-        source=shards.folder,
-        hint="lower --batch-size or --seq-len, or build a larger llm_corpus",
-    )
-    flops_tok = flops_per_token(
-        n_matmul, config.num_hidden_layers, config.hidden_size, seq_len, "train"
-    )
-    epochs = Epochs(loader)
-    steps = dataloop(exp, epochs)
-    agree_on_counts(exp, world)
-    micro = 0
-    try:
-        for step, (x, y) in steps:
-            x = x.to(device, non_blocking=True)
-            y = y.to(device, non_blocking=True)
-            # DDP all-reduces the gradients on the group's last micro-batch only.
-            with gradient_sync(net, micro, grad_accum):
-                with autocast:
-                    logits = net(input_ids=x).logits
-                    loss = torch.nn.functional.cross_entropy(
-                        logits.float().view(-1, logits.size(-1)), y.reshape(-1)
-                    )
-                mp.backward(loss / grad_accum)
-            micro += 1
-            if micro % grad_accum == 0:
-                mp.step(optimizer, clip_norm=1.0, params=model.parameters())
-                mp.update()
-                optimizer.zero_grad(set_to_none=True)
-                schedule.step()
-            step.set_count(x.numel() * world.size)
-            step.log(loss=loss.detach())
-    finally:
-        record_flops(exp, flops_tok, bench_device.name(device), precision, world.size)
+        if activation_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        if compile:
+            for block in model.model.layers:
+                block.compile()
+        net = parallelize(exp, model, world, precision, hsdp_replicas, ddp)
+        # What this rank holds: under FSDP its shard of every parameter (a test checks it).
+        exp.metrics["params_local"] = sum(
+            (p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters()
+        )
+        mp = MixedPrecisionStep(device, precision)
+        # Under FSDP2 the mixed-precision policy casts; elsewhere autocast does.
+        sharded = exp.metrics["parallelism"] in ("fsdp", "hsdp")
+        autocast = contextlib.nullcontext() if sharded else mp.autocast
+        net.train()
+        optimizer = make_optimizer(
+            "AdamW", model.parameters(), device, lr=lr, betas=(0.9, 0.95), weight_decay=0.1
+        )
+        # The schedule spans the optimizer steps that --max-count tokens take.
+        total_steps = optimizer_steps(exp.options["max_count"], tokens_per_step)
+        schedule = warmup_cosine(optimizer, total_steps)
+        loader = token_loader(exp, shards, seq_len, batch_size, workers, world)
+        flops_tok = flops_per_token(
+            n_matmul, config.num_hidden_layers, config.hidden_size, seq_len, "train"
+        )
+        steps = dataloop(exp, Epochs(loader))
+        agree_on_counts(exp, world)
+        try:
+            fit(steps, net, model, optimizer, schedule, mp, autocast, grad_accum, world)
+        finally:
+            record_flops(exp, flops_tok, bench_device.name(device), precision, world.size)

@@ -14,12 +14,12 @@ Prompts come from ``llm_corpus`` (``prompts/``, tokenized offline): a fixed
 lengths (left-padded within a batch, with an attention mask).
 
 Measured: the rate logger counts **decode tokens**: every token after a
-request's first is one item, and the prefill (up to the first token) is in no
-sample window (the window is cut before each batch and reopened at its first
-token), so the score is the decode tokens/s at the profile's concurrency
-(``--batch-size`` requests per batch). Each batch is also timed token by token
-(a streamer that waits for the device at every token, as a server streaming
-tokens must): TTFT, TPOT, prefill and decode tokens/s and goodput under
+request's first is one item, counted as it streams (``exp.rate.count``), and the
+prefill (up to the first token) is in no sample window (the logger is paused
+before each batch and resumed at its first token), so the score is the decode
+tokens/s at the profile's concurrency (``--batch-size`` requests per batch). Each
+batch is also timed token by token (a streamer that waits for the device at every
+token, as a server streaming tokens must): TTFT, TPOT, prefill and decode tokens/s and goodput under
 ``--ttft-slo`` / ``--tpot-slo`` (:mod:`milarun.measure.latency`). After the
 measured level, ``--sweep`` runs other concurrency levels (one unrecorded
 batch, then ``--sweep-batches`` timed ones each). The record's
@@ -37,15 +37,20 @@ token), tensor-core FLOPs at prefill, host overhead at small batch (what
 CUDA graphs remove), and NVLink all-reduces under tensor parallelism.
 """
 
+import itertools
 import time
 
+import numpy as np
+import torch
 from coleo import Option, default, tooled
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from transformers.generation.streamers import BaseStreamer
 
-from ..bench import dataloop, init_torch
 from ..bench import device as bench_device
+from ..bench import init_torch, rate_logger
 from ..bench.distributed import agree_on_counts, process_group
 from ..bench.options import INFERENCE_PRECISIONS, batch_size_option, precision_option
-from ..bench.rate import Step
 from ..datasets import require
 from ..datasets.llm_corpus import TokenShards
 from ..measure.latency import batch_latency, serving_level
@@ -60,7 +65,7 @@ from .llm import (
 
 NO_LOSS = "serving: nothing is trained"
 
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def main(exp, argv):
@@ -69,19 +74,12 @@ def main(exp, argv):
     exp.cli(serve, argv)
 
 
-def tensor_parallel(torch, model, world):
+def tensor_parallel(model, world):
     """Split ``model``'s blocks over ``world``'s ranks (Megatron-LM's column/row layout).
 
     Raises:
         ValueError: the heads or key-value heads do not divide among the ranks.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
     cfg = model.config
     if cfg.num_attention_heads % world.size or cfg.num_key_value_heads % world.size:
         raise ValueError(
@@ -89,7 +87,7 @@ def tensor_parallel(torch, model, world):
             f"({cfg.num_attention_heads}) and key-value heads "
             f"({cfg.num_key_value_heads}) divisible by {world.size}"
         )
-    mesh = init_device_mesh(world.device.type, (world.size,))
+    mesh = init_device_mesh(bench_device.kind(world.device), (world.size,))
     plan = {}
     for i in range(len(model.model.layers)):
         for name in (
@@ -105,46 +103,43 @@ def tensor_parallel(torch, model, world):
     parallelize_module(model, mesh, plan)
 
 
-def _streamer():
-    from transformers.generation.streamers import BaseStreamer
+class TokenClock(BaseStreamer):
+    """A ``generate`` streamer that times each generated token (after the prompt, which
+    ``generate`` puts first), waiting for the device at each (``sync``, None on the CPU).
 
-    class TokenClock(BaseStreamer):
-        """Times each generated token (after the prompt, which ``generate`` puts first).
+    With a rate logger (the measured level, which pauses it before ``generate``: the
+    prefill is in no sample), the first token resumes the logger and every later token
+    counts ``requests`` items (decode tokens) as it streams.
 
-        With a rate logger (the measured level), the decoding alone is counted: the
-        first token ends the prefill and opens a new sample window
-        (``RateLogger.restart``: the prefill is in no sample), and every later token
-        is one step of ``requests`` items (decode tokens)."""
+    Attributes:
+        times: ``time.perf_counter()`` at each generated token (seconds).
+    """
 
-        def __init__(self, sync, logger=None, requests=0):
-            self.sync = sync
-            self.times = []
-            self.prompt_seen = False
-            self.logger, self.requests = logger, requests
+    def __init__(self, sync, logger=None, requests=0):
+        self.sync = sync
+        self.times = []
+        self.prompt_seen = False
+        self.logger, self.requests = logger, requests
 
-        def put(self, value):
-            if not self.prompt_seen:
-                self.prompt_seen = True
-                return
-            if self.sync is not None:
-                self.sync()
-            self.times.append(time.perf_counter())
-            if self.logger is None:
-                return
-            if len(self.times) == 1:
-                self.logger.restart()
-            else:
-                step = Step()
-                step.set_count(self.requests)
-                self.logger.end_step(step)
+    def put(self, value):
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        if self.sync is not None:
+            self.sync()
+        self.times.append(time.perf_counter())
+        if self.logger is None:
+            return
+        if len(self.times) == 1:
+            self.logger.resume()  # the prefill is over
+        else:
+            self.logger.count(self.requests)
 
-        def end(self):
-            pass
-
-    return TokenClock
+    def end(self):
+        pass
 
 
-def prompt_batch(torch, rows, lengths, start, n, pad_id):
+def prompt_batch(rows, lengths, start, n, pad_id):
     """``(input_ids, attention_mask, prompt tokens)``: requests ``start .. start+n`` (cycling
     over the prompts), each cut to its length and left-padded to the longest."""
     idx = [(start + k) % len(rows) for k in range(n)]
@@ -159,10 +154,11 @@ def prompt_batch(torch, rows, lengths, start, n, pad_id):
 
 
 class Batches:
-    """Endless prompt batches of ``n`` requests (an iterable for ``dataloop``)."""
+    """Endless prompt batches of ``n`` requests, requests 0 .. n-1 first (an iterable
+    for the rate logger's loop)."""
 
-    def __init__(self, torch, rows, lengths, n, pad_id):
-        self.args = (torch, rows, lengths)
+    def __init__(self, rows, lengths, n, pad_id):
+        self.args = (rows, lengths)
         self.n, self.pad_id = n, pad_id
 
     def __iter__(self):
@@ -216,128 +212,107 @@ def serve(exp):
             f"--prompt-len {prompt_len} is longer than the dataset's prompts "
             f"({rows.shape[1]} tokens)"
         )
+    lengths = mixed if prompt_len == 0 else np.full(len(rows), prompt_len, dtype=np.int64)
+    pad = shards.eos_id
     with process_group(exp, device, backend) as world:
-        _serve(
+        device = world.device
+        config = llama_config(shape, shards.vocab_size, int(lengths.max()) + output_len)
+        config.use_cache = True
+        model = build_model(config, device, dtype=DTYPES[precision]).eval()
+        n_matmul = matmul_params(model)
+        if world.size > 1:
+            tensor_parallel(model, world)
+        if compile:
+            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        exp.metrics.update(
+            {
+                "shape": shape,
+                "world_size": world.size,
+                "concurrency": batch_size,
+                "output_len": output_len,
+                "prompt_len": prompt_len,
+                "parallelism": "tensor" if world.size > 1 else "none",
+            }
+        )
+        logger = rate_logger(exp)
+        agree_on_counts(exp, world)
+        measured = []
+        # The logger's items are the decode tokens, counted by the streamer as they come:
+        # the loop's steps count none.
+        for _step, batch in logger.loop(Batches(rows, lengths, batch_size, pad)):
+            measured.append(generate(model, device, batch, output_len, pad, logger))
+        exp.metrics["batches"] = len(measured)  # of the measured level
+        # The first batches compile, capture graphs and fill caches: not serving latency.
+        kept = measured[2:] or measured[-1:]
+        ttft_s, tpot_s = ttft_slo / 1e3, tpot_slo / 1e3
+        serving = [serving_level(batch_size, kept, ttft_s, tpot_s)]
+        for n in levels:  # one unrecorded batch, then the timed ones
+            batches = itertools.islice(Batches(rows, lengths, n, pad), 1 + sweep_batches)
+            runs = [generate(model, device, b, output_len, pad) for b in batches]
+            serving.append(serving_level(n, runs[1:], ttft_s, tpot_s))
+        record_serving(exp, serving, ttft_s, tpot_s)
+        record_flops(
             exp,
-            world,
-            shards,
-            rows,
-            mixed,
-            shape,
-            batch_size,
-            prompt_len,
-            output_len,
-            levels,
-            sweep_batches,
-            ttft_slo / 1e3,
-            tpot_slo / 1e3,
+            flops_per_token(
+                n_matmul,
+                config.num_hidden_layers,
+                config.hidden_size,
+                int(lengths.mean()) + output_len // 2,
+                "inference",
+            ),
+            bench_device.name(device),
             precision,
-            compile,
+            world.size,
         )
 
 
-def _serve(
-    exp,
-    world,
-    shards,
-    rows,
-    mixed,
-    shape,
-    batch_size,
-    prompt_len,
-    output_len,
-    levels,
-    sweep_batches,
-    ttft_slo_s,
-    tpot_slo_s,
-    precision,
-    compiled,
-):
-    import numpy as np
-    import torch
+def generate(model, device, batch, output_len, pad_id, logger=None):
+    """Generate ``output_len`` tokens for every request of ``batch`` (``(input_ids,
+    attention_mask, prompt tokens)``, :func:`prompt_batch`), timed token by token.
 
-    device = world.device
-    lengths = mixed if prompt_len == 0 else np.full(len(rows), prompt_len, dtype=np.int64)
-    context = int(lengths.max()) + output_len
-    config = llama_config(shape, shards.vocab_size, context)
-    config.use_cache = True
-    model = build_model(torch, config, device, dtype=getattr(torch, DTYPES[precision])).eval()
-    n_matmul = matmul_params(torch, model)
-    if world.size > 1:
-        tensor_parallel(torch, model, world)
-    if compiled:
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-    exp.metrics.update(
-        {
-            "shape": shape,
-            "world_size": world.size,
-            "concurrency": batch_size,
-            "output_len": output_len,
-            "prompt_len": prompt_len,
-            "parallelism": "tensor" if world.size > 1 else "none",
-        }
-    )
-    clock = _streamer()
+    With ``logger`` (the measured level's rate logger), the prefill is in no sample
+    window (paused here, resumed at the first token) and each later token counts one
+    decode token per request (:class:`TokenClock`).
+
+    Returns:
+        the batch's latency figures (:func:`milarun.measure.latency.batch_latency`, in
+        seconds) plus ``requests``, ``prompt_tokens`` and ``output_tokens``.
+
+    Raises:
+        RuntimeError: ``generate`` did not produce exactly ``output_len`` tokens.
+    """
+    ids, mask, n_prompt = batch
+    ids, mask = ids.to(device), mask.to(device)
     sync = bench_device.sync_function(device)
-    pad = shards.eos_id
+    clock = TokenClock(sync, logger, len(ids))
+    if logger is not None:
+        logger.pause()
+    if sync is not None:
+        sync()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=output_len,
+            min_new_tokens=output_len,
+            do_sample=False,
+            streamer=clock,
+            cache_implementation="static",
+            pad_token_id=pad_id,
+        )
+    if len(clock.times) != output_len:
+        raise RuntimeError(f"generate produced {len(clock.times)} tokens, not {output_len}")
+    b = batch_latency(t0, clock.times[0], clock.times[-1], n_prompt, len(ids), output_len)
+    b.update(requests=len(ids), prompt_tokens=n_prompt, output_tokens=output_len)
+    return b
 
-    def generate(ids, mask, n_prompt, logger=None):
-        ids, mask = ids.to(device), mask.to(device)
-        timer = clock(sync, logger, len(ids))
-        if logger is not None:
-            logger.cut()  # the prefill goes in no sample window
-        if sync is not None:
-            sync()
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=output_len,
-                min_new_tokens=output_len,
-                do_sample=False,
-                streamer=timer,
-                cache_implementation="static",
-                pad_token_id=pad,
-            )
-        if len(timer.times) != output_len:
-            raise RuntimeError(f"generate produced {len(timer.times)} tokens, not {output_len}")
-        b = batch_latency(t0, timer.times[0], timer.times[-1], n_prompt, len(ids), output_len)
-        b.update(requests=len(ids), prompt_tokens=n_prompt, output_tokens=output_len)
-        return b
 
-    measured = []
-    steps = dataloop(exp, Batches(torch, rows, lengths, batch_size, pad))
-    agree_on_counts(exp, world)
-    for _step, (ids, mask, n_prompt) in steps:
-        # each decoded token is a step of the rate logger, counted by the streamer
-        measured.append(generate(ids, mask, n_prompt, logger=exp.rate))
-    exp.metrics["batches"] = len(measured)  # of the measured level (count: their decode tokens)
-    # The first batches compile, capture graphs and fill caches: not serving latency.
-    kept = measured[2:] or measured[-1:]
-    serving = [serving_level(batch_size, kept, ttft_slo_s, tpot_slo_s)]
-    for n in levels:
-        generate(*prompt_batch(torch, rows, lengths, 0, n, pad))  # warm-up, not recorded
-        timed = [
-            generate(*prompt_batch(torch, rows, lengths, (k + 1) * n, n, pad))
-            for k in range(sweep_batches)
-        ]
-        serving.append(serving_level(n, timed, ttft_slo_s, tpot_slo_s))
+def record_serving(exp, serving, ttft_slo_s, tpot_slo_s):
+    """The record's ``serving`` list (one entry per concurrency level, the measured one
+    first) and, in ``metrics``, the measured level's figures and the SLOs (seconds)."""
     exp.result["serving"] = serving
     for key, value in serving[0].items():
         if key not in ("concurrency", "requests"):
             exp.metrics[key] = value
     exp.metrics["ttft_slo_s"], exp.metrics["tpot_slo_s"] = ttft_slo_s, tpot_slo_s
-    record_flops(
-        exp,
-        flops_per_token(
-            n_matmul,
-            config.num_hidden_layers,
-            config.hidden_size,
-            int(lengths.mean()) + output_len // 2,
-            "inference",
-        ),
-        bench_device.name(device),
-        precision,
-        world.size,
-    )

@@ -12,6 +12,7 @@ Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 """
 
 from coleo import Option, default, tooled
+from torchvision import datasets, transforms
 
 from ..bench import data_loader, dataloop, init_torch
 from ..bench.options import batch_size_option, workers_option
@@ -28,8 +29,6 @@ def main(exp, argv):
 
 def imagenet_transform(image_size):
     """The usual ImageNet training transform, cropping to ``image_size`` pixels."""
-    from torchvision import transforms
-
     return transforms.Compose(
         [
             transforms.RandomResizedCrop(image_size),
@@ -46,8 +45,6 @@ def image_folder(folder, split, image_size):
     Raises:
         FileNotFoundError: no ``split`` folder in ``folder``.
     """
-    from torchvision import datasets
-
     root = folder / split
     if not root.is_dir():
         raise FileNotFoundError(f"no {split}/ folder in {folder}; rebuild the dataset")

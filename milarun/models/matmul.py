@@ -61,6 +61,7 @@ small sizes memory bandwidth.
 import collections
 import time
 
+import torch
 from coleo import Option, default, tooled
 
 from ..bench import device as bench_device
@@ -97,8 +98,7 @@ class _Timings:
     """Per-precision accumulated matmul time (seconds), from the GPU's events
     (``torch.cuda.Event`` or ``torch.xpu.Event``) or the host clock on the CPU."""
 
-    def __init__(self, torch, device):
-        self.torch = torch
+    def __init__(self, device):
         # the GPU's event API (torch.cuda or torch.xpu): its matmuls are asynchronous
         self.events = bench_device.module(device)
         self.cuda = self.events is not None
@@ -136,7 +136,7 @@ class _Timings:
             self.count[name] += n
 
 
-def _setup(torch, name, size, device, gen, shape=None):
+def _setup(name, size, device, gen, shape=None):
     m, n, k = shape or (size, size, size)
     if name in FP8:
         a_type = torch.float8_e5m2 if name == "fp8_e5m2" else torch.float8_e4m3fn
@@ -157,13 +157,13 @@ def _setup(torch, name, size, device, gen, shape=None):
     return a, b, torch.empty((m, n), device=device, dtype=dtype)
 
 
-def _multiply(torch, name, a, b, c):
+def _multiply(name, a, b, c):
     if name in FP8:
         return torch._scaled_mm(a, b, scale_a=c, scale_b=c, out_dtype=torch.bfloat16)
     return torch.matmul(a, b, out=c)
 
 
-def fp8_support(torch, device):
+def fp8_support(device):
     """None when ``torch._scaled_mm`` runs on ``device``, else why not (one line)."""
     if not bench_device.is_cuda(device):
         return f"{UNSUPPORTED} ({bench_device.kind(device)})"
@@ -172,8 +172,8 @@ def fp8_support(torch, device):
     try:
         gen = torch.Generator(device=device)
         for name in FP8:
-            a, b, one = _setup(torch, name, 32, device, gen)
-            _multiply(torch, name, a, b, one)
+            a, b, one = _setup(name, 32, device, gen)
+            _multiply(name, a, b, one)
         torch.cuda.synchronize(device)
     except Exception as exc:
         return f"{UNSUPPORTED} ({exc.__class__.__name__}: {str(exc).splitlines()[0][:120]})"
@@ -205,18 +205,18 @@ def parse_shapes(text, kind):
     return shapes
 
 
-def _sweep(torch, exp, names, shapes, device, gen, iters):
+def _sweep(exp, names, shapes, device, gen, iters):
     """The MAMF sweep (module docstring): best TFLOP/s and its shape per precision."""
     for p in names:
         best, best_shape = 0.0, None
         for shape in shapes:
-            a, b, c = _setup(torch, p, 0, device, gen, shape)
-            _set_tf32(torch, p == "tf32")
-            timer = _Timings(torch, device)
-            _multiply(torch, p, a, b, c)  # warm-up: the library picks its kernel
+            a, b, c = _setup(p, 0, device, gen, shape)
+            _set_tf32(p == "tf32")
+            timer = _Timings(device)
+            _multiply(p, a, b, c)  # warm-up: the library picks its kernel
             for _ in range(iters):
                 t0 = timer.start()
-                _multiply(torch, p, a, b, c)
+                _multiply(p, a, b, c)
                 timer.stop(p, t0, True)
             timer.drain()
             if timer.seconds[p] > 0:
@@ -225,7 +225,7 @@ def _sweep(torch, exp, names, shapes, device, gen, iters):
                 if tflops > best:
                     best, best_shape = tflops, shape
             del a, b, c
-        _set_tf32(torch, False)
+        _set_tf32(False)
         if best_shape is not None:
             exp.metrics[f"mamf_tflops_{p}"] = best
             exp.metrics[f"mamf_shape_{p}"] = "x".join(map(str, best_shape))
@@ -246,7 +246,7 @@ def _versus_peak(metrics, names, device_name):
                 metrics[ratio] = metrics[key] / peak
 
 
-def block_sizes(torch, device, names, mats, block_ms):
+def block_sizes(device, names, mats, block_ms):
     """Matmuls per block of each precision: ``round(block_ms ÷ one matmul's ms)``, at
     least 1, from one synchronised matmul timed after one untimed (the library picks
     its kernel on the first); ``block_ms`` ≤ 0: 1 each."""
@@ -255,27 +255,25 @@ def block_sizes(torch, device, names, mats, block_ms):
     sizes = {}
     for p in names:
         a, b, c = mats[p]
-        _set_tf32(torch, p == "tf32")
-        _multiply(torch, p, a, b, c)
+        _set_tf32(p == "tf32")
+        _multiply(p, a, b, c)
         bench_device.synchronize(device)
         t0 = time.perf_counter()
-        _multiply(torch, p, a, b, c)
+        _multiply(p, a, b, c)
         bench_device.synchronize(device)
         ms = (time.perf_counter() - t0) * 1000.0
         sizes[p] = max(1, round(block_ms / ms)) if ms > 0 else 1
-    _set_tf32(torch, False)
+    _set_tf32(False)
     return sizes
 
 
-def _set_tf32(torch, on):
+def _set_tf32(on):
     torch.backends.cuda.matmul.allow_tf32 = on
     torch.set_float32_matmul_precision("high" if on else "highest")
 
 
 @tooled
 def train(exp):
-    import torch
-
     # Side of the square matrices (0: 8192 on a GPU, 512 on the CPU)
     size: Option & int = default(0)
     # Comma-separated precisions among fp32,tf32,fp16,bf16,fp64,fp8_e4m3,fp8_e5m2 (auto:
@@ -297,7 +295,7 @@ def train(exp):
             raise ValueError(f"--sweep-iters must be between 1 and 10000, not {sweep_iters}")
     device = init_torch(exp)
     if precisions == "auto":
-        precisions = AUTO_PRECISIONS.get(device.type, "fp32,bf16")
+        precisions = AUTO_PRECISIONS.get(bench_device.kind(device), "fp32,bf16")
     names = [p.strip() for p in str(precisions).split(",") if p.strip()]
     bad = [p for p in names if p not in MATMUL_PRECISIONS]
     if not names or bad:
@@ -306,7 +304,7 @@ def train(exp):
         )
     unsupported = {}
     if any(p in FP8 for p in names):
-        why = fp8_support(torch, device)
+        why = fp8_support(device)
         if why:
             unsupported = {p: why for p in names if p in FP8}
     listed = names
@@ -317,15 +315,15 @@ def train(exp):
             + "; ".join(f"{p}: {why}" for p, why in unsupported.items())
         )
     if size <= 0:
-        size = 512 if device.type == "cpu" else 8192
+        size = 8192 if bench_device.is_accelerator(device) else 512
     gen = torch.Generator(device=device)
     gen.manual_seed(exp.options["seed"])
-    mats = {p: _setup(torch, p, size, device, gen) for p in names}
+    mats = {p: _setup(p, size, device, gen) for p in names}
     if block_ms < 0:
-        block_ms = 0.0 if device.type == "cpu" else 1000.0
-    blocks = block_sizes(torch, device, names, mats, block_ms)
-    timings = _Timings(torch, device)
-    warm_all = _Timings(torch, device)  # fallback when the run ends inside warm-up
+        block_ms = 1000.0 if bench_device.is_accelerator(device) else 0.0
+    blocks = block_sizes(device, names, mats, block_ms)
+    timings = _Timings(device)
+    warm_all = _Timings(device)  # fallback when the run ends inside warm-up
     warmup = exp.options["warmup"]
 
     steps = iteration_wrapper(exp)
@@ -333,13 +331,13 @@ def train(exp):
         steady = len(exp.rate.samples) >= warmup
         for p in names:
             a, b, c = mats[p]
-            _set_tf32(torch, p == "tf32")
+            _set_tf32(p == "tf32")
             t0 = timings.start()
             for _ in range(blocks[p]):
-                _multiply(torch, p, a, b, c)
+                _multiply(p, a, b, c)
             (timings if steady else warm_all).stop(p, t0, True, blocks[p])
         step.set_count(sum(blocks.values()))
-    _set_tf32(torch, False)
+    _set_tf32(False)
     timings.drain()
     warm_all.drain()
     flop = 2.0 * size**3
@@ -354,6 +352,6 @@ def train(exp):
         exp.metrics[f"tflops_{p}"] = UNSUPPORTED
         exp.metrics[f"unsupported_{p}"] = why
     if sweep and names:
-        shapes = parse_shapes(sweep_shapes, "cpu" if device.type == "cpu" else "gpu")
-        _sweep(torch, exp, names, shapes, device, gen, sweep_iters)
+        shapes = parse_shapes(sweep_shapes, "gpu" if bench_device.is_accelerator(device) else "cpu")
+        _sweep(exp, names, shapes, device, gen, sweep_iters)
     _versus_peak(exp.metrics, names, bench_device.name(device))

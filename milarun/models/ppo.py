@@ -18,7 +18,11 @@ of one environment copy); a training step is one PPO iteration of
 ``num_envs × num_steps`` items.
 """
 
+import gymnasium as gym
+import numpy as np
+import torch
 from coleo import Option, default, tooled
+from torch import nn
 
 from ..bench import init_torch, iteration_wrapper
 from ..bench.options import lr_option, precision_option
@@ -33,51 +37,47 @@ def main(exp, argv):
     exp.cli(train, argv)
 
 
-def _agent_class(torch):
-    nn = torch.nn
+def _layer(i, o, std=2**0.5):
+    """A linear layer with orthogonal weights of gain ``std`` and zero biases."""
+    lin = nn.Linear(i, o)
+    nn.init.orthogonal_(lin.weight, std)
+    nn.init.zeros_(lin.bias)
+    return lin
 
-    def layer(i, o, std=2**0.5):
-        lin = nn.Linear(i, o)
-        nn.init.orthogonal_(lin.weight, std)
-        nn.init.zeros_(lin.bias)
-        return lin
 
-    class Agent(nn.Module):
-        def __init__(self, n_obs, n_act, hidden):
-            super().__init__()
-            self.critic = nn.Sequential(
-                layer(n_obs, hidden),
-                nn.Tanh(),
-                layer(hidden, hidden),
-                nn.Tanh(),
-                layer(hidden, 1, 1.0),
-            )
-            self.actor = nn.Sequential(
-                layer(n_obs, hidden),
-                nn.Tanh(),
-                layer(hidden, hidden),
-                nn.Tanh(),
-                layer(hidden, n_act, 0.01),
-            )
+class Agent(nn.Module):
+    """The actor-critic: two tanh MLPs over the observation, one for the value and one
+    for the action logits."""
 
-        def value(self, x):
-            return self.critic(x).squeeze(-1)
+    def __init__(self, n_obs, n_act, hidden):
+        super().__init__()
+        self.critic = nn.Sequential(
+            _layer(n_obs, hidden),
+            nn.Tanh(),
+            _layer(hidden, hidden),
+            nn.Tanh(),
+            _layer(hidden, 1, 1.0),
+        )
+        self.actor = nn.Sequential(
+            _layer(n_obs, hidden),
+            nn.Tanh(),
+            _layer(hidden, hidden),
+            nn.Tanh(),
+            _layer(hidden, n_act, 0.01),
+        )
 
-        def act(self, x, action=None):
-            dist = torch.distributions.Categorical(logits=self.actor(x).float())
-            if action is None:
-                action = dist.sample()
-            return action, dist.log_prob(action), dist.entropy(), self.value(x).float()
+    def value(self, x):
+        return self.critic(x).squeeze(-1)
 
-    return Agent
+    def act(self, x, action=None):
+        dist = torch.distributions.Categorical(logits=self.actor(x).float())
+        if action is None:
+            action = dist.sample()
+        return action, dist.log_prob(action), dist.entropy(), self.value(x).float()
 
 
 @tooled
 def train(exp):
-    import gymnasium as gym
-    import numpy as np
-    import torch
-
     # Gymnasium environment id (discrete actions, vector observations)
     env_name: Option = default("CartPole-v1")
     # Environment copies stepped together
@@ -115,7 +115,7 @@ def train(exp):
     )
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
-    agent = _agent_class(torch)(n_obs, n_act, hidden).to(device)
+    agent = Agent(n_obs, n_act, hidden).to(device)
     optimizer = make_optimizer("Adam", agent.parameters(), device, lr=lr, eps=1e-5)
 
     T, N = num_steps, num_envs

@@ -17,7 +17,10 @@ access), small MLP matmuls, and per-epoch negative sampling on the device.
 An **item is one training example** (a positive or a negative pair).
 """
 
+import numpy as np
+import torch
 from coleo import Option, default, tooled
+from torch import nn
 
 from ..bench import dataloop, init_torch
 from ..bench.options import batch_size_option, lr_option, precision_option
@@ -41,8 +44,6 @@ def leave_one_out(df):
     n_items)`` as numpy int64 arrays and counts, with ids renumbered densely
     from 0.
     """
-    import numpy as np
-
     users, uidx = np.unique(df["userId"].to_numpy(), return_inverse=True)
     items, iidx = np.unique(df["movieId"].to_numpy(), return_inverse=True)
     ts = df["timestamp"].to_numpy()
@@ -59,14 +60,12 @@ class NegativeSampledEpochs:
     shuffled with ``randperm``; yields ``(users, items, labels)`` slices.
     """
 
-    def __init__(self, torch, users, items, n_items, negatives, batch_size, device, generator):
-        self.torch = torch
+    def __init__(self, users, items, n_items, negatives, batch_size, device, generator):
         self.users, self.items = users, items
         self.n_items, self.negatives = n_items, negatives
         self.batch_size, self.device, self.gen = batch_size, device, generator
 
     def __iter__(self):
-        torch = self.torch
         n = self.users.numel()
         neg_users = self.users.repeat(self.negatives)
         neg_items = torch.randint(
@@ -84,41 +83,38 @@ class NegativeSampledEpochs:
             yield users[lo : lo + bs], items[lo : lo + bs], labels[lo : lo + bs]
 
 
-def _model_class(torch):
-    nn = torch.nn
+class NeuMF(nn.Module):
+    """NeuMF: the GMF branch (the product of ``factors``-wide user and item embeddings)
+    and the MLP branch (over concatenated embeddings, ``layers`` wide) concatenated into
+    one logit."""
 
-    class NeuMF(nn.Module):
-        def __init__(self, n_users, n_items, factors, layers, dropout):
-            super().__init__()
-            half = layers[0] // 2
-            self.gmf_user = nn.Embedding(n_users, factors)
-            self.gmf_item = nn.Embedding(n_items, factors)
-            self.mlp_user = nn.Embedding(n_users, half)
-            self.mlp_item = nn.Embedding(n_items, half)
-            mlp = []
-            width = 2 * half
-            for w in layers[1:]:
-                mlp += [nn.Linear(width, w), nn.ReLU()]
-                if dropout:
-                    mlp.append(nn.Dropout(dropout))
-                width = w
-            self.mlp = nn.Sequential(*mlp)
-            self.out = nn.Linear(factors + width, 1)
-            for emb in (self.gmf_user, self.gmf_item, self.mlp_user, self.mlp_item):
-                nn.init.normal_(emb.weight, 0.0, 0.01)
+    def __init__(self, n_users, n_items, factors, layers, dropout):
+        super().__init__()
+        half = layers[0] // 2
+        self.gmf_user = nn.Embedding(n_users, factors)
+        self.gmf_item = nn.Embedding(n_items, factors)
+        self.mlp_user = nn.Embedding(n_users, half)
+        self.mlp_item = nn.Embedding(n_items, half)
+        mlp = []
+        width = 2 * half
+        for w in layers[1:]:
+            mlp += [nn.Linear(width, w), nn.ReLU()]
+            if dropout:
+                mlp.append(nn.Dropout(dropout))
+            width = w
+        self.mlp = nn.Sequential(*mlp)
+        self.out = nn.Linear(factors + width, 1)
+        for emb in (self.gmf_user, self.gmf_item, self.mlp_user, self.mlp_item):
+            nn.init.normal_(emb.weight, 0.0, 0.01)
 
-        def forward(self, u, i):
-            gmf = self.gmf_user(u) * self.gmf_item(i)
-            mlp = self.mlp(torch.cat([self.mlp_user(u), self.mlp_item(i)], dim=1))
-            return self.out(torch.cat([gmf, mlp], dim=1)).squeeze(1)
-
-    return NeuMF
+    def forward(self, u, i):
+        gmf = self.gmf_user(u) * self.gmf_item(i)
+        mlp = self.mlp(torch.cat([self.mlp_user(u), self.mlp_item(i)], dim=1))
+        return self.out(torch.cat([gmf, mlp], dim=1)).squeeze(1)
 
 
 @tooled
 def train(exp):
-    import torch
-
     batch_size = batch_size_option(default=65536)
     # Size of the GMF embeddings
     factors: Option & int = default(64)
@@ -143,11 +139,11 @@ def train(exp):
     items = torch.from_numpy(tr_i).to(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(exp.options["seed"])
-    epochs = NegativeSampledEpochs(torch, users, items, n_items, negatives, batch_size, device, gen)
+    epochs = NegativeSampledEpochs(users, items, n_items, negatives, batch_size, device, gen)
 
-    net = _model_class(torch)(n_users, n_items, factors, widths, dropout).to(device)
+    net = NeuMF(n_users, n_items, factors, widths, dropout).to(device)
     optimizer = make_optimizer("Adam", net.parameters(), device, lr=lr, betas=(0.25, 0.5), eps=1e-8)
-    criterion = torch.nn.BCEWithLogitsLoss()
+    criterion = nn.BCEWithLogitsLoss()
     net.train()
     exp.metrics.update({"users": n_users, "movies": n_items, "train_ratings": int(users.numel())})
 

@@ -16,6 +16,10 @@ Data: ``<dataroot>/bsds500/BSR/BSDS500/data/images/train/*.jpg``
 """
 
 from coleo import Option, default, tooled
+from PIL import Image
+from torch import nn
+from torchvision.transforms import RandomCrop
+from torchvision.transforms.functional import to_tensor
 
 from ..bench import data_loader, dataloop, init_torch
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
@@ -52,10 +56,6 @@ class PatchDataset:
         return len(self.files) * self.repeat
 
     def __getitem__(self, index):
-        from PIL import Image
-        from torchvision.transforms import RandomCrop
-        from torchvision.transforms.functional import to_tensor
-
         path = self.files[index % len(self.files)]
         with Image.open(path) as img:
             img = img.convert("RGB")
@@ -67,8 +67,6 @@ class PatchDataset:
 
 def espcn(upscale, features=64, channels=3):
     """The sub-pixel convolutional network (Shi et al., 2016)."""
-    import torch.nn as nn
-
     half = max(1, features // 2)
     return nn.Sequential(
         nn.Conv2d(channels, features, 5, padding=2),
@@ -82,8 +80,6 @@ def espcn(upscale, features=64, channels=3):
 
 @tooled
 def train(exp):
-    import torch
-
     batch_size = batch_size_option(default=64)
     # Side of the high-resolution patch, in pixels (rounded down to a multiple of --upscale)
     crop_size: Option & int = default(128)
@@ -113,7 +109,7 @@ def train(exp):
 
     model = espcn(upscale, features).to(device)
     optimizer = make_optimizer("Adam", model.parameters(), device, lr=lr)
-    criterion = torch.nn.MSELoss()
+    criterion = nn.MSELoss()
 
     for step, (lr_img, hr_img) in dataloop(exp, loader):
         lr_img = lr_img.to(device, non_blocking=True)

@@ -25,7 +25,9 @@ between devices. An **item is one example of the global batch**: each step
 counts ``batch_size × world_size``, so rank 0's throughput is the whole job's.
 """
 
+import torch
 from coleo import Option, default, tooled
+from torch import nn
 
 from ..bench import init_torch, iteration_wrapper
 from ..bench.device import is_cuda
@@ -33,6 +35,9 @@ from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
 from ..bench.options import batch_size_option, lr_option, precision_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
+
+#: Random batches made on each rank, used in turn.
+POOL = 4
 
 
 def main(exp, argv):
@@ -44,27 +49,32 @@ def main(exp, argv):
     exp.cli(train, argv)
 
 
-def _model(torch, width, blocks, classes):
-    nn = torch.nn
+class Block(nn.Module):
+    """ResNet's basic block: two 3×3 convolutions and the skip connection (a 1×1
+    convolution where the stride or the width changes)."""
 
-    class Block(nn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.b1 = nn.BatchNorm2d(cout)
-            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.b2 = nn.BatchNorm2d(cout)
-            self.skip = None
-            if stride != 1 or cin != cout:
-                self.skip = nn.Sequential(
-                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
-                )
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(cout)
+        self.skip = None
+        if stride != 1 or cin != cout:
+            self.skip = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
 
-        def forward(self, x):
-            y = torch.relu(self.b1(self.c1(x)))
-            y = self.b2(self.c2(y))
-            return torch.relu(y + (x if self.skip is None else self.skip(x)))
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        y = self.b2(self.c2(y))
+        return torch.relu(y + (x if self.skip is None else self.skip(x)))
 
+
+def build_model(width, blocks, classes):
+    """The ResNet-style network: a stem, four stages of ``blocks`` blocks (``width``
+    channels doubled at each stage, halved resolution from the second), pooling and a
+    linear classifier."""
     layers = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
     cin = width
     for stage in range(4):
@@ -78,8 +88,6 @@ def _model(torch, width, blocks, classes):
 
 @tooled
 def train(exp):
-    import torch
-
     batch_size = batch_size_option(default=128)  # per rank
     # Channels of the first stage (doubled at each of the four stages)
     width: Option & int = default(64)
@@ -98,42 +106,40 @@ def train(exp):
     refuse_xpu(device, "scaling", DDP_NOT_WIRED)
     with process_group(exp, device, backend) as world:
         exp.metrics["global_batch"] = batch_size * world.size
-        _train(exp, torch, world, batch_size, width, blocks, image_size, classes, lr, precision)
+        device = world.device
+        mp = MixedPrecisionStep(device, precision)
+        net = build_model(width, blocks, classes).to(device)
+        if is_cuda(device):
+            net = net.to(memory_format=torch.channels_last)
+        ddp = wrap_ddp(net, device)
+        optimizer = make_optimizer("SGD", ddp.parameters(), device, lr=lr, momentum=0.9)
+        # A pool of random batches made on the device, different on each rank.
+        gen = torch.Generator(device=device)
+        gen.manual_seed(exp.options["seed"] * 1000 + world.rank)
+        fmt = torch.channels_last if is_cuda(device) else torch.contiguous_format
+        images = [
+            torch.randn(
+                (batch_size, 3, image_size, image_size), device=device, generator=gen
+            ).contiguous(memory_format=fmt)
+            for _ in range(POOL)
+        ]
+        labels = torch.randint(0, classes, (POOL, batch_size), device=device, generator=gen)
+        _fit(exp, world, ddp, optimizer, mp, list(zip(images, labels)))
 
 
-def _train(exp, torch, world, batch_size, width, blocks, image_size, classes, lr, precision):
-
-    device = world.device
-    mp = MixedPrecisionStep(device, precision)
-    autocast = mp.autocast
-    net = _model(torch, width, blocks, classes).to(device)
-    if is_cuda(device):
-        net = net.to(memory_format=torch.channels_last)
-    ddp = wrap_ddp(net, device)
-    optimizer = make_optimizer("SGD", ddp.parameters(), device, lr=lr, momentum=0.9)
-    criterion = torch.nn.CrossEntropyLoss()
-    # A pool of random batches made on the device, different on each rank.
-    gen = torch.Generator(device=device)
-    gen.manual_seed(exp.options["seed"] * 1000 + world.rank)
-    pool = 4
-    fmt = torch.channels_last if is_cuda(device) else torch.contiguous_format
-    images = [
-        torch.randn(
-            (batch_size, 3, image_size, image_size), device=device, generator=gen
-        ).contiguous(memory_format=fmt)
-        for _ in range(pool)
-    ]
-    labels = torch.randint(0, classes, (pool, batch_size), device=device, generator=gen)
-    ddp.train()
-    k = 0
+def _fit(exp, world, model, optimizer, mp, batches):
+    """Train ``model`` on ``batches`` ((images, labels) pairs, in turn) until the rate
+    logger stops. Outside the tooled :func:`train`, whose every assignment coleo
+    instruments: the steps run as plain Python."""
+    criterion = nn.CrossEntropyLoss()
+    model.train()
     steps = iteration_wrapper(exp)
     agree_on_counts(exp, world)
-    for step in steps:
-        x, y = images[k % pool], labels[k % pool]
-        k += 1
+    for k, step in enumerate(steps):
+        x, y = batches[k % len(batches)]
         optimizer.zero_grad(set_to_none=True)
-        with autocast:
-            loss = criterion(ddp(x), y)
+        with mp.autocast:
+            loss = criterion(model(x), y)
         mp(loss, optimizer)
-        step.set_count(batch_size * world.size)
+        step.set_count(len(x) * world.size)
         step.log(loss=loss.detach())

@@ -18,7 +18,15 @@ Data: ``<dataroot>/coco/train2017/*.jpg`` and
 (``milarun dataset coco``).
 """
 
+import contextlib
+import io
+
+import torch
 from coleo import Option, default, tooled
+from PIL import Image
+from torchvision.datasets import CocoDetection
+from torchvision.models.detection import ssd300_vgg16
+from torchvision.transforms.functional import to_tensor
 
 from ..bench import data_loader, dataloop, init_torch
 from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
@@ -51,10 +59,6 @@ class CocoToSSD:
         self.size = size
 
     def __call__(self, image, anns):
-        import torch
-        from PIL import Image
-        from torchvision.transforms.functional import to_tensor
-
         w, h = image.size
         image = image.convert("RGB").resize((self.size, self.size), Image.BILINEAR)
         sx, sy = self.size / w, self.size / h
@@ -82,12 +86,6 @@ def collate_lists(batch):
 
 @tooled
 def train(exp):
-    import contextlib
-    import io
-
-    from torchvision.datasets import CocoDetection
-    from torchvision.models.detection import ssd300_vgg16
-
     batch_size = batch_size_option(default=32)
     # Number of classes, background included (COCO: 80 + 1)
     num_classes: Option & int = default(81)

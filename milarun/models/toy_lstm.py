@@ -11,6 +11,7 @@ FLOPs. Items are sequences.
 
 import math
 
+import torch
 from coleo import Option, default, tooled
 
 from ..bench import init_torch, iteration_wrapper
@@ -23,7 +24,7 @@ def main(exp, argv):
     exp.cli(train, argv)
 
 
-def sine_batch(torch, batch_size, seq_len, device, generator=None):
+def sine_batch(batch_size, seq_len, device, generator=None):
     """A [batch_size, seq_len + 1, 1] float tensor of noisy sine waves on ``device``."""
     shape = (batch_size, 1)
     freq = torch.rand(shape, device=device, generator=generator) * 0.25 + 0.05  # rad/step
@@ -35,27 +36,21 @@ def sine_batch(torch, batch_size, seq_len, device, generator=None):
     return waves.unsqueeze(-1)
 
 
-def build_model(hidden_size, layers):
+class SineLSTM(torch.nn.Module):
     """LSTM over a 1-d signal with a linear head at every step."""
-    import torch
 
-    class SineLSTM(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lstm = torch.nn.LSTM(1, hidden_size, num_layers=layers, batch_first=True)
-            self.head = torch.nn.Linear(hidden_size, 1)
+    def __init__(self, hidden_size, layers):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(1, hidden_size, num_layers=layers, batch_first=True)
+        self.head = torch.nn.Linear(hidden_size, 1)
 
-        def forward(self, x):
-            out, _ = self.lstm(x)
-            return self.head(out)
-
-    return SineLSTM()
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out)
 
 
 @tooled
 def train(exp):
-    import torch
-
     batch_size = batch_size_option(default=256)
     # Time steps per sequence
     seq_len: Option & int = default(128)
@@ -67,12 +62,12 @@ def train(exp):
 
     device = init_torch(exp)
 
-    model = build_model(hidden_size, layers).to(device)
+    model = SineLSTM(hidden_size, layers).to(device)
     optimizer = make_optimizer("Adam", model.parameters(), device, lr=lr)
     loss_fn = torch.nn.MSELoss()
 
     for step in iteration_wrapper(exp):
-        waves = sine_batch(torch, batch_size, seq_len, device)
+        waves = sine_batch(batch_size, seq_len, device)
         inputs, targets = waves[:, :-1], waves[:, 1:]
         loss = loss_fn(model(inputs), targets)
         optimizer.zero_grad(set_to_none=True)

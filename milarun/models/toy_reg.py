@@ -5,6 +5,7 @@ polynomial features of random inputs generated on the device. Stresses
 kernel-launch overhead and small matmuls; items are examples.
 """
 
+import torch
 from coleo import Option, default, tooled
 
 from ..bench import init_torch, iteration_wrapper
@@ -19,8 +20,6 @@ def main(exp, argv):
 
 @tooled
 def train(exp):
-    import torch
-
     # Degree of the polynomial to fit
     poly_degree: Option & int = default(4)
     batch_size = batch_size_option(default=64)

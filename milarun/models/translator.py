@@ -20,7 +20,9 @@ count fairly.
 
 import math
 
+import torch
 from coleo import Option, default, tooled
+from torch import nn
 
 from ..bench import data_loader, dataloop, init_torch
 from ..bench import device as bench_device
@@ -51,8 +53,6 @@ class Collate:
         self.pad, self.bos, self.eos = pad, bos, eos
 
     def __call__(self, pairs):
-        import torch
-
         n = len(pairs)
         ls = max(len(s) for s, _ in pairs) + 1
         lt = max(len(t) for _, t in pairs) + 1
@@ -102,56 +102,52 @@ class EpochBatches:
         return iter(batches)
 
 
-def _model_class(torch):
-    nn = torch.nn
+class Seq2Seq(nn.Module):
+    """The encoder-decoder Transformer over one shared embedding (tied to the output
+    projection) with sinusoidal positions."""
 
-    class Seq2Seq(nn.Module):
-        def __init__(self, vocab, d_model, nhead, layers, ff, dropout, pad, max_len=512):
-            super().__init__()
-            self.pad = pad
-            self.scale = math.sqrt(d_model)
-            self.embed = nn.Embedding(vocab, d_model, padding_idx=pad)
-            nn.init.normal_(self.embed.weight, 0, d_model**-0.5)
-            pos = torch.arange(max_len).unsqueeze(1)
-            div = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
-            pe = torch.zeros(max_len, d_model)
-            pe[:, 0::2] = torch.sin(pos * div)
-            pe[:, 1::2] = torch.cos(pos * div)
-            self.register_buffer("pe", pe, persistent=False)
-            self.drop = nn.Dropout(dropout)
-            self.transformer = nn.Transformer(
-                d_model, nhead, layers, layers, ff, dropout, batch_first=True
-            )
+    def __init__(self, vocab, d_model, nhead, layers, ff, dropout, pad, max_len=512):
+        super().__init__()
+        self.pad = pad
+        self.scale = math.sqrt(d_model)
+        self.embed = nn.Embedding(vocab, d_model, padding_idx=pad)
+        nn.init.normal_(self.embed.weight, 0, d_model**-0.5)
+        pos = torch.arange(max_len).unsqueeze(1)
+        div = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+        pe = torch.zeros(max_len, d_model)
+        pe[:, 0::2] = torch.sin(pos * div)
+        pe[:, 1::2] = torch.cos(pos * div)
+        self.register_buffer("pe", pe, persistent=False)
+        self.drop = nn.Dropout(dropout)
+        self.transformer = nn.Transformer(
+            d_model, nhead, layers, layers, ff, dropout, batch_first=True
+        )
 
-        def embed_pos(self, x):
-            return self.drop(self.embed(x) * self.scale + self.pe[: x.size(1)])
+    def embed_pos(self, x):
+        return self.drop(self.embed(x) * self.scale + self.pe[: x.size(1)])
 
-        def forward(self, src, tgt_in):
-            # tgt_is_causal=True says the mask is causal: without it, every forward of
-            # nn.TransformerDecoder compares the mask with a fresh causal one and reads
-            # the answer on the host (bool(tensor)), a device sync per step.
-            mask = self.transformer.generate_square_subsequent_mask(
-                tgt_in.size(1), device=src.device, dtype=torch.bool
-            )
-            src_pad = src == self.pad
-            out = self.transformer(
-                self.embed_pos(src),
-                self.embed_pos(tgt_in),
-                tgt_mask=mask,
-                tgt_is_causal=True,
-                src_key_padding_mask=src_pad,
-                tgt_key_padding_mask=tgt_in == self.pad,
-                memory_key_padding_mask=src_pad,
-            )
-            return out @ self.embed.weight.t()
-
-    return Seq2Seq
+    def forward(self, src, tgt_in):
+        # tgt_is_causal=True says the mask is causal: without it, every forward of
+        # nn.TransformerDecoder compares the mask with a fresh causal one and reads
+        # the answer on the host (bool(tensor)), a device sync per step.
+        mask = self.transformer.generate_square_subsequent_mask(
+            tgt_in.size(1), device=src.device, dtype=torch.bool
+        )
+        src_pad = src == self.pad
+        out = self.transformer(
+            self.embed_pos(src),
+            self.embed_pos(tgt_in),
+            tgt_mask=mask,
+            tgt_is_causal=True,
+            src_key_padding_mask=src_pad,
+            tgt_key_padding_mask=tgt_in == self.pad,
+            memory_key_padding_mask=src_pad,
+        )
+        return out @ self.embed.weight.t()
 
 
 @tooled
 def train(exp):
-    import torch
-
     batch_size = batch_size_option(default=64)
     # Model width (embedding and attention size)
     d_model: Option & int = default(512)
@@ -189,7 +185,7 @@ def train(exp):
         collate_fn=Collate(vocab.pad, vocab.bos, vocab.eos),
     )
 
-    net = _model_class(torch)(
+    net = Seq2Seq(
         len(vocab), d_model, nhead, layers, ff, dropout, vocab.pad, max_len=max_len + 2
     ).to(device)
     optimizer = make_optimizer("Adam", net.parameters(), device, lr=lr, betas=(0.9, 0.98), eps=1e-9)

@@ -28,7 +28,10 @@ Needs the ``captions`` dataset (``milarun dataset captions``) for its prompts
 and tokenizer.
 """
 
+import torch
 from coleo import Option, default, tooled
+from diffusers import DDIMScheduler
+from tokenizers import Tokenizer
 
 from ..bench import init_torch, iteration_wrapper
 from ..bench.options import INFERENCE_PRECISIONS, batch_size_option, precision_option
@@ -39,11 +42,59 @@ from .diffusion import SCHEDULE, build_models, check_options
 
 NO_LOSS = "txt2img generates images; nothing is trained"
 
+#: The weights' dtype of each ``--precision``.
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
 
 def main(exp, argv):
     """Entry point: ``milarun run milarun.models.txt2img:main -d DATAROOT -- ARGS``.
     Needs dataset ``captions``. Items are generated images."""
     exp.cli(generate, argv)
+
+
+class Pipeline:
+    """Stable Diffusion's sampling (module docstring): ``batch_size`` prompts through the
+    text encoder, latents denoised by the UNet under the DDIM ``scheduler``, decoded by
+    the VAE into images in [0, 1].
+
+    The unconditional prompts of classifier-free guidance (empty ones) are tokenized
+    and copied to the device once, here.
+    """
+
+    def __init__(self, tok, text, unet, vae, scheduler, batch_size):
+        self.tok, self.text, self.unet, self.vae = tok, text, unet, vae
+        self.scheduler = scheduler
+        weight = next(unet.parameters())
+        self.device, self.dtype = weight.device, weight.dtype
+        self.empty = torch.tensor([tok.encode("").ids] * batch_size, device=self.device)
+
+    @torch.inference_mode()
+    def __call__(self, prompts, steps, guidance, latent_size):
+        """Images ``(batch_size, 3, H, W)`` for ``prompts`` (``batch_size`` texts) after
+        ``steps`` denoising steps, guided when ``guidance`` is above 1."""
+        unet, scheduler, device = self.unet, self.scheduler, self.device
+        guided = guidance > 1.0
+        ids = torch.tensor([e.ids for e in self.tok.encode_batch(prompts)], device=device)
+        states = self.text(input_ids=torch.cat([ids, self.empty]) if guided else ids)
+        states = states.last_hidden_state
+        latents = torch.randn(
+            len(prompts),
+            unet.config.in_channels,
+            latent_size,
+            latent_size,
+            device=device,
+            dtype=self.dtype,
+        )
+        scheduler.set_timesteps(steps, device=device)
+        for t in scheduler.timesteps:
+            x = torch.cat([latents, latents]) if guided else latents
+            noise = unet(x, t, encoder_hidden_states=states).sample
+            if guided:
+                cond, uncond = noise.chunk(2)
+                noise = uncond + guidance * (cond - uncond)
+            latents = scheduler.step(noise, t, latents).prev_sample
+        images = self.vae.decode(latents / self.vae.config.scaling_factor).sample
+        return (images / 2 + 0.5).clamp(0, 1)
 
 
 @tooled
@@ -66,48 +117,14 @@ def generate(exp):
         raise ValueError("--batch-size must be at least 1 and --steps from 1 to 1000")
     device = init_torch(exp)
     captions = require(exp.dataroot, "captions")
-    _generate(
-        exp,
-        device,
-        captions,
-        shape,
-        image_size,
-        latent_size,
-        batch_size,
-        precision,
-        steps,
-        guidance,
-        prediction,
-    )
-
-
-def _generate(
-    exp,
-    device,
-    captions,
-    shape,
-    image_size,
-    latent_size,
-    batch_size,
-    precision,
-    steps,
-    guidance,
-    prediction,
-):
-    import torch
-    from diffusers import DDIMScheduler
-    from tokenizers import Tokenizer
-
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     meta, items = read_captions(captions)
     tok = Tokenizer.from_file(str(captions / "tokenizer.json"))
-    unet, vae, text = build_models(torch, shape, meta, device)
+    unet, vae, text = build_models(shape, meta, device)
     for model in (unet, vae, text):
-        model.to(dtype).eval()
+        model.to(DTYPES[precision]).eval()
     scheduler = DDIMScheduler(
         prediction_type=prediction, steps_offset=1, set_alpha_to_one=False, **SCHEDULE
     )
-    guided = guidance > 1.0
     exp.metrics.update(
         {
             "shape": shape,
@@ -115,32 +132,16 @@ def _generate(
             "latent_size": latent_size,
             "denoising_steps": steps,
             "guidance": guidance,
-            "unet_batch": batch_size * (2 if guided else 1),
+            "unet_batch": batch_size * (2 if guidance > 1.0 else 1),
             "unet_params": sum(p.numel() for p in unet.parameters()),
         }
     )
-    empty = torch.tensor([tok.encode("").ids] * batch_size, device=device)
-    channels = unet.config.in_channels
+    pipe = Pipeline(tok, text, unet, vae, scheduler, batch_size)
     prompt = 0
     for step in iteration_wrapper(exp):
-        with torch.inference_mode():
-            texts = [items[(prompt + i) % len(items)][1] for i in range(batch_size)]
-            prompt += batch_size
-            ids = torch.tensor([e.ids for e in tok.encode_batch(texts)], device=device)
-            states = text(input_ids=torch.cat([ids, empty]) if guided else ids).last_hidden_state
-            latents = torch.randn(
-                batch_size, channels, latent_size, latent_size, device=device, dtype=dtype
-            )
-            scheduler.set_timesteps(steps, device=device)
-            for t in scheduler.timesteps:
-                x = torch.cat([latents, latents]) if guided else latents
-                noise = unet(x, t, encoder_hidden_states=states).sample
-                if guided:
-                    cond, uncond = noise.chunk(2)
-                    noise = uncond + guidance * (cond - uncond)
-                latents = scheduler.step(noise, t, latents).prev_sample
-            images = vae.decode(latents / vae.config.scaling_factor).sample
-            images = (images / 2 + 0.5).clamp(0, 1)
+        texts = [items[(prompt + i) % len(items)][1] for i in range(batch_size)]
+        prompt += batch_size
+        images = pipe(texts, steps, guidance, latent_size)
         step.set_count(batch_size)
     exp.metrics["image_shape"] = "x".join(str(n) for n in images.shape[1:])
     exp.metrics["images_finite"] = bool(torch.isfinite(images).all())

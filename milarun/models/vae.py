@@ -10,7 +10,10 @@ latency rather than compute. Items are images.
 Needs the ``mnist`` dataset (``milarun dataset mnist``).
 """
 
+import torch
 from coleo import Option, default, tooled
+from torch import nn
+from torchvision import datasets, transforms
 
 from ..bench import data_loader, dataloop, init_torch
 from ..bench.options import batch_size_option, lr_option, workers_option
@@ -23,30 +26,25 @@ def main(exp, argv):
     exp.cli(train, argv)
 
 
-def build_model(latent):
+class VAE(nn.Module):
     """The VAE: ``forward(x) -> (reconstruction logits, mu, logvar)``."""
-    import torch
-    from torch import nn
 
-    class VAE(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.enc = nn.Linear(784, 400)
-            self.mu = nn.Linear(400, latent)
-            self.logvar = nn.Linear(400, latent)
-            self.dec1 = nn.Linear(latent, 400)
-            self.dec2 = nn.Linear(400, 784)
+    def __init__(self, latent):
+        super().__init__()
+        self.enc = nn.Linear(784, 400)
+        self.mu = nn.Linear(400, latent)
+        self.logvar = nn.Linear(400, latent)
+        self.dec1 = nn.Linear(latent, 400)
+        self.dec2 = nn.Linear(400, 784)
 
-        def forward(self, x):
-            h = torch.relu(self.enc(x.view(-1, 784)))
-            mu, logvar = self.mu(h), self.logvar(h)
-            z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
-            return self.dec2(torch.relu(self.dec1(z))), mu, logvar
-
-    return VAE()
+    def forward(self, x):
+        h = torch.relu(self.enc(x.view(-1, 784)))
+        mu, logvar = self.mu(h), self.logvar(h)
+        z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+        return self.dec2(torch.relu(self.dec1(z))), mu, logvar
 
 
-def vae_loss(torch, logits, x, mu, logvar):
+def vae_loss(logits, x, mu, logvar):
     """Reconstruction (BCE, summed) + KL divergence, averaged over the batch."""
     bce = torch.nn.functional.binary_cross_entropy_with_logits(
         logits, x.view(-1, 784), reduction="sum"
@@ -57,9 +55,6 @@ def vae_loss(torch, logits, x, mu, logvar):
 
 @tooled
 def train(exp):
-    import torch
-    from torchvision import datasets, transforms
-
     batch_size = batch_size_option(default=128)
     # Size of the latent code
     latent: Option & int = default(20)
@@ -72,13 +67,13 @@ def train(exp):
         root=str(folder), train=True, download=False, transform=transforms.ToTensor()
     )
     loader = data_loader(dataset, batch_size, workers, device)
-    model = build_model(latent).to(device)
+    model = VAE(latent).to(device)
     optimizer = make_optimizer("Adam", model.parameters(), device, lr=lr)
 
     for step, (x, _) in dataloop(exp, loader):
         x = x.to(device, non_blocking=True)
         logits, mu, logvar = model(x)
-        loss = vae_loss(torch, logits, x, mu, logvar)
+        loss = vae_loss(logits, x, mu, logvar)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -26,7 +26,10 @@ Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 
 import os
 
+import timm
+import torch
 from coleo import Option, default, tooled
+from torch import nn
 
 from ..bench import Epochs, dataloop, init_torch, rank_loader
 from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
@@ -64,8 +67,6 @@ def check_options(arch, image_size):
 
 def build_model(arch, image_size, num_classes):
     """The timm ViT ``arch`` with random weights, for ``image_size`` inputs."""
-    import timm
-
     return timm.create_model(arch, pretrained=False, img_size=image_size, num_classes=num_classes)
 
 
@@ -91,59 +92,49 @@ def train(exp):
         refuse_xpu(device, "vit under torchrun", DDP_NOT_WIRED)
     folder = require(exp.dataroot, "fake_imagenet")
     with process_group(exp, device, backend) as world:
-        _train(
-            exp,
-            world,
-            folder,
-            arch,
+        device = world.device
+        mp = MixedPrecisionStep(device, precision)
+        dataset = image_folder(folder, "train", image_size)
+        loader = rank_loader(
+            dataset,
             batch_size,
-            image_size,
-            precision,
-            lr,
-            compile,
             workers,
+            device,
+            world,
+            exp.options["seed"],
+            "images",
+            hint="lower --batch-size or use a larger fake_imagenet",
         )
+        model = build_model(arch, image_size, len(dataset.classes)).to(device)
+        exp.metrics.update(
+            {
+                "arch": arch,
+                "params": sum(p.numel() for p in model.parameters()),
+                "image_size": image_size,
+                "global_batch": batch_size * world.size,
+                "world_size": world.size,
+                "compiled": compile,
+                "parallelism": "ddp" if world.size > 1 else "none",
+            }
+        )
+        net = model
+        if world.size > 1:
+            net = wrap_ddp(model, device)
+        if compile:
+            net = torch.compile(net)
+        optimizer = make_optimizer(
+            "AdamW", model.parameters(), device, lr=lr, betas=(0.9, 0.999), weight_decay=0.05
+        )
+        _fit(exp, world, net, optimizer, mp, loader)
 
 
-def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, compiled, workers):
-    import torch
-
+def _fit(exp, world, net, optimizer, mp, loader):
+    """Train ``net`` (the model, or its DDP or compiled wrapper: the same parameters) on
+    ``loader``'s batches until the rate logger stops. Outside the tooled :func:`train`,
+    whose every assignment coleo instruments: the steps run as plain Python."""
     device = world.device
-    mp = MixedPrecisionStep(device, precision)
-    dataset = image_folder(folder, "train", image_size)
-    loader = rank_loader(
-        dataset,
-        batch_size,
-        workers,
-        device,
-        world,
-        exp.options["seed"],
-        "images",
-        hint="lower --batch-size or use a larger fake_imagenet",
-    )
-    model = build_model(arch, image_size, len(dataset.classes)).to(device)
-    exp.metrics.update(
-        {
-            "arch": arch,
-            "params": sum(p.numel() for p in model.parameters()),
-            "image_size": image_size,
-            "global_batch": batch_size * world.size,
-            "world_size": world.size,
-            "compiled": compiled,
-            "parallelism": "ddp" if world.size > 1 else "none",
-        }
-    )
-    net = model
-    if world.size > 1:
-        net = wrap_ddp(model, device)
-    if compiled:
-        net = torch.compile(net)
+    criterion = nn.CrossEntropyLoss()
     net.train()
-    optimizer = make_optimizer(
-        "AdamW", model.parameters(), device, lr=lr, betas=(0.9, 0.999), weight_decay=0.05
-    )
-    criterion = torch.nn.CrossEntropyLoss()
-
     steps = dataloop(exp, Epochs(loader))
     agree_on_counts(exp, world)
     for step, (x, y) in steps:
@@ -152,7 +143,7 @@ def _train(exp, world, folder, arch, batch_size, image_size, precision, lr, comp
         with mp.autocast:
             loss = criterion(net(x), y)
         mp.backward(loss)
-        mp.step(optimizer, clip_norm=1.0, params=model.parameters())
+        mp.step(optimizer, clip_norm=1.0, params=net.parameters())
         mp.update()
         optimizer.zero_grad(set_to_none=True)
         step.set_count(len(x) * world.size)

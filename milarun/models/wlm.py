@@ -15,9 +15,12 @@ the vocabulary-wide softmax (memory bandwidth), and start-up tokenisation on
 the CPU. An **item is one token** (``batch_size × seq_len`` per step).
 """
 
+import torch
 from coleo import Option, default, tooled
+from torch import nn
 
 from ..bench import dataloop, init_torch
+from ..bench import device as bench_device
 from ..bench.options import batch_size_option, lr_option, precision_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
@@ -32,47 +35,40 @@ def main(exp, argv):
     exp.cli(train, argv)
 
 
-def _model_class(torch):
-    nn = torch.nn
+class RNNModel(nn.Module):
+    """Encoder embedding → recurrent stack → decoder (optionally tied)."""
 
-    class RNNModel(nn.Module):
-        """Encoder embedding → recurrent stack → decoder (optionally tied)."""
+    def __init__(self, kind, ntoken, ninp, nhid, nlayers, dropout, tied):
+        super().__init__()
+        self.kind = kind
+        self.drop = nn.Dropout(dropout)
+        self.encoder = nn.Embedding(ntoken, ninp)
+        if kind in ("LSTM", "GRU"):
+            self.rnn = getattr(nn, kind)(ninp, nhid, nlayers, dropout=dropout)
+        elif kind in ("RNN_TANH", "RNN_RELU"):
+            self.rnn = nn.RNN(ninp, nhid, nlayers, nonlinearity=kind[4:].lower(), dropout=dropout)
+        else:
+            raise ValueError(f"--model must be LSTM, GRU, RNN_TANH or RNN_RELU, not {kind!r}")
+        self.decoder = nn.Linear(nhid, ntoken)
+        if tied:
+            if nhid != ninp:
+                raise ValueError("--tied needs --nhid equal to --emsize")
+            self.decoder.weight = self.encoder.weight
+        self.nhid, self.nlayers = nhid, nlayers
+        nn.init.uniform_(self.encoder.weight, -0.1, 0.1)
+        nn.init.zeros_(self.decoder.bias)
+        nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
 
-        def __init__(self, kind, ntoken, ninp, nhid, nlayers, dropout, tied):
-            super().__init__()
-            self.kind = kind
-            self.drop = nn.Dropout(dropout)
-            self.encoder = nn.Embedding(ntoken, ninp)
-            if kind in ("LSTM", "GRU"):
-                self.rnn = getattr(nn, kind)(ninp, nhid, nlayers, dropout=dropout)
-            elif kind in ("RNN_TANH", "RNN_RELU"):
-                self.rnn = nn.RNN(
-                    ninp, nhid, nlayers, nonlinearity=kind[4:].lower(), dropout=dropout
-                )
-            else:
-                raise ValueError(f"--model must be LSTM, GRU, RNN_TANH or RNN_RELU, not {kind!r}")
-            self.decoder = nn.Linear(nhid, ntoken)
-            if tied:
-                if nhid != ninp:
-                    raise ValueError("--tied needs --nhid equal to --emsize")
-                self.decoder.weight = self.encoder.weight
-            self.nhid, self.nlayers = nhid, nlayers
-            nn.init.uniform_(self.encoder.weight, -0.1, 0.1)
-            nn.init.zeros_(self.decoder.bias)
-            nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
+    def forward(self, x, hidden):
+        emb = self.drop(self.encoder(x))
+        out, hidden = self.rnn(emb, hidden)
+        return self.decoder(self.drop(out)), hidden
 
-        def forward(self, x, hidden):
-            emb = self.drop(self.encoder(x))
-            out, hidden = self.rnn(emb, hidden)
-            return self.decoder(self.drop(out)), hidden
-
-        def init_hidden(self, bsz, device):
-            shape = (self.nlayers, bsz, self.nhid)
-            if self.kind == "LSTM":
-                return (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
-            return torch.zeros(shape, device=device)
-
-    return RNNModel
+    def init_hidden(self, bsz, device):
+        shape = (self.nlayers, bsz, self.nhid)
+        if self.kind == "LSTM":
+            return (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+        return torch.zeros(shape, device=device)
 
 
 class BPTTBatches:
@@ -90,7 +86,7 @@ class BPTTBatches:
             yield data[i : i + n], data[i + 1 : i + 1 + n]
 
 
-def cpu_bf16_lstm_supported(torch):
+def cpu_bf16_lstm_supported():
     """Whether this CPU can run a bf16 LSTM under autocast (bool).
 
     PyTorch runs a CPU LSTM through oneDNN, whose bf16 LSTM needs AVX-512: on
@@ -120,8 +116,6 @@ def _detach(h):
 
 @tooled
 def train(exp):
-    import torch
-
     # Recurrent cell: LSTM, GRU, RNN_TANH or RNN_RELU
     model: Option = default("LSTM")
     # Size of the word embeddings
@@ -146,10 +140,10 @@ def train(exp):
     mp = MixedPrecisionStep(device, precision)
     autocast = mp.autocast
     if (
-        device.type == "cpu"
+        bench_device.kind(device) == "cpu"
         and precision == "bf16"
         and model == "LSTM"
-        and not cpu_bf16_lstm_supported(torch)
+        and not cpu_bf16_lstm_supported()
     ):
         # Refused before training: the failure record then names the cause, not oneDNN's text.
         raise ValueError(BF16_LSTM_REFUSED)
@@ -161,7 +155,7 @@ def train(exp):
         raise ValueError("the training split is too small for --batch-size")
     data = ids[: nbatch * batch_size].view(batch_size, -1).t().contiguous().to(device)
 
-    net = _model_class(torch)(model, ntokens, emsize, nhid, nlayers, dropout, tied).to(device)
+    net = RNNModel(model, ntokens, emsize, nhid, nlayers, dropout, tied).to(device)
     optimizer = make_optimizer("SGD", net.parameters(), device, lr=lr)
     criterion = torch.nn.CrossEntropyLoss()
     net.train()
