@@ -101,8 +101,7 @@ def logger_cost(steps, repeats=5):
     best = {True: float("inf"), False: float("inf")}
     for _ in range(repeats):
         inst = RateLogger(sample_duration=0.5, max_count=steps, warmup=1, timer=PerfCounterTimer())
-        bare = _BareLogger(max_count=steps, warmup=0)
-        bare._sync = None
+        bare = _BareLogger(None, max_count=steps, warmup=0)
         best[True] = min(best[True], once(inst))
         best[False] = min(best[False], once(bare))
     return best[True], best[False]

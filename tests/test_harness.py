@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_model
 
 from milarun.bench import device as devices
 from milarun.bench import setup
@@ -165,3 +166,16 @@ def test_real_ddp_skips_the_all_reduce_until_the_last_micro_batch():
         assert seen == [False, True, False, True]
     finally:
         dist.destroy_process_group()
+
+
+def test_no_instrument_records_one_sample_over_the_whole_run(tmp_path):
+    res = run_model(
+        "milarun.models.toy_reg:main",
+        ["--device", "cpu", "--no-instrument", "--max-count", "640", "--batch-size", "64"],
+        tmp_path=tmp_path,
+    )
+    assert res["success"], res["error"]
+    (sample,) = res["timings"]["train"]["samples"]
+    assert sample["count"] == 640 and not sample["warmup"]
+    assert sample["rate"] == pytest.approx(640 / (sample["end"] - sample["start"]))
+    assert res["timings"]["train"]["count"] == 640

@@ -426,15 +426,16 @@ class Experiment:
         """
         self.rate = logger
         logger.before_start = lambda: synchronize(self)
-        if self.journal is not None:
-            self.journal.write(
+        journal = self.journal
+        if journal is not None:
+            journal.write(
                 "train",
                 sample_duration=logger.sample_duration,
                 warmup=logger.warmup,
                 max_count=logger.max_count,
                 min_steady=logger.min_steady,
             )
-            logger.on_sample = lambda sample: self.journal.write("sample", **sample)
+            logger.on_sample = lambda sample: journal.write("sample", **sample)
 
     def cli(self, fn: Callable[["Experiment"], Any], argv: Sequence[str]) -> Any:
         """Parse ``argv`` with coleo for the tooled ``fn`` (plus common

@@ -1,6 +1,10 @@
 """Training-loop helpers that tie a model to the rate logger and monitor."""
 
 import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
 
 from . import device as bench_device
 from .rate import RateLogger, Step, _to_float
@@ -12,15 +16,20 @@ class _BareLogger(RateLogger):
     measure the instrumentation's own cost. Records one sample for the run, paused
     time included (``pause`` leaves nothing out of a window it does not have)."""
 
-    def start(self):
+    def __init__(self, sync: Callable[[], None] | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._sync = sync
+        self._t0 = 0.0
+
+    def start(self) -> None:
         self._t0 = time.perf_counter()
 
-    def end_step(self, step):
+    def end_step(self, step: Step) -> None:
         self.total += step.count
         if step.values is not None:
             self._last_values = step.values
 
-    def finish(self):
+    def finish(self) -> None:
         if self._sync is not None:
             self._sync()
         t1 = time.perf_counter()
@@ -38,7 +47,7 @@ class _BareLogger(RateLogger):
             self.metrics = {k: _to_float(v) for k, v in self._last_values.items()}
 
 
-def rate_logger(exp):
+def rate_logger(exp: Any) -> RateLogger:
     """Create ``exp.rate`` from the common options and the experiment's device.
 
     On CUDA the timer is ``CudaEventTimer``, on an Intel XPU ``XpuEventTimer``
@@ -53,14 +62,19 @@ def rate_logger(exp):
     """
     opts = exp.options
     device = exp.device
+    logger: RateLogger
     tracing = opts.get("profile_trace")
     if tracing and opts["no_instrument"]:
         raise ValueError(
             "--profile-trace needs the rate logger's windows: leave out --no-instrument"
         )
     if opts["no_instrument"]:
-        logger = _BareLogger(max_count=opts["max_count"], warmup=0, origin=exp.origin)
-        logger._sync = bench_device.sync_function(device)
+        logger = _BareLogger(
+            bench_device.sync_function(device),
+            max_count=opts["max_count"],
+            warmup=0,
+            origin=exp.origin,
+        )
     else:
         timer = bench_device.event_timer(device)
         logger = RateLogger(
@@ -83,17 +97,17 @@ class Epochs:
     :func:`dataloop`: every pass calls ``sampler.set_epoch`` first, so each epoch is a
     new shuffle of each rank's share (the sampler repeats its order otherwise)."""
 
-    def __init__(self, loader):
+    def __init__(self, loader: DataLoader[Any]) -> None:
         self.loader = loader
         self.epoch = 0
 
-    def __iter__(self):
-        self.loader.sampler.set_epoch(self.epoch)
+    def __iter__(self) -> Iterator[Any]:
+        self.loader.sampler.set_epoch(self.epoch)  # type: ignore[attr-defined]
         self.epoch += 1
         return iter(self.loader)
 
 
-def dataloop(exp, iterable):
+def dataloop(exp: Any, iterable: Iterable[Any]) -> Iterator[tuple[Step, Any]]:
     """Yield ``(step, batch)`` over ``iterable`` (epoch after epoch) until
     ``--max-count`` items. Call ``step.set_count(n)`` in the body, or count items as
     they are done with ``exp.rate.count(n)``; ``with exp.rate.paused():`` leaves time
@@ -102,7 +116,7 @@ def dataloop(exp, iterable):
     return rate_logger(exp).loop(iterable)
 
 
-def iteration_wrapper(exp):
+def iteration_wrapper(exp: Any) -> Iterator[Step]:
     """Yield ``step`` objects until ``--max-count`` items, for synthetic data."""
     return rate_logger(exp).steps()
 

@@ -33,6 +33,8 @@ import contextlib
 import itertools
 import math
 import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
 
 import torch
 
@@ -40,17 +42,25 @@ import torch
 # calls .item(), so it is done only at a window boundary, after the sync.
 
 
+class Timer(Protocol):
+    """What the rate logger times windows with: ``mark()`` a point, ``elapsed`` seconds."""
+
+    def mark(self) -> Any: ...
+
+    def elapsed(self, start: Any, end: Any) -> float: ...
+
+
 class PerfCounterTimer:
     """Host wall clock (``time.perf_counter``), for CPU runs and tests."""
 
-    def __init__(self, clock=time.perf_counter):
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock
 
-    def mark(self):
+    def mark(self) -> Any:
         """Record a point in time; returns an opaque token."""
         return self.clock()
 
-    def elapsed(self, start, end):
+    def elapsed(self, start: Any, end: Any) -> float:
         """Seconds between two tokens (synchronizes if the timer needs to)."""
         return end - start
 
@@ -62,15 +72,15 @@ class CudaEventTimer:
     per window for the device to reach that window's last step.
     """
 
-    def __init__(self, device=None):
+    def __init__(self, device: torch.device | str | None = None) -> None:
         self.device = device
 
-    def mark(self):
+    def mark(self) -> Any:
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
         return ev
 
-    def elapsed(self, start, end):
+    def elapsed(self, start: Any, end: Any) -> float:
         end.synchronize()
         return start.elapsed_time(end) / 1000.0
 
@@ -84,14 +94,14 @@ class Step:
 
     __slots__ = ("count", "values")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.count = 0
-        self.values = None
+        self.values: dict[str, Any] | None = None
 
-    def set_count(self, n):
+    def set_count(self, n: int) -> None:
         self.count = int(n)
 
-    def log(self, **values):
+    def log(self, **values: Any) -> None:
         self.values = values
 
 
@@ -138,17 +148,17 @@ class RateLogger:
 
     def __init__(
         self,
-        sample_duration=0.5,
-        max_count=1000,
-        warmup=3,
-        timer=None,
-        host_clock=time.perf_counter,
-        origin=None,
-        min_steady=0.0,
-        agree=None,
-        on_sample=None,
-        before_start=None,
-    ):
+        sample_duration: float = 0.5,
+        max_count: int | None = 1000,
+        warmup: int = 3,
+        timer: Timer | None = None,
+        host_clock: Callable[[], float] = time.perf_counter,
+        origin: float | None = None,
+        min_steady: float = 0.0,
+        agree: Callable[[int], int] | None = None,
+        on_sample: Callable[[dict[str, Any]], None] | None = None,
+        before_start: Callable[[], object] | None = None,
+    ) -> None:
         if sample_duration <= 0:
             raise ValueError("sample_duration must be > 0 seconds")
         if min_steady < 0:
@@ -164,29 +174,29 @@ class RateLogger:
         self.timer = timer or PerfCounterTimer(host_clock)
         self.host_clock = host_clock
         self.origin = host_clock() if origin is None else origin
-        self.samples = []
+        self.samples: list[dict[str, Any]] = []
         self.total = 0
-        self.metrics = {}
-        self._window_mark = None
-        self._window_host = None
+        self.metrics: dict[str, Any] = {}
+        self._window_mark: Any = None
+        self._window_host = 0.0
         self._window_count = 0
-        self._last_values = None
-        self.window_flags = {}
-        self.tracer = None
+        self._last_values: dict[str, Any] | None = None
+        self.window_flags: dict[str, Any] = {}
+        self.tracer: Any = None
         self.votes = True
         self._paused = False
 
-    def done(self):
+    def done(self) -> bool:
         """True once ``max_count`` items were processed (``max_count`` may
         have been raised by ``min_steady``)."""
         return self.max_count is not None and self.total >= self.max_count
 
-    def start(self):
+    def start(self) -> None:
         """Open the first window (called by the loops before the first step)."""
         self._window_mark = self.timer.mark()
         self._window_host = self.host_clock()
 
-    def end_step(self, step):
+    def end_step(self, step: Step) -> None:
         """Account for a finished step; close the window if it is long enough."""
         # Runs once per training step: kept to a few attribute reads (steps of tiny
         # models last ~100 µs; benchmarks/overhead.py measures the cost).
@@ -204,7 +214,7 @@ class RateLogger:
         if self.tracer is not None:
             self.tracer.step(self)
 
-    def count(self, n):
+    def count(self, n: int) -> None:
         """Count ``n`` items (items) done now, outside the steps: for a workload whose
         items come one at a time within a step (serving: each token as it streams), so
         that a window closes on time, not at the end of the step. The same as a step
@@ -221,7 +231,7 @@ class RateLogger:
         step.set_count(n)
         self.end_step(step)
 
-    def pause(self):
+    def pause(self) -> None:
         """Leave the time from now until :meth:`resume` out of every sample window
         (seconds that no sample holds: serving's prefill, an evaluation). The open
         window closes now, a sample if it holds items (:meth:`cut`; one that cannot
@@ -235,7 +245,7 @@ class RateLogger:
         self.cut()
         self._paused = True
 
-    def resume(self):
+    def resume(self) -> None:
         """Open a new window now, ending the :meth:`pause`.
 
         Raises:
@@ -247,7 +257,7 @@ class RateLogger:
         self.restart()
 
     @contextlib.contextmanager
-    def paused(self):
+    def paused(self) -> Iterator[None]:
         """``with logger.paused():`` :meth:`pause` on entry, :meth:`resume` on exit: the
         block's time is in no sample window. Raises as :meth:`pause` does."""
         self.pause()
@@ -256,11 +266,11 @@ class RateLogger:
         finally:
             self.resume()
 
-    def cut(self):
+    def cut(self) -> None:
         """Close the open window now, whatever its length (a sample if it holds items)."""
         self._close_window(self.host_clock())
 
-    def restart(self):
+    def restart(self) -> None:
         """Open a new window now: the time since the last :meth:`cut` is in no sample
         (e.g. starting a profiler, writing its trace). A window that could not be
         closed (a clock that did not move) goes on instead, so no item is lost."""
@@ -268,7 +278,7 @@ class RateLogger:
             self._window_mark = self.timer.mark()
             self._window_host = self.host_clock()
 
-    def _extend(self, now):
+    def _extend(self, now: float) -> bool:
         """Raise ``max_count`` if the steady state is shorter than ``min_steady``.
 
         Called when the count target is reached, which is the same step on
@@ -294,7 +304,7 @@ class RateLogger:
         self.max_count = self.total + extra
         return True
 
-    def follow(self):
+    def follow(self) -> None:
         """Make this a follower rank's logger: it only counts items and takes part
         in the stop decision.
 
@@ -310,7 +320,7 @@ class RateLogger:
         self.sample_duration = math.inf
         self.votes = False
 
-    def _shortfall(self, now):
+    def _shortfall(self, now: float) -> int:
         """Items still needed for ``min_steady`` seconds of steady state (0: none)."""
         if not self.samples:
             # No window measured yet; on a GPU the host clock has only seen
@@ -338,7 +348,7 @@ class RateLogger:
             extra = self.total  # no usable rate yet: double the count
         return max(1, extra)
 
-    def _close_window(self, now):
+    def _close_window(self, now: float) -> None:
         if self._window_count == 0:
             return
         mark = self.timer.mark()
@@ -368,20 +378,20 @@ class RateLogger:
         self._window_host = now
         self._window_count = 0
 
-    def finish(self):
+    def finish(self) -> None:
         """Close a partial last window, if it holds items."""
         if self._window_mark is not None and self._window_count:
             self._close_window(self.host_clock())
         if self.tracer is not None:
             self.tracer.close(self)
 
-    def _ready(self):
+    def _ready(self) -> None:
         """The set-up is over: synchronize (``before_start``), then open the first window."""
         if self.before_start is not None:
             self.before_start()
         self.start()
 
-    def steps(self):
+    def steps(self) -> Iterator[Step]:
         """Yield ``Step`` objects until ``max_count`` items were processed."""
         self._ready()
         try:
@@ -392,7 +402,7 @@ class RateLogger:
         finally:
             self.finish()
 
-    def loop(self, iterable):
+    def loop(self, iterable: Iterable[Any]) -> Iterator[tuple[Step, Any]]:
         """Yield ``(step, batch)`` over ``iterable``, restarting it each epoch,
         until ``max_count`` items were processed.
 
@@ -422,7 +432,7 @@ class RateLogger:
         finally:
             self.finish()
 
-    def summary(self):
+    def summary(self) -> dict[str, Any]:
         """The ``timings.train`` record."""
         return {
             "sample_duration": self.sample_duration,
@@ -437,7 +447,7 @@ class RateLogger:
 _NOTHING = object()
 
 
-def _to_float(v):
+def _to_float(v: Any) -> Any:
     if hasattr(v, "item"):
         v = v.detach().float().item() if hasattr(v, "detach") else v.item()
     try:
