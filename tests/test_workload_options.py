@@ -19,6 +19,7 @@ from milarun.bench.literal_options import make_cli
 from milarun.bench.options import (
     INFERENCE_PRECISIONS,
     PRECISIONS,
+    backend_option,
     batch_size_option,
     common_options,
     lr_option,
@@ -32,36 +33,62 @@ SHARED = {
     "batch_size": batch_size_option,
     "workers": workers_option,
     "precision": precision_option,
+    "backend": backend_option,
 }
 
 #: Each workload's defaults, as they were when every workload declared its own options
 #: (git show b56c5b9:milarun/models/*.py); they must not move.
 DEFAULTS = {
     "cart": {"lr": 3e-3},
+    "collectives": {"backend": "auto"},
     "convnet": {"batch_size": 256, "precision": "fp32", "lr": 0.1, "workers": -1},
-    "diffusion": {"batch_size": 8, "precision": "bf16", "lr": 1e-4, "workers": -1},
+    "diffusion": {
+        "batch_size": 8,
+        "precision": "bf16",
+        "lr": 1e-4,
+        "workers": -1,
+        "backend": "auto",
+    },
     "dcgan": {"batch_size": 64, "lr": 0.0002, "workers": -1, "precision": "fp32"},
-    "ddp_convnet": {"batch_size": 128, "precision": "fp32", "lr": 0.1, "workers": -1},
+    "ddp_convnet": {
+        "batch_size": 128,
+        "precision": "fp32",
+        "lr": 0.1,
+        "workers": -1,
+        "backend": "auto",
+    },
     "fast_style": {"batch_size": 4, "lr": 0.001, "workers": -1, "precision": "fp32"},
     "infer": {"batch_size": 64, "precision": "fp32", "workers": -1},
     "io": {"batch_size": 64, "workers": 0, "lr": 0.01},
-    "llm_lora": {"batch_size": 2, "precision": "bf16", "lr": 2e-4, "workers": 1},
-    "llm_pretrain": {"batch_size": 4, "precision": "bf16", "lr": 3e-4, "workers": 1},
-    "llm_serve": {"batch_size": 32, "precision": "bf16"},
-    "lightning_convnet": {"batch_size": 128, "precision": "fp32", "lr": 0.1, "workers": -1},
+    "llm_lora": {"batch_size": 2, "precision": "bf16", "lr": 2e-4, "workers": 1, "backend": "auto"},
+    "llm_pretrain": {
+        "batch_size": 4,
+        "precision": "bf16",
+        "lr": 3e-4,
+        "workers": 1,
+        "backend": "auto",
+    },
+    "llm_serve": {"batch_size": 32, "precision": "bf16", "backend": "auto"},
+    "lightning_convnet": {
+        "batch_size": 128,
+        "precision": "fp32",
+        "lr": 0.1,
+        "workers": -1,
+        "backend": "auto",
+    },
     "loader": {"batch_size": 256, "workers": -1},
     "matmul": {},
     "ppo": {"lr": 2.5e-4, "precision": "fp32"},
     "recom": {"batch_size": 65536, "lr": 0.0045, "precision": "fp32"},
     "reso": {"batch_size": 64, "lr": 0.001, "workers": -1, "precision": "fp32"},
-    "scaling": {"batch_size": 128, "lr": 0.05, "precision": "fp32"},
+    "scaling": {"batch_size": 128, "lr": 0.05, "precision": "fp32", "backend": "auto"},
     "ssd": {"batch_size": 32, "lr": 0.002, "workers": -1, "precision": "fp32"},
     "toy_lstm": {"batch_size": 256, "lr": 1e-3},
     "toy_reg": {"batch_size": 64, "lr": 0.1},
     "txt2img": {"batch_size": 4, "precision": "fp16"},
     "translator": {"batch_size": 64, "lr": 5e-4, "workers": -1, "precision": "fp32"},
     "vae": {"batch_size": 128, "lr": 1e-3, "workers": -1},
-    "vit": {"batch_size": 128, "precision": "bf16", "lr": 5e-4, "workers": -1},
+    "vit": {"batch_size": 128, "precision": "bf16", "lr": 5e-4, "workers": -1, "backend": "auto"},
     "wlm": {"lr": 20.0, "batch_size": 20, "precision": "fp32"},
 }
 
@@ -146,7 +173,7 @@ def test_each_shared_option_has_one_help_text_across_workloads():
 
 
 def test_no_workload_declares_a_shared_option_itself():
-    declared = re.compile(r"^\s+(lr|batch_size|workers|precision)\s*:\s*Option\b", re.M)
+    declared = re.compile(r"^\s+(lr|batch_size|workers|precision|backend)\s*:\s*Option\b", re.M)
     offenders = [
         f"{path.name}: {m.group(0).strip()}"
         for path in sorted(MODELS_DIR.glob("*.py"))
@@ -168,8 +195,9 @@ def test_each_workload_keeps_its_defaults(model, monkeypatch):
 
     def recorder(name):
         helper = SHARED[name]
+        own = inspect.signature(helper).parameters["default"].default
 
-        def record(default, **kwargs):
+        def record(default=own, **kwargs):
             got[name] = default
             return helper(default, **kwargs)
 
@@ -204,6 +232,7 @@ def test_helpers_give_their_default_outside_a_cli():
     assert batch_size_option(default=64) == 64
     assert workers_option() == -1 and workers_option(default=0) == 0
     assert precision_option() == "fp32" and precision_option(default="bf16") == "bf16"
+    assert backend_option() == "auto"
 
 
 def test_the_command_line_replaces_the_default():
@@ -216,13 +245,14 @@ def test_the_command_line_replaces_the_default():
             batch_size_option(default=64),
             workers_option(default=-1),
             precision_option(default="fp32"),
+            backend_option(),
         )
 
     argv = ["--lr", "0.5", "--batch-size", "8", "--workers", "0", "--precision", "bf16"]
-    opts, thunk = make_cli(train, argv=argv)
-    assert thunk(opts=opts, args=(None,)) == (0.5, 8, 0, "bf16")
+    opts, thunk = make_cli(train, argv=[*argv, "--backend", "gloo"])
+    assert thunk(opts=opts, args=(None,)) == (0.5, 8, 0, "bf16", "gloo")
     opts, thunk = make_cli(train, argv=[])
-    assert thunk(opts=opts, args=(None,)) == (0.1, 64, -1, "fp32")
+    assert thunk(opts=opts, args=(None,)) == (0.1, 64, -1, "fp32", "auto")
 
 
 def test_precision_is_checked_against_its_choices():

@@ -124,6 +124,16 @@ def workers_option(default: int = -1) -> int:
 
 
 @tooled
+def backend_option(default="auto"):
+    """``--backend``: the process-group backend of a distributed workload (str),
+    ``default`` unless given; ``auto`` is nccl on CUDA, gloo on the CPU
+    (:func:`milarun.bench.distributed.process_group`)."""
+    # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
+    backend: Option = default
+    return backend
+
+
+@tooled
 def precision_option(default: str = "fp32", choices: Sequence[str] = PRECISIONS) -> str:
     """``--precision``, checked against ``choices``.
 
@@ -154,6 +164,7 @@ __all__ = [
     "batch_size_option",
     "workers_option",
     "precision_option",
+    "backend_option",
     "PRECISIONS",
     "INFERENCE_PRECISIONS",
 ]

@@ -51,6 +51,7 @@ from coleo import Option, default, tooled
 from ..bench import device as bench_device
 from ..bench import init_torch, iteration_wrapper
 from ..bench.distributed import process_group
+from ..bench.options import backend_option
 from ..host import accel
 from ..host.interconnect import active_rates, infiniband_ports
 from ..measure import acceptance
@@ -278,8 +279,7 @@ def train(exp):
     warmup_iters: Option & int = default(5)
     # Timed operations per collective and size (1 to 100000)
     iters: Option & int = default(20)
-    # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
-    backend: Option = default("auto")
+    backend = backend_option()
 
     # every bad input is one error before anything runs
     names = parse_ops(ops)

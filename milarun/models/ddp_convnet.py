@@ -26,14 +26,20 @@ Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 import torch
 from coleo import Option, default, tooled
 
-from ..bench import Epochs, dataloop, init_torch, rank_loader
+from ..bench import Epochs, dataloop, init_torch
 from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
-from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
+from ..bench.options import (
+    backend_option,
+    batch_size_option,
+    lr_option,
+    precision_option,
+    workers_option,
+)
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
 from ..datasets import require
 from .convnet import build_model
-from .loader import image_folder
+from .loader import image_folder, image_rank_loader
 
 
 def main(exp, argv):
@@ -57,8 +63,7 @@ def train(exp):
     # Use the channels-last memory format for the model and the batches
     channels_last: Option & bool = default(False)
     workers = workers_option(default=-1)
-    # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
-    backend: Option = default("auto")
+    backend = backend_option()
 
     device = init_torch(exp)
     refuse_xpu(device, "ddp_convnet", DDP_NOT_WIRED)
@@ -68,16 +73,7 @@ def train(exp):
         device = world.device
         mp = MixedPrecisionStep(device, precision)
         dataset = image_folder(folder, "train", image_size)
-        loader = rank_loader(
-            dataset,
-            batch_size,
-            workers,
-            device,
-            world,
-            exp.options["seed"],
-            "images",
-            hint="lower --batch-size or use a larger fake_imagenet",
-        )
+        loader = image_rank_loader(exp, dataset, batch_size, workers, world)
         memory_format = torch.channels_last if channels_last else torch.contiguous_format
         model = build_model(arch, len(dataset.classes)).to(device, memory_format=memory_format)
         ddp = wrap_ddp(model, device)

@@ -67,7 +67,13 @@ from transformers import CLIPTextConfig, CLIPTextModel
 
 from ..bench import Epochs, dataloop, init_torch, rank_loader
 from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
-from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
+from ..bench.options import (
+    backend_option,
+    batch_size_option,
+    lr_option,
+    precision_option,
+    workers_option,
+)
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
 from ..datasets import require
@@ -298,8 +304,7 @@ def train(exp):
     # Recompute the UNet's activations in the backward pass
     activation_checkpointing: Option & bool = default(False)
     workers = workers_option(default=-1)
-    # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
-    backend: Option = default("auto")
+    backend = backend_option()
 
     latent_size = check_options(shape, prediction, image_size)
     if batch_size < 1 or precompute_count < 1:

@@ -41,7 +41,13 @@ from lightning.pytorch.strategies import DDPStrategy
 from ..bench import dataloader_workers, init_torch, need_a_batch, rate_logger, set_precision
 from ..bench import device as bench_device
 from ..bench.distributed import World, agree_on_counts, process_group
-from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
+from ..bench.options import (
+    backend_option,
+    batch_size_option,
+    lr_option,
+    precision_option,
+    workers_option,
+)
 from ..bench.rate import Step
 from ..bench.step import make_optimizer
 from ..bench.xpu import LIGHTNING_NOT_WIRED, refuse_xpu
@@ -78,8 +84,7 @@ def train(exp):
     precision = precision_option(default="fp32")  # Lightning's name: PRECISION[precision]
     lr = lr_option(default=0.1)
     workers = workers_option(default=-1)
-    # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
-    backend: Option = default("auto")
+    backend = backend_option()
 
     device = init_torch(exp)
     refuse_xpu(device, "lightning_convnet", LIGHTNING_NOT_WIRED)

@@ -32,7 +32,13 @@ from peft import LoraConfig, get_peft_model
 from ..bench import Epochs, dataloop, init_torch
 from ..bench import device as bench_device
 from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
-from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
+from ..bench.options import (
+    backend_option,
+    batch_size_option,
+    lr_option,
+    precision_option,
+    workers_option,
+)
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..datasets import require
 from ..datasets.llm_corpus import TokenShards
@@ -112,8 +118,7 @@ def train(exp):
     # Recompute each block's activations in the backward pass
     activation_checkpointing: Option & bool = default(False)
     workers = workers_option(default=1)
-    # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
-    backend: Option = default("auto")
+    backend = backend_option()
 
     check_shape(shape, seq_len)
     if rank < 1 or batch_size < 1:

@@ -52,7 +52,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from ..bench import Epochs, dataloop, init_torch
 from ..bench import device as bench_device
 from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
-from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
+from ..bench.options import (
+    backend_option,
+    batch_size_option,
+    lr_option,
+    precision_option,
+    workers_option,
+)
 from ..bench.step import MixedPrecisionStep, gradient_sync, make_optimizer, warmup_cosine
 from ..datasets import require
 from ..datasets.llm_corpus import TokenShards
@@ -197,8 +203,7 @@ def train(exp):
     # Replicate the model with DDP instead of sharding it with FSDP2 (worlds of 2+ ranks)
     ddp: Option & bool = default(False)
     workers = workers_option(default=1)
-    # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
-    backend: Option = default("auto")
+    backend = backend_option()
 
     check_shape(shape, seq_len)
     if batch_size < 1 or grad_accum < 1:

@@ -50,7 +50,12 @@ from transformers.generation.streamers import BaseStreamer
 from ..bench import device as bench_device
 from ..bench import init_torch, rate_logger
 from ..bench.distributed import agree_on_counts, process_group
-from ..bench.options import INFERENCE_PRECISIONS, batch_size_option, precision_option
+from ..bench.options import (
+    INFERENCE_PRECISIONS,
+    backend_option,
+    batch_size_option,
+    precision_option,
+)
 from ..datasets import require
 from ..datasets.llm_corpus import TokenShards
 from ..measure.latency import batch_latency, serving_level
@@ -188,8 +193,7 @@ def serve(exp):
     precision = precision_option(default="bf16", choices=INFERENCE_PRECISIONS)
     # Compile the model's forward (torch.compile, mode reduce-overhead: CUDA graphs)
     compile: Option & bool = default(False)
-    # Process-group backend under torchrun: auto (nccl on CUDA, gloo on CPU), nccl or gloo
-    backend: Option = default("auto")
+    backend = backend_option()
 
     check_shape(shape)
     if batch_size < 1 or output_len < 2 or prompt_len < 0 or sweep_batches < 1:

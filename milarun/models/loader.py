@@ -14,7 +14,7 @@ Needs the ``fake_imagenet`` dataset (``milarun dataset fake_imagenet``).
 from coleo import Option, default, tooled
 from torchvision import datasets, transforms
 
-from ..bench import data_loader, dataloop, init_torch
+from ..bench import data_loader, dataloop, init_torch, rank_loader
 from ..bench.options import batch_size_option, workers_option
 from ..datasets import require
 
@@ -68,6 +68,26 @@ def image_loader(folder, split, image_size, batch_size, workers, device):
     """
     dataset = image_folder(folder, split, image_size)
     return data_loader(dataset, batch_size, workers, device), dataset
+
+
+def image_rank_loader(exp, dataset, batch_size, workers, world):
+    """This rank's shuffling ``DataLoader`` over its share of ``dataset`` (an
+    :func:`image_folder`), ``batch_size`` images a batch, shuffled with ``--seed``
+    (:func:`milarun.bench.setup.rank_loader`, which resolves ``workers`` < 0).
+
+    Raises:
+        ValueError: the images give no batch for every rank (one line with a hint).
+    """
+    return rank_loader(
+        dataset,
+        batch_size,
+        workers,
+        world.device,
+        world,
+        exp.options["seed"],
+        "images",
+        hint="lower --batch-size or use a larger fake_imagenet",
+    )
 
 
 @tooled

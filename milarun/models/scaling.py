@@ -32,7 +32,7 @@ from torch import nn
 from ..bench import init_torch, iteration_wrapper
 from ..bench.device import is_cuda
 from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
-from ..bench.options import batch_size_option, lr_option, precision_option
+from ..bench.options import backend_option, batch_size_option, lr_option, precision_option
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
 
@@ -98,8 +98,7 @@ def train(exp):
     # Number of classes
     classes: Option & int = default(1000)
     lr = lr_option(default=0.05)
-    # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
-    backend: Option = default("auto")
+    backend = backend_option()
     precision = precision_option(default="fp32")
 
     device = init_torch(exp)

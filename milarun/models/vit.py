@@ -31,13 +31,19 @@ import torch
 from coleo import Option, default, tooled
 from torch import nn
 
-from ..bench import Epochs, dataloop, init_torch, rank_loader
+from ..bench import Epochs, dataloop, init_torch
 from ..bench.distributed import agree_on_counts, process_group, wrap_ddp
-from ..bench.options import batch_size_option, lr_option, precision_option, workers_option
+from ..bench.options import (
+    backend_option,
+    batch_size_option,
+    lr_option,
+    precision_option,
+    workers_option,
+)
 from ..bench.step import MixedPrecisionStep, make_optimizer
 from ..bench.xpu import DDP_NOT_WIRED, refuse_xpu
 from ..datasets import require
-from .loader import image_folder
+from .loader import image_folder, image_rank_loader
 
 #: ``--arch``: the ViTs this test trains (timm names).
 ARCHS = ("vit_base_patch16_224", "vit_large_patch16_224", "vit_tiny_patch16_224")
@@ -83,8 +89,7 @@ def train(exp):
     # Compile the model with torch.compile
     compile: Option & bool = default(False)
     workers = workers_option(default=-1)
-    # Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo
-    backend: Option = default("auto")
+    backend = backend_option()
 
     check_options(arch, image_size)
     device = init_torch(exp)
@@ -95,16 +100,7 @@ def train(exp):
         device = world.device
         mp = MixedPrecisionStep(device, precision)
         dataset = image_folder(folder, "train", image_size)
-        loader = rank_loader(
-            dataset,
-            batch_size,
-            workers,
-            device,
-            world,
-            exp.options["seed"],
-            "images",
-            hint="lower --batch-size or use a larger fake_imagenet",
-        )
+        loader = image_rank_loader(exp, dataset, batch_size, workers, world)
         model = build_model(arch, image_size, len(dataset.classes)).to(device)
         exp.metrics.update(
             {
