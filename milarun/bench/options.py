@@ -124,7 +124,7 @@ def workers_option(default: int = -1) -> int:
 
 
 @tooled
-def backend_option(default="auto"):
+def backend_option(default: str = "auto") -> str:
     """``--backend``: the process-group backend of a distributed workload (str),
     ``default`` unless given; ``auto`` is nccl on CUDA, gloo on the CPU
     (:func:`milarun.bench.distributed.process_group`)."""
