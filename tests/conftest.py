@@ -98,6 +98,23 @@ def run_model(function, argv, dataroot=None, tmp_path=None, name="test.model"):
     return result
 
 
+def recorded_level(load, value, requests, warmup=0):
+    """A server-scenario level as ``serving_load.levels[]`` records it (llm_server), from
+    ``requests`` = ``[(send_s, ttft_s, tpot_s, output_tokens)]``: every token ``tpot_s``
+    after the one before, 100 prompt tokens, no error."""
+    cols = {k: [] for k in ("send_s", "ttft_s", "e2e_s", "prompt_tokens", "output_tokens")}
+    cols.update(itl_us=[], error=[])
+    for send, ttft, tpot, out in requests:
+        cols["send_s"].append(send)
+        cols["ttft_s"].append(ttft)
+        cols["e2e_s"].append(ttft + (out - 1) * tpot)
+        cols["prompt_tokens"].append(100)
+        cols["output_tokens"].append(out)
+        cols["itl_us"].append([round(tpot * 1e6)] * (out - 1))
+        cols["error"].append(None)
+    return {"load": load, "value": value, "warmup": warmup, "duration_s": 10.0, "requests": cols}
+
+
 def steady_samples(result):
     """Samples not flagged as warm-up."""
     return [s for s in result["timings"]["train"]["samples"] if not s["warmup"]]

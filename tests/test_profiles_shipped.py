@@ -38,8 +38,17 @@ INFERENCE_TESTS = ["infer_resnet50", "infer_encoder"]
 WITH_INFERENCE = ["standard", "lite", "legacy2020"]
 #: The LLM section: every GPU profile; the cpu profile has no tensor-parallel
 #: serving (a 2-rank TP test adds little on CPU slots that the 2-rank FSDP one lacks).
-LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_lora_ddp", "llm_serve", "llm_serve_tp"]
-CPU_LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_serve"]
+LLM_TESTS = [
+    "llm_pretrain",
+    "llm_fsdp",
+    "llm_lora",
+    "llm_lora_ddp",
+    "llm_serve",
+    "llm_serve_tp",
+    "llm_server",
+    "llm_server_tp",
+]
+CPU_LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_serve", "llm_server"]
 #: The cpu profile keeps one test per workload family of the 2020 suite (room for the LLM
 #: tests within the quickstart's 5 minutes; docs/profiles.md says what left).
 CPU_TESTS = [

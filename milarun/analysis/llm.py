@@ -16,6 +16,8 @@ the median over the records that timed that concurrency (requests summed).
 import math
 import statistics
 
+from ..measure.capacity import capacity_of
+from ..measure.latency import level_figures
 from ..measure.stats import describe, finite
 
 #: Figures of a serving level that the summary keeps (medians over records).
@@ -112,4 +114,137 @@ def mfu_percent(stats_):
     return None if mean is None or not math.isfinite(mean) else 100.0 * mean
 
 
-__all__ = ["SERVING_FIELDS", "llm_figures", "mfu_percent"]
+#: Figures of a server-scenario level that the summary keeps (medians over records).
+SERVER_FIELDS = (
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p90_s",
+    "tpot_p99_s",
+    "itl_p50_s",
+    "itl_p99_s",
+    "e2e_p50_s",
+    "e2e_p99_s",
+    "request_throughput",
+    "output_tokens_per_s",
+    "output_tokens_per_s_per_user",
+    "goodput_requests_per_s",
+    "goodput_tokens_per_s",
+    "goodput_fraction",
+)
+
+
+def _walked(load):
+    """The level indices of a record's capacity search (empty without one)."""
+    cap = load.get("capacity")
+    walked = cap.get("levels") if isinstance(cap, dict) else None
+    return walked if isinstance(walked, list) else []
+
+
+def server_figures(records):
+    """``tests[g].server`` of a group's records, or None when none has ``serving_load``.
+
+    Every level's figures are recomputed here from its raw request timings
+    (:func:`milarun.measure.latency.level_figures`) at the targets the record names;
+    a record's own ``figures`` are never read. A level whose timings are malformed
+    is left out and counted in ``malformed``. Across records (one server per GPU,
+    or a tensor-parallel server over the node), each level (``load``, ``value``)
+    has the median of each figure, the requests and failures summed, and
+    ``slo_met`` true only when it holds in every record. The capacity is the
+    median over records of the highest load of the search whose recomputed level
+    met the targets (:func:`milarun.measure.capacity.capacity_of`).
+
+    Returns:
+        ``{"targets": {"ttft_s", "tpot_s", "percentile", "name"}, "measured": {"load",
+        "value"} | None (the first ``--load`` level, whose output tokens the rate logger
+        counted; None when the test ran only a capacity search), "levels": [{"load",
+        "value", "records", "requests", "failed", "slo_met", <SERVER_FIELDS>...}],
+        "capacity": {"kind", "value", "records"} | None, "consistency": {"records",
+        "passed", "failed"} | None, "malformed": int}``; latencies in s, rates in
+        requests/s or tokens/s (per server).
+    """
+    targets = measured = None
+    levels = {}
+    capacities, kind = [], None
+    consistent = inconsistent = malformed = 0
+    for rec in records:
+        load = rec.get("serving_load")
+        if not isinstance(load, dict) or not isinstance(load.get("levels"), list):
+            continue
+        t = load.get("targets") if isinstance(load.get("targets"), dict) else {}
+        ttft, tpot, pct = (_num(t.get(k)) for k in ("ttft_s", "tpot_s", "percentile"))
+        if not ttft or not tpot or not pct or pct > 100:
+            malformed += len(load["levels"])
+            continue
+        if targets is None:
+            name = t.get("name")
+            targets = {
+                "name": name if isinstance(name, str) else None,
+                "ttft_s": ttft,
+                "tpot_s": tpot,
+                "percentile": pct,
+            }
+        met = {}
+        for i, lv in enumerate(load["levels"]):
+            try:
+                key = (str(lv["load"]), float(lv["value"]))
+                fig = level_figures(lv["requests"], lv["warmup"], ttft, tpot, pct)
+            except (ValueError, TypeError, KeyError):
+                malformed += 1
+                continue
+            met[i] = (key[1], bool(fig["slo_met"]))
+            if i == 0 and measured is None and 0 not in _walked(load):
+                measured = {"load": key[0], "value": key[1]}
+            levels.setdefault(key, []).append(fig)
+        cap = load.get("capacity")
+        if isinstance(cap, dict) and isinstance(cap.get("levels"), list):
+            kind = cap.get("kind") if cap.get("kind") in ("rate", "concurrency") else kind
+            walked = [met[i] for i in cap["levels"] if isinstance(i, int) and i in met]
+            capacities.append(capacity_of(walked))
+        check = load.get("consistency")
+        if isinstance(check, dict) and isinstance(check.get("passed"), bool):
+            if check["passed"]:
+                consistent += 1
+            else:
+                inconsistent += 1
+    if targets is None and not malformed:
+        return None
+    out = {
+        "targets": targets,
+        "measured": measured,
+        "levels": [],
+        "capacity": None,
+        "consistency": None,
+        "malformed": malformed,
+    }
+    for (load_kind, value), figs in sorted(levels.items()):
+        entry = {
+            "load": load_kind,
+            "value": value,
+            "records": len(figs),
+            "requests": sum(f["requests"] for f in figs),
+            "failed": sum(f["failed"] for f in figs),
+            "slo_met": all(f["slo_met"] for f in figs),
+        }
+        for field in SERVER_FIELDS:
+            values = [v for v in (_num(f.get(field)) for f in figs) if v is not None]
+            entry[field] = statistics.median(values) if values else None
+        out["levels"].append(entry)
+    if capacities:
+        known = [c for c in capacities if c is not None]
+        out["capacity"] = {
+            "kind": kind,
+            "value": statistics.median(known) if len(known) == len(capacities) else None,
+            "records": len(capacities),
+        }
+    if consistent or inconsistent:
+        out["consistency"] = {
+            "records": consistent + inconsistent,
+            "passed": inconsistent == 0,
+            "failed": inconsistent,
+        }
+    return out
+
+
+__all__ = ["SERVING_FIELDS", "SERVER_FIELDS", "llm_figures", "server_figures", "mfu_percent"]

@@ -88,7 +88,7 @@ from ..measure import flags as flagmodel
 from ..measure.stats import finite
 from ..plan import types as plantypes
 from .acceptance import acceptance_figures
-from .llm import llm_figures
+from .llm import llm_figures, server_figures
 
 #: Characters of stderr tail kept per failure in a summary.
 TAIL_CHARS = 4000
@@ -547,6 +547,11 @@ def _summarize_group(gname, results):
         **_checks(results),
         **(
             {"llm": llm} if (llm := llm_figures([res.judged for res in scored])) is not None else {}
+        ),
+        **(
+            {"server": server}
+            if (server := server_figures([res.judged for res in scored])) is not None
+            else {}
         ),
         **(
             {"acceptance": acc}

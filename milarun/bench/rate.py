@@ -385,15 +385,17 @@ class RateLogger:
         if self.tracer is not None:
             self.tracer.close(self)
 
-    def _ready(self) -> None:
-        """The set-up is over: synchronize (``before_start``), then open the first window."""
+    def begin(self) -> None:
+        """The set-up is over: synchronize (``before_start``), then open the first window.
+        :meth:`loop` and :meth:`steps` call it; a workload that counts its items by hand
+        (:meth:`count`, serving) calls it once before its first item."""
         if self.before_start is not None:
             self.before_start()
         self.start()
 
     def steps(self) -> Iterator[Step]:
         """Yield ``Step`` objects until ``max_count`` items were processed."""
-        self._ready()
+        self.begin()
         try:
             while not self.done():
                 step = Step()
@@ -415,7 +417,7 @@ class RateLogger:
         """
         it = iter(iterable)
         head = next(it, _NOTHING)
-        self._ready()
+        self.begin()
         try:
             while not self.done():
                 if head is _NOTHING:

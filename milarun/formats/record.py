@@ -22,6 +22,7 @@ Append a version and its step for every change; docs/results.md lists the same.
   boost, cgroup CPU quota; per GPU power limits, clocks, persistence and ECC); samples
   may hold ``loss``; ``error.reason`` may also be ``nan-loss`` or ``no-steady-state``.
 * 9, hardware identity: a device of ``devices`` may hold its ``serial``.
+* 10, server-scenario serving: ``serving_load`` (``llm_server``).
 
 A reader older than a record's version refuses it ("newer than this milarun").
 
@@ -118,6 +119,13 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
                    "prefill_tokens_per_s", "decode_tokens_per_s",
                    "output_tokens_per_s", "goodput_requests_per_s",
                    "goodput_fraction"}`` (:mod:`milarun.measure.latency`).
+``serving_load``   optional (server-scenario tests, ``llm_server``): ``{"scenario",
+                   "api", "targets": {"name", "ttft_s", "tpot_s", "percentile"}, "server",
+                   "levels": [{"load", "value", "warmup", "duration_s", "stopped",
+                   "truncated", "requests": {"send_s", "ttft_s", "e2e_s",
+                   "prompt_tokens", "output_tokens", "itl_us", "error"}, "figures"}],
+                   "capacity", "consistency"}``: every request's raw timings, from which
+                   :func:`milarun.measure.latency.level_figures` recomputes the figures.
 ``collectives``    optional (the ``collectives`` acceptance test): one row per collective and
                    message size: ``{"op", "bytes", "ranks", "time_s", "algbw_gbps",
                    "busbw_gbps"}`` (nccl-tests' method: :mod:`milarun.measure.acceptance`).
@@ -132,7 +140,7 @@ from ..errors import ResultFormatError
 from .jsonfile import StrPath, accepts, check, load_schema
 from .versioned import Migration, VersionedFormat
 
-FORMAT_VERSION = 9
+FORMAT_VERSION = 10
 
 #: Values of ``error.reason``: the test raised (``error``), the kernel OOM
 #: killer, the launcher's timeout, a signal, an interrupted suite, a

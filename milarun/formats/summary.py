@@ -228,6 +228,8 @@ def _complete(data: dict[str, Any], path: StrPath | None) -> dict[str, Any]:
         }
         if entry.get("llm") is not None:  # LLM tests only (milarun.analysis.llm)
             tests[gname]["llm"] = entry["llm"]
+        if entry.get("server") is not None:  # server-scenario tests (milarun.analysis.llm)
+            tests[gname]["server"] = entry["server"]
         if entry.get("acceptance") is not None:  # acceptance tests only (analysis.acceptance)
             tests[gname]["acceptance"] = entry["acceptance"]
         if entry.get("tags") is not None:  # the profile tags, when the records kept them

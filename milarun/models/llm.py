@@ -19,11 +19,19 @@ nodes: ~35 GB a GPU on 32). Serving in bf16 needs 2 bytes a parameter plus
 the KV cache (8B: 16 GB; 70B: 140 GB, hence tensor parallelism over a node).
 """
 
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import uuid
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ..bench import device as bench_device
 from ..bench import rank_loader
+from ..datasets.llm_corpus import EOS, TokenShards
 from ..measure.mfu import flops_per_token, mfu, peak_tflops
 from ..measure.stats import steady_state
 
@@ -161,6 +169,149 @@ def record_flops(exp, flops_tok, name, precision, world_size=1):
         exp.metrics["mfu"] = frac
 
 
+#: milarun precision → the dtype :func:`write_served_model` saves the weights in.
+SERVED_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: The file in a served model's folder that says what it was written from.
+SERVED_STAMP = "milarun-model.json"
+
+
+def _served_stamp(path):
+    """The stamp of the served model at ``path`` (a dict), or None when it has none or it is
+    not a JSON object."""
+    try:
+        with open(os.path.join(path, SERVED_STAMP), "rb") as f:
+            stamp = json.loads(f.read(65536))
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) else None
+
+
+def _reuse_served(path, stamp):
+    """True when ``path`` holds the model of ``stamp``; False when there is nothing there
+    (or an empty folder).
+
+    Raises:
+        ValueError: ``path`` holds something else (another stamp, or no stamp at all).
+    """
+    if not os.path.lexists(path):
+        return False
+    if os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path):
+        return False  # an empty folder: the rename replaces it
+    found = _served_stamp(path)
+    if found != stamp:
+        what = "no " + SERVED_STAMP if found is None else f"a model of {found}"
+        raise ValueError(
+            f"{path}: holds {what}, not the model asked for ({stamp}); remove it or choose "
+            f"another path"
+        )
+    return True
+
+
+def write_served_model(path, shape, corpus_dir, *, precision="fp32", seed=0, max_positions=2048):
+    """Write a model folder a serving engine loads (``transformers serve``, vLLM, SGLang):
+    the Llama model of ``shape`` (:func:`llama_config`, :func:`build_model`) with random
+    weights seeded by ``seed``, the ``llm_corpus`` tokenizer, and a stamp.
+
+    The folder holds ``config.json``, ``generation_config.json`` and
+    ``model.safetensors`` (``save_pretrained``, weights in ``precision``'s dtype), the
+    tokenizer of ``corpus_dir/tokenizer.json`` as a ``PreTrainedTokenizerFast`` whose end
+    of text is ``<|endoftext|>`` (``tokenizer.json``, ``tokenizer_config.json``), and
+    ``milarun-model.json``: shape, precision, seed, context and the tokenizer's SHA-256.
+    The generation config has no end-of-text ID and ``do_sample=False``: random weights
+    emit end-of-text by chance, and an engine must produce ``max_tokens`` every time
+    (vLLM and SGLang also stop at the tokenizer's end of text unless a request says
+    ``ignore_eos``). The model's context is ``max_positions`` tokens.
+
+    Writing is atomic and may be shared by several processes: each writes a temporary
+    sibling folder and renames it to ``path``; the loser of that race removes its own and
+    uses the winner's. A ``path`` whose stamp is the same is reused as it is. Host memory
+    while writing: 4 bytes a parameter (the model is built in fp32, then cast).
+
+    Args:
+        path: the model folder to write.
+        shape: a key of :data:`SHAPES`.
+        corpus_dir: a built ``llm_corpus`` (``milarun dataset llm_corpus``).
+        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        seed: the ``torch.manual_seed`` of the weights (the caller's RNG state is kept).
+        max_positions: the context length (tokens).
+
+    Returns:
+        ``path`` as a ``pathlib.Path``.
+
+    Raises:
+        ValueError: an unknown shape or precision, a bad context length, or ``path``
+            holding another model (its stamp differs, or it has none): one line naming it.
+        DatasetError: ``corpus_dir`` is not a valid ``llm_corpus`` (a ``ValueError``).
+    """
+    from transformers import PreTrainedTokenizerFast  # heavy: only when a model is written
+
+    check_shape(shape, max_positions)
+    if precision not in SERVED_DTYPES:
+        raise ValueError(f"precision must be one of {', '.join(SERVED_DTYPES)}, not {precision!r}")
+    path = pathlib.Path(path)
+    corpus = TokenShards(corpus_dir)  # checks the corpus; its vocabulary and end of text
+    tokenizer_file = pathlib.Path(corpus_dir) / "tokenizer.json"
+    with open(tokenizer_file, "rb") as f:
+        tokenizer_sha = hashlib.sha256(f.read()).hexdigest()
+    stamp = {
+        "shape": shape,
+        "precision": precision,
+        "seed": seed,
+        "max_positions": max_positions,
+        "tokenizer_sha256": tokenizer_sha,
+    }
+    if _reuse_served(path, stamp):
+        return path
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A sibling, so the rename stays on one file system; hidden, and unique per writer.
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        config = llama_config(shape, corpus.vocab_size, max_positions)
+        # The corpus tokenizer has no beginning-of-text or padding token, and no end of
+        # text may stop generation: no special IDs in the config (Llama's defaults 1 and 2
+        # are ordinary tokens of this vocabulary).
+        config.bos_token_id = config.eos_token_id = config.pad_token_id = None
+        config.use_cache = True  # served: generation keeps its KV cache (training turns it off)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = build_model(config, dtype=SERVED_DTYPES[precision])
+        model.generation_config.eos_token_id = None
+        model.generation_config.bos_token_id = None
+        model.generation_config.pad_token_id = None
+        model.generation_config.do_sample = False
+        model.save_pretrained(tmp, safe_serialization=True)
+        del model
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_file=str(tokenizer_file), eos_token=EOS, model_max_length=max_positions
+        )
+        if tokenizer.eos_token_id != corpus.eos_id:
+            raise ValueError(
+                f"{tokenizer_file}: {EOS} is id {tokenizer.eos_token_id}, not the corpus's "
+                f"eos_id {corpus.eos_id}"
+            )
+        tokenizer.save_pretrained(tmp)
+        # transformers 5 names the class "TokenizersBackend", which the transformers 4 of
+        # an engine's own environment (vLLM, SGLang) does not know; both load this name.
+        tok_config_file = tmp / "tokenizer_config.json"
+        tok_config = json.loads(tok_config_file.read_text())
+        tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        tok_config_file.write_text(json.dumps(tok_config, indent=2) + "\n")
+        with open(tmp / SERVED_STAMP, "w") as f:
+            json.dump(stamp, f, indent=1)
+            f.write("\n")
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            # Another writer renamed its folder first (ENOTEMPTY/EEXIST): use its model.
+            if not os.path.isdir(path):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _reuse_served(path, stamp)  # the winner's model must be the one asked for
+    return path
+
+
 __all__ = [
     "SHAPES",
     "check_shape",
@@ -172,4 +323,5 @@ __all__ = [
     "causal_lm_loss",
     "record_flops",
     "flops_per_token",
+    "write_served_model",
 ]

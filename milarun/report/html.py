@@ -17,7 +17,18 @@ from .checks import diff_line, energy_plot_rows, flag_html, perf_per_watt_line
 from .family import LABELS as FAMILY_LABELS
 from .formatting import fmt_num, fmt_pct
 from .iostudy import plot_svg
-from .llm import latency_plot, serving_cells
+from .llm import (
+    capacity_text,
+    consistency_text,
+    interactivity_plot,
+    latency_plot,
+    malformed_text,
+    score_text,
+    server_cells,
+    server_latency_plot,
+    serving_cells,
+    targets_text,
+)
 from .plots import FLAG_COLOUR, Plotter
 from .text import (
     FAMILY_HEADER,
@@ -349,8 +360,12 @@ def render_html(
                 **row,
                 "levels": [serving_cells(lv, row["concurrency"]) for lv in row["serving"]],
                 "svg": Markup(svg) if svg else None,
+                "server_view": None,
             }
         )
+        if row.get("server"):
+            plotter = plotter or Plotter()
+            llm[-1]["server_view"] = server_view(plotter, row, Markup)
 
     if report.acceptance:
         plotter = plotter or Plotter()
@@ -405,6 +420,27 @@ def render_html(
             ratio_class=ratio_band(report.score_ratio),
         )
     )
+
+
+def server_view(plotter, row, markup):
+    """A server-scenario test's part of the LLM section: the targets, capacity,
+    consistency (``consistency_failed`` to show it loudly) and malformed warning in
+    words, the level cells, and the two plots (``markup``: markupsafe's ``Markup``)."""
+    server = row["server"]
+    consistency = server.get("consistency")
+    latency, interactivity = server_latency_plot(plotter, row), interactivity_plot(plotter, row)
+    return {
+        "targets": targets_text(server.get("targets")),
+        "capacity": capacity_text(server.get("capacity")),
+        "consistency": consistency_text(consistency),
+        "consistency_failed": bool(consistency) and not consistency.get("passed"),
+        "malformed": malformed_text(server),
+        "score": score_text(server),
+        "per_gpu": bool(row.get("gpus")),
+        "levels": [server_cells(lv, server.get("measured")) for lv in server.get("levels") or []],
+        "latency_svg": markup(latency) if latency else None,
+        "interactivity_svg": markup(interactivity) if interactivity else None,
+    }
 
 
 def family_view(report):

@@ -11,6 +11,11 @@ Rules, in the order the report applies them:
   (coefficient of variation of the per-result steady-state rates). With one
   result the variance is unknown: std% is shown as ``unknown (n=1)`` and
   counts as 0 in ``perf_adj``.
+* Server-scenario tests (``tests[g].server`` with a ``measured`` level, the LLM Server
+  scenario): ``perf``, the node throughput and the interval's sample are the rate times
+  :func:`goodput_factor`, the measured level's goodput tokens/s over its output tokens/s:
+  tokens served within the latency targets. 0 when no request met them (its zero reason
+  says so).
 * ``perf_adj = perf * (1 - std%) * (1 - fail/n)``, or ``perf * (1 - fail/n)``
   with ``penalize_variance=False`` (:func:`milarun.measure.stats.perf_adj`). The
   baseline's adjusted perf uses the same rule.
@@ -256,10 +261,53 @@ def check_throughput(value):
     return value
 
 
+#: Why a server-scenario test scores 0 (:func:`zero_reason`).
+NO_GOODPUT = "no request met the latency targets"
+
+
+def _measured_level(t):
+    """The level of a server-scenario test (``tests[g].server``) whose output tokens its
+    rate counted, or None (not a server test, or no measured level)."""
+    server = t.get("server")
+    measured = server.get("measured") if isinstance(server, dict) else None
+    if not isinstance(measured, dict):
+        return None
+    for level in server.get("levels") or []:
+        if isinstance(level, dict) and (level.get("load"), level.get("value")) == (
+            measured.get("load"),
+            measured.get("value"),
+        ):
+            return level
+    return {}  # measured, but no figures of it survived (malformed timings)
+
+
+def goodput_factor(t):
+    """The fraction of a server-scenario test's rate that its score keeps, or None for
+    any other test: the measured level's goodput tokens/s over its output tokens/s
+    (tokens of requests that met the latency targets), within 0..1; 0 when either is
+    unknown or the output is 0. The test's rate (output tokens/s, per device, node or
+    job as its plan type says) times it is its goodput at the same scale, so every
+    aggregation of the rate (per GPU, per node, the interval) applies unchanged."""
+    level = _measured_level(t)
+    if level is None:
+        return None
+    good, out = level.get("goodput_tokens_per_s"), level.get("output_tokens_per_s")
+    if not stats.finite(good) or not stats.finite(out) or out <= 0 or good <= 0:
+        return 0.0
+    return min(1.0, good / out)
+
+
+def _scaled(value, factor):
+    return value if factor is None or value is None else value * factor
+
+
 def perf_basis(t, throughput="effective"):
     """``(perf, std fraction, basis)`` of a summary test: its effective throughputs
     when ``throughput`` is ``"effective"`` and every scored result has one, else its
-    own steady-state rates (``basis`` says which: ``"effective"`` or ``"own"``)."""
+    own steady-state rates (``basis`` says which: ``"effective"`` or ``"own"``). A
+    server-scenario test's perf is scaled by :func:`goodput_factor` (its std fraction
+    is unchanged)."""
+    factor = goodput_factor(t)
     eff = t.get("effective")
     if (
         throughput == "effective"
@@ -268,8 +316,9 @@ def perf_basis(t, throughput="effective"):
         and eff["n"] == t["train"]["n"]
         and eff.get("mean") is not None
     ):
-        return eff["mean"], stats.cv(eff["mean"], eff["std"]), "effective"
-    return t["train"]["mean"], stats.cv(t["train"]["mean"], t["train"]["std"]), "own"
+        return _scaled(eff["mean"], factor), stats.cv(eff["mean"], eff["std"]), "effective"
+    mean = t["train"]["mean"]
+    return _scaled(mean, factor), stats.cv(mean, t["train"]["std"]), "own"
 
 
 def build_report(
@@ -382,6 +431,7 @@ def _test_rows(tests, weights, baseline, throughput, penalize_variance, has_tags
             "own": t["train"]["mean"],
             "basis": basis,
             "effective": (t.get("effective") or {}).get("mean"),
+            "goodput_factor": goodput_factor(t),
             "rates": t["train"]["n"],
             "anomalies": [from_summary(f) for f in t.get("anomalies") or []],
             "family": family_of(t.get("tags") or []) if has_tags else None,
@@ -488,6 +538,8 @@ def zero_reason(test):
     """
     n, fail = test.get("n", 0), test.get("failures", 0)
     reasons = test.get("failure_reasons") or {}
+    if ((test.get("train") or {}).get("n") or 0) > 0 and goodput_factor(test) == 0:
+        return NO_GOODPUT
     if ((test.get("train") or {}).get("n") or 0) > 0:
         return "std% of 100% or more (perf_adj is clamped at 0)"
     if fail and set(reasons) == {"no-steady-state"}:
@@ -526,6 +578,11 @@ def node_throughput(t, basis="own"):
     kind = plantypes.TYPES.get(t.get("partition"))
     if kind is None:
         return None
+    return _scaled(_node_rate(t, kind, basis), goodput_factor(t))
+
+
+def _node_rate(t, kind, basis):
+    """:func:`node_throughput` before a server-scenario test's goodput factor."""
     if kind.rate_of == "device":
         per = t.get("pergpu_effective") if basis == "effective" else None
         means = [
@@ -538,7 +595,7 @@ def node_throughput(t, basis="own"):
         devices = set(t.get("pergpu") or {}) | {f.get("device") for f in t.get("failed") or []}
         nodes = set(t.get("pernode") or {}) | set(t.get("pernode_failures") or {})
         return math.fsum(means) / len(means) * len(devices) / max(1, len(nodes))
-    perf = _sample(t, basis)[1]
+    perf = _sample(t, basis, scaled=False)[1]
     if perf is None:
         return None
     if kind.rate_of == "job":
@@ -547,12 +604,14 @@ def node_throughput(t, basis="own"):
     return perf
 
 
-def _sample(t, basis="own"):
+def _sample(t, basis="own", scaled=True):
     """``(n, mean, std)`` of a group's per-result rates: effective ones when ``basis``
-    is ``"effective"`` (:func:`perf_basis`), else the own steady-state rates."""
+    is ``"effective"`` (:func:`perf_basis`), else the own steady-state rates; a
+    server-scenario test's scaled by :func:`goodput_factor` (unless ``scaled`` is False)."""
     st = t.get("effective") if basis == "effective" else None
     st = st or t["train"]
-    return (st["n"], st["mean"], st["std"])
+    factor = goodput_factor(t) if scaled else None
+    return (st["n"], _scaled(st["mean"], factor), _scaled(st["std"], factor))
 
 
 def _few(rows, key="sample"):

@@ -41,7 +41,9 @@ use them; docs/tender.md lists them):
   (:func:`milarun.measure.confidence.mean_interval`) against ``min_throughput``; the
   failure rate; the node-to-node spread of the per-node means; the mean power of each
   node (:mod:`milarun.measure.energy`); the acceptance thresholds
-  (:func:`milarun.analysis.acceptance.verdict`).
+  (:func:`milarun.analysis.acceptance.verdict`); the ``serving`` rules of server-scenario
+  tests (:func:`check_serving`: every load level recomputed from its raw request timings
+  at the rules' latency targets).
 
 Bad input from the buyer (an unreadable rules file or public key, a malformed
 ``--expect-head``, a folder that does not exist) raises :class:`MilarunError`;
@@ -51,12 +53,13 @@ everything wrong inside the bundle is a failed clause.
 import datetime
 import math
 import re
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 
 from ..analysis.acceptance import verdict as acceptance_verdict
-from ..analysis.summary import node_of, summarize
+from ..analysis.summary import group_name, node_of, summarize
 from ..errors import MilarunError
 from ..formats.bundle import bundle_path, read_bundle, signature_path
 from ..formats.jsonfile import read_bytes, read_json
@@ -74,7 +77,9 @@ from ..formats.store import iter_results, load_result
 from ..formats.summary import SUMMARY_FORMAT
 from ..launcher.chain import PLAN_FORMAT
 from ..launcher.session import SESSION_ID_FORMAT, digest_of_contents, read_session
+from ..measure.capacity import capacity_of
 from ..measure.confidence import LEVEL, mean_interval
+from ..measure.latency import level_figures
 from ..profile.language import load_profile
 from .keys import check_signature, load_public
 from .seal import WEIGHTS_COPY, SealError, merged_identity, read_weights
@@ -1790,6 +1795,8 @@ def check_performance(b, v, rules):
     if rules.get("acceptance"):
         for c in acceptance_verdict(rules["acceptance"], tests):
             v.add("performance", "performance.acceptance", c["ok"], f"{c['clause']}: {c['detail']}")
+    for group, rule in sorted(((rules.get("serving") or {}).get("tests") or {}).items()):
+        check_serving(b, v, group, rule)
 
 
 def _spread_clause(tests, v, limit):
@@ -1844,8 +1851,211 @@ def _power_clause(tests, v, limit):
         )
 
 
+# --- serving (server-scenario tests) ------------------------------------------------------
+
+
+def _serving_records(b, group):
+    """``[(path, serving_load)]`` of the successful records of ``group`` that hold one,
+    and ``[path]`` of those that do not."""
+    held, lacking = [], []
+    for path, rec in sorted(b.records.items()):
+        try:
+            if not rec.get("success") or group_name(rec) != group:
+                continue
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+        load = rec.get("serving_load")
+        if isinstance(load, dict):
+            held.append((path, load))
+        else:
+            lacking.append(path)
+    return held, lacking
+
+
+def _rejudged(path, load, targets):
+    """``(figures by level index, measured index or None, problems)`` of one record's
+    ``serving_load``: every level recomputed at ``targets`` (the rules'); a level that
+    cannot be is a problem naming the record and the key."""
+    figures, problems = {}, []
+    levels = load.get("levels")
+    if not isinstance(levels, list):
+        return figures, None, [(f"{path}: serving_load.levels: not a list", [path])]
+    for i, lv in enumerate(levels):
+        key = f"serving_load.levels[{i}]"
+        try:
+            if not isinstance(lv, dict):
+                raise TypeError("not an object")
+            figures[i] = (
+                float(lv["value"]),
+                level_figures(
+                    lv["requests"],
+                    lv["warmup"],
+                    targets["ttft_s"],
+                    targets["tpot_s"],
+                    targets["percentile"],
+                ),
+            )
+        except KeyError as exc:
+            problems.append((f"{path}: {key}.{exc.args[0]}: missing", [path]))
+        except (ValueError, TypeError) as exc:
+            problems.append((f"{path}: {key}: {str(exc)[:200]}", [path]))
+    cap = load.get("capacity")
+    walked = cap.get("levels") if isinstance(cap, dict) else None
+    walked = walked if isinstance(walked, list) else []
+    measured = 0 if levels and 0 not in walked else None
+    return figures, measured, problems
+
+
+def check_serving(b, v, group, rule):
+    """The ``serving`` rules of one server-scenario test group (docs/tender.md): every
+    level of every successful record recomputed from its raw request timings at the
+    rules' ``targets`` (:func:`milarun.measure.latency.level_figures`), then
+
+    * ``performance.serving-records``: each level that cannot be recomputed, by record
+      and key (and each record of the group without ``serving_load``);
+    * ``performance.serving-goodput`` (``min_goodput_tokens_per_s``): the median over
+      the records (one per server) of the measured level's goodput tokens/s; a record
+      whose measured level is missing or malformed counts 0;
+    * ``performance.serving-capacity`` (``min_capacity``): the median over the records
+      of :func:`milarun.measure.capacity.capacity_of` of the capacity search's levels
+      re-judged at the targets; a record without a search or without a passing load
+      fails it;
+    * ``performance.serving-consistency`` (``require_consistency``): every record's
+      consistency check ran and passed.
+    """
+    targets = rule["targets"]
+    bounds = (
+        f"TTFT <= {targets['ttft_s']:g} s and TPOT <= {targets['tpot_s']:g} s at "
+        f"p{targets['percentile']:g}"
+    )
+    held, lacking = _serving_records(b, group)
+    if not held:
+        v.add(
+            "performance",
+            "performance.serving-records",
+            False,
+            f"{group}: no successful record with serving_load (the rules judge its serving"
+            f" at {bounds})",
+        )
+        return
+    problems = [(f"{p}: serving_load: missing (a successful record)", [p]) for p in lacking]
+    judged = []
+    for path, load in held:
+        figures, measured, found = _rejudged(path, load, targets)
+        problems += found
+        judged.append((path, load, figures, measured))
+    _report(
+        v,
+        "performance",
+        "performance.serving-records",
+        problems,
+        f"{group}: every load level of {len(held)} record(s) recomputed from its request "
+        f"timings at {bounds}",
+    )
+    if "min_goodput_tokens_per_s" in rule:
+        _goodput_clause(v, group, judged, rule["min_goodput_tokens_per_s"], bounds)
+    if "min_capacity" in rule:
+        _capacity_clause(v, group, judged, rule["min_capacity"], bounds)
+    if rule.get("require_consistency"):
+        _consistency_clause(v, group, judged)
+
+
+def _goodput_clause(v, group, judged, floor, bounds):
+    goodput = []
+    for path, _, figures, measured in judged:
+        fig = figures.get(measured) if measured is not None else None
+        good = (fig[1].get("goodput_tokens_per_s") if fig else None) or 0.0
+        goodput.append((good, path))
+    median = statistics.median(g for g, _ in goodput)
+    low, low_path = min(goodput)
+    v.add(
+        "performance",
+        "performance.serving-goodput",
+        median >= floor,
+        f"{group}: measured level's goodput {median:.4g} tokens/s at {bounds} (median over "
+        f"{len(goodput)} record(s), one per server; lowest {low:.4g} in {low_path}); the "
+        f"rules ask >= {floor:g}",
+        [low_path] if median < floor else [],
+    )
+
+
+def _capacity_clause(v, group, judged, floor, bounds):
+    found, none = [], []
+    kinds = set()
+    for path, load, figures, _ in judged:
+        cap = load.get("capacity")
+        walked = cap.get("levels") if isinstance(cap, dict) else None
+        if not isinstance(walked, list):
+            none.append(f"{path} (no capacity search)")
+            continue
+        kinds.add(cap.get("kind"))
+        steps = [
+            (figures[i][0], bool(figures[i][1]["slo_met"]))
+            for i in walked
+            if isinstance(i, int) and i in figures
+        ]
+        capacity = capacity_of(steps)
+        if capacity is None:
+            none.append(f"{path} (no load met the targets)")
+        else:
+            found.append(capacity)
+    unit = {"rate": "requests/s", "concurrency": "concurrent requests"}.get(
+        kinds.pop() if len(kinds) == 1 else None, "(load)"
+    )
+    if none:
+        v.add(
+            "performance",
+            "performance.serving-capacity",
+            False,
+            f"{group}: no capacity at {bounds} in "
+            + "; ".join(none[:5])
+            + (f" and {len(none) - 5} more" if len(none) > 5 else "")
+            + f"; the rules ask >= {floor:g} {unit}",
+        )
+        return
+    median = statistics.median(found)
+    v.add(
+        "performance",
+        "performance.serving-capacity",
+        median >= floor,
+        f"{group}: capacity {median:g} {unit} at {bounds} (median over {len(found)} "
+        f"record(s), each search's levels re-judged); the rules ask >= {floor:g}",
+    )
+
+
+def _consistency_clause(v, group, judged):
+    problems = []
+    for path, load, _, _ in judged:
+        check = load.get("consistency")
+        if not isinstance(check, dict) or "passed" not in check:
+            why = check.get("skipped") if isinstance(check, dict) else None
+            problems.append(
+                (
+                    f"{path}: no consistency check" + (f" (skipped: {why})"[:200] if why else ""),
+                    [path],
+                )
+            )
+        elif check["passed"] is not True:
+            problems.append(
+                (
+                    f"{path}: consistency FAILED: the server's tokens differ from the same "
+                    f"model run in-process ({check.get('matching')} of {check.get('prompts')} "
+                    f"prompt(s) matched)",
+                    [path],
+                )
+            )
+    _report(
+        v,
+        "performance",
+        "performance.serving-consistency",
+        problems,
+        f"{group}: the server's tokens matched the in-process model in all {len(judged)} record(s)",
+    )
+
+
 __all__ = [
     "Bundle",
+    "check_serving",
     "OVERRIDES",
     "after_head_problems",
     "check_compliance",
