@@ -48,7 +48,7 @@ LLM_TESTS = [
     "llm_server",
     "llm_server_tp",
 ]
-CPU_LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_serve", "llm_server"]
+CPU_LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_server"]
 #: The cpu profile keeps one test per workload family of the 2020 suite (room for the LLM
 #: tests within the quickstart's 5 minutes; docs/profiles.md says what left).
 CPU_TESTS = [
