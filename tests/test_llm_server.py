@@ -185,7 +185,7 @@ def test_capacity_search_finds_the_queue_of_a_two_slot_server(root, tmp_path):
     assert cap["capacity"] == 4 and cap["reason"] == "converged"
     assert res["metrics"]["capacity_concurrency"] == 4
     summary = server_figures([_record(res)])
-    assert summary["capacity"] == {"kind": "concurrency", "value": 4, "records": 1}
+    assert summary["capacity"] == {"load": "concurrency", "value": 4, "records": 1}
     assert summary["measured"] is None  # only the search ran
 
 
@@ -343,6 +343,6 @@ def test_the_summary_recomputes_levels_and_rejudges_the_capacity_search():
     # the second server's 0.6 s TTFT request is not good: 5 of 6 over both, per-server medians
     assert two["goodput_fraction"] == pytest.approx((1.0 + 2 / 3) / 2)
     assert two["slo_met"] is False and four["slo_met"] is True and eight["slo_met"] is False
-    assert out["capacity"] == {"kind": "rate", "value": 4.0, "records": 1}
+    assert out["capacity"] == {"load": "rate", "value": 4.0, "records": 1}
     assert out["consistency"] == {"records": 1, "passed": True, "failed": 0}
     assert server_figures([{"metrics": {}}]) is None

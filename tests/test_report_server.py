@@ -99,7 +99,7 @@ def test_server_figures_are_as_computed_by_hand(server):
     assert server["measured"] == {"load": "rate", "value": 4.0}
     assert measured["output_tokens_per_s"] == pytest.approx(8.0)
     assert measured["goodput_tokens_per_s"] == pytest.approx(4.0)
-    assert server["capacity"] == {"kind": "rate", "value": 6.5, "records": 2}
+    assert server["capacity"] == {"load": "rate", "value": 6.5, "records": 2}
 
 
 def test_text_shows_targets_levels_capacity_and_consistency(server):
@@ -162,9 +162,9 @@ def test_failed_consistency_and_malformed_levels_are_loud():
 def test_words_for_missing_parts():
     assert targets_text(None).startswith("unknown")
     assert capacity_text(None).startswith("not searched")
-    assert capacity_text({"kind": "rate", "value": None, "records": 2}).startswith("none found")
+    assert capacity_text({"load": "rate", "value": None, "records": 2}).startswith("none found")
     assert (
-        capacity_text({"kind": "concurrency", "value": 12, "records": 1})
+        capacity_text({"load": "concurrency", "value": 12, "records": 1})
         == "12 concurrent requests at the targets, median of 1 server"
     )
     assert consistency_text(None).startswith("not checked")

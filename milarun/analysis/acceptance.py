@@ -14,9 +14,14 @@ acceptance section too. The figures of each T:
   ``d2d`` per node and ordered GPU pair (GB/s, peer access), ``stream`` per node and device
   (STREAM's copy, scale, add, triad); medians over runs; ``not_applicable`` when the copies
   were not applicable (CPU slots);
-* ``matmul``: per precision, the fixed-shape TFLOP/s and the best (the shape sweep's, or
-  the fixed shape's when higher) as the median and the lowest over the records (GPUs), the
-  best shape, the datasheet peak; ``supported`` false where FP8 could not run;
+* ``matmul`` (with its ``--sweep`` or its ``--soak``): per precision, the fixed-shape
+  TFLOP/s and the best (the shape sweep's, or the fixed shape's when higher) as the median
+  and the lowest over the records (GPUs), the best shape, the datasheet peak; with
+  ``--soak`` the burst TFLOP/s (median), the soak (s) and ``nodes``: per node its figure,
+  the slowest device's sustained fixed-shape TFLOP/s (a node running all its GPUs at once
+  is as fast as its slowest; each device's median over its runs first), the fastest
+  device's, the spread (fastest ÷ slowest) and which device is slowest; ``supported``
+  false where FP8 could not run;
 * ``burn``: one row per record (GPU, node, run): TFLOP/s, the throttle figures, the clock
   drop, and the failure reason of a failed one (``data-corruption``).
 
@@ -90,9 +95,14 @@ def _experiment(rec):
 
 def kind_of(rec):
     """The acceptance test a record is, or None: matmul counts only with its shape sweep
-    (``mamf_tflops_<p>``), the acceptance profiles' matmul."""
+    (``mamf_tflops_<p>``) or its soak (``soak_s`` > 0), the acceptance profiles' matmul."""
     kind = EXPERIMENTS.get(_experiment(rec))
-    if kind == "matmul" and not any(k.startswith("mamf_tflops_") for k in _metrics(rec)):
+    m = _metrics(rec)
+    if (
+        kind == "matmul"
+        and not any(k.startswith("mamf_tflops_") for k in m)
+        and not _num(m.get("soak_s"))
+    ):
         return None
     return kind
 
@@ -115,7 +125,7 @@ def acceptance_figures(records, node_of):
         return {"test": kind, "collectives": _collectives(ok)}
     if kind == "bandwidth":
         return {"test": kind, "bandwidth": _bandwidth(ok, node_of)}
-    return {"test": kind, "matmul": _matmul(ok)}
+    return {"test": kind, "matmul": _matmul(ok, node_of)}
 
 
 def _collectives(records):
@@ -212,23 +222,37 @@ def _bandwidth(records, node_of):
     }
 
 
-def _matmul(records):
+def _matmul(records, node_of):
     precisions = {}
     for rec in records:
         m = _metrics(rec)
         for key in m:
             match = _PRECISION.match(key)
-            if match is None or match[1].endswith("_vs_peak"):
+            if match is None or match[1].endswith(("_vs_peak", "_burst")):
                 continue
             p = match[1]
             entry = precisions.setdefault(
-                p, {"fixed": [], "best": [], "shape": {}, "peak": None, "supported": False}
+                p,
+                {
+                    "fixed": [],
+                    "best": [],
+                    "shape": {},
+                    "peak": None,
+                    "supported": False,
+                    "burst": [],
+                    "soak": [],
+                    "devices": {},
+                },
             )
             fixed, mamf = _num(m.get(key)), _num(m.get(f"mamf_tflops_{p}"))
             if fixed is None and mamf is None:
                 continue
             entry["supported"] = True
             entry["fixed"].append(fixed)
+            entry["burst"].append(_num(m.get(f"tflops_{p}_burst")))
+            entry["soak"].append(_num(m.get("soak_s")))
+            if fixed is not None:
+                entry["devices"].setdefault((node_of(rec), _device(rec)), []).append(fixed)
             best = max(v for v in (fixed, mamf) if v is not None)
             entry["best"].append(best)
             shape = (
@@ -256,7 +280,86 @@ def _matmul(records):
                 "peak_tflops": e["peak"],
             }
         )
+        if any(e["soak"]):  # --soak: sustained figures, all GPUs at once
+            out[-1].update(
+                {
+                    "burst_tflops": _median(e["burst"]),
+                    "soak_s": _median(e["soak"]),
+                    "nodes": node_figures(
+                        {k: statistics.median(v) for k, v in e["devices"].items()}
+                    ),
+                }
+            )
     return out[:64]
+
+
+def node_figures(per_device):
+    """Each node's matmul figure: its slowest device's sustained TFLOP/s.
+
+    Args:
+        per_device: ``{(node or None, device label): TFLOP/s}`` (each device's median
+            over its runs).
+
+    Returns:
+        ``[{"node", "tflops" (the slowest device's), "max_tflops" (the fastest's),
+        "spread" (fastest ÷ slowest; None when the slowest is 0), "slowest" (its
+        label), "devices"}]`` by node name (None last).
+    """
+    nodes = {}
+    for (node, device), tflops in per_device.items():
+        nodes.setdefault(node, []).append((tflops, device))
+    out = []
+    for node in sorted(nodes, key=lambda n: (n is None, n or "")):
+        ranked = sorted(nodes[node], key=lambda td: (td[0], _devkey(td[1])))
+        (low, slowest), high = ranked[0], ranked[-1][0]
+        out.append(
+            {
+                "node": node,
+                "tflops": low,
+                "max_tflops": high,
+                "spread": high / low if low > 0 else None,
+                "slowest": slowest,
+                "devices": len(ranked),
+            }
+        )
+    return out[:4096]
+
+
+def measured_peak(tests, precision, nodes):
+    """The measured peak for MFU: the node figure of a matmul test of the summary.
+
+    Args:
+        tests: the summary's ``tests`` (``tests[g].acceptance.matmul``).
+        precision: the precision (``bf16``...).
+        nodes: the nodes the workload ran on (may be empty: unknown).
+
+    Returns:
+        ``{"tflops", "test", "nodes"}``: the lowest node figure over ``nodes`` (a job
+        over several nodes runs at its slowest node's pace) from the first matmul test,
+        in the summary's order, that measured every one of them at ``precision``; with
+        ``nodes`` empty, a test that measured a single node. None when no test fits.
+    """
+    for name, test in tests.items():
+        acc = test.get("acceptance") if isinstance(test, dict) else None
+        if not isinstance(acc, dict) or acc.get("test") != "matmul":
+            continue
+        entry = next((e for e in acc.get("matmul") or [] if e.get("precision") == precision), None)
+        figures = {
+            n["node"]: n["tflops"] for n in (entry or {}).get("nodes") or [] if n.get("tflops")
+        }
+        if not figures:
+            continue
+        if nodes:
+            if all(n in figures for n in nodes):
+                return {
+                    "tflops": min(figures[n] for n in nodes),
+                    "test": name,
+                    "nodes": sorted(nodes),
+                }
+        elif len(figures) == 1:
+            ((node, tflops),) = figures.items()
+            return {"tflops": tflops, "test": name, "nodes": [] if node is None else [node]}
+    return None
 
 
 def _burn(records, node_of):
@@ -301,7 +404,15 @@ def _devkey(label):
     return (0, int(head), label) if head.isdigit() else (1, 0, label)
 
 
-__all__ = ["EXPERIMENTS", "COPY_KEYS", "STREAM_KERNELS", "acceptance_figures", "kind_of"]
+__all__ = [
+    "EXPERIMENTS",
+    "COPY_KEYS",
+    "STREAM_KERNELS",
+    "acceptance_figures",
+    "kind_of",
+    "measured_peak",
+    "node_figures",
+]
 
 # --- the verdict of a thresholds file (milarun report --thresholds, milarun verify) ----
 

@@ -10,7 +10,10 @@ sent alone (a baseline) shows them too.
 
 Across the runs and devices of a group: TFLOP/s and MFU are described like
 the rates (``n, min, max, mean, std``), and each serving level's figures are
-the median over the records that timed that concurrency (requests summed).
+the median over the records that timed that concurrency (requests summed). The
+group's ``precision`` (its ``--precision``) and ``nodes`` are kept for the report's
+choice of peak (:func:`mfu_figures`): the measured sustained matmul TFLOP/s of the
+same nodes and precision where the summary holds a matmul test, else the datasheet's.
 """
 
 import math
@@ -18,7 +21,9 @@ import statistics
 
 from ..measure.capacity import capacity_of
 from ..measure.latency import level_figures
+from ..measure.mfu import checked_mfu, choose_peak, limit_mfu
 from ..measure.stats import describe, finite
+from .acceptance import measured_peak
 
 #: Figures of a serving level that the summary keeps (medians over records).
 SERVING_FIELDS = (
@@ -52,12 +57,15 @@ def llm_figures(records):
     """``tests[g].llm`` of a group's successful records, or None when none is an LLM test.
 
     Returns:
-        ``{"flops_per_token", "peak_tflops", "tflops": stats, "mfu": stats,
-        "serving": [{"concurrency", "requests", <SERVING_FIELDS>...}], "concurrency"}``
-        (TFLOP/s per device; MFU as a fraction; serving levels by concurrency;
-        ``concurrency``, serving tests only: the level the test's rate measured).
+        ``{"flops_per_token", "peak_tflops", "precision", "nodes", "tflops": stats,
+        "mfu": stats, "serving": [{"concurrency", "requests", <SERVING_FIELDS>...}],
+        "concurrency"}`` (TFLOP/s per device; MFU as a fraction of the datasheet peak;
+        ``precision``: the first record's ``--precision`` or None; ``nodes``: the nodes
+        the records ran on; serving levels by concurrency; ``concurrency``, serving
+        tests only: the level the test's rate measured).
     """
     flops, peaks, tflops, mfu = [], [], [], []
+    precision, nodes = None, set()
     levels = {}
     measured = None  # the first level of a record is the one its rate measured
     for rec in records:
@@ -66,6 +74,8 @@ def llm_figures(records):
         if f is None:
             continue
         flops.append(f)
+        precision = precision or _precision(rec)
+        nodes.update(_nodes(rec))
         peaks.append(_num(m.get("peak_tflops")))
         tflops.append(_num(m.get("tflops")))
         mfu.append(_num(m.get("mfu")))
@@ -84,6 +94,8 @@ def llm_figures(records):
     out = {
         "flops_per_token": statistics.median(flops),
         "peak_tflops": known[0] if known else None,
+        "precision": precision,
+        "nodes": sorted(nodes)[:4096],
         "tflops": describe(tflops),
         "mfu": describe(mfu),
         "serving": [],
@@ -106,6 +118,58 @@ def llm_figures(records):
             entry[key] = statistics.median(values) if values else None
         out["serving"].append(entry)
     return out
+
+
+def _precision(rec):
+    """The record's ``--precision`` (``call.arguments.precision``), or None."""
+    call = rec.get("call") if isinstance(rec.get("call"), dict) else {}
+    args = call.get("arguments") if isinstance(call.get("arguments"), dict) else {}
+    p = args.get("precision")
+    return p if isinstance(p, str) and 0 < len(p) <= 32 else None
+
+
+def _nodes(rec):
+    """The nodes a record ran on: its ``nodes`` (a job over several), else its ``node``,
+    else ``host.hostname``; names of at most 200 characters."""
+    names = rec.get("nodes")
+    if not isinstance(names, list) or not names:
+        host = rec.get("host") if isinstance(rec.get("host"), dict) else {}
+        names = [rec.get("node") or host.get("hostname")]
+    return {n for n in names if isinstance(n, str) and 0 < len(n) <= 200}
+
+
+def mfu_figures(llm, tests):
+    """The MFU of an LLM test against the peak the report chooses.
+
+    Args:
+        llm: the test's ``tests[g].llm`` (:func:`llm_figures`).
+        tests: the summary's ``tests`` (for its matmul tests' node figures,
+            :func:`milarun.analysis.acceptance.measured_peak`).
+
+    Returns:
+        ``{"peak_tflops", "peak_source" ("measured" or "datasheet"), "peak_test" (the
+        matmul test of a measured peak, else None), "mfu" (mean fraction, None without a
+        peak or above :data:`milarun.measure.mfu.MFU_LIMIT`), "mfu_error" (one line, or
+        None)}``: the measured sustained matmul TFLOP/s of the test's nodes and precision
+        where the summary has it, MFU = the mean achieved TFLOP/s per device ÷ that peak
+        (:func:`milarun.measure.mfu.checked_mfu`); else the datasheet's, MFU = the mean of
+        the records' MFU (each of its datasheet peak).
+    """
+    precision = llm.get("precision")
+    found = measured_peak(tests, precision, llm.get("nodes") or []) if precision else None
+    peak, source = choose_peak(found and found["tflops"], llm.get("peak_tflops"))
+    if source == "measured":
+        fraction, error = checked_mfu((llm.get("tflops") or {}).get("mean"), peak, source)
+    else:  # the records' own MFU, each of its datasheet peak
+        mean = mfu_percent(llm.get("mfu"))
+        fraction, error = limit_mfu(None if mean is None else mean / 100.0, source)
+    return {
+        "peak_tflops": peak,
+        "peak_source": source,
+        "peak_test": found["test"] if found and source == "measured" else None,
+        "mfu": fraction,
+        "mfu_error": error,
+    }
 
 
 def mfu_percent(stats_):
@@ -160,7 +224,7 @@ def server_figures(records):
         "value"} | None (the first ``--load`` level, whose output tokens the rate logger
         counted; None when the test ran only a capacity search), "levels": [{"load",
         "value", "records", "requests", "failed", "slo_met", <SERVER_FIELDS>...}],
-        "capacity": {"kind", "value", "records"} | None, "consistency": {"records",
+        "capacity": {"load", "value", "records"} | None, "consistency": {"records",
         "passed", "failed"} | None, "malformed": int}``; latencies in s, rates in
         requests/s or tokens/s (per server).
     """
@@ -234,7 +298,7 @@ def server_figures(records):
     if capacities:
         known = [c for c in capacities if c is not None]
         out["capacity"] = {
-            "kind": kind,
+            "load": kind,
             "value": statistics.median(known) if len(known) == len(capacities) else None,
             "records": len(capacities),
         }
@@ -247,4 +311,11 @@ def server_figures(records):
     return out
 
 
-__all__ = ["SERVING_FIELDS", "SERVER_FIELDS", "llm_figures", "server_figures", "mfu_percent"]
+__all__ = [
+    "SERVING_FIELDS",
+    "SERVER_FIELDS",
+    "llm_figures",
+    "server_figures",
+    "mfu_figures",
+    "mfu_percent",
+]

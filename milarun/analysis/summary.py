@@ -33,6 +33,11 @@ test): ``effective``, ``pergpu_effective``, ``adjusted``, ``overlap`` and
 effective and adjusted throughput as DLBS defines them) and are present only
 in tests that have one.
 
+``perrun`` holds, per run index (a repeat of ``--repeat``; a ``--resume`` rerun of a
+failed launch keeps its run's index), the steady-state rates of that run's devices;
+``perrun_effective`` the same of the effective throughputs, in tests with concurrent
+waves only: ``milarun report --repeat-score`` takes each run's figure from them.
+
 ``anomalies`` are the flags of :mod:`milarun.measure.anomalies` (its module doc has
 the rules): each result's ``slow-windows``, ``stall``, ``short-steady`` and
 ``no-steady-state`` flags, then the group's ``outlier`` flags, each naming the
@@ -498,6 +503,9 @@ def _summarize_group(gname, results):
             node = node_of(rec)
             if node is not None:
                 pernode[node].append(rate)
+    waves = throughput.summarize_waves(
+        [res.judged for res in scored], steady=[res.steady for res in scored]
+    )
     outliers = anomalies.group_flags(
         [(rec.get("device", ""), rec.get("run"), rate) for _, rec, rate in rated]
     )
@@ -540,9 +548,8 @@ def _summarize_group(gname, results):
         },
         "peak_memory": max(memory) if memory else None,
         "steady": steady,
-        **throughput.summarize_waves(
-            [res.judged for res in scored], steady=[res.steady for res in scored]
-        ),
+        **waves,
+        **_perrun(scored, waves),
         "anomalies": flags,
         **_checks(results),
         **(
@@ -560,6 +567,40 @@ def _summarize_group(gname, results):
         ),
         **({"tags": tags} if (tags := _tags(results)) is not None else {}),
     }
+
+
+def _run_of(rec):
+    """A record's run index (0 when it has none, as ``runs`` counts it)."""
+    run = rec.get("run")
+    return run if isinstance(run, int) else 0
+
+
+def _perrun(scored, waves):
+    """``perrun``: ``{run: stats}`` of each run's steady-state rates (items/s) over its
+    devices, and, when the test has concurrent waves, ``perrun_effective``: the same of
+    each run's effective throughputs (:func:`milarun.measure.throughput.summarize_waves`
+    over that run's results alone: a wave is one run's processes). The report's repeat
+    aggregates (``milarun report --repeat-score``) take each run's mean from these."""
+    byrun = defaultdict(list)
+    for res in scored:
+        byrun[_run_of(res.judged)].append(res)
+    out = {
+        "perrun": {
+            str(run): stats.describe(res.steady[0] for res in byrun[run]) for run in sorted(byrun)
+        }
+    }
+    if waves.get("effective"):
+        if len(byrun) == 1:
+            out["perrun_effective"] = {str(run): waves["effective"] for run in byrun}
+        else:
+            out["perrun_effective"] = {}
+            for run in sorted(byrun):
+                eff = throughput.summarize_waves(
+                    [res.judged for res in byrun[run]], steady=[res.steady for res in byrun[run]]
+                ).get("effective")
+                if eff and eff.get("n"):
+                    out["perrun_effective"][str(run)] = eff
+    return out
 
 
 def _tags(results):

@@ -554,6 +554,11 @@ class Experiment:
         self.write()
         return 0 if res["success"] else 1
 
+    def monitor_readings(self) -> list[dict[str, Any]]:
+        """A copy of this process's GPU monitor readings so far (``[]`` without a
+        monitor: under ``--no-instrument``, or on a rank that samples no node)."""
+        return [dict(r) for mon in self._monitor_holder for r in list(mon.samples)]
+
     def start_monitor(self) -> None:
         """Start the NVML monitor and the host-load sampler (called by the loops
         when training starts).

@@ -1,9 +1,12 @@
 """GPU telemetry through the device backend (:mod:`milarun.host.accel`) in a background thread.
 
 Every ``interval`` seconds it records, per visible GPU: load (%), memory used
-(MiB), temperature (°C), power (W) and energy since the monitor started (J,
-from the device's energy counter where it has one); a value the backend cannot
-read is left out. The backend is the one the launcher named
+(MiB), temperature (°C), power (W), energy since the monitor started (J,
+from the device's energy counter where it has one), the SM clock (``sm_clock_mhz``,
+MHz) and why the clocks are held down (``clock_reasons``: NVML's clock-event bit mask,
+:data:`milarun.measure.acceptance.CAPPING_REASONS`; both from
+:meth:`milarun.host.accel.base.Backend.clocks`); a value the backend cannot read is
+left out. The backend is the one the launcher named
 (``$MILARUN_BACKEND``), else NVIDIA's. Without the library or without GPUs it
 records ``available: false`` with the reason and does nothing.
 
@@ -78,6 +81,7 @@ class GPUMonitor(PeriodicSampler):
             try:
                 r = self._backend.read(d)
                 row.update({k: getattr(r, k) for k in FIELDS if getattr(r, k) is not None})
+                row.update(self._clocks(d))
                 e0 = self._energy0.get(d.index)
                 if e0 is not None and r.energy is not None:
                     row["energy"] = r.energy - e0
@@ -85,6 +89,20 @@ class GPUMonitor(PeriodicSampler):
                 row["error"] = str(exc)
             self.samples.append(row)
             self._notify(row)
+
+    def _clocks(self, device: Any) -> Row:
+        """``sm_clock_mhz`` (MHz) and ``clock_reasons`` (bit mask) where the backend reads
+        them; ``{}`` otherwise (a backend without ``clocks`` reads none)."""
+        clocks = getattr(self._backend, "clocks", None)
+        reading = clocks(device) if clocks is not None else None
+        if not isinstance(reading, dict):
+            return {}
+        out: Row = {}
+        if reading.get("sm_clock_mhz") is not None:
+            out["sm_clock_mhz"] = reading["sm_clock_mhz"]
+        if reading.get("reasons") is not None:
+            out["clock_reasons"] = int(reading["reasons"])
+        return out
 
     def record(self) -> dict[str, Any]:
         """The record's ``gpu_monitor``: ``available``, ``reason``, ``interval``, ``samples``."""

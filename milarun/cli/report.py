@@ -51,6 +51,14 @@ OPTIONS = (
         default="effective",
     ),
     option(
+        "repeat_score",
+        "How a test's perf is taken over its runs (--repeat): mean (over every result, "
+        "the default), median or trimmed-mean (each run's mean over its devices, then the "
+        "median, or the mean without the fastest and slowest run: MLPerf's rule; "
+        "docs/report.md)",
+        default="mean",
+    ),
+    option(
         "thresholds",
         "Acceptance thresholds file (e.g. profiles/acceptance-thresholds.json; "
         "docs/acceptance.md): print PASS/FAIL per clause and overall, and exit with status 1 "
@@ -100,6 +108,7 @@ def command(opts, rest):
         burn_threshold=opts.burn_threshold,
         family=opts.family,
         cache=opts.cache,
+        repeat_score=opts.repeat_score,
     )
 
 
@@ -112,18 +121,22 @@ def run_report(results, strict=False, stdout=None, warn=None, **options):
     because it is out of range (``Report.warnings``) is one warning line on ``warn``.
 
     Raises:
-        MilarunError: ``price`` is not a finite number > 0 (checked before anything
+        MilarunError: ``price`` is not a finite number > 0 or ``repeat_score`` not one
+            of :data:`milarun.report.table.REPEAT_SCORES` (checked before anything
             is read), or a bad input (see :func:`milarun.report.make_report`).
     """
     # lazy, for start-up: `milarun --help` imports every cli module (the report: pandas)
     from ..formats.prices import check_price
     from ..report import make_report
+    from ..report.table import check_repeat_score
 
     stdout = stdout or sys.stdout
     warn = warn or sys.stderr
 
     if options.get("price") is not None:
         options["price"] = check_price(options["price"])
+    if options.get("repeat_score") is not None:
+        options["repeat_score"] = check_repeat_score(options["repeat_score"])
     report, text = make_report(results, warn=warn, **options)
     for line in report.warnings:
         print(one_line(f"milarun: warning: {line}"), file=warn)

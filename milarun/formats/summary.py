@@ -28,6 +28,8 @@ Summary format (version 1), a JSON object::
          "effective": {n, min, max, mean, std},          # effective rates, items/s
          "pergpu_effective": {device: {n, min, max, mean, std}},
          "adjusted": {n, min, max, mean, std},           # per-wave adjusted totals, items/s
+         "perrun": {run: {n, min, max, mean, std}},  # each run's steady-state rates, items/s
+         "perrun_effective": {run: {n, min, max, mean, std}},  # with concurrent waves only
          "overlap": smallest steady-state overlap of a wave (fraction),
          "sync": {"waves": k, "synchronized": results that met the start barrier,
                   "skew_s": largest start skew of a wave, s, or null},
@@ -220,6 +222,11 @@ def _complete(data: dict[str, Any], path: StrPath | None) -> dict[str, Any]:
                 d: _stats(v) for d, v in (entry.get("pergpu_effective") or {}).items()
             },
             "adjusted": _stats(entry["adjusted"]) if entry.get("adjusted") else None,
+            # each run's rates (milarun report --repeat-score); {} in older summaries
+            "perrun": {r: _stats(v) for r, v in (entry.get("perrun") or {}).items()},
+            "perrun_effective": {
+                r: _stats(v) for r, v in (entry.get("perrun_effective") or {}).items()
+            },
             "overlap": entry.get("overlap"),
             "sync": dict(entry["sync"]) if entry.get("sync") else None,
             "validation_flags": list(entry.get("validation_flags") or []),

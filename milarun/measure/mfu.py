@@ -18,9 +18,19 @@ length in training, the tokens attended to in decoding). As in PaLM, the
 attention term counts the whole ``T × T`` score matrix, not the causal half:
 MFU figures then compare with the field's.
 
-MFU = achieved model FLOP/s ÷ the device's dense peak for the precision
-(:data:`PEAK_TFLOPS`); activation recomputation does not count as model
-FLOPs, so checkpointing lowers MFU as it should.
+MFU = achieved model FLOP/s ÷ the device's dense peak for the precision;
+activation recomputation does not count as model FLOPs, so checkpointing lowers
+MFU as it should.
+
+Which peak: a datasheet table goes wrong on new parts (torchtitan's MFU once used a
+wrong B200 peak; a "563 % MFU" was published elsewhere) and the datasheet's peak is
+a burst no GPU sustains at its power limit. So the report divides by the measured
+peak where it has one (:func:`choose_peak`): the sustained matmul TFLOP/s of the
+same node and precision (``milarun.models.matmul --soak``: the node's slowest GPU;
+Stas Bekman's "maximum achievable matmul FLOPS", ml-engineering), else the datasheet
+(:data:`PEAK_TFLOPS`), and says which. An MFU above :data:`MFU_LIMIT` of the chosen
+peak cannot be: it is a measurement error (wrong FLOP count, wrong peak, a timer),
+reported as such and never as a figure (:func:`checked_mfu`).
 """
 
 from __future__ import annotations
@@ -126,4 +136,47 @@ def mfu(
     return achieved, (achieved / peak if peak else None)
 
 
-__all__ = ["PEAK_TFLOPS", "peak_tflops", "flops_per_token", "mfu"]
+#: The largest MFU (fraction of the chosen peak) shown as a figure; above it, an error.
+MFU_LIMIT = 1.0
+
+
+def choose_peak(measured: float | None, datasheet: float | None) -> tuple[float | None, str]:
+    """``(peak TFLOP/s, source)``: the measured peak (``"measured"``) where there is a
+    positive one, else the datasheet's (``"datasheet"``; None without one)."""
+    if measured is not None and measured > 0:
+        return measured, "measured"
+    return (datasheet if datasheet is not None and datasheet > 0 else None), "datasheet"
+
+
+def checked_mfu(
+    achieved: float | None, peak: float | None, source: str
+) -> tuple[float | None, str | None]:
+    """``(MFU, error)`` of ``achieved`` model TFLOP/s against ``peak`` (TFLOP/s).
+
+    MFU is a fraction, None without both figures or when it exceeds :data:`MFU_LIMIT`:
+    then ``error`` says so in one line, e.g. ``"MFU error: 130% of the measured peak"``
+    (``source``: ``"measured"`` or ``"datasheet"``); else ``error`` is None.
+    """
+    if achieved is None or not peak:
+        return None, None
+    return limit_mfu(achieved / peak, source)
+
+
+def limit_mfu(fraction: float | None, source: str) -> tuple[float | None, str | None]:
+    """``(MFU, error)`` of an MFU ``fraction`` of the ``source`` peak: as
+    :func:`checked_mfu`, for an MFU already divided (None stays None)."""
+    if fraction is not None and fraction > MFU_LIMIT:
+        return None, f"MFU error: {100 * fraction:.0f}% of the {source} peak"
+    return fraction, None
+
+
+__all__ = [
+    "MFU_LIMIT",
+    "PEAK_TFLOPS",
+    "checked_mfu",
+    "choose_peak",
+    "limit_mfu",
+    "peak_tflops",
+    "flops_per_token",
+    "mfu",
+]

@@ -35,6 +35,34 @@ How throughput is reported:
   dense throughput of that precision, not diluted by the others;
   ``metrics.block_<precision>`` is the block's matmul count.
 
+Sustained, all at once (``--soak S`` seconds, default 0: none). A GPU runs a matmul
+faster while it is cool and under its power limit than once it is hot (its boost clock
+drops), and a node is as fast as its slowest GPU when all of them run at once (Stas
+Bekman, ml-engineering, "maximum achievable matmul FLOPS"). The per-gpu plan starts one
+process per GPU together at the start barrier, so with ``--soak`` every GPU of the node
+multiplies at once; the run goes on (the rate logger's ``--min-steady`` is raised to
+the soak plus a measured window, :func:`soak_window`) until the steady state has lasted
+``S`` seconds and a while more. The steady state's blocks are then split by device time
+(:func:`split_blocks`): ``metrics.tflops_<p>_burst`` is the first block of each
+precision after warm-up, ``metrics.tflops_<p>`` the blocks that start ``S`` seconds or
+more after the first steady block (the sustained figure; without ``--soak`` it is every
+steady block, as before), ``soak_s`` the soak asked for and ``soak_reached_s`` where the
+sustained window began (``soak_complete`` false when the run ended before the soak did:
+then the sustained figure is the precision's last block). Over the steady state (warm-up
+end to loop end, on the monitor's clock) what the GPU monitor read
+(:func:`soak_telemetry`): ``soak_clock_mean_mhz``, ``soak_clock_min_mhz`` (SM clock,
+MHz), ``soak_power_mean_w`` (W), ``soak_throttled_fraction`` (readings with a power or
+thermal capping reason), ``soak_throttle_reasons`` (their names) and ``soak_readings``;
+a figure the monitor did not read (CPU slots, no clock reading) is left out and
+``soak_telemetry`` says why. ``--soak`` needs the rate logger (not ``--no-instrument``).
+
+Inputs: random data only. A matmul on zeros or on an identity matrix runs faster (and
+draws less power) than on random data and would overstate the device. The operands are
+seeded normal(0, 1) data (``--seed``), checked at set-up (:func:`operand_problem`:
+standard deviation 0.9 to 1.1, mean within ±0.1, at most 1 % zeros; wider on small
+matrices, by their sampling error) before anything is timed; ``metrics.inputs`` says
+``"normal(0,1), seed N"``.
+
 Also, for acceptance (none of it in the default ``--precisions``):
 
 * ``fp64``: float64 matrices (the FP64 tensor cores on an A100/H100, the matrix cores on
@@ -59,6 +87,7 @@ small sizes memory bandwidth.
 """
 
 import collections
+import math
 import time
 
 import torch
@@ -67,6 +96,7 @@ from coleo import Option, default, tooled
 from ..bench import device as bench_device
 from ..bench import init_torch, iteration_wrapper
 from ..bench.setup import PRECISIONS
+from ..measure.acceptance import CAPPING_REASONS, reason_names
 from ..measure.mfu import peak_tflops
 
 #: Every ``--precisions`` name: the training precisions, fp64 and the two FP8 formats.
@@ -82,6 +112,15 @@ SWEEP_SIZES = {"gpu": (4096, 6144, 8192, 12288, 16384), "cpu": (64, 128, 256, 51
 #: ``--precisions auto`` per device type (TF32 is a CUDA tensor-core mode; elsewhere: fp32,bf16).
 AUTO_PRECISIONS = {"cuda": "fp32,tf32,fp16,bf16", "xpu": "fp32,fp16,bf16"}
 
+#: Longest ``--soak`` (s): a week, as burn's ``--duration``.
+MAX_SOAK_S = 7 * 24 * 3600.0
+#: Bounds of an operand that looks like normal(0, 1) data (:func:`operand_problem`): its
+#: standard deviation within 1 ± OPERAND_STD, its mean within ±OPERAND_MEAN, at most
+#: OPERAND_ZEROS of its elements zero (widened for small matrices).
+OPERAND_STD = 0.1
+OPERAND_MEAN = 0.1
+OPERAND_ZEROS = 0.01
+
 #: No loss by nature (milarun.measure.plausibility's NaN check does not apply): nothing is trained.
 NO_LOSS = "matmul multiplies matrices; nothing is trained"
 
@@ -96,15 +135,22 @@ def main(exp, argv):
 
 class _Timings:
     """Per-precision accumulated matmul time (seconds), from the GPU's events
-    (``torch.cuda.Event`` or ``torch.xpu.Event``) or the host clock on the CPU."""
+    (``torch.cuda.Event`` or ``torch.xpu.Event``) or the host clock on the CPU.
 
-    def __init__(self, device):
+    With ``keep_blocks`` it also keeps every counted span as ``(name, start_s, end_s,
+    matmuls)`` in ``blocks``, in s from the first counted span's start (device time on a
+    GPU), for :func:`split_blocks`."""
+
+    def __init__(self, device, keep_blocks=False):
         # the GPU's event API (torch.cuda or torch.xpu): its matmuls are asynchronous
         self.events = bench_device.module(device)
         self.cuda = self.events is not None
         self.seconds = collections.defaultdict(float)
         self.count = collections.Counter()
         self.pending = collections.deque()
+        self.keep_blocks = keep_blocks
+        self.blocks = []
+        self._ref = None  # the first counted span's start (event or perf_counter)
 
     def start(self):
         if self.cuda:
@@ -119,11 +165,18 @@ class _Timings:
             ev = self.events.Event(enable_timing=True)
             ev.record()
             if counted:
+                if self._ref is None:
+                    self._ref = start
                 self.pending.append((name, start, ev, n))
             self.drain(block=False)
         elif counted:
-            self.seconds[name] += time.perf_counter() - start
+            end = time.perf_counter()
+            self.seconds[name] += end - start
             self.count[name] += n
+            if self.keep_blocks:
+                if self._ref is None:
+                    self._ref = start
+                self.blocks.append((name, start - self._ref, end - self._ref, n))
 
     def drain(self, block=True):
         while self.pending:
@@ -134,6 +187,9 @@ class _Timings:
             self.pending.popleft()
             self.seconds[name] += start.elapsed_time(end) / 1000.0
             self.count[name] += n
+            if self.keep_blocks:
+                at = self._ref.elapsed_time(start) / 1000.0
+                self.blocks.append((name, at, at + start.elapsed_time(end) / 1000.0, n))
 
 
 def _setup(name, size, device, gen, shape=None):
@@ -246,6 +302,137 @@ def _versus_peak(metrics, names, device_name):
                 metrics[ratio] = metrics[key] / peak
 
 
+def operand_problem(std, mean, zero_fraction, n=None):
+    """Why an operand with these statistics is not normal(0, 1) data, or None.
+
+    A matmul on zeros, an identity or other structured data runs faster than on random
+    data (module docstring). The bounds are :data:`OPERAND_STD`, :data:`OPERAND_MEAN` and
+    :data:`OPERAND_ZEROS` (an identity is almost all zeros); with ``n``, the operand's
+    element count, the std and mean bounds widen to 5 standard errors (``5/√(2n)`` and
+    ``5/√n``) and the zeros' to 3 more elements, so that a small matrix of normal data
+    passes.
+    """
+    err = 5.0 / math.sqrt(n) if n else 0.0
+    std_tol = max(OPERAND_STD, err / math.sqrt(2))
+    mean_tol = max(OPERAND_MEAN, err)
+    zeros_tol = OPERAND_ZEROS + (3.0 / n if n else 0.0)
+    if (n is None or n >= 2) and not abs(std - 1.0) <= std_tol:
+        return f"standard deviation {std:.3g}, not within 1 ± {std_tol:.3g}"
+    if not abs(mean) <= mean_tol:
+        return f"mean {mean:.3g}, not within ±{mean_tol:.3g}"
+    if not zero_fraction <= zeros_tol:
+        return f"{100 * zero_fraction:.3g}% zeros (at most {100 * zeros_tol:.3g}%)"
+    return None
+
+
+def check_operands(name, a, b):
+    """Refuse operands that are not normal(0, 1) data (:func:`operand_problem`).
+
+    Raises:
+        ValueError: one line naming the precision, the operand and what is wrong.
+    """
+    for label, x in (("A", a), ("B", b)):
+        x = x.float()
+        std, mean = float(x.std()), float(x.mean())
+        zeros = float((x == 0).float().mean())
+        why = operand_problem(std, mean, zeros, x.numel())
+        if why:
+            raise ValueError(
+                f"matmul {name}: operand {label} is not normal(0,1) random data ({why}): "
+                "a matmul on zeros or structured data overstates the device"
+            )
+
+
+def soak_window(soak_s, names, block_ms):
+    """Seconds of steady state the run needs with ``--soak``: the soak (s) plus a
+    measured window of at least 1 s, 10 % of the soak and two rounds of blocks
+    (``len(names)`` blocks of ``block_ms`` ms each)."""
+    return soak_s + max(1.0, 0.1 * soak_s, 2 * len(names) * block_ms / 1000.0)
+
+
+def split_blocks(blocks, soak_s, burst_blocks=1):
+    """The burst and sustained windows of the steady state's blocks, per precision.
+
+    Args:
+        blocks: ``(precision, start_s, end_s, matmuls)`` per timed block, in s from the
+            first steady block's start (device time on a GPU), in the order they ran.
+        soak_s: the soak (s); 0: every block is sustained.
+        burst_blocks: the first blocks of each precision that make its burst figure.
+
+    Returns:
+        ``{precision: {"burst": (s, matmuls), "sustained": (s, matmuls), "complete":
+        bool}}``: the summed block time and matmuls of each window. Sustained: the
+        blocks that start at ``soak_s`` or later; where none does (the run ended
+        first), the precision's last block, with ``complete`` false.
+    """
+    out = {}
+    for name, start, end, n in blocks:
+        entry = out.setdefault(
+            name, {"burst": [0.0, 0], "sustained": [0.0, 0], "complete": False, "seen": 0}
+        )
+        if entry["seen"] < burst_blocks:
+            entry["burst"][0] += end - start
+            entry["burst"][1] += n
+        entry["seen"] += 1
+        if start >= soak_s:
+            entry["sustained"][0] += end - start
+            entry["sustained"][1] += n
+            entry["complete"] = True
+        entry["last"] = (end - start, n)
+    return {
+        name: {
+            "burst": tuple(e["burst"]),
+            "sustained": tuple(e["sustained"]) if e["complete"] else e["last"],
+            "complete": e["complete"],
+        }
+        for name, e in out.items()
+    }
+
+
+def soak_telemetry(samples, t0, t1):
+    """What the GPU monitor read from ``t0`` to ``t1`` (s, on its clock).
+
+    Args:
+        samples: the monitor's rows (:class:`milarun.bench.monitor.GPUMonitor`):
+            ``t`` (s), ``power`` (W), ``sm_clock_mhz`` (MHz), ``clock_reasons`` (NVML
+            bit mask), each where read.
+
+    Returns:
+        ``soak_readings``, ``soak_clock_mean_mhz``, ``soak_clock_min_mhz``,
+        ``soak_power_mean_w``, ``soak_throttled_fraction`` (share of the readings with a
+        power or thermal capping reason, :data:`~milarun.measure.acceptance.CAPPING_REASONS`)
+        and ``soak_throttle_reasons`` (the names seen, comma-separated, ``""`` for none),
+        each left out where no reading has it; ``soak_telemetry``: what is missing, or
+        ``"complete"``.
+    """
+    rows = [r for r in samples if isinstance(r.get("t"), float | int) and t0 <= r["t"] <= t1]
+    out = {"soak_readings": len(rows)}
+    clocks = [r["sm_clock_mhz"] for r in rows if r.get("sm_clock_mhz") is not None]
+    power = [r["power"] for r in rows if r.get("power") is not None]
+    masks = [int(r["clock_reasons"]) for r in rows if r.get("clock_reasons") is not None]
+    if clocks:
+        out["soak_clock_mean_mhz"] = sum(clocks) / len(clocks)
+        out["soak_clock_min_mhz"] = float(min(clocks))
+    if power:
+        out["soak_power_mean_w"] = sum(power) / len(power)
+    if masks:
+        capping = sum(CAPPING_REASONS)
+        out["soak_throttled_fraction"] = sum(bool(m & capping) for m in masks) / len(masks)
+        seen = 0
+        for m in masks:
+            seen |= m
+        out["soak_throttle_reasons"] = ",".join(reason_names(seen))
+    missing = [
+        what
+        for what, got in (("SM clock", clocks), ("power", power), ("throttle reasons", masks))
+        if not got
+    ]
+    out["soak_telemetry"] = (
+        "complete" if not missing else "not read by the GPU monitor: " + ", ".join(missing)
+    )
+    return out
+
+
 def block_sizes(device, names, mats, block_ms):
     """Matmuls per block of each precision: ``round(block_ms ÷ one matmul's ms)``, at
     least 1, from one synchronised matmul timed after one untimed (the library picks
@@ -265,6 +452,45 @@ def block_sizes(device, names, mats, block_ms):
         sizes[p] = max(1, round(block_ms / ms)) if ms > 0 else 1
     _set_tf32(False)
     return sizes
+
+
+def _soak_metrics(exp, windows, soak, flop, blocks):
+    """``tflops_<p>`` (sustained), ``tflops_<p>_burst``, ``matmuls_<p>`` and the soak's
+    own figures (module docstring) from :func:`split_blocks`' windows."""
+    m = exp.metrics
+    m["soak_s"] = soak
+    sustained_starts = [start for _, start, _, _ in blocks if start >= soak]
+    m["soak_reached_s"] = (
+        min(sustained_starts)
+        if sustained_starts
+        else (max(e for _, _, e, _ in blocks) if blocks else 0.0)
+    )
+    m["soak_complete"] = bool(windows) and all(w["complete"] for w in windows.values())
+    for p, w in windows.items():
+        for key, (seconds, n) in (
+            (f"tflops_{p}", w["sustained"]),
+            (f"tflops_{p}_burst", w["burst"]),
+        ):
+            if n and seconds > 0:
+                m[key] = flop * n / seconds / 1e12
+        m[f"matmuls_{p}"] = w["sustained"][1]
+
+
+def _check_options(sweep, sweep_shapes, sweep_iters, soak, no_instrument):
+    """One error before anything runs.
+
+    Raises:
+        ValueError: a bad shape or ``--sweep-iters``, ``--soak`` out of bounds or with
+            ``--no-instrument``.
+    """
+    if sweep:
+        parse_shapes(sweep_shapes, "cpu")
+        if not 1 <= sweep_iters <= 10000:
+            raise ValueError(f"--sweep-iters must be between 1 and 10000, not {sweep_iters}")
+    if not 0 <= soak <= MAX_SOAK_S:
+        raise ValueError(f"--soak must be between 0 and {MAX_SOAK_S:.0f} s, not {soak}")
+    if soak > 0 and no_instrument:
+        raise ValueError("--soak needs the rate logger's windows: leave out --no-instrument")
 
 
 def _set_tf32(on):
@@ -288,11 +514,11 @@ def train(exp):
     # Milliseconds of back-to-back matmuls per precision in a step (-1: 1000 on a GPU, 0 on
     # the CPU; 0: one matmul per precision)
     block_ms: Option & float = default(-1.0)
+    # Seconds every GPU multiplies before the sustained figure is taken (0: no soak; 0 to
+    # a week); records the burst figure too (module docstring)
+    soak: Option & float = default(0.0)
 
-    if sweep:
-        parse_shapes(sweep_shapes, "cpu")  # a bad shape: one error before anything runs
-        if not 1 <= sweep_iters <= 10000:
-            raise ValueError(f"--sweep-iters must be between 1 and 10000, not {sweep_iters}")
+    _check_options(sweep, sweep_shapes, sweep_iters, soak, exp.options["no_instrument"])
     device = init_torch(exp)
     if precisions == "auto":
         precisions = AUTO_PRECISIONS.get(bench_device.kind(device), "fp32,bf16")
@@ -319,16 +545,23 @@ def train(exp):
     gen = torch.Generator(device=device)
     gen.manual_seed(exp.options["seed"])
     mats = {p: _setup(p, size, device, gen) for p in names}
+    for p in names:
+        check_operands(p, *mats[p][:2])
     if block_ms < 0:
         block_ms = 1000.0 if bench_device.is_accelerator(device) else 0.0
     blocks = block_sizes(device, names, mats, block_ms)
-    timings = _Timings(device)
+    timings = _Timings(device, keep_blocks=soak > 0)
     warm_all = _Timings(device)  # fallback when the run ends inside warm-up
     warmup = exp.options["warmup"]
 
     steps = iteration_wrapper(exp)
+    if soak > 0:  # the rate logger goes on until the soak and its measured window are done
+        exp.rate.min_steady = max(exp.rate.min_steady, soak_window(soak, names, block_ms))
+    t_steady = None  # the steady state's start on the monitor's clock (s)
     for step in steps:
         steady = len(exp.rate.samples) >= warmup
+        if steady and t_steady is None:
+            t_steady = time.perf_counter() - exp.origin
         for p in names:
             a, b, c = mats[p]
             _set_tf32(p == "tf32")
@@ -340,14 +573,26 @@ def train(exp):
     _set_tf32(False)
     timings.drain()
     warm_all.drain()
+    t_end = time.perf_counter() - exp.origin
     flop = 2.0 * size**3
-    exp.metrics.update({"size": size, "precisions": ",".join(listed), "block_ms": block_ms})
+    exp.metrics.update(
+        {
+            "size": size,
+            "precisions": ",".join(listed),
+            "block_ms": block_ms,
+            "inputs": f"normal(0,1), seed {exp.options['seed']}",
+        }
+    )
     for p in names:
         src = timings if timings.count[p] else warm_all
         if src.count[p] and src.seconds[p] > 0:
             exp.metrics[f"tflops_{p}"] = flop * src.count[p] / src.seconds[p] / 1e12
             exp.metrics[f"matmuls_{p}"] = src.count[p]
             exp.metrics[f"block_{p}"] = blocks[p]
+    if soak > 0:
+        _soak_metrics(exp, split_blocks(timings.blocks, soak), soak, flop, timings.blocks)
+        if t_steady is not None:
+            exp.metrics.update(soak_telemetry(exp.monitor_readings(), t_steady, t_end))
     for p, why in unsupported.items():
         exp.metrics[f"tflops_{p}"] = UNSUPPORTED
         exp.metrics[f"unsupported_{p}"] = why

@@ -129,6 +129,7 @@ def make_report(
     burn_threshold=None,
     family=None,
     cache=True,
+    repeat_score="mean",
 ):
     """Build the report of ``source`` (results dir or summary file).
 
@@ -144,7 +145,8 @@ def make_report(
     ``family``: the ``--family`` names, the families the score is over
     (:mod:`milarun.report.family`; checked before anything is read);
     ``cache``: keep and reuse what is read of a results folder in this user's
-    cache (:mod:`milarun.report.inputs`; False: ``--no-cache``).
+    cache (:mod:`milarun.report.inputs`; False: ``--no-cache``); ``repeat_score``: how
+    a test's perf is taken over its runs (:data:`milarun.report.table.REPEAT_SCORES`).
     Returns ``(report, text)``.
 
     Raises:
@@ -196,6 +198,7 @@ def make_report(
         node_threshold=node_threshold,
         throughput=throughput,
         families=families,
+        repeat_score=repeat_score,
     )
     report.io = io_tables(summary, points=inputs.io_points)
     report.llm = llm_rows(summary["tests"])

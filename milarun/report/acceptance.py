@@ -5,7 +5,9 @@ Read from the summary's ``tests[g].acceptance``
 same section. Per test: the measure, the expected peak and
 the ratio; the bus bandwidth by message size (a log-log plot in the HTML, one line per
 collective), the host-device copies, the device-to-device matrix (a heatmap in the HTML),
-STREAM; matmul's best TFLOP/s per precision against the datasheet; the per-GPU burn-in
+STREAM; matmul's best TFLOP/s per precision against the datasheet, its burst and sustained
+TFLOP/s (``--soak``) and each node's figure (its slowest GPU's sustained TFLOP/s, the
+spread and the slowest GPU); the per-GPU burn-in
 table, where a GPU more than ``burn_threshold`` percent below the median of every GPU of
 the test (all nodes) is ``SLOW``.
 
@@ -277,7 +279,7 @@ def _section_lines(s):
         lines += _table(
             ["precision", "TFLOP/s", "best", "lowest", "shape", "peak", "of peak"], body
         )
-        return lines
+        return lines + matmul_node_lines(s["precisions"])
     lines = [
         f"acceptance {test}: burn-in per GPU: TFLOP/s against the median of all GPUs "
         f"({_gb(s['median'])}); SLOW: more than {s['threshold']:g}% below it"
@@ -298,6 +300,56 @@ def _section_lines(s):
             for g in s["gpus"]
         ],
     )
+    return lines
+
+
+def matmul_node_lines(precisions):
+    """The burst and sustained TFLOP/s (``--soak``) and the node figures of a matmul
+    section, as text lines (none without them)."""
+    lines = []
+    soaked = [p for p in precisions if p.get("supported") and p.get("burst_tflops")]
+    if soaked:
+        lines.append(
+            f"  burst (first blocks after warm-up) and sustained (after the "
+            f"{fmt_num(soaked[0].get('soak_s'), 'g')} s soak, every GPU at once) "
+            "TFLOP/s, medians of the GPUs:"
+        )
+        lines += _table(
+            ["precision", "burst", "sustained", "change"],
+            [
+                [
+                    p["precision"],
+                    _gb(p["burst_tflops"]),
+                    _gb(p.get("tflops")),
+                    "-"
+                    if p.get("tflops") is None
+                    else f"{100 * (p['tflops'] / p['burst_tflops'] - 1):+.1f}%",
+                ]
+                for p in soaked
+            ],
+        )
+    rows = [
+        [
+            n.get("node") or "-",
+            p["precision"],
+            _gb(n.get("tflops")),
+            _gb(n.get("max_tflops")),
+            fmt_num(n.get("spread"), ".3f"),
+            str(n.get("slowest")),
+            fmt_num(n.get("devices"), "d"),
+        ]
+        for p in precisions
+        if p.get("supported")
+        for n in p.get("nodes") or []
+    ]
+    if rows:
+        lines.append(
+            "  node figure: the slowest GPU's sustained fixed-shape TFLOP/s (a node running "
+            "all its GPUs at once is as fast as its slowest); spread = fastest / slowest:"
+        )
+        lines += _table(
+            ["node", "precision", "TFLOP/s", "fastest", "spread", "slowest GPU", "GPUs"], rows
+        )
     return lines
 
 
@@ -404,6 +456,7 @@ def html_view(sections, verdict_, plotter):
                 else [p["precision"], "-", "-", "-", "not supported on this device", "-", "-"]
                 for p in s["precisions"]
             ]
+            view["node_lines"] = matmul_node_lines(s["precisions"])
         else:
             view["median"] = _gb(s["median"])
             view["threshold"] = f"{s['threshold']:g}"
@@ -547,6 +600,7 @@ __all__ = [
     "d2d_heatmap",
     "d2d_matrices",
     "html_view",
+    "matmul_node_lines",
     "scaling_table",
     "size_text",
     "text_lines",

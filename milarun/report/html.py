@@ -51,6 +51,7 @@ from .text import (
     nothing_to_compare,
     one_run_note,
     overlap_line,
+    protocol_lines,
     ratio_verdict,
     scaling_cell,
     scaling_note,
@@ -512,7 +513,11 @@ def noise_view(report):
         + (held_note(report.node_score_ci_held) if report.node_score_ci else ""),
         "node_rpp": fmt_num(report.node_rpp),
         "ratio_ci": ratio,
-        "one_run": one_run_note(report),
+        # the run protocol (repeats, aggregate, run-to-run spread) shares the one-run line
+        "one_run": " ".join(
+            line.strip() for line in [one_run_note(report) or "", *protocol_lines(report)] if line
+        )
+        or None,
         "baseline_note": (
             None
             if not report.has_baseline

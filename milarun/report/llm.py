@@ -15,7 +15,7 @@ user against output tokens/s per GPU). "Per GPU" divides a server's figure by th
 server over them); without one the axis says "per server".
 """
 
-from ..analysis.llm import mfu_percent
+from ..analysis.llm import mfu_figures
 from ..formats.terminal import one_line
 from .formatting import fmt_num
 from .plots import svg_text
@@ -26,13 +26,17 @@ def llm_rows(tests):
     """One row per LLM test group, in the summary's order.
 
     Returns:
-        list of ``{"test", "has_llm", "tokens_per_s", "tflops", "mfu_pct", "peak_tflops",
-        "serving", "concurrency", "server", "gpus"}``: whether the test has LLM figures,
-        mean steady-state tokens/s (the test's item is a token: the node's or job's under
-        FSDP), mean achieved TFLOP/s per device, mean MFU in percent (None without a
-        datasheet peak), the peak (TFLOP/s), the serving levels (possibly empty) and the
-        measured one's concurrency; a server-scenario test's ``tests[g].server`` (else
-        None) and its GPUs (``device_count``, None when unknown).
+        list of ``{"test", "has_llm", "tokens_per_s", "tflops", "mfu_pct", "mfu_error",
+        "peak_tflops", "peak_source", "peak_test", "serving", "concurrency", "server",
+        "gpus"}``: whether the test has LLM figures, mean steady-state tokens/s (the
+        test's item is a token: the node's or job's under FSDP), mean achieved TFLOP/s
+        per device, mean MFU in percent of the chosen peak (None without a peak, or when
+        above 100 %: then ``mfu_error`` says so), the peak (TFLOP/s) and where it comes
+        from (``"measured"``: the sustained matmul TFLOP/s of the same nodes and
+        precision, from the matmul test ``peak_test``; else ``"datasheet"``;
+        :func:`milarun.analysis.llm.mfu_figures`), the serving levels (possibly empty)
+        and the measured one's concurrency; a server-scenario test's ``tests[g].server``
+        (else None) and its GPUs (``device_count``, None when unknown).
     """
     rows = []
     for name, test in tests.items():
@@ -42,14 +46,18 @@ def llm_rows(tests):
             continue
         llm = llm if isinstance(llm, dict) else {}
         gpus = test.get("device_count")
+        mfu = mfu_figures(llm, tests)
         rows.append(
             {
                 "test": name,
                 "has_llm": bool(llm),
                 "tokens_per_s": (test.get("train") or {}).get("mean"),
                 "tflops": (llm.get("tflops") or {}).get("mean"),
-                "mfu_pct": mfu_percent(llm.get("mfu")),
-                "peak_tflops": llm.get("peak_tflops"),
+                "mfu_pct": None if mfu["mfu"] is None else 100.0 * mfu["mfu"],
+                "mfu_error": mfu["mfu_error"],
+                "peak_tflops": mfu["peak_tflops"],
+                "peak_source": mfu["peak_source"],
+                "peak_test": mfu["peak_test"],
                 "serving": llm.get("serving") or [],
                 "concurrency": llm.get("concurrency"),
                 "server": server if isinstance(server, dict) else None,
@@ -100,18 +108,40 @@ def text_lines(rows):
 def _llm_table(rows):
     """The LLM table and the serving levels of the offline-scenario tests, as lines."""
     lines = [
-        "LLM tests: steady-state tokens/s, achieved model TFLOP/s per device, MFU "
-        "(of the datasheet peak; - without one)"
+        "LLM tests: steady-state tokens/s, achieved model TFLOP/s per device, MFU of the peak:",
+        "  measured (the node's sustained matmul TFLOP/s at the test's precision, slowest GPU) "
+        "where a matmul test has it, else the datasheet's; - without one",
     ]
     width = max(len(r["test"]) for r in rows)
-    lines.append(f"  {'test':{width}}  {'tokens/s':>12}  {'TFLOP/s':>9}  {'MFU':>6}  {'peak':>7}")
+    lines.append(
+        f"  {'test':{width}}  {'tokens/s':>12}  {'TFLOP/s':>9}  {'MFU':>6}  {'peak':>7}  "
+        "peak source"
+    )
     for r in rows:
-        mfu = "-" if r["mfu_pct"] is None else f"{r['mfu_pct']:.1f}%"
+        mfu = (
+            "error"
+            if r.get("mfu_error")
+            else "-"
+            if r["mfu_pct"] is None
+            else f"{r['mfu_pct']:.1f}%"
+        )
+        source = r.get("peak_source") or "datasheet"
+        if r.get("peak_test"):
+            source += f" ({r['peak_test']})"
         lines.append(
             f"  {r['test']:{width}}  {fmt_num(r['tokens_per_s'], ',.0f'):>12}  "
             f"{fmt_num(r['tflops'], '.3g'):>9}  {mfu:>6}  "
-            f"{fmt_num(r['peak_tflops'], '.0f'):>7}"
+            f"{fmt_num(r['peak_tflops'], '.0f'):>7}  "
+            + (source if r["peak_tflops"] is not None else "-")
         )
+    for r in rows:
+        if r.get("mfu_error"):
+            lines.append(
+                one_line(
+                    f"  {r['test']}: {r['mfu_error']}: a measurement error (wrong FLOP count, "
+                    "peak or timer), not shown as a figure"
+                )
+            )
     for r in rows:
         if not r["serving"]:
             continue
@@ -219,7 +249,7 @@ def capacity_text(capacity):
         return "not searched (the test ran fixed loads only)"
     n = capacity.get("records") or 0
     servers = f"{n} server{'s' if n != 1 else ''}"
-    unit = _LOAD_UNITS.get(capacity.get("kind"), "(load)")
+    unit = _LOAD_UNITS.get(capacity.get("load"), "(load)")
     if capacity.get("value") is None:
         return (
             f"none found: on at least one of {servers} no load of the search met the "

@@ -85,6 +85,17 @@ Rules, in the order the report applies them:
   concurrent processes' steady states overlap by less than
   :data:`milarun.measure.throughput.MIN_OVERLAP` of their length is listed in
   ``Report.overlap``.
+* Repeats (``repeat_score``, ``milarun report --repeat-score``, the rules'
+  ``repeat_score`` in ``milarun tender``): each run's figure is the mean over that run's
+  results (its devices; the summary's ``perrun``, or ``perrun_effective`` when ``perf``
+  is effective), then ``perf`` is their ``median`` or ``trimmed-mean``
+  (:func:`repeat_aggregate`: the fastest and the slowest run dropped, MLPerf Training's
+  rule; with fewer than 3 runs the mean of those there are, named in
+  ``Report.protocol["notes"]``). ``mean`` (the default) keeps ``perf`` the mean over
+  every result, as before. ``std%``, the intervals and ``perf_adj``'s variance factor
+  stay those of the per-result rates; the node throughput is scaled by the same
+  ``perf`` / mean ratio. Each row keeps the per-run figures, their min, max and CV
+  (``repeat_spread``: the run-to-run spread, not the device-to-device one).
 * Validation flags, the energy columns (``W``, ``J/item``, ``items/J``),
   ``perf/W`` and the host facts: :mod:`milarun.report.checks`.
 
@@ -116,6 +127,13 @@ PASS_FAILURE_RATE = 0.01
 
 #: What ``perf`` is (``--throughput``): see the module doc.
 THROUGHPUTS = ("effective", "own")
+
+#: How a test's ``perf`` is taken over its runs (``--repeat-score``, the rules'
+#: ``repeat_score``): see :func:`repeat_aggregate`. Never the best run.
+REPEAT_SCORES = ("mean", "median", "trimmed-mean")
+
+#: Runs a trimmed mean needs (it drops the fastest and the slowest).
+TRIMMED_MEAN_MIN_RUNS = 3
 
 
 def weight_for(group, weights, plan_type=None):
@@ -161,6 +179,10 @@ class Report:
     skipped: list = field(default_factory=list)
     short: list = field(default_factory=list)
     throughput: str = "effective"
+    #: how each test's perf was taken over its runs (:data:`REPEAT_SCORES`)
+    repeat_score: str = "mean"
+    #: the run protocol the figures followed (:func:`_protocol`)
+    protocol: dict = field(default_factory=dict)
     overlap: list = field(default_factory=list)
     concurrent: list = field(default_factory=list)
     # node score and noise (see the module doc)
@@ -301,6 +323,86 @@ def _scaled(value, factor):
     return value if factor is None or value is None else value * factor
 
 
+def check_repeat_score(value):
+    """Return ``value`` (``--repeat-score``) when it is one of :data:`REPEAT_SCORES`.
+
+    Raises:
+        MilarunError: any other value.
+    """
+    if value not in REPEAT_SCORES:
+        raise MilarunError(
+            f"--repeat-score must be {', '.join(REPEAT_SCORES)}, not {value!r}"[:120]
+        )
+    return value
+
+
+def repeat_aggregate(values, how):
+    """``(figure, note)``: ``values`` (the per-run figures of one test, any unit) taken
+    together by ``how`` (:data:`REPEAT_SCORES`), in the same unit; ``(None, None)``
+    without values.
+
+    * ``mean``: their arithmetic mean.
+    * ``median``: the middle value (the mean of the two middle ones for an even count).
+    * ``trimmed-mean``: the mean after dropping the fastest and the slowest run, the
+      MLPerf Training rule ("Benchmark Results": of the runs, the fastest and slowest are
+      dropped and the rest averaged; MLCommons training_policies, training_rules.adoc).
+      With fewer than :data:`TRIMMED_MEAN_MIN_RUNS` runs nothing can be dropped: the mean
+      of the runs there are, and ``note`` says so.
+
+    The best run alone is never an aggregate.
+    """
+    xs = sorted(float(v) for v in values if v is not None)
+    if not xs:
+        return None, None
+    if how == "median":
+        mid = len(xs) // 2
+        return (xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2), None
+    if how == "trimmed-mean":
+        if len(xs) < TRIMMED_MEAN_MIN_RUNS:
+            return math.fsum(xs) / len(xs), (
+                f"{len(xs)} run(s): a trimmed mean needs {TRIMMED_MEAN_MIN_RUNS}; "
+                "the mean of the runs there are"
+            )
+        kept = xs[1:-1]
+        return math.fsum(kept) / len(kept), None
+    return math.fsum(xs) / len(xs), None
+
+
+def run_figures(t, basis="own"):
+    """The per-run figures of a summary test (items/s), in run order: each run's mean
+    over its results, effective when ``basis`` is ``"effective"`` and the summary holds
+    them, a server-scenario test's scaled by :func:`goodput_factor`. Empty for a
+    summary written before runs were kept (``perrun``)."""
+    per = (t.get("perrun_effective") if basis == "effective" else None) or t.get("perrun")
+    factor = goodput_factor(t)
+    return [
+        _scaled(st["mean"], factor)
+        for _, st in sorted((per or {}).items(), key=lambda kv: _run_key(kv[0]))
+        if isinstance(st, dict) and st.get("mean") is not None
+    ]
+
+
+def _run_key(label):
+    try:
+        return (0, int(label), "")
+    except ValueError:
+        return (1, 0, str(label))
+
+
+def repeat_spread(figures):
+    """``{"runs", "min", "max", "cv"}`` of per-run figures: the run-to-run spread (the
+    CV is their sample std over their mean, a fraction; None with fewer than 2 runs)."""
+    if not figures:
+        return {"runs": 0, "min": None, "max": None, "cv": None}
+    d = stats.describe(figures)
+    return {
+        "runs": d["n"],
+        "min": d["min"],
+        "max": d["max"],
+        "cv": stats.cv(d["mean"], d["std"]) if d["n"] >= 2 else None,
+    }
+
+
 def perf_basis(t, throughput="effective"):
     """``(perf, std fraction, basis)`` of a summary test: its effective throughputs
     when ``throughput`` is ``"effective"`` and every scored result has one, else its
@@ -333,6 +435,8 @@ def build_report(
     node_threshold=NODE_THRESHOLD_PCT,
     throughput="effective",
     families=None,
+    repeat_score="mean",
+    protocol=None,
 ):
     """Build a :class:`Report` from a normalized summary (see :mod:`milarun.analysis.summary`).
 
@@ -346,13 +450,18 @@ def build_report(
     the others are shown with weight 0, and the weighted tests with no results (whose
     family is unknown) are not listed as missing; the score by family
     (``Report.families``) is computed before, with every test's weight.
+    ``repeat_score`` (:data:`REPEAT_SCORES`) is how a test's ``perf`` is taken over its
+    runs (module doc); ``protocol``: the rules' run protocol, ``{"min_repeats",
+    "min_steady_s"}`` (either may be absent), shown in ``Report.protocol`` with the tests
+    that have fewer runs than ``min_repeats``.
 
     Raises:
         MilarunError: ``node_threshold`` is not a percentage
-            (:func:`check_node_threshold`), ``throughput`` or a family is unknown, or
-            ``price`` is not a finite number > 0 (:func:`check_price`).
+            (:func:`check_node_threshold`), ``throughput``, ``repeat_score`` or a family is
+            unknown, or ``price`` is not a finite number > 0 (:func:`check_price`).
     """
     throughput = check_throughput(throughput)
+    repeat_score = check_repeat_score(repeat_score)
     families = check_families(families)
     if price is not None:
         price = check_price(price)
@@ -368,7 +477,14 @@ def build_report(
         )
     report_warnings = _Warnings()
     rows, used_keys = _test_rows(
-        tests, weights, baseline, throughput, penalize_variance, has_tags, report_warnings
+        tests,
+        weights,
+        baseline,
+        throughput,
+        penalize_variance,
+        has_tags,
+        report_warnings,
+        repeat_score,
     )
     report = Report(
         title=title or "milarun report",
@@ -384,7 +500,9 @@ def build_report(
         throughput=throughput,
         warnings=report_warnings.warnings,
         family_filter=families,
+        repeat_score=repeat_score,
     )
+    report.protocol = _protocol(rows, repeat_score, protocol)
     if has_tags:
         report.families = family_view(report, rows)
     _score(report, tests, weights, families, used_keys)
@@ -403,15 +521,63 @@ def build_report(
     return report
 
 
-def _test_rows(tests, weights, baseline, throughput, penalize_variance, has_tags, warnings):
-    """``(rows, used weight keys)``: one row per summary test (its perf, perf_adj,
-    weight and, with a ``baseline``, the baseline's figures and the ratios); a ratio
-    out of range is None with a line in ``warnings``."""
+def _over_repeats(t, throughput, repeat_score):
+    """``(perf, std fraction, basis, per-run figures, note)`` of a summary test:
+    :func:`perf_basis`, its ``perf`` then replaced by :func:`repeat_aggregate` of the
+    per-run figures unless ``repeat_score`` is ``"mean"`` (or the summary keeps no
+    per-run figures: an older one, named in ``note``)."""
+    perf, std, basis = perf_basis(t, throughput)
+    figures = run_figures(t, basis)
+    note = None
+    if repeat_score != "mean" and perf is not None:
+        if figures:
+            perf, note = repeat_aggregate(figures, repeat_score)
+        else:
+            note = "no per-run figures (a summary written before they were kept): the mean"
+    return perf, std, basis, figures, note
+
+
+def _protocol(rows, repeat_score, rules):
+    """``Report.protocol``: the repeats per test (fewest, most), the aggregate, the
+    rules' ``min_repeats`` and ``min_steady_s`` when given, the tests with fewer runs
+    than asked (``short``) and one note per test whose aggregate fell back."""
+    rules = rules or {}
+    runs = [r["repeat_spread"]["runs"] for r in rows if r["rates"]]
+    want = rules.get("min_repeats")
+    return {
+        "repeat_score": repeat_score,
+        "repeats_min": min(runs) if runs else None,
+        "repeats_max": max(runs) if runs else None,
+        "min_repeats": want,
+        "min_steady_s": rules.get("min_steady_s"),
+        "short": [
+            (r["test"], r["repeat_spread"]["runs"])
+            for r in rows
+            if want is not None and r["repeat_spread"]["runs"] < want
+        ],
+        "notes": [f"{r['test']}: {r['repeat_note']}" for r in rows if r.get("repeat_note")],
+    }
+
+
+def _test_rows(
+    tests,
+    weights,
+    baseline,
+    throughput,
+    penalize_variance,
+    has_tags,
+    warnings,
+    repeat_score="mean",
+):
+    """``(rows, used weight keys)``: one row per summary test (its perf over its runs,
+    perf_adj, weight, its per-run figures and their spread and, with a ``baseline``, the
+    baseline's figures, taken over its runs the same way, and the ratios); a ratio out of
+    range is None with a line in ``warnings``."""
     base_tests = baseline["tests"] if baseline else {}
     rows, used_keys = [], set()
     for group, t in tests.items():
         n, fail = t["n"], t["failures"]
-        perf, std, basis = perf_basis(t, throughput)
+        perf, std, basis, figures, note = _over_repeats(t, throughput, repeat_score)
         adj = stats.perf_adj(perf, std, fail, n, penalize_variance)
         if weights is None:
             weight = 1.0
@@ -435,11 +601,16 @@ def _test_rows(tests, weights, baseline, throughput, penalize_variance, has_tags
             "rates": t["train"]["n"],
             "anomalies": [from_summary(f) for f in t.get("anomalies") or []],
             "family": family_of(t.get("tags") or []) if has_tags else None,
+            "run_figures": figures,
+            "repeat_spread": repeat_spread(figures),
+            "repeat_note": note,
+            # what the node throughput is scaled by: perf over its runs / the mean perf
+            "repeat_factor": _ratio(perf, perf_basis(t, throughput)[0]),
         }
         if baseline is not None:
             b = base_tests.get(group)
             if b is not None:
-                bperf, bstd, _ = perf_basis(b, throughput)
+                bperf, bstd, _, _, _ = _over_repeats(b, throughput, repeat_score)
                 badj = stats.perf_adj(bperf, bstd, b["failures"], b["n"], penalize_variance)
             else:
                 bperf, badj = None, None
@@ -649,6 +820,8 @@ def add_node_score_and_noise(report, tests, base_tests=None, baseline_noise=True
         r["sample"] = _sample(t, r["basis"])
         r["ci"] = confidence.mean_interval(*r["sample"])
         node = node_throughput(t, r["basis"])
+        if node is not None and report.repeat_score != "mean":
+            node = None if r["repeat_factor"] is None else node * r["repeat_factor"]
         r["node_perf"] = node
         r["node_perf_adj"] = (
             None

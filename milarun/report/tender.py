@@ -58,6 +58,7 @@ from ..errors import MilarunError, ResultFormatError
 from ..formats.bidders import read_bidders
 from ..formats.manifest import manifest_path, read_manifest
 from ..formats.prices import BIDDER_NAME, read_prices
+from ..formats.rules import read_rules
 from ..formats.terminal import one_line, terminal_safe
 from ..formats.weights import load_weights
 from . import shipped_weights, shown_path, summary_suites, write_text
@@ -67,7 +68,7 @@ from .formatting import fmt_num, fmt_pct
 from .html import _env
 from .inputs import load_inputs
 from .table import build_report
-from .text import fmt_interval, ratio_verdict
+from .text import REPEAT_WORDS, fmt_interval, ratio_verdict
 
 #: A verdict's levels (:attr:`milarun.verify.verdict.Verdict.level`), and the tender's
 #: own for a bundle that could not be read.
@@ -204,6 +205,11 @@ class Tender:
 
     #: The bidders file (shown path), or None: bidders from the command line.
     bidders_file: object = None
+    #: How every bidder's perf is taken over its runs: the rules' ``repeat_score``
+    #: (``mean`` when they give none; :data:`milarun.report.table.REPEAT_SCORES`).
+    repeat_score: str = "mean"
+    #: The rules' ``min_repeats`` and ``min_steady_s``, those they give.
+    protocol: dict = field(default_factory=dict)
 
     @property
     def exit_code(self):
@@ -304,11 +310,14 @@ def check_prices(prices, names, path):
             )
 
 
-def pair(row_summary, column_summary, weights):
+def pair(row_summary, column_summary, weights, repeat_score="mean"):
     """:data:`Pair` of two normalized summaries: the report of ``row_summary`` with
     ``column_summary`` as its baseline (:func:`milarun.report.table.build_report`, the
-    ``--compare`` path), so the ratio, its interval and the verdict are the report's."""
-    report = build_report(row_summary, weights=weights, baseline=column_summary)
+    ``--compare`` path), so the ratio, its interval and the verdict are the report's;
+    both sides' perf taken over their runs by ``repeat_score``."""
+    report = build_report(
+        row_summary, weights=weights, baseline=column_summary, repeat_score=repeat_score
+    )
     ci = report.score_ratio_ci
     if report.score_ratio is None:
         sig = None
@@ -319,13 +328,16 @@ def pair(row_summary, column_summary, weights):
     return Pair(report.score_ratio, ci, sig, report.ratio_partial, report.score_ratio_ci_note)
 
 
-def pairwise(summaries, weights):
+def pairwise(summaries, weights, repeat_score="mean"):
     """``{(a, b): Pair}`` for every ordered pair of distinct names of ``summaries``
     (``{name: normalized summary}``; ``weights`` ``{test: w}`` or None), each from
-    :func:`pair`."""
+    :func:`pair` with ``repeat_score``."""
     names = list(summaries)
     return {
-        (a, b): pair(summaries[a], summaries[b], weights) for a in names for b in names if a != b
+        (a, b): pair(summaries[a], summaries[b], weights, repeat_score)
+        for a in names
+        for b in names
+        if a != b
     }
 
 
@@ -469,6 +481,12 @@ def build_tender(bundles, rules, prices=None, weights=None, warn=None, bidders_f
             file and the key.
     """
     warn = warn or sys.stderr
+    # the rules first: a bad one (an impossible run protocol included) is one line,
+    # exit 2, before any bundle is judged; a missing one is the first verify's error,
+    # the same line milarun verify gives
+    rules_doc = read_rules(rules) if Path(rules).exists() else {}
+    repeat_score = rules_doc.get("repeat_score", "mean")
+    protocol = {k: rules_doc[k] for k in ("min_repeats", "min_steady_s") if k in rules_doc}
     if bidders_file is not None:
         currency, bidders = _from_bidders_file(bidders_file, bundles, prices)
     else:
@@ -500,7 +518,12 @@ def build_tender(bundles, rules, prices=None, weights=None, warn=None, bidders_f
     for bidder in bidders:
         if bidder.name in summaries:
             bidder.report = build_report(
-                summaries[bidder.name], weights=weights_map, price=bidder.price, title=bidder.name
+                summaries[bidder.name],
+                weights=weights_map,
+                price=bidder.price,
+                title=bidder.name,
+                repeat_score=repeat_score,
+                protocol=protocol,
             )
     ordered = rank(bidders)
     scored = {b.name: summaries[b.name] for b in ordered if b.score is not None}
@@ -512,8 +535,10 @@ def build_tender(bundles, rules, prices=None, weights=None, warn=None, bidders_f
         bidders_file=shown_path(bidders_file) if bidders_file else None,
         weights=weights_shown,
         weights_note=note,
-        pairs=pairwise(scored, weights_map),
+        pairs=pairwise(scored, weights_map, repeat_score),
         families=family_labels(ordered),
+        repeat_score=repeat_score,
+        protocol=protocol,
     )
     tender.warnings = [f"{b.name}: {w}" for b in ordered if b.report for w in b.report.warnings]
     return tender
@@ -627,12 +652,63 @@ def header_items(tender):
             else f"{tender.weights} ({tender.weights_note})",
         ),
         ("prices", priced),
+        ("protocol", protocol_text(tender)),
         ("milarun", __version__),
     ]
 
 
-def _one_run(tender):
+def protocol_text(tender):
+    """The run protocol every bidder's figures followed: the aggregate over runs (the
+    rules' ``repeat_score``) and what the rules ask (``min_repeats``, ``min_steady_s``)."""
+    p = tender.protocol or {}
+    asks = [f"{p['min_repeats']} repeat(s) per test"] if "min_repeats" in p else []
+    if "min_steady_s" in p:
+        asks.append(f"a steady state of {p['min_steady_s']:g} s or more per record")
+    return f"perf over runs: {tender.repeat_score} ({REPEAT_WORDS[tender.repeat_score]}); " + (
+        f"the rules ask {', '.join(asks)}" if asks else "the rules ask no repeats"
+    )
+
+
+def protocol_lines(tender):
+    """One line per scored bidder: its runs per test, the run-to-run spread (the largest
+    CV of the per-run figures over its tests, and which) and the tests with fewer runs
+    than the rules ask."""
+    lines = []
+    for b in tender.bidders:
+        p = getattr(b.report, "protocol", None)
+        if not p or p.get("repeats_min") is None:
+            continue
+        lo, hi = p["repeats_min"], p["repeats_max"]
+        runs = f"{lo}" if lo == hi else f"{lo} to {hi}"
+        cvs = [
+            (r["repeat_spread"]["cv"], r["test"])
+            for r in b.report.rows
+            if (r.get("repeat_spread") or {}).get("cv") is not None
+        ]
+        spread = (
+            f"run-to-run cv up to {fmt_pct(max(cvs)[0])} ({max(cvs)[1]})"
+            if cvs
+            else "run-to-run spread unknown (one run)"
+        )
+        short = (
+            "; fewer repeats than the rules ask: " + ", ".join(f"{t} ({k})" for t, k in p["short"])
+            if p.get("short")
+            else ""
+        )
+        lines.append(f"{b.name}: {runs} run(s) per test, {spread}{short}")
+        lines += [f"  {b.name}: {note}" for note in p.get("notes") or []]
+    return lines
+
+
+def _one_run(tender, with_protocol=False):
+    """The one-run note (and, with ``with_protocol``, every :func:`protocol_lines` line
+    after it, for the HTML page's one paragraph), or None."""
     names = [b.name for b in tender.bidders if b.report is not None and b.report.one_run]
+    if with_protocol:
+        text = " ".join(
+            line.strip() for line in [_one_run(tender) or "", *protocol_lines(tender)] if line
+        )
+        return text or None
     if not names:
         return None
     return (
@@ -691,6 +767,11 @@ def text_lines(tender):
             for i, a in enumerate(names)
             for b in names[i + 1 :]
         ]
+    protocol = protocol_lines(tender)
+    if protocol:
+        lines.append("")
+        lines.append("run protocol (per bidder):")
+        lines += protocol
     note = _one_run(tender)
     if note:
         lines.append(note)
@@ -745,12 +826,23 @@ def to_json(tender):
                 "price": b.price,
                 "price_per_score": r.rpp if r and b.price else None,
                 "price_per_node_score": r.node_rpp if r and b.price else None,
+                "repeats": (
+                    {
+                        "min": r.protocol.get("repeats_min"),
+                        "max": r.protocol.get("repeats_max"),
+                        "short": [list(x) for x in r.protocol.get("short") or []],
+                        "spread": {row["test"]: row.get("repeat_spread") for row in r.rows},
+                    }
+                    if getattr(r, "protocol", None)
+                    else None
+                ),
             }
         )
     return {
         "format": "milarun-tender",
         "milarun": __version__,
         "rules": tender.rules,
+        "protocol": {"repeat_score": tender.repeat_score, **(tender.protocol or {})},
         "bidders_file": tender.bidders_file,
         "weights": tender.weights,
         "prices": tender.prices,
@@ -813,7 +905,7 @@ def render_html(tender, generated=None):
                 for r in names
             ],
             legend=PAIR_LEGEND,
-            one_run=_one_run(tender),
+            one_run=_one_run(tender, with_protocol=True),
             pairs=[
                 pair_line(a, b, tender.pairs[(a, b)])
                 for i, a in enumerate(names)

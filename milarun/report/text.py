@@ -173,6 +173,7 @@ def score_lines(report):
         )
     elif getattr(report, "throughput", "effective") == "own":
         lines.append("perf: own steady-state throughput (--throughput own, the 2020 rule)")
+    lines += protocol_lines(report)
     if report.single:
         lines.append(
             "variance unknown (n=1): "
@@ -318,6 +319,59 @@ def noise_lines(report):
             "vs baseline: Welch's two-sample t-test of the mean rates, 95%"
             + ("" if report.baseline_noise else "; noise unknown: the baseline is a 2020 summary")
         )
+    return lines
+
+
+#: What each ``--repeat-score`` does, in words (:func:`milarun.report.table.repeat_aggregate`).
+REPEAT_WORDS = {
+    "mean": "the mean over every result (--repeat-score mean)",
+    "median": "each run's mean over its devices, then the median over runs",
+    "trimmed-mean": (
+        "each run's mean over its devices, then the mean over runs without the fastest "
+        "and the slowest (MLPerf's rule)"
+    ),
+}
+
+
+def protocol_lines(report):
+    """The run protocol the figures followed (:attr:`Report.protocol`): the repeats per
+    test, the aggregate, the rules' ``min_repeats`` and ``min_steady_s`` when given, the
+    tests with fewer runs than asked, and the run-to-run spread (min-max and CV of the
+    per-run figures, items/s) of each test with 2 runs or more. Empty when no test has
+    a rate."""
+    p = getattr(report, "protocol", None) or {}
+    if p.get("repeats_min") is None:
+        return []
+    lo, hi = p["repeats_min"], p["repeats_max"]
+    runs = f"{lo}" if lo == hi else f"{lo} to {hi}"
+    rules = []
+    if p.get("min_repeats") is not None:
+        rules.append(f"the rules ask {p['min_repeats']} repeat(s)")
+    if p.get("min_steady_s") is not None:
+        rules.append(f"a steady state of {p['min_steady_s']:g} s or more per record")
+    lines = [
+        f"protocol: {runs} run(s) per test; perf over runs: "
+        f"{p['repeat_score']}: {REPEAT_WORDS.get(p['repeat_score'], p['repeat_score'])}"
+        + (f"; {', '.join(rules)}" if rules else "")
+    ]
+    if p.get("short"):
+        lines.append(
+            f"fewer repeats than the rules ask ({p['min_repeats']}): "
+            + ", ".join(f"{t} ({k} run(s))" for t, k in p["short"])
+        )
+    lines += [f"  {note}" for note in p.get("notes") or []]
+    spread = [
+        (r["test"], r["repeat_spread"])
+        for r in report.rows
+        if (r.get("repeat_spread") or {}).get("runs", 0) >= 2
+    ]
+    if spread:
+        lines.append("run-to-run spread (each run's perf, items/s: min-max, cv):")
+        lines += [
+            f"  {t}: {sp['runs']} runs, {fmt_num(sp['min'])}-{fmt_num(sp['max'])}, "
+            f"cv {fmt_pct(sp['cv'])}"
+            for t, sp in spread
+        ]
     return lines
 
 

@@ -80,6 +80,7 @@ from ..launcher.session import SESSION_ID_FORMAT, digest_of_contents, read_sessi
 from ..measure.capacity import capacity_of
 from ..measure.confidence import LEVEL, mean_interval
 from ..measure.latency import level_figures
+from ..measure.stats import steady_state
 from ..profile.language import load_profile
 from .keys import check_signature, load_public
 from .seal import WEIGHTS_COPY, SealError, merged_identity, read_weights
@@ -1156,15 +1157,12 @@ def check_compliance(b, v, rules):
             if got == want
             else f"the bundle's weights SHA-256 {got} is not the tender's {want}",
         )
-    if "min_repeats" in rules:
-        repeat = inv.get("repeat")
-        ok = isinstance(repeat, int) and repeat >= rules["min_repeats"]
-        v.add(
-            "compliance",
-            "compliance.repeats",
-            ok,
-            f"{repeat} repeat(s), the rules ask at least {rules['min_repeats']}",
-        )
+    if "min_repeats" in rules or "min_steady_s" in rules:
+        scored = _scored_records(b)
+        if "min_repeats" in rules:
+            _repeats_clause(b, v, inv, scored, rules["min_repeats"])
+        if "min_steady_s" in rules:
+            _steady_time_clause(v, scored, rules["min_steady_s"])
     if "milarun_version" in rules:
         lo, hi = rules["milarun_version"].get("min"), rules["milarun_version"].get("max")
         seen = {str((rec.get("host") or {}).get("milarun_version")) for rec in b.records.values()}
@@ -1187,6 +1185,113 @@ def check_compliance(b, v, rules):
         )
     if "dataset_preset" in rules:
         _dataset_clause(b, v, rules["dataset_preset"])
+
+
+def _scored_records(b):
+    """``[(path, group, run, steady seconds)]`` of the chained records that passed and
+    have a steady-state rate (those the score is made of), in path order; ``run`` is the
+    record's run index (0 without one), the steady seconds the summed durations of the
+    samples :func:`milarun.measure.stats.steady_state` chose (the time its rate is
+    measured over: at most its window). A record whose samples cannot be read is left
+    out here (``consistency.*`` names it)."""
+    out = []
+    for path, rec in sorted(b.records.items()):
+        if rec.get("success") is not True:
+            continue
+        try:
+            rate, chosen, _ = steady_state(
+                ((rec.get("timings") or {}).get("train") or {})["samples"]
+            )
+            group = group_name(rec)
+        except Exception:  # noqa: BLE001 -- a malformed record is a consistency finding
+            continue
+        if rate is None:
+            continue
+        run = rec.get("run") if isinstance(rec.get("run"), int) else 0
+        seconds = math.fsum(float(x["end"]) - float(x["start"]) for x in chosen)
+        out.append((path, str(group), run, seconds))
+    return out
+
+
+def _repeats_clause(b, v, inv, scored, want):
+    """``compliance.repeats``: the session asked ``--repeat`` of at least ``want``, and
+    every test has a scored record in at least ``want`` runs, counted over every session
+    of the bundle (a ``--resume`` session's reruns included, and named: the runs whose
+    records a resumed session wrote)."""
+    repeat = inv.get("repeat")
+    if not (isinstance(repeat, int) and repeat >= want):
+        v.add(
+            "compliance",
+            "compliance.repeats",
+            False,
+            f"--repeat {repeat}: the rules ask at least {want} repeat(s)",
+            [".milarun/session.json"],
+        )
+    resumed = {sid for sid, p in b.plans.items() if isinstance(p, dict) and p.get("resume")}
+    session_of = {e.get("path"): e["session"] for e in b.entries or [] if e["kind"] == "record"}
+    runs = defaultdict(set)
+    rerun = defaultdict(set)  # group: {(run, session)} of records a resumed session wrote
+    for path, group, run, _ in scored:
+        runs[group].add(run)
+        if session_of.get(path) in resumed:
+            rerun[group].add((run, session_of[path]))
+
+    def resumed_text(group):
+        if not rerun[group]:
+            return ""
+        return "; from a --resume session: " + ", ".join(
+            f"run {r} ({sid})" for r, sid in sorted(rerun[group], key=str)
+        )
+
+    short = [
+        (
+            f"{g}: {len(runs[g])} run(s) with a scored record (runs "
+            f"{', '.join(map(str, sorted(runs[g])))}), the rules ask at least {want}"
+            + resumed_text(g),
+            [],
+        )
+        for g in sorted(runs)
+        if len(runs[g]) < want
+    ]
+    if not runs:
+        short.append((f"no test has a scored record: the rules ask {want} run(s) of each", []))
+    fewest = min(runs, key=lambda g: (len(runs[g]), g)) if runs else None
+    _report(
+        v,
+        "compliance",
+        "compliance.repeats",
+        short,
+        f"every test has a scored record in {want} run(s) or more, over the bundle's "
+        f"{len(b.session_ids)} session(s) (fewest: {fewest}, {len(runs[fewest]) if fewest else 0})"
+        + "".join(resumed_text(g) for g in sorted(rerun)),
+    )
+
+
+def _steady_time_clause(v, scored, want):
+    """``compliance.steady-time``: every scored record's steady state lasted at least
+    ``want`` seconds (:func:`_scored_records`); the clause names the shortest."""
+    if not scored:
+        v.add(
+            "compliance",
+            "compliance.steady-time",
+            False,
+            f"no scored record: the rules ask a steady state of {want:g} s or more",
+        )
+        return
+    path, group, run, seconds = min(scored, key=lambda x: (x[3], x[0]))
+    below = sum(1 for x in scored if x[3] < want)
+    v.add(
+        "compliance",
+        "compliance.steady-time",
+        below == 0,
+        f"shortest steady state {seconds:.3g} s ({group} run {run}, {path})"
+        + (
+            f"; {below} of {len(scored)} scored record(s) below the {want:g} s the rules ask"
+            if below
+            else f"; every one of the {len(scored)} scored record(s) >= {want:g} s"
+        ),
+        [path],
+    )
 
 
 def _dataset_clause(b, v, preset):
