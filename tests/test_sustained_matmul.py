@@ -298,3 +298,16 @@ def test_the_summary_keeps_the_node_figure_and_the_report_shows_it(tmp_path):
     assert lines[at + 1].split() == ["precision", "burst", "sustained", "change"]
     # bf16: the medians 704 (burst) and 640 (sustained)
     assert lines[at + 2].split() == ["bf16", "704", "640", f"{100 * (640 / 704 - 1):+.1f}%"]
+
+
+def test_the_html_report_shows_the_node_figure(tmp_path):
+    from milarun.report import make_report
+
+    for rec in soak_records():
+        (tmp_path / rec["node"]).mkdir(exist_ok=True)
+        write_result(rec, tmp_path / rec["node"])
+    make_report(str(tmp_path), html=str(tmp_path / "r.html"), warn=io.StringIO())
+    page = (tmp_path / "r.html").read_text()
+    section = page.split('id="matmul-acc.mm"')[1]
+    assert "node figure: the slowest GPU&#39;s sustained" in section  # escaped by jinja
+    assert "burst (first blocks after warm-up)" in section

@@ -26,6 +26,7 @@ from milarun.bench.options import (
     precision_option,
     workers_option,
 )
+from milarun.formats.child import COMMON_DEFAULTS
 
 #: option name -> the helper of bench/options.py that declares it
 SHARED = {
@@ -216,7 +217,9 @@ def test_each_workload_keeps_its_defaults(model, monkeypatch):
         dataroot = None
 
         def __init__(self):
-            self.options, self.result, self.metrics = {"device": "cpu", "seed": 1}, {"host": {}}, {}
+            # the common options as a run parses them (milarun.formats.child)
+            self.options = {**COMMON_DEFAULTS, "device": "cpu", "seed": 1}
+            self.result, self.metrics = {"host": {}}, {}
 
         def cli(self, fn, argv):
             with pytest.raises(_Stop):
