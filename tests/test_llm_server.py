@@ -223,6 +223,8 @@ def test_a_server_never_ready_and_an_unreachable_endpoint_fail_in_one_line(root,
     res = run_model(FN, [*argv, "--engine", "command", "--engine-command", cmd], root, tmp_path)
     assert not res["success"] and "not ready after 2" in res["error"]["message"]
     assert res["serving_load"]["levels"] == []
+    # the engine that never became ready was stopped (SIGTERM), not left running
+    assert res["serving_load"]["server"]["exit_status"] == -15
     res = run_model(FN, [*argv, "--endpoint", "http://127.0.0.1:9"], root, tmp_path / "u")
     assert not res["success"] and "127.0.0.1:9" in res["error"]["message"]
     assert "\n" not in res["error"]["message"]

@@ -406,8 +406,12 @@ def start_server(exp, s: Settings, model_dir: Path, device, record) -> tuple[Ser
         "log": log.name,
     }
     server.start()
-    record["server"]["ready_s"] = server.wait_ready(s.ready_timeout)
-    record["server"]["endpoints"] = [engines.describe(url)]
+    try:
+        record["server"]["ready_s"] = server.wait_ready(s.ready_timeout)
+        record["server"]["endpoints"] = [engines.describe(url)]
+    except BaseException:  # never ready, or not an OpenAI server: stopped, not left behind
+        record["server"]["exit_status"] = server.stop()
+        raise
     return server, url
 
 
