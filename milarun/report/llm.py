@@ -91,6 +91,17 @@ def serving_cells(level, measured=None):
     }
 
 
+def _aligned(cells):
+    """Rows of text cells (dicts with the same keys, at least one) as lines: a header of
+    the keys, every column right-aligned to its widest cell, indented by two spaces."""
+    keys = list(cells[0])
+    widths = {k: max(len(k), *(len(c[k]) for c in cells)) for k in keys}
+    return [
+        "  " + "  ".join(f"{c[k]:>{widths[k]}}" for k in keys)
+        for c in [dict(zip(keys, keys)), *cells]
+    ]
+
+
 def text_lines(rows):
     """The section as text lines (empty without LLM tests)."""
     lines = []
@@ -150,12 +161,7 @@ def _llm_table(rows):
             f"serving {r['test']}: per concurrency level (requests at once); TTFT and "
             f"TPOT in ms; * the level the test's throughput measured"
         )
-        cells = [serving_cells(level, r["concurrency"]) for level in r["serving"]]
-        keys = list(cells[0])
-        widths = {k: max(len(k), *(len(c[k]) for c in cells)) for k in keys}
-        lines.append("  " + "  ".join(f"{k:>{widths[k]}}" for k in keys))
-        for c in cells:
-            lines.append("  " + "  ".join(f"{c[k]:>{widths[k]}}" for k in keys))
+        lines += _aligned([serving_cells(level, r["concurrency"]) for level in r["serving"]])
     return lines
 
 
@@ -348,12 +354,7 @@ def server_lines(row):
         "  per load level (medians over servers; requests and failures summed); latencies "
         "in ms, rates per server; * the level the test's throughput measured"
     )
-    cells = [server_cells(level, server.get("measured")) for level in levels]
-    keys = list(cells[0])
-    widths = {k: max(len(k), *(len(c[k]) for c in cells)) for k in keys}
-    lines.append("  " + "  ".join(f"{k:>{widths[k]}}" for k in keys))
-    for c in cells:
-        lines.append("  " + "  ".join(f"{c[k]:>{widths[k]}}" for k in keys))
+    lines += _aligned([server_cells(level, server.get("measured")) for level in levels])
     return lines
 
 
