@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import torch
 from coleo import Option, default, tooled
 from tokenizers import Tokenizer
@@ -73,7 +74,6 @@ from ..bench import init_torch, rate_logger
 from ..bench import server as engines
 from ..bench.loadgen import Endpoint, Limits, Load, Request, complete, run_level
 from ..bench.options import INFERENCE_PRECISIONS, precision_option
-from ..bench.server import ENGINES, Server, ServerError
 from ..datasets import require
 from ..datasets.llm_corpus import TokenShards
 from ..host.net import free_port
@@ -207,9 +207,10 @@ class Settings:
         check_shape(self.shape)
         if self.api not in ("completions", "chat"):
             raise ValueError(f"--api must be completions or chat, not {self.api!r}")
-        if not self.endpoint and self.engine not in (*ENGINES, "command"):
+        if not self.endpoint and self.engine not in (*engines.ENGINES, "command"):
             raise ValueError(
-                f"--engine must be one of {', '.join(ENGINES)} or command, not {self.engine!r}"
+                f"--engine must be one of {', '.join(engines.ENGINES)} or command, "
+                f"not {self.engine!r}"
             )
         if (self.engine == "command") != bool(self.engine_command.strip()) and not self.endpoint:
             raise ValueError("--engine command and --engine-command go together")
@@ -253,8 +254,6 @@ def parse_extra_body(text: str) -> dict[str, Any]:
     Raises:
         ValueError: not a JSON object, or it sets a field the client owns.
     """
-    import orjson  # noqa: PLC0415  (a light import, only when the option is used)
-
     if not text.strip():
         return {}
     try:
@@ -337,7 +336,7 @@ def run(exp, s: Settings) -> None:
             infos = [engines.describe(u) for u in urls]
             name = s.served_model or (infos[0]["models"] or [""])[0]
             if not name:
-                raise ServerError(f"{urls[0]} lists no model and --served-model is not set")
+                raise engines.ServerError(f"{urls[0]} lists no model and --served-model is not set")
             record["server"] = {"started_by_milarun": False, "endpoints": infos, "model": name}
         else:
             assert model_dir is not None
@@ -359,13 +358,13 @@ def run(exp, s: Settings) -> None:
             record["server"]["exit_status"] = server.stop()
 
 
-def start_server(exp, s: Settings, model_dir: Path, device, record) -> tuple[Server, str]:
+def start_server(exp, s: Settings, model_dir: Path, device, record) -> tuple[engines.Server, str]:
     """Start the engine on a free local port over ``model_dir`` and wait until it is
     ready; ``record["server"]`` says how. Returns the server and its base URL.
 
     Raises:
         ValueError: a malformed ``--engine-command``.
-        ServerError: the engine exited or was not ready within ``--ready-timeout``.
+        engines.ServerError: the engine exited or was not ready within ``--ready-timeout``.
     """
     port = free_port("127.0.0.1")
     url = f"http://127.0.0.1:{port}"
@@ -398,7 +397,7 @@ def start_server(exp, s: Settings, model_dir: Path, device, record) -> tuple[Ser
     log = log_path(exp) or Path(tempfile.mkstemp(suffix=".server.log")[1])
     # Nothing is downloaded at run time: the engine loads the folder written here.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    server = Server(argv, log, url=url, env=env)
+    server = engines.Server(argv, log, url=url, env=env)
     record["server"] = {
         "started_by_milarun": True,
         "engine": s.engine,
@@ -437,7 +436,7 @@ def measure_levels(exp, s, endpoints, requests, tokenizer, record, server) -> No
     tokens go to the rate logger as they stream.
 
     Raises:
-        ServerError: a started server exited; a ``--load`` level where no request
+        engines.ServerError: a started server exited; a ``--load`` level where no request
             completed (a step of the search where none did only fails that step).
     """
     logger = rate_logger(exp)
@@ -476,14 +475,14 @@ def measure_levels(exp, s, endpoints, requests, tokenizer, record, server) -> No
         )
         record["levels"].append(entry)
         if server is not None and not server.alive():
-            raise ServerError(
+            raise engines.ServerError(
                 f"the server exited with status {server.returncode} during "
                 f"{load.kind}:{load.value:g}: {server.log_tail(1)}"
             )
         figures = entry["figures"]
         if not figures["completed"] and not searching:  # a search's step just fails
             reasons = ", ".join(f"{k} ({v})" for k, v in figures["failures"].items())
-            raise ServerError(
+            raise engines.ServerError(
                 f"no request of {load.kind}:{load.value:g} completed: {reasons or 'none sent'}"
             )
         return entry
