@@ -74,7 +74,7 @@ def llm_figures(records):
         if f is None:
             continue
         flops.append(f)
-        precision = precision or _precision(rec)
+        precision = precision or precision_of(rec)
         nodes.update(_nodes(rec))
         peaks.append(_num(m.get("peak_tflops")))
         tflops.append(_num(m.get("tflops")))
@@ -120,7 +120,7 @@ def llm_figures(records):
     return out
 
 
-def _precision(rec):
+def precision_of(rec):
     """The record's ``--precision`` (``call.arguments.precision``), or None."""
     call = rec.get("call") if isinstance(rec.get("call"), dict) else {}
     args = call.get("arguments") if isinstance(call.get("arguments"), dict) else {}
@@ -317,5 +317,6 @@ __all__ = [
     "llm_figures",
     "server_figures",
     "mfu_figures",
+    "precision_of",
     "mfu_percent",
 ]

@@ -93,6 +93,7 @@ from ..measure import flags as flagmodel
 from ..measure.stats import finite
 from ..plan import types as plantypes
 from .acceptance import acceptance_figures
+from .convergence import loss_curves
 from .llm import llm_figures, server_figures
 
 #: Characters of stderr tail kept per failure in a summary.
@@ -103,6 +104,19 @@ def group_name(record):
     """Return the summary group of a result (the plan type's rule, :mod:`milarun.plan.types`):
     ``suite.job``, ``suite.job.<device_count>`` or ``suite.job.<nodes>x<gpus>``."""
     return plantypes.group_name(record)
+
+
+def successful_records(records, group):
+    """``[(path, record)]`` of the successful records of ``group`` among ``{path:
+    record}``, sorted by path; a record too malformed to name its group is left out."""
+    out = []
+    for path, rec in sorted(records.items()):
+        try:
+            if rec.get("success") and group_name(rec) == group:
+                out.append((path, rec))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return out
 
 
 def load_results(directory, warn=None, only=None, files=None):
@@ -566,6 +580,11 @@ def _summarize_group(gname, results):
             else {}
         ),
         **({"tags": tags} if (tags := _tags(results)) is not None else {}),
+        **(
+            {"convergence": curves}
+            if (curves := loss_curves([res.judged for res in scored])) is not None
+            else {}
+        ),
     }
 
 

@@ -174,6 +174,12 @@ def _torchrun_rendezvous(environ: Mapping[str, str]) -> dict[str, str | None]:
 @tooled
 def _entry(exp: "Experiment", fn: Callable[["Experiment"], Any]) -> Any:
     exp.options = common_options()
+    # Run r of a test runs at seed --seed + r: every run is reproducible on its own, and
+    # the repeats of a test are independent draws (MLPerf Training asks a different seed
+    # per run), which the convergence check's spread needs (milarun.measure.convergence).
+    run = exp.result.get("run")
+    exp.options["seed"] += run if isinstance(run, int) else 0
+    exp.result["seed"] = exp.options["seed"]
     return fn(exp)
 
 

@@ -58,7 +58,7 @@ def common_options() -> dict[str, Any]:
     sample_duration: Option & float = default(_DEFAULTS["sample_duration"])
     # Number of leading sample windows flagged as warm-up
     warmup: Option & int = default(_DEFAULTS["warmup"])
-    # Random seed
+    # Random seed of run 0; run r of a test runs at seed + r
     seed: Option & int = default(_DEFAULTS["seed"])
     # Device: auto (cuda, else xpu, when available), cpu, cuda or xpu
     device: Option = default(_DEFAULTS["device"])

@@ -20,6 +20,16 @@ of a batch as they stream), and leaves time out of every window with
 :meth:`RateLogger.pause` / :meth:`RateLogger.resume` or ``with logger.paused():``
 (serving: a batch's prefill, up to its first token, is in no sample).
 
+Loss against the step: besides the loss at each window's end (a curve against time,
+which differs with the machine's speed), the logger keeps ``loss_curve``, the mean of
+the losses logged over the steps ``(2^(k-1), 2^k]`` for k = 0, 1, 2, … (steps 1, 2,
+3–4, 5–8, …), each point ``{"step": 2^k, "items": items processed by then, "loss"}``.
+Its points fall on the same steps whatever the speed, so two runs of one test at one
+seed compare step for step (:mod:`milarun.measure.convergence`); the blocks double so
+that a run of a million steps has 21 points, each later one averaged over more steps.
+The sum is kept as a device tensor and read at the next window boundary, after the
+window's sync: no extra host sync.
+
 GPU timing: a timer mark (a CUDA event) is recorded when a window closes,
 right after its last step was queued, and the same mark opens the next
 window. Because CUDA events complete in stream order, the interval between
@@ -142,6 +152,8 @@ class RateLogger:
             (seconds since ``origin``, items, items/s).
         total: items counted so far.
         metrics: last values given to ``Step.log``, as floats.
+        loss_curve: ``[{"step", "items", "loss"}]``, the mean loss of each closed block
+            of steps ``(2^(k-1), 2^k]`` (module docstring), read at window boundaries.
         window_flags: extra fields (e.g. ``{"profiled": True}``) put into every
             sample closed while set.
     """
@@ -185,6 +197,12 @@ class RateLogger:
         self.tracer: Any = None
         self.votes = True
         self._paused = False
+        self.loss_curve: list[dict[str, Any]] = []
+        self._steps = 0
+        self._block_end = 1
+        self._loss_sum: Any = None
+        self._loss_n = 0
+        self._pending: list[tuple[int, int, Any, int]] = []
 
     def done(self) -> bool:
         """True once ``max_count`` items were processed (``max_count`` may
@@ -203,8 +221,14 @@ class RateLogger:
         count = step.count
         self._window_count += count
         self.total += count
+        self._steps += 1
         if step.values is not None:
             self._last_values = step.values
+            loss = step.values.get("loss")
+            if loss is not None:
+                self._add_loss(loss)
+        if self._steps == self._block_end:
+            self._end_block()
         now = self.host_clock()
         finished = (
             self.max_count is not None and self.total >= self.max_count and not self._extend(now)
@@ -213,6 +237,32 @@ class RateLogger:
             self._close_window(now)
         if self.tracer is not None:
             self.tracer.step(self)
+
+    def _add_loss(self, loss: Any) -> None:
+        """Add one step's loss to the open block's sum (a float32 device tensor, or a
+        float): no host sync."""
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach().float().reshape(())
+        self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+        self._loss_n += 1
+
+    def _end_block(self) -> None:
+        """Close the block of steps ending at ``self._steps`` (a power of two): its sum
+        waits in ``_pending`` for the next window boundary."""
+        if self._loss_n:
+            self._pending.append((self._steps, self.total, self._loss_sum, self._loss_n))
+        self._loss_sum, self._loss_n = None, 0
+        self._block_end *= 2
+
+    def _read_curve(self) -> None:
+        """Turn the closed blocks' sums into ``loss_curve`` points (after a sync: the
+        window's end, or the run's). A non-finite mean is left out (the NaN-loss check
+        of :mod:`milarun.measure.plausibility` fails the record on the window losses)."""
+        for step, items, total, n in self._pending:
+            mean = _to_float(total) / n
+            if isinstance(mean, float) and math.isfinite(mean):
+                self.loss_curve.append({"step": step, "items": items, "loss": mean})
+        self._pending.clear()
 
     def count(self, n: int) -> None:
         """Count ``n`` items (items) done now, outside the steps: for a workload whose
@@ -365,6 +415,8 @@ class RateLogger:
             "warmup": len(self.samples) < self.warmup,
             **self.window_flags,
         }
+        if self._pending:
+            self._read_curve()
         if self._last_values:
             self.metrics = {k: _to_float(v) for k, v in self._last_values.items()}
             # the loss at the window's end: a loss curve, and milarun.measure.plausibility's NaN
@@ -382,6 +434,7 @@ class RateLogger:
         """Close a partial last window, if it holds items."""
         if self._window_mark is not None and self._window_count:
             self._close_window(self.host_clock())
+        self._read_curve()
         if self.tracer is not None:
             self.tracer.close(self)
 
@@ -443,6 +496,7 @@ class RateLogger:
             "max_count": self.requested_count,
             "min_steady": self.min_steady,
             "samples": list(self.samples),
+            **({"loss_curve": list(self.loss_curve)} if self.loss_curve else {}),
         }
 
 

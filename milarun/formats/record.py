@@ -23,6 +23,8 @@ Append a version and its step for every change; docs/results.md lists the same.
   may hold ``loss``; ``error.reason`` may also be ``nan-loss`` or ``no-steady-state``.
 * 9, hardware identity: a device of ``devices`` may hold its ``serial``.
 * 10, server-scenario serving: ``serving_load`` (``llm_server``).
+* 11, convergence: ``seed`` (the run's seed, ``--seed`` + run) and
+  ``timings.train.loss_curve`` (the mean loss over blocks of steps).
 
 A reader older than a record's version refuses it ("newer than this milarun").
 
@@ -64,7 +66,10 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
 ``timings``        ``{"program": {"start", "end", "duration"},
                    "train": {"sample_duration", "warmup", "count",
                    "samples": [{"start", "end", "count", "rate", "warmup",
-                   "loss" (optional: the loss at the window's end)}]}}``;
+                   "loss" (optional: the loss at the window's end)}],
+                   "loss_curve" (optional): [{"step", "items", "loss"}]}}``;
+                   ``loss_curve`` holds the mean loss over the steps ``(2^(k-1),
+                   2^k]`` at step 2^k (:mod:`milarun.bench.rate`);
                    ``start``/``end`` of samples are seconds since program start;
                    program start/end are Unix time. Optional:
                    ``program.origin``, the Unix time of the samples' zero
@@ -75,6 +80,7 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
                    "server_release" (the launcher's clock), "released_at" (s
                    since the samples' zero), "wait_s", "timeout_s"}``
                    (``released`` null when it timed out).
+``seed``           optional: the seed the run ran at (``--seed`` + ``run``).
 ``metrics``        free-form scalars, e.g. ``{"loss": 0.12}``.
 ``gpu_monitor``    ``{"available": bool, "reason": str|None, "interval": s,
                    "samples": [{"t", "device", "load", "memory_mib",
@@ -140,7 +146,7 @@ from ..errors import ResultFormatError
 from .jsonfile import StrPath, accepts, check, load_schema
 from .versioned import Migration, VersionedFormat
 
-FORMAT_VERSION = 10
+FORMAT_VERSION = 11
 
 #: Values of ``error.reason``: the test raised (``error``), the kernel OOM
 #: killer, the launcher's timeout, a signal, an interrupted suite, a
@@ -241,7 +247,7 @@ RESULT_FORMAT = VersionedFormat(
                 "timings": {**r.get("timings", {}), "train": r.get("train", {"samples": []})},
             }
         ),
-        # 1 to 8: each next version only adds optional fields (the history above)
+        # 1 to 10: each next version only adds optional fields (the history above)
         **{v: Migration(_next_version(v + 1)) for v in range(1, FORMAT_VERSION)},
     },
 )

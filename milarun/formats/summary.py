@@ -39,7 +39,9 @@ Summary format (version 1), a JSON object::
                     "items", "j_per_item", "items_per_j",
                     "pernode": {node: {"power_w", "j_per_item", "runs"}}},  # only with GPU energy
          "anomalies": [{"kind", "device", "run", "file", ...}],
-         "tags": [the profile tags of its records]}},   # only when they have some
+         "tags": [the profile tags of its records],   # only when they have some
+         "convergence": {"precision", "curves": [{"seed", "run", "device", "step": [...],
+                         "items": [...], "loss": [...]}]}}},  # tests that log a loss
      "provenance": {"results": folder name, "suites": [suite names],
                     "profile": path or null, "profile_sha256": hex or null,
                     "milarun": [versions that wrote the results], "first": ISO-8601
@@ -241,6 +243,8 @@ def _complete(data: dict[str, Any], path: StrPath | None) -> dict[str, Any]:
             tests[gname]["acceptance"] = entry["acceptance"]
         if entry.get("tags") is not None:  # the profile tags, when the records kept them
             tests[gname]["tags"] = list(entry["tags"])
+        if entry.get("convergence") is not None:  # loss curves (milarun.analysis.convergence)
+            tests[gname]["convergence"] = entry["convergence"]
     out["tests"] = tests
     return out
 

@@ -43,10 +43,11 @@ use them; docs/tender.md lists them):
   node (:mod:`milarun.measure.energy`); the acceptance thresholds
   (:func:`milarun.analysis.acceptance.verdict`); the ``serving`` rules of server-scenario
   tests (:func:`check_serving`: every load level recomputed from its raw request timings
-  at the rules' latency targets).
+  at the rules' latency targets); the ``convergence`` rules (every judged test's loss
+  against the step compared with the buyer's reference: :mod:`milarun.verify.convergence`).
 
-Bad input from the buyer (an unreadable rules file or public key, a malformed
-``--expect-head``, a folder that does not exist) raises :class:`MilarunError`;
+Bad input from the buyer (an unreadable rules file, convergence reference or public key,
+a malformed ``--expect-head``, a folder that does not exist) raises :class:`MilarunError`;
 everything wrong inside the bundle is a failed clause.
 """
 
@@ -59,7 +60,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ..analysis.acceptance import verdict as acceptance_verdict
-from ..analysis.summary import group_name, node_of, summarize
+from ..analysis.summary import group_name, node_of, successful_records, summarize
 from ..errors import MilarunError
 from ..formats.bundle import bundle_path, read_bundle, signature_path
 from ..formats.jsonfile import read_bytes, read_json
@@ -82,6 +83,7 @@ from ..measure.confidence import LEVEL, mean_interval
 from ..measure.latency import level_figures
 from ..measure.stats import steady_state
 from ..profile.language import load_profile
+from .convergence import check_convergence, load_reference
 from .keys import check_signature, load_public
 from .seal import WEIGHTS_COPY, SealError, merged_identity, read_weights
 from .verdict import Verdict
@@ -211,7 +213,14 @@ def verify_bundle(outdir, rules=None, expect_head=None, public_key=None):
         MilarunError: bad input from the buyer: an unreadable or invalid rules file or
             public key, a malformed ``expect_head``, ``outdir`` not a folder.
     """
+    rules_path = rules
     rules = read_rules(rules) if rules is not None else None
+    # the buyer's reference: one that cannot be used is exit 2 before anything is judged
+    reference = (
+        load_reference(rules["convergence"], rules_path)
+        if rules and rules.get("convergence")
+        else None
+    )
     if public_key is not None:
         load_public(public_key)  # the buyer's key: a bad one is exit 2, not a clause
     if expect_head is not None and not _HEX64.match(str(expect_head).strip().lower()):
@@ -233,7 +242,7 @@ def verify_bundle(outdir, rules=None, expect_head=None, public_key=None):
         ("consistency", lambda: check_consistency(b, v)),
     ]
     if rules is not None:
-        steps.append(("performance", lambda: check_performance(b, v, rules)))
+        steps.append(("performance", lambda: check_performance(b, v, rules, reference)))
     for section, step in steps:
         try:
             step()
@@ -1840,8 +1849,10 @@ def _config_clause(b, v):
 # --- performance -------------------------------------------------------------------------------
 
 
-def check_performance(b, v, rules):
-    """The performance clauses of ``rules``, on the statistics recomputed from the records."""
+def check_performance(b, v, rules, reference=None):
+    """The performance clauses of ``rules``, on the statistics recomputed from the records;
+    ``reference``: the convergence reference of the rules' ``convergence`` clause
+    (:func:`milarun.verify.convergence.load_reference`), or None."""
     tests = ((b.summary or {}).get("tests")) or {}
     if b.entries is None or not tests:
         v.add(
@@ -1902,6 +1913,8 @@ def check_performance(b, v, rules):
             v.add("performance", "performance.acceptance", c["ok"], f"{c['clause']}: {c['detail']}")
     for group, rule in sorted(((rules.get("serving") or {}).get("tests") or {}).items()):
         check_serving(b, v, group, rule)
+    if reference is not None:
+        check_convergence(b, v, rules["convergence"], reference)
 
 
 def _spread_clause(tests, v, limit):
@@ -1963,12 +1976,7 @@ def _serving_records(b, group):
     """``[(path, serving_load)]`` of the successful records of ``group`` that hold one,
     and ``[path]`` of those that do not."""
     held, lacking = [], []
-    for path, rec in sorted(b.records.items()):
-        try:
-            if not rec.get("success") or group_name(rec) != group:
-                continue
-        except (KeyError, TypeError, ValueError, AttributeError):
-            continue
+    for path, rec in successful_records(b.records, group):
         load = rec.get("serving_load")
         if isinstance(load, dict):
             held.append((path, load))
