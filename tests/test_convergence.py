@@ -202,6 +202,10 @@ def test_a_record_without_a_loss_curve_is_a_finding(tmp_path):
     clauses = _judge(tmp_path, {"r0.json": record})
     bad = clauses["performance.convergence"]
     assert not bad.ok and bad.paths == ["r0.json"] and "loss_curve" in bad.detail
+    # a bundle without the test at all (a reference for other tests)
+    other = {**record, "name": "conv.other"}
+    bad = _judge(tmp_path, {"r0.json": other})["performance.convergence"]
+    assert not bad.ok and "conv.pretrain: no successful record" in bad.detail
 
 
 # --- corners cut in the real test, each caught ----------------------------------------------

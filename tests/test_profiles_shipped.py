@@ -88,6 +88,7 @@ ACCEPTANCE_TESTS = {
         "bandwidth",
         "bandwidth_remote_numa",
         "matmul",
+        "matmul_sustained",
         "burn",
     ],
     "acceptance-cpu": ["collectives", "bandwidth", "matmul", "burn"],

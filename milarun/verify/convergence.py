@@ -156,8 +156,9 @@ def check_convergence(b, v, rule, reference: Reference) -> None:
                 "performance",
                 name,
                 False,
-                f"{group}: {len(lacking) or 'no'} successful record(s) without "
-                "timings.train.loss_curve: the loss against the step cannot be judged",
+                f"{group}: {len(lacking)} successful record(s) without timings.train.loss_curve"
+                if lacking
+                else f"{group}: no successful record of the test with a loss curve",
                 lacking[:20],
             )
             continue
