@@ -87,6 +87,19 @@ def test_seed_differences_pair_the_seeds_both_sides_ran():
     assert conv.seed_differences(ref, {9: {1: 1.0}}) == {}
 
 
+def test_items_must_be_the_references():
+    from milarun.analysis.convergence import items_problem
+
+    ref = {1234: {1: 938, 4: 4319}, 1235: {1: 608, 4: 3142}, 1236: {1: 251, 4: 1711}}
+    # another seed, batches of other lengths: within the factor
+    assert items_problem(ref, {1300: {1: 700, 4: 4319}}, 4) is None
+    # the same seed, fewer items: shortened sequences
+    short = items_problem(ref, {1234: {1: 900, 4: 4319}}, 4)
+    assert "900 items by step 1 at seed 1234" in short
+    # twice the batch at another seed
+    assert "another batch size" in items_problem(ref, {9: {4: 2 * 6344}}, 4)
+
+
 def test_false_alarm_rate_is_alpha_and_olympic_trimming_raises_it():
     faster, slower = conv.false_alarm_rate(5, 5, 0.05, trials=4000)
     # 4000 trials: the binomial sd of a rate of 0.05 is 0.0034
@@ -142,7 +155,7 @@ def test_the_shipped_reference_has_8_seeds():
     ref = load_reference({"reference": REFERENCE.name}, REFERENCE)
     curves, items, precision = ref.tests[GROUP]
     assert sorted(curves) == list(range(1234, 1242)) and precision == "fp32"
-    assert items[256] == 256 * 4 * 64  # tokens by the last block
+    assert items[1234][256] == 256 * 4 * 64  # tokens by the last block
 
 
 @pytest.mark.parametrize(
@@ -380,3 +393,15 @@ def test_verify_round_trip_honest_passes_a_skipped_step_fails(corpus, tmp_path):
         c.detail for c in cheat.clauses if not c.ok
     ]
     assert cheat.exit_code == 1
+
+
+def test_the_cpu_profiles_reference_covers_its_training_tests():
+    """baselines/cpu/convergence-reference.json: ``milarun summary`` of ``milarun jobs
+    profiles/cpu.json --repeat 3`` on the 2-core VM, every test with a loss at 3 seeds."""
+    path = ROOT / "baselines" / "cpu" / "convergence-reference.json"
+    ref = load_reference({"reference": path.name}, path)
+    assert {"cpu.llm_pretrain", "cpu.convnet", "cpu.toy_reg", "cpu.wlm", "cpu.ppo"} <= set(
+        ref.tests
+    )
+    for curves, items, _ in ref.tests.values():
+        assert sorted(curves) == [1234, 1235, 1236] and items

@@ -21,7 +21,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from ..analysis.convergence import items_conflicts, seed_curves
+from ..analysis.convergence import items_problem, seed_curves
 from ..analysis.summary import successful_records, summarize_dir
 from ..errors import MilarunError
 from ..formats.summary import read_summary
@@ -40,7 +40,8 @@ class Reference:
 
     Attributes:
         path: the reference's path (a summary file or a results folder).
-        tests: ``{group: (seed curves {seed: {step: loss}}, {step: items}, precision)}``.
+        tests: ``{group: (seed curves {seed: {step: loss}}, {seed: {step: items}},
+            precision)}``.
     """
 
     def __init__(self, path: Path, tests: dict[str, tuple[dict, dict, str | None]]) -> None:
@@ -60,14 +61,16 @@ def load_reference(rule: dict[str, Any], rules_path: str | Path) -> Reference:
     """The reference of the rules' ``convergence`` clause ``rule``.
 
     Args:
-        rule: the clause (``reference``, optional ``reference_sha256`` and ``tests``).
+        rule: the clause (``reference``, optional ``reference_sha256``, ``tests`` and
+            ``seed_tests``).
         rules_path: the rules file (``reference`` is relative to its folder).
 
     Raises:
         MilarunError: the reference cannot be read or is not a summary or results
             folder; ``reference_sha256`` names a folder or another digest; a test of
             ``tests`` absent from it or without loss curves; no test with loss curves;
-            a test with fewer than 2 seeds (one line naming the file and the key).
+            a test with fewer than 2 seeds; a ``seed_tests`` test not judged (one line
+            naming the file and the key).
     """
     path = Path(rules_path).parent / rule["reference"]
     if path.is_dir():
@@ -122,6 +125,11 @@ def load_reference(rule: dict[str, Any], rules_path: str | Path) -> Reference:
                 key=f"tests.{g}.convergence",
             )
         tests[g] = (curves, items, entries[g].get("precision"))
+    for g in rule.get("seed_tests", []):
+        if g not in tests:
+            raise MilarunError(
+                "not a judged test of the reference", path=rules_path, key=f"seed_tests.{g}"
+            )
     return Reference(path, tests)
 
 
@@ -173,17 +181,6 @@ def check_convergence(b, v, rule, reference: Reference) -> None:
                 f"{ref_precision}: the reference is for another test",
             )
             continue
-        conflicts = items_conflicts(ref_items, items)
-        if conflicts:
-            step, want, got = conflicts[0]
-            v.add(
-                "performance",
-                name,
-                False,
-                f"{group}: {got} items by step {step}, the reference {want}: another batch "
-                "size, the curves do not compare",
-            )
-            continue
         j = judge(list(ref_curves.values()), list(curves.values()), side, tolerance)
         if j is None:
             v.add(
@@ -194,7 +191,11 @@ def check_convergence(b, v, rule, reference: Reference) -> None:
                 "all reached",
             )
             continue
-        if "seed_tolerance" in rule:
+        problem = items_problem(ref_items, items, j.steps[-1])
+        if problem is not None:
+            v.add("performance", name, False, f"{group}: {problem}")
+            continue
+        if "seed_tolerance" in rule and group in rule.get("seed_tests", [group]):
             _seed_clause(v, group, ref_curves, curves, rule["seed_tolerance"])
         what = {
             "ok": "within",
