@@ -371,12 +371,12 @@ BAD_RESULTS = [
     ),
     (_record(success=False, error={"message": "?"}), "error.reason: missing"),
     (_record(version="1"), "version: bad format version '1'"),
-    (_record(version=99), "version: format version 99 is newer than this milarun (11)"),
+    (_record(version=99), "version: format version 99 is newer than this milarun (12)"),
     (
         _record(colour="red"),
         "colour: unknown key (known: call, collectives, dataroot, device, device_count, "
         "devices, distributed, environ, error, finished, gpu_monitor, "
-        "gpus_per_node, host, host_load, job, job_id, job_name, metrics, "
+        "gpus_per_node, health, host, host_load, job, job_id, job_name, metrics, "
         "name, no_loss, node, node_count, nodes, partition, peak_memory_mib, "
         "placeholders, profile_trace, run, seed, serving, serving_load, started, "
         "success, suite, tags, timings, version, written_by)",

@@ -61,7 +61,9 @@ loss or no steady state counts as a failure (``nan-loss``,
 ``no-steady-state``) whenever it was written. ``validation_flags`` lists the
 flags of the group's successful results (GPU load or memory below the job's
 threshold, host busy outside the suite, steal time), with the thresholds of
-the job's ``validation`` block. ``energy`` is the power and energy per item
+the job's ``validation`` block, then the GPU health flags of all its records
+(``gpu-health-error``, ``gpu-health-warning``: :func:`milarun.measure.flags.health_flags`
+of a record's ``health``). ``energy`` is the power and energy per item
 over the steady states (:mod:`milarun.measure.energy`), present only when GPU energy
 or power readings cover them. ``hosts`` entries also carry the facts of
 :mod:`milarun.host.facts` that the results recorded (milarun version and
@@ -649,11 +651,31 @@ def _checks(results):
     items = [(res.path, res.judged, res.steady) for res in results]
     out = {}
     flags = plausibility.summary_flags(items, node_of)
+    flags += _health_flags(results)
     if flags:
         out["validation_flags"] = [flagmodel.to_summary(f) for f in flags]
     power = energy.summarize_energy(items, node_of)
     if power is not None:
         out["energy"] = power
+    return out
+
+
+def _health_flags(results):
+    """The GPU health flags of a group (:func:`milarun.measure.flags.health_flags`) of
+    every record, passed or failed (a GPU fault may be why it failed), each at its
+    ``device``, ``node``, ``run`` and ``file``."""
+    out = []
+    for res in results:
+        rec = res.record
+        for f in flagmodel.health_flags(rec):
+            out.append(
+                f.at(
+                    device=str(rec.get("device", "")),
+                    node=node_of(rec),
+                    run=rec.get("run"),
+                    file=Path(res.path).name if res.path else None,
+                )
+            )
     return out
 
 

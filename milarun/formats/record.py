@@ -25,6 +25,8 @@ Append a version and its step for every change; docs/results.md lists the same.
 * 10, server-scenario serving: ``serving_load`` (``llm_server``).
 * 11, convergence: ``seed`` (the run's seed, ``--seed`` + run) and
   ``timings.train.loss_curve`` (the mean loss over blocks of steps).
+* 12, GPU health: ``health`` (the launch's GPU health counters before and after it, and
+  the findings, :mod:`milarun.host.health`).
 
 A reader older than a record's version refuses it ("newer than this milarun").
 
@@ -135,6 +137,15 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
 ``collectives``    optional (the ``collectives`` acceptance test): one row per collective and
                    message size: ``{"op", "bytes", "ranks", "time_s", "algbw_gbps",
                    "busbw_gbps"}`` (nccl-tests' method: :mod:`milarun.measure.acceptance`).
+``health``         optional, written by the launcher for a launch given NVIDIA GPUs on its
+                   own node (:mod:`milarun.host.health`): ``{"available", "reason",
+                   "source": "nvml", "start", "end" (Unix times of the readings before and
+                   after the launch), "gpus": [{"index", "uuid", "counters": {name: count
+                   or None, after the launch}, "deltas": {name: after - before},
+                   "unknown": {name: why unreadable}, "xid_codes"}], "findings":
+                   [{"gpu", "uuid", "counter", "severity": "error"|"warning", "before",
+                   "after", "message"}]}``; ``{"available": false, "reason"}`` when the
+                   GPUs were not read (AMD, Intel, other nodes, no NVML).
 """
 
 from __future__ import annotations
@@ -146,7 +157,7 @@ from ..errors import ResultFormatError
 from .jsonfile import StrPath, accepts, check, load_schema
 from .versioned import Migration, VersionedFormat
 
-FORMAT_VERSION = 11
+FORMAT_VERSION = 12
 
 #: Values of ``error.reason``: the test raised (``error``), the kernel OOM
 #: killer, the launcher's timeout, a signal, an interrupted suite, a
@@ -247,7 +258,7 @@ RESULT_FORMAT = VersionedFormat(
                 "timings": {**r.get("timings", {}), "train": r.get("train", {"samples": []})},
             }
         ),
-        # 1 to 10: each next version only adds optional fields (the history above)
+        # 1 to 11: each next version only adds optional fields (the history above)
         **{v: Migration(_next_version(v + 1)) for v in range(1, FORMAT_VERSION)},
     },
 )

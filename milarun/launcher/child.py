@@ -6,7 +6,9 @@ Each child runs in its own session (so its process group can be signalled as a w
 ``OUTDIR/logs/<suite>.<job>.J<run>.<device>.log`` and, compactly, to the progress display;
 the last lines of its stderr are kept for its FAIL record. The timeout and the stop are the
 wave's (:mod:`milarun.launcher.waves`); the outcome is decided by
-:mod:`milarun.launcher.outcome`.
+:mod:`milarun.launcher.outcome`. The health counters of its GPUs
+(:mod:`milarun.host.health`) are read just before it starts and once it ended
+(:meth:`Child.health_end`).
 """
 
 import collections
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from ..formats.outfile import open_append, own_dir
 from ..host import isolation, supervise
+from ..host.health import LaunchHealth
 
 #: Lines of a child's stderr kept for its FAIL record.
 STDERR_TAIL_LINES = 40
@@ -52,6 +55,7 @@ class Child:
         self.threads = []
         self.oom_before = isolation.oom_kill_count(launch.cgroup)
         self.lock = threading.Lock()
+        self.health = LaunchHealth.for_launch(launch)  # None: CPU slots, nothing recorded
         try:
             # never through a symlink, nor into a FIFO or device (milarun.formats.outfile)
             logdir = own_dir(self.outdir / "logs")
@@ -68,6 +72,8 @@ class Child:
         self.t0 = time.time()  # for the record
         self.m0 = time.monotonic()  # for the watchdog: immune to clock steps
         feed = self.launch.stdin
+        if self.health is not None:
+            self.health.begin()  # the counters before the launch (never raises)
         try:
             self.proc = subprocess.Popen(
                 supervise.supervised_argv(self.launch.argv),
@@ -134,6 +140,11 @@ class Child:
         if self.proc is None:
             return -255
         return self.group.poll()
+
+    def health_end(self):
+        """The record's ``health`` field: the counters read once the child ended (the first
+        call reads them, later ones give the same), or None for CPU slots."""
+        return None if self.health is None else self.health.end()
 
     def finish(self):
         for t in self.threads:

@@ -4,7 +4,8 @@ Records are never lost to bad values. The record is the child's own one when the
 (samples kept), else a new one holding the journal's valid events (the lines dropped are
 counted in ``error.journal_dropped``), else, when even that one fails the schema, a minimal
 one (name, job id, run, device, why); each is written through the one writer
-(:func:`milarun.formats.store.write_result`) at ``launch.fail_path``.
+(:func:`milarun.formats.store.write_result`) at ``launch.fail_path``. The launch's ``health``
+(:mod:`milarun.host.health`), when read, goes in every one but the minimal record.
 """
 
 import errno
@@ -12,8 +13,8 @@ import socket
 
 from ..formats.barrier import without_secret
 from ..formats.journal import read_journal
-from ..formats.record import new_result
-from ..formats.store import write_result
+from ..formats.record import new_result, validate
+from ..formats.store import finite_json, write_result
 
 #: Longest ``error.message`` a FAIL record gets (characters).
 MESSAGE_CHARS = 65536
@@ -142,9 +143,10 @@ def minimal_record(launch, reason, message, returncode):
     return rec
 
 
-def write_fail(outcome, own, message, tail, start, end):
+def write_fail(outcome, own, message, tail, start, end, health=None):
     """Write the FAIL record of ``outcome``; on failure set ``outcome.write_error``
-    (one line naming the file) and ``outcome.write_errno``.
+    (one line naming the file) and ``outcome.write_errno``. ``health``: the record's
+    ``health`` field (:mod:`milarun.host.health`), or None.
 
     Records are never lost to bad values: the child's own record (``own``, samples
     kept) is tried first, then a new one from the launch's journal (only its valid
@@ -154,15 +156,25 @@ def write_fail(outcome, own, message, tail, start, end):
     """
     launch = outcome.launch
     rc = outcome.returncode
+
+    refused = []
+    if health is not None and (bad := _refused_health(health)) is not None:
+        refused.append(bad)  # named in the message; the record goes without it
+        health = None
+
+    def with_health(rec):
+        if health is not None:
+            rec["health"] = health
+        return rec
+
     builds = [
-        lambda m: fail_record(launch, own, outcome.reason, m, rc, tail, start, end),
-        lambda m: fail_record(launch, None, outcome.reason, m, rc, tail, start, end),
+        lambda m: with_health(fail_record(launch, own, outcome.reason, m, rc, tail, start, end)),
+        lambda m: with_health(fail_record(launch, None, outcome.reason, m, rc, tail, start, end)),
         lambda m: minimal_record(launch, outcome.reason, m, rc),
     ]
     if own is None:
         builds.pop(0)
-    refused = []
-    for build in builds:
+    for i, build in enumerate(builds):
         text = "; ".join([message, *refused])[:MESSAGE_CHARS]
         try:
             rec = build(text)
@@ -173,7 +185,19 @@ def write_fail(outcome, own, message, tail, start, end):
             outcome.write_errno = exc.errno
             return False
         except Exception as exc:  # the schema refused it, or values that break building it
-            what = "the child's record" if own is not None and not refused else "the FAIL record"
+            what = "the child's record" if own is not None and i == 0 else "the FAIL record"
             refused.append(f"{what} was unusable ({exc.__class__.__name__}: {exc})"[:4096])
     outcome.write_error = f"cannot write {launch.fail_path}: {refused[-1]}"
     return False
+
+
+def _refused_health(health):
+    """None when the record schema takes ``health`` (a record's ``health`` field), else
+    why not, one line: a bad health reading never costs a FAIL record its samples."""
+    probe = new_result("health.check")
+    probe["health"] = health
+    try:
+        validate(finite_json(probe), parsed=True)
+    except Exception as exc:
+        return f"the health field was unusable ({exc.__class__.__name__}: {exc})"[:4096]
+    return None

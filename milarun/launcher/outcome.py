@@ -12,6 +12,11 @@ outcome from the exit status *and* the record, so the tally and the records alwa
   child's own reason, ``oom-killed`` (the cgroup's OOM-kill counter went up),
   ``node-lost``, ``rendezvous-timeout`` or ``rank-failed`` (a launch of several processes or
   nodes), ``signal`` or ``error``.
+
+Either way the record gets the launch's ``health`` (:mod:`milarun.host.health`: the GPUs'
+health counters before and after it, and what changed), when its GPUs were read: a PASS
+record is rewritten with it (through the one writer); when that write fails the child's
+record stays as it was.
 """
 
 import os
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..formats.journal import read_journal
-from ..formats.store import load_result
+from ..formats.store import load_result, write_result
 from ..host import isolation
 from .failures import write_fail
 
@@ -130,8 +135,10 @@ def conclude(child, now=None):
     rc = child.poll() if child.proc is not None else None
     own, problem = _read_own_record(launch.result_path)
     ok = own is not None and own.get("success") is True
+    health = _health(child)
     if ok and rc == 0 and not child.timed_out:
         # (a child stopped while finishing its teardown still measured everything)
+        _add_health(own, health, launch.result_path)
         _remove(launch.journal_path)
         return Outcome(launch, rc, True, Path(launch.result_path), None, end - child.t0)
     if child.abandoned:
@@ -187,7 +194,7 @@ def conclude(child, now=None):
         os.replace(launch.result_path, hidden)
     except OSError:
         hidden = None
-    if not write_fail(outcome, own, message, list(child.tail), child.t0, end):
+    if not write_fail(outcome, own, message, list(child.tail), child.t0, end, health=health):
         if hidden is not None:  # kept, but not under a name that would contradict the tally
             outcome.write_error += f"; the child's own record is kept as {hidden.name}"
         return outcome
@@ -195,6 +202,24 @@ def conclude(child, now=None):
         if path is not None:
             _remove(path)
     return outcome
+
+
+def _health(child):
+    """The ``health`` field of ``child``'s record (:meth:`Child.health_end`), or None."""
+    end = getattr(child, "health_end", None)  # a test's stand-in child may have none
+    return end() if end is not None else None
+
+
+def _add_health(record, health, path):
+    """Rewrite the successful ``record`` at ``path`` with its ``health`` field (None:
+    nothing to add); on any failure (a full disk, a value the schema refuses) the record
+    stays as the child wrote it."""
+    if health is None:
+        return
+    try:
+        write_result({**record, "health": health}, path)
+    except Exception:  # the measurement is kept whatever the health reading holds
+        pass
 
 
 def _remove(path):

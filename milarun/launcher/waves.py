@@ -66,6 +66,7 @@ def run_wave(launches, outdir, stop=None, on_line=None, grace=5.0, barrier=None)
         for c in children:
             if c not in pending and c.ended_at is None:
                 c.ended_at = now
+                c.health_end()  # its GPUs' health counters, as soon as it ended
                 if getattr(c.launch, "barrier_wave", None) in synced:  # never wait for the gone
                     barrier.drop(c.launch.barrier_wave, c.launch.device)
         if not pending:

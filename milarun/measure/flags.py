@@ -8,6 +8,12 @@ the steady state against the job's thresholds) and
 samples, and the outliers of a group). Both build :class:`Flag` values with
 :func:`flag`; :data:`RULES` holds one :class:`Rule` per check id.
 
+The GPU health findings of a record (its ``health`` field, read by the launcher:
+:mod:`milarun.host.health`) are flags too, of the ``"validation"`` family, through
+:data:`HEALTH_RULES` and :func:`health_flags`: ``gpu-health-error`` (severity
+:data:`ERROR`: the GPU fails) and ``gpu-health-warning``. They are kept apart from
+:data:`RULES`, the checks of the two modules above, and :func:`rule_of` finds either.
+
 The summary file keeps its two lists (``tests[g].validation_flags`` and
 ``tests[g].anomalies``, whose shapes the summary schema fixes):
 :func:`to_summary` writes a flag in its family's shape and
@@ -29,9 +35,11 @@ ANOMALY = "anomaly"
 #: Where a rule looks: one result, or a result among the others of its group.
 RESULT = "result"
 GROUP = "group"
-#: Every flag is a warning: shown beside the result, never scored (the checks that
-#: fail a result are failures, ``error.reason``, not flags).
+#: The flags of :data:`RULES` are warnings: shown beside the result, never scored (the
+#: checks that fail a result are failures, ``error.reason``, not flags).
 WARNING = "warning"
+#: A GPU health finding that fails the GPU (:data:`HEALTH_RULES`): shown as an error.
+ERROR = "error"
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ class Rule:
 
     id: str
     family: str  # VALIDATION or ANOMALY
-    severity: str  # WARNING
+    severity: str  # WARNING or ERROR
     scope: str  # RESULT or GROUP
     description: str
 
@@ -115,6 +123,39 @@ RULES = {
     )
 }
 
+#: The GPU health checks (:mod:`milarun.host.health`): one per severity of a finding.
+HEALTH_RULES = {
+    r.id: r
+    for r in (
+        Rule(
+            "gpu-health-error",
+            VALIDATION,
+            ERROR,
+            RESULT,
+            "a GPU health counter that fails the GPU went up during the launch (uncorrected "
+            "ECC errors, retired pages, row remapping failures, XID errors)",
+        ),
+        Rule(
+            "gpu-health-warning",
+            VALIDATION,
+            WARNING,
+            RESULT,
+            "a GPU health counter went up during the launch (corrected ECC errors, PCIe "
+            "replays, NVLink errors, thermal throttling), went backwards, or the PCIe link "
+            "is narrower than its maximum",
+        ),
+    )
+}
+#: The check of a finding of each severity.
+HEALTH_CHECKS = {ERROR: "gpu-health-error", WARNING: "gpu-health-warning"}
+
+
+def rule_of(check: str) -> Rule | None:
+    """The :class:`Rule` of ``check`` in :data:`RULES` or :data:`HEALTH_RULES`; None for an
+    id this version does not know."""
+    return RULES.get(check) or HEALTH_RULES.get(check)
+
+
 #: The keys that say where a flag is: which result (``device``, ``node``, ``run``,
 #: ``file``) and, for a GPU check, which ``gpu``.
 WHERE = ("device", "node", "run", "file", "gpu")
@@ -139,7 +180,7 @@ class Flag:
     def rule(self) -> Rule | None:
         """The :class:`Rule` of the check (None for an id this version does not know,
         read from a summary)."""
-        return RULES.get(self.id)
+        return rule_of(self.id)
 
     @property
     def severity(self) -> str:
@@ -197,14 +238,58 @@ def flag(
     where: Mapping[str, Any] | None = None,
     **figures: Any,
 ) -> Flag:
-    """A :class:`Flag` of check ``check`` (a key of :data:`RULES`). ``message`` is
+    """A :class:`Flag` of check ``check`` (a key of :data:`RULES` or :data:`HEALTH_RULES`;
+    KeyError for another). ``message`` is
     the check's sentence; without one (the anomaly checks) it is made from the
     figures, as :func:`from_summary` makes it again."""
-    rule = RULES[check]
+    rule = rule_of(check)
+    if rule is None:
+        raise KeyError(check)
     where = dict(where or {})
     if message is None:
         message = _text(check, figures)
     return Flag(check, rule.family, message, where, dict(figures))
+
+
+def health_flags(record: Mapping[str, Any]) -> list[Flag]:
+    """The flags of the GPU health findings of ``record`` (its ``health.findings``,
+    :func:`milarun.host.health.diff`): one per finding, ``gpu-health-error`` or
+    ``gpu-health-warning`` by its severity, at its ``gpu`` (the NVML index), with
+    ``value``: how much the counter went up (None when it went backwards or is a state);
+    for a PCIe link narrower than its maximum, ``value`` and ``threshold`` are the two
+    widths (lanes). The message names the GPU and the counter. A record without
+    ``health`` (CPU slots, records before format 12) has none."""
+    health = record.get("health")
+    if not isinstance(health, dict):
+        return []
+    out: list[Flag] = []
+    for f in health.get("findings") or []:
+        if not isinstance(f, dict) or f.get("severity") not in HEALTH_CHECKS:
+            continue
+        gpu, before, after = f.get("gpu"), f.get("before"), f.get("after")
+        figures: dict[str, Any] = {}
+        if f.get("counter") == "pcie_width" and _count(after):
+            widest = _counters_of(health, gpu).get("pcie_width_max")
+            figures = {"value": after, "threshold": widest if _count(widest) else None}
+        elif isinstance(before, int) and isinstance(after, int) and 0 <= before <= after:
+            figures = {"value": after - before}
+        name = f"GPU {gpu}" if _count(gpu) else "a GPU"
+        verdict = "the GPU fails" if f["severity"] == ERROR else "a warning"
+        message = f"{name}: {f.get('message')}; {verdict}"
+        where = {"gpu": gpu} if _count(gpu) else {}
+        out.append(flag(HEALTH_CHECKS[f["severity"]], message, where, **figures))
+    return out
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _counters_of(health: Mapping[str, Any], gpu: Any) -> Mapping[str, Any]:
+    for g in health.get("gpus") or []:
+        if isinstance(g, dict) and g.get("index") == gpu and isinstance(g.get("counters"), dict):
+            return g["counters"]
+    return {}
 
 
 # ------------------------------------------------------------------ the summary's shapes
