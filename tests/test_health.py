@@ -538,3 +538,35 @@ def test_a_health_field_the_schema_refuses_never_costs_the_record(tmp_path, monk
     assert "health" not in rec and rec["timings"]["train"]["samples"]  # samples kept
     if not passes:
         assert "the health field was unusable" in rec["error"]["message"]
+
+
+def test_the_rules_judge_health_errors_and_unread_gpus(tmp_path):
+    """``max_gpu_health_errors``: ``performance.gpu-health`` counts the errors recomputed
+    from the records; ``performance.gpu-health-read`` fails a record without readings."""
+    from milarun.formats.rules import read_rules
+    from milarun.verify.check import Bundle, check_performance
+    from milarun.verify.verdict import Verdict
+
+    error = {"gpu": 0, "counter": "xid", "severity": "error", "before": 0, "after": 1,
+             "message": "XID 79 (fell off the bus)"}  # fmt: skip
+    rules = tmp_path / "rules.json"
+
+    def judge(records, limit):
+        rules.write_text(json.dumps({"max_gpu_health_errors": limit}))
+        b = Bundle(tmp_path)
+        b.entries = []
+        b.records = {f"r{i}.json": rec for i, rec in enumerate(records)}
+        b.summary = summarize(list(b.records.items()))
+        v = Verdict(bundle=str(tmp_path))
+        check_performance(b, v, read_rules(rules))
+        return {c.name: c for c in v.clauses if c.name.startswith("performance.gpu-health")}
+
+    clean = judge([_record(0, []), _record(1, [])], 0)
+    assert clean["performance.gpu-health"].ok and clean["performance.gpu-health-read"].ok
+    bad = judge([_record(0, [error]), _record(1, [])], 0)["performance.gpu-health"]
+    assert not bad.ok and "1 GPU health error(s)" in bad.detail and "XID 79" in bad.detail
+    assert judge([_record(0, [error]), _record(1, [])], 1)["performance.gpu-health"].ok
+    unread = _record(1, [])
+    unread["health"] = {"available": False, "reason": "AMD GPUs are not read"}
+    read = judge([_record(0, []), unread], 0)["performance.gpu-health-read"]
+    assert not read.ok and read.paths == ["r1.json"]

@@ -40,7 +40,8 @@ use them; docs/tender.md lists them):
   bound of the confidence interval of the mean steady-state throughput
   (:func:`milarun.measure.confidence.mean_interval`) against ``min_throughput``; the
   failure rate; the node-to-node spread of the per-node means; the mean power of each
-  node (:mod:`milarun.measure.energy`); the acceptance thresholds
+  node (:mod:`milarun.measure.energy`); the GPU health errors during the launches
+  (``max_gpu_health_errors``, :mod:`milarun.host.health`); the acceptance thresholds
   (:func:`milarun.analysis.acceptance.verdict`); the ``serving`` rules of server-scenario
   tests (:func:`check_serving`: every load level recomputed from its raw request timings
   at the rules' latency targets); the ``convergence`` rules (every judged test's loss
@@ -1908,6 +1909,8 @@ def check_performance(b, v, rules, reference=None):
         _spread_clause(tests, v, rules["max_node_spread"])
     if "max_node_power_w" in rules:
         _power_clause(tests, v, rules["max_node_power_w"])
+    if "max_gpu_health_errors" in rules:
+        _health_clauses(b, tests, v, rules["max_gpu_health_errors"])
     if rules.get("acceptance"):
         for c in acceptance_verdict(rules["acceptance"], tests):
             v.add("performance", "performance.acceptance", c["ok"], f"{c['clause']}: {c['detail']}")
@@ -1945,6 +1948,44 @@ def _spread_clause(tests, v, limit):
             True,
             "one node per test: no node-to-node spread",
         )
+
+
+def _health_clauses(b, tests, v, limit):
+    """``performance.gpu-health``: at most ``limit`` ``gpu-health-error`` findings over the
+    bundle (the summary's validation flags, recomputed from the records' ``health``:
+    :mod:`milarun.host.health`); ``performance.gpu-health-read``: every record holds its
+    GPUs' readings (a counter not read is unknown, never healthy)."""
+    errors = [
+        (group, f)
+        for group, test in sorted(tests.items())
+        for f in test.get("validation_flags") or []
+        if f.get("check") == "gpu-health-error"
+    ]
+    shown = "; ".join(
+        f"{group} device {f.get('device')} GPU {f.get('gpu')}: {f.get('message')}"
+        for group, f in errors[:5]
+    )
+    v.add(
+        "performance",
+        "performance.gpu-health",
+        len(errors) <= limit,
+        f"{len(errors)} GPU health error(s) during the launches (the rules allow {limit})"
+        + (f": {shown}" if shown else ""),
+    )
+    unread = sorted(
+        path
+        for path, rec in b.records.items()
+        if not (isinstance(rec.get("health"), dict) and rec["health"].get("available") is True)
+    )
+    v.add(
+        "performance",
+        "performance.gpu-health-read",
+        not unread,
+        f"{len(unread)} record(s) without their GPUs' health readings (unknown, not healthy)"
+        if unread
+        else f"every record ({len(b.records)}) holds its GPUs' health readings",
+        unread[:20],
+    )
 
 
 def _power_clause(tests, v, limit):
