@@ -396,9 +396,9 @@ def test_verify_round_trip_honest_passes_a_skipped_step_fails(corpus, tmp_path):
 
 
 def test_the_cpu_profiles_reference_covers_its_training_tests():
-    """baselines/cpu/convergence-reference.json: ``milarun summary`` of ``milarun jobs
+    """baselines/cpu/convergence/reference.json: ``milarun summary`` of ``milarun jobs
     profiles/cpu.json --repeat 3`` on the 2-core VM, every test with a loss at 3 seeds."""
-    path = ROOT / "baselines" / "cpu" / "convergence-reference.json"
+    path = ROOT / "baselines" / "cpu" / "convergence" / "reference.json"
     ref = load_reference({"reference": path.name}, path)
     assert {"cpu.llm_pretrain", "cpu.convnet", "cpu.toy_reg", "cpu.wlm", "cpu.ppo"} <= set(
         ref.tests

@@ -77,7 +77,7 @@ SEED_TESTS = ["cpu.llm_pretrain", "cpu.llm_lora", "cpu.recom", "cpu.toy_reg", "c
 
 def _converges_like_the_shipped_reference(out, tmp_path):
     """The run's loss curves pass the rules' convergence clause against
-    baselines/cpu/convergence-reference.json (3 seeds, 2 threads, no cgroups): by the spread
+    baselines/cpu/convergence/reference.json (3 seeds, 2 threads, no cgroups): by the spread
     over seeds for every test, seed for seed within 1e-4 for SEED_TESTS (another machine's
     rounding on 1 CPU; a skipped step moves a curve by 1e-2)."""
     from milarun.analysis.summary import summarize
@@ -86,7 +86,7 @@ def _converges_like_the_shipped_reference(out, tmp_path):
     from milarun.verify.convergence import load_reference
     from milarun.verify.verdict import Verdict
 
-    reference = ROOT / "baselines" / "cpu" / "convergence-reference.json"
+    reference = ROOT / "baselines" / "cpu" / "convergence" / "reference.json"
     rules = tmp_path / "rules.json"
     # ddp_convnet and llm_fsdp run over every slot: 2 ranks here, 1 in the reference run
     judged = sorted(set(load_reference({"reference": str(reference)}, rules).tests) - MULTI)
