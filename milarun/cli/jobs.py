@@ -58,6 +58,11 @@ OPTIONS = (
         "barrier-timeout)",
         type=float,
     ),
+    option(
+        "prescreen_fatal",
+        "Stop before the first launch when one of these host prescreen findings "
+        "(comma-separated, e.g. numa_balancing,gpu_persistence) is not ok on some node",
+    ),
 )
 
 
@@ -93,4 +98,5 @@ def command(opts, rest):
         barrier_timeout=opts.barrier_timeout,
         select=opts.select,
         exclude=opts.exclude,
+        prescreen_fatal=opts.prescreen_fatal,
     )

@@ -10,10 +10,10 @@ reads another node's, :mod:`milarun.launcher.identities`). The object:
 ``"dmi": {"product_serial": …, "board_serial": …, "product_uuid": …},``
 ``"nics": {"eth0": "0c:42:a1:…"}, "cpu_model": "…", "memory_mib": 515890.2,``
 ``"config": {"node": {"kernel": "6.8.0-45-generic", "cpu_governors": ["performance"],
-"container_image_id": None}, "gpus": [{"index": 0, "uuid": "GPU-…", "power_limit_w":
-700.0, "sm_clock_app_mhz": 1755, "mem_clock_app_mhz": 2619, "ecc_mode": True,
-"mig_mode": False, "persistence_mode": True, "driver": "550.54.15", "vbios":
-"96.00.74.00.01"}, …]}}``
+"container_image_id": None, "prescreen": [{"name": "cpu_cstates", …}, …]},
+"gpus": [{"index": 0, "uuid": "GPU-…", "power_limit_w": 700.0, "sm_clock_app_mhz": 1755,
+"mem_clock_app_mhz": 2619, "ecc_mode": True, "mig_mode": False, "persistence_mode": True,
+"driver": "550.54.15", "vbios": "96.00.74.00.01"}, …]}}``
 
 * ``gpus``: every device the GPU backend sees (:func:`milarun.host.devices.find_gpus`:
   the first backend with visible devices, honouring a visibility variable such as
@@ -29,8 +29,12 @@ reads another node's, :mod:`milarun.launcher.identities`). The object:
 * ``cpu_model`` and ``memory_mib``: :func:`milarun.host.facts.cpu_model` and
   :func:`milarun.host.facts.memory_mib`.
 * ``config`` (version 2): the configuration that moves the numbers (:func:`config`):
-  per node the kernel release, the set of CPU frequency governors and the container
-  image's id where a documented file gives it; per GPU (in the order of ``gpus``) the
+  per node the kernel release, the set of CPU frequency governors, the container
+  image's id where a documented file gives it and the host prescreen's findings
+  (:func:`milarun.host.prescreen.prescreen`: C-states, governor, NUMA balancing,
+  transparent huge pages, GPU persistence, ECC, power limit and application clocks
+  against their defaults, IOMMU, InfiniBand ports; each ``ok`` True, False or None for
+  unknown); per GPU (in the order of ``gpus``) the
   backend's :data:`milarun.host.facts.GPU_CONFIG_KEYS` (NVIDIA:
   :meth:`milarun.host.accel.nvidia.NvidiaBackend.config`). Here a value that cannot be
   read is None, never ``"unreadable (why)"``: verify and audit compare values, and
@@ -56,6 +60,7 @@ from . import devices as devices_mod
 from .accel.base import is_unreadable, unreadable
 from .facts import GPU_CONFIG_KEYS, cpu_model, memory_mib
 from .kernel import read_text
+from .prescreen import prescreen
 
 #: ``format`` and ``version`` of the identity object. Version 2 added ``config``.
 IDENTITY_FORMAT = "milarun-identity"
@@ -190,9 +195,10 @@ def container_image_id(root="/"):
     return None
 
 
-def node_config(root="/"):
-    """``{"kernel", "cpu_governors", "container_image_id"}`` of this node (module
-    docstring); each None when it cannot be read."""
+def node_config(root="/", nvml=None):
+    """``{"kernel", "cpu_governors", "container_image_id", "prescreen"}`` of this node
+    (module docstring); each None when it cannot be read. ``nvml``: the pynvml-like
+    module the prescreen reads the GPUs with (None: pynvml itself, when installed)."""
 
     def safe(fn, *args):
         try:
@@ -204,6 +210,7 @@ def node_config(root="/"):
         "kernel": safe(lambda: os.uname().release or None),
         "cpu_governors": safe(cpu_governors, root),
         "container_image_id": safe(container_image_id, root),
+        "prescreen": safe(prescreen, root, nvml),
     }
 
 
@@ -232,12 +239,14 @@ def gpu_config(options=None, found=_UNREAD):
 
 def config(root="/", options=None, found=_UNREAD):
     """``{"node": node_config(root), "gpus": gpu_config(options)}``: the configuration
-    that moves the numbers (module docstring). Never raises."""
+    that moves the numbers (module docstring). Never raises. The prescreen reads NVML
+    through ``options["nvidia"]["pynvml"]`` when given (tests: a fake)."""
     try:
         per_gpu = gpu_config(options, found)
     except Exception:
         per_gpu = []
-    return {"node": node_config(root), "gpus": per_gpu}
+    nvml = ((options or {}).get("nvidia") or {}).get("pynvml")
+    return {"node": node_config(root, nvml), "gpus": per_gpu}
 
 
 def identity(root="/", options=None):

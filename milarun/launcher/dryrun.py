@@ -8,16 +8,20 @@ values a real run would use (the dataroot and results folder resolved, the ``pre
 placeholders expanded), then one ``milarun: error: …`` line per failed check, and
 exits 2 when there is one. It creates nothing: the results folder is checked without
 being made. What needs the other nodes (that each sees the results folder) is not
-checked, and the output says so.
+checked, and the output says so. The host prescreen (:mod:`milarun.host.prescreen`) is
+read on this host only and every finding printed (``# prescreen: …``); a
+``--prescreen-fatal`` finding that is not ok is an error.
 """
 
 import os
 import shutil
+import socket
 import sys
 from pathlib import Path
 
 from ..errors import SetupError
 from ..formats.terminal import one_line, terminal_safe
+from ..host.prescreen import fatal_problems, finding_line, prescreen
 from .preflight import check_ready
 from .prepare import prepare_fields
 from .session import MIN_FREE_MIB, check_meta, read_session
@@ -153,6 +157,29 @@ def show(jobs_, waves, devs, cluster, repeat, sid, dataroot, outdir, stream=None
                     print(terminal_safe(one_line(f"# prepare: {line}")), file=out)
             # a profile's strings may hold escape sequences: shown, never acted on
             print(terminal_safe(lch.describe()), file=out)
+
+
+def show_prescreen(cluster, fatal=(), stream=None, read=None):
+    """Print every finding of this host's prescreen (``read()``, default :func:`prescreen`) as
+    ``# prescreen: HOST: NAME ok|FAILED|unknown: …``; returns a :class:`SetupError` per
+    finding named in ``fatal`` that is not ok (the errors of the real run)."""
+    out = stream or sys.stdout
+    try:
+        host = socket.gethostname()
+    except OSError:
+        host = "this host"
+    findings = (read or prescreen)()
+    if cluster.multi:
+        print(
+            "# prescreen: this host only in a dry run (a real run reads every node's)",
+            file=out,
+        )
+    for f in findings:
+        print(terminal_safe(one_line(f"# prescreen: {finding_line(host, f)}")), file=out)
+    return [
+        SetupError(f"--prescreen-fatal: {line}")
+        for line in fatal_problems({host: findings}, list(fatal))
+    ]
 
 
 def report(errors, cluster, stream=None):

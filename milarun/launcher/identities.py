@@ -9,6 +9,10 @@ once, through the cluster's own transport (:meth:`milarun.plan.nodes.Cluster.on_
 and kept only when it is an identity object. A node whose answer is missing, late,
 malformed or too large gets ``{"error": "why"}`` instead; a session never stops for it
 (verify names such a node).
+
+Each identity holds its node's host prescreen (``config.node.prescreen``,
+:mod:`milarun.host.prescreen`): :func:`show_prescreen` prints the findings that failed or are
+unknown before the first launch, and says which ``--prescreen-fatal`` findings stop the suite.
 """
 
 import os
@@ -17,9 +21,11 @@ import subprocess
 import threading
 import time
 
-from ..errors import MilarunError
+from ..errors import MilarunError, say
 from ..formats.jsonfile import parse_json
+from ..formats.terminal import one_line, terminal_safe
 from ..host.identity import IDENTITY_FORMAT, MAX_IDENTITY_BYTES, identity
+from ..host.prescreen import fatal_problems, finding_line, findings_of, not_ok
 
 #: Seconds all nodes together have to answer.
 IDENTITY_TIMEOUT_S = 60.0
@@ -120,3 +126,33 @@ def collect(cluster, timeout=IDENTITY_TIMEOUT_S, local=identity):
             continue
         found[node.name] = parse_answer(out[0] if out else b"", node.name)
     return found
+
+
+def show_prescreen(found, fatal=(), log=say):
+    """Print (``log``) one ``milarun: prescreen: …`` line per finding that failed, one
+    naming the unknown ones, of every node of ``found`` (``{node: identity}``,
+    :func:`collect`), and one per node whose identity holds no prescreen. Returns the
+    lines of the findings named in ``fatal`` that are not ok
+    (:func:`milarun.host.prescreen.fatal_problems`): the caller stops on them."""
+    by_node = {}
+    for node, ident in sorted(found.items(), key=lambda kv: str(kv[0])):
+        findings = findings_of(ident)
+        by_node[node] = findings
+        if findings is None:
+            why = ident.get("error") if isinstance(ident, dict) else None
+            line = f"milarun: prescreen: {node}: not read ({why or 'no prescreen in its identity'})"
+            log(terminal_safe(one_line(line)))
+            continue
+        unknown = []
+        for f in not_ok(findings):  # another node's text: shown, never acted on
+            if f.get("ok") is None:
+                unknown.append(str(f.get("name")))
+                continue
+            log(terminal_safe(one_line(f"milarun: prescreen: {finding_line(node, f)}")))
+        if unknown:  # one line: a CPU host has no GPU nor InfiniBand finding to read
+            line = (
+                f"milarun: prescreen: {node}: {len(unknown)} unknown ({', '.join(unknown)}): "
+                "milarun jobs --dry-run says why"
+            )
+            log(terminal_safe(one_line(line)))
+    return fatal_problems(by_node, list(fatal)) if fatal else []

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..errors import SetupError, say
 from ..formats.barrier import BARRIER_TIMEOUT_S, BarrierServer, join_address
 from ..host import devices as devices_mod
+from ..host import prescreen as prescreen_mod
 from ..host.net import free_port
 from ..plan import nodes as nodes_mod
 from ..plan.launches import RDZV_PORT, plan_suite
@@ -52,6 +53,7 @@ def run_jobs(
     barrier_timeout=None,
     select=None,
     exclude=None,
+    prescreen_fatal=None,
 ):
     """``milarun jobs``, its options parsed (one argument each, as ``milarun.cli.jobs``
     names them; ``extra_args``: the arguments after ``--``): validate everything, then
@@ -60,10 +62,17 @@ def run_jobs(
     0: every launch passed; 1: some failed, or the suite stopped on a full
     disk; 128 + N: stopped by signal N (SIGINT, SIGTERM, SIGHUP).
 
+    Before the first launch every node's host prescreen (in its identity,
+    :func:`milarun.launcher.identities.show_prescreen`) prints the findings that failed or
+    are unknown; ``prescreen_fatal`` (``--prescreen-fatal``: comma-separated finding names)
+    stops the suite when one of those is not ok on some node. A dry run prints every
+    finding of this host (:func:`milarun.launcher.dryrun.show_prescreen`).
+
     Raises:
-        MilarunError: bad profile, options, dataroot or results folder
-            (nothing is launched).
+        MilarunError: bad profile, options, dataroot or results folder, or a
+            ``--prescreen-fatal`` finding not ok (nothing is launched).
     """
+    fatal = prescreen_names(prescreen_fatal)
     jobs_ = load_profile(profile, names, select, exclude)
     if select or exclude:  # --resume compares the tests chosen, whatever chose them
         names = [j.name for j in jobs_]
@@ -117,6 +126,7 @@ def run_jobs(
             **plan_opts,
         )
         dryrun.show(jobs_, waves, devs, cluster, repeat, sid, shown_root, shown_out)
+        errors += dryrun.show_prescreen(cluster, fatal)
         return dryrun.report(errors, cluster)
     dataroot = resolve_dataroot(dataroot)
     if outdir is None:
@@ -145,6 +155,13 @@ def run_jobs(
         nodes=[n.name for n in cluster.nodes] if cluster.multi else None,
     )
     identity = identities.collect(cluster)  # every node's hardware, for the session file
+    failed = identities.show_prescreen(identity, fatal)  # before the first launch
+    if failed:
+        raise SetupError(
+            f"--prescreen-fatal: {len(failed)} finding(s) not ok, nothing launched: "
+            + "; ".join(failed[:5])
+            + (f"; and {len(failed) - 5} more" if len(failed) > 5 else "")
+        )
     with session.OutdirLock(outdir), start_barrier(cluster) as server:
         # read (and check) the manifest before the session file changes: a broken chain
         # stops --resume with nothing written
@@ -184,6 +201,30 @@ def run_jobs(
             ignored=ignored,
             chain=chain,
         )
+
+
+def prescreen_names(text):
+    """The finding names of ``--prescreen-fatal`` (``"a,b"``, or a list of such strings;
+    None: none), in order, without repeats.
+
+    Raises:
+        SetupError: a name that is not one of :data:`milarun.host.prescreen.NAMES`.
+    """
+    if not text:
+        return []
+    parts = [text] if isinstance(text, str) else list(text)
+    out = []
+    for name in (n.strip() for part in parts for n in str(part).split(",")):
+        if not name:
+            continue
+        if name not in prescreen_mod.NAMES:
+            raise SetupError(
+                f"--prescreen-fatal: unknown finding {name!r} (one of "
+                f"{', '.join(prescreen_mod.NAMES)})"
+            )
+        if name not in out:
+            out.append(name)
+    return out
 
 
 def _canonical(value):

@@ -24,7 +24,8 @@ use them; docs/tender.md lists them):
   ``--cpu-slots``, ``--name``/``--select``, a record run with other arguments than its
   plan); with rules, each is a failed clause unless ``allowed_overrides`` names it; the
   profile and weights SHA-256, the repeats, the milarun version range and the dataset
-  preset of the prepare commands are judged.
+  preset of the prepare commands are judged, and the host prescreen findings the rules
+  make fatal (``prescreen.fatal``: recorded and ok on every node of every session).
 * **consistency** (:func:`check_consistency`): from the raw samples of every record:
   each sample's rate is its count over its duration, samples are ordered, do not
   overlap and lie inside the program's start and end; counts agree with ``max_count``
@@ -77,6 +78,7 @@ from ..formats.manifest import (
 from ..formats.rules import read_rules
 from ..formats.store import iter_results, load_result
 from ..formats.summary import SUMMARY_FORMAT
+from ..host.prescreen import fatal_problems, findings_of
 from ..launcher.chain import PLAN_FORMAT
 from ..launcher.session import SESSION_ID_FORMAT, digest_of_contents, read_session
 from ..measure.capacity import capacity_of
@@ -1195,6 +1197,40 @@ def check_compliance(b, v, rules):
         )
     if "dataset_preset" in rules:
         _dataset_clause(b, v, rules["dataset_preset"])
+    if "prescreen" in rules:
+        _prescreen_clause(b, v, rules["prescreen"]["fatal"])
+
+
+def _prescreen_clause(b, v, fatal):
+    """``compliance.prescreen``: every finding named in ``fatal`` is recorded and ok
+    (:func:`milarun.host.prescreen.fatal_problems`: unknown is not ok) in the host prescreen
+    of every node of every session (the identities of the session file, else those of the
+    plans and the bundle file); a failed clause per node and finding, naming both."""
+    by_node = {}
+    for s in _list((b.session or {}).get("sessions")):
+        if isinstance(s, dict) and isinstance(s.get("identity"), dict):
+            for node, ident in s["identity"].items():
+                by_node[f"node {node} (session {_scalar(s.get('id'))})"] = findings_of(ident)
+    if not by_node:
+        by_node = {f"node {node}": findings_of(ident) for node, ident in _identity(b).items()}
+    if not by_node:
+        v.add(
+            "compliance",
+            "compliance.prescreen",
+            False,
+            f"no node's hardware identity, so no prescreen, in the bundle: the rules ask "
+            f"{', '.join(fatal)} ok on every node",
+            [".milarun/session.json"],
+        )
+        return
+    problems = [(line, [".milarun/session.json"]) for line in fatal_problems(by_node, fatal)]
+    _report(
+        v,
+        "compliance",
+        "compliance.prescreen",
+        problems,
+        f"prescreen {', '.join(fatal)} ok on every node ({len(by_node)} node session(s))",
+    )
 
 
 def _scored_records(b):
