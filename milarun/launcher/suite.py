@@ -155,8 +155,13 @@ def run_jobs(
         nodes=[n.name for n in cluster.nodes] if cluster.multi else None,
     )
     identity = identities.collect(cluster)  # every node's hardware, for the session file
-    failed = identities.show_prescreen(identity, fatal)  # before the first launch
+    # judged before anything is written; its lines are shown once the folder is this
+    # session's, so a refused folder is still one line
+    shown = []
+    failed = identities.show_prescreen(identity, fatal, log=shown.append)
     if failed:
+        for line in shown:
+            say(line)
         raise SetupError(
             f"--prescreen-fatal: {len(failed)} finding(s) not ok, nothing launched: "
             + "; ".join(failed[:5])
@@ -186,6 +191,8 @@ def run_jobs(
         )
         waves, skipped, ignored = skip_done(waves, done, foreign)
         chain.start(sid, profile, waves, skipped, resume is not None)
+        for line in shown:  # the host prescreen, before the first launch
+            say(line)
         return _run(
             waves,
             outdir,
