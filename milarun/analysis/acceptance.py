@@ -34,6 +34,7 @@ so that ``milarun report --thresholds`` and ``milarun verify`` share it.
 import re
 import statistics
 
+from ..formats.floors import JUDGED, UNITS, detect, floor_of, shipped_floors
 from ..measure.stats import finite
 
 #: The experiments (entry points) of the acceptance tests, by kind.
@@ -409,6 +410,7 @@ __all__ = [
     "COPY_KEYS",
     "STREAM_KERNELS",
     "acceptance_figures",
+    "floor_clauses",
     "kind_of",
     "measured_peak",
     "node_figures",
@@ -471,11 +473,21 @@ def figure_text(x):
     return "-" if x is None else format(x, ".0f" if x >= 100 else ".3g")
 
 
-def verdict(thresholds, tests):
+def verdict(thresholds, tests, hosts=None, floors=None):
     """The clauses of ``thresholds`` (a checked thresholds file) against the summary's
     tests: ``[{"ok": bool, "clause": str, "detail": str}]``, one per clause and test group.
     A clause with nothing to check (no such test, a size not measured, no expected peak)
-    fails: acceptance is shown, not assumed (docs/acceptance.md, "Thresholds")."""
+    fails: acceptance is shown, not assumed (docs/acceptance.md, "Thresholds").
+
+    With ``thresholds["floors"]`` true, the clauses of :func:`floor_clauses` follow:
+    each figure of the reference floors table that ``thresholds`` does not set, judged
+    against the floor of the GPU model ``hosts`` (the summary's ``hosts``, whose
+    ``gpus`` are the records' GPU names) name; ``floors``: a table as
+    :func:`milarun.formats.floors.read_floors` returns it (default: the shipped one).
+
+    Raises:
+        ResultFormatError: the shipped floors table is broken (a broken install).
+    """
     out = []
     groups = {}
     for name, test in tests.items():
@@ -490,6 +502,148 @@ def verdict(thresholds, tests):
         out += _matmul_clauses(p, clause, groups.get("matmul", []))
     if thresholds.get("burn"):
         out += _burn_clauses(thresholds["burn"], groups.get("burn", []))
+    if thresholds.get("floors"):
+        out += floor_clauses(thresholds, tests, hosts, floors)
+    return out
+
+
+# --- the reference floors per GPU model (thresholds' "floors": true) --------------------
+
+
+def _fail(clause, detail):
+    return {"ok": False, "clause": clause, "detail": detail}
+
+
+def floor_clauses(thresholds, tests, hosts, floors=None):
+    """The clauses the reference floors add (docs/acceptance.md, "Reference floors per GPU
+    model"): for each figure of the detected model's entry that ``thresholds`` does not set
+    (a tender's figure always wins), the clause the thresholds would hold with that floor
+    as its absolute minimum (``min_tflops``, the GB/s of a bandwidth key, ``min_busbw_gbps``
+    at the floor's ``at_bytes``), for the tests the summary holds: a floor of a test the
+    results lack adds nothing. Each such clause carries ``floor``: ``{"model", "label",
+    "figure", "floor", "reference", "fraction", "unit", "source", "title", "url",
+    "measured", "gpu_names", "omitted"}``, and its ``detail`` ends with the model and the
+    source.
+
+    The all-reduce floor is an intra-node figure (Azure's health checks measure one node):
+    it judges the collectives groups of one node only (no ``node_count``, or 1), at its
+    ``at_bytes`` when measured there, else at the largest size measured, said in the detail
+    (the acceptance profile's sweep stops at 8 GiB, the sources measure at 16 GiB).
+
+    Fails, in one line each, rather than passing silently: no GPU names given
+    (``hosts`` None), no GPU named in the records, a GPU name without floors ("no
+    reference floors for <name>"), GPUs of several models, or a model whose floors find
+    no test to judge.
+
+    Raises:
+        ResultFormatError: the shipped floors table is broken (a broken install).
+    """
+    table = floors if floors is not None else shipped_floors()
+    if hosts is None:
+        return [_fail("reference floors", "no GPU names given (the summary's hosts): no model")]
+    found = detect(hosts, table)
+    names = found["names"]
+    if not names:
+        return [_fail("reference floors", "no GPU named in the records (host.gpus): no model")]
+    out = [
+        _fail("reference floors", f"no reference floors for {name}")
+        for name, model in names.items()
+        if model is None
+    ]
+    models = sorted({m for m in names.values() if m is not None})
+    if len(models) > 1:
+        labels = ", ".join(table["models"][m]["label"] for m in models)
+        out.append(
+            _fail(
+                "reference floors",
+                f"GPUs of several models ({labels}): one model's floors cannot judge them all; "
+                "set the figures in the thresholds",
+            )
+        )
+    if len(models) != 1:
+        return out
+    model = models[0]
+    entry = table["models"][model]
+    info = {
+        "model": model,
+        "label": entry["label"],
+        "gpu_names": [n for n, m in names.items() if m == model],
+        "omitted": list(entry["omitted"]),
+    }
+    kinds = {}
+    for name, test in tests.items():
+        acc = test.get("acceptance") if isinstance(test, dict) else None
+        if isinstance(acc, dict) and acc.get("test") in acc:
+            kinds.setdefault(acc["test"], []).append((name, acc[acc["test"]], test))
+    judged = []
+    for section in JUDGED:
+        given = thresholds.get(section) or {}
+        for key, figure in entry[section].items():
+            if key in given or not kinds.get(section):
+                continue  # the tender's figure wins; no such test: nothing to judge
+            floor = floor_of(figure)
+            source = table["sources"][figure["source"]]
+            meta = {
+                **info,
+                "figure": f"{section}.{key}",
+                "floor": floor,
+                "reference": figure["reference"],
+                "fraction": figure["fraction"],
+                "unit": UNITS[section],
+                "source": figure["source"],
+                "title": source["title"],
+                "url": source["url"],
+                "measured": figure["measured"],
+            }
+            for clause in _floor_clause(section, key, figure, floor, kinds[section]):
+                words = (
+                    f"floor of {entry['label']}: {floor:g} {UNITS[section]}"
+                    + (
+                        f" = {figure['fraction']:g} x {figure['reference']:g}"
+                        if figure["fraction"] != 1
+                        else ""
+                    )
+                    + f" (source: {figure['source']})"
+                )
+                judged.append(
+                    {
+                        **clause,
+                        "clause": f"floor: {clause['clause']}",
+                        "detail": f"{clause['detail']}; {words}",
+                        "floor": meta,
+                    }
+                )
+    if not judged:
+        out.append(
+            _fail(
+                "reference floors",
+                f"no test of the results to judge against the floors of {entry['label']}",
+            )
+        )
+    return out + judged
+
+
+def _floor_clause(section, key, figure, floor, groups):
+    """The thresholds clauses of one floor (see :func:`floor_clauses`)."""
+    pairs = [(name, body) for name, body, _ in groups]
+    if section == "matmul":
+        return _matmul_clauses(key, {"min_tflops": floor}, pairs)
+    if section == "bandwidth":
+        return _bandwidth_clauses({key: floor}, pairs)
+    at = figure["at_bytes"]
+    out = []
+    for name, body, test in groups:
+        if test.get("node_count") not in (None, 1):
+            continue  # across nodes: the network's figure, not the intra-node floor
+        rows = [r for r in body.get("rows") or [] if r["op"] == key]
+        if any(r["bytes"] == at and r.get("busbw_gbps") is not None for r in rows):
+            out += _collective_clauses(
+                key, {"min_busbw_gbps": floor, "at_bytes": at}, [(name, body)]
+            )
+            continue
+        for clause in _collective_clauses(key, {"min_busbw_gbps": floor}, [(name, body)]):
+            clause["detail"] += f" (the floor is stated at {size_text(at)}, not measured here)"
+            out.append(clause)
     return out
 
 

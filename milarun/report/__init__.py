@@ -203,7 +203,9 @@ def make_report(
     report.io = io_tables(summary, points=inputs.io_points)
     report.llm = llm_rows(summary["tests"])
     report.acceptance = acceptance_sections(summary["tests"], burn_threshold)
-    report.acceptance_verdict = verdict(clauses, summary["tests"]) if clauses is not None else None
+    report.acceptance_verdict = (
+        verdict(clauses, summary["tests"], summary.get("hosts")) if clauses is not None else None
+    )
     report.inputs = inputs_of(
         source, summary, inputs.count, weights, weights_default, compare, price, families
     )

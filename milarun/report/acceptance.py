@@ -15,7 +15,9 @@ The thresholds file (``milarun/formats/schemas/thresholds.schema.json``, docs/ac
 gives clauses; :func:`milarun.analysis.acceptance.verdict` checks each against every group
 of its test: one line per clause and group, PASS or FAIL with the figures. A clause with
 nothing to check (no such test, a size not measured, no expected peak) fails: acceptance
-is shown, not assumed.
+is shown, not assumed. With the file's ``"floors": true``, the reference floors of the
+detected GPU model (:mod:`milarun.formats.floors`) judge the figures it leaves unset: their
+clauses are named ``floor: ...``, and the lines name the model and each source used.
 """
 
 # the verdict of a thresholds file is pure: it lives in analysis/ (milarun verify uses it)
@@ -380,15 +382,43 @@ def d2d_matrices(cells):
 
 
 def verdict_lines(clauses):
-    """``acceptance thresholds: PASS|FAIL (k of n clauses failed)`` and one line per clause."""
+    """``acceptance thresholds: PASS|FAIL (k of n clauses failed)`` and one line per clause;
+    with reference floors (the thresholds' ``floors``), which model's floors the ``floor:``
+    clauses used, for which GPU names, what its table leaves out, and each source used
+    (id, title, address)."""
     failed = sum(not c["ok"] for c in clauses)
     head = "PASS" if not failed else "FAIL"
     lines = [
         f"acceptance thresholds: {head} ({len(clauses) - failed} of {len(clauses)} "
         f"clause(s) passed)"
     ]
+    used = [c["floor"] for c in clauses if isinstance(c.get("floor"), dict)]
+    if used:
+        first = used[0]
+        lines.append(
+            f"  reference floors of {first['label']} ({first['model']}; GPUs named "
+            f"{', '.join(first['gpu_names'])}) for the figures the thresholds leave unset"
+        )
+        lines += [f"  not in its floors: {text}" for text in first["omitted"]]
     lines += [f"  {'PASS' if c['ok'] else 'FAIL'}  {c['clause']}: {c['detail']}" for c in clauses]
+    if used:
+        lines.append("  floor sources:")
+        sources = {f["source"]: f for f in used}
+        lines += [f"    {k}: {f['title']}, {f['url']}" for k, f in sources.items()]
     return lines
+
+
+def _clause_view(clause):
+    """A verdict clause for the HTML table: a ``floor:`` clause's detail names its
+    source's title and address (the text report lists them below the clauses)."""
+    floor = clause.get("floor")
+    if not isinstance(floor, dict):
+        return clause
+    return {
+        **clause,
+        "detail": f"{clause['detail']}; {floor['source']}: {floor['title']}, {floor['url']}; "
+        f"measured: {floor['measured']}",
+    }
 
 
 # --- the HTML view --------------------------------------------------------------------------
@@ -484,7 +514,7 @@ def html_view(sections, verdict_, plotter):
             "ok": not failed,
             "passed": len(verdict_) - failed,
             "total": len(verdict_),
-            "clauses": verdict_,
+            "clauses": [_clause_view(c) for c in verdict_],
         }
     table = scaling_table(sections)
     return {

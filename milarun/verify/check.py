@@ -1948,7 +1948,8 @@ def check_performance(b, v, rules, reference=None):
     if "max_gpu_health_errors" in rules:
         _health_clauses(b, tests, v, rules["max_gpu_health_errors"])
     if rules.get("acceptance"):
-        for c in acceptance_verdict(rules["acceptance"], tests):
+        hosts = (b.summary or {}).get("hosts")
+        for c in acceptance_verdict(rules["acceptance"], tests, hosts):
             v.add("performance", "performance.acceptance", c["ok"], f"{c['clause']}: {c['detail']}")
     for group, rule in sorted(((rules.get("serving") or {}).get("tests") or {}).items()):
         check_serving(b, v, group, rule)
