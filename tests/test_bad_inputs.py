@@ -371,11 +371,11 @@ BAD_RESULTS = [
     ),
     (_record(success=False, error={"message": "?"}), "error.reason: missing"),
     (_record(version="1"), "version: bad format version '1'"),
-    (_record(version=99), "version: format version 99 is newer than this milarun (12)"),
+    (_record(version=99), "version: format version 99 is newer than this milarun (13)"),
     (
         _record(colour="red"),
         "colour: unknown key (known: call, collectives, dataroot, device, device_count, "
-        "devices, distributed, environ, error, finished, gpu_monitor, "
+        "devices, distributed, environ, error, fabric, finished, gpu_monitor, "
         "gpus_per_node, health, host, host_load, job, job_id, job_name, metrics, "
         "name, no_loss, node, node_count, nodes, partition, peak_memory_mib, "
         "placeholders, profile_trace, run, seed, serving, serving_load, started, "

@@ -435,7 +435,7 @@ def test_the_launcher_stores_health_in_the_record_of_a_real_launch(tmp_path, mon
     (out,) = run_wave([crawl_launch(tmp_path, extra=extra)], tmp_path)
     assert out.success is passes
     rec = load_result(out.result_path)  # the schema takes it
-    assert rec["version"] == FORMAT_VERSION == 12
+    assert rec["version"] == FORMAT_VERSION == 13
     h = rec["health"]
     assert h["available"] is True and h["source"] == "nvml" and h["start"] <= h["end"]
     assert [g["index"] for g in h["gpus"]] == [0]  # only the launch's GPU

@@ -89,7 +89,13 @@ def test_milarun_slurm_runs_every_plan_type_across_two_nodes(slurm_cluster, stud
     data.mkdir()
     out = tmp_path / "results"
     job = submit(
-        slurm_cluster, out, data, ["toy_reg", "ddp", "scaling"], SHORT, slots=2, cgroups=True
+        slurm_cluster,
+        out,
+        data,
+        ["toy_reg", "ddp", "scaling", "fabric"],
+        SHORT,
+        slots=2,
+        cgroups=True,
     )
     state = wait_job(slurm_cluster, job, 600)
     log = (out / "logs" / f"slurm-{job}.out").read_text()
@@ -123,6 +129,16 @@ def test_milarun_slurm_runs_every_plan_type_across_two_nodes(slurm_cluster, stud
     assert len(ddp["distributed"]["hosts"]) == 2
     assert ddp["nodes"] == ["node1", "node2"]
     assert ddp["distributed"]["rendezvous"]["backend"] == "c10d"
+    # the fabric groups over 4 ranks as 2 nodes: each node's ranks, each rail across both
+    (fab,) = [r for r in recs.values() if r["name"] == "cluster-cpu.fabric"]
+    assert fab["metrics"]["groups"] == "world,node,rail,pairs"
+    top = {
+        r["group"]: r for r in fab["collectives"] if r["op"] == "all_to_all" and r["bytes"] == 4096
+    }
+    assert sorted(g["nodes"] for g in top["node"]["groups"]) == [["node1"], ["node2"]]
+    assert [sorted(g["nodes"]) for g in top["rail"]["groups"]] == [["node1", "node2"]] * 2
+    assert top["rail"]["ranks"] == 2 and top["pairs"]["ranks"] == 4
+    assert fab["fabric"]["judged"] is False  # two nodes: one pair, nothing to compare it with
     # node-progression: 1x1, 1x2, 2x1, 2x2, grouped by shape
     from milarun.analysis.summary import summarize_dir
 

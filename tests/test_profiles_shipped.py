@@ -85,6 +85,7 @@ ACCEPTANCE_TESTS = {
         "collectives",
         "collectives_nodes",
         "collectives_all_nodes",
+        "collectives_fabric",
         "bandwidth",
         "bandwidth_remote_numa",
         "matmul",

@@ -89,7 +89,7 @@ def test_unreadable_files_skipped_with_one_warning_each(tmp_path, capsys):
         f"milarun: warning: skipped {RESULTS / 'standard.broken.J0.0.20261121-129990-000000.json'}"
         ": invalid JSON: Expecting property name enclosed in double quotes at line 45, column 5",
         f"milarun: warning: skipped {RESULTS / 'standard.future.J0.0.20261121-129991-000000.json'}"
-        ": version: format version 99 is newer than this milarun (12)",
+        ": version: format version 99 is newer than this milarun (13)",
         f"milarun: warning: skipped {RESULTS / 'standard.xss.J0.0.20261121-120010-000000.json'}"
         ": name: 'standard.<script>alert(1)</script>' is not a valid test name (like "
         "'suite.test': letters, digits, '_', '-', and '.' between them)",

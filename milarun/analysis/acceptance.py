@@ -8,8 +8,10 @@ The acceptance tests (``milarun.models.collectives``, ``bandwidth``, ``matmul`` 
 acceptance section too. The figures of each T:
 
 * ``collectives``: ``rows``, one per (collective, message size): busbw and algbw, the
-  median over the group's records; the expected peak (``expected_busbw_gbps``,
-  ``expected_bound``: the first record that has one);
+  median over the group's records (the ``world`` group's); the expected peak
+  (``expected_busbw_gbps``, ``expected_bound``: the first record that has one); with
+  ``--groups`` beyond the world, ``fabric`` (:func:`fabric_figures`): the slowest node, rail or
+  pair of nodes and the pairs' verdict;
 * ``bandwidth``: ``copies`` per node and GPU (H2D, D2H, both at once; pinned, pageable),
   ``d2d`` per node and ordered GPU pair (GB/s, peer access), ``stream`` per node and device
   (STREAM's copy, scale, add, triad); medians over runs; ``not_applicable`` when the copies
@@ -35,6 +37,7 @@ import re
 import statistics
 
 from ..formats.floors import JUDGED, UNITS, detect, floor_of, shipped_floors
+from ..measure import fabric
 from ..measure.stats import finite
 
 #: The experiments (entry points) of the acceptance tests, by kind.
@@ -140,6 +143,8 @@ def _collectives(records):
         for row in rows if isinstance(rows, list) else ():
             if not isinstance(row, dict) or not isinstance(row.get("op"), str):
                 continue
+            if row.get("group", "world") != "world":  # the split groups: fabric_figures
+                continue
             nbytes = row.get("bytes")
             if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
                 continue
@@ -169,7 +174,83 @@ def _collectives(records):
             cells.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0])
         )
     ]
-    return {"rows": rows[:1000], "expected_busbw_gbps": peak, "expected_bound": bound}
+    out = {"rows": rows[:1000], "expected_busbw_gbps": peak, "expected_bound": bound}
+    fab = fabric_figures(records)
+    if fab:
+        out["fabric"] = fab
+    return out
+
+
+def fabric_figures(records, tolerance=None):
+    """The split groups of ``collectives --groups`` (:mod:`milarun.measure.fabric`), or None.
+
+    ``splits``: per group kind (``node``, ``rail``, ``pairs``) and collective, at the
+    largest size measured: each group's busbw (the median over the records), the slowest
+    group (its nodes, its rail) and the median group. ``pairs``: the verdict of
+    :func:`milarun.measure.fabric.localise` on each pair's median busbw over the records,
+    at ``tolerance`` (a fraction; None: the one the records ran with, ``--pair-tolerance``),
+    recomputed: the records' own verdict is not read.
+
+    Raises:
+        ValueError: ``tolerance`` outside [0, 1).
+    """
+    cells, told_tolerance = {}, fabric.TOLERANCE
+    for rec in records:
+        told = rec.get("fabric")
+        told = told.get("tolerance") if isinstance(told, dict) else None
+        if _num(told) is not None and told < 1:
+            told_tolerance = float(told)
+        top = {}
+        for row in rec.get("collectives") if isinstance(rec.get("collectives"), list) else ():
+            if not isinstance(row, dict) or row.get("group") not in ("node", "rail", "pairs"):
+                continue
+            key = (row["group"], _text(row.get("op")))
+            nbytes = row.get("bytes")
+            if isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes >= 0:
+                if key not in top or nbytes > top[key]["bytes"]:
+                    top[key] = row
+        for (kind, op), row in top.items():
+            cell = cells.setdefault((kind, op, row["bytes"]), {})
+            for g in row.get("groups") if isinstance(row.get("groups"), list) else ():
+                nodes = g.get("nodes") if isinstance(g, dict) else None
+                if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+                    continue
+                label = (tuple(n[:_TEXT] for n in nodes[:2]), g.get("rail"))
+                cell.setdefault(label, []).append(_num(g.get("busbw_gbps")))
+    if not cells:
+        return None
+    order = {k: i for i, k in enumerate(fabric.GROUP_KINDS)}
+    splits, pairs = [], []
+    for (kind, op, nbytes), groups in sorted(
+        cells.items(), key=lambda kv: (order[kv[0][0]], str(kv[0][1]), kv[0][2])
+    ):
+        figures = {label: _median(v) for label, v in groups.items()}
+        known = {label: f for label, f in figures.items() if f is not None}
+        slowest = min(known, key=lambda label: known[label]) if known else None
+        splits.append(
+            {
+                "group": kind,
+                "op": op,
+                "bytes": nbytes,
+                "groups": len(groups),
+                "min_busbw_gbps": known[slowest] if slowest else None,
+                "median_busbw_gbps": _median(known.values()),
+                "slowest_nodes": list(slowest[0]) if slowest else [],
+                "slowest_rail": slowest[1] if slowest and isinstance(slowest[1], int) else None,
+            }
+        )
+        if kind == "pairs" and op == "all_reduce" or kind == "pairs" and not pairs:
+            pairs = [
+                {"a": nodes[0], "b": nodes[-1], "busbw_gbps": f}
+                for (nodes, _), f in figures.items()
+                if len(nodes) == 2
+            ]
+    out = {"splits": splits[:1000]}
+    if any(s["group"] == "pairs" for s in splits):
+        verdict = fabric.localise(pairs, told_tolerance if tolerance is None else tolerance)
+        verdict["slow_pairs"] = verdict["slow_pairs"][:1000]
+        out["pairs"] = verdict
+    return out
 
 
 def _device(rec):

@@ -145,7 +145,7 @@ def _gpus() -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     return [], None
 
 
-def _node_name(given: str | None) -> str:
+def node_name(given: str | None) -> str:
     """This node's name: Slurm's (srun sets it per node), else the one the launcher gave
     this node's agent (``$MILARUN_NODE``, over ssh), else ``given``, else the hostname."""
     return (
@@ -358,7 +358,7 @@ class Experiment:
         mine = None
         if world.local_rank == 0:
             mine = {
-                "node": _node_name(self.result.get("node")),
+                "node": node_name(self.result.get("node")),
                 "host": dict(self.result.get("host") or {}),
             }
         gathered: list[Any] = [None] * dist.get_world_size()
@@ -413,7 +413,7 @@ class Experiment:
                 if self._monitor_holder
                 else {"available": False, "reason": "not started", "interval": None, "samples": []}
             )
-            mine = {"node": _node_name(self.result.get("node")), "clock": clock, "monitor": record}
+            mine = {"node": node_name(self.result.get("node")), "clock": clock, "monitor": record}
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         if dist.get_rank() != 0:

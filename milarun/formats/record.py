@@ -27,6 +27,8 @@ Append a version and its step for every change; docs/results.md lists the same.
   ``timings.train.loss_curve`` (the mean loss over blocks of steps).
 * 12, GPU health: ``health`` (the launch's GPU health counters before and after it, and
   the findings, :mod:`milarun.host.health`).
+* 13, fabric: a ``collectives`` row may hold its ``group`` kind and each group's figures
+  (``groups``), and the record ``fabric`` (the pairs' verdict, :mod:`milarun.measure.fabric`).
 
 A reader older than a record's version refuses it ("newer than this milarun").
 
@@ -136,7 +138,14 @@ tests/test_bad_inputs.py checks that this list and the schema agree):
                    :func:`milarun.measure.latency.level_figures` recomputes the figures.
 ``collectives``    optional (the ``collectives`` acceptance test): one row per collective and
                    message size: ``{"op", "bytes", "ranks", "time_s", "algbw_gbps",
-                   "busbw_gbps"}`` (nccl-tests' method: :mod:`milarun.measure.acceptance`).
+                   "busbw_gbps"}`` (nccl-tests' method: :mod:`milarun.measure.acceptance`);
+                   with ``--groups``, per group kind (``"group"``: ``world``, ``node``,
+                   ``rail``, ``pairs``), the slowest group's figures and each group's
+                   (``"groups": [{"nodes", "rail" | "round", "time_s", "algbw_gbps",
+                   "busbw_gbps"}]``).
+``fabric``         optional (``collectives --groups pairs``): the pairs' verdict, as
+                   :func:`milarun.measure.fabric.localise` returns it; readers recompute it
+                   from ``collectives``.
 ``health``         optional, written by the launcher for a launch given NVIDIA GPUs on its
                    own node (:mod:`milarun.host.health`): ``{"available", "reason",
                    "source": "nvml", "start", "end" (Unix times of the readings before and
@@ -157,7 +166,7 @@ from ..errors import ResultFormatError
 from .jsonfile import StrPath, accepts, check, load_schema
 from .versioned import Migration, VersionedFormat
 
-FORMAT_VERSION = 12
+FORMAT_VERSION = 13
 
 #: Values of ``error.reason``: the test raised (``error``), the kernel OOM
 #: killer, the launcher's timeout, a signal, an interrupted suite, a

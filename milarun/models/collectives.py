@@ -34,6 +34,13 @@ table is the measure. ``metrics``: ``busbw_<op>_max_gbps`` (the best of the swee
 ``/sys/class/infiniband/*/ports/*/rate``), ``expected_busbw_gbps`` and
 ``expected_bound`` (nvlink or network), and ``busbw_all_reduce_vs_expected``.
 
+**Groups** (``--groups``, :mod:`milarun.measure.fabric`): besides the whole ``world``, each
+node's ranks (``node``), local rank ``i`` of every node (``rail``) and nodes paired in
+``--pair-rounds`` rounds (``pairs``), every group of a kind at once after one world
+barrier, as nccl-tests' ``NCCL_TESTS_SPLIT``. Such a row holds the slowest group's figures
+and each group's (``groups``); with ``pairs`` the record's ``fabric`` is the verdict that
+names a bad node or a bad link (:func:`milarun.measure.fabric.localise`).
+
 The sweep ends the run: ``--max-count`` and ``--min-steady`` do not apply. Runs as
 ``njobs`` (a node's GPUs), ``multi-node`` and ``node-progression`` under torchrun;
 alone, a world of one (busbw factors of 0 for all but broadcast).
@@ -43,6 +50,7 @@ Stresses: NVLink / PCIe inside a node, the network (InfiniBand, RoCE) between no
 
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -51,10 +59,11 @@ from coleo import Option, default, tooled
 from ..bench import device as bench_device
 from ..bench import init_torch, iteration_wrapper
 from ..bench.distributed import process_group
+from ..bench.experiment import node_name
 from ..bench.options import backend_option
 from ..host import accel
 from ..host.interconnect import active_rates, infiniband_ports
-from ..measure import acceptance
+from ..measure import acceptance, fabric
 
 #: Nothing is trained.
 NO_LOSS = "collectives moves messages between ranks; nothing is trained"
@@ -102,6 +111,23 @@ def _hook_result(op, nbytes, rank, out):
     return out
 
 
+def _hook_run(buf):
+    """Called before every operation: where the tests slow a node or a link (patched)."""
+
+
+@dataclass(frozen=True)
+class _View:
+    """This rank's place in the group one operation runs over: ``size`` ranks, this rank's
+    ``rank`` among them, the ``torch.distributed`` ``group`` (None: the world) and the
+    names of the group's ``nodes``."""
+
+    size: int
+    rank: int
+    device: torch.device
+    group: object = None
+    nodes: tuple = ()
+
+
 def _pattern(start, end, device):
     return (torch.arange(start, end, device=device, dtype=torch.int64) % 13 + 1).float()
 
@@ -109,9 +135,10 @@ def _pattern(start, end, device):
 class _Buffers:
     """The input and output of one collective at one size, and its expected result."""
 
-    def __init__(self, op, count, world):
+    def __init__(self, op, count, view):
         self.op = op
-        self.n, self.rank, self.device = world.size, world.rank, world.device
+        self.n, self.rank, self.device = view.size, view.rank, view.device
+        self.group, self.nodes = view.group, view.nodes
         n = self.n
         self.count = count
         self.chunk = count // n if op in ("all_gather", "reduce_scatter", "all_to_all") else count
@@ -136,23 +163,26 @@ class _Buffers:
             self.inp[s:e].copy_(value)
 
     def run(self):
-        op = self.op
+        op, group = self.op, self.group
+        _hook_run(self)
         if op == "all_reduce":
-            dist.all_reduce(self.inp)
+            dist.all_reduce(self.inp, group=group)
         elif op == "broadcast":
-            dist.broadcast(self.inp, 0)
+            # the group's first rank is the root (a global rank, as torch takes it)
+            root = 0 if group is None else dist.get_global_rank(group, 0)
+            dist.broadcast(self.inp, root, group=group)
         elif op == "all_gather":
             if hasattr(dist, "all_gather_single"):
-                dist.all_gather_single(self.out, self.inp)
+                dist.all_gather_single(self.out, self.inp, group=group)
             else:
-                dist.all_gather_into_tensor(self.out, self.inp)
+                dist.all_gather_into_tensor(self.out, self.inp, group=group)
         elif op == "reduce_scatter":
             if hasattr(dist, "reduce_scatter_single"):
-                dist.reduce_scatter_single(self.out, self.inp)
+                dist.reduce_scatter_single(self.out, self.inp, group=group)
             else:
-                dist.reduce_scatter_tensor(self.out, self.inp)
+                dist.reduce_scatter_tensor(self.out, self.inp, group=group)
         else:
-            dist.all_to_all_single(self.out, self.inp)
+            dist.all_to_all_single(self.out, self.inp, group=group)
 
     def expected(self, s, e):
         """The expected output elements ``[s, e)`` on this rank."""
@@ -184,12 +214,15 @@ class _Buffers:
         return worst
 
 
-def _check(buf, world, nbytes):
-    """Fill, run once, check on every rank, agree: raises :class:`WrongResult`."""
-    buf.fill()
-    buf.run()
-    buf.out = _hook_result(buf.op, nbytes, world.rank, buf.out)
-    err = buf.max_error()
+def _check(buf, op, world, nbytes, where):
+    """Fill, run once, check on every rank of every group, agree over the world: raises
+    :class:`WrongResult`. ``buf`` is None on a rank that sits this operation out."""
+    err = 0.0
+    if buf is not None:
+        buf.fill()
+        buf.run()
+        buf.out = _hook_result(op, nbytes, world.rank, buf.out)
+        err = buf.max_error()
     wrong = err != 0.0
     bad = torch.tensor([1 if wrong else 0], dtype=torch.int64, device=world.device)
     first = torch.tensor(
@@ -201,21 +234,25 @@ def _check(buf, world, nbytes):
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     if int(bad.item()):
         raise WrongResult(
-            f"{buf.op} of {nbytes} B over {world.size} ranks returned a wrong "
+            f"{op} of {nbytes} B {where} returned a wrong "
             f"result on {int(bad.item())} rank(s) (first: rank "
             f"{int(first.item())}); largest error {float(worst.item()):.6g}"
         )
 
 
-def _timed(buf, world, warmup, iters):
-    """Seconds of one operation, averaged over the ranks."""
-    for _ in range(warmup):
-        buf.run()
+def _timed(buf, world, warmup, iters, slot, slots):
+    """Seconds of one operation of each group, averaged over the group's ranks: a list of
+    ``slots`` figures, this rank's group's at ``slot`` (``buf`` None: this rank sits out).
+    Every group starts at the same world barrier, so the groups run at once."""
+    if buf is not None:
+        for _ in range(warmup):
+            buf.run()
     cuda = bench_device.is_cuda(world.device)
     if cuda:
         torch.cuda.synchronize(world.device)
     dist.barrier()
-    if cuda:
+    seconds = 0.0
+    if buf is not None and cuda:
         start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
         start.record()
         for _ in range(iters):
@@ -223,14 +260,17 @@ def _timed(buf, world, warmup, iters):
         end.record()
         end.synchronize()
         seconds = start.elapsed_time(end) / 1000.0
-    else:
+    elif buf is not None:
         t0 = time.perf_counter()
         for _ in range(iters):
             buf.run()
         seconds = time.perf_counter() - t0
-    t = torch.tensor([seconds / iters], dtype=torch.float64, device=world.device)
+    # each group's mean time, summed into its slot over the world
+    t = torch.zeros(slots, dtype=torch.float64, device=world.device)
+    if buf is not None:
+        t[slot] = seconds / iters / buf.n
     dist.all_reduce(t)
-    return float(t.item()) / world.size
+    return [float(x) for x in t.tolist()]
 
 
 def expected_peak(world_size, nodes, gpus_per_node, root="/"):
@@ -279,14 +319,26 @@ def train(exp):
     warmup_iters: Option & int = default(5)
     # Timed operations per collective and size (1 to 100000)
     iters: Option & int = default(20)
+    # Groups each collective runs over, comma-separated among world, node (each node's
+    # ranks), rail (local rank i of every node), pairs (nodes paired in rounds); all: every one
+    groups: Option = default("world")
+    # Rounds of node pairs for --groups pairs: each node meets this many partners (1 to 64)
+    pair_rounds: Option & int = default(3)
+    # Fraction below the reference node's figure at which a pair is slow (0 to 0.9)
+    pair_tolerance: Option & float = default(fabric.TOLERANCE)
     backend = backend_option()
 
     # every bad input is one error before anything runs
     names = parse_ops(ops)
+    kinds = fabric.parse_groups(groups)
     if not 0 <= warmup_iters <= 10000:
         raise ValueError(f"--warmup-iters must be between 0 and 10000, not {warmup_iters}")
     if not 1 <= iters <= 100000:
         raise ValueError(f"--iters must be between 1 and 100000, not {iters}")
+    if not 1 <= pair_rounds <= 64:
+        raise ValueError(f"--pair-rounds must be between 1 and 64, not {pair_rounds}")
+    if not 0 <= pair_tolerance <= 0.9:
+        raise ValueError(f"--pair-tolerance must be between 0 and 0.9, not {pair_tolerance}")
     if max_size:
         acceptance.message_sizes(max_size, min_size)
     device = init_torch(exp)
@@ -294,10 +346,68 @@ def train(exp):
         max_size = DEFAULT_MAX_SIZE["cpu" if bench_device.kind(device) == "cpu" else "gpu"]
     sizes = acceptance.message_sizes(max_size, min_size)
     with process_group(exp, device, backend) as world:
-        _sweep(exp, world, names, sizes, warmup_iters, iters)
+        layouts = _layouts(exp, world, kinds, pair_rounds)
+        _sweep(exp, world, names, sizes, warmup_iters, iters, layouts)
+        pairs = fabric.pair_figures(exp.result.get("collectives", []))
+        if pairs or "pairs" in kinds:
+            exp.result["fabric"] = fabric.localise(pairs, pair_tolerance)
 
 
-def _sweep(exp, world, names, sizes, warmup, iters):
+class _Layout:
+    """One group kind's rounds: per round, the rank lists of its groups, this rank's
+    :class:`_View` (None where it sits the round out) and each group's node names."""
+
+    def __init__(self, kind, rounds, world, names):
+        self.kind = kind
+        self.rounds = []
+        for ranks_list in rounds:
+            if kind == "world":
+                handles = [None]
+            else:  # every rank creates every group, in the same order
+                handles = [dist.new_group(ranks) for ranks in ranks_list]
+            view = None
+            labels = []
+            for ranks, handle in zip(ranks_list, handles):
+                nodes = tuple(dict.fromkeys(names[r] for r in ranks))
+                labels.append(nodes)
+                if world.rank in ranks:
+                    view = _View(len(ranks), ranks.index(world.rank), world.device, handle, nodes)
+            self.rounds.append((ranks_list, view, labels))
+
+
+def _layouts(exp, world, kinds, rounds):
+    """The :class:`_Layout` of each kind of ``--groups``; a kind that is the world again or
+    has no group of two ranks (``node`` on one node, ``rail`` with one rank per node or one
+    node, ``pairs`` on one node) is left out and named in ``groups_skipped``."""
+    mine = node_name(exp.result.get("node"))
+    gathered = [None] * world.size
+    dist.all_gather_object(gathered, mine)
+    n, per_node = world.size, max(1, world.local_size)
+    nodes = n // per_node if n % per_node == 0 else 0
+    names = [str(x) for x in gathered]
+    # one name per node: a name two nodes share (one host in the tests) gets its node index
+    by_node = [names[i * per_node] for i in range(nodes)]
+    if len(set(by_node)) < len(by_node):
+        names = [f"{names[r]}#{r // per_node}" for r in range(n)]
+    skipped, out = [], []
+    for kind in kinds:
+        if kind == "world":
+            out.append(_Layout(kind, [[list(range(n))]], world, names))
+        elif nodes < 2 or (kind == "rail" and per_node < 2):
+            skipped.append(kind)
+        elif kind == "node":
+            out.append(_Layout(kind, [fabric.node_groups(n, per_node)], world, names))
+        elif kind == "rail":
+            out.append(_Layout(kind, [fabric.rail_groups(n, per_node)], world, names))
+        else:
+            out.append(_Layout(kind, fabric.pair_groups(n, per_node, rounds), world, names))
+    exp.metrics["groups"] = ",".join(layout.kind for layout in out)
+    if skipped:
+        exp.metrics["groups_skipped"] = ",".join(skipped)
+    return out
+
+
+def _sweep(exp, world, names, sizes, warmup, iters, layouts):
     nodes = max(1, world.size // max(1, world.local_size))
     exp.metrics.update(expected_peak(world.size, nodes, world.local_size))
     exp.metrics.update(
@@ -309,39 +419,68 @@ def _sweep(exp, world, names, sizes, warmup, iters):
             "warmup_iters": warmup,
         }
     )
-    tasks = [(op, size) for op in names for size in sizes]
+    tasks = [(layout, op, size) for layout in layouts for op in names for size in sizes]
     rows = []
     steps = iteration_wrapper(exp)
     exp.rate.max_count = None  # the sweep ends the run
     if world.rank != 0 and exp.rate.tracer is None:
         exp.rate.follow()
-    for step, (op, size) in zip(steps, tasks):
-        exp.rate.cut()  # each (collective, size) its own sample
-        count, nbytes = acceptance.elements_for(op, size, world.size)
-        buf = _Buffers(op, count, world)
-        _check(buf, world, nbytes)
-        seconds = _timed(buf, world, warmup, iters)
-        algbw, busbw = acceptance.bandwidths(op, nbytes, seconds, world.size)
-        rows.append(
-            {
-                "op": op,
-                "bytes": nbytes,
-                "ranks": world.size,
-                "time_s": seconds,
-                "algbw_gbps": algbw,
-                "busbw_gbps": busbw,
-            }
-        )
-        step.set_count(int(round(nbytes * acceptance.bus_factor(op, world.size) * iters)) or 1)
-        del buf
+    for step, (layout, op, size) in zip(steps, tasks):
+        exp.rate.cut()  # each (groups, collective, size) its own sample
+        row, moved = _measure(layout, op, size, world, warmup, iters)
+        rows.append(row)
+        step.set_count(int(round(moved)) or 1)
     steps.close()
     exp.result["collectives"] = rows
-    for op in names:
-        mine = [r for r in rows if r["op"] == op and r["busbw_gbps"] is not None]
-        if mine:
-            exp.metrics[f"busbw_{op}_max_gbps"] = max(r["busbw_gbps"] for r in mine)
-            exp.metrics[f"busbw_{op}_at_max_size_gbps"] = mine[-1]["busbw_gbps"]
+    for layout in layouts:
+        tag = "" if layout.kind == "world" else f"_{layout.kind}"
+        for op in names:
+            mine = [
+                r
+                for r in rows
+                if r["op"] == op and r["group"] == layout.kind and r["busbw_gbps"] is not None
+            ]
+            if mine:
+                exp.metrics[f"busbw_{op}{tag}_max_gbps"] = max(r["busbw_gbps"] for r in mine)
+                exp.metrics[f"busbw_{op}{tag}_at_max_size_gbps"] = mine[-1]["busbw_gbps"]
     peak = exp.metrics.get("expected_busbw_gbps")
     best = exp.metrics.get("busbw_all_reduce_max_gbps")
     if peak and best is not None:
         exp.metrics["busbw_all_reduce_vs_expected"] = best / peak
+
+
+def _measure(layout, op, size, world, warmup, iters):
+    """One (group kind, collective, size): every round of the layout in turn, each group of
+    a round at once. Returns the row (the slowest group's figures, and each group's under
+    ``groups`` where the kind splits the world) and the bus bytes moved (the items)."""
+    entries, moved, row = [], 0.0, None
+    for index, (ranks_list, view, labels) in enumerate(layout.rounds):
+        ranks = len(ranks_list[0])
+        count, nbytes = acceptance.elements_for(op, size, ranks)
+        buf = _Buffers(op, count, view) if view is not None else None
+        where = f"over {ranks} ranks" + ("" if layout.kind == "world" else f" ({layout.kind})")
+        _check(buf, op, world, nbytes, where)
+        slot = next((i for i, r in enumerate(ranks_list) if world.rank in r), 0)
+        times = _timed(buf, world, warmup, iters, slot, len(ranks_list))
+        del buf
+        factor = acceptance.bus_factor(op, ranks)
+        moved += nbytes * factor * iters * len(ranks_list)
+        for seconds, nodes in zip(times, labels):
+            algbw, busbw = acceptance.bandwidths(op, nbytes, seconds, ranks)
+            entry = {
+                "nodes": list(nodes),
+                "time_s": seconds,
+                "algbw_gbps": algbw,
+                "busbw_gbps": busbw,
+            }
+            if layout.kind == "rail":
+                entry["rail"] = len(entries)
+            if layout.kind == "pairs":
+                entry["round"] = index
+            entries.append(entry)
+        row = {"op": op, "bytes": nbytes, "ranks": ranks, "group": layout.kind}
+    slowest = max(entries, key=lambda e: e["time_s"])
+    row.update({k: slowest[k] for k in ("time_s", "algbw_gbps", "busbw_gbps")})
+    if layout.kind != "world":
+        row["groups"] = entries
+    return row, moved

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 from .. import __version__
+from ..analysis.fleet import DEFAULT_MIN_NODES as FLEET_MIN_NODES
+from ..analysis.fleet import fleet_nodes, fleet_view
 from ..errors import MilarunError
 from ..formats.cache import Cache
 from ..formats.outfile import UnsafeFileError, write_atomic
@@ -137,7 +139,9 @@ def make_report(
     dollars; ``html`` is an output path; ``compare_nodes`` adds the node
     comparison, with ``node_threshold`` percent (default
     :data:`~milarun.report.breakdown.NODE_THRESHOLD_PCT`; giving one implies
-    ``compare_nodes``). Without ``weights``, results of one shipped profile
+    ``compare_nodes``). The fleet view (:func:`milarun.analysis.fleet.fleet_view`, in
+    ``report.fleet``; None when not shown) comes with ``compare_nodes`` or when the
+    results hold 3 nodes or more. Without ``weights``, results of one shipped profile
     are weighted by its shipped weights file (:func:`shipped_weights`), and
     the header says so; ``unweighted`` gives every test weight 1 instead.
     ``thresholds``: an acceptance thresholds file (its verdict in ``report.acceptance_verdict``);
@@ -199,6 +203,13 @@ def make_report(
         throughput=throughput,
         families=families,
         repeat_score=repeat_score,
+    )
+    # the fleet view: shown with 3 nodes or more (or --compare-nodes), beside the
+    # leave-one-out node comparison (docs/acceptance.md, The fleet view)
+    report.fleet = (
+        fleet_view(summary["tests"])
+        if compare_nodes or len(fleet_nodes(summary["tests"])) >= FLEET_MIN_NODES
+        else None
     )
     report.io = io_tables(summary, points=inputs.io_points)
     report.llm = llm_rows(summary["tests"])

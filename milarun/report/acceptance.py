@@ -26,6 +26,7 @@ from ..analysis.acceptance import figure_text as _gb
 from ..analysis.acceptance import gpu_where as _where
 from ..analysis.acceptance import pct_text as _pct
 from ..errors import MilarunError
+from ..measure import fabric
 from .formatting import fmt_num
 from .plots import svg_text
 
@@ -127,7 +128,44 @@ def _collectives(body):
                 "ranks": best.get("ranks"),
             }
         )
-    return {"rows": rows, "peak": peak, "bound": body.get("expected_bound"), "ops": ops}
+    return {
+        "rows": rows,
+        "peak": peak,
+        "bound": body.get("expected_bound"),
+        "ops": ops,
+        "fabric": body.get("fabric"),
+    }
+
+
+def fabric_lines(fab):
+    """The fabric block of a collectives group (``--groups``) as text lines: the slowest
+    group of each kind at the largest size, then the pairs' verdict
+    (:func:`milarun.measure.fabric.verdict_lines`). Empty without one."""
+    if not fab:
+        return []
+    lines = ["  the fabric: each group kind's slowest group at the largest size (GB/s busbw):"]
+    rows = []
+    for sp in fab.get("splits") or []:
+        where = " <-> ".join(sp.get("slowest_nodes") or []) or "-"
+        if sp.get("slowest_rail") is not None:
+            where = f"rail {sp['slowest_rail']} ({where})"
+        rows.append(
+            [
+                sp["group"],
+                str(sp.get("op")),
+                size_text(sp["bytes"]),
+                fmt_num(sp.get("groups"), "d"),
+                _gb(sp.get("min_busbw_gbps")),
+                _gb(sp.get("median_busbw_gbps")),
+                where,
+            ]
+        )
+    lines += _table(
+        ["groups", "collective", "size", "count", "slowest", "median", "slowest is"], rows
+    )
+    if fab.get("pairs"):
+        lines += ["  " + line for line in fabric.verdict_lines(fab["pairs"])]
+    return lines
 
 
 def _table(header, body, indent="  "):
@@ -225,7 +263,7 @@ def _section_lines(s):
         lines += _table(
             ["size", *ops], [[size_text(b), *(_gb(cell.get((o, b))) for o in ops)] for b in sizes]
         )
-        return lines
+        return lines + fabric_lines(s.get("fabric"))
     if kind == "bandwidth":
         lines = [f"acceptance {test}: copies and memory bandwidth (GB/s)"]
         if s.get("not_applicable") and not s.get("copies"):
@@ -452,6 +490,7 @@ def html_view(sections, verdict_, plotter):
                 for o in s["ops"]
             ]
             view["svg"] = markup(busbw_plot(plotter, s["rows"], s["peak"]))
+            view["fabric"] = fabric_lines(s.get("fabric"))
         elif s["kind"] == "bandwidth":
             view["copies"] = [
                 [_where({**c, "device": c["gpu"]}), *(_gb(c.get(f"{k}_gbps")) for k in COPIES)]

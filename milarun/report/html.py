@@ -32,6 +32,7 @@ from .llm import (
 from .plots import FLAG_COLOUR, Plotter
 from .text import (
     FAMILY_HEADER,
+    FLEET_COLUMNS,
     GPU_ONE_RUN,
     NOISE_HEADER,
     anomalies_by_test,
@@ -40,6 +41,11 @@ from .text import (
     family_columns,
     family_filter,
     family_rows,
+    fleet_cells,
+    fleet_header,
+    fleet_send_back,
+    fleet_test_line,
+    fleet_unjudged,
     fmt_interval,
     header_items,
     held_note,
@@ -61,6 +67,39 @@ from .text import (
 LOG_TAIL_LINES = 40
 #: Bytes read from the end of a log to find them.
 LOG_TAIL_BYTES = 256 * 1024
+
+
+def fleet_page(fleet):
+    """What the template's fleet section shows (:func:`milarun.analysis.fleet.fleet_view`,
+    all strings, autoescaped there), or None without a fleet view."""
+    if fleet is None:
+        return None
+    unjudged = fleet_unjudged(fleet)
+    return {
+        "header": fleet_header(fleet),
+        "columns": FLEET_COLUMNS,
+        "tests": [
+            {
+                "line": fleet_test_line(t),
+                "rows": [
+                    {
+                        "node": row["node"],
+                        "outside": row["outside"],
+                        "failed": row["failed"],
+                        "cells": fleet_cells(t, row),
+                    }
+                    for row in t["nodes"]
+                ],
+            }
+            for t in fleet["tests"]
+            if t["judged"]
+        ],
+        "unjudged": unjudged if fleet["judged"] else None,
+        "empty": None if fleet["judged"] else (unjudged or "no test has results from a node"),
+        "send_back": fleet_send_back(fleet),
+        "has_send_back": bool(fleet["send_back"]),
+        "notes": fleet["notes"],
+    }
 
 
 def ratio_band(value):
@@ -314,6 +353,8 @@ def render_html(
             ],
         }
 
+    fleet = fleet_page(getattr(report, "fleet", None))
+
     scaling = []
     for tab in report.scaling:
         plotter = plotter or Plotter()
@@ -403,6 +444,7 @@ def render_html(
             gpu=gpu,
             failures=failures,
             nodes=nodes,
+            fleet=fleet,
             scaling=scaling,
             concurrent=concurrent,
             overlap=overlap,

@@ -541,6 +541,119 @@ def node_verdict(cmp):
     return lines
 
 
+def fleet_header(fleet):
+    """The line that says how the fleet view judges a node (text and HTML renderers)."""
+    return (
+        "fleet view: per test, each node's mean steady-state throughput (items/s) against the "
+        "fleet's median; z = (figure - median) / (1.4826 x MAD), MAD the median absolute "
+        f"deviation; OUTSIDE: z below -{fleet['k']:g} and more than "
+        f"{fleet['min_relative']:.0%} below the median; FAILED: every run failed; tests with "
+        f"fewer than {fleet['min_nodes']} nodes are not judged (docs/acceptance.md, The fleet "
+        "view)"
+    )
+
+
+def fleet_z(z):
+    """A robust z as text: ``+1.23``, ``-inf`` (a MAD of 0) or ``-``."""
+    return "-" if z is None else f"{z:+.2f}"
+
+
+def fleet_flag(row):
+    """``OUTSIDE``, ``FAILED`` or an empty string for one node of the fleet view."""
+    return "OUTSIDE" if row["outside"] else "FAILED" if row["failed"] else ""
+
+
+def fleet_test_line(t):
+    """One test's fleet figures in a line: nodes, median, MAD; or why it is not judged."""
+    if not t["judged"]:
+        return one_line(f"{t['test']}: {t['reason']}")
+    spread = t["scaled_mad"] / t["median"] if t["median"] else None
+    return one_line(
+        f"{t['test']}: {t['n']} nodes, median {fmt_num(t['median'])} items/s, MAD "
+        f"{fmt_num(t['mad'])}, 1.4826 x MAD {fmt_num(t['scaled_mad'])}"
+        + (f" ({spread:.2%} of the median)" if spread is not None else "")
+    )
+
+
+def fleet_cells(t, row):
+    """``{column: text}`` of one node of the fleet view (text and HTML renderers)."""
+    return {
+        "figure": fmt_num(row["figure"]),
+        "median": fmt_num(t["median"]),
+        "vs median": fmt_pct(row["relative"]) if row["relative"] is not None else "-",
+        "z": fleet_z(row["z"]),
+        "fail": str(row["fail"]),
+        "health": f"{row['errors']}E {row['warnings']}W"
+        if row["errors"] or row["warnings"]
+        else "",
+        "flag": fleet_flag(row),
+    }
+
+
+#: The columns of the fleet view's table.
+FLEET_COLUMNS = ("figure", "median", "vs median", "z", "fail", "health", "flag")
+
+
+def fleet_unjudged(fleet):
+    """One line naming the tests not judged (fewer nodes than ``min_nodes`` with a
+    figure), each with its count of nodes; None when every test was judged."""
+    tests = [t for t in fleet["tests"] if not t["judged"]]
+    if not tests:
+        return None
+    return one_line(
+        f"not judged (fewer than {fleet['min_nodes']} nodes with a figure: no robust "
+        "spread): " + ", ".join(f"{t['test']} ({t['n']})" for t in tests)
+    )
+
+
+def fleet_send_back(fleet):
+    """The nodes to send back as lines: ``nodes to send back (k): none`` or one line per
+    node with its reasons."""
+    if not fleet["send_back"]:
+        return [
+            "nodes to send back: none (no node outside the fleet, none with a GPU "
+            "health error, none whose every run of a test failed)"
+        ]
+    return [f"nodes to send back ({len(fleet['send_back'])}):"] + [
+        one_line(f"  {s['node']}: {'; '.join(s['reasons'])}") for s in fleet["send_back"]
+    ]
+
+
+def fleet_lines(fleet):
+    """The fleet view (:func:`milarun.analysis.fleet.fleet_view`) as lines, each one line
+    (a name from the summary passed through :func:`one_line`): the header, per
+    test its figures and its table (node: figure, median, vs median, z, fail, health
+    flags as ``nE nW``, OUTSIDE or FAILED), the nodes to send back and the notes."""
+    import pandas as pd
+
+    lines = [fleet_header(fleet)]
+    if not fleet["judged"]:
+        most = max((t["n"] for t in fleet["tests"]), default=0)
+        lines.append(
+            one_line(
+                f"fleet view: not judged: fewer than {fleet['min_nodes']} nodes with a figure "
+                f"in every test (most: {most}; nodes seen: {', '.join(fleet['nodes']) or 'none'})"
+            )
+        )
+    for t in fleet["tests"]:
+        if not t["judged"]:
+            continue
+        lines.append(fleet_test_line(t))
+        cells = [fleet_cells(t, row) for row in t["nodes"]]
+        frame = pd.DataFrame(
+            {c: [x[c] for x in cells] for c in FLEET_COLUMNS},
+            index=pd.Index([one_line(row["node"]) for row in t["nodes"]], name="node"),
+            columns=list(FLEET_COLUMNS),
+        )
+        lines += frame.to_string().splitlines()
+    unjudged = fleet_unjudged(fleet)
+    if unjudged and fleet["judged"]:
+        lines.append(unjudged)
+    lines += fleet_send_back(fleet)
+    lines += [one_line(f"fleet view: {note}") for note in fleet["notes"]]
+    return lines
+
+
 def scaling_cell(cell):
     """``"throughput (efficiency %)"``, the throughput alone without a baseline, or ``-``."""
     if cell is None or cell["throughput"] is None:
@@ -705,6 +818,9 @@ def render_text(report):
     if report.node_compare is not None:
         lines.append("")
         lines.extend(node_lines(report.node_compare))
+    if getattr(report, "fleet", None) is not None:
+        lines.append("")
+        lines.extend(fleet_lines(report.fleet))
     for table in report.scaling:
         lines.append("")
         lines.extend(scaling_lines(table))

@@ -42,7 +42,9 @@ use them; docs/tender.md lists them):
   (:func:`milarun.measure.confidence.mean_interval`) against ``min_throughput``; the
   failure rate; the node-to-node spread of the per-node means; the mean power of each
   node (:mod:`milarun.measure.energy`); the GPU health errors during the launches
-  (``max_gpu_health_errors``, :mod:`milarun.host.health`); the acceptance thresholds
+  (``max_gpu_health_errors``, :mod:`milarun.host.health`); the fleet view (``fleet``:
+  each node against the fleet's median and MAD, the nodes to send back,
+  :mod:`milarun.analysis.fleet`); the acceptance thresholds
   (:func:`milarun.analysis.acceptance.verdict`); the ``serving`` rules of server-scenario
   tests (:func:`check_serving`: every load level recomputed from its raw request timings
   at the rules' latency targets); the ``convergence`` rules (every judged test's loss
@@ -61,7 +63,12 @@ from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 
+from ..analysis.acceptance import fabric_figures
 from ..analysis.acceptance import verdict as acceptance_verdict
+from ..analysis.fleet import DEFAULT_K as FLEET_K
+from ..analysis.fleet import DEFAULT_MIN_NODES as FLEET_MIN_NODES
+from ..analysis.fleet import DEFAULT_MIN_RELATIVE as FLEET_MIN_RELATIVE
+from ..analysis.fleet import fleet_view
 from ..analysis.summary import group_name, node_of, successful_records, summarize
 from ..errors import MilarunError
 from ..formats.bundle import bundle_path, read_bundle, signature_path
@@ -81,6 +88,7 @@ from ..formats.summary import SUMMARY_FORMAT
 from ..host.prescreen import fatal_problems, findings_of
 from ..launcher.chain import PLAN_FORMAT
 from ..launcher.session import SESSION_ID_FORMAT, digest_of_contents, read_session
+from ..measure import fabric
 from ..measure.capacity import capacity_of
 from ..measure.confidence import LEVEL, mean_interval
 from ..measure.latency import level_figures
@@ -1947,6 +1955,10 @@ def check_performance(b, v, rules, reference=None):
         _power_clause(tests, v, rules["max_node_power_w"])
     if "max_gpu_health_errors" in rules:
         _health_clauses(b, tests, v, rules["max_gpu_health_errors"])
+    if "fleet" in rules:
+        _fleet_clauses(tests, v, rules["fleet"])
+    if "fabric" in rules:
+        _fabric_clauses(b, v, rules["fabric"])
     if rules.get("acceptance"):
         hosts = (b.summary or {}).get("hosts")
         for c in acceptance_verdict(rules["acceptance"], tests, hosts):
@@ -2023,6 +2035,105 @@ def _health_clauses(b, tests, v, limit):
         else f"every record ({len(b.records)}) holds its GPUs' health readings",
         unread[:20],
     )
+
+
+def _fabric_clauses(b, v, rule):
+    """``performance.fabric``: per collectives group with node pairs (``--groups pairs``),
+    the pairs' verdict (:func:`milarun.analysis.acceptance.fabric_figures`, recomputed from
+    the records at the rules' ``pair_tolerance``) names no bad node, no bad link, no slow
+    pair it cannot place and no pair without a figure, over 3 nodes or more; no such group
+    among the records fails (the rule asks for the evidence)."""
+    tolerance = rule.get("pair_tolerance", fabric.TOLERANCE)
+    groups = {}
+    for _, rec in sorted(b.records.items()):
+        rows = rec.get("collectives") if rec.get("success") else None
+        if isinstance(rows, list) and any(
+            isinstance(r, dict) and r.get("group") == "pairs" for r in rows
+        ):
+            groups.setdefault(group_name(rec), []).append(rec)
+    if not groups:
+        v.add(
+            "performance",
+            "performance.fabric",
+            False,
+            "no successful collectives record with node pairs (--groups pairs) among the "
+            "records: the fabric is not shown",
+        )
+    for group, recs in sorted(groups.items()):
+        verdict = (fabric_figures(recs, tolerance) or {}).get("pairs") or fabric.localise([])
+        faults = (
+            verdict["bad_nodes"]
+            + [" <-> ".join(p) for p in verdict["bad_links"] + verdict["unresolved"]]
+            + [" <-> ".join(p) + " (no figure)" for p in verdict["unmeasured"]]
+        )
+        lines = fabric.verdict_lines(verdict)
+        v.add(
+            "performance",
+            "performance.fabric",
+            verdict["judged"] and not faults,
+            f"{group}: " + "; ".join(line.removeprefix("fabric: ") for line in lines),
+        )
+
+
+#: Nodes named one by one in the fleet's send-back clause (the rest counted).
+FLEET_LISTED = 20
+
+
+def _fleet_clauses(tests, v, rule):
+    """The fleet view (:func:`milarun.analysis.fleet.fleet_view`, on the statistics
+    recomputed from the records): ``performance.fleet``, one clause per test with
+    ``min_nodes`` nodes or more (its median, spread and the nodes outside), or one
+    passing clause saying no test was judged; ``performance.fleet-send-back``: the nodes
+    to send back (outside in a test, a GPU health error, every run of a test failed),
+    each with its reasons."""
+    fleet = fleet_view(
+        tests,
+        k=rule.get("k", FLEET_K),
+        min_relative=rule.get("min_relative", FLEET_MIN_RELATIVE),
+        min_nodes=rule.get("min_nodes", FLEET_MIN_NODES),
+    )
+    cut = f"z below -{fleet['k']:g} and more than {fleet['min_relative']:.0%} below the median"
+    for t in fleet["tests"]:
+        if not t["judged"]:
+            continue
+        out = [r for r in t["nodes"] if r["outside"]]
+        head = (
+            f"{t['test']}: {t['n']} nodes, median {t['median']:.4g} items/s, 1.4826 x MAD "
+            f"{t['scaled_mad']:.4g}"
+        )
+        shown = ", ".join(
+            f"{r['node']} {r['figure']:.4g} items/s ({r['relative']:+.1%}, z {r['z']:+.1f})"
+            for r in out[:FLEET_LISTED]
+        )
+        more = f" and {len(out) - FLEET_LISTED} more" if len(out) > FLEET_LISTED else ""
+        v.add(
+            "performance",
+            "performance.fleet",
+            not out,
+            f"{head}; outside ({cut}): {shown}{more}" if out else f"{head}; none outside ({cut})",
+        )
+    if not fleet["judged"]:
+        most = max((t["n"] for t in fleet["tests"]), default=0)
+        v.add(
+            "performance",
+            "performance.fleet",
+            True,
+            f"not judged: fewer than {fleet['min_nodes']} nodes in every test (most: {most})",
+        )
+    back = fleet["send_back"]
+    listed = "; ".join(f"{s['node']}: {', '.join(s['reasons'])}" for s in back[:FLEET_LISTED])
+    more = f"; and {len(back) - FLEET_LISTED} more" if len(back) > FLEET_LISTED else ""
+    v.add(
+        "performance",
+        "performance.fleet-send-back",
+        not back,
+        f"{len(back)} of {len(fleet['nodes'])} node(s) to send back: {listed}{more}"
+        if back
+        else f"no node to send back of {len(fleet['nodes'])} (none outside the fleet, none "
+        "with a GPU health error, none whose every run of a test failed)",
+    )
+    for note in fleet["notes"][:FLEET_LISTED]:
+        v.add("performance", "performance.fleet", False, f"cannot judge: {note}")
 
 
 def _power_clause(tests, v, limit):
