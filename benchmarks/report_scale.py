@@ -30,26 +30,34 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def generate(directory, tests, devices, runs, nsamples, seed=0):
+def generate(directory, tests, devices, runs, nsamples, seed=0, per_node=None):
+    """Write ``tests × devices × runs`` records into ``directory``; returns their number.
+    ``per_node``: devices a node (``devices`` are then spread over nodes ``node0``… of
+    ``per_node`` GPUs each, as a multi-node session names them); None: one host."""
     # records of the current version: the benchmark times a reading, not a migration
     # (imported here: sys.path names this tree only once the module is loaded)
     from milarun.formats.record import FORMAT_VERSION
 
     rng = random.Random(seed)
-    host = {
-        "hostname": "bench",
-        "cpu_model": "Bench CPU",
-        "cpu_count": 64,
-        "gpus": [{"index": i, "name": "GPU", "driver": "1"} for i in range(devices)],
-        "torch": "2.13.0",
-        "cuda": "13.0",
-        "memory_limit_mib": 1024.0,
-    }
+    width = per_node or devices
+    hosts = [
+        {
+            "hostname": f"node{k}" if per_node else "bench",
+            "cpu_model": "Bench CPU",
+            "cpu_count": 64,
+            "gpus": [{"index": i, "name": "GPU", "driver": "1"} for i in range(width)],
+            "torch": "2.13.0",
+            "cuda": "13.0",
+            "memory_limit_mib": 1024.0,
+        }
+        for k in range(-(-devices // width))
+    ]
     count = 0
     for t in range(tests):
         base = 50.0 + 10 * t
         for run in range(runs):
-            for dev in range(devices):
+            for slot in range(devices):
+                node, dev = divmod(slot, width)
                 rate = base * (1 + 0.02 * rng.random())
                 samples = []
                 for i in range(nsamples):
@@ -76,7 +84,7 @@ def generate(directory, tests, devices, runs, nsamples, seed=0):
                     "device_count": 1,
                     "partition": "per-gpu",
                     "call": {"function": "x:y", "argv": []},
-                    "host": host,
+                    "host": hosts[node],
                     "timings": {
                         "program": {"start": 1.8e9, "end": 1.8e9 + 31, "duration": 31.0},
                         "train": {"samples": samples if ok else []},
@@ -87,7 +95,11 @@ def generate(directory, tests, devices, runs, nsamples, seed=0):
                     if ok
                     else {"reason": "error", "message": "boom", "stderr_tail": "Traceback\nboom\n"},
                 }
-                name = f"bench.t{t:02d}.J{run}.{dev}{'' if ok else '.FAIL'}.x.json"
+                where = f"{dev}"
+                if per_node:
+                    rec["node"] = hosts[node]["hostname"]
+                    where = f"{rec['node']}.{dev}"
+                name = f"bench.t{t:02d}.J{run}.{where}{'' if ok else '.FAIL'}.x.json"
                 (directory / name).write_text(json.dumps(rec))
                 count += 1
     return count

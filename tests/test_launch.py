@@ -432,3 +432,94 @@ def test_no_moment_with_both_a_pass_and_a_fail_record(tmp_path, monkeypatch):
     assert out.reason == "exit-after-result"
     assert seen == [[]]
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [lch.fail_path.name]
+
+
+class _Limits:
+    """A fake ``resource`` module: RLIMIT_NOFILE's (soft, hard) and the calls that set it."""
+
+    RLIMIT_NOFILE = 7
+    RLIM_INFINITY = -1
+
+    def __init__(self, soft, hard):
+        self.value = (soft, hard)
+        self.set = []
+
+    def getrlimit(self, which):
+        assert which == self.RLIMIT_NOFILE
+        return self.value
+
+    def setrlimit(self, which, value):
+        self.set.append(value)
+        self.value = value
+
+
+def test_a_wave_of_1024_raises_the_soft_descriptor_limit_to_what_it_needs():
+    from milarun.launcher.child import FDS_PER_CHILD, FDS_SPARE, ensure_descriptors
+
+    need = FDS_PER_CHILD * 1024 + FDS_SPARE
+    limits = _Limits(1024, 1 << 20)  # the usual default soft limit stalled such a wave
+    assert ensure_descriptors(1024, limits) == need
+    assert limits.set == [(need, 1 << 20)]
+    # enough already, or no limit: left alone
+    for soft in (need, _Limits.RLIM_INFINITY):
+        limits = _Limits(soft, _Limits.RLIM_INFINITY)
+        assert ensure_descriptors(1024, limits) == soft and limits.set == []
+    limits = _Limits(1024, _Limits.RLIM_INFINITY)
+    assert ensure_descriptors(1024, limits) == need
+
+
+def test_a_wave_above_the_hard_descriptor_limit_stops_before_it_starts():
+    from milarun.errors import SetupError
+    from milarun.launcher.child import ensure_descriptors
+
+    limits = _Limits(1024, 4096)
+    with pytest.raises(SetupError, match=r"1024 process\(es\) needs 4160 open files.*4096"):
+        ensure_descriptors(1024, limits)
+    assert limits.set == []
+
+
+def test_ensure_descriptors_sets_the_real_limit_of_this_process():
+    import subprocess
+
+    code = (
+        "import resource\n"
+        "from milarun.launcher.child import ensure_descriptors\n"
+        "N = resource.RLIMIT_NOFILE\n"
+        "resource.setrlimit(N, (256, resource.getrlimit(N)[1]))\n"
+        "print(ensure_descriptors(100), resource.getrlimit(N)[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["464", "464"]
+
+
+def test_milarun_jobs_stops_before_a_wave_its_hard_descriptor_limit_cannot_hold(tmp_path):
+    import resource
+    import subprocess
+
+    (tmp_path / "p.json").write_text(
+        json.dumps(
+            {
+                "t": {
+                    "experiment": "milarun.models.faults:crawl",
+                    "partition_scheme": {"type": "per-gpu"},
+                }
+            }
+        )
+    )
+    (tmp_path / "data").mkdir()
+
+    def low():  # below FDS_PER_CHILD + FDS_SPARE, above what starting up takes
+        resource.setrlimit(resource.RLIMIT_NOFILE, (50, 50))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "milarun", "jobs", "p.json", "-d", "data", "-o", "out"]
+        + ["--cpu-slots", "1", "--no-cgexec"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        preexec_fn=low,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "needs 68 open files in the launcher, above this shell's hard limit of 50" in proc.stderr
+    assert not list((tmp_path / "out").glob("*.json"))  # nothing launched

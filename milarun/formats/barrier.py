@@ -187,7 +187,7 @@ class BarrierServer:
                 except (OSError, AttributeError):
                     pass
             self._sock.bind((host, port))
-            self._sock.listen(128)
+            self._sock.listen(socket.SOMAXCONN)
         except OSError:
             self._sock.close()
             raise

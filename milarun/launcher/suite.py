@@ -24,6 +24,7 @@ from ..profile.language import load_profile
 from . import dryrun, identities, session
 from .bounds import check_bounds
 from .chain import SessionChain
+from .child import ensure_descriptors
 from .dryrun import resolve_dataroot
 from .preflight import check_ready
 from .progress import SuiteProgress
@@ -190,6 +191,8 @@ def run_jobs(
             **plan_opts,
         )
         waves, skipped, ignored = skip_done(waves, done, foreign)
+        # every child of a wave holds descriptors in this process at once
+        ensure_descriptors(max((len(wave) for wave in waves), default=0))
         chain.start(sid, profile, waves, skipped, resume is not None)
         for line in shown:  # the host prescreen, before the first launch
             say(line)
