@@ -29,6 +29,21 @@ def write(root, rel, text):
     return path
 
 
+def acs_config(control, behind=True):
+    """4,096 bytes of a bridge's configuration space whose ACS capability has ``control``:
+    after an AER capability at 0x100 (``behind``), or none at all (``control`` None)."""
+    config = bytearray(4096)
+    config[0:4] = (0x1234_10DE).to_bytes(4, "little")
+    at = 0x100
+    if behind:  # AER (ID 1, version 2), next at 0x148
+        config[at : at + 4] = (0x0001 | 2 << 16 | 0x148 << 20).to_bytes(4, "little")
+        at = 0x148
+    if control is not None:
+        config[at : at + 4] = (0x000D | 1 << 16).to_bytes(4, "little")
+        config[at + 6 : at + 8] = control.to_bytes(2, "little")
+    return bytes(config)
+
+
 def fake_tree(
     root,
     cstates=(("POLL", "0"), ("C1", "0"), ("C1E", "0"), ("C6", "1")),
@@ -40,8 +55,10 @@ def fake_tree(
     iommu_units=("dmar0",),
     cmdline="BOOT_IMAGE=/vmlinuz ro quiet iommu=pt",
     ib=None,
+    bridges=None,
 ):
-    """A node's sysfs and procfs under ``root``: by default every finding as expected."""
+    """A node's sysfs and procfs under ``root``: by default every finding as expected.
+    ``bridges``: ``{address: config bytes}`` of PCI bridges (default: two, ACS off)."""
     for n, gov in enumerate(governors):
         cpu = f"sys/devices/system/cpu/cpu{n}"
         write(root, f"{cpu}/cpufreq/scaling_governor", gov + "\n")
@@ -63,6 +80,15 @@ def fake_tree(
             (root / "sys/class/iommu" / unit).mkdir()
     if cmdline is not None:
         write(root, "proc/cmdline", cmdline + "\n")
+    bridges = (
+        {"0000:00:01.0": acs_config(0x11), "0000:40:02.0": acs_config(0)}
+        if (bridges is None)
+        else bridges
+    )
+    for address, config in bridges.items():
+        write(root, f"sys/bus/pci/devices/{address}/class", "0x060400\n")
+        (root / f"sys/bus/pci/devices/{address}/config").write_bytes(config)
+    write(root, "sys/bus/pci/devices/0000:17:00.0/class", "0x030200\n")  # a GPU: not judged
     for dev, ports in (GOOD_IB if ib is None else ib).items():
         for port, (state, rate, phys) in ports.items():
             base = f"sys/class/infiniband/{dev}/ports/{port}"
@@ -141,6 +167,7 @@ def test_names_are_the_rules_schema_enum_and_every_finding_is_ok(tmp_path):
         "gpu_power_limit",
         "gpu_app_clocks",
         "iommu",
+        "pci_acs",
         "ib_port_state",
         "ib_port_rate",
         "ib_port_phys_state",
@@ -178,6 +205,7 @@ def test_every_finding_not_ok(tmp_path):
             "mlx5_0": {"1": ("4: ACTIVE", "400 Gb/sec (4X NDR)", "5: LinkUp")},
             "mlx5_1": {"1": ("1: DOWN", "200 Gb/sec (4X HDR)", "3: Disabled")},
         },
+        bridges={"0000:00:01.0": acs_config(0x3F)},
     )
     nvml = fake_nvml(
         [
@@ -208,6 +236,7 @@ def test_every_finding_not_ok(tmp_path):
     assert "mlx5_1/1: 1: DOWN" in got["ib_port_state"]["found"]
     assert "mlx5_1/1: 200 Gb/sec (4X HDR)" in got["ib_port_rate"]["found"]
     assert "mlx5_1/1: 3: Disabled" in got["ib_port_phys_state"]["found"]
+    assert got["pci_acs"]["found"] == "1 of 1 bridge(s) redirect: 0000:00:01.0 (RR+CR+EC)"
 
 
 def test_every_finding_unknown_on_an_empty_tree_without_nvml(tmp_path, monkeypatch):
@@ -511,3 +540,37 @@ def test_verify_prescreen_clause_pass_fail_missing(tmp_path):
         bundle_with([("s1", {"n1": identity_with(bad)})]), v, {"prescreen": {"fatal": fatal}}
     )
     assert [c.name for c in v.failed] == ["compliance.prescreen"] * 2
+
+
+def test_pci_acs_names_the_bridges_that_redirect_peer_traffic(tmp_path):
+    # SV+UF (0x11) is fine; RR (0x4), CR (0x8) and EC (0x20) redirect peer traffic
+    bridges = {
+        "0000:00:01.0": acs_config(0x11),
+        "0000:00:02.0": acs_config(0x1D),
+        "0000:00:03.0": acs_config(0x20, behind=False),
+        "0000:00:04.0": acs_config(None),
+    }
+    got = ps.pci_acs(fake_tree(tmp_path, bridges=bridges))
+    assert got["ok"] is False
+    assert got["found"] == "2 of 4 bridge(s) redirect: 0000:00:02.0 (RR+CR), 0000:00:03.0 (EC)"
+    ok = ps.pci_acs(fake_tree(tmp_path / "b"))
+    assert ok["ok"] is True and ok["found"] == "none of 2 bridge(s) redirects"
+
+
+def test_pci_acs_unreadable_or_absent_or_hostile_is_unknown(tmp_path):
+    # not root: the kernel gives 64 bytes of a config file
+    short = ps.pci_acs(fake_tree(tmp_path / "a", bridges={"0000:00:01.0": bytes(64)}))
+    assert short["ok"] is None and "needs root" in short["why"]
+    none = ps.pci_acs(fake_tree(tmp_path / "b", bridges={}))
+    assert none["ok"] is None and "nothing to judge" in none["why"]
+    # a capability list that loops on itself, or points below 0x100, ends
+    loop = bytearray(4096)
+    loop[0x100:0x104] = (0x0001 | 0x100 << 20).to_bytes(4, "little")
+    assert ps.acs_control(bytes(loop)) is None
+    low = bytearray(4096)
+    low[0x100:0x104] = (0x0001 | 0x40 << 20).to_bytes(4, "little")
+    assert ps.acs_control(bytes(low)) is None
+    assert ps.acs_control(b"\xff" * 4096) is None and ps.acs_control(b"") is None
+    # a redirecting bridge is a finding even when another cannot be read
+    mixed = {"0000:00:01.0": bytes(64), "0000:00:02.0": acs_config(0x4)}
+    assert ps.pci_acs(fake_tree(tmp_path / "c", bridges=mixed))["ok"] is False

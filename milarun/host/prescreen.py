@@ -47,7 +47,15 @@ when one of them is unknown. Names and their sources:
   passthrough (CUDA C++ Programming Guide, "IOMMU on Linux": peer-to-peer copies are not
   supported with the IOMMU translating on bare metal; NVIDIA's GPUDirect RDMA guide and
   NCCL's troubleshooting guide, "GPU Direct": IOMMU and PCI ACS redirect peer traffic
-  through the root complex). PCI ACS itself is not read (it needs PCI config space).
+  through the root complex).
+* ``pci_acs``: the ACS Control register of every PCI bridge (class ``0x0604``) that has the
+  ACS extended capability (ID ``0x000D``, found by walking the extended capabilities from
+  offset ``0x100`` of ``/sys/bus/pci/devices/D/config``; PCI Express Base Specification,
+  "ACS Extended Capability"): none with P2P Request Redirect (bit 2), P2P Completion
+  Redirect (bit 3) or P2P Egress Control (bit 5) on (NCCL's troubleshooting guide, "PCI
+  Access Control Services": ACS sends GPU peer and GPUDirect RDMA traffic up to the root
+  complex; disable it on bare metal). Reading past the first 64 bytes of a config file
+  needs root: otherwise unknown. No bridge: unknown ("nothing to judge").
 * ``ib_port_state``, ``ib_port_rate``, ``ib_port_phys_state``: every port of
   ``/sys/class/infiniband/DEV/ports/N/{state,rate,phys_state}`` (InfiniBand and RoCE):
   ``4: ACTIVE``, at least :data:`MIN_IB_RATE_GBPS` Gb/s (``400 Gb/sec (4X NDR)``),
@@ -87,6 +95,10 @@ SHALLOW_CSTATES = frozenset({"POLL", "C0", "C1", "C1E", "C1_ACPI", "C1E_ACPI"})
 MIN_IB_RATE_GBPS = 400.0
 #: The expected ``transparent_hugepage/enabled`` value (module docstring).
 THP_EXPECTED = "madvise"
+#: PCI Express extended capability ID of Access Control Services.
+ACS_CAP_ID = 0x000D
+#: ACS Control bits that redirect peer-to-peer traffic, by their specification names.
+ACS_REDIRECT_BITS = {0x4: "RR", 0x8: "CR", 0x20: "EC"}
 
 __all__ = [
     "MIN_IB_RATE_GBPS",
@@ -356,6 +368,72 @@ def iommu(root="/"):
     )
 
 
+def acs_control(config):
+    """The ACS Control register (16 bits) in ``config`` (a PCI device's configuration space,
+    bytes), or None: no ACS capability, or the extended space (from 0x100) not in ``config``.
+    Each extended capability header is 32 bits: ID (15:0), version (19:16), next offset
+    (31:20) (PCI Express Base Specification, "PCI Express Extended Capabilities"); ACS
+    Control is the 16 bits at the capability's offset + 6."""
+    offset, seen = 0x100, set()
+    while 0x100 <= offset <= len(config) - 8 and offset not in seen:
+        seen.add(offset)
+        header = int.from_bytes(config[offset : offset + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            return None
+        if header & 0xFFFF == ACS_CAP_ID:
+            return int.from_bytes(config[offset + 6 : offset + 8], "little")
+        offset = (header >> 20) & 0xFFC
+    return None
+
+
+def pci_acs(root="/"):
+    """``pci_acs``: no PCI bridge redirecting peer-to-peer traffic (module docstring)."""
+    name = "pci_acs"
+    expected = "no PCI bridge with ACS P2P redirect (RR, CR) or egress control (EC) on"
+    why = (
+        "ACS redirect sends GPU peer-to-peer and GPUDirect RDMA traffic up to the root complex "
+        "(NCCL troubleshooting, PCI Access Control Services: disable it on bare metal)"
+    )
+    redirecting, unreadable, bridges = [], [], 0
+    for dev in sorted(glob.glob(str(Path(root) / "sys/bus/pci/devices/*"))):
+        klass = read_text(Path(dev) / "class")
+        if not klass or not klass.strip().lower().startswith("0x0604"):
+            continue
+        bridges += 1
+        try:
+            with open(Path(dev) / "config", "rb") as f:
+                config = f.read(4096)
+        except OSError:
+            config = b""
+        if len(config) <= 0x100:
+            unreadable.append(os.path.basename(dev))
+            continue
+        control = acs_control(config)
+        bits = [n for b, n in ACS_REDIRECT_BITS.items() if control is not None and control & b]
+        if bits:
+            redirecting.append(f"{os.path.basename(dev)} ({'+'.join(bits)})")
+    if redirecting:
+        found = (
+            f"{len(redirecting)} of {bridges} bridge(s) redirect: "
+            + ", ".join(redirecting[:8])
+            + (" ..." if len(redirecting) > 8 else "")
+        )
+        return finding(name, found, expected, False, why)
+    if not bridges:
+        return finding(
+            name, None, expected, None, "no PCI bridge under /sys/bus/pci/devices: nothing to judge"
+        )
+    if unreadable:
+        return finding(
+            name,
+            f"{len(unreadable)} of {bridges} bridge(s) unreadable past 64 bytes",
+            expected,
+            None,
+            "the PCI extended configuration space needs root: cannot tell",
+        )
+    return finding(name, f"none of {bridges} bridge(s) redirects", expected, True, why)
+
+
 def ib_ports(root="/", min_rate_gbps=MIN_IB_RATE_GBPS):
     """``ib_port_state``, ``ib_port_rate`` and ``ib_port_phys_state`` (module docstring):
     three findings over every port of ``ROOT/sys/class/infiniband``. ``min_rate_gbps``:
@@ -562,6 +640,7 @@ def prescreen(root="/", nvml=None):
         (("kernel",), lambda: [kernel(root)]),
         (GPU_NAMES, lambda: gpu_findings(nvml)),
         (("iommu",), lambda: [iommu(root)]),
+        (("pci_acs",), lambda: [pci_acs(root)]),
         (("ib_port_state", "ib_port_rate", "ib_port_phys_state"), lambda: ib_ports(root)),
     ]
     for names, check in checks:
