@@ -431,6 +431,41 @@ def read(counts, keep=None, samples=30):
     return rows
 
 
+def chained(counts, keep=None, samples=30):
+    """Seal, verify and tender on ``counts`` records: a real session of one launch, then
+    generated records entered into its manifest by the real writer
+    (:class:`milarun.formats.manifest.Manifest`, as the launcher enters each record it
+    writes). Only the launches are skipped: 100,000 of them would take hours here."""
+    from report_scale import generate
+
+    from milarun.formats.manifest import Manifest, read_manifest
+
+    rows = []
+    for total in counts:
+        base = Path(keep or tempfile.mkdtemp(prefix="milarun-scale-")) / f"chained-{total}"
+        shutil.rmtree(base, ignore_errors=True)
+        launch([1], keep=base)
+        results = base / "launch-1" / "results"
+        entries = read_manifest(results / ".milarun" / "manifest.jsonl")
+        before = {p.name for p in results.glob("*.json")}
+        tests, devs, runs = _shape(max(1, total - 1))
+        t0 = time.perf_counter()
+        generate(results, tests, devs, runs, samples, per_node=8)
+        writer = Manifest(results, entries[-1]["session"])
+        added = sorted(p for p in results.glob("*.json") if p.name not in before)
+        for path in added:
+            writer.add("record", path)
+        row = {
+            "records": len(added) + len(before),
+            "shape": f"1 launched + {tests} tests x {devs} devices x {runs} runs",
+            "generate_and_chain_s": round(time.perf_counter() - t0, 1),
+        }
+        rows.append(_time_folder(row, results, base))
+        if keep is None:
+            shutil.rmtree(base.parent, ignore_errors=True)
+    return rows
+
+
 def sealed(folder):
     """The results folders of ``launch --keep folder``: summary, report, seal, verify and
     tender on each (a copy: sealing writes into it)."""
@@ -466,12 +501,19 @@ def main(argv=None):
         type=Path,
         help="instead: the --keep folder of `launch`; time seal, verify, tender too",
     )
+    r.add_argument(
+        "--chained",
+        action="store_true",
+        help="the --records in a real session's manifest: time seal, verify, tender too",
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     if args.what == "launch":
         launch(args.procs, args.keep, args.timeout)
     elif args.sealed is not None:
         sealed(args.sealed)
+    elif args.chained:
+        chained(args.records, args.keep)
     else:
         read(args.records, args.keep)
 

@@ -48,7 +48,10 @@ LLM_TESTS = [
     "llm_server",
     "llm_server_tp",
 ]
-CPU_LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_server"]
+CPU_LLM_TESTS = ["llm_pretrain", "llm_fsdp", "llm_lora", "llm_server", "llm_moe"]
+#: Mixture-of-experts pre-training: the profiles whose GPUs hold the GPT-OSS-20B class (40 GB
+#: a GPU on 8), and the cpu profile's tiny shape.
+MOE_TESTS = {"standard": ["llm_moe"], "lite": ["llm_moe"]}
 #: The cpu profile keeps one test per workload family of the 2020 suite (room for the LLM
 #: tests within the quickstart's 5 minutes; docs/profiles.md says what left).
 CPU_TESTS = [
@@ -86,13 +89,17 @@ ACCEPTANCE_TESTS = {
         "collectives_nodes",
         "collectives_all_nodes",
         "collectives_fabric",
+        "checkpoint",
+        "checkpoint_all_nodes",
+        "smallfiles",
+        "smallfiles_all_nodes",
         "bandwidth",
         "bandwidth_remote_numa",
         "matmul",
         "matmul_sustained",
         "burn",
     ],
-    "acceptance-cpu": ["collectives", "bandwidth", "matmul", "burn"],
+    "acceptance-cpu": ["collectives", "bandwidth", "matmul", "burn", "checkpoint", "smallfiles"],
 }
 
 
@@ -123,7 +130,13 @@ def test_standard_dry_run_lists_every_test(tmp_path):
     listed = {
         line.split()[1].split(".")[1] for line in out.splitlines() if line.startswith("# standard.")
     }
-    assert listed == set(STANDARD_TESTS + INFERENCE_TESTS + LLM_TESTS + VISION_TESTS["standard"])
+    assert listed == set(
+        STANDARD_TESTS
+        + INFERENCE_TESTS
+        + LLM_TESTS
+        + VISION_TESTS["standard"]
+        + MOE_TESTS["standard"]
+    )
 
 
 @pytest.mark.parametrize("name", PROFILES)
@@ -150,6 +163,7 @@ def test_profile_validates_and_weights_match(name):
             expected = STANDARD_TESTS + INFERENCE_TESTS
         else:
             expected = STANDARD_TESTS + extra + LLM_TESTS + VISION_TESTS[name]
+            expected += MOE_TESTS.get(name, [])
         assert sorted(j.name for j in jobs) == sorted(expected)
     for job in jobs:
         if job.name in INFERENCE_TESTS:

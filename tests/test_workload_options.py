@@ -69,6 +69,13 @@ DEFAULTS = {
         "workers": 1,
         "backend": "auto",
     },
+    "llm_moe": {
+        "batch_size": 2,
+        "precision": "bf16",
+        "lr": 3e-4,
+        "workers": 1,
+        "backend": "auto",
+    },
     "llm_serve": {"batch_size": 32, "precision": "bf16", "backend": "auto"},
     "lightning_convnet": {
         "batch_size": 128,

@@ -28,7 +28,8 @@ Append a version and its step for every change; docs/results.md lists the same.
 * 12, GPU health: ``health`` (the launch's GPU health counters before and after it, and
   the findings, :mod:`milarun.host.health`).
 * 13, fabric: a ``collectives`` row may hold its ``group`` kind and each group's figures
-  (``groups``), and the record ``fabric`` (the pairs' verdict, :mod:`milarun.measure.fabric`).
+  (``groups``), and the record ``fabric`` (the pairs' verdict, :mod:`milarun.measure.fabric`);
+  ``error.reason`` may also be ``checkpoint-mismatch`` or ``no-space`` (the storage tests).
 
 A reader older than a record's version refuses it ("newer than this milarun").
 
@@ -178,7 +179,9 @@ FORMAT_VERSION = 13
 #: whose device memory ran out (``oom``: torch's ``OutOfMemoryError``, samples kept); the
 #: acceptance tests' checks of their results: a collective that returned a wrong
 #: result (``wrong-result``), a burn-in matmul that differs from its reference
-#: (``data-corruption``). Read from the enum of ``error.reason`` in ``result.schema.json``,
+#: (``data-corruption``); the storage tests' (``checkpoint``, ``smallfiles``): a checkpoint
+#: shard read back different (``checkpoint-mismatch``), a filesystem without the space the
+#: test needs (``no-space``). Read from the enum of ``error.reason`` in ``result.schema.json``,
 #: the one list.
 FAIL_REASONS = tuple(load_schema("result")["$defs"]["error"]["properties"]["reason"]["enum"])
 

@@ -14,7 +14,9 @@ utilization"; the same estimate as torchtitan's and Megatron-LM's)::
 with the output projection; the input embedding is a lookup and does not
 count), ``N_a`` the trainable adapter parameters, ``L`` the layers, ``d`` the
 model width (heads × head size) and ``T`` the context length (the sequence
-length in training, the tokens attended to in decoding). As in PaLM, the
+length in training, the tokens attended to in decoding); in a mixture-of-experts
+model, ``N`` counts the parameters a token goes through: its ``k`` routed experts, not
+all ``E`` (:func:`active_matmul_params`). As in PaLM, the
 attention term counts the whole ``T × T`` score matrix, not the causal half:
 MFU figures then compare with the field's.
 
@@ -127,6 +129,25 @@ def flops_per_token(
     raise ValueError(f"mode must be train, lora or inference, not {mode!r}")
 
 
+def active_matmul_params(matmul_params: int, expert_params: int, experts: int, top_k: int) -> int:
+    """Matmul parameters a token goes through in a mixture-of-experts model (its ``N``
+    in :func:`flops_per_token`): all of them less the experts it is not routed to,
+    ``N − N_e·(1 − k/E)``. The active-parameter convention of DeepSeek-V3's report
+    ("37B activated for each token") and of torchtitan's MoE FLOPs count.
+
+    Args:
+        matmul_params: every linear layer's parameters, all experts included (N).
+        expert_params: the routed experts' parameters over all layers (N_e).
+        experts: routed experts per layer (E); top_k: experts a token is routed to (k).
+
+    Raises:
+        ValueError: ``top_k`` not in 1..``experts``.
+    """
+    if not 1 <= top_k <= experts:
+        raise ValueError(f"top_k must be from 1 to {experts}, not {top_k}")
+    return matmul_params - expert_params + expert_params * top_k // experts
+
+
 def mfu(
     tokens_per_s: float, flops_per_tok: float, peak: float | None
 ) -> tuple[float, float | None]:
@@ -172,6 +193,7 @@ def limit_mfu(fraction: float | None, source: str) -> tuple[float | None, str | 
 
 __all__ = [
     "MFU_LIMIT",
+    "active_matmul_params",
     "PEAK_TFLOPS",
     "checked_mfu",
     "choose_peak",
