@@ -9,8 +9,8 @@ import sys
 import types
 
 import pytest
+from test_dryrun import run
 
-from milarun.cli import main
 from milarun.formats.rules import RulesError, read_rules
 from milarun.host import identity as identity_mod
 from milarun.host import isolation
@@ -394,13 +394,6 @@ def test_show_prescreen_prints_failed_and_unknown_and_returns_fatal(tmp_path):
         "n2: kernel not recorded (no prescreen from this node)",
     ]
     assert identities.show_prescreen(found, (), log=lines.append) == []
-
-
-def run(argv, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 @pytest.fixture
