@@ -76,6 +76,16 @@ def tiny_dataroot(tmp_path_factory):
     return tmp_path_factory.mktemp("dataroot")
 
 
+def cli(args, capsys):
+    """Run ``milarun ARGS`` in-process; return (exit code, stdout, stderr)."""
+    from milarun.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
 def build_tiny(dataroot, *names):
     """Build the tiny size of each named dataset under ``dataroot``."""
     from milarun.datasets import prepare

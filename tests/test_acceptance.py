@@ -340,9 +340,11 @@ def test_the_cpu_profile_runs_every_test_over_two_slots(tmp_path):
         ("collectives", 1),
         ("matmul", 2),
         ("smallfiles", 1),
+        ("soak", 1),
     ]
-    # the storage tests leave nothing in the dataroot they wrote into
+    # the storage tests and the soak leave nothing in the dataroot they wrote into
     assert not list((tmp_path / "data").glob("milarun-*"))
+    _check_soak(records["soak"][0])
     _check_collectives(records["collectives"][0], 2, 65536)
     for res in records["matmul"]:
         assert res["metrics"]["tflops_fp8_e4m3"] == "not supported on this device"
@@ -351,6 +353,29 @@ def test_the_cpu_profile_runs_every_test_over_two_slots(tmp_path):
         assert res["metrics"]["iterations"] > 0 and res["metrics"]["duration_s"] >= 5
     for res in records["bandwidth"]:
         assert res["metrics"]["h2d"] == "not applicable"
+
+
+def _check_soak(res):
+    """A soak record of the cpu profile: one rank killed at its seeded step, torchrun's
+    restart from the checkpoint before it, and the wall time split into its parts."""
+    from milarun.models.llm_pretrain import optimizer_steps
+    from milarun.models.soak import fault_plan
+
+    m = res["metrics"]
+    total = optimizer_steps(5120, 4 * 32 * 2)
+    assert (m["soak_fault_step"], m["soak_fault_rank"]) == fault_plan(res["seed"], total, 4, 2)
+    assert m["soak_restarts"] == 1 and m["soak_every_steps"] == 4
+    # saved at every 4th step before the fault, then at each 4th after the step resumed from
+    resumed = m["soak_fault_step"] // 4 * 4
+    assert m["soak_lost_steps"] == m["soak_fault_step"] - resumed
+    assert m["soak_checkpoints"] == resumed // 4 + len(range(resumed + 4, total, 4))
+    assert m["soak_restart_s"] > 0 and m["soak_load_s"] > 0 and m["soak_save_s"] > 0
+    parts = m["soak_productive_s"] + m["soak_checkpoint_s"] + m["soak_lost_s"]
+    assert parts + m["soak_restart_s"] == pytest.approx(m["soak_wall_s"], rel=0.02)
+    assert m["soak_ettr"] == pytest.approx(m["soak_productive_s"] / m["soak_wall_s"])
+    assert 0 < m["soak_ettr"] < 1
+    # the restarted attempt trained on from the checkpoint: it counted only the steps left
+    assert res["timings"]["train"]["count"] == (total - resumed) * 4 * 32 * 2
 
 
 def test_collectives_wrong_result_is_a_fail_record(tmp_path, monkeypatch):

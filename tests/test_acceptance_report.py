@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import cli
 
 from milarun.analysis.acceptance import acceptance_figures, kind_of
 from milarun.analysis.summary import node_of, summarize_dir
@@ -23,13 +24,6 @@ ROOT = Path(__file__).parent.parent
 SUITE = "acc"
 GIB = 2**30
 NODES = ("node1", "node2")
-
-
-def cli(args, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def record(

@@ -11,7 +11,7 @@ from milarun.profile.resolve import deep_merge
 OK = {"experiment": "milarun.models.toy_reg:main"}
 KNOWN = (
     "arguments, description, enabled, exec_prefix, experiment, group, inherits, launcher, "
-    "matrix, name, partition_scheme, prepare, tags, timeout, validation"
+    "matrix, name, partition_scheme, prepare, restarts, tags, timeout, validation"
 )
 
 BAD = [

@@ -566,7 +566,7 @@ def test_shipped_profiles_are_checked_against_their_golden_file():
 OK = {"experiment": TOY}
 KNOWN = (
     "arguments, description, enabled, exec_prefix, experiment, group, inherits, launcher, "
-    "matrix, name, partition_scheme, prepare, tags, timeout, validation"
+    "matrix, name, partition_scheme, prepare, restarts, tags, timeout, validation"
 )
 LAUNCH = "arch, cpu_per_gpu, dataroot, gpu_memory_gb, n_gpu, numa_node, numa_remote, outdir"
 

@@ -95,13 +95,23 @@ ACCEPTANCE_TESTS = {
         "checkpoint_all_nodes",
         "smallfiles",
         "smallfiles_all_nodes",
+        "soak",
+        "soak_all_nodes",
         "bandwidth",
         "bandwidth_remote_numa",
         "matmul",
         "matmul_sustained",
         "burn",
     ],
-    "acceptance-cpu": ["collectives", "bandwidth", "matmul", "burn", "checkpoint", "smallfiles"],
+    "acceptance-cpu": [
+        "collectives",
+        "bandwidth",
+        "matmul",
+        "burn",
+        "checkpoint",
+        "smallfiles",
+        "soak",
+    ],
 }
 
 

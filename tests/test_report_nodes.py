@@ -7,23 +7,15 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from conftest import cli
 
 from milarun.analysis.summary import summarize, summarize_dir
-from milarun.cli import main
 from milarun.formats.record import new_result
 from milarun.formats.store import write_result
 from milarun.formats.summary import normalize_summary, read_summary
 from milarun.report import build_report, render_text
 
 FIX = Path(__file__).parent / "fixtures"
-
-
-def cli(args, capsys):
-    """Run ``milarun ARGS``; return (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def record(

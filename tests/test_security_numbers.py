@@ -16,9 +16,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import cli
 
 from milarun.analysis.summary import summarize_dir
-from milarun.cli import main
 from milarun.cli.report import run_report
 from milarun.formats.summary import normalize_summary
 from milarun.formats.terminal import terminal_safe
@@ -29,14 +29,6 @@ ROOT = Path(__file__).parent.parent
 RESULTS = Path(__file__).parent / "fixtures" / "results"
 VAE = "standard.vae.J0.0.20261121-120004-000000.json"
 VAE_FAIL = "standard.vae.J0.1.FAIL.20261121-120005-000000.json"
-
-
-def cli(args, capsys):
-    """Run ``milarun ARGS``; return (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def results_copy(tmp_path, name=VAE, change=None):

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import cli
 
 from milarun import datasets
-from milarun.cli import main
 from milarun.errors import ProfileError, SetupError
 from milarun.host.devices import Devices
 from milarun.plan import nodes
@@ -30,14 +30,6 @@ from milarun.profile.language import load_profile
 TOY = "milarun.models.toy_reg:main"
 GPUS = Devices("gpu", [0, 1], cores=16, memory_mib=[81559.0, 40960.0])
 SCHEMAS = Path(profile.__file__).parent.parent / "formats" / "schemas"
-
-
-def cli(args, capsys):
-    """Run ``milarun ARGS`` in-process; return (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def one_error_line(err):

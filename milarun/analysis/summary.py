@@ -49,6 +49,12 @@ SHA-256 when the folder's ``.milarun/session.json`` names them, the milarun
 versions the records name (``host.milarun_version``, with ``milarun_commit``)
 and the earliest start.
 
+``soak`` (:func:`milarun.analysis.soak.soak_figures`) is present in the groups whose
+successful records carry soak figures (the training tests' soak mode: one rank killed,
+the job restarted from its last checkpoint): the medians of the time of a checkpoint
+save and load, of the restart, of the work lost and of the run's effective training time
+ratio; an optional addition to version 1 as well.
+
 ``pernode``, ``pernode_failures``, ``failed[].node``, ``node_count``,
 ``gpus_per_node``, the concurrent-wave fields, ``anomalies`` and ``provenance``
 were added without changing the version: they are optional, a summary without
@@ -97,6 +103,7 @@ from ..plan import types as plantypes
 from .acceptance import acceptance_figures
 from .convergence import loss_curves
 from .llm import llm_figures, server_figures
+from .soak import soak_figures
 
 #: Characters of stderr tail kept per failure in a summary.
 TAIL_CHARS = 4000
@@ -574,6 +581,12 @@ def _summarize_group(gname, results):
         **(
             {"server": server}
             if (server := server_figures([res.judged for res in scored])) is not None
+            else {}
+        ),
+        **(
+            {"soak": soak}
+            if (soak := soak_figures([res.judged for res in results if res.judged["success"]]))
+            is not None
             else {}
         ),
         **(

@@ -76,6 +76,10 @@ class World:
             static rendezvous), or None.
         torchrun: this process is a rank of a torchrun job (``WORLD_SIZE`` or
             ``LOCAL_RANK`` in the environment; torchrun sets both).
+        restart_count: how many times torchrun restarted the job's workers before this
+            attempt (``TORCHELASTIC_RESTART_COUNT``; 0 for the first).
+        max_restarts: the restarts torchrun allows (``TORCHELASTIC_MAX_RESTARTS``, its
+            ``--max-restarts``; 0 outside torchrun).
     """
 
     size: int = 1
@@ -89,6 +93,8 @@ class World:
     master_port: str | None = None
     run_id: str | None = None
     torchrun: bool = False
+    restart_count: int = 0
+    max_restarts: int = 0
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> "World":
@@ -115,6 +121,8 @@ class World:
             master_port=environ.get("MASTER_PORT"),
             run_id=environ.get("TORCHELASTIC_RUN_ID") or None,
             torchrun="WORLD_SIZE" in environ or "LOCAL_RANK" in environ,
+            restart_count=number("TORCHELASTIC_RESTART_COUNT", 0),
+            max_restarts=number("TORCHELASTIC_MAX_RESTARTS", 0),
         )
 
 
@@ -178,7 +186,20 @@ def process_group(exp: Any, device: torch.device, backend: str = "auto") -> Iter
         backend = "nccl" if is_cuda(device) else "gloo"
     timeout = datetime.timedelta(seconds=group_timeout_s(backend))
     extra: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
-    if env.master_addr is not None:
+    if env.master_addr is not None and env.max_restarts:
+        # A job torchrun may restart: its store can outlive an attempt, with the last
+        # attempt's addresses in it, and a restarted rank that reads them before its peer
+        # replaces them fails to connect. Each start of the job gets a prefix of its own:
+        # the ranks count themselves in the store, the first ``size`` are start 0, the next
+        # start 1, the same on every node (torchrun's restart count is not: an agent whose
+        # ranks did not fail restarts them without counting).
+        store, _, _ = next(dist.rendezvous("env://", rank, size, timeout=timeout))
+        start = (store.add("milarun/ranks-started", 1) - 1) // size
+        store = dist.PrefixStore(f"milarun-start-{start}/", store)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=size, timeout=timeout, **extra
+        )
+    elif env.master_addr is not None:
         dist.init_process_group(backend, rank=rank, world_size=size, timeout=timeout, **extra)
     else:
         dist.init_process_group(

@@ -1,5 +1,6 @@
 """Training-loop helpers that tie a model to the rate logger and monitor."""
 
+import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -95,16 +96,25 @@ def rate_logger(exp: Any) -> RateLogger:
 class Epochs:
     """A ``DataLoader`` with a ``DistributedSampler`` as an endless iterable for
     :func:`dataloop`: every pass calls ``sampler.set_epoch`` first, so each epoch is a
-    new shuffle of each rank's share (the sampler repeats its order otherwise)."""
+    new shuffle of each rank's share (the sampler repeats its order otherwise).
 
-    def __init__(self, loader: DataLoader[Any]) -> None:
+    Args:
+        skip: batches already trained on (a run resumed from a checkpoint): the passes
+            start at epoch ``skip // len(loader)`` and its first ``skip % len(loader)``
+            batches are read and passed over, so the run goes on with the batches an
+            uninterrupted one would have had.
+    """
+
+    def __init__(self, loader: DataLoader[Any], skip: int = 0) -> None:
         self.loader = loader
-        self.epoch = 0
+        self.epoch, self._skip = divmod(skip, len(loader)) if skip else (0, 0)
 
     def __iter__(self) -> Iterator[Any]:
         self.loader.sampler.set_epoch(self.epoch)  # type: ignore[attr-defined]
         self.epoch += 1
-        return iter(self.loader)
+        batches = iter(self.loader)
+        skip, self._skip = self._skip, 0
+        return itertools.islice(batches, skip, None) if skip else batches
 
 
 def dataloop(exp: Any, iterable: Iterable[Any]) -> Iterator[tuple[Step, Any]]:

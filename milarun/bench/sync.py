@@ -7,6 +7,9 @@ A process launched alone has no ``MILARUN_BARRIER`` in its environment and
 does not wait. Under torchrun, rank 0 waits at the launcher's barrier for
 the other launches of the wave, then every rank of the job meets at a
 ``torch.distributed`` barrier, so the whole job starts its timed loop at once.
+A job torchrun restarted (``TORCHELASTIC_RESTART_COUNT`` above 0: the soak mode's
+injected fault, :mod:`milarun.models.soak`) does not wait at the wave's barrier again, as
+its wave started long ago; its ranks still meet at their own barrier.
 
 What it records (``timings.barrier`` of the result, and a ``barrier`` line in
 the journal): see :func:`milarun.formats.barrier.wait`, plus ``released_at``, the
@@ -37,6 +40,9 @@ def synchronize(exp: Any, environ: Mapping[str, str] | None = None) -> dict[str,
     environ = os.environ if environ is None else environ
     config = barrier.from_environment(environ)
     if config is None:
+        return None
+    if World.from_environment(environ).restart_count > 0:
+        _rank_barrier(environ)
         return None
     info: dict[str, Any] | None = None
     if World.from_environment(environ).rank == 0:

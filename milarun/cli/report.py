@@ -85,6 +85,12 @@ OPTIONS = (
         "burn-in GPU SLOW in the acceptance section, 0 to 100 (default 5)",
         type=float,
     ),
+    option(
+        "fault_mtbf",
+        "A job's mean time between interruptions at 1,024 GPUs, in hours (default 7.9, "
+        "Kokolis et al. 2024): the projection of the time lost to faults (docs/report.md)",
+        type=float,
+    ),
 )
 
 
@@ -109,6 +115,7 @@ def command(opts, rest):
         family=opts.family,
         cache=opts.cache,
         repeat_score=opts.repeat_score,
+        fault_mtbf=opts.fault_mtbf,
     )
 
 

@@ -39,6 +39,8 @@ Summary format (version 1), a JSON object::
                     "items", "j_per_item", "items_per_j",
                     "pernode": {node: {"power_w", "j_per_item", "runs"}}},  # only with GPU energy
          "anomalies": [{"kind", "device", "run", "file", ...}],
+         "soak": {"n", "save_s", "load_s", "restart_s", "lost_s", "lost_steps", "ettr",
+                  "wall_s"},   # soak runs only: medians, s (milarun.analysis.soak)
          "tags": [the profile tags of its records],   # only when they have some
          "convergence": {"precision", "curves": [{"seed", "run", "device", "step": [...],
                          "items": [...], "loss": [...]}]}}},  # tests that log a loss
@@ -239,6 +241,8 @@ def _complete(data: dict[str, Any], path: StrPath | None) -> dict[str, Any]:
             tests[gname]["llm"] = entry["llm"]
         if entry.get("server") is not None:  # server-scenario tests (milarun.analysis.llm)
             tests[gname]["server"] = entry["server"]
+        if entry.get("soak") is not None:  # soak runs only (milarun.analysis.soak)
+            tests[gname]["soak"] = dict(entry["soak"])
         if entry.get("acceptance") is not None:  # acceptance tests only (analysis.acceptance)
             tests[gname]["acceptance"] = entry["acceptance"]
         if entry.get("tags") is not None:  # the profile tags, when the records kept them

@@ -72,6 +72,7 @@ from .llm import (
     record_flops,
     token_loader,
 )
+from .soak import Soak
 
 FSDP_FP16_REFUSED = (
     "--precision fp16 with FSDP needs a sharded gradient scaler; "
@@ -163,10 +164,12 @@ def accumulate(net, micro, accum):
     return gradient_sync(net, micro, accum)
 
 
-def fit(steps, net, model, optimizer, schedule, mp, autocast, grad_accum, world):
+def fit(steps, net, model, optimizer, schedule, mp, autocast, grad_accum, world, after=None):
     """The training loop over ``steps`` (:func:`milarun.bench.dataloop`'s ``(step, (x, y))``):
     forward and loss under ``autocast``, backward, and an optimizer step with the schedule's
-    every ``grad_accum`` micro-batches; each step counts its tokens over the world."""
+    every ``grad_accum`` micro-batches; each step counts its tokens over the world.
+    ``after(k)``, where given, runs after the loop's ``k``-th optimizer step (the soak's
+    checkpoints and fault, :class:`milarun.models.soak.Soak`)."""
     for micro, (step, (x, y)) in enumerate(steps):
         x = x.to(world.device, non_blocking=True)
         y = y.to(world.device, non_blocking=True)
@@ -179,6 +182,8 @@ def fit(steps, net, model, optimizer, schedule, mp, autocast, grad_accum, world)
             mp.update()
             optimizer.zero_grad(set_to_none=True)
             schedule.step()
+            if after is not None:
+                after((micro + 1) // grad_accum)
         step.set_count(x.numel() * world.size)
         step.log(loss=loss.detach())
 
@@ -202,10 +207,17 @@ def train(exp):
     hsdp_replicas: Option & int = default(1)
     # Replicate the model with DDP instead of sharding it with FSDP2 (worlds of 2+ ranks)
     ddp: Option & bool = default(False)
+    # Soak mode: checkpoint every this many optimizer steps, kill one rank once, restart
+    # (0: off; needs torchrun's restarts, milarun.models.soak)
+    soak_every: Option & int = default(0)
+    # Folder every rank sees for the soak's checkpoints (default: the dataroot)
+    soak_folder: Option = default("")
     workers = workers_option(default=1)
     backend = backend_option()
 
     check_shape(shape, seq_len)
+    if soak_every < 0:
+        raise ValueError("--soak-every must be 0 (off) or a number of optimizer steps")
     if batch_size < 1 or grad_accum < 1:
         raise ValueError("--batch-size and --grad-accum must be at least 1")
     device = init_torch(exp)
@@ -252,9 +264,28 @@ def train(exp):
         flops_tok = flops_per_token(
             n_matmul, config.num_hidden_layers, config.hidden_size, seq_len, "train"
         )
-        steps = dataloop(exp, Epochs(loader))
-        agree_on_counts(exp, world)
+        soak, done, after = None, 0, None
+        if soak_every:
+            folder = soak_folder or str(exp.dataroot)
+            seed = exp.options["seed"]
+            soak = Soak(exp, world, folder, soak_every, total_steps, exp.metrics["params"], seed)
+        ok = False
         try:
-            fit(steps, net, model, optimizer, schedule, mp, autocast, grad_accum, world)
+            if soak is not None:
+                done = soak.resume(model, optimizer)
+                for _ in range(done):  # the schedule where the checkpoint left it
+                    schedule.step()
+                # what is left of the run's count after the steps the checkpoint kept
+                exp.options["max_count"] = max(1, exp.options["max_count"] - done * tokens_per_step)
+                pause = lambda: exp.rate.paused()  # noqa: E731
+                after = lambda k: soak.after_step(done + k, model, optimizer, pause)  # noqa: E731
+            steps = dataloop(exp, Epochs(loader, skip=done * grad_accum))
+            if soak is not None:
+                steps = soak.wrap(steps)
+            agree_on_counts(exp, world)
+            fit(steps, net, model, optimizer, schedule, mp, autocast, grad_accum, world, after)
+            ok = True
         finally:
             record_flops(exp, flops_tok, bench_device.name(device), precision, world.size)
+            if soak is not None:
+                soak.finish(ok)

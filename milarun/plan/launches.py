@@ -236,7 +236,8 @@ def child_argv(
 
     Args:
         launcher: ``"python"``; ``"torchrun"`` (``--standalone``, ``nproc``
-            processes); ``"rendezvous"`` (torchrun agent of a multi-node job:
+            processes; ``--max-restarts`` the job's ``restarts``); ``"rendezvous"``
+            (torchrun agent of a multi-node job:
             ``rendezvous`` holds ``nnodes``, ``endpoint`` ``host:port``, ``id`` and
             ``join_timeout`` in s).
         extra: more fields for the record (``--extra``), e.g. the nodes.
@@ -261,6 +262,8 @@ def child_argv(
             "--nproc-per-node",
             str(nproc),
         ]
+        if job.restarts:
+            head += ["--max-restarts", str(job.restarts)]
     elif launcher == "rendezvous":
         assert rendezvous is not None, "a rendezvous launch needs its rendezvous"
         head = [
@@ -281,7 +284,7 @@ def child_argv(
             "--rdzv-conf",
             f"join_timeout={max(1, math.ceil(rendezvous['join_timeout']))}",
             "--max-restarts",
-            "0",
+            str(job.restarts),
         ]
     else:
         head = [python]

@@ -107,6 +107,8 @@ class PlanType:
     keys: tuple[str, ...] = ()
     #: True when its launches span nodes through a rendezvous (torchrun across nodes).
     distributed = False
+    #: True when its launches go through torchrun whatever the job's ``launcher``.
+    torchrun = False
     #: What one record's rate measures, for the node score (:mod:`milarun.report.table`):
     #: ``"device"`` (one device: a node's rate is the sum over its devices), ``"node"``
     #: (the devices it used on one node) or ``"job"`` (a job over ``node_count`` nodes).
@@ -224,6 +226,7 @@ class Normal(PlanType):
 
 class NJobs(PlanType):
     name = "njobs"
+    torchrun = True
 
     def expand(self, job: Job, cluster: Cluster) -> list[list[Slot]]:
         idx = tuple(cluster.devices.indices)
@@ -246,6 +249,7 @@ class NJobs(PlanType):
 class MultiNode(PlanType):
     name = "multi-node"
     distributed = True
+    torchrun = True
     rate_of = "job"
 
     def expand(self, job: Job, cluster: Cluster) -> list[list[Slot]]:
@@ -260,6 +264,7 @@ class NodeProgression(_Steps):
     name = "node-progression"
     keys = ("nodes", "gpus_per_node")
     distributed = True
+    torchrun = True
     rate_of = "job"
     _GROUP = re.compile(r"^(.+)\.(\d+)x(\d+)$")
 

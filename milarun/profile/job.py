@@ -22,6 +22,7 @@ _ENTRY_ORDER = (
     "arguments",
     "partition_scheme",
     "launcher",
+    "restarts",
     "prepare",
     "exec_prefix",
     "timeout",
@@ -45,6 +46,8 @@ class Job:
         exec_prefix: argv prefix.
         timeout: seconds.
         launcher: ``"python"`` or ``"torchrun"``.
+        restarts: torchrun's ``--max-restarts`` for the job's launches (0: a failed rank
+            fails the launch; the soak mode of :mod:`milarun.models.soak` needs 1).
         definition: the merged JSON definition without the language keys (recorded in results).
         tags: the job's tags.
         group: what ``--select`` matches besides name and tags (default: the name).
@@ -61,6 +64,7 @@ class Job:
     exec_prefix: list[str] = field(default_factory=list)
     timeout: float = DEFAULT_TIMEOUT
     launcher: str = "python"
+    restarts: int = 0
     definition: dict[str, Any] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
     group: str = ""

@@ -67,6 +67,9 @@ Job keys:
                       filled like ``arguments``; an unknown one is an error.
 ``timeout``           seconds, > 0 and at most 7 days (default 1800).
 ``launcher``          ``"python"`` (default) or ``"torchrun"`` (one process per device).
+``restarts``          torchrun's ``--max-restarts`` (0 to 100, default 0): how many times
+                      torchrun starts the job's ranks again after one fails; only for a
+                      job launched through torchrun.
 ``description``       free text.
 ``validation``        thresholds of the flagging checks (:mod:`milarun.measure.plausibility`):
                       ``{"usage": {"gpu_load_threshold", "gpu_mem_threshold"},

@@ -311,6 +311,7 @@ class Resolver:
                     exec_prefix=list(d.get("exec_prefix", [])),
                     timeout=float(d.get("timeout", DEFAULT_TIMEOUT)),
                     launcher=d.get("launcher", "python"),
+                    restarts=int(d.get("restarts", 0)),
                     definition=d,
                     tags=list(resolved.get("tags", [])),
                     group=resolved.get("group") or name,

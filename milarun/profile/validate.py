@@ -106,9 +106,16 @@ def validate_job(
             raise fail(keys, problem)
     scheme = d.get("partition_scheme", {})
     launcher = d.get("launcher", "python")
-    scheme_problem = plantypes.plan_type(scheme.get("type", "per-gpu")).check(scheme, launcher)
+    kind = plantypes.plan_type(scheme.get("type", "per-gpu"))
+    scheme_problem = kind.check(scheme, launcher)
     if scheme_problem:
         raise fail(["partition_scheme", scheme_problem[0]], scheme_problem[1])
+    if d.get("restarts") and not (kind.torchrun or launcher == "torchrun"):
+        raise fail(
+            ["restarts"],
+            'restarts are torchrun\'s: give "launcher": "torchrun", or a plan type that '
+            "launches through it (njobs, multi-node, node-progression)",
+        )
     cg = scheme.get("cgroup")
     if cg is not None:
         # the plan fills it with an int device index

@@ -19,6 +19,7 @@ from ..formats.outfile import UnsafeFileError, write_atomic
 from ..formats.summary import read_summary
 from ..formats.thresholds import read_thresholds
 from ..formats.weights import check_weights, load_weights
+from ..measure.soak import PUBLISHED_MTBF_1024_H
 from .acceptance import BURN_THRESHOLD_PCT, acceptance_sections, check_burn_threshold, verdict
 from .breakdown import NODE_THRESHOLD_PCT, check_node_threshold
 from .checks import diff_line
@@ -27,6 +28,7 @@ from .html import render_html as _render_html
 from .inputs import load_inputs
 from .iostudy import io_tables
 from .llm import llm_rows
+from .soak import check_fault_mtbf, soak_rows
 from .table import Report, build_report, check_throughput, weight_for
 from .text import render_text as _render_text
 
@@ -132,6 +134,7 @@ def make_report(
     family=None,
     cache=True,
     repeat_score="mean",
+    fault_mtbf=None,
 ):
     """Build the report of ``source`` (results dir or summary file).
 
@@ -150,14 +153,18 @@ def make_report(
     (:mod:`milarun.report.family`; checked before anything is read);
     ``cache``: keep and reuse what is read of a results folder in this user's
     cache (:mod:`milarun.report.inputs`; False: ``--no-cache``); ``repeat_score``: how
-    a test's perf is taken over its runs (:data:`milarun.report.table.REPEAT_SCORES`).
+    a test's perf is taken over its runs (:data:`milarun.report.table.REPEAT_SCORES`);
+    ``fault_mtbf``: a 1,024-GPU job's mean time between interruptions in hours, the
+    projection of the "Time lost to faults" section (:mod:`milarun.report.soak`; default
+    :data:`milarun.measure.soak.PUBLISHED_MTBF_1024_H`).
     Returns ``(report, text)``.
 
     Raises:
         MilarunError: a bad file, ``price`` <= 0, ``node_threshold`` outside
-            0..100 (checked before anything is read), or both ``weights`` and
-            ``unweighted``. ``throughput`` is ``"effective"`` or ``"own"`` (the
-            2020 rule; see :func:`milarun.report.table.perf_basis`).
+            0..100 or ``fault_mtbf`` not a finite number of hours > 0 (checked before
+            anything is read), or both ``weights`` and ``unweighted``. ``throughput`` is
+            ``"effective"`` or ``"own"`` (the 2020 rule; see
+            :func:`milarun.report.table.perf_basis`).
     """
     import datetime
 
@@ -176,6 +183,7 @@ def make_report(
     burn_threshold = (
         BURN_THRESHOLD_PCT if burn_threshold is None else check_burn_threshold(burn_threshold)
     )
+    fault_mtbf = PUBLISHED_MTBF_1024_H if fault_mtbf is None else check_fault_mtbf(fault_mtbf)
     clauses = read_thresholds(thresholds) if thresholds else None
     baseline = read_summary(compare) if compare else None
     if price is not None and not price > 0:
@@ -213,6 +221,7 @@ def make_report(
     )
     report.io = io_tables(summary, points=inputs.io_points)
     report.llm = llm_rows(summary["tests"])
+    report.soak = soak_rows(summary["tests"], fault_mtbf)
     report.acceptance = acceptance_sections(summary["tests"], burn_threshold)
     report.acceptance_verdict = (
         verdict(clauses, summary["tests"], summary.get("hosts")) if clauses is not None else None

@@ -30,6 +30,7 @@ from .llm import (
     targets_text,
 )
 from .plots import FLAG_COLOUR, Plotter
+from .soak import html_view as soak_view
 from .text import (
     FAMILY_HEADER,
     FLEET_COLUMNS,
@@ -451,6 +452,7 @@ def render_html(
             noise=noise_view(report),
             io_study=io_study,
             llm=llm,
+            soak=soak_view(report.soak),
             acceptance=acceptance,
             families=family_view(report),
             checks=checks,

@@ -203,6 +203,7 @@ class Report:
     one_run: list = field(default_factory=list)
     io: list = field(default_factory=list)  # the io study's tables (report/iostudy.py)
     llm: list = field(default_factory=list)  # the LLM tests' rows (report/llm.py)
+    soak: list = field(default_factory=list)  # the soak tests' rows (report/soak.py)
     acceptance: list = field(default_factory=list)  # acceptance sections (report/acceptance.py)
     acceptance_verdict: object = None  # --thresholds: [{"ok", "clause", "detail"}]
     # validation, energy and host facts (milarun.report.checks)

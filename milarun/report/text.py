@@ -18,6 +18,7 @@ from .family import LABELS as FAMILY_LABELS
 from .formatting import fmt_num, fmt_pct
 from .iostudy import text_lines
 from .llm import text_lines as llm_text_lines
+from .soak import text_lines as soak_text_lines
 
 #: The std% cell of a test with one successful result.
 UNKNOWN_VARIANCE = "unknown (n=1)"
@@ -833,6 +834,9 @@ def render_text(report):
     if report.llm:
         lines.append("")
         lines.extend(llm_text_lines(report.llm))
+    if report.soak:
+        lines.append("")
+        lines.extend(soak_text_lines(report.soak))
     if report.acceptance or report.acceptance_verdict is not None:
         lines.append("")
         lines.extend(acceptance_text_lines(report.acceptance, report.acceptance_verdict))
