@@ -362,3 +362,28 @@ def test_lightning_trains_across_two_slurm_nodes(slurm_cluster, tmp_path):
     assert sorted(rec["distributed"]["node_names"]) == ["node1", "node2"]
     assert rec["nodes"] == ["node1", "node2"]
     assert not leftover(out)
+
+
+def test_a_soak_restarts_every_node_from_the_checkpoint(slurm_cluster, tmp_path):
+    # the soak across two Slurm nodes: one rank killed at its seeded step, torchrun's c10d
+    # rendezvous restarting both nodes' ranks (the node whose rank lived counts no restart),
+    # the job resumed from the checkpoint on the shared folder and the figures in one record
+    from milarun.models.soak import fault_plan
+
+    data = tmp_path / "data"
+    data.mkdir()
+    out = tmp_path / "results"
+    job = submit(slurm_cluster, out, data, ["soak_multinode"])
+    state = wait_job(slurm_cluster, job, 600)
+    log = (out / "logs" / f"slurm-{job}.out").read_text()
+    assert state == "COMPLETED", log
+    (rec,) = [r for r in records(out).values() if r["name"] == "cluster-cpu.soak_multinode"]
+    assert rec["success"], rec["error"]
+    assert sorted(rec["distributed"]["node_names"]) == ["node1", "node2"]
+    m = rec["metrics"]
+    assert (m["soak_fault_step"], m["soak_fault_rank"]) == fault_plan(rec["seed"], 20, 4, 2)
+    assert m["soak_restarts"] == 1 and m["soak_load_s"] > 0 and m["soak_restart_s"] > 0
+    assert m["soak_lost_steps"] == m["soak_fault_step"] % 4
+    assert 0 < m["soak_ettr"] < 1
+    assert not list(data.glob("milarun-soak-*"))  # the folder removed at the end
+    assert not leftover(out)

@@ -139,6 +139,10 @@ def process_group(exp: Any, device: torch.device, backend: str = "auto") -> Iter
     records the job (every rank calls it here, as a collective must be), and
     ``world_size``, ``backend`` and ``rank`` go to the result's metrics.
 
+    A job torchrun may restart (``--max-restarts`` above 0) joins through a store prefix of
+    its start: the ranks count themselves in torchrun's store, which can keep a previous
+    attempt's addresses (the soak mode, :mod:`milarun.models.soak`).
+
     The group's timeout is :func:`group_timeout_s`: never shorter than the
     start barrier's (``--barrier-timeout``), during which the other ranks wait
     in a collective for rank 0.
