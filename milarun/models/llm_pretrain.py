@@ -28,6 +28,12 @@ recomputes each block's activations in the backward pass (transformers'
 gradient checkpointing); ``--compile`` compiles each block with
 ``torch.compile`` before sharding (torchtitan's way).
 
+With ``--soak-every N`` (under torchrun with restarts: the profile's ``"restarts"``) the run
+is a soak (:mod:`milarun.models.soak`): a checkpoint every ``N`` optimizer steps, one rank
+killed at a seeded step, torchrun's restart from the latest checkpoint (the model, the
+optimizer, the schedule's step and the data position), and the time the fault cost in the
+record's ``soak_*`` metrics.
+
 Data: ``llm_corpus`` (``milarun dataset llm_corpus``): pre-tokenized shards
 read through ``numpy.memmap`` by a ``DataLoader``, packed into sequences of
 ``--seq-len`` tokens; each rank reads its own share (``DistributedSampler``).
