@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (a PyTorch image, no internet): install milarun from a
-# carried wheelhouse, run the GPU check within its budget, then the short profile if time
-# is left; every output in at most 8 files under $OUT (the device tool's limit).
+# carried wheelhouse, run the GPU check within its budget, the soak (a rank killed, NCCL and
+# DCP through torchrun's restart), then the short profile if time is left; every output in at
+# most 8 files under $OUT (the device tool's limit).
 #
 # Prepared here, before the call:
 #   bash scripts/wheelhouse.sh .wheelhouse     # git-ignored; about 17 MB for Python 3.12
 # The call (device tool): carry [".wheelhouse"],
-#   command "bash scripts/dev/gpu-session.sh .wheelhouse 300 120", timeout_s 560
+#   command "bash scripts/dev/gpu-session.sh .wheelhouse 300 0", timeout_s 560 (the soak: 150 s at most)
 # Arguments: WHEELHOUSE [CHECK_BUDGET_S (300)] [PROFILE_S (0: no profile run)].
 # Files under $OUT: install.log, nvidia-smi.txt, gpu_check.json, gpu_check.log,
-# gpu_check-lite.tar.gz (the records and logs of the check's lite pass) and, with
-# PROFILE_S > 0, lite.log and lite.tar.gz (the profile's records, summary.json, report.txt).
+# gpu_check-lite.tar.gz (the records and logs of the check's lite pass), soak.tar.gz (the
+# acceptance-cpu soak on the GPUs: its log, records and report) and, with PROFILE_S > 0,
+# lite.log and lite.tar.gz (the profile's records, summary.json, report.txt).
 set -uo pipefail
 wheels=${1:?usage: gpu-session.sh WHEELHOUSE [CHECK_BUDGET_S] [PROFILE_S]}
 budget=${2:-300}
 profile_s=${3:-0}
 out=${OUT:-$PWD/gpu-session-out}
-mkdir -p "$out" /tmp/milarun-data
+mkdir -p "$out" /tmp/milarun-data/soak-tiny
 t0=$SECONDS
 log() { echo "gpu-session: [$((SECONDS - t0)) s] $*" | tee -a "$out/install.log"; }
 
@@ -34,6 +36,18 @@ python3 benchmarks/gpu_check.py --budget "$budget" -d /tmp/milarun-data --workdi
   --out "$out/gpu_check.json" >"$out/gpu_check.log" 2>&1
 log "gpu_check: exit $?"
 [ -d "$work/lite" ] && tar -czf "$out/gpu_check-lite.tar.gz" -C "$work" lite
+# The soak of acceptance-cpu on every GPU of the node (njobs, NCCL): 20 optimizer steps
+# of the tiny model whatever the GPU count, a checkpoint every 4, one rank killed.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') || gpus=1
+soak=/tmp/milarun-soak
+log "soak on $gpus GPU(s)"
+timeout --signal=INT --kill-after=20 150 python3 -m milarun jobs profiles/acceptance-cpu.json \
+  --name soak --no-cgexec -d /tmp/milarun-data/soak-tiny -o "$soak" -- --device cuda \
+  --max-count $((20 * 128 * gpus)) >/tmp/soak.log 2>&1
+log "soak: exit $?"
+python3 -m milarun report "$soak" >/tmp/soak-report.txt 2>>/tmp/soak.log
+[ -d "$soak" ] && tar -czf "$out/soak.tar.gz" -C /tmp "$(basename "$soak")" soak.log \
+  soak-report.txt
 if [ "$profile_s" -gt 0 ]; then
   res=/tmp/milarun-lite
   log "profiles/lite.json, at most $profile_s s"
