@@ -86,6 +86,19 @@ def cli(args, capsys):
     return exc.value.code, out.out, out.err
 
 
+def summary_of(folder):
+    """The summary of the records under ``folder``, as ``milarun summary`` writes it and a
+    reader reads it back (through its JSON and its schema: ``normalize_summary``)."""
+    import io
+    import json
+
+    from milarun.analysis.summary import summarize_dir
+    from milarun.formats.summary import normalize_summary
+
+    s, _ = summarize_dir(folder, warn=io.StringIO())
+    return normalize_summary(json.loads(json.dumps(s)))
+
+
 def build_tiny(dataroot, *names):
     """Build the tiny size of each named dataset under ``dataroot``."""
     from milarun.datasets import prepare

@@ -9,14 +9,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import cli, summary_of
 
 from milarun.analysis.acceptance import acceptance_figures, kind_of
 from milarun.analysis.summary import node_of, summarize_dir
 from milarun.cli import main
 from milarun.formats.record import new_result
 from milarun.formats.store import write_result
-from milarun.formats.summary import normalize_summary, write_summary
+from milarun.formats.summary import write_summary
 from milarun.formats.thresholds import read_thresholds
 from milarun.report.acceptance import burn_table, size_text
 
@@ -217,10 +217,7 @@ def results(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def summary(results):
-    import io
-
-    s, _ = summarize_dir(results, warn=io.StringIO())
-    return normalize_summary(json.loads(json.dumps(s)))
+    return summary_of(results)
 
 
 def write(tmp_path, name, data):

@@ -3,18 +3,14 @@ node and precision where the summary holds a matmul test, else the datasheet's; 
 above 100 % of the chosen peak is a measurement error, never a figure. Hand-made
 summaries and records."""
 
-import io
-import json
-
 import pytest
+from conftest import summary_of
 from test_acceptance_report import record
 from test_sustained_matmul import soak_records
 
 from milarun.analysis.acceptance import measured_peak
 from milarun.analysis.llm import llm_figures, mfu_figures
-from milarun.analysis.summary import summarize_dir
 from milarun.formats.store import write_result
-from milarun.formats.summary import normalize_summary
 from milarun.measure.mfu import MFU_LIMIT, checked_mfu, choose_peak
 from milarun.report.llm import llm_rows, text_lines
 
@@ -175,8 +171,7 @@ def test_a_summary_of_a_matmul_soak_and_an_llm_test_gives_mfu_of_the_measured_pe
     ]
     for rec in recs:
         write_result(rec, tmp_path)
-    s, _ = summarize_dir(tmp_path, warn=io.StringIO())
-    summary = normalize_summary(json.loads(json.dumps(s)))  # the schema accepts it
+    summary = summary_of(tmp_path)  # the schema accepts it
     assert summary["tests"]["acc.llm"]["llm"]["precision"] == "bf16"
     assert summary["tests"]["acc.llm"]["llm"]["nodes"] == ["node1"]
     (row,) = llm_rows(summary["tests"])

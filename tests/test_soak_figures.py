@@ -7,10 +7,9 @@ import json
 import math
 
 import pytest
-from conftest import cli
+from conftest import cli, summary_of
 
 from milarun.analysis.soak import soak_figures
-from milarun.analysis.summary import summarize_dir
 from milarun.formats.record import new_result
 from milarun.formats.store import write_result
 from milarun.formats.summary import normalize_summary, write_summary
@@ -200,8 +199,7 @@ def results(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def summary(results):
-    s, _ = summarize_dir(results, warn=io.StringIO())
-    return normalize_summary(json.loads(json.dumps(s)))
+    return summary_of(results)
 
 
 def test_summary_soak_of_successful_records(summary, tmp_path):

@@ -4,21 +4,19 @@ on the CPU, and the node figure (the slowest GPU's sustained TFLOP/s) in the sum
 the report, from hand-made records."""
 
 import io
-import json
 import sys
 import time
 import types
 
 import pytest
-from conftest import run_model
+from conftest import run_model, summary_of
 from test_acceptance_report import record
 from test_monitor import fake_pynvml
 
 from milarun.analysis.acceptance import acceptance_figures, kind_of, node_figures
-from milarun.analysis.summary import node_of, summarize_dir
+from milarun.analysis.summary import node_of
 from milarun.bench.monitor import GPUMonitor
 from milarun.formats.store import write_result
-from milarun.formats.summary import normalize_summary
 from milarun.measure.acceptance import CAPPING_REASONS
 from milarun.models import matmul
 from milarun.report.acceptance import acceptance_sections, text_lines
@@ -279,8 +277,7 @@ def test_the_summary_keeps_the_node_figure_and_the_report_shows_it(tmp_path):
     for rec in soak_records():  # a record's file name has no node: one folder per node
         (tmp_path / rec["node"]).mkdir(exist_ok=True)
         write_result(rec, tmp_path / rec["node"])
-    s, _ = summarize_dir(tmp_path, warn=io.StringIO())
-    summary = normalize_summary(json.loads(json.dumps(s)))  # the schema accepts it
+    summary = summary_of(tmp_path)  # the schema accepts it
     body = summary["tests"]["acc.mm"]["acceptance"]["matmul"]
     assert {
         n["node"]: n["tflops"] for e in body if e["precision"] == "bf16" for n in e["nodes"]
