@@ -147,7 +147,6 @@ class Soak:
             need = KEPT * BYTES_PER_PARAM * params + SPACE_MARGIN
             self._rename(shared_workdir(world, folder, "soak", need), self.path)
         self.attempt = seen or 0
-        self.saves = []  # (step, seconds) of this attempt's checkpoints
         self.start_step = 0
         self.load_s = None
         self._mark = None  # the start of the stretch of training not yet saved
@@ -242,7 +241,6 @@ class Soak:
         t1 = time.time()
         self._kept_s += trained
         self._mark = t1
-        self.saves.append((step, t1 - t0))
         if self.world.rank == 0:
             self._log(
                 {
