@@ -20,7 +20,6 @@ is the same. Only rank 0 writes the result (``Experiment.write``).
 import contextlib
 import datetime
 import gc
-import importlib
 import os
 import sys
 import weakref
@@ -220,9 +219,9 @@ def process_group(exp: Any, device: torch.device, backend: str = "auto") -> Iter
         left = release_groups()
         # After an error the traceback's frames may still hold the model (and its
         # groups): that failure is the one to report. Without one, a group still held
-        # is recorded and said, not failed: another torch may cache a mesh in a place
-        # MESH_CACHES does not name (torch 2.11 does), and the test's figures are
-        # right; if a rank then dies at exit, the launch is FAIL exit-after-result.
+        # is recorded and said, not failed: something other than a device mesh holds it
+        # (a DDP model a workload kept), and the test's figures are right; if a rank
+        # then dies at exit, the launch is FAIL exit-after-result.
         if ended and left:
             exp.metrics["process_groups_left"] = left
             say(f"milarun: warning: {kept_alive_message(left)}")
@@ -247,38 +246,39 @@ def kept_alive_message(count: int) -> str:
     return (
         f"{count} process group(s) still referenced after destroy_process_group: their "
         "threads are torn down at the interpreter's exit, where a rank can abort (gloo) or "
-        "hang (NCCL) after the result is written (something still holds a model, "
-        "DeviceMesh, DTensor or DDP)"
+        "hang (NCCL) after the result is written (something other than a device mesh "
+        "holds it: a DDP model, the group itself)"
     )
 
 
-#: torch's caches (those of the locked torch, 2.13) that keep a ``DeviceMesh``, and
-#: through it the mesh's process groups (``DeviceMesh._pg_registry``), for the life
-#: of the process once a DTensor op ran (FSDP2, tensor parallelism): ``(module,
-#: attribute path, method)``; the function at the path, or its method, empties one.
-MESH_CACHES = (
-    ("torch.distributed.tensor.debug", "_clear_sharding_prop_cache", None),
-    ("torch.distributed.tensor._redistribute", "clear_redistribute_planner_cache", None),
-    ("torch.distributed.tensor._redistribute", "_gen_transform_infos", "cache_clear"),
-    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh", "cache_clear"),
-)
+def forget_meshes() -> int:
+    """Empty the group registry of every device mesh still alive, so that no mesh keeps a
+    destroyed process group (and its backend's threads) alive.
 
+    A ``DeviceMesh`` holds its process groups (``DeviceMesh._pg_registry``, torch 2.11 to
+    2.13), and torch keeps meshes for the life of the process once FSDP2 or a DTensor op
+    ran: in its sharding-propagation and redistribution caches, and in torch 2.11 also in
+    objects no Python container references (found with ``gc.get_referrers``: a
+    ``(OpStrategy,)`` tuple from FSDP2's ``fully_shard``, held from C++). Rather than name
+    every such cache for every torch, the meshes themselves are found among the objects
+    the collector tracks and emptied; a destroyed group is of no use to them. Nothing is
+    scanned where no device mesh was ever imported (a DDP test).
 
-def forget_meshes() -> None:
-    """Empty :data:`MESH_CACHES`, so that no device mesh is held once its workload
-    ended. Nothing is done (or imported) where DTensor was never loaded (a DDP test). A
-    cache this torch does not have is skipped; one it has and the table lacks keeps
-    its groups, which :func:`release_groups` then counts."""
-    if "torch.distributed.tensor" not in sys.modules:
-        return
-    for module, path, method in MESH_CACHES:
-        try:
-            target: Any = importlib.import_module(module)
-            for name in path.split("."):
-                target = getattr(target, name)
-            (getattr(target, method) if method else target)()
-        except (ImportError, AttributeError):
-            continue
+    Returns:
+        how many meshes were emptied.
+    """
+    module = sys.modules.get("torch.distributed.device_mesh")
+    mesh_type = getattr(module, "DeviceMesh", None)
+    if not isinstance(mesh_type, type):
+        return 0
+    emptied = 0
+    for obj in gc.get_objects():
+        if isinstance(obj, mesh_type):
+            registry = getattr(obj, "_pg_registry", None)
+            if isinstance(registry, dict) and registry:
+                registry.clear()
+                emptied += 1
+    return emptied
 
 
 def release_groups() -> int:
@@ -287,8 +287,8 @@ def release_groups() -> int:
     ``destroy_process_group`` drops torch's own references, but a group lives on
     while any object holds it: its backend's threads (gloo's work and I/O threads,
     the store's client) then run until the interpreter's exit, and a gloo thread
-    releasing its last work there aborts the process. So the device meshes torch
-    caches are forgotten (:func:`forget_meshes`) and the cycles collected (a
+    releasing its last work there aborts the process. So the device meshes still
+    alive let go of their groups (:func:`forget_meshes`), the cycles are collected (a
     module's hooks hold their module), and the groups, weakly referenced before
     the destruction, are checked.
 
