@@ -332,3 +332,25 @@ def test_drop_caches_refused_falls_back_to_fadvise(tmp_path, monkeypatch):
     m = res["metrics"]
     assert m["drop_caches_refused"] is True and m["page_cache_method"] == "fadvise"
     assert m["page_cache_dropped"] == (m["page_cache_resident_fraction"] < 0.01)
+
+
+def test_spread_by_hand():
+    """Rank rates, and node rates as a node's amount over its slowest rank's time."""
+    spread = checkpoint.spread
+    ranks = [
+        {"node": "a", "n": 100, "s": 1.0},
+        {"node": "a", "n": 100, "s": 4.0},  # node a is done at 4 s: 200 / 4 = 50
+        {"node": "b", "n": 300, "s": 2.0},  # node b: 150
+    ]
+    assert spread(ranks, "n", "s") == {
+        "per_rank": (100 + 25 + 150) / 3,
+        "rank_min": 25,
+        "per_node": (50 + 150) / 2,
+        "node_min": 50,
+    }
+    # a time of 0 has no rate: its level is left out, not reported as infinite
+    ranks[2]["s"] = 0.0
+    assert spread(ranks, "n", "s") == {}
+    ranks[0]["s"] = ranks[1]["s"] = 0.0
+    ranks[2]["s"] = 2.0
+    assert spread(ranks, "n", "s") == {}

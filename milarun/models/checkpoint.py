@@ -368,6 +368,36 @@ def max_known(values):
     return max((v for v in values if v is not None), default=None)
 
 
+def spread(ranks, amount, seconds):
+    """The rates of one round over its ranks and nodes, where some rank or node is slow.
+
+    Args:
+        ranks: every rank's figures of the round (dicts with ``node``, ``amount`` and
+            ``seconds`` keys).
+        amount: the key of what a rank moved (bytes, files).
+        seconds: the key of the time it took (s).
+
+    Returns:
+        ``{"per_rank", "rank_min", "per_node", "node_min"}``: the mean and the lowest rank
+        rate (amount / seconds), and the mean and the lowest node rate (the node's amount
+        over its slowest rank's time, as a node is done when its last rank is); a pair is
+        left out where some time is 0 (no rate).
+    """
+    nodes = {}
+    for f in ranks:
+        nodes.setdefault(f["node"], []).append(f)
+    out = {}
+    for level, groups in (("rank", [[f] for f in ranks]), ("node", list(nodes.values()))):
+        rates = [
+            sum(f[amount] for f in g) / s if (s := max(f[seconds] for f in g)) > 0 else None
+            for g in groups
+        ]
+        if None not in rates:
+            out[f"per_{level}"] = sum(rates) / len(rates)
+            out[f"{level}_min"] = min(rates)
+    return out
+
+
 def dropped(m):
     """``page_cache_dropped`` from the metrics ``m``: True or False, or ``"unknown"`` where
     no file's residency could be read (no ``page_cache_resident_fraction``)."""
@@ -698,33 +728,18 @@ def _summarise(m, rounds):
     method and ``nodes`` of the last round."""
     per = []
     for ranks in rounds:
-        nodes = {}
-        for f in ranks:
-            nodes.setdefault(f["node"], []).append(f)
         total = sum(f["written"] for f in ranks)
         save = max(f["save_s"] for f in ranks)
         load = max(f["load_s"] for f in ranks)
-
-        def gbps(n, s):
-            return n / s / 1e9 if s > 0 else None
-
-        def node_rate(group, key):
-            return gbps(sum(f["written"] for f in group), max(f[key] for f in group))
-
         out = {"save_s": save, "load_s": load}
         for kind, key in (("write", "save_s"), ("read", "load_s")):
-            rank_rates = [gbps(f["written"], f[key]) for f in ranks]
-            node_rates = [node_rate(g, key) for g in nodes.values()]
-            out[f"{kind}_gbps_aggregate"] = gbps(total, max(f[key] for f in ranks))
-            if None not in rank_rates:
-                out[f"{kind}_gbps_per_rank"] = sum(rank_rates) / len(rank_rates)
-                out[f"{kind}_gbps_rank_min"] = min(rank_rates)
-            if None not in node_rates:
-                out[f"{kind}_gbps_per_node"] = sum(node_rates) / len(node_rates)
-                out[f"{kind}_gbps_node_min"] = min(node_rates)
+            slowest = max(f[key] for f in ranks)
+            out[f"{kind}_gbps_aggregate"] = total / slowest / 1e9 if slowest > 0 else None
+            for name, rate in spread(ranks, "written", key).items():
+                out[f"{kind}_gbps_{name}"] = rate / 1e9
         out["bytes_per_rank"] = max(f["written"] for f in ranks)
         out["checkpoint_bytes"] = total
-        out["nodes"] = len(nodes)
+        out["nodes"] = len({f["node"] for f in ranks})
         methods = {f["method"] for f in ranks}
         out["page_cache_method"] = methods.pop() if len(methods) == 1 else "mixed"
         out["page_cache_resident_fraction"] = max_known(f["resident"] for f in ranks)

@@ -349,18 +349,10 @@ def _summarise(m, rounds, list_key, read_key):
     and read figures; the page-cache method of the last round."""
     per = []
     for ranks in rounds:
-        nodes = {}
-        for f in ranks:
-            nodes.setdefault(f["node"], []).append(f)
         list_s = max(f["list_s"] for f in ranks)
         read_s = max(f["read_s"] for f in ranks)
         files = sum(f["files"] for f in ranks)
         nbytes = sum(f["bytes"] for f in ranks)
-        rank_rates = [_rate(f["files"], f["read_s"]) for f in ranks]
-        node_rates = [
-            _rate(sum(f["files"] for f in g), max(f["read_s"] for f in g)) for g in nodes.values()
-        ]
-        list_rates = [_rate(f["listed"], f["list_s"]) for f in ranks]
         out = {
             f"{list_key}_s": list_s,
             f"{list_key}_files_per_s_aggregate": _rate(sum(f["listed"] for f in ranks), list_s),
@@ -369,14 +361,11 @@ def _summarise(m, rounds, list_key, read_key):
             f"{read_key}_mbps_aggregate": _rate(nbytes / 1e6, read_s),
             "page_cache_resident_fraction": ckpt.max_known(f["resident"] for f in ranks),
         }
-        if None not in list_rates:
-            out[f"{list_key}_files_per_s_per_rank"] = sum(list_rates) / len(list_rates)
-        if None not in rank_rates:
-            out[f"{read_key}_files_per_s_per_rank"] = sum(rank_rates) / len(rank_rates)
-            out[f"{read_key}_files_per_s_rank_min"] = min(rank_rates)
-        if None not in node_rates:
-            out[f"{read_key}_files_per_s_per_node"] = sum(node_rates) / len(node_rates)
-            out[f"{read_key}_files_per_s_node_min"] = min(node_rates)
+        listing = ckpt.spread(ranks, "listed", "list_s")
+        if "per_rank" in listing:
+            out[f"{list_key}_files_per_s_per_rank"] = listing["per_rank"]
+        for name, rate in ckpt.spread(ranks, "files", "read_s").items():
+            out[f"{read_key}_files_per_s_{name}"] = rate
         per.append(out)
     for key in per[-1]:
         value = median(p.get(key) for p in per)
