@@ -10,8 +10,9 @@
 #   command "bash scripts/dev/gpu-session.sh .wheelhouse 300 0", timeout_s 560 (the soak: 150 s at most)
 # Arguments: WHEELHOUSE [CHECK_BUDGET_S (300)] [PROFILE_S (0: no profile run)].
 # Files under $OUT: install.log, nvidia-smi.txt, gpu_check.json, gpu_check.log,
-# gpu_check-lite.tar.gz (the records and logs of the check's lite pass), soak.tar.gz (the
-# acceptance-cpu soak on the GPUs: its log, records and report) and, with PROFILE_S > 0,
+# gpu_check-lite.tar.gz (the records, logs, summary and report of the check's lite pass, the
+# node's short profile run), soak.tar.gz (the acceptance-cpu soak on the GPUs: its log,
+# records and report) and, with PROFILE_S > 0,
 # lite.log and lite.tar.gz (the profile's records, summary.json, report.txt).
 set -uo pipefail
 wheels=${1:?usage: gpu-session.sh WHEELHOUSE [CHECK_BUDGET_S] [PROFILE_S]}
@@ -35,7 +36,13 @@ work=/tmp/gpu_check-work
 python3 benchmarks/gpu_check.py --budget "$budget" -d /tmp/milarun-data --workdir "$work" \
   --out "$out/gpu_check.json" >"$out/gpu_check.log" 2>&1
 log "gpu_check: exit $?"
-[ -d "$work/lite" ] && tar -czf "$out/gpu_check-lite.tar.gz" -C "$work" lite
+if [ -d "$work/lite" ]; then
+  # The lite pass is the node's short profile run: its records, summary and report are the
+  # GPU baseline (baselines/gpu/<model>/).
+  python3 -m milarun summary "$work/lite" -o "$work/lite-summary.json" >>"$out/gpu_check.log" 2>&1
+  python3 -m milarun report "$work/lite" >"$work/lite-report.txt" 2>>"$out/gpu_check.log"
+  tar -czf "$out/gpu_check-lite.tar.gz" -C "$work" lite lite-summary.json lite-report.txt
+fi
 # The soak of acceptance-cpu on every GPU of the node (njobs, NCCL): 20 optimizer steps
 # of the tiny model whatever the GPU count, a checkpoint every 4, one rank killed.
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') || gpus=1
