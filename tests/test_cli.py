@@ -196,6 +196,26 @@ def test_version_and_a_wrong_command_import_no_command():
     assert {m for m in modules if m.startswith("milarun.cli.")} == {"milarun.cli.options"}
 
 
+def test_a_run_imports_coleos_code_registry_before_torch(tmp_path):
+    """codefind (coleo's code registry) walks every live object when first imported: after
+    torch, about 1.5 s of every test process's start (benchmarks/run_startup.py)."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "milarun", "run"]
+        + ["milarun.models.toy_reg:main", "-o", str(tmp_path / "r.json"), "--"]
+        + ["--max-count", "256", "--batch-size", "64", "--warmup", "1", "--sample-duration"]
+        + ["0.001", "--min-steady", "0"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # -X importtime prints a line as each import completes
+    done = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()]
+    done = [name for name in done if name in ("codefind", "torch")]
+    assert done == ["codefind", "torch"], done
+
+
 def test_run_then_rerun_with_extra_args(tmp_path):
     first = tmp_path / "first.json"
     subprocess.run(

@@ -83,6 +83,13 @@ def run_experiment(
 ):
     """Resolve ``function``, build an Experiment and run it; returns the exit code.
     With ``verbose``, a failure that is a MilarunError prints its traceback too."""
+    # coleo's code registry (codefind) walks every object alive at its import, then takes
+    # each module as it loads: imported before torch, the walk is over a few thousand
+    # objects instead of torch's millions (2.4 s of every run's start on a 2-core VM).
+    try:
+        import codefind  # noqa: F401
+    except ImportError:  # a coleo that no longer uses it
+        pass
     # lazy, for start-up: `milarun --help` imports every cli module (bench: the child side)
     from ..bench.experiment import Experiment
     from ..formats.record import validate
