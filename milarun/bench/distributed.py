@@ -274,7 +274,9 @@ def forget_meshes() -> int:
         return 0
     emptied = 0
     for obj in gc.get_objects():
-        if isinstance(obj, mesh_type):
+        # by the type's MRO, not isinstance: DeviceMesh's metaclass (torch 2.13) checks
+        # attributes of every object it is asked about, and some warn when touched
+        if mesh_type in type(obj).__mro__:
             registry = getattr(obj, "_pg_registry", None)
             if isinstance(registry, dict) and registry:
                 registry.clear()
