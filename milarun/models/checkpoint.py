@@ -733,7 +733,7 @@ def _summarise(m, rounds):
         load = max(f["load_s"] for f in ranks)
         out = {"save_s": save, "load_s": load}
         for kind, key in (("write", "save_s"), ("read", "load_s")):
-            slowest = max(f[key] for f in ranks)
+            slowest = out[key]  # the slowest rank's time
             out[f"{kind}_gbps_aggregate"] = total / slowest / 1e9 if slowest > 0 else None
             for name, rate in spread(ranks, "written", key).items():
                 out[f"{kind}_gbps_{name}"] = rate / 1e9
