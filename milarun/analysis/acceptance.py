@@ -35,6 +35,7 @@ so that ``milarun report --thresholds`` and ``milarun verify`` share it.
 
 import re
 import statistics
+from typing import Any
 
 from ..formats.floors import JUDGED, UNITS, detect, floor_of, shipped_floors
 from ..measure import fabric
@@ -133,7 +134,7 @@ def acceptance_figures(records, node_of):
 
 
 def _collectives(records):
-    cells = {}
+    cells: dict = {}
     peak = bound = None
     for rec in records:
         m = _metrics(rec)
@@ -194,13 +195,15 @@ def fabric_figures(records, tolerance=None):
     Raises:
         ValueError: ``tolerance`` outside [0, 1).
     """
-    cells, told_tolerance = {}, fabric.TOLERANCE
+    cells: dict = {}
+    told_tolerance = fabric.TOLERANCE
     for rec in records:
         told = rec.get("fabric")
         told = told.get("tolerance") if isinstance(told, dict) else None
-        if _num(told) is not None and told < 1:
-            told_tolerance = float(told)
-        top = {}
+        given = _num(told)
+        if given is not None and given < 1:
+            told_tolerance = given
+        top: dict = {}
         for row in rec.get("collectives") if isinstance(rec.get("collectives"), list) else ():
             if not isinstance(row, dict) or row.get("group") not in ("node", "rail", "pairs"):
                 continue
@@ -245,10 +248,10 @@ def fabric_figures(records, tolerance=None):
                 for (nodes, _), f in figures.items()
                 if len(nodes) == 2
             ]
-    out = {"splits": splits[:1000]}
+    out: dict[str, Any] = {"splits": splits[:1000]}
     if pairs:  # judged on all-reduce where measured (as fabric.pair_figures), else one op
-        pairs = pairs.get("all_reduce") or pairs[min(pairs, key=str)]
-        verdict = fabric.localise(pairs, told_tolerance if tolerance is None else tolerance)
+        judged = pairs.get("all_reduce") or pairs[min(pairs, key=str)]
+        verdict = fabric.localise(judged, told_tolerance if tolerance is None else tolerance)
         verdict["slow_pairs"] = verdict["slow_pairs"][:1000]
         out["pairs"] = verdict
     return out
@@ -259,7 +262,10 @@ def _device(rec):
 
 
 def _bandwidth(records, node_of):
-    copies, d2d, peer, stream = {}, {}, {}, {}
+    copies: dict = {}
+    d2d: dict = {}
+    peer: dict = {}
+    stream: dict = {}
     not_applicable = False
     for rec in records:
         m, node = _metrics(rec), node_of(rec)
@@ -306,7 +312,7 @@ def _bandwidth(records, node_of):
 
 
 def _matmul(records, node_of):
-    precisions = {}
+    precisions: dict = {}
     for rec in records:
         m = _metrics(rec)
         for key in m:
@@ -388,7 +394,7 @@ def node_figures(per_device):
         "spread" (fastest ÷ slowest; None when the slowest is 0), "slowest" (its
         label), "devices"}]`` by node name (None last).
     """
-    nodes = {}
+    nodes: dict = {}
     for (node, device), tflops in per_device.items():
         nodes.setdefault(node, []).append((tflops, device))
     out = []
@@ -571,7 +577,7 @@ def verdict(thresholds, tests, hosts=None, floors=None):
         ResultFormatError: the shipped floors table is broken (a broken install).
     """
     out = []
-    groups = {}
+    groups: dict = {}
     for name, test in tests.items():
         acc = test.get("acceptance") if isinstance(test, dict) else None
         if isinstance(acc, dict) and acc.get("test") in acc:
@@ -652,7 +658,7 @@ def floor_clauses(thresholds, tests, hosts, floors=None):
         "gpu_names": [n for n, m in names.items() if m == model],
         "omitted": list(entry["omitted"]),
     }
-    kinds = {}
+    kinds: dict = {}
     for name, test in tests.items():
         acc = test.get("acceptance") if isinstance(test, dict) else None
         if isinstance(acc, dict) and acc.get("test") in acc:

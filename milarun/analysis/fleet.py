@@ -107,7 +107,7 @@ def health_counts(test):
     """``{node: {"errors": n, "warnings": n}}``: the GPU health flags of one test entry
     (its ``validation_flags``) by the node of their record; a flag without a node (a
     record that spanned several nodes) is no node's."""
-    out = {}
+    out: dict = {}
     flags = test.get("validation_flags") if isinstance(test, dict) else None
     for f in flags if isinstance(flags, list) else []:
         if not isinstance(f, dict) or f.get("check") not in HEALTH_CHECKS:
@@ -121,7 +121,7 @@ def health_counts(test):
 
 def fleet_nodes(tests):
     """Every node named in ``tests``' ``pernode`` or ``pernode_failures``, sorted."""
-    seen = set()
+    seen: set = set()
     for t in (tests if isinstance(tests, dict) else {}).values():
         if isinstance(t, dict):
             for key in ("pernode", "pernode_failures"):
@@ -171,7 +171,7 @@ def _test_view(group, t, k, min_relative, min_nodes, notes):
         x = figures.get(node)
         z = rel = None
         outside = False
-        if judged and x is not None:
+        if judged and x is not None and med is not None:
             z = _z(x, med, scaled)
             rel = x / med - 1 if med > 0 else None
             # below by more than k scaled MADs and by more than the floor (x < the
@@ -236,7 +236,9 @@ def fleet_view(tests, k=DEFAULT_K, min_relative=DEFAULT_MIN_RELATIVE, min_nodes=
     """
     k, min_relative, min_nodes = check_parameters(k, min_relative, min_nodes)
     notes, rows = [], []
-    outside, failed, health = {}, {}, {}
+    outside: dict = {}
+    failed: dict = {}
+    health: dict = {}
     if not isinstance(tests, dict):
         notes.append(f"the summary's tests are not an object ({type(tests).__name__})")
         tests = {}

@@ -18,6 +18,7 @@ same nodes and precision where the summary holds a matmul test, else the datashe
 
 import math
 import statistics
+from typing import Any
 
 from ..measure.capacity import capacity_of
 from ..measure.latency import level_figures
@@ -66,7 +67,7 @@ def llm_figures(records):
     """
     flops, peaks, tflops, mfu = [], [], [], []
     precision, nodes = None, set()
-    levels = {}
+    levels: dict = {}
     measured = None  # the first level of a record is the one its rate measured
     for rec in records:
         m = rec.get("metrics") if isinstance(rec.get("metrics"), dict) else {}
@@ -122,9 +123,9 @@ def llm_figures(records):
 
 def precision_of(rec):
     """The record's ``--precision`` (``call.arguments.precision``), or None."""
-    call = rec.get("call") if isinstance(rec.get("call"), dict) else {}
-    args = call.get("arguments") if isinstance(call.get("arguments"), dict) else {}
-    p = args.get("precision")
+    call = rec.get("call")
+    args = call.get("arguments") if isinstance(call, dict) else None
+    p = args.get("precision") if isinstance(args, dict) else None
     return p if isinstance(p, str) and 0 < len(p) <= 32 else None
 
 
@@ -229,14 +230,15 @@ def server_figures(records):
         requests/s or tokens/s (per server).
     """
     targets = measured = None
-    levels = {}
+    levels: dict = {}
     capacities, kind = [], None
     consistent = inconsistent = malformed = 0
     for rec in records:
         load = rec.get("serving_load")
         if not isinstance(load, dict) or not isinstance(load.get("levels"), list):
             continue
-        t = load.get("targets") if isinstance(load.get("targets"), dict) else {}
+        t = load.get("targets")
+        t = t if isinstance(t, dict) else {}
         ttft, tpot, pct = (_num(t.get(k)) for k in ("ttft_s", "tpot_s", "percentile"))
         if not ttft or not tpot or not pct or pct > 100:
             malformed += len(load["levels"])
@@ -274,7 +276,7 @@ def server_figures(records):
                 inconsistent += 1
     if targets is None and not malformed:
         return None
-    out = {
+    out: dict[str, Any] = {
         "targets": targets,
         "measured": measured,
         "levels": [],

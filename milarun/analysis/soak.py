@@ -24,6 +24,7 @@ median; a record whose ``soak_ettr`` fails that check is not a soak record.
 """
 
 import statistics
+from typing import Any
 
 from ..measure.stats import finite
 
@@ -77,7 +78,7 @@ def soak_figures(records):
             soaked.append(m)
     if not soaked:
         return None
-    out = {"n": len(soaked)}
+    out: dict[str, Any] = {"n": len(soaked)}
     for key, metric in FIELDS:
         top = 1.0 if key == "ettr" else _MAX
         values = [v for v in (_num(m.get(metric), top) for m in soaked) if v is not None]

@@ -84,9 +84,11 @@ import gc
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any, cast
 
 from ..errors import ResultFormatError, SetupError
 from ..formats.jsonfile import first_error, parse_json
@@ -266,14 +268,15 @@ class Result:
 
     path: object
     record: dict
-    steady: tuple = None
-    judged: dict = None
-    error: str = None
+    steady: tuple | None = None
+    judged: Mapping[str, Any] | None = None
+    error: str | None = None
 
     @cached_property
     def flags(self):
         """The anomaly flags of the judged record
-        (:func:`milarun.measure.anomalies.result_flags`)."""
+        (:func:`milarun.measure.anomalies.result_flags`); only of a readable record."""
+        assert self.judged is not None and self.steady is not None
         return anomalies.result_flags(self.judged, self.steady[:2])
 
     @cached_property
@@ -339,7 +342,8 @@ def _summary_document(results, unnamed, skipped, warn):
         what a record's group name raised (``unnamed``: ``{index: error}``), at the
         first such record that is not refused.
     """
-    hosts, seen_hosts = {}, {}
+    hosts: dict = {}
+    seen_hosts: dict = {}
     skipped_names = [Path(p).name for p, _ in skipped]
     last_end = first_start = None
     suites, versions = set(), set()
@@ -468,8 +472,8 @@ def _summarize_group(gname, results):
     pergpu = defaultdict(list)
     scored = []  # successful results with a rate: the concurrent waves' members
     pernode = defaultdict(list)
-    pernode_failures = defaultdict(int)
-    reasons = defaultdict(int)
+    pernode_failures: defaultdict = defaultdict(int)
+    reasons: defaultdict = defaultdict(int)
     failed = []
     interrupted = 0
     steady = {stats.FULL: 0, stats.SHORT: 0, stats.NONE: 0}
@@ -541,7 +545,7 @@ def _summarize_group(gname, results):
     # the group holds one shape of the study: its records all say it (a multi-node
     # job's too: the node score divides its rate by its node count)
     shape = (
-        plantypes.TYPES["node-progression"].shape(first)
+        cast(plantypes.NodeProgression, plantypes.TYPES["node-progression"]).shape(first)
         if plan_type in ("node-progression", "multi-node")
         else None
     )
@@ -662,7 +666,7 @@ def _checks(results):
     """The validation flags and the energy of a group (:mod:`milarun.measure.plausibility`,
     :mod:`milarun.measure.energy`), each only when there is one."""
     items = [(res.path, res.judged, res.steady) for res in results]
-    out = {}
+    out: dict[str, Any] = {}
     flags = plausibility.summary_flags(items, node_of)
     flags += _health_flags(results)
     if flags:

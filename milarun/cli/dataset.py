@@ -15,8 +15,8 @@ def dataset_table(dataroot=None):
     where = f"in {dataroot}" if dataroot else "in DATAROOT (-d)"
     rows = [("dataset", "standard on disk", where)]
     for name in names:
-        std = datasets.STANDARD_MB.get(name)
-        std = f"about {std} MB" if std else "-"
+        mb = datasets.STANDARD_MB.get(name)
+        std = f"about {mb} MB" if mb else "-"
         if dataroot and os.path.isdir(dataroot):
             state, mib = datasets.built(dataroot, name)
             held = state if mib is None else f"{state}, {mib:.1f} MiB"

@@ -60,7 +60,7 @@ def synthetic_image(rng, width, height, shapes=None):
     # Smooth background: a coarse random grid upsampled bilinearly.
     gw, gh = int(rng.integers(2, 6)), int(rng.integers(2, 6))
     coarse = rng.integers(0, 256, size=(gh, gw, 3), dtype=np.uint8)
-    img = Image.fromarray(coarse, "RGB").resize((width, height), Image.BILINEAR)
+    img = Image.fromarray(coarse, "RGB").resize((width, height), Image.Resampling.BILINEAR)
     draw = ImageDraw.Draw(img)
     if shapes is None:
         shapes = []

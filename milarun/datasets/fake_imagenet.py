@@ -69,7 +69,9 @@ def make_image(seed, split, index, classes, image_size):
 
     cells = int(rng.integers(2, 7))
     coarse = rng.integers(0, 256, size=(cells, cells, 3), dtype=np.uint8)
-    base = np.asarray(Image.fromarray(coarse).resize((w, h), Image.BICUBIC), dtype=np.float32)
+    base = np.asarray(
+        Image.fromarray(coarse).resize((w, h), Image.Resampling.BICUBIC), dtype=np.float32
+    )
 
     # Class pattern: stripes whose angle and frequency are fixed per class.
     angle = np.pi * ((label * 0.618034) % 1.0)

@@ -51,6 +51,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -150,7 +151,7 @@ def build(root, params, seed):
     eos = tok.token_to_id(EOS)
 
     (root / "train").mkdir()
-    shards = []
+    shards: list[dict[str, Any]] = []
     per_shard = -(-len(docs) // params["shards"])
     for s in range(params["shards"]):
         chunk = docs[s * per_shard : (s + 1) * per_shard]

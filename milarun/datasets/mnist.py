@@ -65,7 +65,7 @@ def _templates():
             target_h = size * 20 // 28
             scale = target_h / glyph.height
             w = max(1, min(target_h, round(glyph.width * scale)))
-            glyph = glyph.resize((w, target_h), Image.BILINEAR)
+            glyph = glyph.resize((w, target_h), Image.Resampling.BILINEAR)
             tile = Image.new("L", (size, size), 0)
             tile.paste(glyph, ((size - w) // 2, (size - target_h) // 2))
             out[digit, j, 1:-1, 1:-1] = np.asarray(tile, dtype=np.float32) / 255.0

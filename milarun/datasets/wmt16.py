@@ -43,7 +43,7 @@ _PUNCT = [",", ".", "&quot;", "-", "&apos;s", ":", "(", ")", "?", "!"]
 
 def _pieces(n):
     """``n`` distinct subword strings (letters only), short ones first."""
-    out = []
+    out: list[str] = []
     length = 1
     rng = np.random.default_rng(12345)
     seen = set()

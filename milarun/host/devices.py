@@ -43,9 +43,9 @@ class Devices:
     indices: list
     names: list = field(default_factory=list)
     affinity: list = field(default_factory=list)
-    cores: int = None
+    cores: int | None = None
     memory_mib: list = field(default_factory=list)
-    backend: str = None
+    backend: str | None = None
     visible: list = field(default_factory=list)
     accelerators: list = field(default_factory=list)
 

@@ -29,6 +29,7 @@ import os
 import platform
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from .. import __version__
 from . import isolation
@@ -153,7 +154,11 @@ def milarun_source(package_dir=None):
     (git's safe.directory rule, also for a git older than 2.35.2), with a clean
     environment (:func:`_git`)."""
     root = Path(package_dir or Path(__file__).resolve().parents[1]).parent
-    out = {"milarun_version": __version__, "milarun_commit": None, "milarun_dirty": None}
+    out: dict[str, Any] = {
+        "milarun_version": __version__,
+        "milarun_commit": None,
+        "milarun_dirty": None,
+    }
     try:
         if any(p.stat().st_uid != os.geteuid() for p in (root, root / ".git")):
             return out

@@ -60,6 +60,7 @@ either: the launcher reads its own node's GPUs only.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 #: The NVML module to read through; None: ``pynvml`` (``nvidia-ml-py``), imported and
 #: initialised on first use. Tests set a fake here.
@@ -177,8 +178,12 @@ def read_gpu(nv, handle):
     r.read("retired_pages_dbe", "nvmlDeviceGetRetiredPages", dbe, convert=len)
     r.read("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", convert=int)
     rows, why = r.call("nvmlDeviceGetRemappedRows")
-    names = ("remapped_rows_corrected", "remapped_rows_uncorrected", "remap_pending")
-    names += ("remap_failure",)
+    names = (
+        "remapped_rows_corrected",
+        "remapped_rows_uncorrected",
+        "remap_pending",
+        "remap_failure",
+    )
     if why is None and not (isinstance(rows, (list, tuple)) and len(rows) == 4):
         why = f"unexpected value {rows!r}"[:200]
     for i, key in enumerate(names):
@@ -255,7 +260,7 @@ def snapshot(targets, nv=None):
     ``available`` False (with the reason) when NVML cannot be loaded; a GPU that cannot
     be opened has no counters and its reason in ``unknown["gpu"]``. Never raises.
     """
-    out = {"available": False, "reason": None, "time": time.time(), "gpus": []}
+    out: dict[str, Any] = {"available": False, "reason": None, "time": time.time(), "gpus": []}
     try:
         nv = nv if nv is not None else nvml()
     except Exception as exc:
@@ -288,7 +293,7 @@ class XidWatch:
 
     def __init__(self, nv, targets):
         self.nv = nv
-        self.sets = {}  # key (index, uuid) -> event set, or the reason it has none
+        self.sets: dict = {}  # key (index, uuid) -> event set, or the reason it has none
         kind = getattr(nv, "nvmlEventTypeXidCriticalError", 0x8)
         for target in targets:
             try:
@@ -319,10 +324,10 @@ class XidWatch:
         """``{(index, uuid): ([XID codes], None) or (None, why)}`` since the watch began
         (``nvmlEventSetWait_v2`` with a 0 ms timeout until ``NVMLError_Timeout``); the
         event sets are freed."""
-        wait = getattr(self.nv, "nvmlEventSetWait_v2", None) or getattr(
+        wait: Any = getattr(self.nv, "nvmlEventSetWait_v2", None) or getattr(
             self.nv, "nvmlEventSetWait", None
         )
-        out = {}
+        out: dict = {}
         for key, event_set in self.sets.items():
             if isinstance(event_set, str):
                 out[key] = (None, event_set)
@@ -392,7 +397,7 @@ def diff(before, after):
     narrower than its maximum after the launch is a warning. A counter unknown on either
     side gives nothing (its reason stays in the snapshot). Never raises.
     """
-    out = []
+    out: list = []
     if not (isinstance(before, dict) and isinstance(after, dict)):
         return out
     old = {_key(g): g for g in before.get("gpus") or [] if isinstance(g, dict)}

@@ -248,7 +248,8 @@ def _physical_cores(cpus, cores=None):
     core's SMT siblings among ``cpus``), sorted by their lowest CPU id. ``cores``: lists
     of sibling CPU ids (:func:`cpu_cores`); a CPU of ``cpus`` in none is a core of its own."""
     allowed = set(cpus)
-    out, seen = [], set()
+    out: list = []
+    seen: set = set()
     for core in cores or ():
         unit = tuple(sorted(set(core) & allowed - seen))
         if unit:
@@ -261,7 +262,7 @@ def _physical_cores(cpus, cores=None):
 def _core_quota(units, n):
     """``{size: count}``: how many cores of each size (usable CPUs per core) each of ``n``
     equal shares of ``units`` gets; ``{}`` when a share would get none."""
-    sizes = {}
+    sizes: dict = {}
     for u in units:
         sizes[len(u)] = sizes.get(len(u), 0) + 1
     return {size: count // n for size, count in sizes.items() if count // n}
@@ -391,10 +392,10 @@ def process_cpus(groups, affinity, cpus, cores=None):
         for d in group:
             mine |= set(affinity[d] if d < len(affinity) else ())
         local.append(tuple(sorted(mine & allowed)))
-    sharing = {}
-    for p, mine in enumerate(local):
-        sharing.setdefault(mine, []).append(p)
-    if not all(local) or any(len(mine) < len(procs) for mine, procs in sharing.items()):
+    sharing: dict = {}
+    for p, cpus in enumerate(local):
+        sharing.setdefault(cpus, []).append(p)
+    if not all(local) or any(len(cpus) < len(procs) for cpus, procs in sharing.items()):
         return [s["cpus"] for s in split_students(n, sorted(cpus), 0, cores=cores)]
     out = [None] * n
     for mine, procs in sharing.items():
@@ -431,7 +432,7 @@ def student_pool_cpus():
 
 def parse_cpus(text):
     """``"0-2,5"`` → ``[0, 1, 2, 5]``."""
-    out = []
+    out: list = []
     for part in text.strip().split(","):
         if not part:
             continue

@@ -76,6 +76,7 @@ import re
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..formats.jsonfile import load_schema
 from .accel.nvidia import nvml_visible
@@ -172,7 +173,9 @@ def cpu_cstates(root="/"):
         return finding(
             name, None, expected, None, f"no CPU under {Path(root) / 'sys/devices/system/cpu'}"
         )
-    enabled, unread, states = {}, [], 0
+    enabled: dict = {}
+    unread: list = []
+    states = 0
     for n, folder in cpus:
         for state in sorted(glob.glob(os.path.join(folder, "cpuidle/state[0-9]*"))):
             states += 1
@@ -216,7 +219,8 @@ def cpu_governor(root="/"):
     name, expected = "cpu_governor", "performance"
     why = "another governor lowers the clock of idle and lightly loaded cores (kernel cpufreq docs)"
     cpus = _cpus(root)
-    found, unread = {}, []
+    found: dict = {}
+    unread: list = []
     for n, folder in cpus:
         value = read_text(os.path.join(folder, "cpufreq/scaling_governor"))
         if value:
@@ -330,7 +334,7 @@ def iommu(root="/"):
     sources = (
         [f"/proc/cmdline: {' '.join(words) or 'no iommu word'}"] if cmdline is not None else []
     )
-    types = {}
+    types: dict = {}
     for path in glob.glob(str(Path(root) / "sys/kernel/iommu_groups/*/type")):
         value = read_text(path)
         if value:
@@ -468,7 +472,9 @@ def ib_ports(root="/", min_rate_gbps=MIN_IB_RATE_GBPS):
                 )
             )
             continue
-        texts, oks, unread = [], [], []
+        texts: list = []
+        oks: list = []
+        unread: list = []
         for port in ports:
             label = f"{Path(port).parent.parent.name}/{Path(port).name}"
             value = read_text(os.path.join(port, leaf))
@@ -529,7 +535,7 @@ def _onoff(value):
 def _one_gpu(nv, handle):
     """``{name: (found text or None, ok, why or None)}`` of one GPU (:data:`GPU_NAMES`)."""
     enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
-    out = {}
+    out: dict[str, Any] = {}
     mode, why = _nv(nv, "nvmlDeviceGetPersistenceMode", handle)
     out["gpu_persistence"] = (
         (None, None, why)
@@ -553,7 +559,9 @@ def _one_gpu(nv, handle):
         )
     else:
         out["gpu_power_limit"] = (None, None, why1 or why2 or "no power limit in mW")
-    parts, oks, whys = [], [], []
+    parts: list[str] = []
+    oks: list[bool | None] = []
+    whys: list[str] = []
     for label, clock in (
         ("SM", getattr(nv, "NVML_CLOCK_SM", 1)),
         ("memory", getattr(nv, "NVML_CLOCK_MEM", 2)),

@@ -135,6 +135,7 @@ class ProcessGroup:
             self.proc.poll()  # reaps the child; the group ID stays ours while a member lives
             return None if group_members(self.proc.pid) else self.proc.returncode
         if self.proc.returncode is None:
+            ended: object
             try:
                 ended = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from ..errors import SetupError
 from ..formats.outfile import open_append, own_dir
@@ -81,7 +82,7 @@ class Child:
         self.launch = launch
         self.outdir = Path(outdir)
         self.on_line = on_line
-        self.tail = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self.tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self.timed_out = False
         self.stopped = False  # cut short by a stop request
         self.stopping = None  # the timeout's supervise.GroupStop
@@ -97,7 +98,7 @@ class Child:
         try:
             # never through a symlink, nor into a FIFO or device (milarun.formats.outfile)
             logdir = own_dir(self.outdir / "logs")
-            self.log = open_append(logdir / launch.log)
+            self.log: IO[bytes] | None = open_append(logdir / launch.log)
         except OSError as exc:
             self.log = None
             self.log_error = f"cannot open the log: {exc.strerror}"
@@ -129,8 +130,10 @@ class Child:
         self.group = supervise.ProcessGroup(self.proc)  # ends with the child, swept then
         if feed is not None:  # one line fits a pipe's buffer: this never blocks
             try:
-                self.proc.stdin.write(feed.encode())
-                self.proc.stdin.close()
+                stdin = self.proc.stdin
+                assert stdin is not None  # opened as a pipe when there is a feed
+                stdin.write(feed.encode())
+                stdin.close()
             except OSError:  # already ended: its status and output say why
                 pass
         for pipe, keep in ((self.proc.stdout, False), (self.proc.stderr, True)):
@@ -162,6 +165,8 @@ class Child:
             pipe.close()
 
     def _close_log(self):
+        if self.log is None:
+            return
         try:
             self.log.close()
         except OSError:

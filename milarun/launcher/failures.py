@@ -10,6 +10,7 @@ one (name, job id, run, device, why); each is written through the one writer
 
 import errno
 import socket
+from typing import Any
 
 from ..formats.barrier import without_secret
 from ..formats.journal import read_journal
@@ -25,7 +26,7 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 def base_record(launch):
     """A new record for ``launch`` holding what the launcher knows (no samples)."""
-    where = {}
+    where: dict[str, Any] = {}
     cluster = getattr(launch, "cluster", None)
     if cluster is not None and cluster.kind != "local" and launch.nodes:
         # as the plan told the child (plan.plan_job): the summary groups by these

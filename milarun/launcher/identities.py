@@ -20,6 +20,7 @@ import signal
 import subprocess
 import threading
 import time
+from typing import Any
 
 from ..errors import MilarunError, say
 from ..formats.jsonfile import parse_json
@@ -70,14 +71,14 @@ def collect(cluster, timeout=IDENTITY_TIMEOUT_S, local=identity):
     """
     if cluster.kind == "local" and not cluster.multi:
         return {cluster.main.name: local()}
-    running = []
+    running: list[tuple[Any, subprocess.Popen | None, str | None, list, list]] = []
     for node in cluster.nodes:  # every node at once: one timeout in all
         argv, env = cluster.on_nodes(
             [cluster.python, "-m", IDENTITY_MODULE], {}, [node.name], tag="milarun-identity"
         )
         try:
             # a group of its own: a late answer is ended with everything it started
-            proc = subprocess.Popen(
+            started = subprocess.Popen(
                 argv,
                 env={**os.environ, **env},
                 stdin=subprocess.DEVNULL,
@@ -88,12 +89,13 @@ def collect(cluster, timeout=IDENTITY_TIMEOUT_S, local=identity):
         except OSError as exc:
             running.append((node, None, f"cannot run {argv[0]}: {exc.strerror or exc}", [], []))
             continue
-        out, err = [], []
-        for stream, into in ((proc.stdout, out), (proc.stderr, err)):
+        out: list = []
+        err: list = []
+        for stream, into in ((started.stdout, out), (started.stderr, err)):
             threading.Thread(
                 target=_read_bounded, args=(stream, MAX_IDENTITY_BYTES, into), daemon=True
             ).start()
-        running.append((node, proc, None, out, err))
+        running.append((node, started, None, out, err))
     deadline = time.monotonic() + timeout
     found = {}
     for node, proc, failed, out, err in running:
@@ -115,7 +117,8 @@ def collect(cluster, timeout=IDENTITY_TIMEOUT_S, local=identity):
             time.sleep(0.01)
         if out and err:  # else a reader still blocks on a pipe something kept open: left
             for stream in (proc.stdout, proc.stderr):
-                stream.close()
+                if stream is not None:
+                    stream.close()
         if node.name in found:
             continue
         if proc.returncode != 0:

@@ -47,13 +47,13 @@ class Outcome:
     """
 
     launch: object
-    returncode: int
+    returncode: int | None
     success: bool
-    result_path: Path
-    reason: str = None
+    result_path: Path | None
+    reason: str | None = None
     duration: float = 0.0
-    write_error: str = None
-    write_errno: int = None
+    write_error: str | None = None
+    write_errno: int | None = None
 
 
 def fail_reason(returncode, timed_out, oom_before, oom_after):
@@ -189,14 +189,17 @@ def conclude(child, now=None):
     # The child's record leaves its success name before the FAIL one exists: a
     # launcher killed in between leaves no record (``--resume`` reruns it), never
     # a PASS and a FAIL for one launch. Hidden files are not read as results.
-    hidden = Path(launch.result_path).with_name(f".{Path(launch.result_path).name}.superseded")
+    superseded = Path(launch.result_path).with_name(f".{Path(launch.result_path).name}.superseded")
+    hidden: Path | None = superseded
     try:
-        os.replace(launch.result_path, hidden)
+        os.replace(launch.result_path, superseded)
     except OSError:
         hidden = None
     if not write_fail(outcome, own, message, list(child.tail), child.t0, end, health=health):
         if hidden is not None:  # kept, but not under a name that would contradict the tally
-            outcome.write_error += f"; the child's own record is kept as {hidden.name}"
+            outcome.write_error = (
+                f"{outcome.write_error}; the child's own record is kept as {hidden.name}"
+            )
         return outcome
     for path in (hidden, launch.journal_path):
         if path is not None:

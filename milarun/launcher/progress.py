@@ -29,6 +29,7 @@ import re
 import sys
 import threading
 import time
+from typing import IO, cast
 
 from ..formats import child
 
@@ -209,7 +210,7 @@ class SuiteProgress:
         self._tails = {}  # key -> (label, last line)
         # Read without the lock by the live display (no lock-order cycle with rich's locks)
         self._snap = (0, 0, 0, 0.0, None)  # done, passed, failed, pending waves (s), running end
-        self._tail_view = ()
+        self._tail_view: tuple[tuple[str, str], ...] = ()
         self._progress = self._task = None
         with self._lock:
             self._update()
@@ -232,7 +233,7 @@ class SuiteProgress:
 
     def _update(self):
         """Recompute the snapshot read by ``status`` and the live display (lock held)."""
-        waves = {}
+        waves: dict = {}
         for lch in self._pending.values():
             key = (lch.group, lch.run)
             waves[key] = max(waves.get(key, 0.0), self.expected(lch))
@@ -425,7 +426,8 @@ class SuiteProgress:
                 ]
                 yield Group(*lines)
 
-        console = Console(file=self._stream, force_terminal=True)
+        # a text stream by duck typing (write, flush, isatty, encoding)
+        console = Console(file=cast(IO[str], self._stream), force_terminal=True)
         # Never capture sys.stdout: it may be a file while the bar is on the terminal
         self._progress = SuiteBar(
             TextColumn("milarun"),

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from ..errors import ProfileError, SetupError
 from ..formats.jsonfile import read_bytes, read_json
@@ -307,6 +308,8 @@ def session_times(saved):
     times = []
     for entry in saved.get("sessions", []) if isinstance(saved, dict) else []:
         sid = entry.get("id") if isinstance(entry, dict) else None
+        if not isinstance(sid, str):
+            continue
         try:
             times.append(
                 datetime.datetime.strptime(sid, SESSION_ID_FORMAT).replace(
@@ -336,11 +339,12 @@ def successful_keys(outdir, sessions):
         records; ``foreign`` is a list of ``(path, why)``.
     """
     outdir = Path(outdir)
-    done, foreign = {}, []
+    done: dict = {}
+    foreign: list = []
     for path, rec in iter_results(outdir):
         if not isinstance(rec, dict) or rec.get("success") is not True:
             continue
-        key = (rec.get("name"), rec.get("run"), str(rec.get("device")))
+        key: tuple[Any, Any, str] = (rec.get("name"), rec.get("run"), str(rec.get("device")))
         own = {result_filename(key[0], key[1], key[2], True, when) for when in sessions}
         if path.parent != outdir or path.name not in own:
             foreign.append((path, "not written by a session of this folder"))

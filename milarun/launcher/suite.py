@@ -158,7 +158,7 @@ def run_jobs(
     identity = identities.collect(cluster)  # every node's hardware, for the session file
     # judged before anything is written; its lines are shown once the folder is this
     # session's, so a refused folder is still one line
-    shown = []
+    shown: list[str] = []
     failed = identities.show_prescreen(identity, fatal, log=shown.append)
     if failed:
         for line in shown:

@@ -52,7 +52,7 @@ def run_wave(launches, outdir, stop=None, on_line=None, grace=5.0, barrier=None)
     """
     stop = stop or StopRequest()
     children = [Child(launch, outdir, on_line) for launch in launches]
-    synced = {}
+    synced: dict = {}
     for launch in launches:
         if barrier is not None and getattr(launch, "barrier_wave", None):
             synced.setdefault(launch.barrier_wave, []).append(launch.device)
@@ -81,7 +81,7 @@ def run_wave(launches, outdir, stop=None, on_line=None, grace=5.0, barrier=None)
             if not c.timed_out and now - c.m0 > c.launch.timeout:
                 c.timed_out = True
                 c.stopping = supervise.GroupStop(c, grace, ABANDON_S, now)  # SIGTERM
-            elif c.timed_out:
+            elif c.stopping is not None:  # timed out
                 c.stopping.step(now)  # SIGKILL once the grace is over
                 c.abandoned = c.stopping.abandoned
         time.sleep(POLL_S)
@@ -139,7 +139,7 @@ def run_suite(
     on_outcome = on_outcome or _report
     on_message = on_message or say
     outcomes = []
-    prepared = {}
+    prepared: dict[tuple, tuple[bool, str | None]] = {}
     logdir = Path(outdir) / "logs"
     fields = prepare_fields(dataroot, outdir)
 

@@ -61,7 +61,7 @@ class PatchDataset:
             img = img.convert("RGB")
         hr = RandomCrop(self.crop, pad_if_needed=True, padding_mode="reflect")(img)
         small = self.crop // self.upscale
-        lr = hr.resize((small, small), Image.BICUBIC)
+        lr = hr.resize((small, small), Image.Resampling.BICUBIC)
         return to_tensor(lr), to_tensor(hr)
 
 

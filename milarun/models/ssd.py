@@ -60,7 +60,7 @@ class CocoToSSD:
 
     def __call__(self, image, anns):
         w, h = image.size
-        image = image.convert("RGB").resize((self.size, self.size), Image.BILINEAR)
+        image = image.convert("RGB").resize((self.size, self.size), Image.Resampling.BILINEAR)
         sx, sy = self.size / w, self.size / h
         boxes, labels = [], []
         for ann in anns:

@@ -163,8 +163,10 @@ def node_comparison(tests, threshold=NODE_THRESHOLD_PCT):
     "failed": {node: [(test, failures)]}}``; ``tests`` is empty when no test
     has results from two nodes.
     """
-    seen, rows = set(), []
-    slow, failed = {}, {}
+    seen: set = set()
+    rows: list = []
+    slow: dict = {}
+    failed: dict = {}
     for group, t in tests.items():
         means = {
             node: st["mean"]
@@ -220,7 +222,7 @@ def scaling_tables(tests):
     in items/s or None, "cells": {(n, g): {"throughput": items/s or None,
     "efficiency": fraction or None, "group"}}}``.
     """
-    by_test = {}
+    by_test: dict = {}
     for group, t in tests.items():
         n, g = t.get("node_count"), t.get("gpus_per_node")
         if t.get("partition") != "node-progression" or not n or not g:

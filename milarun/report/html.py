@@ -175,7 +175,7 @@ def trace_links(refs, results_dir, html_path=None):
     import os
     from urllib.parse import quote
 
-    links = defaultdict(list)
+    links: defaultdict = defaultdict(list)
     if results_dir is None:
         return links
     for path, trace, group in refs:

@@ -60,13 +60,13 @@ class Inputs:
     """
 
     summary: dict
-    results_dir: Path = None
-    count: int = None
-    io_points: dict = None
-    traces: list = None
-    plots: dict = None
+    results_dir: Path | None = None
+    count: int | None = None
+    io_points: dict | None = None
+    traces: list | None = None
+    plots: dict | None = None
     cached: bool = False
-    foreign: list = None
+    foreign: list | None = None
 
 
 class _Tee(io.TextIOBase):
@@ -188,13 +188,11 @@ def _cached(cache, key, directory, plots, warn):
 def _read(directory, files, sessions, warn, plots, only):
     """Read, check and summarize the records of ``files`` (and draw their plots):
     ``(Inputs, the warning lines written on warn)``."""
-    foreign = []
+    foreign: list = []
     if sessions is not None:  # the rule of --resume: only this folder's sessions count
-        foreign = {p for p, _ in successful_keys(directory, sessions)[1]}
-        files = [
-            (p, ResultFormatError(FOREIGN, path=p) if p in foreign else raw) for p, raw in files
-        ]
-        foreign = sorted(p.relative_to(directory).as_posix() for p in foreign)
+        alien = {p for p, _ in successful_keys(directory, sessions)[1]}
+        files = [(p, ResultFormatError(FOREIGN, path=p) if p in alien else raw) for p, raw in files]
+        foreign = sorted(p.relative_to(directory).as_posix() for p in alien)
     tee = _Tee(warn)
     records, skipped = load_results(directory, warn=tee, only=only, files=files)
     # each test's plot reads the steady states and flags its summary computed

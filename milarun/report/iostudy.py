@@ -46,7 +46,7 @@ def _point(rec):
 def io_points(records):
     """``{group: (dataset, mode, workers)}`` of the io tests of ``records`` (result
     dicts or ``(path, record)`` pairs): each test's first io record."""
-    points = {}
+    points: dict = {}
     for item in records or ():
         rec = item[1] if isinstance(item, tuple) else item
         point = _point(rec)

@@ -368,7 +368,7 @@ def _per_gpu(row):
 
 def _by_load(levels, x_of, y_of):
     """``{load kind: [(x, y, value)...] sorted by x}`` of the levels with both figures."""
-    out = {}
+    out: dict = {}
     for lv in levels:
         x, y = x_of(lv), y_of(lv)
         if x is not None and y is not None and x > 0 and y > 0:

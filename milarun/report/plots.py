@@ -6,6 +6,7 @@ matplotlib XML-escapes any text it writes, so the SVG is safe to inline.
 
 import io
 import re
+from typing import Any
 
 from ..analysis.summary import device_key
 
@@ -40,7 +41,11 @@ class Plotter:
         matplotlib.use("Agg", force=True)
         from matplotlib.figure import Figure
 
-        self.rc = {"svg.fonttype": "none", "svg.hashsalt": "milarun", "font.size": 8}
+        self.rc: dict[Any, Any] = {
+            "svg.fonttype": "none",
+            "svg.hashsalt": "milarun",
+            "font.size": 8,
+        }
         self.matplotlib = matplotlib
         # CSS needs "#rrggbb"; matplotlib 3.11 gives (r, g, b) tuples
         from matplotlib.colors import to_hex
@@ -90,7 +95,7 @@ class Plotter:
         legend in HTML, which is much cheaper than a matplotlib legend.
         ``(None, [], set())`` when there is nothing to draw.
         """
-        chosen = {}
+        chosen: dict = {}
         for res in results:
             rec = res.record
             samples = rec["timings"].get("train", {}).get("samples") or []

@@ -52,6 +52,7 @@ import sys
 from collections import namedtuple
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import __version__
 from ..errors import MilarunError, ResultFormatError
@@ -132,9 +133,9 @@ class Bidder:
     head: object = None
     head_received: object = None
     public_key: object = None
-    verdict: object = None
-    error: str = None
-    report: object = None
+    verdict: Any = None
+    error: str | None = None
+    report: Any = None
     price: object = None
     rank: object = None
 
@@ -266,7 +267,8 @@ def parse_bidders(args):
         MilarunError: no such folder, a name that is not a bidder name (give NAME=PATH),
             or two bidders with one name (one line naming the argument).
     """
-    out, seen = [], {}
+    out: list = []
+    seen: dict = {}
     for arg in args:
         name, path = None, arg
         if not Path(arg).is_dir() and "=" in arg:

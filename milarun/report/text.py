@@ -234,7 +234,8 @@ def concurrent_lines(entries):
     processes (``Report.concurrent``), each followed by :func:`concurrent_note`."""
     import pandas as pd
 
-    index, data = [], {"own": [], "effective": []}
+    index: list = []
+    data: dict[str, list] = {"own": [], "effective": []}
     for e in entries:
         for d in e["devices"]:
             index.append((e["test"], d["device"]))
@@ -491,7 +492,7 @@ def node_lines(cmp):
     if not cmp["tests"]:
         return [nothing_to_compare(cmp)]
     index = []
-    data = {"n": [], "fail": [], "mean": [], "ref": [], "ratio": [], "flag": []}
+    data: dict[str, list] = {"n": [], "fail": [], "mean": [], "ref": [], "ratio": [], "flag": []}
     for t in cmp["tests"]:
         for row in t["nodes"]:
             index.append((t["test"], row["node"]))
@@ -707,7 +708,7 @@ def anomaly_lines(report):
 
 def anomalies_by_test(report):
     """``[(test, [flags])]`` in table order."""
-    out = {}
+    out: dict = {}
     for test, flag in report.anomalies:
         out.setdefault(test, []).append(flag)
     return list(out.items())

@@ -287,8 +287,10 @@ def plan_audit(
         rules_info = {"path": str(rules), "sha256": _sha256_file(rules, AuditError, "rules file")}
     keys = random.Random(seed).sample(list(launches), sample)
     order = {k: i for i, k in enumerate(launches)}
-    chosen, jobs, profiles = [], {}, {}
-    for key in sorted(keys, key=order.get):
+    chosen: list = []
+    jobs: dict = {}
+    profiles: dict = {}
+    for key in sorted(keys, key=lambda k: order[k]):
         entry = launches[key]
         path = outdir / entry["path"]
         problem = _matches_entry(outdir, entry)
@@ -425,7 +427,7 @@ def _in_argv_order(job, argv):
     args = job.get("arguments")
     if not isinstance(args, dict) or not isinstance(argv, list):
         return job
-    first = {}
+    first: dict = {}
     for i, word in enumerate(argv):
         if isinstance(word, str):
             first.setdefault(word, i)
@@ -744,8 +746,8 @@ def compare_config(vendor, rerun):
         configs.append(config)
     bid, got = configs
     out = []
-    nb = bid.get("node") if isinstance(bid.get("node"), dict) else {}
-    ng = got.get("node") if isinstance(got.get("node"), dict) else {}
+    nb, ng = bid.get("node"), got.get("node")
+    nb, ng = (nb if isinstance(nb, dict) else {}), (ng if isinstance(ng, dict) else {})
     for key, words, unit in NODE_CONFIG:
         if nb.get(key) != ng.get(key):
             out.append(
@@ -774,7 +776,7 @@ def compare_config(vendor, rerun):
 def _rerun_records(auditdir):
     """``{(job_name, device): [(path, record)]}`` of the rerun's records (PASS first, then
     by run)."""
-    found = {}
+    found: dict = {}
     for path, rec in iter_results(auditdir):
         if isinstance(rec, Exception) or not isinstance(rec, dict):
             continue
@@ -917,6 +919,7 @@ def check_audit(outdir, auditdir):
                 f"{label}: {why} (test {c['job']!r} on device {c['device']} in {auditdir})",
             )
             continue
+        assert rerun_path is not None  # a rerun record was found
         rel = os.path.relpath(rerun_path, auditdir)
         v_argv = (vendor.get("call") or {}).get("argv")
         r_argv = (rerun.get("call") or {}).get("argv")

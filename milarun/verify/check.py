@@ -62,6 +62,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, TypeGuard
 
 from ..analysis.acceptance import fabric_figures
 from ..analysis.acceptance import verdict as acceptance_verdict
@@ -350,7 +351,8 @@ def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
     )
 
     chained = set(b.last)
-    outside, found = [], {}
+    outside: list = []
+    found: dict[str, Any] = {}
     for path, rec in iter_results(b.outdir):
         rel = path.relative_to(b.outdir).as_posix()
         found[rel] = rec
@@ -368,12 +370,12 @@ def check_integrity(b, v, expect_head=None, public_key=None, rules=None):
     for path in record_paths:
         if path not in absent:
             try:  # read once: iter_results loaded the records it found
-                rec = found.get(path)
-                if rec is None:
-                    rec = load_result(b.outdir / path)
-                elif isinstance(rec, Exception):
-                    raise rec
-                b.records[path] = rec
+                record = found.get(path)
+                if record is None:
+                    record = load_result(b.outdir / path)
+                elif isinstance(record, Exception):
+                    raise record
+                b.records[path] = record
             except MilarunError as exc:
                 v.add("integrity", "integrity.record", False, f"unreadable record: {exc}", [path])
 
@@ -389,7 +391,9 @@ def after_head_problems(entries):
     a ``--resume`` after sealing puts it before the new session's entries). An entry
     appended after a head names a file whose content the checks would otherwise take
     from that entry."""
-    problems, ended, copies = [], {}, 0
+    problems: list = []
+    ended: dict[str, Any] = {}
+    copies = 0
     for e in entries:
         what = f"manifest entry {e['seq']} ({e['kind']}" + (
             f" {e['path']})" if e.get("path") else ")"
@@ -414,7 +418,7 @@ def after_head_problems(entries):
 def entry_kind_problems(entries):
     """``[line]`` for each file entered under more than one kind (a record entered again
     as the weights copy, the session file as a log): each file has one kind."""
-    kinds = defaultdict(dict)
+    kinds: defaultdict[str, dict] = defaultdict(dict)
     for e in entries:
         if e["kind"] not in EVENTS:
             kinds[e["path"]].setdefault(e["kind"], e["seq"])
@@ -428,7 +432,7 @@ def entry_kind_problems(entries):
 def _shape_clauses(b, v):
     """``integrity.after-head`` (:func:`after_head_problems`, and the weights copy a weights
     file) and ``integrity.entry-kind`` (:func:`entry_kind_problems`)."""
-    problems = [(line, []) for line in after_head_problems(b.entries)]
+    problems: list[tuple[str, list]] = [(line, []) for line in after_head_problems(b.entries)]
     copy = b.last.get(WEIGHTS_COPY)
     if copy is not None and copy["kind"] == "weights" and (b.outdir / WEIGHTS_COPY).is_file():
         try:
@@ -717,7 +721,8 @@ def check_completeness(b, v):
             )
         success = bool(rec.get("success")) if rec is not None else False
         outcomes[key].append((e["session"], success, path))
-    missing, duplicate = [], []
+    missing: list = []
+    duplicate: list = []
     for key in sorted(planned, key=str):
         got = outcomes.get(key, [])
         if not got:
@@ -848,12 +853,14 @@ def _plan_clause(b, v, sids):
 def _tally_clause(b, v, outcomes):
     """Each session's ``end`` event (its tally, printed with the head) against the
     outcomes the chain holds for it. A session without an end was cut off (shown)."""
-    count = defaultdict(lambda: [0, 0])  # session -> [passed, not passed]
+    # session -> [passed, not passed]
+    count: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
     for got in outcomes.values():
         for sid, success, _ in got:
             count[sid][0 if success else 1] += 1
     ends = {e["session"]: e for e in b.entries if e["kind"] == "end"}
-    problems, cut = [], [sid for sid in b.session_ids if sid not in ends]
+    problems: list = []
+    cut = [sid for sid in b.session_ids if sid not in ends]
     for sid, e in ends.items():
         said = (e.get("passed"), (e.get("failed") or 0) + (e.get("interrupted") or 0))
         if said != tuple(count[sid]):
@@ -888,7 +895,8 @@ def _profile_digest_clause(b, v, want):
     """``completeness.profile``: every session's profile copies in the chain hash to the
     session file's ``profile_sha256`` ``want``. Returns the first session's copies
     ``[(n, rel path)]``, or None when no session has a readable one."""
-    problems, first = [], None
+    problems: list = []
+    first = None
     for sid in b.session_ids:
         copies = _profile_copies(b, sid)
         if not copies:
@@ -1158,14 +1166,14 @@ def check_compliance(b, v, rules):
     inv = (b.session or {}).get("invocation") or {}
     if "profile_sha256" in rules:
         want = rules["profile_sha256"]
-        got = {inv.get("profile_sha256"), (b.bundle or {}).get("profile_sha256")}
+        hashes = {inv.get("profile_sha256"), (b.bundle or {}).get("profile_sha256")}
         v.add(
             "compliance",
             "compliance.profile-sha256",
-            got == {want},
+            hashes == {want},
             f"the profile is the tender's ({want})"
-            if got == {want}
-            else f"the profile's SHA-256 {sorted(map(str, got))} is not the tender's {want}",
+            if hashes == {want}
+            else f"the profile's SHA-256 {sorted(map(str, hashes))} is not the tender's {want}",
         )
     if "weights_sha256" in rules:
         want, got = rules["weights_sha256"], (b.bundle or {}).get("weights_sha256")
@@ -1297,7 +1305,7 @@ def _repeats_clause(b, v, inv, scored, want):
             f"run {r} ({sid})" for r, sid in sorted(rerun[group], key=str)
         )
 
-    short = [
+    short: list = [
         (
             f"{g}: {len(runs[g])} run(s) with a scored record (runs "
             f"{', '.join(map(str, sorted(runs[g])))}), the rules ask at least {want}"
@@ -1382,7 +1390,7 @@ def _dataset_clause(b, v, preset):
 # --- consistency -------------------------------------------------------------------------------
 
 
-def _num(x):
+def _num(x: object) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -1441,7 +1449,8 @@ def _sample_problems(path, rec):
                 for s in samples
                 if not s.get("warmup") and _num(s.get("start")) and _num(s.get("end"))
             )
-            slack = train.get("sample_duration") if _num(train.get("sample_duration")) else 0
+            duration = train.get("sample_duration")
+            slack = duration if _num(duration) else 0
             if steady < min_steady - slack:
                 out["consistency.counts"].append(
                     f"{steady:.3g} s of steady state, min_steady {min_steady:g} s"
@@ -1502,7 +1511,8 @@ def _copy_clause(b, v):
     """No sample window (its start and end, seconds on the child's clock, to the bit) is
     in two records: each child reads its own clock, so a shared window is a record made
     from another's samples (a FAIL record replaced by a copy of a PASS one)."""
-    seen, problems = {}, []
+    seen: dict = {}
+    problems: list = []
     for path, rec in sorted(b.records.items()):
         train = (rec.get("timings") or {}).get("train") or {}
         windows = {
@@ -1533,8 +1543,8 @@ def _copy_clause(b, v):
 def _time_clause(b, v):
     """Session ids are their start times; records inside their session's time in the
     manifest; manifest times in order."""
-    problems = []
-    first = {}
+    problems: list = []
+    first: dict = {}
     prev = None
     for e in b.entries:
         if e["session"] not in first:
@@ -1705,7 +1715,7 @@ def _identity(b):
 
 def _identity_gpus(ident):
     """The GPU UUIDs and serials of a node's identity (``gpus``: list of objects)."""
-    ids = set()
+    ids: set[str] = set()
     for g in _list(ident.get("gpus")):
         if isinstance(g, dict):
             ids.update(str(g[k]) for k in ("uuid", "serial") if g.get(k))
@@ -1982,7 +1992,7 @@ def _spread_clause(tests, v, limit):
         compared += 1
         hi, lo = max(means.values()), min(means.values())
         spread = (hi - lo) / hi if hi > 0 else 0.0
-        slow = min(means, key=means.get)
+        slow = min(means, key=lambda node: means[node])
         v.add(
             "performance",
             "performance.node-spread",
@@ -2044,7 +2054,7 @@ def _fabric_clauses(b, v, rule):
     pair it cannot place and no pair without a figure, over 3 nodes or more; no such group
     among the records fails (the rule asks for the evidence)."""
     tolerance = rule.get("pair_tolerance", fabric.TOLERANCE)
-    groups = {}
+    groups: dict = {}
     for _, rec in sorted(b.records.items()):
         rows = rec.get("collectives") if rec.get("success") else None
         if isinstance(rows, list) and any(
@@ -2178,7 +2188,8 @@ def _rejudged(path, load, targets):
     """``(figures by level index, measured index or None, problems)`` of one record's
     ``serving_load``: every level recomputed at ``targets`` (the rules'); a level that
     cannot be is a problem naming the record and the key."""
-    figures, problems = {}, []
+    figures: dict = {}
+    problems: list = []
     levels = load.get("levels")
     if not isinstance(levels, list):
         return figures, None, [(f"{path}: serving_load.levels: not a list", [path])]
@@ -2283,7 +2294,7 @@ def _goodput_clause(v, group, judged, floor, bounds):
 
 def _capacity_clause(v, group, judged, floor, bounds):
     found, none = [], []
-    kinds = set()
+    kinds: set = set()
     for path, load, figures, _ in judged:
         cap = load.get("capacity")
         walked = cap.get("levels") if isinstance(cap, dict) else None
@@ -2301,9 +2312,8 @@ def _capacity_clause(v, group, judged, floor, bounds):
             none.append(f"{path} (no load met the targets)")
         else:
             found.append(capacity)
-    unit = {"rate": "requests/s", "concurrency": "concurrent requests"}.get(
-        kinds.pop() if len(kinds) == 1 else None, "(load)"
-    )
+    units = {"rate": "requests/s", "concurrency": "concurrent requests"}
+    unit = units.get(kinds.pop(), "(load)") if len(kinds) == 1 else "(load)"
     if none:
         v.add(
             "performance",

@@ -73,8 +73,8 @@ class Verdict:
     clauses: list = field(default_factory=list)
     overrides: list = field(default_factory=list)
     sessions: int = 0
-    head: str = None
-    pinned: bool = None
+    head: str | None = None
+    pinned: bool | None = None
     signed: bool = False
 
     def add(self, section, name, ok, detail, paths=()):

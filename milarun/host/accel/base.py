@@ -42,14 +42,14 @@ class Accelerator:
     index: int
     visible_id: str
     name: str
-    uuid: str = None
-    pci_bus_id: str = None
-    memory_mib: float = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    memory_mib: float | None = None
     cpus: list = field(default_factory=list)
-    numa_node: int = None
-    parent: int = None
+    numa_node: int | None = None
+    parent: int | None = None
     handle: object = field(default=None, repr=False, compare=False)
-    portable_id: str = None
+    portable_id: str | None = None
 
 
 @dataclass
@@ -61,11 +61,11 @@ class Reading:
     differences).
     """
 
-    load: float = None
-    memory_mib: float = None
-    temperature: float = None
-    power: float = None
-    energy: float = None
+    load: float | None = None
+    memory_mib: float | None = None
+    temperature: float | None = None
+    power: float | None = None
+    energy: float | None = None
 
 
 class Backend:
@@ -80,10 +80,10 @@ class Backend:
             ``"CUDA_VISIBLE_DEVICES"``.
     """
 
-    name = None
-    vendor = None
-    torch_device = None
-    visibility_var = None
+    name: str | None = None
+    vendor: str | None = None
+    torch_device: str | None = None
+    visibility_var: str | None = None
 
     def available(self):
         """``(ok, reason)``: whether the library/driver answers; ``reason`` (one

@@ -93,11 +93,11 @@ def _gt_dirs(dev):
     """``[(actual-frequency file, {reason: file})]`` of the card's first GT: xe's
     ``device/tile*/gt*/freq0``, else i915's ``card/gt/gt0``, else i915's older
     ``card/gt_act_freq_mhz`` (no reasons)."""
-    for freq in (
+    for found in (
         sorted(glob.glob(str(dev / "tile*" / "gt*" / "freq0")))[:1]
         + sorted(glob.glob(str(dev / "gt*" / "freq0")))[:1]
     ):
-        freq = Path(freq)
+        freq = Path(found)
         return freq / "act_freq", {k: freq / "throttle" / f"reason_{k}" for k in THROTTLE_BITS}
     gt = dev.parent / "gt" / "gt0"
     if gt.is_dir():
@@ -125,7 +125,7 @@ class IntelBackend(Backend):
         self._last_energy = {}  # hwmon path -> (t in s, energy in J) of the previous read
 
     def _cards(self):
-        out = {}
+        out: dict = {}
         for card in glob.glob(str(Path(self.root) / "sys/class/drm/card[0-9]*")):
             if "-" in os.path.basename(card):  # connectors: card0-DP-1
                 continue

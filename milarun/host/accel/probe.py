@@ -34,7 +34,7 @@ SERVER_VGA = (0x4752, 0x515E, 0x5969)
 def found(root="/"):
     """``{"NVIDIA": [what], "AMD": [...], "Intel": [...]}``: the accelerators seen,
     each a short text (``/dev/nvidia0``, ``PCI 0000:3b:00.0 (driver: none)``)."""
-    out = {}
+    out: dict = {}
     nodes = sorted(glob.glob(str(Path(root) / "dev/nvidia[0-9]*")))
     if nodes:
         out.setdefault("NVIDIA", []).extend("/dev/" + os.path.basename(n) for n in nodes)

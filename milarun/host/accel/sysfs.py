@@ -53,7 +53,7 @@ def numa_node(bdf, root="/"):
     """NUMA node of the PCI device, None when unknown (sysfs says -1 without NUMA)."""
     text = read_text(pci_device(bdf, root) / "numa_node") if bdf else None
     try:
-        node = int(text)
+        node = int(text or "")
     except (TypeError, ValueError):
         return None
     return node if node >= 0 else None
@@ -82,7 +82,7 @@ def gpu_functions(root="/"):
     """Every PCI function of :data:`GPU_CLASSES` from a vendor of :data:`VENDORS`, as
     ``[{"bdf", "vendor", "device", "class", "driver"}]`` sorted by bus id."""
     base = Path(root) / "sys/bus/pci/devices"
-    out = []
+    out: list = []
     try:
         entries = sorted(base.iterdir())
     except OSError:
