@@ -104,7 +104,8 @@ class NotSupported(Exception):
 
 def fake_nvml(gpus=None):
     """A pynvml stand-in: ``gpus`` is a list of per-GPU settings (persistence, ecc,
-    power_mw, default_mw, app, default_app); a value ``"x"`` raises NotSupported."""
+    power_mw, default_mw, app, default_app, and the compute and graphics processes as
+    ``(pid, bytes or None)``); a value ``"x"`` raises NotSupported."""
     gpus = gpus if gpus is not None else [{}, {}]
     base = {
         "persistence": 1,
@@ -113,6 +114,8 @@ def fake_nvml(gpus=None):
         "default_mw": 700_000,
         "app": {1: 1755, 2: 2619},
         "default_app": {1: 1755, 2: 2619},
+        "compute": [],
+        "graphics": [],
     }
     settings = [dict(base, **g) for g in gpus]
     nv = types.ModuleType("pynvml")
@@ -138,6 +141,16 @@ def fake_nvml(gpus=None):
     nv.nvmlDeviceGetPowerManagementDefaultLimit = getter("default_mw")
     nv.nvmlDeviceGetApplicationsClock = getter("app", by_clock=True)
     nv.nvmlDeviceGetDefaultApplicationsClock = getter("default_app", by_clock=True)
+
+    def processes(key):
+        def call(h):
+            value = getter(key)(h)
+            return [types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in value]
+
+        return call
+
+    nv.nvmlDeviceGetComputeRunningProcesses = processes("compute")
+    nv.nvmlDeviceGetGraphicsRunningProcesses = processes("graphics")
     return nv
 
 
@@ -166,6 +179,7 @@ def test_names_are_the_rules_schema_enum_and_every_finding_is_ok(tmp_path):
         "gpu_ecc",
         "gpu_power_limit",
         "gpu_app_clocks",
+        "gpu_idle",
         "iommu",
         "pci_acs",
         "ib_port_state",
@@ -187,6 +201,7 @@ def test_names_are_the_rules_schema_enum_and_every_finding_is_ok(tmp_path):
     assert got["gpu_power_limit"]["found"] == (
         "GPU 0: 700 W (default 700 W); GPU 1: 700 W (default 700 W)"
     )
+    assert got["gpu_idle"]["found"] == "GPU 0: none; GPU 1: none"
     assert got["iommu"]["found"].startswith("passthrough: group types identity (2)")
     assert got["ib_port_rate"]["found"] == "mlx5_0/1: 400 Gb/sec (4X NDR)"
     assert not ps.not_ok(findings)
@@ -215,6 +230,9 @@ def test_every_finding_not_ok(tmp_path):
                 "ecc": (1, 0),
                 "power_mw": 500_000,
                 "app": {1: 1400, 2: 2619},
+                # one process in both lists (counted once), one whose memory NVML hides
+                "compute": [(4242, 20 * 2**30), (77, None)],
+                "graphics": [(4242, None)],
             },
         ]
     )
@@ -232,6 +250,9 @@ def test_every_finding_not_ok(tmp_path):
     )
     assert "GPU 1: 500 W (default 700 W)" in got["gpu_power_limit"]["found"]
     assert "GPU 1: SM 1400 MHz (default 1755)" in got["gpu_app_clocks"]["found"]
+    assert got["gpu_idle"]["found"] == (
+        "GPU 0: none; GPU 1: 2 process(es): pid 77, pid 4242 (20480 MiB)"
+    )
     assert got["iommu"]["found"].startswith("translating")
     assert "mlx5_1/1: 1: DOWN" in got["ib_port_state"]["found"]
     assert "mlx5_1/1: 200 Gb/sec (4X HDR)" in got["ib_port_rate"]["found"]
@@ -244,7 +265,7 @@ def test_every_finding_unknown_on_an_empty_tree_without_nvml(tmp_path, monkeypat
     findings = ps.prescreen(tmp_path)
     assert [f["ok"] for f in findings] == [None] * len(ps.NAMES)
     got = by_name(findings)
-    for name in ("gpu_persistence", "gpu_ecc", "gpu_power_limit", "gpu_app_clocks"):
+    for name in ps.GPU_NAMES:
         assert got[name]["why"].startswith("NVML not available (ModuleNotFoundError")
         assert got[name]["found"] is None
     assert "does not exist" in got["numa_balancing"]["why"]
@@ -254,7 +275,8 @@ def test_every_finding_unknown_on_an_empty_tree_without_nvml(tmp_path, monkeypat
 
 
 def test_unsupported_nvml_calls_are_unknown_never_ok(tmp_path):
-    nvml = fake_nvml([{"persistence": "x", "ecc": "x", "power_mw": "x", "app": "x"}, {}])
+    unsupported = {"persistence": "x", "ecc": "x", "power_mw": "x", "app": "x"}
+    nvml = fake_nvml([{**unsupported, "compute": "x", "graphics": "x"}, {}])
     got = by_name(ps.gpu_findings(nvml))
     for name in ps.GPU_NAMES:
         assert got[name]["ok"] is None, name
@@ -274,6 +296,14 @@ def test_unsupported_nvml_calls_are_unknown_never_ok(tmp_path):
     assert (
         "this pynvml has no nvmlDeviceGetDefaultApplicationsClock" in got["gpu_app_clocks"]["why"]
     )
+    # the process lists: one unreadable is enough to judge, both unreadable is unknown
+    nvml = fake_nvml([{"compute": "x"}, {"compute": "x", "graphics": [(9, 2**20)]}])
+    got = by_name(ps.gpu_findings(nvml))["gpu_idle"]
+    assert got["ok"] is False and got["found"] == "GPU 0: none; GPU 1: 1 process(es): pid 9 (1 MiB)"
+    nvml = fake_nvml([{"compute": "x", "graphics": "x"}, {}])
+    got = by_name(ps.gpu_findings(nvml))["gpu_idle"]
+    assert got["ok"] is None and got["found"] == "GPU 0: unknown; GPU 1: none"
+    assert "GPU 0: nvmlDeviceGetComputeRunningProcesses: NotSupported" in got["why"]
     # NVML that sees no GPU: unknown
     got = by_name(ps.gpu_findings(fake_nvml([])))
     assert got["gpu_ecc"]["ok"] is None and "no GPU" in got["gpu_ecc"]["why"]

@@ -41,6 +41,10 @@ when one of them is unknown. Names and their sources:
   ``nvmlDeviceGetPowerManagementDefaultLimit`` (mW, shown in W): equal.
 * ``gpu_app_clocks``: ``nvmlDeviceGetApplicationsClock`` against
   ``nvmlDeviceGetDefaultApplicationsClock``, SM and memory (MHz): equal.
+* ``gpu_idle``: ``nvmlDeviceGetComputeRunningProcesses`` and
+  ``nvmlDeviceGetGraphicsRunningProcesses``: no process holds a context on the GPU before
+  the first launch (the launcher itself never opens one); a PID in another PID namespace
+  (a container) is NVML's, not necessarily one this host's ``ps`` shows.
 * ``iommu``: the IOMMU groups' type (``/sys/kernel/iommu_groups/N/type``, kernel docs
   ABI sysfs-kernel-iommu_groups), the IOMMUs in ``/sys/class/iommu`` and ``iommu=``,
   ``iommu.passthrough=``, ``intel_iommu=``, ``amd_iommu=`` of ``/proc/cmdline``: off or in
@@ -509,13 +513,19 @@ def _nv(nv, fn_name, *args):
         return None, f"{fn_name}: {exc.__class__.__name__}: {exc}"
 
 
-GPU_NAMES = ("gpu_persistence", "gpu_ecc", "gpu_power_limit", "gpu_app_clocks")
+GPU_NAMES = ("gpu_persistence", "gpu_ecc", "gpu_power_limit", "gpu_app_clocks", "gpu_idle")
 _GPU_EXPECTED = {
     "gpu_persistence": "enabled",
     "gpu_ecc": "enabled, current = pending",
     "gpu_power_limit": "the default power limit",
     "gpu_app_clocks": "the default application clocks (SM, memory)",
+    "gpu_idle": "no process on the GPU",
 }
+#: NVML's lists of the processes holding a context on a GPU (compute, graphics).
+_GPU_PROCESS_CALLS = (
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+)
 _GPU_WHY = {
     "gpu_persistence": "without persistence mode the driver tears the GPU down between "
     "processes: each launch pays its initialisation (NVIDIA driver persistence docs)",
@@ -525,6 +535,9 @@ _GPU_WHY = {
     "(nvidia-smi -pl)",
     "gpu_app_clocks": "application clocks other than the default move the clock the GPU "
     "runs at (nvidia-smi -ac)",
+    "gpu_idle": "a process already on the GPU before the first launch shares its compute, "
+    "memory and power with the tests: every figure of that GPU is lowered (nvidia-smi lists "
+    "them)",
 }
 
 
@@ -576,11 +589,40 @@ def _one_gpu(nv, handle):
             oks.append(None)
             whys.append(why1 or why2 or f"no {label} clock in MHz")
     out["gpu_app_clocks"] = (", ".join(parts), _combine(oks), "; ".join(whys) or None)
+    out["gpu_idle"] = _gpu_processes(nv, handle)
     return out
 
 
+def _gpu_processes(nv, handle):
+    """``(found text, ok, why)`` of the processes on one GPU (:data:`_GPU_PROCESS_CALLS`):
+    ``"none"`` and ok, or each PID with the memory it holds (MiB, where NVML gives it) and not
+    ok; unknown when neither list can be read."""
+    found: dict[int, float | None] = {}
+    whys = []
+    for call in _GPU_PROCESS_CALLS:
+        procs, why = _nv(nv, call, handle)
+        if why is not None or not isinstance(procs, (list, tuple)):
+            whys.append(why or f"{call} gave {procs!r}"[:200])
+            continue
+        for p in procs:
+            pid, used = getattr(p, "pid", None), getattr(p, "usedGpuMemory", None)
+            if isinstance(pid, int) and not isinstance(pid, bool):
+                held = used / 2**20 if isinstance(used, int) and used >= 0 else None
+                found[pid] = held if found.get(pid) is None else found[pid]
+    if len(whys) == len(_GPU_PROCESS_CALLS):
+        return None, None, "; ".join(whys)
+    if not found:
+        return "none", True, None
+    shown = [
+        f"pid {pid}" + ("" if mib is None else f" ({mib:.0f} MiB)")
+        for pid, mib in sorted(found.items())[:8]
+    ]
+    more = f" and {len(found) - 8} more" if len(found) > 8 else ""
+    return f"{len(found)} process(es): {', '.join(shown)}{more}", False, None
+
+
 def gpu_findings(nvml=None):
-    """The four GPU findings (:data:`GPU_NAMES`) over the visible GPUs. ``nvml``: an
+    """The GPU findings (:data:`GPU_NAMES`) over the visible GPUs. ``nvml``: an
     initialised pynvml-like module (tests: a fake); None imports pynvml and initialises it
     (shut down afterwards). NVML absent or failing: every finding unknown, saying why."""
     owned = False
