@@ -3,6 +3,7 @@ each finding ok, not ok and unknown, unreadable files, what ``milarun jobs`` and
 print, ``--prescreen-fatal``, and verify's ``compliance.prescreen`` clause."""
 
 import json
+import os
 import shutil
 import socket
 import sys
@@ -304,6 +305,14 @@ def test_unsupported_nvml_calls_are_unknown_never_ok(tmp_path):
     got = by_name(ps.gpu_findings(nvml))["gpu_idle"]
     assert got["ok"] is None and got["found"] == "GPU 0: unknown; GPU 1: none"
     assert "GPU 0: nvmlDeviceGetComputeRunningProcesses: NotSupported" in got["why"]
+    # the session's caller (this process or an ancestor) is named, not judged
+    nvml = fake_nvml([{"compute": [(os.getpid(), 2**29)]}, {"graphics": [(os.getppid(), None)]}])
+    got = by_name(ps.gpu_findings(nvml))["gpu_idle"]
+    assert got["ok"] is True, got
+    assert got["found"] == (
+        f"GPU 0: none (besides this session's caller: pid {os.getpid()} (512 MiB)); "
+        f"GPU 1: none (besides this session's caller: pid {os.getppid()})"
+    )
     # NVML that sees no GPU: unknown
     got = by_name(ps.gpu_findings(fake_nvml([])))
     assert got["gpu_ecc"]["ok"] is None and "no GPU" in got["gpu_ecc"]["why"]

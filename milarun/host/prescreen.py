@@ -43,8 +43,9 @@ when one of them is unknown. Names and their sources:
   ``nvmlDeviceGetDefaultApplicationsClock``, SM and memory (MHz): equal.
 * ``gpu_idle``: ``nvmlDeviceGetComputeRunningProcesses`` and
   ``nvmlDeviceGetGraphicsRunningProcesses``: no process holds a context on the GPU before
-  the first launch (the launcher itself never opens one); a PID in another PID namespace
-  (a container) is NVML's, not necessarily one this host's ``ps`` shows.
+  the first launch (the launcher itself never opens one; the process that started the session
+  and its ancestors, such as the GPU check, are named but not judged); a PID in another PID
+  namespace (a container) is NVML's, not necessarily one this host's ``ps`` shows.
 * ``iommu``: the IOMMU groups' type (``/sys/kernel/iommu_groups/N/type``, kernel docs
   ABI sysfs-kernel-iommu_groups), the IOMMUs in ``/sys/class/iommu`` and ``iommu=``,
   ``iommu.passthrough=``, ``intel_iommu=``, ``amd_iommu=`` of ``/proc/cmdline``: off or in
@@ -589,14 +590,27 @@ def _one_gpu(nv, handle):
             oks.append(None)
             whys.append(why1 or why2 or f"no {label} clock in MHz")
     out["gpu_app_clocks"] = (", ".join(parts), _combine(oks), "; ".join(whys) or None)
-    out["gpu_idle"] = _gpu_processes(nv, handle)
+    out["gpu_idle"] = _gpu_processes(nv, handle, _own_pids())
     return out
 
 
-def _gpu_processes(nv, handle):
+def _own_pids():
+    """This process and its ancestors: the session's own caller (a script that runs
+    ``milarun jobs``, such as ``benchmarks/gpu_check.py``) is not another user of a GPU."""
+    import psutil
+
+    try:
+        me = psutil.Process()
+        return {me.pid} | {p.pid for p in me.parents()}
+    except psutil.Error:
+        return {os.getpid(), os.getppid()}
+
+
+def _gpu_processes(nv, handle, own=frozenset()):
     """``(found text, ok, why)`` of the processes on one GPU (:data:`_GPU_PROCESS_CALLS`):
     ``"none"`` and ok, or each PID with the memory it holds (MiB, where NVML gives it) and not
-    ok; unknown when neither list can be read."""
+    ok; unknown when neither list can be read. The PIDs in ``own`` (:func:`_own_pids`) are
+    named but not judged."""
     found: dict[int, float | None] = {}
     whys = []
     for call in _GPU_PROCESS_CALLS:
@@ -611,14 +625,20 @@ def _gpu_processes(nv, handle):
                 found[pid] = held if found.get(pid) is None else found[pid]
     if len(whys) == len(_GPU_PROCESS_CALLS):
         return None, None, "; ".join(whys)
-    if not found:
-        return "none", True, None
-    shown = [
-        f"pid {pid}" + ("" if mib is None else f" ({mib:.0f} MiB)")
-        for pid, mib in sorted(found.items())[:8]
-    ]
-    more = f" and {len(found) - 8} more" if len(found) > 8 else ""
-    return f"{len(found)} process(es): {', '.join(shown)}{more}", False, None
+
+    def listed(pids):
+        shown = [
+            f"pid {pid}" + ("" if found[pid] is None else f" ({found[pid]:.0f} MiB)")
+            for pid in sorted(pids)[:8]
+        ]
+        return ", ".join(shown) + (f" and {len(pids) - 8} more" if len(pids) > 8 else "")
+
+    mine = [pid for pid in found if pid in own]
+    others = [pid for pid in found if pid not in own]
+    caller = f" (besides this session's caller: {listed(mine)})" if mine else ""
+    if not others:
+        return "none" + caller, True, None
+    return f"{len(others)} process(es): {listed(others)}{caller}", False, None
 
 
 def gpu_findings(nvml=None):
