@@ -609,22 +609,22 @@ def _own_pids():
 def _gpu_processes(nv, handle, own=frozenset()):
     """``(found text, ok, why)`` of the processes on one GPU (:data:`_GPU_PROCESS_CALLS`):
     ``"none"`` and ok, or each PID with the memory it holds (MiB, where NVML gives it) and not
-    ok; unknown when neither list can be read. The PIDs in ``own`` (:func:`_own_pids`) are
-    named but not judged."""
+    ok. Without the compute list (a GPU without graphics may lack the other), no process found
+    is unknown. The PIDs in ``own`` (:func:`_own_pids`) are named but not judged."""
     found: dict[int, float | None] = {}
     whys = []
+    compute_read = False
     for call in _GPU_PROCESS_CALLS:
         procs, why = _nv(nv, call, handle)
         if why is not None or not isinstance(procs, (list, tuple)):
             whys.append(why or f"{call} gave {procs!r}"[:200])
             continue
+        compute_read = compute_read or call == _GPU_PROCESS_CALLS[0]
         for p in procs:
             pid, used = getattr(p, "pid", None), getattr(p, "usedGpuMemory", None)
             if isinstance(pid, int) and not isinstance(pid, bool):
                 held = used / 2**20 if isinstance(used, int) and used >= 0 else None
                 found[pid] = held if found.get(pid) is None else found[pid]
-    if len(whys) == len(_GPU_PROCESS_CALLS):
-        return None, None, "; ".join(whys)
 
     def listed(pids):
         shown = [
@@ -636,9 +636,11 @@ def _gpu_processes(nv, handle, own=frozenset()):
     mine = [pid for pid in found if pid in own]
     others = [pid for pid in found if pid not in own]
     caller = f" (besides this session's caller: {listed(mine)})" if mine else ""
-    if not others:
-        return "none" + caller, True, None
-    return f"{len(others)} process(es): {listed(others)}{caller}", False, None
+    if others:
+        return f"{len(others)} process(es): {listed(others)}{caller}", False, None
+    if not compute_read:
+        return None, None, "; ".join(whys)
+    return "none" + caller, True, None
 
 
 def gpu_findings(nvml=None):
