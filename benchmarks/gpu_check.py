@@ -28,6 +28,13 @@ bad arguments, else 0.
 
 Checks (``--only`` / ``--skip`` take their names, comma-separated):
 
+``prescreen``
+    The host prescreen of ``milarun jobs`` (:mod:`milarun.host.prescreen`; docs/acceptance.md,
+    "Host prescreen"), one part per finding: C-states, governor, NUMA balancing, huge pages,
+    persistence mode, ECC, power limit, application clocks, processes already on the GPUs,
+    IOMMU, PCI ACS, InfiniBand ports. PASS when as expected, WARN when not (a setting of
+    the node that moves every figure after it), SKIP when unknown; on the CPU a finding not
+    as expected is a SKIP (the expectations are a GPU node's).
 ``rate``
     The rate milarun reports for a fixed training loop (a 4-layer MLP,
     forward + backward + SGD, no host sync in the loop) against the same loop
@@ -148,12 +155,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# The only milarun imports: the bench layer's public API (the rate logger and its timers)
-# and the report's workload families (the lite pass's one test per family).
+# The only milarun imports: the bench layer's public API (the rate logger and its timers),
+# the report's workload families (the lite pass's one test per family) and the host
+# prescreen (the node's settings).
 from milarun.bench.rate import CudaEventTimer, PerfCounterTimer, RateLogger  # noqa: E402
+from milarun.host.prescreen import prescreen  # noqa: E402
 from milarun.report.family import FAMILIES, OTHER, family_of  # noqa: E402
 
-CHECKS = ("rate", "matmul", "bandwidth", "nvml", "lite", "ddp", "cgroups")
+CHECKS = ("prescreen", "rate", "matmul", "bandwidth", "nvml", "lite", "ddp", "cgroups")
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 #: Format version of the --out file (2: WARN, the plan, the references, bandwidth).
 VERSION = 2
@@ -459,6 +468,34 @@ class Torch:
     def sync(self):
         if self.cuda:
             self.torch.cuda.synchronize(self.device)
+
+
+# --------------------------------------------------------------------------- prescreen
+
+
+def check_prescreen(T):
+    """One part per finding of the host prescreen (:func:`milarun.host.prescreen.prescreen`):
+    PASS when as expected, WARN when not (a setting of the node that moves the figures,
+    not a fault of milarun's), SKIP when unknown; on the CPU a WARN is a SKIP with the
+    figure (the expectations are a GPU node's)."""
+    parts = []
+    for f in prescreen():
+        found, expected, why = f["found"], f["expected"], f["why"]
+        if f["ok"] is True:
+            v = {"verdict": PASS, "figure": found, "target": expected, "reason": None}
+        elif f["ok"] is False and T.cuda:
+            v = {
+                "verdict": WARN,
+                "figure": found,
+                "target": expected,
+                "reason": f"found {found}, expected {expected}: {why}",
+            }
+        elif f["ok"] is False:
+            v = skip(f"--device cpu: a GPU node's setting, found {found}", expected, found)
+        else:
+            v = skip(f"unknown: {why}", expected, found)
+        parts.append(_part(f["name"], v))
+    return parts
 
 
 # --------------------------------------------------------------------------- rate
@@ -1542,6 +1579,8 @@ def estimate(name, args, cuda, gpus, tests):
     (``cuda``) or the CPU, from its options, and how it is reckoned (see :data:`START_S`
     and the constants beside it)."""
     child = CHILD_S[cuda]
+    if name == "prescreen":
+        return 1.0, "sysfs, procfs and NVML reads"
     if name == "rate":
         return (
             args.rate_pairs * 2 * args.rate_seconds + 0.2 * args.rate_seconds + 2.0,
@@ -1824,6 +1863,7 @@ def main(argv=None):
     work = Path(args.workdir or tempfile.mkdtemp(prefix="gpu_check-"))
     work.mkdir(parents=True, exist_ok=True)
     runners = {
+        "prescreen": lambda: check_prescreen(T),
         "rate": lambda: check_rate(args, T),
         "matmul": lambda: check_matmul(args, T, work, state),
         "bandwidth": lambda: check_bandwidth(args, T),

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from milarun.host import prescreen
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
@@ -272,6 +274,25 @@ def test_energy_and_power_verdicts(gc):
     assert gc.energy_parts(t, p, e, 700.0)[0][0]["verdict"] == "PASS"
     p[5] = -1.0
     assert gc.energy_parts(t, p, e, 700.0)[0][0]["verdict"] == "FAIL"
+
+
+def test_prescreen_findings_on_a_gpu_warn_when_not_as_expected(gc, monkeypatch):
+    findings = [
+        prescreen.finding("gpu_persistence", "GPU 0: on", "enabled", True, "w"),
+        prescreen.finding("gpu_idle", "1 process(es): pid 9", "no process", False, "shared"),
+        prescreen.finding("pci_acs", None, "none", None, "needs root"),
+    ]
+    monkeypatch.setattr(gc, "prescreen", lambda: findings)
+    cuda = types.SimpleNamespace(cuda=True)
+    got = {p["name"]: p for p in gc.check_prescreen(cuda)}
+    assert got["gpu_persistence"]["verdict"] == "PASS"
+    assert got["gpu_idle"]["verdict"] == "WARN"
+    assert got["gpu_idle"]["reason"] == "found 1 process(es): pid 9, expected no process: shared"
+    assert got["pci_acs"]["verdict"] == "SKIP" and got["pci_acs"]["reason"] == "unknown: needs root"
+    assert gc.combine(list(got.values())) == "WARN"
+    # on the CPU the same finding is kept as a SKIP
+    cpu = {p["name"]: p for p in gc.check_prescreen(types.SimpleNamespace(cuda=False))}
+    assert cpu["gpu_idle"]["verdict"] == "SKIP" and cpu["gpu_idle"]["figure"].startswith("1 proc")
 
 
 def test_pci_and_uuid_normalisation(gc):
@@ -616,6 +637,7 @@ def test_cpu_run_writes_its_figures_and_skips_the_cuda_only_checks(tmp_path):
     assert report is not None, proc.stderr
     assert report["version"] == 2 and report["device"] == "cpu"
     assert set(report["checks"]) == {
+        "prescreen",
         "rate",
         "matmul",
         "bandwidth",
@@ -634,6 +656,11 @@ def test_cpu_run_writes_its_figures_and_skips_the_cuda_only_checks(tmp_path):
             if p["verdict"] != "PASS":
                 assert p["reason"], (name, p)  # every SKIP and FAIL says why
     checks = report["checks"]
+    # the host prescreen: one part per finding; on the CPU none WARNs (a GPU node's settings)
+    pre = checks["prescreen"]["parts"]
+    assert [p["name"] for p in pre] == list(prescreen.NAMES)
+    assert all(p["verdict"] in ("PASS", "SKIP") for p in pre), pre
+    assert {p["name"]: p for p in pre}["kernel"]["verdict"] == "PASS"
     # CUDA-only targets: SKIP with a reason on the CPU, never PASS; their figures are kept
     rate = checks["rate"]["parts"][0]
     assert rate["verdict"] == "SKIP" and "CUDA" in rate["reason"] and rate["figure"] > 0
