@@ -393,9 +393,9 @@ def process_cpus(groups, affinity, cpus, cores=None):
             mine |= set(affinity[d] if d < len(affinity) else ())
         local.append(tuple(sorted(mine & allowed)))
     sharing: dict = {}
-    for p, cpus in enumerate(local):
-        sharing.setdefault(cpus, []).append(p)
-    if not all(local) or any(len(cpus) < len(procs) for cpus, procs in sharing.items()):
+    for p, near in enumerate(local):
+        sharing.setdefault(near, []).append(p)
+    if not all(local) or any(len(near) < len(procs) for near, procs in sharing.items()):
         return [s["cpus"] for s in split_students(n, sorted(cpus), 0, cores=cores)]
     out = [None] * n
     for mine, procs in sharing.items():
