@@ -348,3 +348,44 @@ def test_the_summary_recomputes_levels_and_rejudges_the_capacity_search():
     assert out["capacity"] == {"load": "rate", "value": 4.0, "records": 1}
     assert out["consistency"] == {"records": 1, "passed": True, "failed": 0}
     assert server_figures([{"metrics": {}}]) is None
+
+
+def test_a_started_engine_runs_offline_with_an_empty_hub_cache_of_its_own(tmp_path, monkeypatch):
+    """transformers 5.17's serve answers /v1/models from the hub cache and fails without one:
+    the engine milarun starts gets its own, an existing empty folder beside the model."""
+    import types
+
+    from milarun.models import llm_server
+
+    seen = {}
+
+    class Recorder:
+        def __init__(self, argv, log, url, env):
+            seen.update(argv=argv, env=env)
+
+        def start(self):
+            pass
+
+        def wait_ready(self, timeout):
+            return 0.0
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "a-user-cache-that-does-not-exist"))
+    monkeypatch.setattr(llm_server.engines, "Server", Recorder)
+    monkeypatch.setattr(llm_server.engines, "describe", lambda url: {"url": url})
+    model = tmp_path / "llm_server" / "tiny-fp32-seed0"
+    model.mkdir(parents=True)
+    s = types.SimpleNamespace(
+        tensor_parallel=1,
+        precision="fp32",
+        engine="transformers",
+        engine_command="",
+        engine_args="",
+        ready_timeout=1.0,
+    )
+    exp = types.SimpleNamespace(out=str(tmp_path / "r.json"))
+    record = {}
+    llm_server.start_server(exp, s, model, llm_server.torch.device("cpu"), record)
+    cache = Path(seen["env"]["HF_HUB_CACHE"])
+    assert cache == model.parent / "hub-cache" and cache.is_dir() and not any(cache.iterdir())
+    assert seen["env"]["HF_HUB_OFFLINE"] == "1" and str(model) in seen["argv"]
+    assert record["server"]["started_by_milarun"] is True

@@ -395,8 +395,17 @@ def start_server(exp, s: Settings, model_dir: Path, device, record) -> tuple[eng
             extra_args=shlex.split(s.engine_args),
         )
     log = log_path(exp) or Path(tempfile.mkstemp(suffix=".server.log")[1])
-    # Nothing is downloaded at run time: the engine loads the folder written here.
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    # Nothing is downloaded at run time: the engine loads the folder written here. Its hub
+    # cache is an empty folder of its own: transformers 5.17's serve answers /v1/models from
+    # the hub cache and fails where there is none, and a user's cached models stay out.
+    cache = model_dir.parent / "hub-cache"
+    cache.mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HUB_CACHE": str(cache),
+    }
     server = engines.Server(argv, log, url=url, env=env)
     record["server"] = {
         "started_by_milarun": True,

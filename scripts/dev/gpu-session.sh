@@ -5,7 +5,7 @@
 # most 8 files under $OUT (the device tool's limit).
 #
 # Prepared here, before the call:
-#   bash scripts/wheelhouse.sh .wheelhouse     # git-ignored; about 17 MB for Python 3.12
+#   bash scripts/wheelhouse.sh .wheelhouse     # git-ignored; about 21 MB for Python 3.12
 # The call (device tool): carry [".wheelhouse"],
 #   command "bash scripts/dev/gpu-session.sh .wheelhouse 300 0", timeout_s 560 (the soak: 150 s at most)
 # Arguments: WHEELHOUSE [CHECK_BUDGET_S (300)] [PROFILE_S (0: no profile run)].
