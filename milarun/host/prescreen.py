@@ -546,8 +546,9 @@ def _onoff(value):
     return "on" if value else "off"
 
 
-def _one_gpu(nv, handle):
-    """``{name: (found text or None, ok, why or None)}`` of one GPU (:data:`GPU_NAMES`)."""
+def _one_gpu(nv, handle, own=frozenset()):
+    """``{name: (found text or None, ok, why or None)}`` of one GPU (:data:`GPU_NAMES`);
+    ``own``: the PIDs :func:`_gpu_processes` names without judging."""
     enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
     out: dict[str, Any] = {}
     mode, why = _nv(nv, "nvmlDeviceGetPersistenceMode", handle)
@@ -590,7 +591,7 @@ def _one_gpu(nv, handle):
             oks.append(None)
             whys.append(why1 or why2 or f"no {label} clock in MHz")
     out["gpu_app_clocks"] = (", ".join(parts), _combine(oks), "; ".join(whys) or None)
-    out["gpu_idle"] = _gpu_processes(nv, handle, _own_pids())
+    out["gpu_idle"] = _gpu_processes(nv, handle, own)
     return out
 
 
@@ -668,9 +669,10 @@ def gpu_findings(nvml=None):
             why = "NVML sees no GPU this process may open"
             return [finding(n, None, _GPU_EXPECTED[n], None, why) for n in GPU_NAMES]
         per_gpu = []
+        own = _own_pids()  # read once for every GPU
         for i in indices:
             try:
-                per_gpu.append((i, _one_gpu(nv, handles[i])))
+                per_gpu.append((i, _one_gpu(nv, handles[i], own)))
             except Exception as exc:  # a fake's or pynvml's bug: unknown, never a crash
                 why = f"{exc.__class__.__name__}: {exc}"
                 per_gpu.append((i, {n: (None, None, why) for n in GPU_NAMES}))

@@ -193,5 +193,4 @@ class Child:
         for t in self.threads:
             t.join(timeout=5)
         with self.lock:
-            if self.log is not None:
-                self._close_log()
+            self._close_log()
